@@ -1,0 +1,158 @@
+// The backward engine: an iterative (no recursion) traversal that counts each node's dependencies, then runs
+// nodes whose gradients are complete, latest-created first, so that parameter gradients become ready in reverse
+// order of use — the order DDP's buckets are filled in.
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/node.h"
+#include "ops/elementwise.h"
+
+namespace minidl::autograd {
+
+static std::atomic<uint64_t> g_next_sequence_nr{0};
+
+Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(g_next_sequence_nr++) {}
+
+std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>& grads) {
+  MINIDL_ASSERT(grads.size() == 1);
+  MINIDL_CHECK(fn_, "backward through ", name(), " a second time: its saved tensors were freed by the first");
+  // The backward function (and the activations it captured) is released as soon as it has run.
+  BackwardFn fn = std::move(fn_);
+  fn_ = nullptr;
+  std::vector<Tensor> out = fn(grads[0]);
+  MINIDL_ASSERT(out.size() == next_edges().size(), name(), " returned ", out.size(), " gradients for ",
+                next_edges().size(), " inputs");
+  return out;
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
+  auto impl = leaf_.lock();
+  if (!impl || !grads[0].defined()) return {};
+  Tensor leaf(impl);
+  Tensor g = grads[0];
+  MINIDL_ASSERT(g.shape() == leaf.shape(), "gradient shape ", g.shape(), " for leaf of shape ", leaf.shape());
+  Tensor acc = leaf.grad();
+  if (!acc.defined()) {
+    MemoryTagGuard tag(MemTag::kGrads);
+    acc = Tensor::empty(leaf.shape(), leaf.dtype(), leaf.device());
+    acc.copy_(g);
+    leaf.set_grad(acc);
+  } else {
+    ops::add_(acc, g);
+  }
+  for (auto& hook : impl->autograd.grad_ready_hooks) hook(acc);
+  return {};
+}
+
+static thread_local bool t_grad_enabled = true;
+bool grad_mode_enabled() { return t_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined()) return {};
+  AutogradMeta& meta = t.impl()->autograd;
+  if (meta.grad_fn) return {meta.grad_fn, meta.output_nr};
+  if (!meta.requires_grad) return {};
+  std::shared_ptr<Node> acc = meta.accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    meta.accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+bool any_requires_grad(std::initializer_list<Tensor> inputs) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && (t.requires_grad() || t.grad_fn())) return true;
+  return false;
+}
+
+Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor output, BackwardFn backward) {
+  if (!any_requires_grad(inputs)) return output;
+  auto node = std::make_shared<LambdaNode>(name, std::move(backward));
+  for (const Tensor& t : inputs) node->next_edges().push_back(gradient_edge(t));
+  output.impl()->autograd.grad_fn = std::move(node);
+  output.impl()->autograd.output_nr = 0;
+  return output;
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots) {
+  MINIDL_CHECK(roots.size() == grad_roots.size(), "backward: ", roots.size(), " roots but ", grad_roots.size(),
+               " root gradients");
+  // Pass 1: count, for every reachable node, how many edges point at it.
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<Node*> stack;
+  for (const Tensor& r : roots) {
+    Edge e = gradient_edge(r);
+    MINIDL_CHECK(e.node, "backward: tensor of shape ", r.shape(), " does not require grad and has no grad_fn");
+    if (dependencies.emplace(e.node.get(), 0).second) stack.push_back(e.node.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (Edge& e : n->next_edges()) {
+      if (!e.node) continue;
+      auto [it, inserted] = dependencies.emplace(e.node.get(), 0);
+      ++it->second;
+      if (inserted) stack.push_back(e.node.get());
+    }
+  }
+
+  // Pass 2: run ready nodes, latest first; gradients for a node's outputs are summed in its input buffer.
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
+  auto cmp = [](Node* a, Node* b) { return a->sequence_nr() < b->sequence_nr(); };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
+
+  auto deliver = [&](const Edge& e, const Tensor& g) {
+    if (!e.node) return;
+    std::vector<Tensor>& buf = buffers[e.node.get()];
+    if (buf.empty()) buf.resize(e.node->num_outputs());
+    if (g.defined()) {
+      Tensor& slot = buf[e.input_nr];
+      if (!slot.defined()) {
+        slot = g;
+      } else {
+        // Never mutate a gradient tensor another node may still hold: sum into a fresh one.
+        slot = ops::add(slot, g);
+      }
+    }
+    keep_alive.emplace(e.node.get(), e.node);
+    if (--dependencies[e.node.get()] == 0) ready.push(e.node.get());
+  };
+
+  for (size_t i = 0; i < roots.size(); ++i) {
+    Tensor g = grad_roots[i];
+    if (!g.defined()) {
+      MINIDL_CHECK(roots[i].numel() == 1, "backward: a root of shape ", roots[i].shape(),
+                   " is not a scalar; pass its gradient explicitly");
+      g = Tensor::ones(roots[i].shape(), roots[i].dtype(), roots[i].device());
+    }
+    MINIDL_CHECK(g.shape() == roots[i].shape(), "backward: root gradient shape ", g.shape(), " differs from root shape ",
+                 roots[i].shape());
+    Edge e = gradient_edge(roots[i]);
+    ++dependencies[e.node.get()];
+    deliver(e, g);
+  }
+
+  NoGradGuard no_grad;  // backward itself is not recorded
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(buffers[n]);
+    buffers.erase(n);
+    std::vector<Tensor> in_grads = n->apply(grads);
+    auto& edges = n->next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) deliver(edges[i], i < in_grads.size() ? in_grads[i] : Tensor());
+    keep_alive.erase(n);
+  }
+}
+
+}  // namespace minidl::autograd
+
+namespace minidl {
+void Tensor::backward(const Tensor& grad) const { autograd::backward({*this}, {grad}); }
+}  // namespace minidl

@@ -1,0 +1,73 @@
+// Differentiable operations: each validates its inputs, calls the forward kernel in ops/, and records a backward
+// (written next to it) when an input requires grad. This is the API models are written in.
+//
+//   Tensor h = layernorm(x, ln.weight, ln.bias);          // x: (B, T, C)
+//   Tensor qkv = linear(h, c_attn.weight, c_attn.bias);  // (B, T, 3C), weight (C, 3C) as in HF GPT-2
+//   Tensor y = causal_attention(qkv, n_head);             // (B, T, C)
+//   Tensor loss = cross_entropy(logits.view({B*T, V}), targets.view({B*T}));
+//   loss.backward();
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace minidl {
+
+// ---- elementwise, NumPy broadcasting (autograd/functions/elementwise.cpp) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor square(const Tensor& a);
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
+// ---- reductions (autograd/functions/reduce.cpp) ----
+Tensor sum(const Tensor& x);                                 // all elements -> scalar
+Tensor sum(const Tensor& x, int dim, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, int dim, bool keepdim = false);
+Tensor max(const Tensor& x, int dim, bool keepdim = false);  // values; gradient to the first maximum
+
+// ---- linear algebra (autograd/functions/matmul.cpp) ----
+// a: (..., M, K) or (..., K, M) if trans_a; b: (..., K, N) or (..., N, K) if trans_b; leading (batch)
+// dimensions must match, or b may be 2-D (shared across the batch). Transposes are folded into the BLAS call.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// x: (..., in), weight: (in, out) (Hugging Face GPT-2 "Conv1D" layout), bias: (out) or undefined -> x @ W + b.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// ---- neural-network ops (autograd/functions/nn.cpp) ----
+// weight: (V, C); ids: integer tensor of any shape -> (*ids.shape, C).
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+// Fused layer norm over the last dimension. weight, bias: (C).
+Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// GELU, tanh approximation (as GPT-2).
+Tensor gelu(const Tensor& x);
+// Fused gelu(x + bias); bias: (C) broadcast over the last dimension.
+Tensor bias_gelu(const Tensor& x, const Tensor& bias);
+// Softmax over the last dimension (the unfused reference path; the model uses the fused ops below).
+Tensor softmax(const Tensor& x);
+// Fused softmax + cross-entropy. logits: (N, V); targets: (N) integer. Mean over targets != ignore_index.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -1);
+// Fused causal self-attention, flash style (blocked, online softmax, no T x T matrix kept for backward).
+// qkv: (B, T, 3C) with q, k, v in that order along the last dimension; heads split C -> (n_head, C / n_head).
+// Returns (B, T, C) with heads merged.
+Tensor causal_attention(const Tensor& qkv, int n_head);
+// Inverted dropout with probability p. The mask for element i is Philox(seed, stream).uniform(offset + i...),
+// so it is reproducible and identical on every device. Identity when p == 0.
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset);
+
+}  // namespace minidl

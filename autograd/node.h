@@ -1,0 +1,95 @@
+// The autograd graph. Every differentiable op that sees an input requiring grad records a Node: the backward
+// function of the op, with edges to the nodes that produced its inputs. Leaves that require grad get an
+// AccumulateGrad node, which adds the incoming gradient into tensor.grad() and then fires the leaf's
+// gradient-ready hooks (DDP, ZeRO and the pipeline hang off them).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace minidl::autograd {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null: the input needs no gradient
+  uint32_t input_nr = 0;       // which gradient slot of `node`
+};
+
+class Node {
+ public:
+  explicit Node(std::string name);
+  virtual ~Node() = default;
+  // grads[i] is the gradient w.r.t. this node's output i (undefined if none flowed). Returns one gradient per
+  // next edge (undefined for inputs that need none).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>& grads) = 0;
+  virtual uint32_t num_outputs() const { return 1; }
+
+  const std::string& name() const { return name_; }
+  uint64_t sequence_nr() const { return sequence_nr_; }
+  std::vector<Edge>& next_edges() { return next_edges_; }
+
+ private:
+  std::string name_;
+  uint64_t sequence_nr_;  // creation order; backward runs later nodes first
+  std::vector<Edge> next_edges_;
+};
+
+// A node whose backward is a lambda (the usual case: written next to the op's forward).
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+class LambdaNode final : public Node {
+ public:
+  LambdaNode(std::string name, BackwardFn fn) : Node(std::move(name)), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override;
+
+ private:
+  BackwardFn fn_;
+};
+
+// Adds gradients into a leaf's grad() and fires its gradient-ready hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::weak_ptr<TensorImpl> leaf) : Node("AccumulateGrad"), leaf_(std::move(leaf)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override;
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+// Is gradient recording on for this thread? (NoGradGuard turns it off.)
+bool grad_mode_enabled();
+
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// Edge to the node that will receive t's gradient (its grad_fn, or its AccumulateGrad if a leaf requiring grad).
+Edge gradient_edge(const Tensor& t);
+
+// Records `output` as produced by an op over `inputs` with the given backward, if grad mode is on and any input
+// requires grad; returns output (now carrying grad_fn). backward returns one gradient per input, in order
+// (undefined for inputs that need none or are not differentiable).
+//
+//   Tensor y = ops::gelu_forward(x);
+//   return record("gelu", {x}, y, [x](const Tensor& gy) { return std::vector<Tensor>{ops::gelu_backward(gy, x)}; });
+Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor output, BackwardFn backward);
+// True if recording would happen for these inputs (lets an op skip saving tensors for backward).
+bool any_requires_grad(std::initializer_list<Tensor> inputs);
+
+// Runs backward from `roots` with the given root gradients (ones for scalars when undefined).
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots);
+
+}  // namespace minidl::autograd

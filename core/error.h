@@ -1,0 +1,46 @@
+// Error handling: two macros with distinct contracts.
+//
+//   MINIDL_CHECK(cond, ...)   a user mistake (bad shape, bad flag, bad file). Throws minidl::Error whose
+//                             message names the place, what was expected and what was given:
+//                               MINIDL_CHECK(a.dim() == 2, "matmul: expected a 2-D input, got ", a.shape());
+//   MINIDL_ASSERT(cond, ...)  an internal invariant. Failing means a bug in minidl; the message says so.
+//
+// Both are single statements (do { } while (0)) so they compose with if/else.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace minidl {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+template <class... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+[[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
+[[noreturn]] void throw_internal(const char* file, int line, const char* cond, const std::string& msg);
+}  // namespace detail
+
+}  // namespace minidl
+
+#define MINIDL_CHECK(cond, ...)                                                            \
+  do {                                                                                     \
+    if (!(cond)) [[unlikely]]                                                              \
+      ::minidl::detail::throw_error(__FILE__, __LINE__, ::minidl::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+#define MINIDL_ASSERT(cond, ...)                                                           \
+  do {                                                                                     \
+    if (!(cond)) [[unlikely]]                                                              \
+      ::minidl::detail::throw_internal(__FILE__, __LINE__, #cond,                          \
+                                       ::minidl::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
+  } while (0)

@@ -1,0 +1,216 @@
+#include "core/tensor.h"
+
+#include <cstring>
+#include <iomanip>
+
+#include "core/parallel.h"
+
+namespace minidl {
+
+Storage::Storage(size_t bytes, Device device) : device_(device) {
+  MINIDL_CHECK(device.is_cpu(), "cannot allocate on ", device, ": this build of minidl has no CUDA backend");
+  alloc_ = cpu_allocate(bytes);
+}
+
+Storage::~Storage() { cpu_free(alloc_); }
+
+Strides contiguous_strides(const Shape& shape) {
+  Strides s = shape;
+  int64_t acc = 1;
+  for (int i = shape.size() - 1; i >= 0; --i) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) MINIDL_CHECK(d >= 0, "empty: dimensions must be >= 0, got shape ", shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(size_t(shape.numel()) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  std::memset(t.raw_data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::scalar(double value, DType dtype) { return full(Shape{}, value, dtype); }
+
+template <class V>
+static Tensor from_values(const std::vector<V>& values, const Shape& shape, DType dtype) {
+  MINIDL_CHECK(int64_t(values.size()) == shape.numel(), "from_vector: ", values.size(),
+               " values do not fill shape ", shape, " (", shape.numel(), " elements)");
+  Tensor t = Tensor::empty(shape, dtype);
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.data<T>();
+    for (size_t i = 0; i < values.size(); ++i) p[i] = from_double<T>(double(values[i]));
+  });
+  return t;
+}
+Tensor Tensor::from_vector(const std::vector<double>& v, const Shape& s, DType dt) { return from_values(v, s, dt); }
+Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& s, DType dt) { return from_values(v, s, dt); }
+Tensor Tensor::from_vector(const std::vector<int64_t>& v, const Shape& s, DType dt) { return from_values(v, s, dt); }
+Tensor Tensor::from_vector(const std::vector<int32_t>& v, const Shape& s, DType dt) { return from_values(v, s, dt); }
+
+Tensor Tensor::arange(int64_t n, DType dtype) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = double(i);
+  return from_vector(v, Shape{n}, dtype);
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int i = dim() - 1; i >= 0; --i) {
+    if (impl_->shape[i] != 1 && impl_->strides[i] != expected) return false;
+    expected *= impl_->shape[i];
+  }
+  return true;
+}
+
+int Tensor::wrap_dim(int d) const {
+  int n = dim();
+  int w = d < 0 ? d + n : d;
+  MINIDL_CHECK(w >= 0 && w < n, "dimension ", d, " is out of range for a tensor of shape ", shape());
+  return w;
+}
+
+// Visits every element of t in row-major order as (element pointer). The innermost dimension is a tight loop.
+template <class T, class Fn>
+static void for_each_element(const Tensor& t, Fn&& fn) {
+  T* base = static_cast<T*>(t.raw_data());
+  int n = t.dim();
+  if (t.is_contiguous() || n == 0) {
+    for (int64_t i = 0, e = t.numel(); i < e; ++i) fn(base[i]);
+    return;
+  }
+  int64_t idx[Shape::kMaxDims] = {};
+  const Shape& sh = t.shape();
+  const Strides& st = t.strides();
+  int64_t total = t.numel(), inner = sh[n - 1], inner_stride = st[n - 1];
+  for (int64_t done = 0; done < total; done += inner) {
+    int64_t off = 0;
+    for (int d = 0; d < n - 1; ++d) off += idx[d] * st[d];
+    for (int64_t j = 0; j < inner; ++j) fn(base[off + j * inner_stride]);
+    for (int d = n - 2; d >= 0; --d) {
+      if (++idx[d] < sh[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+double Tensor::item() const {
+  MINIDL_CHECK(numel() == 1, "item(): expected a tensor with one element, got shape ", shape());
+  return to_vector()[0];
+}
+
+std::vector<double> Tensor::to_vector() const {
+  std::vector<double> out;
+  out.reserve(size_t(numel()));
+  dispatch_dtype(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    for_each_element<T>(*this, [&](T& v) { out.push_back(to_double(v)); });
+  });
+  return out;
+}
+
+std::vector<float> Tensor::to_float_vector() const {
+  std::vector<double> d = to_vector();
+  return {d.begin(), d.end()};
+}
+
+Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t offset_elems) const {
+  MINIDL_ASSERT(shape.size() == strides.size());
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset + offset_elems * int64_t(dtype_size(dtype()));
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->dtype = dtype();
+  return Tensor(std::move(impl));
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  MINIDL_CHECK(src.shape() == shape(), "copy_: source shape ", src.shape(), " does not match destination shape ",
+               shape());
+  MINIDL_CHECK(src.device() == device(), "copy_: source is on ", src.device(), ", destination on ", device());
+  if (dtype() == src.dtype() && is_contiguous() && src.is_contiguous()) {
+    std::memmove(raw_data(), src.raw_data(), nbytes());
+    return *this;
+  }
+  if (is_contiguous() && src.is_contiguous() && dtype() == DType::f32) {
+    float* d = data<float>();
+    int64_t n = numel();
+    if (src.dtype() == DType::bf16) {
+      const bf16* s = src.data<bf16>();
+      for (int64_t i = 0; i < n; ++i) d[i] = to_float(s[i]);
+      return *this;
+    }
+    if (src.dtype() == DType::f16) {
+      const f16* s = src.data<f16>();
+      for (int64_t i = 0; i < n; ++i) d[i] = to_float(s[i]);
+      return *this;
+    }
+  }
+  // General path: gather the source in row-major order as double, then scatter.
+  std::vector<double> values = src.to_vector();
+  size_t k = 0;
+  dispatch_dtype(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    for_each_element<T>(*this, [&](T& v) { v = from_double<T>(values[k++]); });
+  });
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  dispatch_dtype(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T v = from_double<T>(value);
+    for_each_element<T>(*this, [&](T& e) { e = v; });
+  });
+  return *this;
+}
+
+Tensor Tensor::detach() const { return as_strided(shape(), strides(), 0); }
+
+Tensor& Tensor::set_requires_grad(bool value) {
+  MINIDL_CHECK(is_leaf(), "set_requires_grad: only leaf tensors (not results of recorded ops) can be marked");
+  MINIDL_CHECK(!value || is_floating(dtype()), "set_requires_grad: only floating tensors can require grad, got ",
+               dtype());
+  impl_->autograd.requires_grad = value;
+  return *this;
+}
+
+void Tensor::register_grad_ready_hook(GradReadyHook hook) {
+  MINIDL_CHECK(requires_grad() && is_leaf(), "register_grad_ready_hook: expected a leaf that requires grad");
+  impl_->autograd.grad_ready_hooks.push_back(std::move(hook));
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  if (!t.defined()) return os << "Tensor(undefined)";
+  os << "Tensor(shape=" << t.shape() << ", dtype=" << t.dtype() << ", device=" << t.device();
+  if (t.device().is_cpu()) {
+    std::vector<double> v = t.to_vector();
+    os << ", data=[";
+    for (size_t i = 0; i < v.size() && i < 16; ++i) os << (i ? ", " : "") << std::setprecision(6) << v[i];
+    if (v.size() > 16) os << ", ...";
+    os << "]";
+  }
+  return os << ")";
+}
+
+}  // namespace minidl

@@ -1,0 +1,95 @@
+#include <gtest/gtest.h>
+
+#include "core/tensor.h"
+
+using namespace minidl;
+
+static Tensor iota(const Shape& s, DType dt = DType::f32) {
+  return Tensor::arange(s.numel(), dt).reshape(s);
+}
+
+TEST(Tensor, FactoriesAndMetadata) {
+  Tensor t = Tensor::full({2, 3}, 1.5);
+  EXPECT_EQ(t.dim(), 2);
+  EXPECT_EQ(t.numel(), 6);
+  EXPECT_EQ(t.size(-1), 3);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.to_vector(), std::vector<double>(6, 1.5));
+  EXPECT_EQ(Tensor::scalar(3).item(), 3.0);
+  EXPECT_THROW(t.size(2), Error);
+}
+
+TEST(Tensor, TransposeIsAViewAndContiguousCopies) {
+  Tensor x = iota({2, 3});
+  Tensor t = x.transpose(0, 1);
+  EXPECT_TRUE(t.shares_storage(x));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.shape(), (Shape{3, 2}));
+  EXPECT_EQ(t.to_vector(), (std::vector<double>{0, 3, 1, 4, 2, 5}));
+  Tensor c = t.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_FALSE(c.shares_storage(x));
+  EXPECT_EQ(c.to_vector(), t.to_vector());
+  EXPECT_TRUE(x.contiguous().same(x));  // no copy when already contiguous
+}
+
+TEST(Tensor, NarrowAndReshape) {
+  Tensor x = iota({4, 5});
+  Tensor n = x.narrow(1, 1, 3);
+  EXPECT_EQ(n.shape(), (Shape{4, 3}));
+  EXPECT_EQ(n.to_vector()[0], 1);
+  EXPECT_EQ(n.to_vector()[3], 6);
+  Tensor r = x.reshape({2, -1});
+  EXPECT_EQ(r.shape(), (Shape{2, 10}));
+  EXPECT_TRUE(r.shares_storage(x));
+  Tensor rn = n.reshape({12});  // not viewable -> copy
+  EXPECT_FALSE(rn.shares_storage(x));
+  EXPECT_EQ(rn.to_vector()[3], 6);
+  EXPECT_THROW(x.reshape({3, -1}), Error);
+  EXPECT_THROW(x.narrow(0, 3, 2), Error);
+  EXPECT_THROW(n.view({12}), Error);
+}
+
+TEST(Tensor, CastsRoundTrip) {
+  Tensor x = Tensor::from_vector(std::vector<double>{1.0, -2.5, 0.1, 65504.0, 1e-7}, {5});
+  Tensor h = x.to(DType::f16);
+  Tensor b = x.to(DType::bf16);
+  std::vector<double> hv = h.to(DType::f32).to_vector(), bv = b.to(DType::f32).to_vector();
+  EXPECT_EQ(hv[0], 1.0);
+  EXPECT_EQ(hv[1], -2.5);
+  EXPECT_NEAR(hv[2], 0.1, 1e-4);
+  EXPECT_EQ(hv[3], 65504.0);
+  EXPECT_NEAR(hv[4], 1e-7, 6e-8);  // subnormal in f16
+  EXPECT_EQ(bv[1], -2.5);
+  EXPECT_NEAR(bv[2], 0.1, 1e-3);
+}
+
+TEST(Half, RoundToNearestEvenExhaustive) {
+  // Every f16 value converts to float and back unchanged.
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    f16 h{uint16_t(bits)};
+    float f = to_float(h);
+    if (f != f) continue;  // NaN payloads may differ
+    ASSERT_EQ(to_f16(f).bits, h.bits) << bits;
+  }
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    bf16 h{uint16_t(bits)};
+    float f = to_float(h);
+    if (f != f) continue;
+    ASSERT_EQ(to_bf16(f).bits, h.bits) << bits;
+  }
+  // Ties go to even: 1 + 2^-11 is halfway between 1 and the next f16.
+  EXPECT_EQ(to_f16(1.0f + 1.0f / 2048).bits, to_f16(1.0f).bits);
+}
+
+TEST(Tensor, BadInputsNameWhatWasExpected) {
+  Tensor x = Tensor::zeros({2, 2});
+  try {
+    x.data<int32_t>();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f32"), std::string::npos);
+  }
+  EXPECT_THROW(Tensor::zeros({2}).copy_(Tensor::zeros({3})), Error);
+  EXPECT_THROW(Tensor::from_vector(std::vector<double>{1, 2, 3}, {2, 2}), Error);
+}
