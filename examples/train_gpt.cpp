@@ -1,0 +1,241 @@
+// train_gpt — trains a GPT-2-shaped character model on a text file and reports its speed and loss.
+//
+//   build/bin/train_gpt                                  # baby config on the Shakespeare corpus
+//   build/bin/train_gpt --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --steps 500 --save ckpt.safetensors
+//   build/bin/train_gpt --init-from ckpt.safetensors --steps 0          # evaluate only
+//
+// Ends with one line that scripts parse (documented in README.md):
+//   summary: steps=N train_loss=X val_loss=X ms_per_step=X tokens_per_s=X gflops=X peak_mem_mb=X
+// Bad input prints "train_gpt: error: ..." naming what was expected and what was found, exits with 2, and writes
+// no file.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "core/parallel.h"
+#include "data/text_dataset.h"
+#include "examples/gpt_training.h"
+#include "examples/progress.h"
+#include "nn/checkpoint.h"
+#include "optim/schedule.h"
+
+using namespace minidl;
+
+namespace {
+
+struct Options {
+  std::string data = MINIDL_DEFAULT_DATA;
+  int64_t layers = 4, heads = 4, embd = 128, seq = 64, batch = 12, steps = 2000;
+  double lr = 1e-3, weight_decay = 0.1, dropout = 0.0, grad_clip = 1.0, temperature = 1.0;
+  std::optional<double> min_lr;
+  int64_t warmup = 0;
+  uint64_t seed = 1337;
+  int threads = 0;
+  int64_t eval_every = 250, eval_windows = 256, log_every = 10, sample = 0;
+  std::string save, init_from;
+};
+
+void add_flags(CLI::App& app, Options& o) {
+  app.add_option("--data", o.data, "Text file to train on (bytes are the tokens)")->capture_default_str();
+  app.add_option("--layers", o.layers, "Transformer blocks")->capture_default_str();
+  app.add_option("--heads", o.heads, "Attention heads per block (must divide --embd)")->capture_default_str();
+  app.add_option("--embd", o.embd, "Embedding width C")->capture_default_str();
+  app.add_option("--seq", o.seq, "Sequence length T (also the model's block size)")->capture_default_str();
+  app.add_option("--batch", o.batch, "Sequences per optimizer step (the global batch)")->capture_default_str();
+  app.add_option("--steps", o.steps, "Optimizer steps; 0 with --init-from only evaluates")->capture_default_str();
+  app.add_option("--lr", o.lr, "Peak learning rate (AdamW)")->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "Final learning rate of the cosine decay (default: --lr, i.e. constant)");
+  app.add_option("--warmup", o.warmup, "Linear warmup steps before the cosine decay")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (matrices and embeddings only)")
+      ->capture_default_str();
+  app.add_option("--dropout", o.dropout, "Dropout probability on embeddings, attention output and MLP output")
+      ->capture_default_str();
+  app.add_option("--grad-clip", o.grad_clip, "Clip gradients to this global L2 norm; 0 disables")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed for initialisation, batches, dropout and sampling")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads (kernels and BLAS); default: all cores");
+  app.add_option("--eval-every", o.eval_every, "Evaluate on the validation split every N steps; 0: only at the end")
+      ->capture_default_str();
+  app.add_option("--eval-windows", o.eval_windows,
+                 "Validation loss = mean over the first N non-overlapping windows of seq+1 tokens")
+      ->capture_default_str();
+  app.add_option("--log-every", o.log_every, "When not on a terminal, print a progress line every N steps")
+      ->capture_default_str();
+  app.add_option("--save", o.save, "Write the trained model to this safetensors file (+ config.json beside it)");
+  app.add_option("--init-from", o.init_from, "Start from this minidl safetensors checkpoint");
+  app.add_option("--sample", o.sample, "After training, generate this many characters of text")->capture_default_str();
+  app.add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
+}
+
+void validate(const Options& o) {
+  MINIDL_CHECK(o.layers >= 1, "--layers: expected at least 1, got ", o.layers);
+  MINIDL_CHECK(o.heads >= 1, "--heads: expected at least 1, got ", o.heads);
+  MINIDL_CHECK(o.embd >= 1 && o.embd % o.heads == 0, "--embd: expected a positive multiple of --heads (", o.heads,
+               "), got ", o.embd);
+  MINIDL_CHECK(o.seq >= 1, "--seq: expected at least 1, got ", o.seq);
+  MINIDL_CHECK(o.batch >= 1, "--batch: expected at least 1, got ", o.batch);
+  MINIDL_CHECK(o.steps >= 0, "--steps: expected 0 or more, got ", o.steps);
+  MINIDL_CHECK(o.steps > 0 || !o.init_from.empty(), "--steps 0 only evaluates, which needs --init-from");
+  MINIDL_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr: expected a positive number, got ", o.lr);
+  MINIDL_CHECK(!o.min_lr || (*o.min_lr >= 0 && *o.min_lr <= o.lr), "--min-lr: expected a value in [0, --lr = ", o.lr,
+               "], got ", o.min_lr.value_or(0));
+  MINIDL_CHECK(o.warmup >= 0 && (o.warmup <= o.steps), "--warmup: expected 0 to --steps (", o.steps, "), got ",
+               o.warmup);
+  MINIDL_CHECK(o.weight_decay >= 0, "--weight-decay: expected 0 or more, got ", o.weight_decay);
+  MINIDL_CHECK(o.dropout >= 0 && o.dropout < 1, "--dropout: expected a probability in [0, 1), got ", o.dropout);
+  MINIDL_CHECK(o.grad_clip >= 0, "--grad-clip: expected 0 (off) or a positive norm, got ", o.grad_clip);
+  MINIDL_CHECK(o.threads >= 0, "--threads: expected a positive count, got ", o.threads);
+  MINIDL_CHECK(o.eval_every >= 0, "--eval-every: expected 0 or more, got ", o.eval_every);
+  MINIDL_CHECK(o.eval_windows >= 1, "--eval-windows: expected at least 1, got ", o.eval_windows);
+  MINIDL_CHECK(o.log_every >= 1, "--log-every: expected at least 1, got ", o.log_every);
+  MINIDL_CHECK(o.sample >= 0, "--sample: expected 0 or more, got ", o.sample);
+  MINIDL_CHECK(o.temperature > 0, "--temperature: expected a positive number, got ", o.temperature);
+  if (!o.save.empty()) {
+    auto dir = std::filesystem::absolute(o.save).parent_path();
+    MINIDL_CHECK(std::filesystem::is_directory(dir), "--save: directory ", dir.string(), " does not exist");
+  }
+}
+
+// The model configuration: from the flags, or from the checkpoint (flags given explicitly must agree with it).
+nn::GPTConfig model_config(const Options& o, const CLI::App& app, const nn::GPTCheckpoint* ckpt, int64_t vocab) {
+  nn::GPTConfig cfg{vocab, o.seq, o.layers, o.heads, o.embd, o.dropout, true};
+  if (!ckpt) return cfg;
+  const nn::GPTConfig& c = ckpt->config;
+  auto agree = [&](const char* flag, int64_t given, int64_t stored) {
+    MINIDL_CHECK(app.count(flag) == 0 || given == stored, flag, " ", given, " does not match the checkpoint ",
+                 o.init_from, ", which has ", stored);
+  };
+  agree("--layers", o.layers, c.n_layer);
+  agree("--heads", o.heads, c.n_head);
+  agree("--embd", o.embd, c.n_embd);
+  MINIDL_CHECK(app.count("--seq") == 0 || o.seq <= c.block_size, "--seq ", o.seq, " is longer than the checkpoint ",
+               o.init_from, "'s block size ", c.block_size);
+  cfg = c;
+  cfg.dropout = o.dropout;
+  return cfg;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+int run(const Options& o, const CLI::App& app) {
+  validate(o);
+  set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
+
+  std::optional<nn::GPTCheckpoint> ckpt;
+  std::optional<data::CharTokenizer> vocab;
+  if (!o.init_from.empty()) {
+    ckpt = nn::load_gpt(o.init_from);
+    auto it = ckpt->metadata.find("vocab");
+    MINIDL_CHECK(it != ckpt->metadata.end(), "--init-from ", o.init_from, ": the checkpoint has no \"vocab\" metadata");
+    vocab = data::CharTokenizer::from_json(nlohmann::json::parse(it->second));
+  }
+  data::TextDataset ds = vocab ? data::TextDataset(o.data, *vocab) : data::TextDataset(o.data);
+  const int64_t seq = app.count("--seq") || !ckpt ? o.seq : ckpt->config.block_size;
+  MINIDL_CHECK(int64_t(ds.train().size()) >= seq + 1 && int64_t(ds.val().size()) >= seq + 1, "--data ", o.data,
+               ": expected at least ", seq + 1, " tokens in each split for --seq ", seq, ", found ", ds.train().size(),
+               " (train) and ", ds.val().size(), " (validation)");
+  const int64_t windows = std::min<int64_t>(o.eval_windows, int64_t(ds.val().size() - 1) / seq);
+  nn::GPTConfig cfg = model_config(o, app, ckpt ? &*ckpt : nullptr, ds.tokenizer().size());
+
+  nn::GPT model(cfg, o.seed);
+  if (ckpt) nn::load_into(model, o.init_from);
+  model.train();
+  optim::AdamW optimizer(optim::decay_groups(model.named_parameters(), o.weight_decay), {o.lr});
+  optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
+  data::BatchSampler sampler(ds.train(), seq, o.batch, o.seed);
+  data::Batch val = data::eval_windows(ds.val(), seq, windows);
+
+  std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
+              "threads=%d data=%s (%zu train / %zu val tokens)\n",
+              (long long)model.num_parameters(), (long long)cfg.n_layer, (long long)cfg.n_head,
+              (long long)cfg.n_embd, (long long)seq, (long long)o.batch, (long long)cfg.vocab_size, num_threads(),
+              o.data.c_str(), ds.train().size(), ds.val().size());
+  std::fflush(stdout);
+
+  const double tokens_per_step = double(o.batch * seq);
+  const double flops_per_step = model.flops_per_token(seq) * tokens_per_step;
+  train::ProgressLine progress(o.log_every);
+  double timed_ms = 0, recent_loss = 0, val_loss = NAN;
+  int64_t timed_steps = 0, recent = 0;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    double lr = schedule(step);
+    auto t0 = std::chrono::steady_clock::now();
+    data::Batch batch = sampler.batch(step);
+    train::StepResult r = train::train_step(model, optimizer, batch, lr, o.grad_clip);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    MINIDL_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step + 1,
+                 "; try a lower --lr");
+    if (step > 0 || o.steps == 1) {  // the first step warms caches and the allocator
+      timed_ms += ms;
+      ++timed_steps;
+    }
+    if (step >= o.steps - 10) {
+      recent_loss += r.loss;
+      ++recent;
+    }
+    progress.update(step + 1, o.steps,
+                    "step " + std::to_string(step + 1) + "/" + std::to_string(o.steps) + " | loss " +
+                        fmt("%.4f", r.loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", ms) + " ms | " +
+                        fmt("%.0f", tokens_per_step / ms * 1e3) + " tok/s | " +
+                        fmt("%.1f", flops_per_step / ms / 1e6) + " GFLOP/s | peak " +
+                        fmt("%.0f", train::peak_rss_mb()) + " MB");
+    bool last = step + 1 == o.steps;
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
+      progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", train::evaluate(model, val, o.batch)));
+    }
+  }
+  progress.finish();
+  val_loss = train::evaluate(model, val, o.batch);
+  std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)windows, (long long)seq);
+
+  if (!o.save.empty()) {
+    nn::save_gpt(o.save, model, ds.tokenizer().to_json().dump(),
+                 {{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}});
+    std::printf("saved %s\n", o.save.c_str());
+  }
+  if (o.sample > 0) {
+    std::vector<int32_t> prompt = ds.tokenizer().encode("\n");
+    if (prompt.empty()) prompt = {0};
+    std::vector<int32_t> out = train::sample(model, prompt, o.sample, o.temperature, o.seed);
+    std::printf("---- sample ----\n%s\n----------------\n", ds.tokenizer().decode(out).c_str());
+  }
+  double ms_per_step = timed_steps ? timed_ms / double(timed_steps) : 0.0;
+  std::printf("summary: steps=%lld train_loss=%.4f val_loss=%.4f ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
+              "peak_mem_mb=%.1f\n",
+              (long long)o.steps, recent ? recent_loss / double(recent) : NAN, val_loss, ms_per_step,
+              ms_per_step > 0 ? tokens_per_step / ms_per_step * 1e3 : 0.0,
+              ms_per_step > 0 ? flops_per_step / ms_per_step / 1e6 : 0.0, train::peak_rss_mb());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a GPT-2-shaped character-level language model with minidl."};
+  Options o;
+  add_flags(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "train_gpt: error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  try {
+    return run(o, app);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "\ntrain_gpt: error: %s\n", e.what());
+    return 2;
+  }
+}
