@@ -1,0 +1,332 @@
+#!/usr/bin/python3
+"""Time one GPT training step in PyTorch and in minidl, same model and recipe, and print both side by side.
+
+Usage (Debian's /usr/bin/python3 has PyTorch once `scripts/install-deps.sh --with-torch` has run):
+
+    /usr/bin/python3 bench/compare_pytorch.py                         # baby config, threads 1 and 2
+    /usr/bin/python3 bench/compare_pytorch.py --config nanogpt --threads 2 --steps 10 --warmup 3
+    /usr/bin/python3 bench/compare_pytorch.py --config custom --layers 2 --heads 2 --embd 64 --seq 32 --batch 4
+    /usr/bin/python3 bench/compare_pytorch.py --json                  # one JSON object instead of the table
+
+Model and recipe (both sides): nanoGPT-style GPT-2 with learned position embeddings, pre-LayerNorm blocks,
+causal self-attention, GELU(tanh), biases everywhere except the output head, which shares its weight with the
+token embedding; dropout 0; vocabulary 65 (the characters of Tiny Shakespeare); init N(0, 0.02) with residual
+projections scaled by 1/sqrt(2 * layers); AdamW lr 1e-3, betas (0.9, 0.999), weight decay 0.1 on parameters
+with dim >= 2 only. Batches are windows of ../shared/data/tinyshakespeare.txt (training split) when that file
+exists, random tokens otherwise; timing does not depend on the values.
+
+Measurement: one step = forward + loss + backward + optimizer step + zero_grad. ms/step is the median over
+--steps timed steps after --warmup untimed ones. Each PyTorch thread count runs in its own subprocess (with
+torch.set_num_threads(n) and OMP_NUM_THREADS=n), so peak_MB is that configuration's peak resident set size
+(getrusage ru_maxrss; it includes the Python interpreter and libtorch). minidl's row is what
+`bench_gpt_step --json` reports (its peak_mem_mb), for the same shapes and thread count.
+
+FLOP count (nanoGPT's estimate_mfu, the formula minidl's bench_gpt_step also uses):
+
+    N               = number of parameters, counting the tied embedding once and excluding the position
+                      embedding (wpe)
+    flops_per_token = 6*N + 12*L*H*Q*T        L layers, H heads, Q = C/H head size, T sequence length
+    flops_per_step  = flops_per_token * B*T   B batch size
+    GFLOP/s         = flops_per_step / (ms_per_step / 1000) / 1e9
+
+Exit status: 0 on success (also when the minidl binary is missing: its rows are then left out), 1 when a run
+failed, 2 when PyTorch cannot be imported.
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(REPO_ROOT, "..", "shared", "data", "tinyshakespeare.txt")
+VOCAB_SIZE = 65
+CONFIGS = {
+    "baby": dict(layers=4, heads=4, embd=128, seq=64, batch=12),
+    "nanogpt": dict(layers=6, heads=6, embd=384, seq=256, batch=8),
+}
+
+
+def flops_per_step(n_params_no_wpe, layers, heads, embd, seq, batch):
+    head_size = embd // heads
+    flops_per_token = 6 * n_params_no_wpe + 12 * layers * heads * head_size * seq
+    return flops_per_token * batch * seq
+
+
+def count_params_no_wpe(layers, embd, seq):
+    """The parameter count N of the formula above, for the model built by pytorch_worker."""
+    per_block = (2 * 2 * embd                     # ln_1, ln_2
+                 + embd * 3 * embd + 3 * embd     # attn.c_attn
+                 + embd * embd + embd             # attn.c_proj
+                 + embd * 4 * embd + 4 * embd     # mlp.c_fc
+                 + 4 * embd * embd + embd)        # mlp.c_proj
+    return VOCAB_SIZE * embd + layers * per_block + 2 * embd  # wte (tied with lm_head), blocks, ln_f
+
+
+# ---------------------------------------------------------------- PyTorch side (runs in a subprocess)
+
+def pytorch_worker(shape, threads, steps, warmup):
+    """Times `steps` training steps at `threads` threads; returns the row as a dict."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(1337)
+    L, H, C, T, B = shape["layers"], shape["heads"], shape["embd"], shape["seq"], shape["batch"]
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(C, 3 * C)
+            self.c_proj = nn.Linear(C, C)
+            self.flash = hasattr(F, "scaled_dot_product_attention")  # PyTorch >= 2.0
+            if not self.flash:
+                self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)).view(1, 1, T, T))
+
+        def forward(self, x):  # x: (B, T, C)
+            b, t, c = x.shape
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))  # (B, H, T, Q)
+            if self.flash:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
+                y = F.softmax(att, dim=-1) @ v
+            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(C), CausalSelfAttention()
+            self.ln_2 = nn.LayerNorm(C)
+            self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(C, 4 * C), c_proj=nn.Linear(4 * C, C)))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(VOCAB_SIZE, C), nn.Embedding(T, C)
+            self.h = nn.ModuleList(Block() for _ in range(L))
+            self.ln_f = nn.LayerNorm(C)
+            self.lm_head = nn.Linear(C, VOCAB_SIZE, bias=False)
+            self.lm_head.weight = self.wte.weight  # tied
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L))
+                elif p.dim() >= 2:
+                    nn.init.normal_(p, 0.0, 0.02)
+                elif name.endswith(".bias"):
+                    nn.init.zeros_(p)
+
+        def forward(self, idx, targets):  # idx, targets: (B, T)
+            x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, VOCAB_SIZE), targets.view(-1))
+
+    model = GPT()
+    params = list(model.parameters())  # the tied weight appears once
+    n_params_no_wpe = sum(p.numel() for p in params) - model.wpe.weight.numel()
+    assert n_params_no_wpe == count_params_no_wpe(L, C, T), "parameter count formula out of date"
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=1e-3, betas=(0.9, 0.999))
+
+    if os.path.exists(CORPUS):
+        with open(CORPUS, "rb") as f:
+            text = f.read()
+        chars = sorted(set(text))
+        assert len(chars) == VOCAB_SIZE, f"{CORPUS}: expected {VOCAB_SIZE} distinct bytes, got {len(chars)}"
+        lut = torch.zeros(256, dtype=torch.long)
+        lut[torch.tensor(chars)] = torch.arange(VOCAB_SIZE)
+        tokens = lut[torch.frombuffer(bytearray(text[: int(0.9 * len(text))]), dtype=torch.uint8).long()]
+        data = "tinyshakespeare"
+    else:
+        tokens = torch.randint(0, VOCAB_SIZE, (100_000,))
+        data = "random tokens"
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(warmup + steps):
+        starts = torch.randint(0, len(tokens) - T - 1, (B,), generator=gen)
+        window = torch.stack([tokens[s: s + T + 1] for s in starts.tolist()])
+        batches.append((window[:, :-1].contiguous(), window[:, 1:].contiguous()))
+
+    times_ms, loss = [], None
+    for i, (x, y) in enumerate(batches):
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if i >= warmup:
+            times_ms.append((time.perf_counter() - t0) * 1e3)
+
+    ms = statistics.median(times_ms)
+    flops = flops_per_step(n_params_no_wpe, L, H, C, T, B)
+    return dict(impl="pytorch", threads=threads, ms_per_step=ms, tokens_per_s=B * T / (ms / 1e3),
+                gflops=flops / (ms / 1e3) / 1e9,
+                peak_mem_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                final_loss=loss.item(), data=data, torch_version=torch.__version__)
+
+
+def run_pytorch(shape, threads, steps, warmup):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    spec = json.dumps(dict(shape=shape, threads=threads, steps=steps, warmup=warmup))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--pytorch-worker", spec],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, f"PyTorch run at {threads} thread(s) failed (exit {proc.returncode}):\n{proc.stderr.strip()}"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), None
+
+
+# ---------------------------------------------------------------- minidl side
+
+def run_minidl(binary, shape, threads, steps, warmup):
+    cmd = [binary, "--layers", shape["layers"], "--heads", shape["heads"], "--embd", shape["embd"],
+           "--seq", shape["seq"], "--batch", shape["batch"], "--threads", threads,
+           "--steps", steps, "--warmup", warmup, "--json"]
+    cmd = [str(c) for c in cmd]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{(proc.stderr or proc.stdout).strip()}"
+    lines = proc.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+        row = dict(impl="minidl", threads=threads, ms_per_step=float(result["ms_per_step"]),
+                   tokens_per_s=float(result["tokens_per_s"]), gflops=float(result["gflops"]),
+                   peak_mem_mb=float(result["peak_mem_mb"]))
+    except (IndexError, ValueError, KeyError, TypeError) as e:
+        return None, f"`{' '.join(cmd)}`: last stdout line is not the expected JSON object ({e!r})"
+    return row, None
+
+
+# ---------------------------------------------------------------- driver
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="See the module docstring for the model, recipe and FLOP formula.")
+    p.add_argument("--config", choices=["baby", "nanogpt", "custom"], default="baby")
+    for name in ("layers", "heads", "embd", "seq", "batch"):
+        p.add_argument(f"--{name}", type=int, help="shape for --config custom (overrides a preset's value)")
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts (default: 1,2)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (default: 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default: 5)")
+    p.add_argument("--minidl-bin", default=os.path.join(REPO_ROOT, "build", "bin", "bench_gpt_step"))
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = p.parse_args()
+
+    shape = dict(CONFIGS.get(args.config, {}))
+    for name in ("layers", "heads", "embd", "seq", "batch"):
+        if getattr(args, name) is not None:
+            shape[name] = getattr(args, name)
+    missing = [n for n in ("layers", "heads", "embd", "seq", "batch") if n not in shape]
+    if missing:
+        p.error("--config custom needs " + ", ".join(f"--{n}" for n in missing))
+    if any(v <= 0 for v in shape.values()) or shape["embd"] % shape["heads"]:
+        p.error(f"shape must be positive with embd divisible by heads, got {shape}")
+    try:
+        args.thread_counts = [int(t) for t in args.threads.split(",")]
+        assert all(t > 0 for t in args.thread_counts)
+    except (ValueError, AssertionError):
+        p.error(f"--threads expects positive integers separated by commas, got '{args.threads}'")
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    args.shape = shape
+    return args
+
+
+def best(rows):
+    return min(rows, key=lambda r: r["ms_per_step"]) if rows else None
+
+
+def print_table(args, rows, notes, ratio):
+    s = args.shape
+    flops = flops_per_step(count_params_no_wpe(s["layers"], s["embd"], s["seq"]), **s)
+    print(f"# GPT {args.config}: layers {s['layers']}, heads {s['heads']}, embd {s['embd']}, seq {s['seq']}, "
+          f"batch {s['batch']}; {count_params_no_wpe(s['layers'], s['embd'], s['seq']) / 1e6:.2f}M params "
+          f"(excl. wpe), {flops / 1e9:.3f} GFLOP/step")
+    print(f"# median of {args.steps} timed steps after {args.warmup} warmup; * = best thread count per impl")
+    print(f"{'impl':<8} {'threads':>7} {'ms/step':>10} {'tokens/s':>10} {'GFLOP/s':>9} {'peak_MB':>9}")
+    for impl in ("pytorch", "minidl"):
+        impl_rows = [r for r in rows if r["impl"] == impl]
+        for r in impl_rows:
+            mark = " *" if r is best(impl_rows) and len(impl_rows) > 1 else ""
+            print(f"{r['impl']:<8} {r['threads']:>7} {r['ms_per_step']:>10.2f} {r['tokens_per_s']:>10.0f} "
+                  f"{r['gflops']:>9.2f} {r['peak_mem_mb']:>9.1f}{mark}")
+    print(f"minidl/pytorch ms/step at best thread counts: "
+          + (f"{ratio:.2f}" if ratio is not None else "n/a (no minidl result)"))
+    for note in notes:
+        print("# " + note.replace("\n", "\n#   "))
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--pytorch-worker":
+        spec = json.loads(sys.argv[2])
+        print(json.dumps(pytorch_worker(spec["shape"], spec["threads"], spec["steps"], spec["warmup"])))
+        return 0
+
+    args = parse_args()
+    try:
+        import torch  # noqa: F401  (only checks that the workers will be able to import it)
+    except ImportError as e:
+        print(f"compare_pytorch: cannot import torch with {sys.executable} ({e}).\n"
+              f"Install it with `scripts/install-deps.sh --with-torch` and run this script with "
+              f"/usr/bin/python3 (Debian's python3-torch).", file=sys.stderr)
+        return 2
+
+    rows, notes, failed = [], [], False
+    for t in args.thread_counts:
+        row, err = run_pytorch(args.shape, t, args.steps, args.warmup)
+        if err:
+            notes.append(err)
+            failed = True
+        else:
+            rows.append(row)
+    if rows:
+        notes.append(f"PyTorch {rows[0]['torch_version']}, data: {rows[0]['data']}; PyTorch peak_MB is the "
+                     f"process's max RSS (includes the interpreter and libtorch)")
+
+    if not os.path.isfile(args.minidl_bin):
+        notes.append(f"minidl: {args.minidl_bin} not found, so no minidl rows (build it with scripts/build.sh)")
+    else:
+        flops = flops_per_step(count_params_no_wpe(args.shape["layers"], args.shape["embd"], args.shape["seq"]),
+                               **args.shape)
+        for t in args.thread_counts:
+            row, err = run_minidl(args.minidl_bin, args.shape, t, args.steps, args.warmup)
+            if err:
+                notes.append(err)
+                failed = True
+                continue
+            rows.append(row)
+            expected = flops / (row["ms_per_step"] / 1e3) / 1e9
+            if abs(row["gflops"] - expected) > 0.02 * expected:
+                notes.append(f"minidl at {t} thread(s) reports {row['gflops']:.2f} GFLOP/s but the formula above "
+                             f"gives {expected:.2f} for its ms/step: the two FLOP counts disagree")
+
+    best_pt = best([r for r in rows if r["impl"] == "pytorch"])
+    best_md = best([r for r in rows if r["impl"] == "minidl"])
+    ratio = best_md["ms_per_step"] / best_pt["ms_per_step"] if best_pt and best_md else None
+
+    if args.json:
+        print(json.dumps(dict(config=args.config, shape=args.shape, steps=args.steps, warmup=args.warmup,
+                              rows=rows, ratio_minidl_over_pytorch_ms_per_step=ratio, notes=notes), indent=2))
+    else:
+        print_table(args, rows, notes, ratio)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that minidl needs to build and run its tests.
+#
+#   scripts/install-deps.sh                # build + test dependencies
+#   scripts/install-deps.sh --with-torch   # also python3-torch and python3-numpy (bench/compare_pytorch.py only)
+#
+# Idempotent: every package is checked with dpkg first, and apt-get (update + install) runs only when something
+# is missing, so a second run is a no-op that takes a fraction of a second. Runs as root, or through sudo when
+# not root. CUDA is not installed from apt (Debian 12 has no CUDA 13); it is expected under /usr/local/cuda.
+set -euo pipefail
+
+packages=(
+  build-essential         # g++ 12, make
+  cmake                   # 3.25
+  ninja-build
+  ccache                  # used automatically by CMakeLists.txt when present
+  libopenblas-openmp-dev  # OpenBLAS built for OpenMP (cmake/MinidlBlas.cmake links this flavour)
+  libopenmpi-dev          # mpicxx, headers (dist/)
+  openmpi-bin             # mpirun / mpiexec (multi-rank tests)
+  nlohmann-json3-dev
+  libcli11-dev
+  libgtest-dev
+  libgmock-dev
+  libboost-context-dev    # fibers for the CPU emulation of CUDA kernels
+)
+torch_packages=(python3-torch python3-numpy)
+
+usage() { sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+for arg in "$@"; do
+  case "$arg" in
+    --with-torch) packages+=("${torch_packages[@]}") ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "install-deps: unknown argument '$arg' (expected --with-torch or --help)" >&2; exit 2 ;;
+  esac
+done
+
+if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
+  echo "install-deps: dpkg-query/apt-get not found; this script supports Debian 12 (bookworm) only." >&2
+  echo "install-deps: install these packages (or their equivalents) yourself: ${packages[*]}" >&2
+  exit 1
+fi
+
+# `dpkg -s` alone also succeeds for a removed package whose config files remain, so compare the full status.
+is_installed() { [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" == "install ok installed" ]]; }
+
+missing=()
+for p in "${packages[@]}"; do
+  is_installed "$p" || missing+=("$p")
+done
+
+if (( ${#missing[@]} == 0 )); then
+  echo "install-deps: nothing to do (all ${#packages[@]} packages already installed)"
+  exit 0
+fi
+
+if (( EUID == 0 )); then
+  as_root=()
+elif command -v sudo >/dev/null; then
+  as_root=(sudo)
+else
+  echo "install-deps: missing packages: ${missing[*]}" >&2
+  echo "install-deps: installing them needs root, and sudo is not available. Run this script as root." >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${#missing[@]} missing package(s): ${missing[*]}"
+# `env` passes DEBIAN_FRONTEND through sudo (which resets the environment). The lock timeout waits for a
+# concurrent apt/dpkg run (e.g. unattended-upgrades on a fresh CI machine) instead of failing at once.
+apt=("${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -q)
+"${apt[@]}" update
+"${apt[@]}" install -y --no-install-recommends "${missing[@]}"
+
+still_missing=()
+for p in "${missing[@]}"; do
+  is_installed "$p" || still_missing+=("$p")
+done
+if (( ${#still_missing[@]} > 0 )); then
+  echo "install-deps: apt-get finished but these packages are still not installed: ${still_missing[*]}" >&2
+  exit 1
+fi
+
+echo "install-deps: installed:"
+for p in "${missing[@]}"; do
+  printf '  %-24s %s\n' "$p" "$(dpkg-query -W -f='${Version}' "$p")"
+done
