@@ -1,0 +1,81 @@
+// bench_gpt_step — times full GPT training steps (forward, backward, AdamW, zero_grad) for one model config on
+// random tokens and prints ms/step, tokens/s, achieved GFLOP/s and memory; --json adds one JSON object as the
+// last line (read by bench/compare_pytorch.py).
+//
+//   build/bin/bench_gpt_step --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --threads 2
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "examples/gpt_training.h"
+
+using namespace minidl;
+
+int main(int argc, char** argv) {
+  int64_t layers = 4, heads = 4, embd = 128, seq = 64, batch = 12, vocab = 65, steps = 20, warmup = 3;
+  int threads = 0;
+  bool json = false;
+  CLI::App app{"Time GPT training steps with minidl (median over --steps after --warmup steps)."};
+  app.add_option("--layers", layers, "Transformer blocks")->capture_default_str();
+  app.add_option("--heads", heads, "Attention heads")->capture_default_str();
+  app.add_option("--embd", embd, "Embedding width")->capture_default_str();
+  app.add_option("--seq", seq, "Sequence length")->capture_default_str();
+  app.add_option("--batch", batch, "Sequences per step")->capture_default_str();
+  app.add_option("--vocab", vocab, "Vocabulary size")->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads; default: all cores");
+  app.add_option("--steps", steps, "Timed steps")->capture_default_str();
+  app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
+  app.add_flag("--json", json, "Also print one JSON object as the last line");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    MINIDL_CHECK(steps >= 1 && warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ", steps, " and ", warmup);
+    set_num_threads(threads > 0 ? threads : default_num_threads());
+    nn::GPT model(nn::GPTConfig{vocab, seq, layers, heads, embd, 0.0, true}, 1337);
+    model.train();
+    optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-3});
+    std::vector<int32_t> tokens(size_t(batch * seq + 1) * 64);
+    Philox rng(7);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(rng.draw(i).x % uint32_t(vocab));
+    data::BatchSampler sampler(tokens, seq, batch, 1);
+
+    std::vector<double> ms;
+    ledger().reset_peaks();
+    for (int64_t s = 0; s < warmup + steps; ++s) {
+      data::Batch b = sampler.batch(s);
+      auto t0 = std::chrono::steady_clock::now();
+      train::train_step(model, opt, b, 1e-3, 1.0);
+      double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (s >= warmup) ms.push_back(dt);
+    }
+    std::sort(ms.begin(), ms.end());
+    double median = ms[ms.size() / 2];
+    double tokens_per_step = double(batch * seq);
+    double gflops = model.flops_per_token(seq) * tokens_per_step / median / 1e6;
+    const MemoryLedger& l = ledger();
+    auto mb = [](int64_t b) { return double(b) / (1 << 20); };
+    std::printf("%-28s %8s %10s %9s %9s %10s %10s\n", "config", "threads", "ms/step", "tokens/s", "GFLOP/s",
+                "peak_MB", "act_MB");
+    char cfg[64];
+    std::snprintf(cfg, sizeof cfg, "L%lld H%lld C%lld T%lld B%lld", (long long)layers, (long long)heads,
+                  (long long)embd, (long long)seq, (long long)batch);
+    std::printf("%-28s %8d %10.2f %9.0f %9.1f %10.1f %10.1f\n", cfg, num_threads(), median,
+                tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), mb(l.peak(MemTag::kActivations)));
+    std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
+                mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),
+                mb(l.peak(MemTag::kActivations)), mb(l.peak_total()));
+    if (json)
+      std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
+                  "\"threads\": %d, \"act_peak_mb\": %.1f}\n",
+                  median, tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), num_threads(),
+                  mb(l.peak(MemTag::kActivations)));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_gpt_step: error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
