@@ -1,0 +1,135 @@
+// The train_gpt program end to end: bad input gives exit code 2, a message naming what was expected and what was
+// found, and no file written; a tiny run trains, saves, reloads and evaluates to the same loss.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  std::string cmd = std::string(TRAIN_GPT_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Result r{-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class TrainGpt : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("minidl_train_gpt_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    // A small corpus: 4 KB of a repeated phrase (vocabulary of 14 bytes).
+    std::ofstream(dir_ / "tiny.txt") << repeat("the quick brown fox. ", 200);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  static std::string repeat(const std::string& s, int n) {
+    std::string r;
+    for (int i = 0; i < n; ++i) r += s;
+    return r;
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string tiny_flags() const {
+    return "--data " + path("tiny.txt") + " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 "
+           "--eval-windows 4 --log-every 1000";
+  }
+  // Asserts exit code 2, that the message contains every expected fragment, and that `save` was not written.
+  void expect_rejected(const std::string& args, std::initializer_list<const char*> fragments) {
+    Result r = run(args + " --save " + path("out.safetensors"));
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("train_gpt: error:"), std::string::npos) << r.out;
+    for (const char* f : fragments) EXPECT_NE(r.out.find(f), std::string::npos) << "missing '" << f << "' in: " << r.out;
+    EXPECT_FALSE(fs::exists(path("out.safetensors")));
+    EXPECT_FALSE(fs::exists(path("config.json")));
+  }
+  fs::path dir_;
+};
+
+double summary_field(const std::string& out, const std::string& key) {
+  std::smatch m;
+  std::regex re("summary: .*" + key + "=([-0-9.e+naif]+)");
+  if (!std::regex_search(out, m, re)) return NAN;
+  return std::stod(m[1]);
+}
+
+}  // namespace
+
+TEST_F(TrainGpt, HelpDescribesEveryFlag) {
+  Result r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* flag : {"--data", "--layers", "--heads", "--embd", "--seq", "--batch", "--steps", "--lr", "--min-lr",
+                           "--warmup", "--weight-decay", "--dropout", "--grad-clip", "--seed", "--threads",
+                           "--eval-every", "--eval-windows", "--save", "--init-from", "--sample", "--log-every"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+}
+
+TEST_F(TrainGpt, MissingDataFile) { expect_rejected(tiny_flags() + " --data " + path("nope.txt"), {"nope.txt"}); }
+
+TEST_F(TrainGpt, EmptyDataFile) {
+  std::ofstream(path("empty.txt")).close();
+  expect_rejected(tiny_flags() + " --data " + path("empty.txt"), {"empty.txt", "empty"});
+}
+
+TEST_F(TrainGpt, CorpusShorterThanOneWindow) {
+  std::ofstream(path("short.txt")) << "to be or not to be";
+  expect_rejected(tiny_flags() + " --data " + path("short.txt") + " --seq 64", {"65", "tokens"});
+}
+
+TEST_F(TrainGpt, NonsensicalFlags) {
+  expect_rejected(tiny_flags() + " --embd 10 --heads 4", {"--embd", "10"});
+  expect_rejected(tiny_flags() + " --batch 0", {"--batch", "got 0"});
+  expect_rejected(tiny_flags() + " --dropout 1.5", {"--dropout", "1.5"});
+  expect_rejected(tiny_flags() + " --lr -1", {"--lr"});
+  expect_rejected(tiny_flags() + " --steps 0", {"--init-from"});
+  expect_rejected(tiny_flags() + " --layers abc", {"--layers"});
+  expect_rejected(tiny_flags() + " --no-such-flag", {"no-such-flag"});
+}
+
+TEST_F(TrainGpt, TrainSaveReloadEvaluate) {
+  Result r = run(tiny_flags() + " --steps 30 --lr 3e-3 --sample 20 --save " + path("m.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_TRUE(fs::exists(path("m.safetensors")));
+  ASSERT_TRUE(fs::exists(path("config.json")));
+  double val = summary_field(r.out, "val_loss");
+  EXPECT_LT(val, std::log(14.0));  // learned something
+  for (const char* key : {"steps=30", "train_loss=", "ms_per_step=", "tokens_per_s=", "gflops=", "peak_mem_mb="})
+    EXPECT_NE(r.out.find(key), std::string::npos) << key;
+  EXPECT_NE(r.out.find("---- sample ----"), std::string::npos);
+
+  // --steps 0 only evaluates: the same validation loss from the checkpoint.
+  Result e = run("--data " + path("tiny.txt") + " --threads 1 --eval-windows 4 --steps 0 --init-from " +
+                 path("m.safetensors"));
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NEAR(summary_field(e.out, "val_loss"), val, 1e-4);
+}
+
+TEST_F(TrainGpt, CheckpointMismatches) {
+  ASSERT_EQ(run(tiny_flags() + " --steps 2 --save " + path("m.safetensors")).code, 0);
+  fs::rename(path("m.safetensors"), path("keep.safetensors"));
+  fs::remove(path("config.json"));
+  // Shapes given on the command line that differ from the checkpoint.
+  expect_rejected(tiny_flags() + " --steps 2 --init-from " + path("keep.safetensors") + " --layers 2",
+                  {"--layers", "2", "1"});
+  // A corpus with bytes the checkpoint's vocabulary does not have.
+  std::ofstream(path("wider.txt")) << repeat("THE QUICK BROWN FOX! ", 200);
+  expect_rejected("--data " + path("wider.txt") + " --steps 2 --threads 1 --init-from " + path("keep.safetensors"),
+                  {"vocabulary"});
+  // Not a checkpoint at all.
+  expect_rejected(tiny_flags() + " --steps 2 --init-from " + path("tiny.txt"), {"tiny.txt"});
+}
