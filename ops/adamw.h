@@ -1,0 +1,28 @@
+// Fused AdamW step over flat f32 buffers: one pass reads param, grad, m, v and writes param, m, v.
+//
+// The buffers are treated as flat arrays of numel() elements (any shape; all four must have the same numel and be
+// contiguous f32 on the same device). optim::AdamW calls this once per parameter with that parameter's slice of its
+// flat state; ZeRO calls it on a rank's shard. The math is kernels::adamw_element (ops/kernels/adamw.h).
+//
+//   ops::fused_adamw_(w, w.grad(), m, v, {.lr = 1e-3, .weight_decay = 0.1, .step = 1});
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace minidl::ops {
+
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  int64_t step = 1;  // 1-based count including this step; drives the bias correction
+};
+
+// Updates param, m and v in place (they are handles: the data changes, not the Tensor objects).
+void fused_adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& h);
+
+}  // namespace minidl::ops

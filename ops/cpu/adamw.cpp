@@ -1,0 +1,42 @@
+#include "ops/adamw.h"
+
+#include "core/parallel.h"
+#include "ops/kernels/adamw.h"
+
+namespace minidl::ops {
+
+// Below this many elements per thread, the fork/join costs more than the update.
+static constexpr int64_t kAdamWGrain = 1 << 14;
+
+static void check_buffer(const Tensor& t, const char* name, const Tensor& param) {
+  MINIDL_CHECK(t.defined(), "fused_adamw_: ", name, " is undefined");
+  MINIDL_CHECK(t.dtype() == DType::f32, "fused_adamw_: expected ", name, " of dtype f32, got ", t.dtype());
+  MINIDL_CHECK(t.is_contiguous(), "fused_adamw_: expected a contiguous ", name, ", got shape ", t.shape(),
+               " with strides ", t.strides());
+  MINIDL_CHECK(t.numel() == param.numel(), "fused_adamw_: expected ", name, " with ", param.numel(),
+               " elements (as param), got ", t.numel());
+  MINIDL_CHECK(t.device() == param.device(), "fused_adamw_: param is on ", param.device(), ", ", name, " on ",
+               t.device());
+}
+
+void fused_adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& h) {
+  check_buffer(param, "param", param);
+  check_buffer(grad, "grad", param);
+  check_buffer(m, "m", param);
+  check_buffer(v, "v", param);
+  MINIDL_CHECK(param.device().is_cpu(), "fused_adamw_: no kernel for ", param.device(), " in this build");
+  MINIDL_CHECK(h.step >= 1, "fused_adamw_: expected step >= 1 (1-based), got ", h.step);
+
+  const kernels::AdamWConstants c =
+      kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step);
+  float* __restrict p = param.data<float>();
+  const float* __restrict g = grad.data<float>();
+  float* __restrict mp = m.data<float>();
+  float* __restrict vp = v.data<float>();
+  parallel_for(0, param.numel(), kAdamWGrain, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) kernels::adamw_element(p[i], g[i], mp[i], vp[i], c);
+  });
+}
+
+}  // namespace minidl::ops

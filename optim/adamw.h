@@ -1,0 +1,53 @@
+// AdamW (Loshchilov & Hutter), matching torch.optim.AdamW: decoupled weight decay, bias-corrected moments.
+// The update itself is ops::fused_adamw_ (ops/adamw.h); this class owns the state and the step count.
+//
+// State is flat: one m and one v buffer of numel() elements for all parameters (back to back in group order,
+// each parameter flattened row-major), allocated under the kOptimizer ledger tag. Each step calls the fused kernel
+// once per parameter on its slice.
+//
+//   auto groups = optim::decay_groups(model.named_parameters(), 0.1);   // no decay on biases and LayerNorms
+//   optim::AdamW opt(groups, {.lr = 1e-3});                              // betas 0.9/0.999, eps 1e-8
+//   opt.step();
+//   optim::AdamWState s = opt.state();                                   // for checkpoints
+#pragma once
+
+#include <cstdint>
+
+#include "optim/optimizer.h"
+
+namespace minidl::optim {
+
+// Weight decay is not here: it belongs to each ParamGroup (0 unless given there).
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+};
+
+// What a checkpoint saves. m and v are flat f32 tensors of Optimizer::numel() elements (layout above); step is
+// the number of steps taken so far.
+struct AdamWState {
+  int64_t step = 0;
+  Tensor m;
+  Tensor v;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options = {});
+  void step() override;
+  const AdamWOptions& options() const { return options_; }
+
+  // The live state (m and v share storage with the optimizer: copy them before changing them).
+  AdamWState state() const { return {step_, m_, v_}; }
+  // Copies a saved state in; m and v must have numel() elements.
+  void load_state(const AdamWState& state);
+
+ private:
+  AdamWOptions options_;
+  int64_t step_ = 0;
+  Tensor m_, v_;
+};
+
+}  // namespace minidl::optim

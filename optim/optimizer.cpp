@@ -1,0 +1,76 @@
+#include "optim/optimizer.h"
+
+#include <unordered_set>
+
+#include "core/memory.h"
+
+namespace minidl::optim {
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, const char* name)
+    : groups_(std::move(groups)), name_(name) {
+  set_lr(lr);
+  std::unordered_set<const TensorImpl*> seen;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const ParamGroup& group = groups_[gi];
+    MINIDL_CHECK(group.weight_decay >= 0.0, name_, ": expected weight_decay >= 0 in group ", gi, ", got ",
+                 group.weight_decay);
+    for (size_t pi = 0; pi < group.params.size(); ++pi) {
+      const Tensor& p = group.params[pi];
+      MINIDL_CHECK(p.defined(), name_, ": parameter ", pi, " of group ", gi, " is undefined");
+      MINIDL_CHECK(p.requires_grad() && p.is_leaf(), name_, ": parameter ", pi, " of group ", gi,
+                   " must be a leaf that requires grad");
+      MINIDL_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), name_, ": expected parameter ", pi, " of group ",
+                   gi, " to be contiguous f32, got dtype ", p.dtype(), " shape ", p.shape(), " strides ",
+                   p.strides());
+      MINIDL_CHECK(seen.insert(p.impl()).second, name_, ": parameter ", pi, " of group ", gi,
+                   " appears more than once");
+      slots_.push_back({p, group.weight_decay, numel_});
+      numel_ += p.numel();
+    }
+  }
+  MINIDL_CHECK(!slots_.empty(), name_, ": got an empty parameter list");
+}
+
+void Optimizer::set_lr(double lr) {
+  MINIDL_CHECK(lr >= 0.0, name_, ": expected lr >= 0, got ", lr);
+  lr_ = lr;
+}
+
+void Optimizer::zero_grad() {
+  for (const Slot& s : slots_) {
+    Tensor g = s.param.grad();
+    if (g.defined()) g.zero_();
+  }
+}
+
+Tensor Optimizer::grad_of(const Slot& slot) const {
+  Tensor g = slot.param.grad();
+  MINIDL_CHECK(g.defined(), name_, ": parameter of shape ", slot.param.shape(), " (flat offset ", slot.offset,
+               ") has no gradient; run backward before step()");
+  MINIDL_CHECK(g.dtype() == DType::f32 && g.is_contiguous() && g.numel() == slot.param.numel(), name_,
+               ": expected a contiguous f32 gradient of shape ", slot.param.shape(), ", got dtype ", g.dtype(),
+               " shape ", g.shape());
+  return g;
+}
+
+Tensor Optimizer::slice(const Tensor& flat, const Slot& slot) {
+  const Shape& shape = slot.param.shape();
+  return flat.as_strided(shape, contiguous_strides(shape), slot.offset);
+}
+
+Tensor Optimizer::zeros_state() const {
+  MemoryTagGuard tag(MemTag::kOptimizer);
+  return Tensor::zeros({numel_}, DType::f32, slots_.front().param.device());
+}
+
+std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Tensor>>& named_params,
+                                     double weight_decay) {
+  ParamGroup decayed{{}, weight_decay}, undecayed{{}, 0.0};
+  for (const auto& [name, p] : named_params) {
+    MINIDL_CHECK(p.defined(), "decay_groups: parameter '", name, "' is undefined");
+    (p.dim() >= 2 ? decayed : undecayed).params.push_back(p);
+  }
+  return {decayed, undecayed};
+}
+
+}  // namespace minidl::optim

@@ -1,0 +1,36 @@
+#include <gtest/gtest.h>
+
+#include "data/text_dataset.h"
+#include "data_test_util.h"
+
+using namespace minidl;
+using minidl::testing::expect_error_containing;
+
+TEST(TextDataset, TinyShakespeareSplit) {
+  std::string path = minidl::testing::corpus_path();
+  MINIDL_REQUIRE_CORPUS(path);
+  data::TextDataset ds(path);
+  EXPECT_EQ(ds.tokenizer().size(), 65);
+  EXPECT_EQ(ds.train().size(), 1003854u);  // floor(0.9 * 1,115,394)
+  EXPECT_EQ(ds.val().size(), 111540u);
+  std::vector<int32_t> all = ds.train();
+  all.insert(all.end(), ds.val().begin(), ds.val().end());
+  EXPECT_EQ(ds.tokenizer().decode(all), data::read_text_file(path));  // train first, then val, nothing lost
+}
+
+TEST(TextDataset, SplitIsFloorOfNineTenths) {
+  minidl::testing::TempDir dir;
+  for (int n : {1, 9, 10, 19, 20, 101}) {
+    data::TextDataset ds(dir.write("t.txt", std::string(size_t(n), 'x')));
+    EXPECT_EQ(ds.train().size(), size_t(n) * 9 / 10) << "n = " << n;
+    EXPECT_EQ(ds.train().size() + ds.val().size(), size_t(n));
+  }
+}
+
+TEST(TextDataset, MissingAndEmptyFilesAreNamed) {
+  minidl::testing::TempDir dir;
+  std::string missing = dir.file("nope.txt");
+  expect_error_containing([&] { data::TextDataset ds(missing); }, missing, "does not exist");
+  std::string empty = dir.write("empty.txt", "");
+  expect_error_containing([&] { data::TextDataset ds(empty); }, empty, "is empty");
+}

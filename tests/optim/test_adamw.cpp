@@ -1,0 +1,156 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/memory.h"
+#include "core/rng.h"
+#include "ops/adamw.h"
+#include "optim/adamw.h"
+
+using namespace minidl;
+
+// The textbook AdamW step in double: the oracle for the fused f32 kernel.
+struct RefAdamW {
+  std::vector<double> p, m, v;
+  void step(const std::vector<double>& g, double lr, double b1, double b2, double eps, double wd, int64_t t) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      p[i] -= lr * wd * p[i];
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      double m_hat = m[i] / (1 - std::pow(b1, double(t))), v_hat = v[i] / (1 - std::pow(b2, double(t)));
+      p[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    }
+  }
+};
+
+static std::vector<double> normals(int64_t n, uint64_t seed, double scale) {
+  std::vector<double> out(static_cast<size_t>(n));
+  Philox rng(seed, 7);
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = scale * rng.normal(uint64_t(i));
+  return out;
+}
+
+// |got - ref| <= rel * |ref| + abs, elementwise.
+static void expect_close(const Tensor& t, const std::vector<double>& ref, double rel, double abs, const char* what) {
+  std::vector<double> got = t.to_vector();
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    ASSERT_NEAR(got[i], ref[i], rel * std::abs(ref[i]) + abs) << what << "[" << i << "]";
+}
+
+class FusedAdamW : public ::testing::TestWithParam<double> {};
+
+// Several steps over a buffer big enough to be split across threads, against the double reference.
+TEST_P(FusedAdamW, MatchesScalarReferenceOverSteps) {
+  const double wd = GetParam(), lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  const int64_t n = 50000;
+  RefAdamW ref{normals(n, 1, 1.0), std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
+  Tensor p = Tensor::from_vector(ref.p, {n}), m = Tensor::zeros({n}), v = Tensor::zeros({n});
+  ref.p = p.to_vector();  // start from the f32-rounded values
+  for (int64_t t = 1; t <= 5; ++t) {
+    Tensor g = Tensor::from_vector(normals(n, 100 + uint64_t(t), 0.1), {n});
+    ref.step(g.to_vector(), lr, b1, b2, eps, wd, t);
+    ops::fused_adamw_(p, g, m, v, {lr, b1, b2, eps, wd, t});
+  }
+  // p is O(1) and moves by about lr per step, so its f32 rounding error is absolute, not relative to p.
+  expect_close(p, ref.p, 1e-5, 1e-6, "p");
+  expect_close(m, ref.m, 1e-5, 1e-8, "m");  // m can cancel to near 0: absolute slack at the scale of g
+  expect_close(v, ref.v, 1e-5, 1e-11, "v");
+}
+INSTANTIATE_TEST_SUITE_P(WeightDecay, FusedAdamW, ::testing::Values(0.0, 0.1));
+
+// At t = 1 the bias correction makes m_hat = g and v_hat = g^2: the step is lr * g / (|g| + eps) after decay.
+TEST(FusedAdamWStep, FirstStepIsSignLikeAfterDecay) {
+  const double lr = 0.1, wd = 0.5;
+  Tensor p = Tensor::from_vector(std::vector<double>{1.0, -2.0, 3.0}, {3});
+  Tensor g = Tensor::from_vector(std::vector<double>{0.5, -4.0, 1e-3}, {3});
+  Tensor m = Tensor::zeros({3}), v = Tensor::zeros({3});
+  ops::fused_adamw_(p, g, m, v, {.lr = lr, .weight_decay = wd, .step = 1});
+  std::vector<double> p0{1.0, -2.0, 3.0}, g0{0.5, -4.0, 1e-3};
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(p.to_vector()[i], p0[i] * (1 - lr * wd) - lr * g0[i] / (std::abs(g0[i]) + 1e-8), 1e-6);
+}
+
+// Reference numbers from PyTorch 1.13 (Debian python3-torch), produced with:
+//   p = torch.tensor([0.5, -1.25, 2.0], requires_grad=True)
+//   opt = torch.optim.AdamW([p], lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+//   for g in [[0.1, -0.2, 0.3], [-0.4, 0.5, 0.05], [0.25, 0.0, -0.6]]: p.grad = torch.tensor(g); opt.step()
+// printing p, state["exp_avg"], state["exp_avg_sq"] with "%.9g".
+TEST(AdamW, MatchesPyTorchOnATinyCase) {
+  const std::vector<std::vector<double>> grads{{0.1, -0.2, 0.3}, {-0.4, 0.5, 0.05}, {0.25, 0.0, -0.6}};
+  const std::vector<double> m_torch{-0.00290000066, 0.0287999976, -0.031200001};
+  const std::vector<double> v_torch{0.000232320046, 0.000289670046, 0.000452317618};
+  const std::vector<std::pair<double, std::vector<double>>> p_torch{
+      {0.0, {0.495979398, -1.24784052, 1.98513031}}, {0.1, {0.494495302, -1.24410987, 1.97916424}}};
+  for (const auto& [wd, p_expected] : p_torch) {
+    Tensor p = Tensor::from_vector(std::vector<double>{0.5, -1.25, 2.0}, {3});
+    p.set_requires_grad(true);
+    optim::AdamW opt({{{p}, wd}}, {.lr = 0.01});
+    for (const auto& g : grads) {
+      p.set_grad(Tensor::from_vector(g, {3}));
+      opt.step();
+    }
+    expect_close(p, p_expected, 1e-6, 0.0, "p");
+    expect_close(opt.state().m, m_torch, 1e-6, 0.0, "m");
+    expect_close(opt.state().v, v_torch, 1e-6, 0.0, "v");
+    EXPECT_EQ(opt.state().step, 3);
+  }
+}
+
+static Tensor param(const Shape& shape, double value) {
+  Tensor p = Tensor::full(shape, value);
+  p.set_requires_grad(true);
+  p.set_grad(Tensor::zeros(shape));
+  return p;
+}
+
+TEST(AdamW, StateIsFlatAndChargedToTheOptimizerTag) {
+  // 48 floats = 192 bytes, a multiple of the allocator's 64-byte rounding, so the ledger delta is exact.
+  Tensor w = param({4, 8}, 1.0), b = param({16}, 1.0);
+  int64_t before = ledger().current(MemTag::kOptimizer);
+  optim::AdamW opt({{{w, b}, 0.0}});
+  EXPECT_EQ(opt.numel(), 48);
+  EXPECT_EQ(ledger().current(MemTag::kOptimizer) - before, 2 * 48 * int64_t(sizeof(float)));
+  EXPECT_EQ(opt.state().m.shape(), (Shape{48}));
+  EXPECT_EQ(opt.state().v.shape(), (Shape{48}));
+}
+
+// With zero gradients the Adam term is 0, so only decoupled decay moves a parameter: matrices decay, biases don't.
+TEST(AdamW, DecayGroupsDecayOnlyMatrices) {
+  Tensor w = param({2, 3}, 1.0), b = param({3}, 1.0);
+  optim::AdamW opt(optim::decay_groups({{"fc.weight", w}, {"fc.bias", b}}, 0.1), {.lr = 0.5});
+  opt.step();
+  for (double x : w.to_vector()) EXPECT_FLOAT_EQ(x, 1.0 - 0.5 * 0.1);
+  for (double x : b.to_vector()) EXPECT_FLOAT_EQ(x, 1.0);
+}
+
+TEST(AdamW, LoadStateResumesExactly) {
+  auto run = [](optim::AdamW& opt, Tensor& p, int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      p.set_grad(Tensor::from_vector(normals(6, 50 + uint64_t(t), 1.0), {2, 3}));
+      opt.step();
+    }
+  };
+  Tensor a = param({2, 3}, 0.5), b = param({2, 3}, 0.0);
+  optim::AdamW opt_a({{{a}, 0.1}}), opt_b({{{b}, 0.1}});
+  run(opt_a, a, 0, 3);
+  b.copy_(a);
+  optim::AdamWState saved = opt_a.state();
+  opt_b.load_state({saved.step, saved.m.clone(), saved.v.clone()});
+  run(opt_a, a, 3, 5);
+  run(opt_b, b, 3, 5);
+  EXPECT_EQ(a.to_vector(), b.to_vector());
+  EXPECT_EQ(opt_b.state().step, 5);
+  EXPECT_THROW(opt_b.load_state({1, Tensor::zeros({5}), Tensor::zeros({5})}), Error);
+}
+
+TEST(AdamW, Errors) {
+  Tensor p = Tensor::ones({3});
+  EXPECT_THROW(optim::AdamW({{{p}, 0.0}}), Error);  // does not require grad
+  p.set_requires_grad(true);
+  EXPECT_THROW(optim::AdamW({{{p}, 0.0}}, {.beta1 = 1.0}), Error);
+  optim::AdamW opt({{{p}, 0.0}});
+  EXPECT_THROW(opt.step(), Error);  // no gradient yet
+  EXPECT_THROW(ops::fused_adamw_(p, Tensor::zeros({4}), Tensor::zeros({3}), Tensor::zeros({3}), {}), Error);
+  EXPECT_THROW(ops::fused_adamw_(p, Tensor::zeros({3}), Tensor::zeros({3}), Tensor::zeros({3}), {.step = 0}), Error);
+}

@@ -1,0 +1,55 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/rng.h"
+#include "optim/clip.h"
+
+using namespace minidl;
+
+static Tensor with_grad(const std::vector<double>& g, DType dt = DType::f32) {
+  Tensor p = Tensor::zeros({int64_t(g.size())}, dt);
+  p.set_requires_grad(true);
+  p.set_grad(Tensor::from_vector(g, {int64_t(g.size())}, dt));
+  return p;
+}
+
+TEST(ClipGradNorm, NormOfAllGradients) {
+  std::vector<Tensor> params{with_grad({3.0, 4.0}), with_grad({12.0})};
+  EXPECT_DOUBLE_EQ(optim::grad_norm_squared(params), 169.0);
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm(params, 100.0), 13.0);
+  EXPECT_EQ(params[0].grad().to_vector(), (std::vector<double>{3.0, 4.0}));  // below max_norm: untouched
+}
+
+TEST(ClipGradNorm, ScalesToMaxNorm) {
+  std::vector<Tensor> params{with_grad({3.0, 4.0}), with_grad({12.0}, DType::f64)};
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm(params, 1.3), 13.0);  // returns the norm before clipping
+  double f = 1.3 / (13.0 + 1e-6);
+  EXPECT_FLOAT_EQ(params[0].grad().to_vector()[1], float(4.0 * f));
+  EXPECT_DOUBLE_EQ(params[1].grad().to_vector()[0], 12.0 * f);
+  EXPECT_NEAR(std::sqrt(optim::grad_norm_squared(params)), 1.3, 1e-6);
+}
+
+TEST(ClipGradNorm, ManyBlocksMatchDirectSum) {
+  std::vector<double> g(100003);
+  Philox rng(3);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = rng.normal(i);
+  std::vector<Tensor> params{with_grad(g), with_grad({0.5})};
+  double direct = 0.25;
+  for (double x : params[0].grad().to_vector()) direct += x * x;
+  EXPECT_NEAR(optim::grad_norm_squared(params), direct, 1e-9 * direct);
+}
+
+TEST(ClipGradNorm, SkipsMissingGradientsAndChecksMaxNorm) {
+  Tensor no_grad = Tensor::zeros({2});
+  no_grad.set_requires_grad(true);
+  std::vector<Tensor> params{no_grad, with_grad({0.0, 2.0})};
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm(params, 1.0), 2.0);
+  EXPECT_THROW(optim::clip_grad_norm(params, 0.0), Error);
+}
+
+TEST(ClipGradNorm, NonFiniteNormLeavesGradientsAlone) {
+  std::vector<Tensor> params{with_grad({INFINITY, 1.0})};
+  EXPECT_TRUE(std::isinf(optim::clip_grad_norm(params, 1.0)));
+  EXPECT_EQ(params[0].grad().to_vector()[1], 1.0);
+}
