@@ -21,6 +21,9 @@ class TextDataset {
  public:
   // Reads the whole file; a missing, unreadable or empty file is an error naming the path.
   explicit TextDataset(const std::string& path);
+  // Tokenizes with a given vocabulary (a checkpoint's); a byte outside it is an error naming the byte and both
+  // vocabulary sizes.
+  TextDataset(const std::string& path, const CharTokenizer& tokenizer);
 
   const std::string& path() const { return path_; }
   const CharTokenizer& tokenizer() const { return tokenizer_; }
@@ -28,7 +31,8 @@ class TextDataset {
   const std::vector<int32_t>& val() const { return val_; }
 
  private:
-  TextDataset(const std::string& path, const std::string& text);
+  // tokenizer == nullptr: the vocabulary of the whole text (both splits).
+  TextDataset(const std::string& path, const std::string& text, const CharTokenizer* tokenizer);
 
   std::string path_;
   CharTokenizer tokenizer_;
