@@ -24,8 +24,7 @@ AtomicFile::~AtomicFile() {
 void AtomicFile::write(const void* data, size_t bytes) {
   MINIDL_ASSERT(file_ != nullptr, "AtomicFile::write after commit");
   if (bytes == 0) return;
-  MINIDL_CHECK(std::fwrite(data, 1, bytes, file_) == bytes, "writing '", tmp_path_, "' failed: ",
-               std::strerror(errno));
+  MINIDL_CHECK(std::fwrite(data, 1, bytes, file_) == bytes, "writing '", tmp_path_, "' failed: ", std::strerror(errno));
 }
 
 void AtomicFile::commit() {

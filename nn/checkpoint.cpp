@@ -8,10 +8,11 @@
 namespace minidl::nn {
 
 std::string gpt_config_to_json(const GPTConfig& cfg) {
-  nlohmann::ordered_json j = {{"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size},
-                              {"n_layer", cfg.n_layer},       {"n_head", cfg.n_head},
-                              {"n_embd", cfg.n_embd},         {"dropout", cfg.dropout},
-                              {"bias", cfg.bias}};
+  nlohmann::ordered_json j = {
+      {"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size}, {"n_layer", cfg.n_layer},
+      {"n_head", cfg.n_head},         {"n_embd", cfg.n_embd},         {"dropout", cfg.dropout},
+      {"bias", cfg.bias},
+  };
   return j.dump();
 }
 
@@ -44,7 +45,7 @@ static std::string hf_config_json(const GPTConfig& cfg) {
       {"n_embd", cfg.n_embd},
       {"n_layer", cfg.n_layer},
       {"n_head", cfg.n_head},
-      {"n_inner", nullptr},  // null means 4 * n_embd, as minidl's MLP
+      {"n_inner", nullptr},                 // null means 4 * n_embd, as minidl's MLP
       {"activation_function", "gelu_new"},  // the tanh approximation
       {"resid_pdrop", cfg.dropout},
       {"embd_pdrop", cfg.dropout},

@@ -12,8 +12,8 @@ void GPTConfig::validate() const {
   MINIDL_CHECK(block_size > 0, "GPTConfig: expected block_size > 0, got ", block_size);
   MINIDL_CHECK(n_layer > 0, "GPTConfig: expected n_layer > 0, got ", n_layer);
   MINIDL_CHECK(n_head > 0, "GPTConfig: expected n_head > 0, got ", n_head);
-  MINIDL_CHECK(n_embd > 0 && n_embd % n_head == 0, "GPTConfig: n_embd must be a positive multiple of n_head (",
-               n_head, "), got n_embd = ", n_embd);
+  MINIDL_CHECK(n_embd > 0 && n_embd % n_head == 0, "GPTConfig: n_embd must be a positive multiple of n_head (", n_head,
+               "), got n_embd = ", n_embd);
   MINIDL_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: expected 0 <= dropout < 1, got ", dropout);
 }
 
@@ -98,8 +98,8 @@ void GPT::check_ids(const Tensor& ids, const char* what, bool allow_ignore) cons
       const T* v = c.data<T>();
       for (int64_t i = 0; i < c.numel(); ++i) {
         bool ok = (v[i] >= 0 && int64_t(v[i]) < cfg_.vocab_size) || (allow_ignore && v[i] == -1);
-        MINIDL_CHECK(ok, "GPT: ", what, " must lie in [0, vocab_size = ", cfg_.vocab_size, "), got ",
-                     int64_t(v[i]), " at flat index ", i);
+        MINIDL_CHECK(ok, "GPT: ", what, " must lie in [0, vocab_size = ", cfg_.vocab_size, "), got ", int64_t(v[i]),
+                     " at flat index ", i);
       }
     }
   });
@@ -108,8 +108,8 @@ void GPT::check_ids(const Tensor& ids, const char* what, bool allow_ignore) cons
 Tensor GPT::forward(const Tensor& ids) const {
   MINIDL_CHECK(ids.dim() == 2, "GPT::forward: expected ids of shape (B, T), got ", ids.shape());
   const int64_t T = ids.size(1);
-  MINIDL_CHECK(T >= 1 && T <= cfg_.block_size, "GPT::forward: sequence length must be in [1, block_size = ",
-               cfg_.block_size, "], got T = ", T);
+  MINIDL_CHECK(T >= 1 && T <= cfg_.block_size,
+               "GPT::forward: sequence length must be in [1, block_size = ", cfg_.block_size, "], got T = ", T);
   check_ids(ids, "token ids", false);
 
   Tensor pos = Tensor::arange(T, DType::i64);
@@ -122,8 +122,8 @@ Tensor GPT::forward(const Tensor& ids) const {
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
-  MINIDL_CHECK(targets.shape() == ids.shape(), "GPT::loss: expected targets of the ids' shape ", ids.shape(),
-               ", got ", targets.shape());
+  MINIDL_CHECK(targets.shape() == ids.shape(), "GPT::loss: expected targets of the ids' shape ", ids.shape(), ", got ",
+               targets.shape());
   check_ids(targets, "targets", true);
   Tensor logits = forward(ids);
   const int64_t N = ids.numel();

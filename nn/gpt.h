@@ -28,8 +28,8 @@ struct GPTConfig {
   int64_t n_layer = 0;
   int64_t n_head = 0;
   int64_t n_embd = 0;
-  double dropout = 0.0;    // embeddings and residual branches (see CausalSelfAttention)
-  bool bias = true;        // biases in Linear and LayerNorm layers
+  double dropout = 0.0;  // embeddings and residual branches (see CausalSelfAttention)
+  bool bias = true;      // biases in Linear and LayerNorm layers
 
   // Throws naming the field, what was expected and what was given.
   void validate() const;

@@ -28,8 +28,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias) {
 Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) {
-  MINIDL_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: expected positive sizes, got ",
-               num_embeddings, " x ", embedding_dim);
+  MINIDL_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: expected positive sizes, got ", num_embeddings,
+               " x ", embedding_dim);
   MemoryTagGuard tag(MemTag::kParams);
   weight = register_parameter("weight", Tensor::zeros({num_embeddings, embedding_dim}));
 }

@@ -35,8 +35,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   std::set<std::string> names;
   std::vector<Tensor> data;
   for (const auto& [name, t] : tensors) {
-    MINIDL_CHECK(!name.empty() && name != kMetadataKey, "save_safetensors('", path, "'): invalid tensor name '",
-                 name, "'");
+    MINIDL_CHECK(!name.empty() && name != kMetadataKey, "save_safetensors('", path, "'): invalid tensor name '", name,
+                 "'");
     MINIDL_CHECK(names.insert(name).second, "save_safetensors('", path, "'): duplicate tensor name '", name, "'");
     MINIDL_CHECK(t.defined(), "save_safetensors('", path, "'): tensor '", name, "' is undefined");
     autograd::NoGradGuard no_grad;
@@ -58,9 +58,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   for (size_t i : order) {
     const Tensor& t = data[i];
     uint64_t end = offset + t.nbytes();
-    header[tensors[i].first] = {{"dtype", dtype_info(t.dtype()).safetensors},
-                                {"shape", t.shape().vec()},
-                                {"data_offsets", {offset, end}}};
+    header[tensors[i].first] = {
+        {"dtype", dtype_info(t.dtype()).safetensors}, {"shape", t.shape().vec()}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   std::string text = header.dump();
@@ -86,17 +85,20 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   try {
     e.dtype = dtype_from_safetensors(dt.get<std::string>());
   } catch (const Error&) {
-    bad_file(path, "tensor '" + name + "': unknown dtype " + dt.dump() + ", expected one of F32, F64, F16, BF16, I32, I64, U8");
+    bad_file(path, "tensor '" + name + "': unknown dtype " + dt.dump() +
+                       ", expected one of F32, F64, F16, BF16, I32, I64, U8");
   }
   const auto& shape = j["shape"];
   if (!shape.is_array() || shape.size() > size_t(Shape::kMaxDims))
     bad_file(path, "tensor '" + name + "': shape must be an array of at most 8 sizes, got " + shape.dump());
   uint64_t bytes = dtype_size(e.dtype);
   for (const auto& d : shape) {
-    if (!d.is_number_unsigned()) bad_file(path, "tensor '" + name + "': shape sizes must be non-negative integers, got " + shape.dump());
+    if (!d.is_number_unsigned())
+      bad_file(path, "tensor '" + name + "': shape sizes must be non-negative integers, got " + shape.dump());
     uint64_t v = d.get<uint64_t>();
     e.shape.push_back(int64_t(v));
-    if (__builtin_mul_overflow(bytes, v, &bytes)) bad_file(path, "tensor '" + name + "': shape " + shape.dump() + " is too large");
+    if (__builtin_mul_overflow(bytes, v, &bytes))
+      bad_file(path, "tensor '" + name + "': shape " + shape.dump() + " is too large");
   }
   const auto& off = j["data_offsets"];
   if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
@@ -105,8 +107,8 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   e.end = off[1].get<uint64_t>();
   if (e.end < e.begin || e.end - e.begin != bytes)
     bad_file(path, "tensor '" + name + "': data_offsets " + off.dump() + " span " + std::to_string(e.end - e.begin) +
-         " bytes, but dtype " + dt.get<std::string>() + " and shape " + shape.dump() + " need " +
-         std::to_string(bytes));
+                       " bytes, but dtype " + dt.get<std::string>() + " and shape " + shape.dump() + " need " +
+                       std::to_string(bytes));
   return e;
 }
 
@@ -118,7 +120,8 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   if (ec) bad_file(path, "cannot read: " + ec.message());
   std::ifstream in(path, std::ios::binary);
   if (!in) bad_file(path, "cannot open for reading");
-  if (file_size < 8) bad_file(path, "file is too short (" + std::to_string(file_size) + " bytes) to hold the 8-byte header length");
+  if (file_size < 8)
+    bad_file(path, "file is too short (" + std::to_string(file_size) + " bytes) to hold the 8-byte header length");
 
   uint8_t len[8];
   in.read(reinterpret_cast<char*>(len), 8);
@@ -126,8 +129,8 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   for (int b = 0; b < 8; ++b) n |= uint64_t(len[b]) << (8 * b);
   if (n > kMaxHeaderBytes) bad_file(path, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
   if (n > file_size - 8)
-    bad_file(path, "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(file_size) +
-         " bytes)");
+    bad_file(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
+                       std::to_string(file_size) + " bytes)");
   std::string text(n, '\0');
   in.read(text.data(), std::streamsize(n));
   if (!in) bad_file(path, "read error in the header");
@@ -159,8 +162,9 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   const uint64_t data_size = file_size - out.data_start;
   std::vector<const std::pair<const std::string, SafetensorsEntry>*> by_offset;
   for (const auto& kv : out.entries) by_offset.push_back(&kv);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return std::tie(a->second.begin, a->second.end) < std::tie(b->second.begin, b->second.end); });
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) {
+    return std::tie(a->second.begin, a->second.end) < std::tie(b->second.begin, b->second.end);
+  });
   uint64_t expected_begin = 0;
   std::string prev;
   for (const auto* kv : by_offset) {
@@ -168,17 +172,17 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
     const std::string range = detail::concat("[", e.begin, ", ", e.end, "]");
     if (e.end > data_size)
       bad_file(path, "tensor '" + name + "' data_offsets " + range + " lie outside the data buffer (" +
-           std::to_string(data_size) + " bytes)");
+                         std::to_string(data_size) + " bytes)");
     if (e.begin < expected_begin) bad_file(path, "tensor '" + name + "' data_offsets " + range + " overlap " + prev);
     if (e.begin > expected_begin)
-      bad_file(path, "hole in the data buffer: bytes [" + std::to_string(expected_begin) + ", " + std::to_string(e.begin) +
-           ") before tensor '" + name + "' belong to no tensor");
+      bad_file(path, "hole in the data buffer: bytes [" + std::to_string(expected_begin) + ", " +
+                         std::to_string(e.begin) + ") before tensor '" + name + "' belong to no tensor");
     expected_begin = e.end;
     prev = "tensor '" + name + "'";
   }
   if (expected_begin != data_size)
     bad_file(path, "the data buffer holds " + std::to_string(data_size) + " bytes but the tensors cover " +
-         std::to_string(expected_begin));
+                       std::to_string(expected_begin));
   return out;
 }
 

@@ -135,7 +135,8 @@ std::vector<int64_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
 TEST(GPTForward, MatchesTheUnfusedDoubleReference) {
   GPT model(kTiny, 3);
   randomise(model, 42);
-  std::vector<int64_t> ids = random_ids(kB * kT, kTiny.vocab_size, 1), targets = random_ids(kB * kT, kTiny.vocab_size, 2);
+  std::vector<int64_t> ids = random_ids(kB * kT, kTiny.vocab_size, 1),
+                       targets = random_ids(kB * kT, kTiny.vocab_size, 2);
   Tensor ids_t = Tensor::from_vector(ids, {kB, kT}), targets_t = Tensor::from_vector(targets, {kB, kT});
 
   Tensor logits = model.forward(ids_t);
@@ -167,7 +168,8 @@ TEST(GPTForward, MatchesTheUnfusedDoubleReference) {
 TEST(GPTForward, BackwardReachesEveryParameter) {
   GPT model(kTiny, 3);
   std::vector<int64_t> ids = random_ids(kB * kT, kTiny.vocab_size, 1);
-  model.loss(Tensor::from_vector(ids, {kB, kT}), Tensor::from_vector(random_ids(kB * kT, kTiny.vocab_size, 2), {kB, kT}))
+  model
+      .loss(Tensor::from_vector(ids, {kB, kT}), Tensor::from_vector(random_ids(kB * kT, kTiny.vocab_size, 2), {kB, kT}))
       .backward();
   for (const auto& [name, p] : model.named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name;
@@ -183,12 +185,18 @@ TEST(GPTForward, InputErrorsNameExpectedAndGot) {
   expect_error([&] { model.forward(Tensor::zeros({2, 9}, DType::i64)); }, {"block_size = 8", "got T = 9"});
   expect_error([&] { model.forward(Tensor::zeros({10}, DType::i64)); }, {"(B, T)", "(10,)"});
   expect_error([&] { model.forward(Tensor::zeros({1, 3}, DType::f32)); }, {"i32 or i64", "got f32"});
-  expect_error([&] { model.forward(Tensor::from_vector(std::vector<int64_t>{1, 11, 2}, {1, 3})); },
-               {"vocab_size = 11", "got 11", "flat index 1"});
+  expect_error(
+      [&] {
+        model.forward(Tensor::from_vector(std::vector<int64_t>{1, 11, 2}, {1, 3}));
+      },
+      {"vocab_size = 11", "got 11", "flat index 1"});
   Tensor ids = Tensor::zeros({1, 3}, DType::i64);
   expect_error([&] { model.loss(ids, Tensor::zeros({1, 4}, DType::i64)); }, {"(1, 3)", "got (1, 4)"});
-  expect_error([&] { model.loss(ids, Tensor::from_vector(std::vector<int64_t>{0, -2, 0}, {1, 3})); },
-               {"targets", "got -2"});
+  expect_error(
+      [&] {
+        model.loss(ids, Tensor::from_vector(std::vector<int64_t>{0, -2, 0}, {1, 3}));
+      },
+      {"targets", "got -2"});
 }
 
 TEST(GPTForward, DropoutMasksFollowTheStepAndVanishInEval) {

@@ -39,17 +39,23 @@ std::string le64(uint64_t n) {
 }
 
 // A file made of an 8-byte length, `header` and `data`.
-std::string file_bytes(const std::string& header, const std::string& data) { return le64(header.size()) + header + data; }
+std::string file_bytes(const std::string& header, const std::string& data) {
+  return le64(header.size()) + header + data;
+}
 
 }  // namespace
 
 TEST(Safetensors, RoundTripIsBitwiseForEveryDtype) {
   TempDir dir;
   NamedTensors tensors = {
-      {"f32", random_bits({3, 5}, DType::f32, 1)},  {"f64", random_bits({4}, DType::f64, 2)},
-      {"f16", random_bits({2, 3, 3}, DType::f16, 3)}, {"bf16", random_bits({7}, DType::bf16, 4)},
-      {"i32", random_bits({2, 2}, DType::i32, 5)},  {"i64", random_bits({3}, DType::i64, 6)},
-      {"u8", random_bits({5}, DType::u8, 7)},       {"scalar", Tensor::scalar(3.25)},
+      {"f32", random_bits({3, 5}, DType::f32, 1)},
+      {"f64", random_bits({4}, DType::f64, 2)},
+      {"f16", random_bits({2, 3, 3}, DType::f16, 3)},
+      {"bf16", random_bits({7}, DType::bf16, 4)},
+      {"i32", random_bits({2, 2}, DType::i32, 5)},
+      {"i64", random_bits({3}, DType::i64, 6)},
+      {"u8", random_bits({5}, DType::u8, 7)},
+      {"scalar", Tensor::scalar(3.25)},
       {"empty", Tensor::zeros({0, 4})},
   };
   Metadata meta = {{"format", "pt"}, {"note", "{\"nested\": \"json as a string\"}"}};
@@ -76,8 +82,11 @@ TEST(Safetensors, NonContiguousTensorsAreSavedInLogicalOrder) {
 TEST(Safetensors, HeaderAndTensorsAreAligned) {
   TempDir dir;
   std::string path = dir.file("a.safetensors");
-  save_safetensors(path, {{"a", random_bits({3}, DType::u8, 1)}, {"b", random_bits({3}, DType::f64, 2)},
-                          {"c", random_bits({1}, DType::f16, 3)}, {"d", random_bits({3}, DType::f32, 4)}},
+  save_safetensors(path,
+                   {{"a", random_bits({3}, DType::u8, 1)},
+                    {"b", random_bits({3}, DType::f64, 2)},
+                    {"c", random_bits({1}, DType::f16, 3)},
+                    {"d", random_bits({3}, DType::f32, 4)}},
                    {{"k", "v"}});
   std::string bytes = read_bytes(path);
   uint64_t n = 0;
@@ -162,9 +171,16 @@ TEST(Safetensors, WriterLeavesNoTempFileAndNeverClobbersOnFailure) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   const std::string before = read_bytes(path);
 
-  expect_error([&] { save_safetensors(path, {{"a", Tensor::zeros({3})}, {"b", Tensor()}}); }, {path, "'b'", "undefined"});
-  expect_error([&] { save_safetensors(path, {{"a", Tensor::zeros({3})}, {"a", Tensor::zeros({1})}}); },
-               {"duplicate tensor name 'a'"});
+  expect_error(
+      [&] {
+        save_safetensors(path, {{"a", Tensor::zeros({3})}, {"b", Tensor()}});
+      },
+      {path, "'b'", "undefined"});
+  expect_error(
+      [&] {
+        save_safetensors(path, {{"a", Tensor::zeros({3})}, {"a", Tensor::zeros({1})}});
+      },
+      {"duplicate tensor name 'a'"});
   expect_error([&] { save_safetensors(path, {{"__metadata__", Tensor::zeros({1})}}); }, {"invalid tensor name"});
   EXPECT_EQ(read_bytes(path), before);
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
