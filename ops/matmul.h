@@ -1,0 +1,29 @@
+// Matrix products (no autograd) on BLAS: sgemm/dgemm with transposes folded into the call.
+//
+//   Tensor y = ops::matmul(x, w);                          // x: (B, T, C), w: (C, N) -> (B, T, N), one GEMM
+//   Tensor s = ops::matmul(q, k, false, /*trans_b=*/true); // (B, H, T, D) x (B, H, T, D)^T -> (B, H, T, T)
+//
+// An operand that is a transposed view of contiguous memory (x.transpose(-1, -2)) is passed to BLAS as is, with
+// the transpose flag flipped; other strided operands are copied to contiguous memory first.
+//
+// Threads: a large 2-D product is split into row (or column) blocks of the output, one per thread, or, when the
+// reduction is the longest dimension (weight gradients), into partial products over the reduction that are then
+// summed; each thread calls single-threaded BLAS (the OpenMP OpenBLAS runs serially inside a parallel region).
+// For the shapes of a small GPT on 2 cores this beats OpenBLAS's own threading (see matmul.cpp). Batched
+// products run one batch entry per thread.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace minidl::ops {
+
+// op(a) . op(b) where op transposes the last two dimensions when its flag is set.
+// a: (..., M, K), or (..., K, M) if trans_a; b: (..., K, N), or (..., N, K) if trans_b. The leading (batch)
+// dimensions must be equal, or one operand 2-D (shared across the other's batch). Returns (..., M, N).
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// x . weight + bias. x: (..., in); weight: (in, out); bias: (out) or undefined. Returns (..., out).
+// The bias is written into the output and BLAS accumulates onto it (beta = 1), saving a pass.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+}  // namespace minidl::ops

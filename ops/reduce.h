@@ -1,0 +1,36 @@
+// Reductions (no autograd): sum, mean and max over all elements or over one dimension.
+//
+//   Tensor s = ops::sum(x, /*dim=*/0);                 // x: (N, C) -> (C), e.g. a bias gradient
+//   auto [values, indices] = ops::max(logits, -1);     // (N, V) -> (N) values and (N) i64 argmax
+//
+// Inputs may have any strides; results are new contiguous tensors of the input's dtype (f32 or f64).
+// Full sums accumulate in double; sums over a dimension accumulate in the input's type.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace minidl::ops {
+
+// shape without dimension `dim` (already wrapped), or with it set to 1 when keepdim.
+Shape reduced_shape(const Shape& shape, int dim, bool keepdim);
+
+// All elements -> a scalar tensor (shape ()).
+Tensor sum(const Tensor& x);
+Tensor mean(const Tensor& x);
+Tensor max(const Tensor& x);  // x must not be empty; NaN propagates
+
+// Over one dimension (negative counts from the back) -> reduced_shape(x.shape(), dim, keepdim).
+Tensor sum(const Tensor& x, int dim, bool keepdim = false);
+Tensor mean(const Tensor& x, int dim, bool keepdim = false);
+
+struct MaxResult {
+  Tensor values;   // reduced shape, x's dtype
+  Tensor indices;  // reduced shape, i64: position of the first maximum along dim
+};
+MaxResult max(const Tensor& x, int dim, bool keepdim = false);
+
+// The gradient of max over `dim`: zeros of input_shape with grad placed at `indices` (both of the reduced shape,
+// with or without the kept dimension). dim is wrapped against input_shape.
+Tensor max_backward(const Tensor& grad, const Tensor& indices, const Shape& input_shape, int dim);
+
+}  // namespace minidl::ops
