@@ -1,0 +1,92 @@
+// Differentiable neural-network ops (declared in autograd/functions.h): each makes its inputs contiguous, runs
+// the forward kernel from ops/ and records the backward right here.
+//
+// A backward never captures its own output tensor as is: the output holds the node, so that would be a
+// reference cycle that leaks when backward never runs. It captures output.detach() (same storage, no history).
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/dropout.h"
+#include "ops/embedding.h"
+#include "ops/gelu.h"
+#include "ops/layernorm.h"
+#include "ops/softmax.h"
+
+namespace minidl {
+
+using autograd::record;
+using Grads = std::vector<Tensor>;
+
+// Undefined stays undefined, so the op's own check can name the missing argument.
+static Tensor contiguous(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  Tensor w = contiguous(weight), i = contiguous(ids);
+  Tensor y = ops::embedding_forward(w, i);
+  int64_t V = w.size(0);
+  return record("embedding", {w, i}, y, [i, V](const Tensor& g) {
+    return Grads{ops::embedding_backward(contiguous(g), i, V), Tensor()};
+  });
+}
+
+Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  Tensor xc = contiguous(x), w = contiguous(weight), b = contiguous(bias);
+  ops::LayerNormForward f = ops::layernorm_forward(xc, w, b, eps);
+  return record("layernorm", {xc, w, b}, f.y, [xc, w, mean = f.mean, rstd = f.rstd](const Tensor& g) {
+    ops::LayerNormBackward r = ops::layernorm_backward(contiguous(g), xc, w, mean, rstd);
+    return Grads{r.dx, r.dweight, r.dbias};
+  });
+}
+
+Tensor gelu(const Tensor& x) {
+  Tensor xc = contiguous(x);
+  return record("gelu", {xc}, ops::gelu_forward(xc), [xc](const Tensor& g) {
+    return Grads{ops::gelu_backward(contiguous(g), xc)};
+  });
+}
+
+Tensor bias_gelu(const Tensor& x, const Tensor& bias) {
+  Tensor xc = contiguous(x), b = contiguous(bias);
+  return record("bias_gelu", {xc, b}, ops::bias_gelu_forward(xc, b), [xc, b](const Tensor& g) {
+    ops::BiasGeluBackward r = ops::bias_gelu_backward(contiguous(g), xc, b);
+    return Grads{r.dx, r.dbias};
+  });
+}
+
+Tensor softmax(const Tensor& x) {
+  Tensor xc = contiguous(x);
+  Tensor y = ops::softmax_forward(xc);
+  return record("softmax", {xc}, y, [y = y.detach()](const Tensor& g) {
+    return Grads{ops::softmax_backward(contiguous(g), y)};
+  });
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  Tensor x = contiguous(logits), t = contiguous(targets);
+  ops::CrossEntropyForward f = ops::cross_entropy_forward(x, t, ignore_index);
+  return record("cross_entropy", {x, t}, f.loss,
+                [x, t, lse = f.lse, count = f.count, ignore_index](const Tensor& g) {
+                  return Grads{ops::cross_entropy_backward(g, x, t, lse, count, ignore_index), Tensor()};
+                });
+}
+
+Tensor causal_attention(const Tensor& qkv, int n_head) {
+  Tensor x = contiguous(qkv);
+  ops::AttentionForward f = ops::causal_attention_forward(x, n_head);
+  return record("causal_attention", {x}, f.out,
+                [x, out = f.out.detach(), lse = f.lse, n_head](const Tensor& g) {
+                  return Grads{ops::causal_attention_backward(contiguous(g), x, out, lse, n_head)};
+                });
+}
+
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset) {
+  if (p == 0.0) return x;
+  Tensor xc = contiguous(x);
+  // y = x * mask / (1 - p) is linear in x: its backward is the same masking of the gradient.
+  return record("dropout", {xc}, ops::dropout(xc, p, seed, stream, offset), [=](const Tensor& g) {
+    return Grads{ops::dropout(contiguous(g), p, seed, stream, offset)};
+  });
+}
+
+}  // namespace minidl

@@ -1,0 +1,92 @@
+// Flash attention forward and backward on the CPU, for the GPT configs the examples train.
+//
+//   build/bin/bench_attention [--reps N] [--threads 1,2] [--json]
+//
+// Prints one row per (config, threads): median milliseconds of forward, backward and both, the fastest
+// forward + backward seen (on a shared machine the median carries other processes' noise; the minimum is the
+// kernel), and GFLOP/s of the medians counting the causal half of the tile products (see flops()). --json prints
+// the same rows as a JSON array.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "ops/attention.h"
+
+using namespace minidl;
+
+namespace {
+
+struct Config {
+  int64_t B, T, C;
+  int H;
+};
+
+Tensor random(const Shape& shape, uint64_t seed) {
+  Philox rng(seed);
+  std::vector<float> v(size_t(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = rng.normal(i);
+  return Tensor::from_vector(v, shape);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Multiply-adds x 2 of the causal tile products: forward Q K^T and P V (2 products), backward Q K^T, P^T dO,
+// dO V^T, dS K and dS^T Q (5 products), each B * H * (T^2 / 2) * D.
+double flops(const Config& c, int products) { return 2.0 * products * c.B * c.C * (c.T * c.T / 2.0); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"minidl flash attention benchmark (CPU)"};
+  int reps = 50;
+  std::vector<int> threads{1, 2};
+  bool json = false;
+  app.add_option("--reps", reps, "timed repetitions per row (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "thread counts to run")->delimiter(',');
+  app.add_flag("--json", json, "print a JSON array instead of the table");
+  CLI11_PARSE(app, argc, argv);
+
+  const Config configs[] = {{12, 64, 128, 4}, {8, 256, 384, 6}};
+  nlohmann::json rows = nlohmann::json::array();
+  if (!json)
+    std::printf("%4s %5s %5s %3s %4s %7s | %9s %9s %9s %9s | %8s %8s\n", "B", "T", "C", "H", "D", "threads",
+                "fwd(ms)", "bwd(ms)", "total(ms)", "best(ms)", "fwd GF/s", "bwd GF/s");
+  for (const Config& c : configs) {
+    Tensor qkv = random({c.B, c.T, 3 * c.C}, 1), dout = random({c.B, c.T, c.C}, 2);
+    for (int th : threads) {
+      set_num_threads(th);
+      std::vector<double> fwd, bwd, total;
+      for (int r = 0; r < reps + 3; ++r) {  // 3 warm-up runs fill the allocator cache
+        auto t0 = std::chrono::steady_clock::now();
+        ops::AttentionForward f = ops::causal_attention_forward(qkv, c.H);
+        auto t1 = std::chrono::steady_clock::now();
+        Tensor dqkv = ops::causal_attention_backward(dout, qkv, f.out, f.lse, c.H);
+        auto t2 = std::chrono::steady_clock::now();
+        if (r < 3) continue;
+        fwd.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        bwd.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+        total.push_back(fwd.back() + bwd.back());
+      }
+      double f = median(fwd), b = median(bwd), best = *std::min_element(total.begin(), total.end());
+      if (json) {
+        rows.push_back({{"B", c.B}, {"T", c.T}, {"C", c.C}, {"H", c.H}, {"threads", th}, {"fwd_ms", f},
+                        {"bwd_ms", b}, {"total_ms", f + b}, {"best_total_ms", best}});
+        continue;
+      }
+      std::printf("%4lld %5lld %5lld %3d %4lld %7d | %9.3f %9.3f %9.3f %9.3f | %8.1f %8.1f\n", (long long)c.B,
+                  (long long)c.T, (long long)c.C, c.H, (long long)(c.C / c.H), th, f, b, f + b, best,
+                  flops(c, 2) / f * 1e-6, flops(c, 5) / b * 1e-6);
+    }
+  }
+  if (json) std::printf("%s\n", rows.dump(2).c_str());
+}

@@ -1,0 +1,113 @@
+// Fused softmax + cross-entropy on the CPU, parallel over rows. Forward reads each row of logits once (an
+// online logsumexp over chunks: each chunk's max, then its exps against the running max, while the chunk is in
+// L1); backward reads it once more and writes dlogits.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/parallel.h"
+#include "ops/cpu/exp.h"
+#include "ops/cross_entropy.h"
+#include "ops/kernels/softmax.h"
+
+namespace minidl::ops {
+
+// Logits per online-softmax step: 2 KiB of f32, a vectorised max and a vectorised exp-sum over L1-resident data.
+static constexpr int64_t kChunk = 512;
+
+// Throws naming the first target that is neither in [0, V) nor ignore_index; returns the number counted.
+template <class I>
+static int64_t count_targets(const I* t, int64_t N, int64_t V, int64_t ignore_index) {
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t v = int64_t(t[n]);
+    if (v == ignore_index) continue;
+    MINIDL_CHECK(v >= 0 && v < V, "cross_entropy: target ", v, " at row ", n,
+                 " is out of range: expected 0 <= target < ", V, " (the number of classes) or ignore_index = ",
+                 ignore_index);
+    ++count;
+  }
+  return count;
+}
+
+CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  check_cross_entropy(logits, targets);
+  int64_t N = logits.size(0), V = logits.size(1);
+  CrossEntropyForward f{Tensor::empty({}, logits.dtype(), logits.device()),
+                        Tensor::empty({N}, logits.dtype(), logits.device()), 0};
+  dispatch_float("cross_entropy", logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(targets, [&](auto itag) {
+      using I = decltype(itag);
+      const I* t = targets.data<I>();
+      f.count = count_targets(t, N, V, ignore_index);
+      const T* x = logits.data<T>();
+      T* lse = f.lse.data<T>();
+      Tensor row_loss = Tensor::empty({N}, logits.dtype(), logits.device());
+      T* loss = row_loss.data<T>();
+      parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) {
+          const T* xr = x + n * V;
+          kernels::OnlineSoftmax<T> acc{-std::numeric_limits<T>::infinity(), T(0)};
+          for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
+            int64_t j1 = std::min(V, j0 + kChunk);
+            T chunk_max = -std::numeric_limits<T>::infinity(), sum = 0;
+#pragma omp simd reduction(max : chunk_max)
+            for (int64_t j = j0; j < j1; ++j) chunk_max = std::max(chunk_max, xr[j]);
+            if (chunk_max == -std::numeric_limits<T>::infinity()) continue;  // only masked logits: adds exp(-inf) = 0
+            acc.rescale_for(chunk_max);
+            T m = acc.max;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = j0; j < j1; ++j) sum += cpu::exp_vectorizable(xr[j] - m);
+            acc.sum += sum;
+          }
+          lse[n] = acc.logsumexp();
+          loss[n] = int64_t(t[n]) == ignore_index ? T(0) : lse[n] - xr[int64_t(t[n])];
+        }
+      });
+      // Summed in row order by one thread: the loss does not depend on the thread count.
+      double total = 0;
+      for (int64_t n = 0; n < N; ++n) total += loss[n];
+      f.loss.data<T>()[0] = T(total / double(f.count));
+    });
+  });
+  return f;
+}
+
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              int64_t count, int64_t ignore_index) {
+  check_cross_entropy(logits, targets);
+  int64_t N = logits.size(0), V = logits.size(1);
+  MINIDL_CHECK(dloss.defined() && dloss.numel() == 1, "cross_entropy_backward: expected a scalar dloss, got ",
+               dloss.defined() ? dloss.shape() : Shape{});
+  check_shaped_like("cross_entropy_backward", "lse", lse, Shape{N}, logits);
+  Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  dispatch_float("cross_entropy_backward", logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(targets, [&](auto itag) {
+      using I = decltype(itag);
+      const I* t = targets.data<I>();
+      const T *x = logits.data<T>(), *plse = lse.data<T>();
+      T* dx = dlogits.data<T>();
+      T scale = T(dloss.item() / double(count));
+      parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) {
+          T* dr = dx + n * V;
+          int64_t target = int64_t(t[n]);
+          if (target == ignore_index) {
+            for (int64_t j = 0; j < V; ++j) dr[j] = T(0);
+            continue;
+          }
+          const T* xr = x + n * V;
+          T l = plse[n];
+#pragma omp simd
+          for (int64_t j = 0; j < V; ++j) dr[j] = cpu::exp_vectorizable(xr[j] - l) * scale;
+          dr[target] -= scale;
+        }
+      });
+    });
+  });
+  return dlogits;
+}
+
+}  // namespace minidl::ops

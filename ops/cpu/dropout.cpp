@@ -1,0 +1,32 @@
+// Dropout on the CPU: one Philox draw per four elements (ops/kernels/dropout.h), parallel over groups of four.
+#include <algorithm>
+
+#include "core/parallel.h"
+#include "ops/dropout.h"
+#include "ops/kernels/dropout.h"
+
+namespace minidl::ops {
+
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset) {
+  check_dropout(x, p);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float("dropout", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    int64_t n = x.numel(), groups = (n + 3) / 4;
+    Philox rng(seed, stream);
+    float pf = float(p);
+    T scale = T(1) / (T(1) - T(p));
+    parallel_for(0, groups, 1024, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        bool keep[4];
+        kernels::dropout_keep4(rng, offset, uint64_t(g), pf, keep);
+        for (int64_t i = 4 * g, e = std::min(n, i + 4); i < e; ++i) py[i] = keep[i - 4 * g] ? px[i] * scale : T(0);
+      }
+    });
+  });
+  return y;
+}
+
+}  // namespace minidl::ops

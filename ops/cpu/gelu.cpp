@@ -1,0 +1,91 @@
+// GELU and bias + GELU on the CPU: elementwise loops over contiguous memory, parallel over elements (gelu) or
+// rows (bias_gelu, whose bias gradient is a column sum).
+#include <algorithm>
+
+#include "core/parallel.h"
+#include "ops/gelu.h"
+#include "ops/kernels/gelu.h"
+
+namespace minidl::ops {
+
+// Elements per parallel chunk: enough work to amortise waking a thread (a tanh is ~20 ns).
+static constexpr int64_t kElementGrain = 4096;
+// dbias partial sums cover this many rows each, then are added in order: thread-count independent bits.
+static constexpr int64_t kRowsPerPartial = 64;
+
+Tensor gelu_forward(const Tensor& x) {
+  check_float("gelu", "x", x);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float("gelu", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    parallel_for(0, x.numel(), kElementGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) py[i] = kernels::gelu_tanh(px[i]);
+    });
+  });
+  return y;
+}
+
+Tensor gelu_backward(const Tensor& dy, const Tensor& x) {
+  check_float("gelu_backward", "x", x);
+  check_shaped_like("gelu_backward", "dy", dy, x.shape(), x);
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float("gelu_backward", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *px = x.data<T>(), *pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    parallel_for(0, x.numel(), kElementGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) pdx[i] = pdy[i] * kernels::gelu_tanh_grad(px[i]);
+    });
+  });
+  return dx;
+}
+
+Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias) {
+  int64_t C = check_bias_gelu("bias_gelu", x, bias);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float("bias_gelu", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *px = x.data<T>(), *b = bias.data<T>();
+    T* py = y.data<T>();
+    int64_t rows = C ? x.numel() / C : 0;
+    parallel_for(0, rows, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(C, 1)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = 0; c < C; ++c) py[r * C + c] = kernels::gelu_tanh(T(px[r * C + c] + b[c]));
+    });
+  });
+  return y;
+}
+
+BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& bias) {
+  int64_t C = check_bias_gelu("bias_gelu_backward", x, bias);
+  check_shaped_like("bias_gelu_backward", "dy", dy, x.shape(), x);
+  BiasGeluBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::zeros({C}, x.dtype(), x.device())};
+  dispatch_float("bias_gelu_backward", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *px = x.data<T>(), *pdy = dy.data<T>(), *b = bias.data<T>();
+    T* pdx = g.dx.data<T>();
+    int64_t rows = C ? x.numel() / C : 0;
+    int64_t blocks = (rows + kRowsPerPartial - 1) / kRowsPerPartial;
+    Tensor partials = Tensor::zeros({blocks, C}, x.dtype(), x.device());
+    T* partial = partials.data<T>();
+    parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        T* db = partial + k * C;
+        for (int64_t r = k * kRowsPerPartial, r1 = std::min(rows, r + kRowsPerPartial); r < r1; ++r)
+          for (int64_t c = 0; c < C; ++c) {
+            T d = pdy[r * C + c] * kernels::gelu_tanh_grad(T(px[r * C + c] + b[c]));
+            pdx[r * C + c] = d;
+            db[c] += d;
+          }
+      }
+    });
+    T* db = g.dbias.data<T>();
+    for (int64_t k = 0; k < blocks; ++k)
+      for (int64_t c = 0; c < C; ++c) db[c] += partial[k * C + c];
+  });
+  return g;
+}
+
+}  // namespace minidl::ops

@@ -1,0 +1,97 @@
+// Layer norm on the CPU, parallel over rows. Statistics are accumulated in double: a row of C floats summed in
+// float loses digits that the gradient check and long rows both notice, and it costs nothing measurable.
+#include <algorithm>
+#include <cmath>
+
+#include "core/parallel.h"
+#include "ops/layernorm.h"
+
+namespace minidl::ops {
+
+// dweight/dbias partial sums cover this many rows each; the partials are then added in order. Fixed (not one per
+// thread) so the result is the same whatever the thread count.
+static constexpr int64_t kRowsPerPartial = 64;
+
+LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  int64_t C = check_layernorm("layernorm", x, weight);
+  check_shaped_like("layernorm", "bias", bias, Shape{C}, x);
+  MINIDL_CHECK(eps > 0, "layernorm: expected eps > 0, got ", eps);
+  int64_t rows = x.numel() / C;
+  LayerNormForward f{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, x.dtype(), x.device()),
+                     Tensor::empty({rows}, x.dtype(), x.device())};
+  dispatch_float("layernorm", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *px = x.data<T>(), *w = weight.data<T>(), *b = bias.data<T>();
+    T *py = f.y.data<T>(), *mean = f.mean.data<T>(), *rstd = f.rstd.data<T>();
+    parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = px + r * C;
+        double s = 0, ss = 0;
+        for (int64_t c = 0; c < C; ++c) s += xr[c];
+        double mu = s / C;
+        // Two-pass variance: sum of squared deviations, no cancellation when |mean| >> std.
+        for (int64_t c = 0; c < C; ++c) ss += (xr[c] - mu) * (xr[c] - mu);
+        T m = T(mu), rs = T(1.0 / std::sqrt(ss / C + eps));
+        T* yr = py + r * C;
+        for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+        mean[r] = m;
+        rstd[r] = rs;
+      }
+    });
+  });
+  return f;
+}
+
+// With xhat = (x - mean) * rstd and g = dy * weight:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,  dbias = sum_rows dy.
+LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                     const Tensor& rstd) {
+  int64_t C = check_layernorm("layernorm_backward", x, weight);
+  int64_t rows = x.numel() / C;
+  check_shaped_like("layernorm_backward", "dy", dy, x.shape(), x);
+  check_shaped_like("layernorm_backward", "mean", mean, Shape{rows}, x);
+  check_shaped_like("layernorm_backward", "rstd", rstd, Shape{rows}, x);
+  LayerNormBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({C}, x.dtype(), x.device()),
+                      Tensor::empty({C}, x.dtype(), x.device())};
+  dispatch_float("layernorm_backward", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *px = x.data<T>(), *pdy = dy.data<T>(), *w = weight.data<T>();
+    const T *pmean = mean.data<T>(), *prstd = rstd.data<T>();
+    T* pdx = g.dx.data<T>();
+    int64_t blocks = std::max<int64_t>(1, (rows + kRowsPerPartial - 1) / kRowsPerPartial);
+    Tensor partials = Tensor::zeros({blocks, 2, C}, x.dtype(), x.device());  // per block: dweight, dbias
+    T* partial = partials.data<T>();
+    parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        T* dw = partial + k * 2 * C;
+        T* db = dw + C;
+        for (int64_t r = k * kRowsPerPartial, r1 = std::min(rows, r + kRowsPerPartial); r < r1; ++r) {
+          const T *xr = px + r * C, *dyr = pdy + r * C;
+          T m = pmean[r], rs = prstd[r];
+          T sum_g = 0, sum_gx = 0;
+          for (int64_t c = 0; c < C; ++c) {
+            T xhat = (xr[c] - m) * rs, gc = dyr[c] * w[c];
+            sum_g += gc;
+            sum_gx += gc * xhat;
+            dw[c] += dyr[c] * xhat;
+            db[c] += dyr[c];
+          }
+          T mean_g = sum_g / T(C), mean_gx = sum_gx / T(C);
+          T* dxr = pdx + r * C;
+          for (int64_t c = 0; c < C; ++c) dxr[c] = rs * (dyr[c] * w[c] - mean_g - (xr[c] - m) * rs * mean_gx);
+        }
+      }
+    });
+    T *dw = g.dweight.data<T>(), *db = g.dbias.data<T>();
+    std::fill(dw, dw + C, T(0));
+    std::fill(db, db + C, T(0));
+    for (int64_t k = 0; k < blocks; ++k)
+      for (int64_t c = 0; c < C; ++c) {
+        dw[c] += partial[k * 2 * C + c];
+        db[c] += partial[k * 2 * C + C + c];
+      }
+  });
+  return g;
+}
+
+}  // namespace minidl::ops

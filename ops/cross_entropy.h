@@ -1,0 +1,41 @@
+// Fused softmax + cross-entropy over a vocabulary, without autograd.
+//
+//   auto fwd = ops::cross_entropy_forward(logits, targets, -1);   // logits: (N, V), targets: (N)
+//   Tensor dlogits = ops::cross_entropy_backward(dloss, logits, targets, fwd.lse, fwd.count, -1);
+//
+// Forward computes each row's logsumexp in one pass and loss = mean over counted rows of (lse - logit[target]);
+// the (N, V) probabilities are never stored. Backward recomputes them from the saved lse and writes
+// dlogits = (softmax - onehot) * dloss / count in one pass per row.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/nn_checks.h"
+
+namespace minidl::ops {
+
+struct CrossEntropyForward {
+  Tensor loss;        // scalar (shape ()), logits' dtype; NaN if no row is counted (as PyTorch)
+  Tensor lse;         // (N) logsumexp of each row, logits' dtype
+  int64_t count = 0;  // rows whose target != ignore_index
+};
+
+// logits: (N, V) f32/f64; targets: (N) i32/i64, each in [0, V) or equal to ignore_index.
+CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
+
+// dloss: scalar gradient of the loss; lse, count: from the forward -> dlogits (N, V); ignored rows get zeros.
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              int64_t count, int64_t ignore_index);
+
+// ---- argument checks, shared by every backend's entry (target values are checked by the kernel, on the data) ----
+inline void check_cross_entropy(const Tensor& logits, const Tensor& targets) {
+  check_float("cross_entropy", "logits", logits);
+  MINIDL_CHECK(logits.dim() == 2 && logits.size(1) > 0,
+               "cross_entropy: expected logits of shape (N, V) with V > 0, got ", logits.shape());
+  check_index("cross_entropy", "targets", targets);
+  MINIDL_CHECK(targets.shape() == Shape{logits.size(0)}, "cross_entropy: expected targets of shape (",
+               logits.size(0), ",) to match logits ", logits.shape(), ", got ", targets.shape());
+}
+
+}  // namespace minidl::ops

@@ -1,0 +1,26 @@
+// Embedding lookup (gather) and its backward (scatter-add), without autograd.
+//
+//   Tensor y = ops::embedding_forward(wte, ids);             // wte: (V, C), ids: (B, T) i32/i64 -> (B, T, C)
+//   Tensor dwte = ops::embedding_backward(dy, ids, wte.size(0));
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/nn_checks.h"
+
+namespace minidl::ops {
+
+// weight: (V, C) f32/f64; ids: any shape, i32 or i64, every id in [0, V) -> (*ids.shape, C).
+Tensor embedding_forward(const Tensor& weight, const Tensor& ids);
+
+// grad_out: (*ids.shape, C) -> dweight (V, C): row v is the sum of grad_out over the positions whose id is v,
+// added in increasing position order whatever the thread count (bitwise reproducible).
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, int64_t vocab_size);
+
+// ---- argument checks, shared by every backend's entry (the id range is checked by the kernel, on the data) ----
+inline void check_embedding(const Tensor& weight, const Tensor& ids) {
+  check_float("embedding", "weight", weight);
+  MINIDL_CHECK(weight.dim() == 2, "embedding: expected weight of shape (V, C), got ", weight.shape());
+  check_index("embedding", "ids", ids);
+}
+
+}  // namespace minidl::ops

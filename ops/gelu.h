@@ -1,0 +1,36 @@
+// GELU (tanh approximation, as GPT-2) and the fused bias + GELU of the MLP, without autograd.
+// The per-element math is ops/kernels/gelu.h.
+//
+//   Tensor h = ops::bias_gelu_forward(x, b);           // gelu(x + b), x: (..., C), b: (C)
+//   auto [dx, db] = ops::bias_gelu_backward(dh, x, b);
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/nn_checks.h"
+
+namespace minidl::ops {
+
+// x: any shape, f32/f64.
+Tensor gelu_forward(const Tensor& x);
+// dy like x -> dx = dy * gelu'(x).
+Tensor gelu_backward(const Tensor& dy, const Tensor& x);
+
+// x: (..., C); bias: (C) -> gelu(x + bias), like x. The sum x + bias is never stored: backward recomputes it.
+Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias);
+
+struct BiasGeluBackward {
+  Tensor dx;     // like x
+  Tensor dbias;  // (C): dx summed over rows (fixed row blocks, then in order: thread-count independent)
+};
+BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& bias);
+
+// ---- argument checks, shared by every backend's entry ----
+// Returns C.
+inline int64_t check_bias_gelu(const char* op, const Tensor& x, const Tensor& bias) {
+  check_float(op, "x", x);
+  MINIDL_CHECK(x.dim() >= 1, op, ": expected x of shape (..., C), got ", x.shape());
+  check_shaped_like(op, "bias", bias, Shape{x.size(-1)}, x);
+  return x.size(-1);
+}
+
+}  // namespace minidl::ops
