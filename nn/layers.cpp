@@ -40,10 +40,15 @@ LayerNorm::LayerNorm(int64_t dim, bool bias, double eps) : eps(eps) {
   MINIDL_CHECK(dim > 0, "LayerNorm: expected a positive size, got ", dim);
   MemoryTagGuard tag(MemTag::kParams);
   weight = register_parameter("weight", Tensor::ones({dim}));
-  if (bias) this->bias = register_parameter("bias", Tensor::zeros({dim}));
+  if (bias)
+    this->bias = register_parameter("bias", Tensor::zeros({dim}));
+  else
+    zero_bias_ = Tensor::zeros({dim});
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const { return layernorm(x, weight, bias, eps); }
+Tensor LayerNorm::forward(const Tensor& x) const {
+  return layernorm(x, weight, bias.defined() ? bias : zero_bias_, eps);
+}
 
 Dropout::Dropout(double p, uint64_t stream, std::shared_ptr<const DropoutContext> ctx)
     : p_(p), stream_(stream), ctx_(std::move(ctx)) {

@@ -180,6 +180,19 @@ TEST(GPTForward, BackwardReachesEveryParameter) {
   }
 }
 
+TEST(GPTForward, WithoutBiasesHasNoBiasParametersAndTrains) {
+  GPTConfig cfg = kTiny;
+  cfg.bias = false;
+  GPT model(cfg, 3);
+  for (const auto& [name, p] : model.named_parameters()) EXPECT_EQ(name.find("bias"), std::string::npos) << name;
+  EXPECT_EQ(model.named_parameters().size(), 2 + 6 * 2 + 1u);
+  Tensor ids = Tensor::from_vector(random_ids(kB * kT, kTiny.vocab_size, 1), {kB, kT});
+  Tensor loss = model.loss(ids, ids);
+  EXPECT_TRUE(std::isfinite(loss.item()));
+  loss.backward();
+  for (const auto& [name, p] : model.named_parameters()) EXPECT_TRUE(p.grad().defined()) << name;
+}
+
 TEST(GPTForward, InputErrorsNameExpectedAndGot) {
   GPT model(kTiny);
   expect_error([&] { model.forward(Tensor::zeros({2, 9}, DType::i64)); }, {"block_size = 8", "got T = 9"});
