@@ -1,0 +1,111 @@
+// GPT-2: learned position embeddings, pre-LayerNorm transformer blocks, tanh-GELU MLP, fused causal
+// self-attention, and an output head tied to the token embedding. Parameter names and layouts are Hugging Face's
+// GPT2LMHeadModel ("transformer.h.0.attn.c_attn.weight", weights (in, out)), so checkpoints load in PyTorch.
+//
+//   GPTConfig cfg{.vocab_size = 65, .block_size = 256, .n_layer = 6, .n_head = 6, .n_embd = 384, .dropout = 0.2};
+//   GPT model(cfg, /*seed=*/1337);
+//   model.dropout_context().step = step;          // once per forward: selects this step's dropout masks
+//   Tensor loss = model.loss(ids, targets);       // ids, targets: (B, T) integers
+//   loss.backward();
+//
+// Initialisation is nanoGPT's: every Linear/Embedding weight N(0, 0.02), the residual projections
+// (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02 / sqrt(2 * n_layer)), biases 0, LayerNorm weight 1.
+// Parameter k (in named_parameters() order) draws from Philox(seed, stream k), so the weights are a function of
+// (config, seed) alone.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "nn/layers.h"
+#include "nn/module.h"
+
+namespace minidl::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 0;
+  int64_t block_size = 0;  // longest sequence (number of learned positions)
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_embd = 0;
+  double dropout = 0.0;  // embeddings and residual branches (see CausalSelfAttention)
+  bool bias = true;      // biases in Linear and LayerNorm layers
+
+  // Throws naming the field, what was expected and what was given.
+  void validate() const;
+  bool operator==(const GPTConfig&) const = default;
+};
+
+// qkv = x @ c_attn (C, 3C) -> causal_attention over n_head heads -> c_proj (C, C) -> dropout.
+// The fused attention kernel keeps no T x T probability matrix, so there is no dropout on the attention
+// probabilities (attn_pdrop is 0 in the exported config.json); dropout applies to the residual branch.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const GPTConfig& cfg, uint64_t dropout_stream, std::shared_ptr<const DropoutContext> ctx);
+  // x: (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) const;
+
+  std::shared_ptr<Linear> c_attn, c_proj;
+  std::shared_ptr<Dropout> resid_dropout;
+  int64_t n_head;
+};
+
+// c_fc (C, 4C) -> gelu(. + bias) fused -> c_proj (4C, C) -> dropout.
+class MLP : public Module {
+ public:
+  MLP(const GPTConfig& cfg, uint64_t dropout_stream, std::shared_ptr<const DropoutContext> ctx);
+  // x: (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) const;
+
+  std::shared_ptr<Linear> c_fc, c_proj;
+  std::shared_ptr<Dropout> dropout;
+};
+
+// Pre-LN block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Uses dropout streams first_stream and first_stream + 1.
+class Block : public Module {
+ public:
+  Block(const GPTConfig& cfg, uint64_t first_stream, std::shared_ptr<const DropoutContext> ctx);
+  // x: (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) const;
+
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+class GPT : public Module {
+ public:
+  explicit GPT(const GPTConfig& cfg, uint64_t seed = 0);
+
+  // ids: (B, T) i32/i64 with T <= block_size and values in [0, vocab_size) -> logits (B, T, vocab_size)
+  Tensor forward(const Tensor& ids) const;
+  // Mean cross-entropy of the next-token predictions (fused softmax + cross-entropy over (B*T, V)).
+  // targets: same shape as ids, values in [0, vocab_size) or -1 (ignored).
+  Tensor loss(const Tensor& ids, const Tensor& targets) const;
+
+  // Training FLOPs per token (forward + backward) at sequence length T, nanoGPT's estimate_mfu formula:
+  //   6 * N + 12 * n_layer * n_embd * T
+  // where N counts the parameters without the position embedding (the tied token embedding does matmul work as
+  // the output head, the position lookup does none): 2 FLOPs per multiply-add, times 3 for forward plus the two
+  // backward matmuls; the second term is the attention scores and weighted sum (QK^T and AV), which use no
+  // parameters.
+  double flops_per_token(int64_t T) const;
+
+  const GPTConfig& config() const { return cfg_; }
+  // Shared by every dropout in the model: set .step once per forward (see DropoutContext).
+  DropoutContext& dropout_context() { return *dropout_ctx_; }
+
+  std::shared_ptr<Embedding> wte, wpe;  // token (V, C) and position (block_size, C) embeddings; wte is the head
+  std::shared_ptr<Dropout> drop;
+  std::shared_ptr<ModuleList<Block>> h;
+  std::shared_ptr<LayerNorm> ln_f;
+
+ private:
+  void init_weights(uint64_t seed);
+  void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
+
+  GPTConfig cfg_;
+  std::shared_ptr<DropoutContext> dropout_ctx_;
+};
+
+}  // namespace minidl::nn

@@ -1,0 +1,64 @@
+#include "nn/layers.h"
+
+#include "autograd/functions.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+
+namespace minidl::nn {
+
+void init_normal(Tensor& t, double std, uint64_t seed, uint64_t stream) {
+  MINIDL_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.device() == Device::cpu(),
+               "init_normal: expected a contiguous f32 CPU tensor, got ", t.dtype(), " ", t.shape());
+  float* p = t.data<float>();
+  const Philox rng(seed, stream);
+  const float s = float(std);
+  parallel_for(0, t.numel(), 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) p[i] = s * rng.normal(uint64_t(i));
+  });
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias) {
+  MINIDL_CHECK(in_features > 0 && out_features > 0, "Linear: expected positive sizes, got in=", in_features,
+               " out=", out_features);
+  MemoryTagGuard tag(MemTag::kParams);
+  weight = register_parameter("weight", Tensor::zeros({in_features, out_features}));
+  if (bias) this->bias = register_parameter("bias", Tensor::zeros({out_features}));
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) {
+  MINIDL_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: expected positive sizes, got ", num_embeddings,
+               " x ", embedding_dim);
+  MemoryTagGuard tag(MemTag::kParams);
+  weight = register_parameter("weight", Tensor::zeros({num_embeddings, embedding_dim}));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+
+LayerNorm::LayerNorm(int64_t dim, bool bias, double eps) : eps(eps) {
+  MINIDL_CHECK(dim > 0, "LayerNorm: expected a positive size, got ", dim);
+  MemoryTagGuard tag(MemTag::kParams);
+  weight = register_parameter("weight", Tensor::ones({dim}));
+  if (bias)
+    this->bias = register_parameter("bias", Tensor::zeros({dim}));
+  else
+    zero_bias_ = Tensor::zeros({dim});
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+  return layernorm(x, weight, bias.defined() ? bias : zero_bias_, eps);
+}
+
+Dropout::Dropout(double p, uint64_t stream, std::shared_ptr<const DropoutContext> ctx)
+    : p_(p), stream_(stream), ctx_(std::move(ctx)) {
+  MINIDL_CHECK(p >= 0.0 && p < 1.0, "Dropout: expected 0 <= p < 1, got ", p);
+  MINIDL_CHECK(ctx_ != nullptr, "Dropout: null DropoutContext");
+}
+
+Tensor Dropout::forward(const Tensor& x) const {
+  if (!is_training() || p_ == 0.0) return x;
+  return dropout(x, p_, ctx_->seed, stream_, ctx_->offset());
+}
+
+}  // namespace minidl::nn

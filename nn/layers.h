@@ -1,0 +1,94 @@
+// The basic layers: Linear, Embedding, LayerNorm, Dropout. Each is a thin Module over one differentiable op of
+// autograd/functions.h, with parameters named as in Hugging Face GPT-2.
+//
+//   auto fc = std::make_shared<Linear>(768, 3072);      // weight (768, 3072), bias (3072)
+//   init_normal(fc->weight, 0.02, seed, /*stream=*/0);  // layers start at zero/one; the model initialises them
+//   Tensor y = fc->forward(x);                          // x: (..., 768) -> (..., 3072)
+//
+// Parameters are allocated under MemoryTagGuard(kParams), so the memory ledger shows them as "params".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "nn/module.h"
+
+namespace minidl::nn {
+
+// Fills t (f32, contiguous) with N(0, std^2): element i is std * Philox(seed, stream).normal(i). A pure function
+// of (seed, stream), so a model initialises identically on any machine and any number of ranks.
+void init_normal(Tensor& t, double std, uint64_t seed, uint64_t stream);
+
+// y = x @ weight + bias. weight: (in, out) — the GPT-2 "Conv1D" layout, the transpose of torch.nn.Linear's.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  // x: (..., in) -> (..., out)
+  Tensor forward(const Tensor& x) const;
+
+  Tensor weight;  // (in, out), zeros until initialised
+  Tensor bias;    // (out), zeros; undefined when constructed without bias
+};
+
+// A lookup table: row ids[i] of weight.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  // ids: integer tensor of any shape, values in [0, num_embeddings) -> (*ids.shape, embedding_dim)
+  Tensor forward(const Tensor& ids) const;
+
+  Tensor weight;  // (num_embeddings, embedding_dim), zeros until initialised
+};
+
+// Layer normalisation over the last dimension (fused op). weight starts at 1, bias at 0.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, bool bias = true, double eps = 1e-5);
+  // x: (..., dim) -> same shape
+  Tensor forward(const Tensor& x) const;
+
+  Tensor weight;  // (dim)
+  Tensor bias;    // (dim); undefined when constructed without bias
+  double eps;
+
+ private:
+  Tensor zero_bias_;  // without bias: zeros for the fused op, which always adds one (not a parameter, not saved)
+};
+
+// Where dropout masks come from. A mask is a pure function of (seed, stream, step): the dropout op draws element i's
+// keep/drop decision from Philox(seed, stream) at counter  step * kOffsetsPerStep + i / 4  (lane i % 4; see
+// ops/kernels/dropout.h), where
+// - seed:   chosen by the user (GPT uses its init seed);
+// - stream: fixed per Dropout module at construction (GPT numbers its dropouts 0, 1, 2, ... in model order and
+//           adds kDropoutStreamBase so they never share a stream with parameter initialisation);
+// - step:   advanced by the training loop once per forward pass (per micro-batch under gradient accumulation).
+// Nothing changes during a forward, so re-running a forward for the same step (activation checkpointing's
+// recomputation) draws exactly the same masks, and a run restarted at step s reproduces its masks from s on.
+// kOffsetsPerStep leaves 2^40 counters (2^42 elements) per step and stream: far more than any activation holds.
+struct DropoutContext {
+  static constexpr uint64_t kOffsetsPerStep = uint64_t(1) << 40;
+  static constexpr uint64_t kDropoutStreamBase = uint64_t(1) << 32;
+
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  uint64_t offset() const { return step * kOffsetsPerStep; }
+};
+
+// Inverted dropout: in training, zeroes each element with probability p and scales the rest by 1/(1-p); in eval
+// mode (or with p == 0) returns x unchanged without touching the RNG.
+class Dropout : public Module {
+ public:
+  // ctx is shared by all the dropouts of a model so one `ctx->step = s` moves them all.
+  Dropout(double p, uint64_t stream, std::shared_ptr<const DropoutContext> ctx);
+  Tensor forward(const Tensor& x) const;
+
+  double p() const { return p_; }
+  uint64_t stream() const { return stream_; }
+
+ private:
+  double p_;
+  uint64_t stream_;
+  std::shared_ptr<const DropoutContext> ctx_;
+};
+
+}  // namespace minidl::nn

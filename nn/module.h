@@ -1,0 +1,106 @@
+// Module: the base of every layer. It owns named parameters, buffers and child modules, and gives them the dotted
+// names that checkpoints use (Hugging Face GPT-2 style, e.g. "transformer.h.0.attn.c_attn.weight").
+//
+//   class Affine : public Module {
+//    public:
+//     Affine(int64_t n) {
+//       MemoryTagGuard tag(MemTag::kParams);           // parameters are charged to the params ledger tag
+//       scale = register_parameter("scale", Tensor::ones({n}));
+//       inner = register_module("inner", std::make_shared<Linear>(n, n));
+//     }
+//     Tensor scale;
+//     std::shared_ptr<Linear> inner;
+//   };
+//   for (auto& [name, p] : model.named_parameters()) ...   // "scale", "inner.weight", "inner.bias"
+//   model.load_state_dict(other.state_dict());
+//
+// Contracts:
+// - Names are listed recursively in registration order: a module's own parameters first, then each child's.
+// - A Tensor is a shared handle, so the member a layer keeps and the registered entry are the same tensor;
+//   load_state_dict and zero_grad work in place and never replace a parameter's storage (optimizers, DDP and
+//   ZeRO may hold views of it).
+// - Modules are not copyable (a copy would silently share parameters); share them through std::shared_ptr.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace minidl::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+// name -> tensor. Ordered by name so that iterating it is deterministic.
+using StateDict = std::map<std::string, Tensor>;
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Registers a trainable tensor (marks it requires_grad) and returns it. Names are unique within a module and
+  // contain no '.'.
+  Tensor register_parameter(const std::string& name, Tensor value);
+  // Registers a non-trainable tensor that belongs to the state (e.g. running statistics).
+  Tensor register_buffer(const std::string& name, Tensor value);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> child) {
+    add_child(name, child);
+    return child;
+  }
+
+  NamedTensors named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  NamedTensors named_buffers() const;
+  // Direct children, in registration order.
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
+
+  // Training mode (dropout active) for this module and all its children.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Parameters and buffers by dotted name. The tensors are the module's own (no copy).
+  StateDict state_dict() const;
+  // Copies each entry into the tensor of the same name (converting dtype if needed). A shape mismatch is always
+  // an error; with strict, so are names the module has but the dict lacks (missing) and names the dict has but
+  // the module lacks (unexpected). The error lists every offending name with the expected and found shapes.
+  void load_state_dict(const StateDict& dict, bool strict = true);
+
+  // Fills every existing gradient with zeros in place (keeps the storage: DDP/ZeRO may hold views of it).
+  void zero_grad();
+  // Elements in all parameters, counting a tensor shared by two names once.
+  int64_t num_parameters() const;
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> child);
+  void check_new_name(const std::string& name) const;
+  void collect(const std::string& prefix, bool buffers, NamedTensors& out) const;
+
+  NamedTensors params_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// A list of modules named "0", "1", ... (HF's nn.ModuleList: "transformer.h.3.ln_1.weight").
+template <class M>
+class ModuleList : public Module {
+ public:
+  void push_back(std::shared_ptr<M> m) { items_.push_back(register_module(std::to_string(items_.size()), m)); }
+  size_t size() const { return items_.size(); }
+  M& operator[](size_t i) const { return *items_[i]; }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<M>> items_;
+};
+
+}  // namespace minidl::nn
