@@ -57,7 +57,7 @@ std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> tokens, int64_t
   model.eval();
   const int64_t block = model.config().block_size, V = model.config().vocab_size;
   Philox rng(seed, /*stream=*/0x53414D504C45ull);  // "SAMPLE"
-  std::vector<double> probs(size_t(V));
+  std::vector<double> probs(static_cast<size_t>(V));
   for (int64_t i = 0; i < n; ++i) {
     int64_t T = std::min<int64_t>(int64_t(tokens.size()), block);
     std::vector<int32_t> ctx(tokens.end() - T, tokens.end());

@@ -10,6 +10,7 @@
 // no file.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -42,6 +43,7 @@ struct Options {
 };
 
 void add_flags(CLI::App& app, Options& o) {
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
   app.add_option("--data", o.data, "Text file to train on (bytes are the tokens)")->capture_default_str();
   app.add_option("--layers", o.layers, "Transformer blocks")->capture_default_str();
   app.add_option("--heads", o.heads, "Attention heads per block (must divide --embd)")->capture_default_str();
@@ -204,8 +206,9 @@ int run(const Options& o, const CLI::App& app) {
     std::printf("saved %s\n", o.save.c_str());
   }
   if (o.sample > 0) {
-    std::vector<int32_t> prompt = ds.tokenizer().encode("\n");
-    if (prompt.empty()) prompt = {0};
+    // Start from a newline when the vocabulary has one (a fresh paragraph), else from token 0.
+    const auto& v = ds.tokenizer().vocab();
+    std::vector<int32_t> prompt{std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? ds.tokenizer().encode("\n")[0] : 0};
     std::vector<int32_t> out = train::sample(model, prompt, o.sample, o.temperature, o.seed);
     std::printf("---- sample ----\n%s\n----------------\n", ds.tokenizer().decode(out).c_str());
   }

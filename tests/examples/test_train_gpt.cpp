@@ -2,6 +2,7 @@
 // found, and no file written; a tiny run trains, saves, reloads and evaluates to the same loss.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>

@@ -1,6 +1,7 @@
 // Training-loop properties on a small corpus: the loss goes down, and a run is bitwise reproducible.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
