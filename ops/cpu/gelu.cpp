@@ -4,12 +4,20 @@
 
 #include "core/parallel.h"
 #include "ops/gelu.h"
+#include "ops/cpu/exp.h"
 #include "ops/kernels/gelu.h"
 
 namespace minidl::ops {
 
 // Elements per parallel chunk: enough work to amortise waking a thread (a tanh is ~20 ns).
 static constexpr int64_t kElementGrain = 4096;
+
+// The vectorisable exp for f32 (exact std::exp for f64, the gradient-check path).
+struct VecExp {
+  float operator()(float x) const { return cpu::exp_vectorizable(x); }
+  double operator()(double x) const { return cpu::exp_vectorizable(x); }
+};
+static constexpr VecExp kExp{};
 // dbias partial sums cover this many rows each, then are added in order: thread-count independent bits.
 static constexpr int64_t kRowsPerPartial = 64;
 
@@ -21,7 +29,7 @@ Tensor gelu_forward(const Tensor& x) {
     const T* px = x.data<T>();
     T* py = y.data<T>();
     parallel_for(0, x.numel(), kElementGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) py[i] = kernels::gelu_tanh(px[i]);
+      for (int64_t i = b; i < e; ++i) py[i] = kernels::gelu_tanh(px[i], kExp);
     });
   });
   return y;
@@ -36,7 +44,7 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x) {
     const T *px = x.data<T>(), *pdy = dy.data<T>();
     T* pdx = dx.data<T>();
     parallel_for(0, x.numel(), kElementGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) pdx[i] = pdy[i] * kernels::gelu_tanh_grad(px[i]);
+      for (int64_t i = b; i < e; ++i) pdx[i] = pdy[i] * kernels::gelu_tanh_grad(px[i], kExp);
     });
   });
   return dx;
@@ -52,7 +60,7 @@ Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias) {
     int64_t rows = C ? x.numel() / C : 0;
     parallel_for(0, rows, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(C, 1)), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = 0; c < C; ++c) py[r * C + c] = kernels::gelu_tanh(T(px[r * C + c] + b[c]));
+        for (int64_t c = 0; c < C; ++c) py[r * C + c] = kernels::gelu_tanh(T(px[r * C + c] + b[c]), kExp);
     });
   });
   return y;
@@ -75,7 +83,7 @@ BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Ten
         T* db = partial + k * C;
         for (int64_t r = k * kRowsPerPartial, r1 = std::min(rows, r + kRowsPerPartial); r < r1; ++r)
           for (int64_t c = 0; c < C; ++c) {
-            T d = pdy[r * C + c] * kernels::gelu_tanh_grad(T(px[r * C + c] + b[c]));
+            T d = pdy[r * C + c] * kernels::gelu_tanh_grad(T(px[r * C + c] + b[c]), kExp);
             pdx[r * C + c] = d;
             db[c] += d;
           }
