@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <string>
 
 #include "autograd/node.h"
 #include "core/rng.h"
@@ -82,9 +84,15 @@ std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> tokens, int64_t
 }
 
 double peak_rss_mb() {
+  // VmHWM is this process image's high-water mark. getrusage's ru_maxrss would do, except that Linux carries it
+  // across exec: a program started by a large parent (a Python benchmark driver) would report the parent's peak.
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // the value is in kB
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  return double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+  return double(ru.ru_maxrss) / 1024.0;
 }
 
 }  // namespace minidl::train

@@ -30,7 +30,7 @@ double evaluate(nn::GPT& model, const data::Batch& windows, int64_t batch);
 std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> prompt, int64_t n, double temperature,
                             uint64_t seed);
 
-// Peak resident set size of this process in MiB (getrusage).
+// Peak resident set size of this process in MiB (/proc/self/status VmHWM).
 double peak_rss_mb();
 
 }  // namespace minidl::train
