@@ -47,3 +47,16 @@ TEST(Training, SameSeedAndThreadsGiveBitwiseIdenticalLosses) {
     for (int s = 0; s < 50; ++s) ASSERT_EQ(a[size_t(s)], b[size_t(s)]) << "step " << s << " threads " << threads;
   }
 }
+
+TEST(Training, SteadyStateStepsDoNotAskTheSystemForMemory) {
+  data::TextDataset ds(corpus_path());
+  set_num_threads(2);
+  nn::GPT model(nn::GPTConfig{ds.tokenizer().size(), 32, 2, 2, 32, 0.1, true}, 1);
+  model.train();
+  optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-3});
+  data::BatchSampler sampler(ds.train(), 32, 8, 1);
+  for (int s = 0; s < 3; ++s) train::train_step(model, opt, sampler.batch(s), 1e-3, 1.0);  // warm the cache
+  int64_t before = cpu_system_allocs();
+  for (int s = 3; s < 13; ++s) train::train_step(model, opt, sampler.batch(s), 1e-3, 1.0);
+  EXPECT_EQ(cpu_system_allocs(), before) << "the caching allocator should serve every steady-state allocation";
+}
