@@ -146,7 +146,8 @@ int run(const Options& o, const CLI::App& app) {
   MINIDL_CHECK(int64_t(ds.train().size()) >= seq + 1 && int64_t(ds.val().size()) >= seq + 1, "--data ", o.data,
                ": expected at least ", seq + 1, " tokens in each split for --seq ", seq, ", found ", ds.train().size(),
                " (train) and ", ds.val().size(), " (validation)");
-  const int64_t windows = std::min<int64_t>(o.eval_windows, int64_t(ds.val().size() - 1) / seq);
+  // Non-overlapping windows of seq + 1 tokens; asking for more than the split holds uses them all.
+  const int64_t windows = std::min<int64_t>(o.eval_windows, int64_t(ds.val().size()) / (seq + 1));
   nn::GPTConfig cfg = model_config(o, app, ckpt ? &*ckpt : nullptr, ds.tokenizer().size());
 
   nn::GPT model(cfg, o.seed);

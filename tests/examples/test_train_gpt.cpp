@@ -118,6 +118,12 @@ TEST_F(TrainGpt, TrainSaveReloadEvaluate) {
                  path("m.safetensors"));
   ASSERT_EQ(e.code, 0) << e.out;
   EXPECT_NEAR(summary_field(e.out, "val_loss"), val, 1e-4);
+
+  // More windows than the validation split holds: all of them are used.
+  Result all = run("--data " + path("tiny.txt") + " --threads 1 --eval-windows 100000 --steps 0 --init-from " +
+                   path("m.safetensors"));
+  ASSERT_EQ(all.code, 0) << all.out;
+  EXPECT_NE(all.out.find("over 24 windows"), std::string::npos) << all.out;  // 420 val tokens / 17
 }
 
 TEST_F(TrainGpt, CheckpointMismatches) {
