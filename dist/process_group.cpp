@@ -1,0 +1,166 @@
+#include "dist/process_group.h"
+
+#include <functional>
+#include <utility>
+
+#include "dist/mpi_backend.h"
+#include "dist/ring_backend.h"
+
+namespace minidl::dist {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+  }
+  return "?";
+}
+
+namespace {
+
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+
+// Runs `finish` once, after `inner` completes: the step that copies a staged result back into the caller's tensor.
+class ThenWork final : public Work {
+ public:
+  ThenWork(std::shared_ptr<Work> inner, std::function<void()> finish)
+      : inner_(std::move(inner)), finish_(std::move(finish)) {}
+  void wait() override {
+    inner_->wait();
+    run_finish();
+  }
+  bool is_completed() override {
+    if (!inner_->is_completed()) return false;
+    run_finish();
+    return true;
+  }
+
+ private:
+  void run_finish() {
+    if (finish_) std::exchange(finish_, nullptr)();
+  }
+  std::shared_ptr<Work> inner_;
+  std::function<void()> finish_;
+};
+
+bool is_half(DType dt) { return dt == DType::f16 || dt == DType::bf16; }
+
+// True when the byte ranges of two contiguous tensors intersect.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.shares_storage(b)) return false;
+  auto begin_a = a.impl()->offset, begin_b = b.impl()->offset;
+  return begin_a < begin_b + int64_t(b.nbytes()) && begin_b < begin_a + int64_t(a.nbytes());
+}
+
+// A contiguous copy of t as `dtype`, charged to the comm-buffer ledger (raw: never recorded by autograd).
+Tensor comm_copy(const Tensor& t, DType dtype) {
+  MemoryTagGuard tag(MemTag::kComm);
+  Tensor copy = Tensor::empty(t.shape(), dtype, t.device());
+  copy.copy_(t);
+  return copy;
+}
+
+}  // namespace
+
+std::shared_ptr<Work> completed_work() {
+  static const auto done = std::make_shared<CompletedWork>();
+  return done;
+}
+
+void ProcessGroup::unsupported(const char* op) const {
+  throw Error(::minidl::detail::concat("backend ", name(), " does not support ", op));
+}
+
+void ProcessGroup::check_tensor(const char* op, const Tensor& t) const {
+  MINIDL_CHECK(t.defined(), name(), " ", op, ": undefined tensor");
+  MINIDL_CHECK(t.device() == device(), name(), " ", op, ": expected a tensor on ", device(), ", got one on ",
+               t.device());
+  MINIDL_CHECK(t.is_contiguous(), name(), " ", op, ": expected a contiguous tensor, got shape ", t.shape(),
+               " with strides ", t.strides());
+}
+
+std::shared_ptr<Work> ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
+  check_tensor("all_reduce", tensor);
+  if (tensor.numel() == 0) return completed_work();
+  if (!is_half(tensor.dtype())) return do_all_reduce(tensor, op);
+  Tensor staged = comm_copy(tensor, DType::f32);
+  return std::make_shared<ThenWork>(do_all_reduce(staged, op), [tensor, staged]() mutable { tensor.copy_(staged); });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
+  check_tensor("reduce_scatter", output);
+  check_tensor("reduce_scatter", input);
+  MINIDL_CHECK(input.dtype() == output.dtype(), name(), " reduce_scatter: input is ", input.dtype(),
+               ", output is ", output.dtype());
+  MINIDL_CHECK(input.numel() == output.numel() * size(), name(), " reduce_scatter: input must hold size() = ",
+               size(), " times the output's ", output.numel(), " elements, got ", input.numel());
+  if (output.numel() == 0) return completed_work();
+  if (is_half(input.dtype())) {
+    Tensor staged_out = comm_copy(output, DType::f32);
+    auto inner = do_reduce_scatter(staged_out, comm_copy(input, DType::f32), op);
+    return std::make_shared<ThenWork>(inner, [output, staged_out]() mutable { output.copy_(staged_out); });
+  }
+  return do_reduce_scatter(output, overlaps(output, input) ? comm_copy(input, input.dtype()) : input, op);
+}
+
+std::shared_ptr<Work> ProcessGroup::all_gather(Tensor& output, const Tensor& input) {
+  check_tensor("all_gather", output);
+  check_tensor("all_gather", input);
+  MINIDL_CHECK(input.dtype() == output.dtype(), name(), " all_gather: input is ", input.dtype(), ", output is ",
+               output.dtype());
+  MINIDL_CHECK(output.numel() == input.numel() * size(), name(), " all_gather: output must hold size() = ", size(),
+               " times the input's ", input.numel(), " elements, got ", output.numel());
+  if (input.numel() == 0) return completed_work();
+  return do_all_gather(output, overlaps(output, input) ? comm_copy(input, input.dtype()) : input);
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast(Tensor& tensor, int root) {
+  check_tensor("broadcast", tensor);
+  MINIDL_CHECK(root >= 0 && root < size(), name(), " broadcast: root ", root, " is not a rank of this group of ",
+               size());
+  if (tensor.numel() == 0) return completed_work();
+  return do_broadcast(tensor, root);
+}
+
+std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
+  check_tensor("send", tensor);
+  MINIDL_CHECK(dst >= 0 && dst < size(), name(), " send: destination ", dst, " is not a rank of this group of ",
+               size());
+  MINIDL_CHECK(tag >= 0 && tag <= kMaxTag, name(), " send: tag must be in 0..", kMaxTag, ", got ", tag);
+  if (tensor.numel() == 0) return completed_work();
+  return do_send(tensor, dst, tag);
+}
+
+std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, int tag) {
+  check_tensor("recv", tensor);
+  MINIDL_CHECK(src >= 0 && src < size(), name(), " recv: source ", src, " is not a rank of this group of ", size());
+  MINIDL_CHECK(tag >= 0 && tag <= kMaxTag, name(), " recv: tag must be in 0..", kMaxTag, ", got ", tag);
+  if (tensor.numel() == 0) return completed_work();
+  return do_recv(tensor, src, tag);
+}
+
+std::shared_ptr<Work> ProcessGroup::barrier() { return do_barrier(); }
+
+std::shared_ptr<Work> ProcessGroup::do_all_reduce(Tensor&, ReduceOp) { unsupported("all_reduce"); }
+std::shared_ptr<Work> ProcessGroup::do_reduce_scatter(Tensor&, const Tensor&, ReduceOp) {
+  unsupported("reduce_scatter");
+}
+std::shared_ptr<Work> ProcessGroup::do_all_gather(Tensor&, const Tensor&) { unsupported("all_gather"); }
+std::shared_ptr<Work> ProcessGroup::do_broadcast(Tensor&, int) { unsupported("broadcast"); }
+std::shared_ptr<Work> ProcessGroup::do_send(const Tensor&, int, int) { unsupported("send"); }
+std::shared_ptr<Work> ProcessGroup::do_recv(Tensor&, int, int) { unsupported("recv"); }
+std::shared_ptr<Work> ProcessGroup::do_barrier() { unsupported("barrier"); }
+
+std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI_Comm comm) {
+  if (backend == "mpi") return std::make_unique<MpiProcessGroup>(comm);
+  if (backend == "ring") return std::make_unique<RingProcessGroup>(comm);
+  throw Error(::minidl::detail::concat("make_process_group: unknown backend '", backend,
+                                       "'; expected 'mpi' or 'ring'"));
+}
+
+}  // namespace minidl::dist

@@ -1,0 +1,99 @@
+// ProcessGroup: the collectives every parallel mode is built from, on tensors, with an async Work handle.
+//
+//   auto pg = dist::make_process_group("ring", ctx.world());   // or "mpi"
+//   Tensor g = ...;                                            // same shape and dtype on every rank
+//   pg->all_reduce(g, dist::ReduceOp::kAvg)->wait();            // g = mean over ranks
+//   Tensor shard = Tensor::empty({g.numel() / pg->size()});
+//   pg->reduce_scatter(shard, g, dist::ReduceOp::kSum)->wait(); // shard = rank's slice of the sum
+//
+// Contract, for every backend:
+// - Tensors are contiguous and on the device the backend serves (CPU for "mpi" and "ring"); every rank passes
+//   tensors of the same dtype and element count, and calls the collectives of a group in the same order. One
+//   thread at a time issues collectives on a group (a communication thread may own it).
+// - Every dtype works (f32, f64, f16, bf16, i32, i64, u8). Reductions of f16/bf16 accumulate in f32 and round
+//   once at the end, on every backend, so results do not depend on the backend's reduction order more than f32
+//   does (the price: f32 on the wire, twice the bytes). Integer sums must fit the dtype; kAvg on integers is
+//   the sum divided by size() with C++ integer division (truncation toward zero), as NCCL does.
+// - kAvg is the sum divided by size() once, at the end (never a running average).
+// - Zero elements is a no-op on every rank. all_reduce and broadcast take any element count; reduce_scatter and
+//   all_gather need input.numel() == size() * output.numel() (resp. the reverse) by definition.
+// - reduce_scatter and all_gather accept an output that overlaps the input (a ZeRO shard that is a view of the
+//   flat buffer): the input is copied first.
+// - The returned Work must be waited on (or polled until complete) before the tensors are read or written, and
+//   keeps them alive until then. Errors surface as minidl::Error, from the call or from wait().
+// - An operation a backend does not implement throws "backend <name> does not support <op>".
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace minidl::dist {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
+
+// Handle to an operation that may still be running.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation has finished and its outputs hold the result; rethrows what the operation hit.
+  virtual void wait() = 0;
+  // True once wait() would return at once. Never blocks; may make progress on the operation.
+  virtual bool is_completed() = 0;
+};
+
+// A Work that is already done (what blocking implementations return).
+std::shared_ptr<Work> completed_work();
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "mpi", "ring"
+
+  // tensor = op over ranks of tensor, in place.
+  std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op);
+  // output = slice `rank()` of (op over ranks of input), where input is viewed flat as size() slices of
+  // output.numel() elements.
+  std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op);
+  // output (flat) = concatenation over ranks r of rank r's input.
+  std::shared_ptr<Work> all_gather(Tensor& output, const Tensor& input);
+  // tensor = rank `root`'s tensor.
+  std::shared_ptr<Work> broadcast(Tensor& tensor, int root);
+  // Point-to-point. A send matches the recv on `dst` with the same tag; tags are 0 .. kMaxTag.
+  static constexpr int kMaxTag = 32766;
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag);
+  std::shared_ptr<Work> recv(Tensor& tensor, int src, int tag);
+  // Completes on a rank once every rank of the group has called it.
+  std::shared_ptr<Work> barrier();
+
+ protected:
+  // What a backend implements. The public methods above have validated the arguments, skipped empty tensors,
+  // staged f16/bf16 reductions through f32 and separated overlapping inputs, so a backend sees contiguous,
+  // non-empty tensors on its device: reductions only in f32, f64, i32, i64, u8; data movement in any dtype.
+  // The defaults throw "backend <name> does not support <op>".
+  virtual std::shared_ptr<Work> do_all_reduce(Tensor& tensor, ReduceOp op);
+  virtual std::shared_ptr<Work> do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op);
+  virtual std::shared_ptr<Work> do_all_gather(Tensor& output, const Tensor& input);
+  virtual std::shared_ptr<Work> do_broadcast(Tensor& tensor, int root);
+  virtual std::shared_ptr<Work> do_send(const Tensor& tensor, int dst, int tag);
+  virtual std::shared_ptr<Work> do_recv(Tensor& tensor, int src, int tag);
+  virtual std::shared_ptr<Work> do_barrier();
+  // The device this backend's tensors must live on.
+  virtual Device device() const { return Device::cpu(); }
+
+ private:
+  [[noreturn]] void unsupported(const char* op) const;
+  void check_tensor(const char* op, const Tensor& t) const;
+};
+
+// Makes a process group of `backend` ("mpi" or "ring") over the ranks of `comm` (which it duplicates, so the
+// caller's own traffic on `comm` never mixes with the group's). Destroy it before MPI is finalised.
+std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI_Comm comm);
+
+}  // namespace minidl::dist

@@ -1,0 +1,61 @@
+#include "dist/reduce.h"
+
+#include "core/error.h"
+
+namespace minidl::dist {
+
+namespace {
+
+template <class T>
+void sum_into(T* __restrict dst, const T* __restrict src, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = T(dst[i] + src[i]);
+}
+
+// Written as a select (not std::max) so it vectorises; it keeps dst on ties and when src is NaN, as MPI_MAX does.
+template <class T>
+void max_into(T* __restrict dst, const T* __restrict src, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = src[i] > dst[i] ? src[i] : dst[i];
+}
+
+template <class T>
+void divide(T* data, int64_t count, int divisor) {
+  const T d = T(divisor);
+  for (int64_t i = 0; i < count; ++i) data[i] = T(data[i] / d);
+}
+
+// Calls fn(T{}) for the dtypes the reduction kernels are written for.
+template <class Fn>
+void dispatch_reducible(const char* what, DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::i32: return fn(int32_t{});
+    case DType::i64: return fn(int64_t{});
+    case DType::u8: return fn(uint8_t{});
+    case DType::f16:
+    case DType::bf16: break;
+  }
+  MINIDL_ASSERT(false, what, ": ", dtype, " reductions must be staged through f32 by ProcessGroup");
+}
+
+}  // namespace
+
+void reduce_into(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count) {
+  dispatch_reducible("reduce_into", dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (op == ReduceOp::kMax)
+      max_into(static_cast<T*>(dst), static_cast<const T*>(src), count);
+    else
+      sum_into(static_cast<T*>(dst), static_cast<const T*>(src), count);
+  });
+}
+
+void divide_by(DType dtype, void* data, int64_t count, int divisor) {
+  if (divisor == 1) return;
+  dispatch_reducible("divide_by", dtype, [&](auto tag) {
+    using T = decltype(tag);
+    divide(static_cast<T*>(data), count, divisor);
+  });
+}
+
+}  // namespace minidl::dist

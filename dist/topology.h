@@ -1,0 +1,63 @@
+// Topology: the grid of ranks for data (dp), tensor (tp) and pipeline (pp) parallelism, and the process groups
+// along each axis. Built once, passed explicitly (no globals), so a test can build several.
+//
+//   dist::Topology topo(ctx.world(), {.dp = 2, .tp = 2, .pp = 1}, "ring");   // needs a world of 4 ranks
+//   topo.coord();                                                           // {dp, tp, pp} of this rank
+//   topo.dp_group().all_reduce(grads, dist::ReduceOp::kAvg)->wait();        // among ranks with my (tp, pp)
+//
+// Rank layout (Megatron-LM's convention): tp varies fastest, then dp, then pp:
+//       rank = (pp_rank · dp + dp_rank) · tp + tp_rank
+// so a tensor-parallel group is tp consecutive ranks, which a launcher places on one host, where the bandwidth
+// that tensor parallelism's per-layer all-reduces need is; pipeline stages, which talk least, are furthest apart.
+// With dp = 2, tp = 2, pp = 1: tp groups {0,1} {2,3}; dp groups {0,2} {1,3}; pp groups {0} {1} {2} {3}.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "dist/process_group.h"
+
+namespace minidl::dist {
+
+struct GridCoord {
+  int dp = 0, tp = 0, pp = 0;
+  bool operator==(const GridCoord&) const = default;
+};
+
+// The sizes of the three axes; a pure value (no MPI), so the mapping is testable anywhere.
+struct Grid {
+  int dp = 1, tp = 1, pp = 1;
+  int size() const { return dp * tp * pp; }
+  GridCoord coord_of(int rank) const;
+  int rank_of(const GridCoord& coord) const;
+  // Throws naming the three sizes unless each is >= 1 and dp · tp · pp == world_size.
+  void check_world(int world_size) const;
+};
+
+class Topology {
+ public:
+  // Collective over `world`: splits it into the dp, tp and pp sub-communicators and makes a process group of
+  // `backend` ("mpi" | "ring") on each. Throws on every rank if the grid does not match the world size.
+  Topology(MPI_Comm world, Grid grid, const std::string& backend);
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+
+  const Grid& grid() const { return grid_; }
+  int rank() const { return rank_; }
+  const GridCoord& coord() const { return coord_; }
+  // The ranks that differ from this one only in dp_rank (resp. tp_rank, pp_rank); a group's rank is that
+  // coordinate: dp_group().rank() == coord().dp.
+  ProcessGroup& dp_group() const { return *dp_group_; }
+  ProcessGroup& tp_group() const { return *tp_group_; }
+  ProcessGroup& pp_group() const { return *pp_group_; }
+
+ private:
+  Grid grid_;
+  int rank_ = 0;
+  GridCoord coord_;
+  std::unique_ptr<ProcessGroup> dp_group_, tp_group_, pp_group_;
+};
+
+}  // namespace minidl::dist
