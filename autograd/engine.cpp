@@ -79,7 +79,25 @@ Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor out
   return output;
 }
 
+static thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
+
+void queue_callback(std::function<void()> fn) {
+  MINIDL_CHECK(t_callbacks, "queue_callback: called outside a backward pass");
+  t_callbacks->push_back(std::move(fn));
+}
+
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots) {
+  // Callbacks belong to the outermost backward: a backward run inside one (activation checkpointing's
+  // recomputation) must not end the outer pass's wait early.
+  std::vector<std::function<void()>> callbacks;
+  bool outermost = t_callbacks == nullptr;
+  if (outermost) t_callbacks = &callbacks;
+  struct Restore {
+    bool active;
+    ~Restore() {
+      if (active) t_callbacks = nullptr;
+    }
+  } restore{outermost};
   MINIDL_CHECK(roots.size() == grad_roots.size(), "backward: ", roots.size(), " roots but ", grad_roots.size(),
                " root gradients");
   // Pass 1: count, for every reachable node, how many edges point at it.
@@ -148,6 +166,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     auto& edges = n->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) deliver(edges[i], i < in_grads.size() ? in_grads[i] : Tensor());
     keep_alive.erase(n);
+  }
+  for (size_t i = 0; i < callbacks.size(); ++i) {  // a callback may queue another: take it out before running it
+    std::function<void()> fn = std::move(callbacks[i]);
+    fn();
   }
 }
 

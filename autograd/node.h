@@ -92,4 +92,8 @@ bool any_requires_grad(std::initializer_list<Tensor> inputs);
 // Runs backward from `roots` with the given root gradients (ones for scalars when undefined).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots);
 
+// Runs `fn` once the outermost backward pass in progress on this thread has finished: DDP waits for its gradient
+// buckets there. Called outside a backward pass it is an error.
+void queue_callback(std::function<void()> fn);
+
 }  // namespace minidl::autograd

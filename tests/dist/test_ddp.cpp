@@ -1,0 +1,148 @@
+// DDP against one process over the same global batch (the equivalence rule), determinism, accumulation with
+// no_sync, and unused parameters. Runs at world sizes 1-4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "autograd/functions.h"
+#include "core/rng.h"
+#include "dist/ddp.h"
+#include "dist/process_group.h"
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+#include "support/mpi_test.h"
+
+using namespace minidl;
+
+namespace {
+
+constexpr int64_t kVocab = 13, kSeq = 8, kGlobalBatch = 24;
+
+nn::GPTConfig tiny() { return nn::GPTConfig{kVocab, kSeq, 2, 2, 16, 0.0, true}; }
+
+// Deterministic global batch for a step: (kGlobalBatch, kSeq) inputs and targets.
+std::pair<Tensor, Tensor> global_batch(int step) {
+  std::vector<int32_t> x(kGlobalBatch * kSeq), y(kGlobalBatch * kSeq);
+  Philox rng(99, uint64_t(step));
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = int32_t(rng.draw(i).x % kVocab);
+    y[i] = int32_t(rng.draw(i).y % kVocab);
+  }
+  return {Tensor::from_vector(x, {kGlobalBatch, kSeq}), Tensor::from_vector(y, {kGlobalBatch, kSeq})};
+}
+
+struct Run {
+  std::vector<double> losses;  // mean loss of the global batch at each step
+  std::vector<std::vector<double>> weights;
+};
+
+// Trains `steps` steps; with a process group, data-parallel over its ranks (each takes its slice of the global
+// batch), otherwise one process on the whole batch. `micro` micro-batches per step (accumulated under no_sync).
+Run train(dist::ProcessGroup* pg, int steps, int micro) {
+  nn::GPT model(tiny(), 1337);
+  optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-2});
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  int world = pg ? pg->size() : 1, rank = pg ? pg->rank() : 0;
+  if (pg) ddp = std::make_unique<dist::DistributedDataParallel>(model, *pg);
+  int64_t per_rank = kGlobalBatch / world, per_micro = per_rank / micro;
+  Run run;
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = global_batch(s);
+    double local = 0;
+    for (int m = 0; m < micro; ++m) {
+      int64_t begin = rank * per_rank + m * per_micro;
+      Tensor loss = mul(model.loss(x.narrow(0, begin, per_micro), y.narrow(0, begin, per_micro)), 1.0 / micro);
+      local += loss.item();
+      if (ddp && m + 1 < micro) {
+        auto guard = ddp->no_sync();
+        loss.backward();
+      } else {
+        loss.backward();
+      }
+    }
+    Tensor l = Tensor::scalar(local);
+    if (pg) pg->all_reduce(l, dist::ReduceOp::kAvg)->wait();
+    run.losses.push_back(l.item());
+    opt.step();
+    opt.zero_grad();
+  }
+  for (const Tensor& p : model.parameters()) run.weights.push_back(p.to_vector());
+  return run;
+}
+
+void expect_close(const Run& a, const Run& b, double rel) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t s = 0; s < a.losses.size(); ++s)
+    EXPECT_NEAR(a.losses[s], b.losses[s], rel * std::abs(b.losses[s])) << "step " << s;
+  double worst = 0;
+  for (size_t p = 0; p < a.weights.size(); ++p)
+    for (size_t i = 0; i < a.weights[p].size(); ++i)
+      worst = std::max(worst, std::abs(a.weights[p][i] - b.weights[p][i]) / std::max(1e-2, std::abs(b.weights[p][i])));
+  EXPECT_LT(worst, rel) << "largest relative weight difference";
+}
+
+std::unique_ptr<dist::ProcessGroup> world_group(const char* backend) {
+  return dist::make_process_group(backend, testing::mpi_context().world());
+}
+
+}  // namespace
+
+TEST(DDP, EqualsOneProcessOverTheSameGlobalBatch) {
+  Run single = train(nullptr, 30, 1);
+  for (const char* backend : {"mpi", "ring"}) {
+    auto pg = world_group(backend);
+    expect_close(train(pg.get(), 30, 1), single, 1e-4);
+  }
+}
+
+TEST(DDP, RunToRunBitwiseDeterministic) {
+  auto pg = world_group("ring");
+  Run a = train(pg.get(), 10, 1), b = train(pg.get(), 10, 1);
+  for (size_t s = 0; s < a.losses.size(); ++s) EXPECT_EQ(a.losses[s], b.losses[s]) << "step " << s;
+  EXPECT_EQ(a.weights, b.weights);
+}
+
+TEST(DDP, AccumulatedMicroBatchesEqualOneLargerBatch) {
+  Run single = train(nullptr, 10, 1);
+  expect_close(train(nullptr, 10, 2), single, 1e-4);  // without DDP
+  auto pg = world_group("mpi");
+  expect_close(train(pg.get(), 10, 2), single, 1e-4);  // with DDP: no_sync on the first micro-batch
+}
+
+TEST(DDP, BucketsAreOverlappedAndAccounted) {
+  auto pg = world_group("ring");
+  nn::GPT model(tiny(), 1);
+  dist::DDPOptions opt;
+  opt.caps = {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 1024};  // many small buckets
+  dist::DistributedDataParallel ddp(model, *pg, opt);
+  EXPECT_GT(ddp.buckets().size(), 3u);
+  auto [x, y] = global_batch(0);
+  model.loss(x, y).backward();
+  EXPECT_EQ(ddp.last_step().buckets, int(ddp.buckets().size()));
+  EXPECT_GE(ddp.last_step().comm_ms, 0.0);
+  EXPECT_GE(ddp.last_step().exposed_comm_ms, 0.0);
+}
+
+TEST(DDP, UnusedParameterIsReportedByNameOrAllowed) {
+  auto pg = world_group("mpi");
+  nn::GPT model(tiny(), 1);
+  Tensor extra = Tensor::zeros({3}).set_requires_grad(true);
+  model.register_parameter("never_used", extra);
+  auto [x, y] = global_batch(0);
+  {
+    dist::DistributedDataParallel ddp(model, *pg);
+    try {
+      model.loss(x, y).backward();
+      ADD_FAILURE() << "expected an error naming never_used";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("never_used"), std::string::npos) << e.what();
+    }
+  }
+  model.zero_grad();
+  dist::DDPOptions allow;
+  allow.allow_unused_parameters = true;
+  dist::DistributedDataParallel ddp(model, *pg, allow);
+  model.loss(x, y).backward();
+  ASSERT_TRUE(extra.grad().defined());
+  EXPECT_EQ(extra.grad().to_vector(), std::vector<double>(3, 0.0));
+}
