@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "core/error.h"
 #include "dist/bucketing.h"
 
 using namespace minidl;
