@@ -58,7 +58,16 @@ Dropout::Dropout(double p, uint64_t stream, std::shared_ptr<const DropoutContext
 
 Tensor Dropout::forward(const Tensor& x) const {
   if (!is_training() || p_ == 0.0) return x;
-  return dropout(x, p_, ctx_->seed, stream_, ctx_->offset());
+  return dropout(x, p_, ctx_->seed, stream_, ctx_->offset(x));
+}
+
+uint64_t DropoutContext::offset(const Tensor& x) const {
+  int64_t first_element = x.dim() > 0 && x.size(0) > 0 ? first_sample * (x.numel() / x.size(0)) : 0;
+  // The dropout op addresses draws of 4 elements; a slice must start on a draw boundary.
+  MINIDL_CHECK(first_element % 4 == 0, "dropout: a batch slice starting at sample ", first_sample,
+               " begins at element ", first_element, " of the global batch, which is not a multiple of 4; use a model "
+               "whose per-sample activation size (seq * embd) is a multiple of 4");
+  return step * kOffsetsPerStep + uint64_t(first_element / 4);
 }
 
 }  // namespace minidl::nn

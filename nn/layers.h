@@ -61,7 +61,11 @@ class LayerNorm : public Module {
 // - seed:   chosen by the user (GPT uses its init seed);
 // - stream: fixed per Dropout module at construction (GPT numbers its dropouts 0, 1, 2, ... in model order and
 //           adds kDropoutStreamBase so they never share a stream with parameter initialisation);
-// - step:   advanced by the training loop once per forward pass (per micro-batch under gradient accumulation).
+// - step:   advanced by the training loop once per optimizer step;
+// - first_sample: the position, in the step's global batch, of the first sample (dimension 0) this forward sees. A
+//           rank (or micro-batch) that takes samples [b, b + n) of the global batch sets it to b, so sample j draws the
+//           same mask whichever rank or micro-batch computes it: data parallelism and accumulation reproduce one
+//           process exactly, dropout included. Element i of sample j is element j * (numel / n) + i of the batch.
 // Nothing changes during a forward, so re-running a forward for the same step (activation checkpointing's
 // recomputation) draws exactly the same masks, and a run restarted at step s reproduces its masks from s on.
 // kOffsetsPerStep leaves 2^40 counters (2^42 elements) per step and stream: far more than any activation holds.
@@ -71,7 +75,9 @@ struct DropoutContext {
 
   uint64_t seed = 0;
   uint64_t step = 0;
-  uint64_t offset() const { return step * kOffsetsPerStep; }
+  int64_t first_sample = 0;
+  // Philox counter of the first element of `x` (batch-first).
+  uint64_t offset(const Tensor& x) const;
 };
 
 // Inverted dropout: in training, zeroes each element with probability p and scales the rest by 1/(1-p); in eval

@@ -18,7 +18,7 @@ namespace {
 
 constexpr int64_t kVocab = 13, kSeq = 8, kGlobalBatch = 24;
 
-nn::GPTConfig tiny() { return nn::GPTConfig{kVocab, kSeq, 2, 2, 16, 0.0, true}; }
+nn::GPTConfig tiny(double dropout = 0.0) { return nn::GPTConfig{kVocab, kSeq, 2, 2, 16, dropout, true}; }
 
 // Deterministic global batch for a step: (kGlobalBatch, kSeq) inputs and targets.
 std::pair<Tensor, Tensor> global_batch(int step) {
@@ -38,8 +38,9 @@ struct TrainResult {
 
 // Trains `steps` steps; with a process group, data-parallel over its ranks (each takes its slice of the global
 // batch), otherwise one process on the whole batch. `micro` micro-batches per step (accumulated under no_sync).
-TrainResult train(dist::ProcessGroup* pg, int steps, int micro) {
-  nn::GPT model(tiny(), 1337);
+TrainResult train(dist::ProcessGroup* pg, int steps, int micro, double dropout = 0.0) {
+  nn::GPT model(tiny(dropout), 1337);
+  model.train();
   // SGD, not Adam: Adam divides by the gradient's own magnitude, which turns the rounding noise of gradients that
   // are zero in exact arithmetic (the attention key bias) into full-size updates, hiding what this test compares.
   optim::SGD opt(optim::decay_groups(model.named_parameters(), 0.0), {.lr = 0.1, .momentum = 0.9});
@@ -53,6 +54,7 @@ TrainResult train(dist::ProcessGroup* pg, int steps, int micro) {
     double local = 0;
     for (int m = 0; m < micro; ++m) {
       int64_t begin = rank * per_rank + m * per_micro;
+      model.dropout_context().first_sample = begin;  // masks follow the sample, not the rank
       Tensor loss = mul(model.loss(x.narrow(0, begin, per_micro), y.narrow(0, begin, per_micro)), 1.0 / micro);
       local += loss.item();
       if (ddp && m + 1 < micro) {
@@ -67,6 +69,7 @@ TrainResult train(dist::ProcessGroup* pg, int steps, int micro) {
     run.losses.push_back(l.item());
     opt.step();
     opt.zero_grad();
+    model.dropout_context().step += 1;
   }
   for (const Tensor& p : model.parameters()) run.weights.push_back(p.to_vector());
   return run;
@@ -95,6 +98,13 @@ TEST(DDP, EqualsOneProcessOverTheSameGlobalBatch) {
     auto pg = world_group(backend);
     expect_close(train(pg.get(), 30, 1), single, 1e-4);
   }
+}
+
+TEST(DDP, EqualsOneProcessWithDropout) {
+  TrainResult single = train(nullptr, 10, 1, 0.2);
+  auto pg = world_group("mpi");
+  expect_close(train(pg.get(), 10, 1, 0.2), single, 1e-4);
+  expect_close(train(nullptr, 10, 2, 0.2), single, 1e-4);  // accumulation: micro-batches keep their masks too
 }
 
 TEST(DDP, RunToRunBitwiseDeterministic) {
