@@ -6,9 +6,11 @@
 
 namespace minidl::train {
 
-ProgressLine::ProgressLine(int64_t log_every) : tty_(isatty(STDOUT_FILENO)), log_every_(log_every) {}
+ProgressLine::ProgressLine(int64_t log_every, bool enabled)
+    : enabled_(enabled), tty_(isatty(STDOUT_FILENO)), log_every_(log_every) {}
 
 void ProgressLine::update(int64_t step, int64_t total, const std::string& text) {
+  if (!enabled_) return;
   if (tty_) {
     std::printf("\r\033[K%s", text.c_str());
     std::fflush(stdout);
@@ -21,6 +23,7 @@ void ProgressLine::update(int64_t step, int64_t total, const std::string& text) 
 }
 
 void ProgressLine::print(const std::string& text) {
+  if (!enabled_) return;
   if (tty_ && drawn_) std::printf("\r\033[K");
   std::printf("%s\n", text.c_str());
   if (tty_ && drawn_) std::printf("%s", last_.c_str());
@@ -28,6 +31,7 @@ void ProgressLine::print(const std::string& text) {
 }
 
 void ProgressLine::finish() {
+  if (!enabled_) return;
   if (tty_ && drawn_) std::printf("\n");
   drawn_ = false;
   std::fflush(stdout);

@@ -9,7 +9,8 @@ namespace minidl::train {
 
 class ProgressLine {
  public:
-  explicit ProgressLine(int64_t log_every);
+  // enabled = false prints nothing (ranks other than 0).
+  explicit ProgressLine(int64_t log_every, bool enabled = true);
   // Shows `text` as the progress of `step` (1-based).
   void update(int64_t step, int64_t total, const std::string& text);
   // Prints a line that stays (evaluations, messages), keeping the progress line below it on a terminal.
@@ -18,6 +19,7 @@ class ProgressLine {
   void finish();
 
  private:
+  bool enabled_;
   bool tty_;
   int64_t log_every_;
   bool drawn_ = false;

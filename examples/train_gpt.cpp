@@ -17,10 +17,13 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "core/parallel.h"
 #include "data/text_dataset.h"
+#include "dist/ddp.h"
+#include "dist/init.h"
 #include "examples/gpt_training.h"
 #include "examples/progress.h"
 #include "nn/checkpoint.h"
@@ -40,6 +43,8 @@ struct Options {
   int threads = 0;
   int64_t eval_every = 250, eval_windows = 256, log_every = 10, sample = 0;
   std::string save, init_from;
+  int dp = 0;                  // data-parallel ranks; 0: the world size
+  std::string backend = "mpi"; // process-group backend for DDP
 };
 
 void add_flags(CLI::App& app, Options& o) {
@@ -73,9 +78,20 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--init-from", o.init_from, "Start from this minidl safetensors checkpoint");
   app.add_option("--sample", o.sample, "After training, generate this many characters of text")->capture_default_str();
   app.add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
+  app.add_option("--dp", o.dp,
+                 "Data-parallel ranks (run under mpirun -n N); each takes batch/dp of every global batch. "
+                 "Default: the number of ranks");
+  app.add_option("--backend", o.backend, "Gradient all-reduce for data parallelism: mpi (Open MPI's) or ring (minidl's)")
+      ->capture_default_str();
 }
 
-void validate(const Options& o) {
+void validate(const Options& o, int world) {
+  MINIDL_CHECK(o.dp == 0 || o.dp == world, "--dp ", o.dp, " does not match the ", world,
+               " ranks this job runs on (mpirun -n); data parallelism is the only parallelism, so they must be equal");
+  const int64_t dp = world;
+  MINIDL_CHECK(o.batch % dp == 0, "--batch ", o.batch, " does not divide among ", dp,
+               " data-parallel ranks: the global batch must be a multiple of --dp");
+  MINIDL_CHECK(o.backend == "mpi" || o.backend == "ring", "--backend: expected mpi or ring, got '", o.backend, "'");
   MINIDL_CHECK(o.layers >= 1, "--layers: expected at least 1, got ", o.layers);
   MINIDL_CHECK(o.heads >= 1, "--heads: expected at least 1, got ", o.heads);
   MINIDL_CHECK(o.embd >= 1 && o.embd % o.heads == 0, "--embd: expected a positive multiple of --heads (", o.heads,
@@ -129,9 +145,25 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-int run(const Options& o, const CLI::App& app) {
-  validate(o);
-  set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
+// What every rank must agree on; a difference stops every rank with a message naming the fields.
+std::vector<std::pair<std::string, std::string>> config_fields(const Options& o, const data::TextDataset& ds) {
+  auto str = [](auto v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  return {{"data", o.data + " (" + str(ds.train().size()) + " train tokens)"},
+          {"layers", str(o.layers)}, {"heads", str(o.heads)}, {"embd", str(o.embd)}, {"seq", str(o.seq)},
+          {"batch", str(o.batch)}, {"steps", str(o.steps)}, {"lr", str(o.lr)}, {"min_lr", str(o.min_lr.value_or(-1))},
+          {"warmup", str(o.warmup)}, {"weight_decay", str(o.weight_decay)}, {"dropout", str(o.dropout)},
+          {"grad_clip", str(o.grad_clip)}, {"seed", str(o.seed)}, {"init_from", o.init_from},
+          {"backend", o.backend}, {"dp", str(o.dp)}};
+}
+
+int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
+  const bool rank0 = ctx.rank() == 0;
+  const int dp = ctx.world_size();
+  set_num_threads(o.threads > 0 ? o.threads : ctx.threads_per_rank());
 
   std::optional<nn::GPTCheckpoint> ckpt;
   std::optional<data::CharTokenizer> vocab;
@@ -142,6 +174,7 @@ int run(const Options& o, const CLI::App& app) {
     vocab = data::CharTokenizer::from_json(nlohmann::json::parse(it->second));
   }
   data::TextDataset ds = vocab ? data::TextDataset(o.data, *vocab) : data::TextDataset(o.data);
+  if (dp > 1) dist::check_same_config(ctx, config_fields(o, ds));
   const int64_t seq = app.count("--seq") || !ckpt ? o.seq : ckpt->config.block_size;
   MINIDL_CHECK(int64_t(ds.train().size()) >= seq + 1 && int64_t(ds.val().size()) >= seq + 1, "--data ", o.data,
                ": expected at least ", seq + 1, " tokens in each split for --seq ", seq, ", found ", ds.train().size(),
@@ -153,54 +186,77 @@ int run(const Options& o, const CLI::App& app) {
   nn::GPT model(cfg, o.seed);
   if (ckpt) nn::load_into(model, o.init_from);
   model.train();
+  // Data parallelism: every rank holds the model and takes samples [rank * local, (rank + 1) * local) of each
+  // global batch; DDP averages the gradients during backward.
+  const int64_t local_batch = o.batch / dp, first_sample = ctx.rank() * local_batch;
+  std::unique_ptr<dist::ProcessGroup> group;
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  if (dp > 1) {
+    group = dist::make_process_group(o.backend, ctx.world());
+    ddp = std::make_unique<dist::DistributedDataParallel>(model, *group);
+  }
+  model.dropout_context().first_sample = first_sample;
   optim::AdamW optimizer(optim::decay_groups(model.named_parameters(), o.weight_decay), {o.lr});
   optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
   data::BatchSampler sampler(ds.train(), seq, o.batch, o.seed);
   data::Batch val = data::eval_windows(ds.val(), seq, windows);
 
-  std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
-              "threads=%d data=%s (%zu train / %zu val tokens)\n",
-              (long long)model.num_parameters(), (long long)cfg.n_layer, (long long)cfg.n_head,
-              (long long)cfg.n_embd, (long long)seq, (long long)o.batch, (long long)cfg.vocab_size, num_threads(),
-              o.data.c_str(), ds.train().size(), ds.val().size());
-  std::fflush(stdout);
+  if (rank0) {
+    std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
+                "threads=%d dp=%d data=%s (%zu train / %zu val tokens)\n",
+                (long long)model.num_parameters(), (long long)cfg.n_layer, (long long)cfg.n_head,
+                (long long)cfg.n_embd, (long long)seq, (long long)o.batch, (long long)cfg.vocab_size, num_threads(), dp,
+                o.data.c_str(), ds.train().size(), ds.val().size());
+    std::fflush(stdout);
+  }
 
-  const double tokens_per_step = double(o.batch * seq);
+  const double tokens_per_step = double(o.batch * seq);  // the global batch
   const double flops_per_step = model.flops_per_token(seq) * tokens_per_step;
-  train::ProgressLine progress(o.log_every);
-  double timed_ms = 0, recent_loss = 0, val_loss = NAN;
+  train::ProgressLine progress(o.log_every, rank0);
+  double timed_ms = 0, compute_ms = 0, comm_ms = 0, exposed_ms = 0, recent_loss = 0, val_loss = NAN;
   int64_t timed_steps = 0, recent = 0;
   for (int64_t step = 0; step < o.steps; ++step) {
     double lr = schedule(step);
     auto t0 = std::chrono::steady_clock::now();
-    data::Batch batch = sampler.batch(step);
+    data::Batch batch = sampler.batch(step, first_sample, local_batch);
     train::StepResult r = train::train_step(model, optimizer, batch, lr, o.grad_clip);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    dist::DDPStepStats comm = ddp ? ddp->last_step() : dist::DDPStepStats{};
+    if (group) {  // the global batch's loss: the mean of the ranks' (equal-sized) slices
+      Tensor loss = Tensor::scalar(r.loss, DType::f64);
+      group->all_reduce(loss, dist::ReduceOp::kAvg)->wait();
+      r.loss = loss.item();
+    }
     MINIDL_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step + 1,
                  "; try a lower --lr");
     if (step > 0 || o.steps == 1) {  // the first step warms caches and the allocator
       timed_ms += ms;
+      compute_ms += ms - comm.exposed_comm_ms;
+      comm_ms += comm.comm_ms;
+      exposed_ms += comm.exposed_comm_ms;
       ++timed_steps;
     }
     if (step >= o.steps - 10) {
       recent_loss += r.loss;
       ++recent;
     }
-    progress.update(step + 1, o.steps,
-                    "step " + std::to_string(step + 1) + "/" + std::to_string(o.steps) + " | loss " +
-                        fmt("%.4f", r.loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", ms) + " ms | " +
-                        fmt("%.0f", tokens_per_step / ms * 1e3) + " tok/s | " +
-                        fmt("%.1f", flops_per_step / ms / 1e6) + " GFLOP/s | peak " +
-                        fmt("%.0f", train::peak_rss_mb()) + " MB");
+    std::string line = "step " + std::to_string(step + 1) + "/" + std::to_string(o.steps) + " | loss " +
+                       fmt("%.4f", r.loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", ms) + " ms | " +
+                       fmt("%.0f", tokens_per_step / ms * 1e3) + " tok/s | " + fmt("%.1f", flops_per_step / ms / 1e6) +
+                       " GFLOP/s | peak " + fmt("%.0f", train::peak_rss_mb()) + " MB";
+    if (ddp)
+      line += " | comm " + fmt("%.1f", comm.comm_ms) + " ms, exposed " + fmt("%.1f", comm.exposed_comm_ms) + " ms";
+    progress.update(step + 1, o.steps, line);
     bool last = step + 1 == o.steps;
-    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
-      progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", train::evaluate(model, val, o.batch)));
-    }
+    if (rank0 && o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last)
+      progress.print("step " + std::to_string(step + 1) + ": val_loss " +
+                     fmt("%.4f", train::evaluate(model, val, o.batch)));
   }
   progress.finish();
+  if (!rank0) return 0;  // ranks hold identical weights: rank 0 evaluates, saves and samples
+
   val_loss = train::evaluate(model, val, o.batch);
   std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)windows, (long long)seq);
-
   if (!o.save.empty()) {
     nn::save_gpt(o.save, model, ds.tokenizer().to_json().dump(),
                  {{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}});
@@ -213,32 +269,48 @@ int run(const Options& o, const CLI::App& app) {
     std::vector<int32_t> out = train::sample(model, prompt, o.sample, o.temperature, o.seed);
     std::printf("---- sample ----\n%s\n----------------\n", ds.tokenizer().decode(out).c_str());
   }
-  double ms_per_step = timed_steps ? timed_ms / double(timed_steps) : 0.0;
+  auto per_step = [&](double total) { return timed_steps ? total / double(timed_steps) : 0.0; };
+  double ms_per_step = per_step(timed_ms);
   std::printf("summary: steps=%lld train_loss=%.4f val_loss=%.4f ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
-              "peak_mem_mb=%.1f\n",
+              "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.2f exposed_comm_ms=%.2f\n",
               (long long)o.steps, recent ? recent_loss / double(recent) : NAN, val_loss, ms_per_step,
               ms_per_step > 0 ? tokens_per_step / ms_per_step * 1e3 : 0.0,
-              ms_per_step > 0 ? flops_per_step / ms_per_step / 1e6 : 0.0, train::peak_rss_mb());
+              ms_per_step > 0 ? flops_per_step / ms_per_step / 1e6 : 0.0, train::peak_rss_mb(), per_step(compute_ms),
+              per_step(comm_ms), per_step(exposed_ms));
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Train a GPT-2-shaped character-level language model with minidl."};
+  // MPI first (a plain process is a world of one). Every rank parses the same flags; rank 0 speaks for them.
+  dist::Context ctx = dist::init(argc, argv);
+  const bool rank0 = ctx.rank() == 0;
+  CLI::App app{"Train a GPT-2-shaped character-level language model with minidl.\n"
+               "Data-parallel: mpirun -n N build/bin/train_gpt [flags] (--batch is the global batch)."};
   Options o;
   add_flags(app, o);
+  // Flag errors are the same on every rank: each returns 2 and MPI finalises normally.
   try {
     app.parse(argc, argv);
+    validate(o, ctx.world_size());
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return rank0 ? app.exit(e) : 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "train_gpt: error: %s (see --help)\n", e.what());
+    if (rank0) std::fprintf(stderr, "train_gpt: error: %s (see --help)\n", e.what());
+    return 2;
+  } catch (const Error& e) {
+    if (rank0) std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
     return 2;
   }
+  // Later errors may hit one rank while the others wait in a collective: that rank stops the whole job.
   try {
-    return run(o, app);
+    return run(o, app, ctx);
   } catch (const Error& e) {
+    if (ctx.world_size() > 1) {
+      std::fprintf(stderr, "\ntrain_gpt: error (rank %d): %s\n", ctx.rank(), e.what());
+      ctx.abort(2);
+    }
     std::fprintf(stderr, "\ntrain_gpt: error: %s\n", e.what());
     return 2;
   }

@@ -18,8 +18,9 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  std::string cmd = std::string(TRAIN_GPT_BIN) + " " + args + " 2>&1";
+// Runs `prefix train_gpt args`, e.g. with prefix = an mpiexec command line.
+Result run_with(const std::string& prefix, const std::string& args) {
+  std::string cmd = prefix + std::string(TRAIN_GPT_BIN) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   Result r{-1, ""};
   char buf[4096];
@@ -28,6 +29,12 @@ Result run(const std::string& args) {
   int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+Result run(const std::string& args) { return run_with("", args); }
+
+std::string mpiexec(int n) {
+  return std::string(MPIEXEC) + " -n " + std::to_string(n) + " --oversubscribe --allow-run-as-root ";
 }
 
 class TrainGpt : public ::testing::Test {
@@ -139,4 +146,46 @@ TEST_F(TrainGpt, CheckpointMismatches) {
                   {"vocabulary"});
   // Not a checkpoint at all.
   expect_rejected(tiny_flags() + " --steps 2 --init-from " + path("tiny.txt"), {"tiny.txt"});
+}
+
+TEST_F(TrainGpt, DataParallelMatchesOneProcess) {
+  std::string flags = tiny_flags() + " --steps 20 --lr 3e-3 --dropout 0.1 --batch 8";
+  Result one = run(flags);
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (const char* backend : {"mpi", "ring"}) {
+    Result two = run_with(mpiexec(2), flags + " --backend " + backend);
+    ASSERT_EQ(two.code, 0) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << two.out;
+    EXPECT_GE(summary_field(two.out, "comm_ms"), 0.0);
+    EXPECT_GE(summary_field(two.out, "exposed_comm_ms"), 0.0);
+  }
+}
+
+TEST_F(TrainGpt, DataParallelBadInput) {
+  // A global batch that does not divide among the ranks.
+  Result r = run_with(mpiexec(2), tiny_flags() + " --steps 2 --batch 5");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--batch 5"), std::string::npos) << r.out;
+  // --dp that is not the number of ranks.
+  r = run_with(mpiexec(2), tiny_flags() + " --steps 2 --dp 3");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--dp 3"), std::string::npos) << r.out;
+}
+
+TEST_F(TrainGpt, RanksWithDifferentConfigurationsAllStop) {
+  // MPMD launch: rank 0 and rank 1 get different learning rates.
+  std::string cmd = std::string(MPIEXEC) + " --oversubscribe --allow-run-as-root -n 1 " + TRAIN_GPT_BIN + " " +
+                    tiny_flags() + " --steps 2 --lr 1e-3 : -n 1 " + TRAIN_GPT_BIN + " " + tiny_flags() +
+                    " --steps 2 --lr 2e-3 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  EXPECT_NE(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0) << out;
+  EXPECT_NE(out.find("lr"), std::string::npos) << out;
+  EXPECT_NE(out.find("0.001"), std::string::npos) << out;
+  EXPECT_NE(out.find("0.002"), std::string::npos) << out;
 }
