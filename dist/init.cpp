@@ -68,6 +68,10 @@ Context init(int& argc, char**& argv) {
   int initialized = 0;
   MINIDL_MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) {
+    // A rank's communication thread waits inside MPI while its compute threads work; Open MPI's default is to spin
+    // at full speed there, taking a core from the computation it is meant to overlap. Yielding while idle gives
+    // the core back (the user's own setting wins: overwrite = 0).
+    setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
     MINIDL_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &ctx.thread_level_));
     ctx.owns_mpi_ = true;
   } else {
