@@ -40,7 +40,14 @@ TEST_P(HalfOps, CastRoundTripsAndRoundsToNearest) {
   auto [h, f] = pair({1000}, 1);
   Tensor back = ops::cast(f, dt());
   EXPECT_EQ(back.to_vector(), h.to_vector());  // 16 -> 32 is exact, so 32 -> 16 gives the same bits back
-  Tensor x = minidl::testing::random_tensor({1000}, 2, DType::f32);
+  // Random values, then edge cases (f16 subnormals, ties to even, the overflow threshold, inf) repeated so the
+  // vectorised path and its scalar tail both see them.
+  std::vector<double> values = minidl::testing::random_tensor({1000}, 2, DType::f32).to_vector();
+  for (int rep = 0; rep < 3; ++rep)
+    for (double v : {1e-6, -3e-7, 5.960464477539063e-08, 2.9802322387695312e-08, 1.0 + 1.0 / 2048, 1.0 + 3.0 / 2048,
+                     65504.0, 65519.0, 65520.0, -1e5, double(INFINITY), 3e38})
+      values.push_back(v);
+  Tensor x = Tensor::from_vector(values, {int64_t(values.size())});
   Tensor r = ops::cast(x, dt());
   std::vector<double> xs = x.to_vector(), rs = r.to_vector();
   for (size_t i = 0; i < xs.size(); ++i) {
