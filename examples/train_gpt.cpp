@@ -3,9 +3,11 @@
 //   build/bin/train_gpt                                  # baby config on the Shakespeare corpus
 //   build/bin/train_gpt --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --steps 500 --save ckpt.safetensors
 //   build/bin/train_gpt --init-from ckpt.safetensors --steps 0          # evaluate only
+//   build/bin/train_gpt --amp bf16 --recompute block --grad-accum 4     # mixed precision, less memory
 //
 // Ends with one line that scripts parse (documented in README.md):
-//   summary: steps=N train_loss=X val_loss=X ms_per_step=X tokens_per_s=X gflops=X peak_mem_mb=X
+//   summary: steps=N train_loss=X val_loss=X ms_per_step=X tokens_per_s=X gflops=X peak_mem_mb=X loss_scale=X
+//            skipped_steps=N act_peak_mb=X param_mb=X grad_mb=X optim_mb=X
 // Bad input prints "train_gpt: error: ..." naming what was expected and what was found, exits with 2, and writes
 // no file.
 #include <CLI/CLI.hpp>
@@ -40,7 +42,31 @@ struct Options {
   int threads = 0;
   int64_t eval_every = 250, eval_windows = 256, log_every = 10, sample = 0;
   std::string save, init_from;
+  int64_t grad_accum = 1;
+  std::string amp = "off", recompute = "none";
+  bool advance_lr_on_skip = false;
 };
+
+DType amp_dtype(const std::string& amp) {
+  if (amp == "bf16") return DType::bf16;
+  if (amp == "fp16") return DType::f16;
+  MINIDL_CHECK(amp == "off", "--amp: expected off, bf16 or fp16, got '", amp, "'");
+  return DType::f32;
+}
+
+// GradScalerState <-> the JSON string stored in a checkpoint's metadata under "grad_scaler".
+std::string scaler_state_json(const optim::GradScalerState& s) {
+  return nlohmann::json{{"scale", s.scale},
+                        {"clean_steps", s.clean_steps},
+                        {"overflows_left", s.overflows_left},
+                        {"skipped_steps", s.skipped_steps}}
+      .dump();
+}
+optim::GradScalerState scaler_state_from_json(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  return {j.at("scale").get<double>(), j.at("clean_steps").get<int64_t>(), j.at("overflows_left").get<int64_t>(),
+          j.at("skipped_steps").get<int64_t>()};
+}
 
 void add_flags(CLI::App& app, Options& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
@@ -73,6 +99,16 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--init-from", o.init_from, "Start from this minidl safetensors checkpoint");
   app.add_option("--sample", o.sample, "After training, generate this many characters of text")->capture_default_str();
   app.add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum,
+                 "Split each step's --batch into this many micro-batches (gradient accumulation)")
+      ->capture_default_str();
+  app.add_option("--amp", o.amp, "Mixed precision: off, bf16 or fp16 (fp16 adds dynamic loss scaling)")
+      ->capture_default_str();
+  app.add_option("--recompute", o.recompute,
+                 "Activation checkpointing per block: none, attn (ln_1 + attention), mlp (ln_2 + MLP) or block")
+      ->capture_default_str();
+  app.add_flag("--advance-lr-on-skip", o.advance_lr_on_skip,
+               "fp16: advance the LR schedule on steps the loss scaler skips (default: hold it)");
 }
 
 void validate(const Options& o) {
@@ -98,6 +134,11 @@ void validate(const Options& o) {
   MINIDL_CHECK(o.log_every >= 1, "--log-every: expected at least 1, got ", o.log_every);
   MINIDL_CHECK(o.sample >= 0, "--sample: expected 0 or more, got ", o.sample);
   MINIDL_CHECK(o.temperature > 0, "--temperature: expected a positive number, got ", o.temperature);
+  MINIDL_CHECK(o.grad_accum >= 1, "--grad-accum: expected at least 1, got ", o.grad_accum);
+  MINIDL_CHECK(o.batch % o.grad_accum == 0, "--batch ", o.batch, " does not split into --grad-accum ", o.grad_accum,
+               " equal micro-batches: --batch must be a multiple of --grad-accum");
+  amp_dtype(o.amp);
+  nn::parse_recompute(o.recompute);
   if (!o.save.empty()) {
     auto dir = std::filesystem::absolute(o.save).parent_path();
     MINIDL_CHECK(std::filesystem::is_directory(dir), "--save: directory ", dir.string(), " does not exist");
@@ -152,28 +193,49 @@ int run(const Options& o, const CLI::App& app) {
   nn::GPT model(cfg, o.seed);
   if (ckpt) nn::load_into(model, o.init_from);
   model.train();
+  model.set_recompute(nn::parse_recompute(o.recompute));
+  const DType amp = amp_dtype(o.amp);
+  std::optional<optim::GradScaler> scaler;
+  if (amp == DType::f16) {
+    scaler.emplace();
+    auto it = ckpt ? ckpt->metadata.find("grad_scaler") : nn::Metadata::const_iterator{};
+    if (ckpt && it != ckpt->metadata.end()) scaler->load_state(scaler_state_from_json(it->second));
+  }
   optim::AdamW optimizer(optim::decay_groups(model.named_parameters(), o.weight_decay), {o.lr});
   optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
   data::BatchSampler sampler(ds.train(), seq, o.batch, o.seed);
   data::Batch val = data::eval_windows(ds.val(), seq, windows);
 
   std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
-              "threads=%d data=%s (%zu train / %zu val tokens)\n",
+              "threads=%d grad_accum=%lld amp=%s recompute=%s data=%s (%zu train / %zu val tokens)\n",
               (long long)model.num_parameters(), (long long)cfg.n_layer, (long long)cfg.n_head,
               (long long)cfg.n_embd, (long long)seq, (long long)o.batch, (long long)cfg.vocab_size, num_threads(),
-              o.data.c_str(), ds.train().size(), ds.val().size());
+              (long long)o.grad_accum, o.amp.c_str(), o.recompute.c_str(), o.data.c_str(), ds.train().size(), ds.val().size());
+  if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
+  if (scaler)
+    std::printf("amp fp16: dynamic loss scaling from %g (x%g every %lld clean steps, x%g on overflow)\n",
+                scaler->current_scale(), scaler->options().growth_factor,
+                (long long)scaler->options().growth_interval, scaler->options().backoff_factor);
   std::fflush(stdout);
 
+  train::StepOptions step_options;
+  step_options.grad_clip = o.grad_clip;
+  step_options.grad_accum = o.grad_accum;
+  step_options.amp = amp;
+  step_options.scaler = scaler ? &*scaler : nullptr;
   const double tokens_per_step = double(o.batch * seq);
   const double flops_per_step = model.flops_per_token(seq) * tokens_per_step;
   train::ProgressLine progress(o.log_every);
   double timed_ms = 0, recent_loss = 0, val_loss = NAN;
   int64_t timed_steps = 0, recent = 0;
+  int64_t schedule_step = 0;  // holds still on skipped steps unless --advance-lr-on-skip
   for (int64_t step = 0; step < o.steps; ++step) {
-    double lr = schedule(step);
+    double lr = schedule(schedule_step);
     auto t0 = std::chrono::steady_clock::now();
     data::Batch batch = sampler.batch(step);
-    train::StepResult r = train::train_step(model, optimizer, batch, lr, o.grad_clip);
+    step_options.lr = lr;
+    train::StepResult r = train::train_step(model, optimizer, batch, step_options);
+    if (r.applied || o.advance_lr_on_skip) ++schedule_step;
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     MINIDL_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step + 1,
                  "; try a lower --lr");
@@ -190,7 +252,10 @@ int run(const Options& o, const CLI::App& app) {
                         fmt("%.4f", r.loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", ms) + " ms | " +
                         fmt("%.0f", tokens_per_step / ms * 1e3) + " tok/s | " +
                         fmt("%.1f", flops_per_step / ms / 1e6) + " GFLOP/s | peak " +
-                        fmt("%.0f", train::peak_rss_mb()) + " MB");
+                        fmt("%.0f", train::peak_rss_mb()) + " MB" +
+                        (scaler ? " | scale " + fmt("%g", scaler->current_scale()) + " | skipped " +
+                                      std::to_string(scaler->skipped_steps())
+                                : ""));
     bool last = step + 1 == o.steps;
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
       progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", train::evaluate(model, val, o.batch)));
@@ -201,8 +266,9 @@ int run(const Options& o, const CLI::App& app) {
   std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)windows, (long long)seq);
 
   if (!o.save.empty()) {
-    nn::save_gpt(o.save, model, ds.tokenizer().to_json().dump(),
-                 {{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}});
+    nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
+    if (scaler) extras["grad_scaler"] = scaler_state_json(scaler->state());
+    nn::save_gpt(o.save, model, ds.tokenizer().to_json().dump(), extras);
     std::printf("saved %s\n", o.save.c_str());
   }
   if (o.sample > 0) {
@@ -213,11 +279,16 @@ int run(const Options& o, const CLI::App& app) {
     std::printf("---- sample ----\n%s\n----------------\n", ds.tokenizer().decode(out).c_str());
   }
   double ms_per_step = timed_steps ? timed_ms / double(timed_steps) : 0.0;
+  const MemoryLedger& mem = ledger();
+  auto mb = [&](MemTag tag) { return double(mem.peak(tag)) / double(1 << 20); };
   std::printf("summary: steps=%lld train_loss=%.4f val_loss=%.4f ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
-              "peak_mem_mb=%.1f\n",
+              "peak_mem_mb=%.1f loss_scale=%g skipped_steps=%lld act_peak_mb=%.2f param_mb=%.2f grad_mb=%.2f "
+              "optim_mb=%.2f\n",
               (long long)o.steps, recent ? recent_loss / double(recent) : NAN, val_loss, ms_per_step,
               ms_per_step > 0 ? tokens_per_step / ms_per_step * 1e3 : 0.0,
-              ms_per_step > 0 ? flops_per_step / ms_per_step / 1e6 : 0.0, train::peak_rss_mb());
+              ms_per_step > 0 ? flops_per_step / ms_per_step / 1e6 : 0.0, train::peak_rss_mb(),
+              scaler ? scaler->current_scale() : 1.0, (long long)(scaler ? scaler->skipped_steps() : 0),
+              mb(MemTag::kActivations), mb(MemTag::kParams), mb(MemTag::kGrads), mb(MemTag::kOptimizer));
   return 0;
 }
 
