@@ -210,7 +210,8 @@ int run(const Options& o, const CLI::App& app) {
               "threads=%d grad_accum=%lld amp=%s recompute=%s data=%s (%zu train / %zu val tokens)\n",
               (long long)model.num_parameters(), (long long)cfg.n_layer, (long long)cfg.n_head,
               (long long)cfg.n_embd, (long long)seq, (long long)o.batch, (long long)cfg.vocab_size, num_threads(),
-              (long long)o.grad_accum, o.amp.c_str(), o.recompute.c_str(), o.data.c_str(), ds.train().size(), ds.val().size());
+              (long long)o.grad_accum, o.amp.c_str(), o.recompute.c_str(), o.data.c_str(), ds.train().size(),
+              ds.val().size());
   if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
   if (scaler)
     std::printf("amp fp16: dynamic loss scaling from %g (x%g every %lld clean steps, x%g on overflow)\n",

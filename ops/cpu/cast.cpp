@@ -28,8 +28,10 @@ static void convert(const Tensor& src, Tensor& dst, Convert convert) {
 // 8 elements per F16C instruction, then the portable conversion for the tail.
 static void f32_to_f16(const float* s, f16* d, int64_t b, int64_t e) {
 #if defined(__F16C__)
-  for (; b + 8 <= e; b += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + b), _mm256_cvtps_ph(_mm256_loadu_ps(s + b), _MM_FROUND_TO_NEAREST_INT));
+  for (; b + 8 <= e; b += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(s + b), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + b), h);
+  }
 #endif
   for (; b < e; ++b) d[b] = to_f16(s[b]);
 }

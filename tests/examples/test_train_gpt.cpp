@@ -111,11 +111,13 @@ TEST_F(TrainGpt, BatchThatDoesNotSplitIntoMicroBatches) {
 }
 
 TEST_F(TrainGpt, MixedPrecisionRecomputeAndAccumulation) {
-  Result r = run(tiny_flags() + " --steps 6 --amp fp16 --recompute block --grad-accum 2 --save " + path("m.safetensors"));
+  Result r = run(tiny_flags() + " --steps 6 --amp fp16 --recompute block --grad-accum 2 --save " +
+                 path("m.safetensors"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(summary_field(r.out, "loss_scale"), 65536.0);
   EXPECT_EQ(summary_field(r.out, "skipped_steps"), 0.0);
-  for (const char* key : {"act_peak_mb", "param_mb", "grad_mb", "optim_mb"}) EXPECT_GT(summary_field(r.out, key), 0.0) << key;
+  for (const char* key : {"act_peak_mb", "param_mb", "grad_mb", "optim_mb"})
+    EXPECT_GT(summary_field(r.out, key), 0.0) << key;
   std::ifstream ckpt(path("m.safetensors"), std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(ckpt)), {});
   EXPECT_NE(bytes.find("grad_scaler"), std::string::npos) << "the loss scaler's state belongs in the checkpoint";

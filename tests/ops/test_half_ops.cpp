@@ -51,7 +51,8 @@ TEST_P(HalfOps, CastRoundTripsAndRoundsToNearest) {
   Tensor r = ops::cast(x, dt());
   std::vector<double> xs = x.to_vector(), rs = r.to_vector();
   for (size_t i = 0; i < xs.size(); ++i) {
-    double want = dt() == DType::bf16 ? double(to_float(to_bf16(float(xs[i])))) : double(to_float(to_f16(float(xs[i]))));
+    float v = float(xs[i]);
+    double want = dt() == DType::bf16 ? double(to_float(to_bf16(v))) : double(to_float(to_f16(v)));
     ASSERT_EQ(rs[i], want) << i;
   }
   EXPECT_EQ(ops::upcast(x).impl(), x.impl());  // f32 passes through
