@@ -49,6 +49,8 @@ static thread_local bool t_grad_enabled = true;
 bool grad_mode_enabled() { return t_grad_enabled; }
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
+EnableGradGuard::EnableGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { t_grad_enabled = prev_; }
 
 Edge gradient_edge(const Tensor& t) {
   if (!t.defined()) return {};
@@ -86,7 +88,13 @@ void queue_callback(std::function<void()> fn) {
   t_callbacks->push_back(std::move(fn));
 }
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots) {
+namespace {
+
+// Where grad() collects: for each node of an input, the (gradient slot, result index) pairs to read from it.
+using Captures = std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>>;
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, const Captures& captures,
+                  std::vector<Tensor>& captured) {
   // Callbacks belong to the outermost backward: a backward run inside one (activation checkpointing's
   // recomputation) must not end the outer pass's wait early.
   std::vector<std::function<void()>> callbacks;
@@ -111,6 +119,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
+    if (captures.count(n)) continue;  // grad(): the traversal stops at an input
     for (Edge& e : n->next_edges()) {
       if (!e.node) continue;
       auto [it, inserted] = dependencies.emplace(e.node.get(), 0);
@@ -162,6 +171,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     ready.pop();
     std::vector<Tensor> grads = std::move(buffers[n]);
     buffers.erase(n);
+    if (auto it = captures.find(n); it != captures.end()) {
+      for (auto [slot, index] : it->second) captured[index] = grads[slot];
+      keep_alive.erase(n);
+      continue;
+    }
     std::vector<Tensor> in_grads = n->apply(grads);
     auto& edges = n->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) deliver(edges[i], i < in_grads.size() ? in_grads[i] : Tensor());
@@ -171,6 +185,28 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     std::function<void()> fn = std::move(callbacks[i]);
     fn();
   }
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots) {
+  std::vector<Tensor> none;
+  run_backward(roots, grad_roots, {}, none);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
+                         const std::vector<Tensor>& inputs) {
+  Captures captures;
+  std::vector<std::shared_ptr<Node>> input_nodes;  // gradient_edge may create a leaf's AccumulateGrad: keep it
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Edge e = gradient_edge(inputs[i]);
+    if (!e.node) continue;
+    captures[e.node.get()].push_back({e.input_nr, i});
+    input_nodes.push_back(e.node);
+  }
+  std::vector<Tensor> captured(inputs.size());
+  run_backward(roots, grad_roots, captures, captured);
+  return captured;
 }
 
 }  // namespace minidl::autograd

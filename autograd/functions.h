@@ -1,5 +1,6 @@
 // Differentiable operations: each validates its inputs, calls the forward kernel in ops/, and records a backward
-// (written next to it) when an input requires grad. This is the API models are written in.
+// (written next to it) when an input requires grad. This is the API models are written in. Inside an
+// AutocastGuard they follow the mixed-precision policy of autograd/autocast.h.
 //
 //   Tensor h = layernorm(x, ln.weight, ln.bias);          // x: (B, T, C)
 //   Tensor qkv = linear(h, c_attn.weight, c_attn.bias);  // (B, T, 3C), weight (C, 3C) as in HF GPT-2
@@ -11,6 +12,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "ops/cross_entropy.h"
 
 namespace minidl {
 
@@ -60,8 +62,10 @@ Tensor gelu(const Tensor& x);
 Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 // Softmax over the last dimension (the unfused reference path; the model uses the fused ops below).
 Tensor softmax(const Tensor& x);
-// Fused softmax + cross-entropy. logits: (N, V); targets: (N) integer. Mean over targets != ignore_index.
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -1);
+// Fused softmax + cross-entropy. logits: (N, V); targets: (N) integer. Mean (or sum) over targets != ignore_index.
+using ops::Reduction;
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -1,
+                     Reduction reduction = Reduction::kMean);
 // Fused causal self-attention, flash style (blocked, online softmax, no T x T matrix kept for backward).
 // qkv: (B, T, 3C) with q, k, v in that order along the last dimension; heads split C -> (n_head, C / n_head).
 // Returns (B, T, C) with heads merged.

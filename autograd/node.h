@@ -76,6 +76,19 @@ class NoGradGuard {
   bool prev_;
 };
 
+// Turns recording back on in its scope: activation checkpointing re-runs a forward inside backward, which itself
+// runs under NoGradGuard.
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // Edge to the node that will receive t's gradient (its grad_fn, or its AccumulateGrad if a leaf requiring grad).
 Edge gradient_edge(const Tensor& t);
 
@@ -91,6 +104,13 @@ bool any_requires_grad(std::initializer_list<Tensor> inputs);
 
 // Runs backward from `roots` with the given root gradients (ones for scalars when undefined).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots);
+
+// Like backward, but returns the gradients that arrive at `inputs` (one per input; undefined where none arrives or
+// the input has no gradient edge) instead of passing them on: the nodes of `inputs` do not run, so a leaf input's
+// grad() is untouched and its hooks do not fire, and the traversal does not go past them. Gradients reaching any
+// other leaf accumulate as in backward. (torch.autograd.grad; activation checkpointing is built on it.)
+std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
+                         const std::vector<Tensor>& inputs);
 
 // Runs `fn` once the outermost backward pass in progress on this thread has finished: DDP waits for its gradient
 // buckets there. Called outside a backward pass it is an error.

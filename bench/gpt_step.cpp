@@ -3,12 +3,18 @@
 // last line (read by bench/compare_pytorch.py).
 //
 //   build/bin/bench_gpt_step --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --threads 2
+//   build/bin/bench_gpt_step ... --recompute block --amp bf16 --grad-accum 2   # memory-saving modes
+//
+// act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
+
+#include <optional>
+#include <string>
 
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -19,6 +25,8 @@ using namespace minidl;
 int main(int argc, char** argv) {
   int64_t layers = 4, heads = 4, embd = 128, seq = 64, batch = 12, vocab = 65, steps = 20, warmup = 3;
   int threads = 0;
+  int64_t grad_accum = 1;
+  std::string recompute = "none", amp = "off";
   bool json = false;
   CLI::App app{"Time GPT training steps with minidl (median over --steps after --warmup steps)."};
   app.add_option("--layers", layers, "Transformer blocks")->capture_default_str();
@@ -30,13 +38,25 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads; default: all cores");
   app.add_option("--steps", steps, "Timed steps")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
+  app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")->capture_default_str();
+  app.add_option("--amp", amp, "Mixed precision: off, bf16 or fp16 (fp16 with dynamic loss scaling)")
+      ->capture_default_str();
+  app.add_option("--grad-accum", grad_accum, "Micro-batches per step")->capture_default_str();
   app.add_flag("--json", json, "Also print one JSON object as the last line");
   CLI11_PARSE(app, argc, argv);
   try {
     MINIDL_CHECK(steps >= 1 && warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ", steps, " and ", warmup);
     set_num_threads(threads > 0 ? threads : default_num_threads());
+    MINIDL_CHECK(amp == "off" || amp == "bf16" || amp == "fp16", "--amp: expected off, bf16 or fp16, got '", amp,
+                 "'");
     nn::GPT model(nn::GPTConfig{vocab, seq, layers, heads, embd, 0.0, true}, 1337);
     model.train();
+    model.set_recompute(nn::parse_recompute(recompute));
+    std::optional<optim::GradScaler> scaler;
+    train::StepOptions options;
+    options.grad_accum = grad_accum;
+    options.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;
+    if (amp == "fp16") options.scaler = &scaler.emplace();
     optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-3});
     std::vector<int32_t> tokens(size_t(batch * seq + 1) * 64);
     Philox rng(7);
@@ -48,7 +68,7 @@ int main(int argc, char** argv) {
     for (int64_t s = 0; s < warmup + steps; ++s) {
       data::Batch b = sampler.batch(s);
       auto t0 = std::chrono::steady_clock::now();
-      train::train_step(model, opt, b, 1e-3, 1.0);
+      train::train_step(model, opt, b, options);
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) ms.push_back(dt);
     }
@@ -58,12 +78,12 @@ int main(int argc, char** argv) {
     double gflops = model.flops_per_token(seq) * tokens_per_step / median / 1e6;
     const MemoryLedger& l = ledger();
     auto mb = [](int64_t b) { return double(b) / (1 << 20); };
-    std::printf("%-28s %8s %10s %9s %9s %10s %10s\n", "config", "threads", "ms/step", "tokens/s", "GFLOP/s",
+    std::printf("%-40s %8s %10s %9s %9s %10s %10s\n", "config", "threads", "ms/step", "tokens/s", "GFLOP/s",
                 "peak_MB", "act_MB");
-    char cfg[64];
-    std::snprintf(cfg, sizeof cfg, "L%lld H%lld C%lld T%lld B%lld", (long long)layers, (long long)heads,
-                  (long long)embd, (long long)seq, (long long)batch);
-    std::printf("%-28s %8d %10.2f %9.0f %9.1f %10.1f %10.1f\n", cfg, num_threads(), median,
+    char cfg[96];
+    std::snprintf(cfg, sizeof cfg, "L%lld H%lld C%lld T%lld B%lld %s %s", (long long)layers, (long long)heads,
+                  (long long)embd, (long long)seq, (long long)batch, amp.c_str(), recompute.c_str());
+    std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f\n", cfg, num_threads(), median,
                 tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), mb(l.peak(MemTag::kActivations)));
     std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
                 mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),

@@ -3,22 +3,45 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "data/sampler.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
+#include "optim/grad_scaler.h"
 
 namespace minidl::train {
 
-struct StepResult {
-  double loss = 0;       // mean cross-entropy of the batch
-  double grad_norm = 0;  // global L2 norm before clipping
+struct StepOptions {
+  double lr = 1e-3;
+  double grad_clip = 1.0;     // global L2 norm; <= 0 disables clipping
+  int64_t grad_accum = 1;     // micro-batches per optimizer step; must divide the batch's rows
+  DType amp = DType::f32;     // bf16 / f16: forward and backward under AutocastGuard(amp) (autograd/autocast.h)
+  optim::GradScaler* scaler = nullptr;  // dynamic loss scaling (f16); null: none
+  // Called before each micro-batch's backward with sync = whether it is the last micro-batch of the step. This is
+  // where DDP's no_sync() goes: gradient all-reduce only on the last backward, plain local accumulation before.
+  std::function<void(bool sync)> grad_sync;
 };
 
-// forward + backward + (optional) clipping + AdamW step at learning rate lr, then zero_grad.
-// grad_clip <= 0 disables clipping.
+struct StepResult {
+  double loss = 0;         // mean cross-entropy over every target token of the batch
+  double grad_norm = 0;    // global L2 norm before clipping (unscaled; inf when the step overflowed)
+  bool applied = true;     // false: the scaler skipped the update (inf/NaN gradients)
+  std::string skip_reason;
+  double loss_scale = 1;   // the scale this step used (1 without a scaler)
+};
+
+// One optimizer step over `batch`, split into options.grad_accum micro-batches of equal size:
+//   for each micro-batch: loss_m = sum of its token losses / (target tokens in the whole batch), backward
+//   (the gradients add up to those of the mean over the whole batch, exactly as one big batch would give);
+//   then unscale (with a scaler), clip, AdamW step at options.lr (or a skip), zero_grad.
+// The dropout context advances by one step per call; micro-batch m sees first_sample + m * micro, so its masks are
+// those of the same samples in one big batch (nn::DropoutContext).
+StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, const StepOptions& options);
+
+// The same with defaults: full precision, one micro-batch.
 StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, double lr,
                       double grad_clip);
 

@@ -3,9 +3,12 @@
 //   build/bin/train_gpt                                  # baby config on the Shakespeare corpus
 //   build/bin/train_gpt --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --steps 500 --save ckpt.safetensors
 //   build/bin/train_gpt --init-from ckpt.safetensors --steps 0          # evaluate only
+//   build/bin/train_gpt --amp bf16 --recompute block --grad-accum 4     # mixed precision, less memory
+//   mpirun -n 2 build/bin/train_gpt --threads 1                         # data parallel over two ranks
 //
 // Ends with one line that scripts parse (documented in README.md):
-//   summary: steps=N train_loss=X val_loss=X ms_per_step=X tokens_per_s=X gflops=X peak_mem_mb=X
+//   summary: steps=N train_loss=X val_loss=X ms_per_step=X tokens_per_s=X gflops=X peak_mem_mb=X compute_ms=X
+//            comm_ms=X exposed_comm_ms=X loss_scale=X skipped_steps=N act_peak_mb=X param_mb=X grad_mb=X optim_mb=X
 // Bad input prints "train_gpt: error: ..." naming what was expected and what was found, exits with 2, and writes
 // no file.
 #include <CLI/CLI.hpp>
@@ -45,7 +48,31 @@ struct Options {
   std::string save, init_from;
   int dp = 0;                  // data-parallel ranks; 0: the world size
   std::string backend = "mpi"; // process-group backend for DDP
+  int64_t grad_accum = 1;
+  std::string amp = "off", recompute = "none";
+  bool advance_lr_on_skip = false;
 };
+
+DType amp_dtype(const std::string& amp) {
+  if (amp == "bf16") return DType::bf16;
+  if (amp == "fp16") return DType::f16;
+  MINIDL_CHECK(amp == "off", "--amp: expected off, bf16 or fp16, got '", amp, "'");
+  return DType::f32;
+}
+
+// GradScalerState <-> the JSON string stored in a checkpoint's metadata under "grad_scaler".
+std::string scaler_state_json(const optim::GradScalerState& s) {
+  return nlohmann::json{{"scale", s.scale},
+                        {"clean_steps", s.clean_steps},
+                        {"overflows_left", s.overflows_left},
+                        {"skipped_steps", s.skipped_steps}}
+      .dump();
+}
+optim::GradScalerState scaler_state_from_json(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  return {j.at("scale").get<double>(), j.at("clean_steps").get<int64_t>(), j.at("overflows_left").get<int64_t>(),
+          j.at("skipped_steps").get<int64_t>()};
+}
 
 void add_flags(CLI::App& app, Options& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
@@ -83,6 +110,16 @@ void add_flags(CLI::App& app, Options& o) {
                  "Default: the number of ranks");
   app.add_option("--backend", o.backend, "Gradient all-reduce for data parallelism: mpi (Open MPI's) or ring (minidl's)")
       ->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum,
+                 "Split each step's --batch into this many micro-batches (gradient accumulation)")
+      ->capture_default_str();
+  app.add_option("--amp", o.amp, "Mixed precision: off, bf16 or fp16 (fp16 adds dynamic loss scaling)")
+      ->capture_default_str();
+  app.add_option("--recompute", o.recompute,
+                 "Activation checkpointing per block: none, attn (ln_1 + attention), mlp (ln_2 + MLP) or block")
+      ->capture_default_str();
+  app.add_flag("--advance-lr-on-skip", o.advance_lr_on_skip,
+               "fp16: advance the LR schedule on steps the loss scaler skips (default: hold it)");
 }
 
 void validate(const Options& o, int world) {
@@ -91,6 +128,9 @@ void validate(const Options& o, int world) {
   const int64_t dp = world;
   MINIDL_CHECK(o.batch % dp == 0, "--batch ", o.batch, " does not divide among ", dp,
                " data-parallel ranks: the global batch must be a multiple of --dp");
+  MINIDL_CHECK(o.grad_accum < 1 || o.batch % (dp * o.grad_accum) == 0, "--batch ", o.batch, " does not split into ",
+               dp, " ranks x --grad-accum ", o.grad_accum, " equal micro-batches: --batch must be a multiple of ",
+               dp * o.grad_accum);
   MINIDL_CHECK(o.backend == "mpi" || o.backend == "ring", "--backend: expected mpi or ring, got '", o.backend, "'");
   MINIDL_CHECK(o.layers >= 1, "--layers: expected at least 1, got ", o.layers);
   MINIDL_CHECK(o.heads >= 1, "--heads: expected at least 1, got ", o.heads);
@@ -113,6 +153,11 @@ void validate(const Options& o, int world) {
   MINIDL_CHECK(o.eval_windows >= 1, "--eval-windows: expected at least 1, got ", o.eval_windows);
   MINIDL_CHECK(o.log_every >= 1, "--log-every: expected at least 1, got ", o.log_every);
   MINIDL_CHECK(o.sample >= 0, "--sample: expected 0 or more, got ", o.sample);
+  MINIDL_CHECK(o.grad_accum >= 1, "--grad-accum: expected at least 1, got ", o.grad_accum);
+  MINIDL_CHECK(o.batch % o.grad_accum == 0, "--batch ", o.batch, " does not split into --grad-accum ", o.grad_accum,
+               " equal micro-batches: --batch must be a multiple of --grad-accum");
+  amp_dtype(o.amp);
+  nn::parse_recompute(o.recompute);
   MINIDL_CHECK(o.temperature > 0, "--temperature: expected a positive number, got ", o.temperature);
   if (!o.save.empty()) {
     auto dir = std::filesystem::absolute(o.save).parent_path();
@@ -196,6 +241,14 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
     ddp = std::make_unique<dist::DistributedDataParallel>(model, *group);
   }
   model.dropout_context().first_sample = first_sample;
+  model.set_recompute(nn::parse_recompute(o.recompute));
+  const DType amp = amp_dtype(o.amp);
+  std::optional<optim::GradScaler> scaler;
+  if (amp == DType::f16) {
+    scaler.emplace();
+    auto it = ckpt ? ckpt->metadata.find("grad_scaler") : nn::Metadata::const_iterator{};
+    if (ckpt && it != ckpt->metadata.end()) scaler->load_state(scaler_state_from_json(it->second));
+  }
   optim::AdamW optimizer(optim::decay_groups(model.named_parameters(), o.weight_decay), {o.lr});
   optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
   data::BatchSampler sampler(ds.train(), seq, o.batch, o.seed);
@@ -203,23 +256,44 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
 
   if (rank0) {
     std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
-                "threads=%d dp=%d data=%s (%zu train / %zu val tokens)\n",
+                "threads=%d dp=%d grad_accum=%lld amp=%s recompute=%s data=%s (%zu train / %zu val tokens)\n",
                 (long long)model.num_parameters(), (long long)cfg.n_layer, (long long)cfg.n_head,
                 (long long)cfg.n_embd, (long long)seq, (long long)o.batch, (long long)cfg.vocab_size, num_threads(), dp,
-                o.data.c_str(), ds.train().size(), ds.val().size());
+                (long long)o.grad_accum, o.amp.c_str(), o.recompute.c_str(), o.data.c_str(), ds.train().size(),
+                ds.val().size());
+    if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
+    if (scaler)
+      std::printf("amp fp16: dynamic loss scaling from %g (x%g every %lld clean steps, x%g on overflow)\n",
+                  scaler->current_scale(), scaler->options().growth_factor,
+                  (long long)scaler->options().growth_interval, scaler->options().backoff_factor);
     std::fflush(stdout);
   }
 
   const double tokens_per_step = double(o.batch * seq);  // the global batch
   const double flops_per_step = model.flops_per_token(seq) * tokens_per_step;
+  train::StepOptions step_options;
+  step_options.grad_clip = o.grad_clip;
+  step_options.grad_accum = o.grad_accum;
+  step_options.amp = amp;
+  step_options.scaler = scaler ? &*scaler : nullptr;
+  std::optional<dist::DistributedDataParallel::NoSyncGuard> no_sync;
+  if (ddp)  // all-reduce only on the last micro-batch's backward; local accumulation before it
+    step_options.grad_sync = [&](bool sync) {
+      no_sync.reset();
+      if (!sync) no_sync.emplace(*ddp);
+    };
   train::ProgressLine progress(o.log_every, rank0);
+  int64_t schedule_step = 0;  // holds still on skipped steps unless --advance-lr-on-skip
   double timed_ms = 0, compute_ms = 0, comm_ms = 0, exposed_ms = 0, recent_loss = 0, val_loss = NAN;
   int64_t timed_steps = 0, recent = 0;
   for (int64_t step = 0; step < o.steps; ++step) {
-    double lr = schedule(step);
+    double lr = schedule(schedule_step);
     auto t0 = std::chrono::steady_clock::now();
     data::Batch batch = sampler.batch(step, first_sample, local_batch);
-    train::StepResult r = train::train_step(model, optimizer, batch, lr, o.grad_clip);
+    step_options.lr = lr;
+    train::StepResult r = train::train_step(model, optimizer, batch, step_options);
+    no_sync.reset();
+    if (r.applied || o.advance_lr_on_skip) ++schedule_step;
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     dist::DDPStepStats comm = ddp ? ddp->last_step() : dist::DDPStepStats{};
     if (group) {  // the global batch's loss: the mean of the ranks' (equal-sized) slices
@@ -244,6 +318,8 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
                        fmt("%.4f", r.loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", ms) + " ms | " +
                        fmt("%.0f", tokens_per_step / ms * 1e3) + " tok/s | " + fmt("%.1f", flops_per_step / ms / 1e6) +
                        " GFLOP/s | peak " + fmt("%.0f", train::peak_rss_mb()) + " MB";
+    if (scaler)
+      line += " | scale " + fmt("%g", scaler->current_scale()) + " | skipped " + std::to_string(scaler->skipped_steps());
     if (ddp)
       line += " | comm " + fmt("%.1f", comm.comm_ms) + " ms, exposed " + fmt("%.1f", comm.exposed_comm_ms) + " ms";
     progress.update(step + 1, o.steps, line);
@@ -258,8 +334,9 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
   val_loss = train::evaluate(model, val, o.batch);
   std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)windows, (long long)seq);
   if (!o.save.empty()) {
-    nn::save_gpt(o.save, model, ds.tokenizer().to_json().dump(),
-                 {{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}});
+    nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
+    if (scaler) extras["grad_scaler"] = scaler_state_json(scaler->state());
+    nn::save_gpt(o.save, model, ds.tokenizer().to_json().dump(), extras);
     std::printf("saved %s\n", o.save.c_str());
   }
   if (o.sample > 0) {
@@ -271,12 +348,17 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
   }
   auto per_step = [&](double total) { return timed_steps ? total / double(timed_steps) : 0.0; };
   double ms_per_step = per_step(timed_ms);
+  const MemoryLedger& mem = ledger();
+  auto mb = [&](MemTag tag) { return double(mem.peak(tag)) / double(1 << 20); };
   std::printf("summary: steps=%lld train_loss=%.4f val_loss=%.4f ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
-              "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.2f exposed_comm_ms=%.2f\n",
+              "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.2f exposed_comm_ms=%.2f loss_scale=%g skipped_steps=%lld "
+              "act_peak_mb=%.2f param_mb=%.2f grad_mb=%.2f optim_mb=%.2f\n",
               (long long)o.steps, recent ? recent_loss / double(recent) : NAN, val_loss, ms_per_step,
               ms_per_step > 0 ? tokens_per_step / ms_per_step * 1e3 : 0.0,
               ms_per_step > 0 ? flops_per_step / ms_per_step / 1e6 : 0.0, train::peak_rss_mb(), per_step(compute_ms),
-              per_step(comm_ms), per_step(exposed_ms));
+              per_step(comm_ms), per_step(exposed_ms), scaler ? scaler->current_scale() : 1.0,
+              (long long)(scaler ? scaler->skipped_steps() : 0), mb(MemTag::kActivations), mb(MemTag::kParams),
+              mb(MemTag::kGrads), mb(MemTag::kOptimizer));
   return 0;
 }
 

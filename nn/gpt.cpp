@@ -3,6 +3,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "autograd/checkpoint.h"
 #include "autograd/functions.h"
 
 namespace minidl::nn {
@@ -115,19 +116,98 @@ Tensor GPT::forward(const Tensor& ids) const {
   Tensor pos = Tensor::arange(T, DType::i64);
   Tensor x = wte->forward(ids) + wpe->forward(pos);  // (B, T, C) + (T, C), broadcast over the batch
   x = drop->forward(x);
-  for (const auto& block : *h) x = block->forward(x);
+  for (const auto& block : *h) x = forward_block(block, x);
   x = ln_f->forward(x);
   // Tied head: logits = x @ wte^T, the transpose folded into the BLAS call.
   return matmul(x, wte->weight, false, true);
 }
 
-Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
+Tensor GPT::loss(const Tensor& ids, const Tensor& targets, Reduction reduction) const {
   MINIDL_CHECK(targets.shape() == ids.shape(), "GPT::loss: expected targets of the ids' shape ", ids.shape(), ", got ",
                targets.shape());
   check_ids(targets, "targets", true);
   Tensor logits = forward(ids);
   const int64_t N = ids.numel();
-  return cross_entropy(logits.reshape({N, cfg_.vocab_size}), targets.reshape({N}));
+  return cross_entropy(logits.reshape({N, cfg_.vocab_size}), targets.reshape({N}), -1, reduction);
+}
+
+Recompute parse_recompute(const std::string& name) {
+  for (Recompute r : {Recompute::kNone, Recompute::kAttn, Recompute::kMlp, Recompute::kBlock})
+    if (name == recompute_name(r)) return r;
+  MINIDL_CHECK(false, "recompute: expected none, attn, mlp or block, got '", name, "'");
+  return Recompute::kNone;
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kAttn: return "attn";
+    case Recompute::kMlp: return "mlp";
+    case Recompute::kBlock: return "block";
+  }
+  return "?";
+}
+
+namespace {
+
+// Sets a dropout context's position (step and first sample) for its scope and puts the previous one back.
+class PinnedDropout {
+ public:
+  PinnedDropout(DropoutContext& ctx, const DropoutContext& pinned) : ctx_(ctx), previous_(ctx) {
+    ctx.step = pinned.step;
+    ctx.first_sample = pinned.first_sample;
+  }
+  ~PinnedDropout() { ctx_ = previous_; }
+  PinnedDropout(const PinnedDropout&) = delete;
+  PinnedDropout& operator=(const PinnedDropout&) = delete;
+
+ private:
+  DropoutContext& ctx_;
+  DropoutContext previous_;
+};
+
+// Runs part(x) as a checkpointed region whose recomputation sees the dropout position of this forward, even if the
+// training loop moved the context (next micro-batch, next step) before backward: the masks are a function of
+// (seed, stream, step, first sample) alone, so pinning those is all the "RNG state" there is to restore.
+Tensor checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,
+                    const std::shared_ptr<DropoutContext>& ctx) {
+  const DropoutContext at_forward = *ctx;
+  auto pinned = [part = std::move(part), ctx, at_forward](const Tensor& in) {
+    PinnedDropout pin(*ctx, at_forward);
+    return part(in);
+  };
+  return autograd::checkpoint(pinned, x, params);
+}
+
+std::vector<Tensor> concat(std::vector<Tensor> a, const std::vector<Tensor>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+Tensor GPT::forward_block(const std::shared_ptr<Block>& block, const Tensor& x) const {
+  // The lambdas hold the block by shared_ptr: the recomputation may run after this call returns.
+  auto attn_part = [block](const Tensor& in) { return block->attn->forward(block->ln_1->forward(in)); };
+  auto mlp_part = [block](const Tensor& in) { return block->mlp->forward(block->ln_2->forward(in)); };
+  switch (recompute_) {
+    case Recompute::kNone:
+      return block->forward(x);
+    case Recompute::kBlock:
+      return checkpointed([block](const Tensor& in) { return block->forward(in); }, x, block->parameters(),
+                          dropout_ctx_);
+    case Recompute::kAttn: {
+      Tensor y = x + checkpointed(attn_part, x, concat(block->ln_1->parameters(), block->attn->parameters()),
+                                  dropout_ctx_);
+      return y + mlp_part(y);
+    }
+    case Recompute::kMlp: {
+      Tensor y = x + attn_part(x);
+      return y + checkpointed(mlp_part, y, concat(block->ln_2->parameters(), block->mlp->parameters()),
+                              dropout_ctx_);
+    }
+  }
+  return block->forward(x);
 }
 
 double GPT::flops_per_token(int64_t T) const {

@@ -7,6 +7,7 @@
 //   model.dropout_context().step = step;          // once per forward: selects this step's dropout masks
 //   Tensor loss = model.loss(ids, targets);       // ids, targets: (B, T) integers
 //   loss.backward();
+//   model.set_recompute(Recompute::kBlock);       // activation checkpointing per block (autograd/checkpoint.h)
 //
 // Initialisation is nanoGPT's: every Linear/Embedding weight N(0, 0.02), the residual projections
 // (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02 / sqrt(2 * n_layer)), biases 0, LayerNorm weight 1.
@@ -16,6 +17,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+
+#include "autograd/functions.h"
 
 #include "nn/layers.h"
 #include "nn/module.h"
@@ -35,6 +39,17 @@ struct GPTConfig {
   void validate() const;
   bool operator==(const GPTConfig&) const = default;
 };
+
+// Activation checkpointing per transformer block: which part keeps only its input in forward and is re-run in
+// backward (autograd::checkpoint, with the part's parameters listed so their gradient hooks fire once).
+//   kNone:  everything saved;  kAttn: ln_1 + attention (x -> attn(ln_1(x)));  kMlp: ln_2 + MLP;
+//   kBlock: the whole block (its input is all a block keeps).
+// A runtime choice, not architecture: it is not part of GPTConfig or of checkpoints, and results are bitwise the
+// same whatever it is.
+enum class Recompute { kNone, kAttn, kMlp, kBlock };
+// "none", "attn", "mlp", "block"; anything else is an error listing these.
+Recompute parse_recompute(const std::string& name);
+const char* recompute_name(Recompute r);
 
 // qkv = x @ c_attn (C, 3C) -> causal_attention over n_head heads -> c_proj (C, C) -> dropout.
 // The fused attention kernel keeps no T x T probability matrix, so there is no dropout on the attention
@@ -79,9 +94,9 @@ class GPT : public Module {
 
   // ids: (B, T) i32/i64 with T <= block_size and values in [0, vocab_size) -> logits (B, T, vocab_size)
   Tensor forward(const Tensor& ids) const;
-  // Mean cross-entropy of the next-token predictions (fused softmax + cross-entropy over (B*T, V)).
-  // targets: same shape as ids, values in [0, vocab_size) or -1 (ignored).
-  Tensor loss(const Tensor& ids, const Tensor& targets) const;
+  // Mean (or, with Reduction::kSum, summed) cross-entropy of the next-token predictions (fused softmax +
+  // cross-entropy over (B*T, V)). targets: same shape as ids, values in [0, vocab_size) or -1 (ignored).
+  Tensor loss(const Tensor& ids, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
 
   // Training FLOPs per token (forward + backward) at sequence length T, nanoGPT's estimate_mfu formula:
   //   6 * N + 12 * n_layer * n_embd * T
@@ -94,6 +109,8 @@ class GPT : public Module {
   const GPTConfig& config() const { return cfg_; }
   // Shared by every dropout in the model: set .step once per forward (see DropoutContext).
   DropoutContext& dropout_context() { return *dropout_ctx_; }
+  void set_recompute(Recompute r) { recompute_ = r; }
+  Recompute recompute() const { return recompute_; }
 
   std::shared_ptr<Embedding> wte, wpe;  // token (V, C) and position (block_size, C) embeddings; wte is the head
   std::shared_ptr<Dropout> drop;
@@ -103,9 +120,12 @@ class GPT : public Module {
  private:
   void init_weights(uint64_t seed);
   void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
+  // x through one block under the recompute setting.
+  Tensor forward_block(const std::shared_ptr<Block>& block, const Tensor& x) const;
 
   GPTConfig cfg_;
   std::shared_ptr<DropoutContext> dropout_ctx_;
+  Recompute recompute_ = Recompute::kNone;
 };
 
 }  // namespace minidl::nn

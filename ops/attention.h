@@ -20,10 +20,11 @@ struct AttentionForward {
   Tensor lse;  // (B, n_head, T): logsumexp of each query row's scaled, masked scores
 };
 
-// qkv: (B, T, 3C) f32/f64, C divisible by n_head.
+// qkv: (B, T, 3C) f32/f64, C divisible by n_head. f16/bf16 qkv runs the f32 kernel on its exact f32 copy and
+// rounds out to qkv's dtype (lse stays f32): the 16-bit attention of mixed precision, f32 accumulation.
 AttentionForward causal_attention_forward(const Tensor& qkv, int n_head);
 
-// dout, out: (B, T, C); lse: (B, n_head, T) -> dqkv (B, T, 3C).
+// dout, out: (B, T, C); lse: (B, n_head, T) -> dqkv (B, T, 3C), qkv's dtype.
 Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                  int n_head);
 
@@ -32,7 +33,7 @@ struct AttentionDims {
   int64_t B, T, C, H, D;
 };
 inline AttentionDims check_causal_attention(const Tensor& qkv, int n_head) {
-  check_float("causal_attention", "qkv", qkv);
+  check_float_or_half("causal_attention", "qkv", qkv);
   MINIDL_CHECK(qkv.dim() == 3, "causal_attention: expected qkv of shape (B, T, 3C), got ", qkv.shape());
   MINIDL_CHECK(n_head >= 1, "causal_attention: expected n_head >= 1, got ", n_head);
   int64_t three_c = qkv.size(2);

@@ -16,12 +16,12 @@
 
 namespace minidl::ops {
 
-// x: any shape, f32/f64; 0 <= p < 1 -> x * keep / (1 - p), like x.
+// x: any shape, f32/f64 or f16/bf16 (same mask; computed in f32); 0 <= p < 1 -> x * keep / (1 - p), like x.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset);
 
 // ---- argument checks, shared by every backend's entry ----
 inline void check_dropout(const Tensor& x, double p) {
-  check_float("dropout", "x", x);
+  check_float_or_half("dropout", "x", x);
   MINIDL_CHECK(p >= 0.0 && p < 1.0, "dropout: expected a probability p in [0, 1), got ", p);
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "ops/cast.h"
 #include "ops/strided_loop.h"
 
 namespace minidl::ops {
@@ -71,6 +72,7 @@ void binary_into(Tensor& out, const Tensor& a, const Tensor& b, F f) {
 template <class Op>
 Tensor binary(const char* name, const Tensor& a, const Tensor& b, Op op) {
   Shape shape = check_binary(name, a, b);
+  if (is_half(a.dtype())) return cast(binary(name, upcast(a), upcast(b), op), a.dtype());
   return dispatch_float(name, a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(shape, a.dtype(), a.device());
@@ -83,6 +85,7 @@ Tensor binary(const char* name, const Tensor& a, const Tensor& b, Op op) {
 template <class Op>
 Tensor unary(const char* name, const Tensor& a, Op op) {
   MINIDL_CHECK(a.defined(), name, ": undefined input");
+  if (is_half(a.dtype())) return cast(unary(name, upcast(a), op), a.dtype());
   return dispatch_float(name, a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
@@ -143,6 +146,7 @@ void add_(Tensor& dst, const Tensor& src) {
 Tensor broadcast_to(const Tensor& t, const Shape& shape) {
   MINIDL_CHECK(broadcast_shapes("broadcast_to", t.shape(), shape) == shape, "broadcast_to: shape ", t.shape(),
                " cannot be broadcast to ", shape);
+  if (is_half(t.dtype())) return cast(broadcast_to(upcast(t), shape), t.dtype());
   return dispatch_float("broadcast_to", t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(shape, t.dtype(), t.device());
@@ -162,6 +166,7 @@ Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
   if (grad.shape() == shape) return grad;
   MINIDL_CHECK(broadcast_shapes("sum_to_shape", shape, grad.shape()) == grad.shape(), "sum_to_shape: shape ",
                shape, " does not broadcast to the gradient's shape ", grad.shape());
+  if (is_half(grad.dtype())) return cast(sum_to_shape(upcast(grad), shape), grad.dtype());
   return dispatch_float("sum_to_shape", grad.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::zeros(shape, grad.dtype(), grad.device());

@@ -5,7 +5,8 @@
 //   Tensor gb = ops::sum_to_shape(gy, bias.shape()); // (B, T, C) -> (C), the bias gradient
 //
 // All results are new contiguous tensors. Inputs may have any strides (views); float kernels accept f32 and f64,
-// and the operands of a binary op must share dtype and device.
+// and f16/bf16 (computed in f32, the result rounded to the inputs' dtype); the operands of a binary op must share
+// dtype and device.
 #pragma once
 
 #include "core/tensor.h"

@@ -10,7 +10,7 @@
 
 namespace minidl::ops {
 
-// x: any shape, f32/f64.
+// x: any shape, f32/f64, or f16/bf16 (computed in f32, result rounded to x's dtype).
 Tensor gelu_forward(const Tensor& x);
 // dy like x -> dx = dy * gelu'(x).
 Tensor gelu_backward(const Tensor& dy, const Tensor& x);
@@ -27,7 +27,7 @@ BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Ten
 // ---- argument checks, shared by every backend's entry ----
 // Returns C.
 inline int64_t check_bias_gelu(const char* op, const Tensor& x, const Tensor& bias) {
-  check_float(op, "x", x);
+  check_float_or_half(op, "x", x);
   MINIDL_CHECK(x.dim() >= 1, op, ": expected x of shape (..., C), got ", x.shape());
   check_shaped_like(op, "bias", bias, Shape{x.size(-1)}, x);
   return x.size(-1);

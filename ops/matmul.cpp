@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/parallel.h"
+#include "ops/cast.h"
 
 namespace minidl::ops {
 
@@ -208,6 +209,9 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   Shape shape = check_matmul(a, b, trans_a, trans_b);
+  // 16-bit operands: exact f32 copies through sgemm (f32 accumulation), the result rounded once. Debian 12's
+  // OpenBLAS 0.3.21 declares cblas_sbgemm but is built without it (no such symbol in libopenblas.so).
+  if (is_half(a.dtype())) return cast(matmul(upcast(a), upcast(b), trans_a, trans_b), a.dtype());
   return dispatch_float("matmul", a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(shape, a.dtype(), a.device());
@@ -235,6 +239,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   for (int i = 0; i < x.dim() - 1; ++i) rows *= x.size(i);
   Tensor x2 = x.detach().reshape(Shape{rows, in});  // copies only if x is not viewable as rows
   check_matmul(x2, weight, false, false);
+  if (is_half(x.dtype())) return cast(linear(upcast(x), upcast(weight), upcast(bias)), x.dtype());
   return dispatch_float("linear", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(Shape{x2.size(0), out_features}, x.dtype(), x.device());

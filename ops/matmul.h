@@ -1,4 +1,5 @@
-// Matrix products (no autograd) on BLAS: sgemm/dgemm with transposes folded into the call.
+// Matrix products (no autograd) on BLAS: sgemm/dgemm with transposes folded into the call. f16/bf16 operands are
+// multiplied as their exact f32 copies with f32 accumulation, and the result is rounded to their dtype.
 //
 //   Tensor y = ops::matmul(x, w);                          // x: (B, T, C), w: (C, N) -> (B, T, N), one GEMM
 //   Tensor s = ops::matmul(q, k, false, /*trans_b=*/true); // (B, H, T, D) x (B, H, T, D)^T -> (B, H, T, T)

@@ -24,9 +24,16 @@ inline void check_float(const char* op, const char* name, const Tensor& t) {
                " to be f32 or f64, got ", t.dtype());
 }
 
+// A contiguous f32, f64, f16 or bf16 tensor: the ops that take 16-bit storage (ops/cast.h) compute in f32.
+inline void check_float_or_half(const char* op, const char* name, const Tensor& t) {
+  check_contiguous(op, name, t);
+  MINIDL_CHECK(is_floating(t.dtype()), op, ": expected ", name, " to be f32 or f64 (or f16/bf16 storage), got ",
+               t.dtype());
+}
+
 // A contiguous float tensor with the same dtype and device as `ref`.
 inline void check_like(const char* op, const char* name, const Tensor& t, const Tensor& ref) {
-  check_float(op, name, t);
+  check_float_or_half(op, name, t);
   MINIDL_CHECK(t.dtype() == ref.dtype(), op, ": expected ", name, " to have dtype ", ref.dtype(), ", got ",
                t.dtype());
   MINIDL_CHECK(t.device() == ref.device(), op, ": expected ", name, " on ", ref.device(), ", got ", t.device());

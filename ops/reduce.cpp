@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "ops/cast.h"
 
 namespace minidl::ops {
 
@@ -55,6 +56,7 @@ Shape reduced_shape(const Shape& shape, int dim, bool keepdim) {
 }
 
 Tensor sum(const Tensor& x) {
+  if (is_half(x.dtype())) return cast(sum(upcast(x)), x.dtype());
   return dispatch_float("sum", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor xc = contiguous_data(x);
@@ -95,6 +97,7 @@ Tensor max(const Tensor& x) {
 }
 
 Tensor sum(const Tensor& x, int dim, bool keepdim) {
+  if (is_half(x.dtype())) return cast(sum(upcast(x), dim, keepdim), x.dtype());
   int d = x.wrap_dim(dim);
   return dispatch_float("sum", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -121,6 +124,7 @@ Tensor sum(const Tensor& x, int dim, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, int dim, bool keepdim) {
+  if (is_half(x.dtype())) return cast(mean(upcast(x), dim, keepdim), x.dtype());
   int d = x.wrap_dim(dim);
   MINIDL_CHECK(x.size(d) > 0, "mean: cannot average over empty dimension ", d, " of shape ", x.shape());
   Tensor s = sum(x, d, keepdim);

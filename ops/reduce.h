@@ -3,7 +3,8 @@
 //   Tensor s = ops::sum(x, /*dim=*/0);                 // x: (N, C) -> (C), e.g. a bias gradient
 //   auto [values, indices] = ops::max(logits, -1);     // (N, V) -> (N) values and (N) i64 argmax
 //
-// Inputs may have any strides; results are new contiguous tensors of the input's dtype (f32 or f64).
+// Inputs may have any strides; results are new contiguous tensors of the input's dtype (f32 or f64; sums also
+// take f16/bf16, summed in f32 and rounded once).
 // Full sums accumulate in double; sums over a dimension accumulate in the input's type.
 #pragma once
 

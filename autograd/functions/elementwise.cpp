@@ -1,6 +1,7 @@
 // Differentiable elementwise ops (declared in autograd/functions.h). Each forward calls its ops/ kernel and
 // records the backward right here. Saved tensors are detached views: backward needs their values, not their
 // history, and a node must never hold its own output's history (that would be a reference cycle).
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "ops/elementwise.h"
@@ -13,18 +14,27 @@ using Grads = std::vector<Tensor>;
 namespace {
 // Will t receive a gradient? Lets a backward skip the work for inputs that need none.
 bool needs_grad(const Tensor& t) { return autograd::any_requires_grad({t}); }
+
+// Under autocast, a 16-bit operand meeting an f32 one (or the other 16-bit type) is cast to f32 first: type
+// promotion, as in PyTorch. Outside autocast, mixed dtypes stay an error of the op.
+std::pair<Tensor, Tensor> promote(const Tensor& a, const Tensor& b) {
+  if (!autograd::autocast_enabled() || !a.defined() || !b.defined() || a.dtype() == b.dtype()) return {a, b};
+  return {autograd::autocast_to_f32(a), autograd::autocast_to_f32(b)};
+}
 }  // namespace
 
 // ---- binary: the gradient of a broadcast input is summed back to its shape ----
 
-Tensor add(const Tensor& a, const Tensor& b) {
+Tensor add(const Tensor& a_in, const Tensor& b_in) {
+  auto [a, b] = promote(a_in, b_in);
   Shape sa = a.shape(), sb = b.shape();
   return record("add", {a, b}, ops::add(a, b), [sa, sb](const Tensor& g) {
     return Grads{ops::sum_to_shape(g, sa), ops::sum_to_shape(g, sb)};
   });
 }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
+Tensor sub(const Tensor& a_in, const Tensor& b_in) {
+  auto [a, b] = promote(a_in, b_in);
   Shape sa = a.shape(), sb = b.shape();
   bool need_b = needs_grad(b);
   return record("sub", {a, b}, ops::sub(a, b), [sa, sb, need_b](const Tensor& g) {
@@ -32,7 +42,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   });
 }
 
-Tensor mul(const Tensor& a, const Tensor& b) {
+Tensor mul(const Tensor& a_in, const Tensor& b_in) {
+  auto [a, b] = promote(a_in, b_in);
   bool need_a = needs_grad(a), need_b = needs_grad(b);
   Tensor ad = a.detach(), bd = b.detach();
   return record("mul", {a, b}, ops::mul(a, b), [=](const Tensor& g) {  // d(ab) = b da + a db
@@ -41,7 +52,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   });
 }
 
-Tensor div(const Tensor& a, const Tensor& b) {
+Tensor div(const Tensor& a_in, const Tensor& b_in) {
+  auto [a, b] = promote(a_in, b_in);
   Tensor out = ops::div(a, b);
   bool need_a = needs_grad(a), need_b = needs_grad(b);
   Tensor ad = a.detach(), bd = b.detach(), yd = out.detach();

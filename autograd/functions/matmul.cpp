@@ -6,6 +6,7 @@
 // Every transpose here is a BLAS flag, never a copy. A 2-D operand shared across a batch gets the sum over the
 // batch: for a row-major batched A that is one GEMM over all rows (the batch folded into M), otherwise a batched
 // product summed with sum_to_shape.
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "ops/elementwise.h"
@@ -24,7 +25,8 @@ bool needs_grad(const Tensor& t) { return autograd::any_requires_grad({t}); }
 Tensor rows_of(const Tensor& t) { return t.reshape(Shape{t.numel() / std::max<int64_t>(t.size(-1), 1), t.size(-1)}); }
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
+  Tensor a = autograd::autocast_to_half(a_in), b = autograd::autocast_to_half(b_in);
   Tensor out = ops::matmul(a, b, trans_a, trans_b);
   bool need_a = needs_grad(a), need_b = needs_grad(b);
   Tensor ad = a.detach(), bd = b.detach();
@@ -47,7 +49,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   });
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  Tensor x = autograd::autocast_to_half(x_in), weight = autograd::autocast_to_half(weight_in),
+         bias = autograd::autocast_to_half(bias_in);
   Tensor out = ops::linear(x, weight, bias);
   bool need_x = needs_grad(x), need_w = needs_grad(weight), need_b = needs_grad(bias);
   Tensor xd = x.detach(), wd = weight.detach();

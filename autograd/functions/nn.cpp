@@ -3,9 +3,11 @@
 //
 // A backward never captures its own output tensor as is: the output holds the node, so that would be a
 // reference cycle that leaks when backward never runs. It captures output.detach() (same storage, no history).
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "ops/attention.h"
+#include "ops/cast.h"
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
 #include "ops/embedding.h"
@@ -15,6 +17,8 @@
 
 namespace minidl {
 
+using autograd::autocast_to_f32;
+using autograd::autocast_to_half;
 using autograd::record;
 using Grads = std::vector<Tensor>;
 
@@ -25,17 +29,21 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   Tensor w = contiguous(weight), i = contiguous(ids);
   Tensor y = ops::embedding_forward(w, i);
   int64_t V = w.size(0);
-  return record("embedding", {w, i}, y, [i, V](const Tensor& g) {
+  y = record("embedding", {w, i}, y, [i, V](const Tensor& g) {
     return Grads{ops::embedding_backward(contiguous(g), i, V), Tensor()};
   });
+  return autocast_to_half(y);  // gathered in f32 (and its gradient scattered in f32), then cast
 }
 
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   Tensor xc = contiguous(x), w = contiguous(weight), b = contiguous(bias);
-  ops::LayerNormForward f = ops::layernorm_forward(xc, w, b, eps);
-  return record("layernorm", {xc, w, b}, f.y, [xc, w, mean = f.mean, rstd = f.rstd](const Tensor& g) {
-    ops::LayerNormBackward r = ops::layernorm_backward(contiguous(g), xc, w, mean, rstd);
-    return Grads{r.dx, r.dweight, r.dbias};
+  // Under autocast a 16-bit x is normalised in f32 but saved as it came: an f32 copy saved instead would undo
+  // half of mixed precision's activation saving (the residual stream feeds two layernorms per block).
+  bool half_x = autograd::autocast_enabled() && xc.defined() && ops::is_half(xc.dtype());
+  ops::LayerNormForward f = ops::layernorm_forward(half_x ? ops::upcast(xc) : xc, w, b, eps);
+  return record("layernorm", {xc, w, b}, f.y, [xc, w, half_x, mean = f.mean, rstd = f.rstd](const Tensor& g) {
+    ops::LayerNormBackward r = ops::layernorm_backward(contiguous(g), half_x ? ops::upcast(xc) : xc, w, mean, rstd);
+    return Grads{half_x ? ops::cast(r.dx, xc.dtype()) : r.dx, r.dweight, r.dbias};
   });
 }
 
@@ -47,7 +55,10 @@ Tensor gelu(const Tensor& x) {
 }
 
 Tensor bias_gelu(const Tensor& x, const Tensor& bias) {
-  Tensor xc = contiguous(x), b = contiguous(bias);
+  Tensor xc = contiguous(x);
+  Tensor b = contiguous(autograd::autocast_enabled() && xc.defined() && ops::is_half(xc.dtype())
+                            ? autograd::autocast_to(bias, xc.dtype())
+                            : bias);
   return record("bias_gelu", {xc, b}, ops::bias_gelu_forward(xc, b), [xc, b](const Tensor& g) {
     ops::BiasGeluBackward r = ops::bias_gelu_backward(contiguous(g), xc, b);
     return Grads{r.dx, r.dbias};
@@ -55,24 +66,24 @@ Tensor bias_gelu(const Tensor& x, const Tensor& bias) {
 }
 
 Tensor softmax(const Tensor& x) {
-  Tensor xc = contiguous(x);
+  Tensor xc = contiguous(autocast_to_f32(x));
   Tensor y = ops::softmax_forward(xc);
   return record("softmax", {xc}, y, [y = y.detach()](const Tensor& g) {
     return Grads{ops::softmax_backward(contiguous(g), y)};
   });
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  Tensor x = contiguous(logits), t = contiguous(targets);
-  ops::CrossEntropyForward f = ops::cross_entropy_forward(x, t, ignore_index);
-  return record("cross_entropy", {x, t}, f.loss,
-                [x, t, lse = f.lse, count = f.count, ignore_index](const Tensor& g) {
-                  return Grads{ops::cross_entropy_backward(g, x, t, lse, count, ignore_index), Tensor()};
-                });
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, ops::Reduction reduction) {
+  Tensor x = contiguous(autocast_to_f32(logits)), t = contiguous(targets);
+  ops::CrossEntropyForward f = ops::cross_entropy_forward(x, t, ignore_index, reduction);
+  int64_t divisor = reduction == ops::Reduction::kSum ? 1 : f.count;
+  return record("cross_entropy", {x, t}, f.loss, [x, t, lse = f.lse, divisor, ignore_index](const Tensor& g) {
+    return Grads{ops::cross_entropy_backward(g, x, t, lse, divisor, ignore_index), Tensor()};
+  });
 }
 
 Tensor causal_attention(const Tensor& qkv, int n_head) {
-  Tensor x = contiguous(qkv);
+  Tensor x = contiguous(autocast_to_half(qkv));
   ops::AttentionForward f = ops::causal_attention_forward(x, n_head);
   return record("causal_attention", {x}, f.out,
                 [x, out = f.out.detach(), lse = f.lse, n_head](const Tensor& g) {

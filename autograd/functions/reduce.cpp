@@ -1,5 +1,6 @@
 // Differentiable reductions (declared in autograd/functions.h): the backward spreads the gradient of each
 // reduced element back over the elements it came from.
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "ops/elementwise.h"
@@ -19,19 +20,25 @@ Tensor spread(const Tensor& g, const Shape& x_shape, int dim, double scale) {
 }
 }  // namespace
 
-Tensor sum(const Tensor& x) {
+// Under autocast, reductions run in f32 (autograd/autocast.h): 16-bit inputs are cast up first.
+using autograd::autocast_to_f32;
+
+Tensor sum(const Tensor& x_in) {
+  Tensor x = autocast_to_f32(x_in);
   Shape xs = x.shape();
   return record("sum", {x}, ops::sum(x), [xs](const Tensor& g) { return Grads{ops::broadcast_to(g, xs)}; });
 }
 
-Tensor mean(const Tensor& x) {
+Tensor mean(const Tensor& x_in) {
+  Tensor x = autocast_to_f32(x_in);
   Shape xs = x.shape();
   return record("mean", {x}, ops::mean(x), [xs](const Tensor& g) {
     return Grads{ops::broadcast_to(ops::mul(g, 1.0 / double(xs.numel())), xs)};
   });
 }
 
-Tensor sum(const Tensor& x, int dim, bool keepdim) {
+Tensor sum(const Tensor& x_in, int dim, bool keepdim) {
+  Tensor x = autocast_to_f32(x_in);
   int d = x.wrap_dim(dim);
   Shape xs = x.shape();
   return record("sum_dim", {x}, ops::sum(x, d, keepdim), [xs, d](const Tensor& g) {
@@ -39,7 +46,8 @@ Tensor sum(const Tensor& x, int dim, bool keepdim) {
   });
 }
 
-Tensor mean(const Tensor& x, int dim, bool keepdim) {
+Tensor mean(const Tensor& x_in, int dim, bool keepdim) {
+  Tensor x = autocast_to_f32(x_in);
   int d = x.wrap_dim(dim);
   Shape xs = x.shape();
   return record("mean_dim", {x}, ops::mean(x, d, keepdim), [xs, d](const Tensor& g) {
@@ -47,7 +55,8 @@ Tensor mean(const Tensor& x, int dim, bool keepdim) {
   });
 }
 
-Tensor max(const Tensor& x, int dim, bool keepdim) {
+Tensor max(const Tensor& x_in, int dim, bool keepdim) {
+  Tensor x = autocast_to_f32(x_in);
   int d = x.wrap_dim(dim);
   ops::MaxResult r = ops::max(x, d, keepdim);
   Shape xs = x.shape();

@@ -16,6 +16,7 @@
 
 #include "core/parallel.h"
 #include "ops/attention.h"
+#include "ops/cast.h"
 #include "ops/cpu/exp.h"
 #include "ops/kernels/softmax.h"
 
@@ -106,6 +107,10 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
 
 AttentionForward causal_attention_forward(const Tensor& qkv, int n_head) {
   AttentionDims d = check_causal_attention(qkv, n_head);
+  if (is_half(qkv.dtype())) {
+    AttentionForward f = causal_attention_forward(upcast(qkv), n_head);
+    return {cast(f.out, qkv.dtype()), f.lse};
+  }
   AttentionForward f{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
                      Tensor::empty({d.B, d.H, d.T}, qkv.dtype(), qkv.device())};
   dispatch_float("causal_attention", qkv.dtype(), [&](auto tag) {
@@ -168,6 +173,12 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   AttentionDims d = check_causal_attention(qkv, n_head);
   check_shaped_like("causal_attention_backward", "dout", dout, Shape{d.B, d.T, d.C}, qkv);
   check_shaped_like("causal_attention_backward", "out", out, Shape{d.B, d.T, d.C}, qkv);
+  if (is_half(qkv.dtype())) {
+    check_shaped_like("causal_attention_backward", "dout", dout, Shape{d.B, d.T, d.C}, qkv);
+    check_shaped_like("causal_attention_backward", "out", out, Shape{d.B, d.T, d.C}, qkv);
+    Tensor q32 = upcast(qkv);
+    return cast(causal_attention_backward(upcast(dout), q32, upcast(out), lse, n_head), qkv.dtype());
+  }
   check_shaped_like("causal_attention_backward", "lse", lse, Shape{d.B, d.H, d.T}, qkv);
   Tensor dqkv = Tensor::zeros(qkv.shape(), qkv.dtype(), qkv.device());  // gemms accumulate into it
   dispatch_float("causal_attention_backward", qkv.dtype(), [&](auto tag) {

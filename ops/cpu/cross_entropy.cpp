@@ -30,7 +30,8 @@ static int64_t count_targets(const I* t, int64_t N, int64_t V, int64_t ignore_in
   return count;
 }
 
-CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                          Reduction reduction) {
   check_cross_entropy(logits, targets);
   int64_t N = logits.size(0), V = logits.size(1);
   CrossEntropyForward f{Tensor::empty({}, logits.dtype(), logits.device()),
@@ -68,14 +69,14 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
       // Summed in row order by one thread: the loss does not depend on the thread count.
       double total = 0;
       for (int64_t n = 0; n < N; ++n) total += loss[n];
-      f.loss.data<T>()[0] = T(total / double(f.count));
+      f.loss.data<T>()[0] = T(reduction == Reduction::kSum ? total : total / double(f.count));
     });
   });
   return f;
 }
 
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              int64_t count, int64_t ignore_index) {
+                              int64_t divisor, int64_t ignore_index) {
   check_cross_entropy(logits, targets);
   int64_t N = logits.size(0), V = logits.size(1);
   MINIDL_CHECK(dloss.defined() && dloss.numel() == 1, "cross_entropy_backward: expected a scalar dloss, got ",
@@ -89,7 +90,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
       const I* t = targets.data<I>();
       const T *x = logits.data<T>(), *plse = lse.data<T>();
       T* dx = dlogits.data<T>();
-      T scale = T(dloss.item() / double(count));
+      T scale = T(dloss.item() / double(divisor));
       parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
           T* dr = dx + n * V;

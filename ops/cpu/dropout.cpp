@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "core/parallel.h"
+#include "ops/cast.h"
 #include "ops/dropout.h"
 #include "ops/kernels/dropout.h"
 
@@ -9,6 +10,7 @@ namespace minidl::ops {
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset) {
   check_dropout(x, p);
+  if (is_half(x.dtype())) return cast(dropout(upcast(x), p, seed, stream, offset), x.dtype());
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float("dropout", x.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/parallel.h"
+#include "ops/cast.h"
 #include "ops/gelu.h"
 #include "ops/cpu/exp.h"
 #include "ops/kernels/gelu.h"
@@ -22,7 +23,8 @@ static constexpr VecExp kExp{};
 static constexpr int64_t kRowsPerPartial = 64;
 
 Tensor gelu_forward(const Tensor& x) {
-  check_float("gelu", "x", x);
+  check_float_or_half("gelu", "x", x);
+  if (is_half(x.dtype())) return cast(gelu_forward(upcast(x)), x.dtype());
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float("gelu", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -36,8 +38,9 @@ Tensor gelu_forward(const Tensor& x) {
 }
 
 Tensor gelu_backward(const Tensor& dy, const Tensor& x) {
-  check_float("gelu_backward", "x", x);
+  check_float_or_half("gelu_backward", "x", x);
   check_shaped_like("gelu_backward", "dy", dy, x.shape(), x);
+  if (is_half(x.dtype())) return cast(gelu_backward(upcast(dy), upcast(x)), x.dtype());
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float("gelu_backward", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -52,6 +55,7 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x) {
 
 Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias) {
   int64_t C = check_bias_gelu("bias_gelu", x, bias);
+  if (is_half(x.dtype())) return cast(bias_gelu_forward(upcast(x), upcast(bias)), x.dtype());
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float("bias_gelu", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -69,6 +73,10 @@ Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias) {
 BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& bias) {
   int64_t C = check_bias_gelu("bias_gelu_backward", x, bias);
   check_shaped_like("bias_gelu_backward", "dy", dy, x.shape(), x);
+  if (is_half(x.dtype())) {
+    BiasGeluBackward g = bias_gelu_backward(upcast(dy), upcast(x), upcast(bias));
+    return {cast(g.dx, x.dtype()), cast(g.dbias, x.dtype())};
+  }
   BiasGeluBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::zeros({C}, x.dtype(), x.device())};
   dispatch_float("bias_gelu_backward", x.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -83,7 +83,8 @@ TEST_F(TrainGpt, HelpDescribesEveryFlag) {
   EXPECT_EQ(r.code, 0);
   for (const char* flag : {"--data", "--layers", "--heads", "--embd", "--seq", "--batch", "--steps", "--lr", "--min-lr",
                            "--warmup", "--weight-decay", "--dropout", "--grad-clip", "--seed", "--threads",
-                           "--eval-every", "--eval-windows", "--save", "--init-from", "--sample", "--log-every"})
+                           "--eval-every", "--eval-windows", "--save", "--init-from", "--sample", "--log-every",
+                           "--grad-accum", "--amp", "--recompute", "--advance-lr-on-skip"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -107,6 +108,31 @@ TEST_F(TrainGpt, NonsensicalFlags) {
   expect_rejected(tiny_flags() + " --steps 0", {"--init-from"});
   expect_rejected(tiny_flags() + " --layers abc", {"--layers"});
   expect_rejected(tiny_flags() + " --no-such-flag", {"no-such-flag"});
+  expect_rejected(tiny_flags() + " --amp fp32", {"--amp", "fp32"});
+  expect_rejected(tiny_flags() + " --recompute all", {"recompute", "all"});
+  expect_rejected(tiny_flags() + " --grad-accum 0", {"--grad-accum", "got 0"});
+}
+
+TEST_F(TrainGpt, BatchThatDoesNotSplitIntoMicroBatches) {
+  expect_rejected(tiny_flags() + " --batch 10 --grad-accum 4", {"--batch 10", "--grad-accum 4"});
+}
+
+TEST_F(TrainGpt, MixedPrecisionRecomputeAndAccumulation) {
+  Result r = run(tiny_flags() + " --steps 6 --amp fp16 --recompute block --grad-accum 2 --save " +
+                 path("m.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(summary_field(r.out, "loss_scale"), 65536.0);
+  EXPECT_EQ(summary_field(r.out, "skipped_steps"), 0.0);
+  for (const char* key : {"act_peak_mb", "param_mb", "grad_mb", "optim_mb"})
+    EXPECT_GT(summary_field(r.out, key), 0.0) << key;
+  std::ifstream ckpt(path("m.safetensors"), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(ckpt)), {});
+  EXPECT_NE(bytes.find("grad_scaler"), std::string::npos) << "the loss scaler's state belongs in the checkpoint";
+
+  Result b = run(tiny_flags() + " --steps 3 --amp bf16");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("no loss scaling needed"), std::string::npos) << b.out;
+  EXPECT_EQ(summary_field(b.out, "loss_scale"), 1.0);
 }
 
 TEST_F(TrainGpt, TrainSaveReloadEvaluate) {

@@ -1,0 +1,35 @@
+// Unscale-and-check on the CPU: parallel over fixed chunks, each a vectorised loop that ORs the per-element
+// overflow flags.
+#include <vector>
+
+#include "core/parallel.h"
+#include "ops/kernels/unscale.h"
+#include "ops/nn_checks.h"
+#include "ops/unscale.h"
+
+namespace minidl::ops {
+
+static constexpr int64_t kUnscaleGrain = 1 << 15;
+
+bool unscale_and_check_(const Tensor& grad, float inv_scale) {
+  check_contiguous("unscale_and_check_", "grad", grad);
+  MINIDL_CHECK(grad.dtype() == DType::f32, "unscale_and_check_: expected an f32 gradient, got ", grad.dtype());
+  float* g = grad.data<float>();
+  const int64_t n = grad.numel();
+  const int64_t chunks = (n + kUnscaleGrain - 1) / kUnscaleGrain;
+  std::vector<char> overflow(size_t(chunks), 0);
+  parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int bad = 0;
+      const int64_t e = std::min(n, (c + 1) * kUnscaleGrain);
+#pragma omp simd reduction(| : bad)
+      for (int64_t i = c * kUnscaleGrain; i < e; ++i) bad |= int(kernels::unscale_element(g[i], inv_scale));
+      overflow[size_t(c)] = char(bad);
+    }
+  });
+  for (char o : overflow)
+    if (o) return true;
+  return false;
+}
+
+}  // namespace minidl::ops
