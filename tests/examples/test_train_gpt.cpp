@@ -186,6 +186,11 @@ TEST_F(TrainGpt, DataParallelMatchesOneProcess) {
     EXPECT_GE(summary_field(two.out, "comm_ms"), 0.0);
     EXPECT_GE(summary_field(two.out, "exposed_comm_ms"), 0.0);
   }
+  // Accumulation under DDP: 2 ranks x 2 micro-batches of 2 sequences (no_sync on the first) is the same step.
+  Result accum = run_with(mpiexec(2), flags + " --grad-accum 2");
+  ASSERT_EQ(accum.code, 0) << accum.out;
+  EXPECT_NEAR(summary_field(accum.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << accum.out;
+  EXPECT_NEAR(summary_field(accum.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << accum.out;
 }
 
 TEST_F(TrainGpt, DataParallelBadInput) {
