@@ -10,6 +10,8 @@
 // (rounded) values, plus one rounding of the result.
 #pragma once
 
+#include <functional>
+
 #include "core/tensor.h"
 
 namespace minidl::ops {
@@ -20,6 +22,17 @@ inline bool is_half(DType dt) { return dt == DType::f16 || dt == DType::bf16; }
 // t converted to dt as a new contiguous tensor (t itself when it already is contiguous and of dtype dt).
 // Float <-> float conversions (f32, f64, f16, bf16); anything else goes through Tensor::copy_.
 Tensor cast(const Tensor& t, DType dt);
+
+// dst = src converted to dst's dtype; both contiguous with the same number of elements (float dtypes).
+void cast_into(const Tensor& src, Tensor& dst);
+
+// For 16-bit inputs of an op computed in f32: runs `f32_op` on blocks of rows of `x` (its first dimension, x
+// contiguous) converted to f32, and writes each block's f32 result, rounded to x's dtype, into the same rows of the
+// output (shape: x's rows, then `row_shape`). The f32 copies then never exceed one block (about 2 MiB) instead of
+// the whole tensor: under mixed precision they are what sets the activation peak.
+Tensor half_by_row_blocks(const Tensor& x, const Shape& row_shape, const std::function<Tensor(const Tensor&)>& f32_op);
+// Rows per block for rows of `row_elems` elements.
+int64_t half_block_rows(int64_t row_elems);
 
 // The f32 copy of a 16-bit tensor; any other tensor is returned unchanged.
 inline Tensor upcast(const Tensor& t) { return t.defined() && is_half(t.dtype()) ? cast(t, DType::f32) : t; }

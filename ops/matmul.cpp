@@ -207,11 +207,37 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
 
 }  // namespace
 
+// 16-bit operands: exact f32 copies through sgemm (f32 accumulation), the result rounded once. Debian 12's
+// OpenBLAS 0.3.21 declares cblas_sbgemm but is built without it (no such symbol in libopenblas.so). For 2-D
+// operands the f32 copies are made a block of rows at a time (ops/cast.h), which keeps them small: row blocks of
+// `a` map to row blocks of the result; with `a` transposed (a weight gradient X^T dY) the blocks are slices of the
+// reduction, accumulated in an f32 result.
+static Tensor matmul_half(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  if (b.dim() != 2 || (trans_a && (trans_b || a.dim() != 2)))
+    return cast(matmul(upcast(a), upcast(b), trans_a, trans_b), a.dtype());
+  Tensor ac = a.contiguous(), bc = b.contiguous();
+  if (!trans_a) {  // a (..., M, K): all leading dimensions are rows
+    Tensor b32 = upcast(bc);
+    int64_t K = a.size(-1), N = trans_b ? b.size(0) : b.size(1);
+    Shape out_shape = a.shape();
+    out_shape[out_shape.size() - 1] = N;
+    Tensor rows = ac.detach().view({ac.numel() / std::max<int64_t>(K, 1), K});
+    return half_by_row_blocks(rows, Shape{N}, [&](const Tensor& ab) { return matmul(ab, b32, false, trans_b); })
+        .view(out_shape);
+  }
+  // out (M, N) = sum over row blocks k of a_k^T (M x kb) b_k (kb x N).
+  const int64_t K = a.size(0), block = half_block_rows(a.size(1) + b.size(1));
+  Tensor out = Tensor::zeros({a.size(1), b.size(1)}, DType::f32, a.device());
+  for (int64_t k = 0; k < K; k += block) {
+    int64_t n = std::min(block, K - k);
+    matmul_into<float>(out, upcast(ac.narrow(0, k, n)), upcast(bc.narrow(0, k, n)), true, false, 1.0f);
+  }
+  return cast(out, a.dtype());
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   Shape shape = check_matmul(a, b, trans_a, trans_b);
-  // 16-bit operands: exact f32 copies through sgemm (f32 accumulation), the result rounded once. Debian 12's
-  // OpenBLAS 0.3.21 declares cblas_sbgemm but is built without it (no such symbol in libopenblas.so).
-  if (is_half(a.dtype())) return cast(matmul(upcast(a), upcast(b), trans_a, trans_b), a.dtype());
+  if (is_half(a.dtype())) return matmul_half(a, b, trans_a, trans_b);
   return dispatch_float("matmul", a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(shape, a.dtype(), a.device());
@@ -239,7 +265,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   for (int i = 0; i < x.dim() - 1; ++i) rows *= x.size(i);
   Tensor x2 = x.detach().reshape(Shape{rows, in});  // copies only if x is not viewable as rows
   check_matmul(x2, weight, false, false);
-  if (is_half(x.dtype())) return cast(linear(upcast(x), upcast(weight), upcast(bias)), x.dtype());
+  if (is_half(x.dtype())) {
+    Tensor w = upcast(weight), b = upcast(bias);  // the weights are small; the activations go by row blocks
+    return half_by_row_blocks(x2.contiguous(), Shape{out_features}, [&](const Tensor& xb) { return linear(xb, w, b); })
+        .view(out_shape);
+  }
   return dispatch_float("linear", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(Shape{x2.size(0), out_features}, x.dtype(), x.device());

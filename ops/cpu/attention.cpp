@@ -107,9 +107,18 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
 
 AttentionForward causal_attention_forward(const Tensor& qkv, int n_head) {
   AttentionDims d = check_causal_attention(qkv, n_head);
-  if (is_half(qkv.dtype())) {
-    AttentionForward f = causal_attention_forward(upcast(qkv), n_head);
-    return {cast(f.out, qkv.dtype()), f.lse};
+  if (is_half(qkv.dtype())) {  // f32 a block of sequences at a time (ops/cast.h): sequences are independent
+    Tensor q = qkv.contiguous().detach();
+    AttentionForward f{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
+                       Tensor::empty({d.B, d.H, d.T}, DType::f32, qkv.device())};
+    for (int64_t b = 0, block = half_block_rows(d.T * 3 * d.C); b < d.B; b += block) {
+      int64_t n = std::min(block, d.B - b);
+      AttentionForward part = causal_attention_forward(upcast(q.narrow(0, b, n)), n_head);
+      Tensor out = f.out.detach().narrow(0, b, n);
+      cast_into(part.out, out);
+      f.lse.detach().narrow(0, b, n).copy_(part.lse);
+    }
+    return f;
   }
   AttentionForward f{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
                      Tensor::empty({d.B, d.H, d.T}, qkv.dtype(), qkv.device())};
@@ -176,8 +185,16 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   if (is_half(qkv.dtype())) {
     check_shaped_like("causal_attention_backward", "dout", dout, Shape{d.B, d.T, d.C}, qkv);
     check_shaped_like("causal_attention_backward", "out", out, Shape{d.B, d.T, d.C}, qkv);
-    Tensor q32 = upcast(qkv);
-    return cast(causal_attention_backward(upcast(dout), q32, upcast(out), lse, n_head), qkv.dtype());
+    Tensor q = qkv.contiguous().detach(), o = out.contiguous().detach(), g = dout.contiguous().detach();
+    Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
+    for (int64_t b = 0, block = half_block_rows(d.T * 3 * d.C); b < d.B; b += block) {
+      int64_t n = std::min(block, d.B - b);
+      Tensor part = causal_attention_backward(upcast(g.narrow(0, b, n)), upcast(q.narrow(0, b, n)),
+                                              upcast(o.narrow(0, b, n)), lse.detach().narrow(0, b, n), n_head);
+      Tensor dst = dqkv.detach().narrow(0, b, n);
+      cast_into(part, dst);
+    }
+    return dqkv;
   }
   check_shaped_like("causal_attention_backward", "lse", lse, Shape{d.B, d.H, d.T}, qkv);
   Tensor dqkv = Tensor::zeros(qkv.shape(), qkv.dtype(), qkv.device());  // gemms accumulate into it

@@ -8,6 +8,8 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
+
 #include "core/parallel.h"
 #include "ops/cast.h"
 
@@ -43,26 +45,55 @@ static void f16_to_f32(const f16* s, float* d, int64_t b, int64_t e) {
   for (; b < e; ++b) d[b] = to_float(s[b]);
 }
 
+void cast_into(const Tensor& src, Tensor& dst) {
+  MINIDL_ASSERT(src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel());
+  DType from = src.dtype(), dt = dst.dtype();
+  if (from == DType::f32 && dt == DType::bf16) {
+    convert<float, bf16>(src, dst, [](float v) { return to_bf16(v); });
+  } else if (from == DType::f32 && dt == DType::f16) {
+    const float* s = src.data<float>();
+    f16* d = dst.data<f16>();
+    parallel_for(0, src.numel(), kCastGrain, [&](int64_t b, int64_t e) { f32_to_f16(s, d, b, e); });
+  } else if (from == DType::bf16 && dt == DType::f32) {
+    convert<bf16, float>(src, dst, [](bf16 v) { return to_float(v); });
+  } else if (from == DType::f16 && dt == DType::f32) {
+    const f16* s = src.data<f16>();
+    float* d = dst.data<float>();
+    parallel_for(0, src.numel(), kCastGrain, [&](int64_t b, int64_t e) { f16_to_f32(s, d, b, e); });
+  } else {
+    Tensor view = dst.detach().as_strided(src.shape(), contiguous_strides(src.shape()), 0);
+    view.copy_(src);
+  }
+}
+
 Tensor cast(const Tensor& t, DType dt) {
   MINIDL_CHECK(t.defined(), "cast: undefined input");
   if (t.dtype() == dt && t.is_contiguous()) return t;
   Tensor src = t.is_contiguous() ? t : t.detach().contiguous();
   Tensor out = Tensor::empty(src.shape(), dt, src.device());
-  DType from = src.dtype();
-  if (from == DType::f32 && dt == DType::bf16) {
-    convert<float, bf16>(src, out, [](float v) { return to_bf16(v); });
-  } else if (from == DType::f32 && dt == DType::f16) {
-    const float* s = src.data<float>();
-    f16* d = out.data<f16>();
-    parallel_for(0, src.numel(), kCastGrain, [&](int64_t b, int64_t e) { f32_to_f16(s, d, b, e); });
-  } else if (from == DType::bf16 && dt == DType::f32) {
-    convert<bf16, float>(src, out, [](bf16 v) { return to_float(v); });
-  } else if (from == DType::f16 && dt == DType::f32) {
-    const f16* s = src.data<f16>();
-    float* d = out.data<float>();
-    parallel_for(0, src.numel(), kCastGrain, [&](int64_t b, int64_t e) { f16_to_f32(s, d, b, e); });
-  } else {
-    out.copy_(src);
+  cast_into(src, out);
+  return out;
+}
+
+int64_t half_block_rows(int64_t row_elems) {
+  constexpr int64_t kBlockElems = int64_t(1) << 19;  // 2 MiB of f32: big enough for full-speed GEMMs
+  return std::max<int64_t>(1, kBlockElems / std::max<int64_t>(1, row_elems));
+}
+
+Tensor half_by_row_blocks(const Tensor& x, const Shape& row_shape,
+                          const std::function<Tensor(const Tensor&)>& f32_op) {
+  MINIDL_ASSERT(x.is_contiguous() && x.dim() >= 1 && is_half(x.dtype()));
+  Shape out_shape{x.size(0)};
+  for (int64_t d : row_shape) out_shape.push_back(d);
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  // Both the f32 input block and the f32 result block stay within the block size.
+  const int64_t rows = x.size(0), block = half_block_rows(std::max(x.numel() / std::max<int64_t>(1, rows),
+                                                                   row_shape.numel()));
+  for (int64_t r = 0; r < rows; r += block) {
+    int64_t n = std::min(block, rows - r);
+    Tensor y = f32_op(upcast(x.detach().narrow(0, r, n)));
+    Tensor dst = out.detach().narrow(0, r, n);
+    cast_into(y, dst);
   }
   return out;
 }

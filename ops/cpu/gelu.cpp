@@ -24,7 +24,12 @@ static constexpr int64_t kRowsPerPartial = 64;
 
 Tensor gelu_forward(const Tensor& x) {
   check_float_or_half("gelu", "x", x);
-  if (is_half(x.dtype())) return cast(gelu_forward(upcast(x)), x.dtype());
+  if (is_half(x.dtype()) && x.dim() == 0) return cast(gelu_forward(upcast(x)), x.dtype());
+  if (is_half(x.dtype())) {  // f32 a block of rows at a time (ops/cast.h)
+    Tensor rows = x.contiguous().detach().view({x.size(0), x.numel() / std::max<int64_t>(x.size(0), 1)});
+    return half_by_row_blocks(rows, Shape{rows.size(1)}, [](const Tensor& xb) { return gelu_forward(xb); })
+        .view(x.shape());
+  }
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float("gelu", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -55,7 +60,12 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x) {
 
 Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias) {
   int64_t C = check_bias_gelu("bias_gelu", x, bias);
-  if (is_half(x.dtype())) return cast(bias_gelu_forward(upcast(x), upcast(bias)), x.dtype());
+  if (is_half(x.dtype())) {  // f32 a block of rows at a time (ops/cast.h)
+    Tensor b32 = upcast(bias);
+    Tensor rows = x.contiguous().detach().view({x.numel() / std::max<int64_t>(C, 1), C});
+    return half_by_row_blocks(rows, Shape{C}, [&](const Tensor& xb) { return bias_gelu_forward(xb, b32); })
+        .view(x.shape());
+  }
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float("bias_gelu", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -73,9 +83,23 @@ Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias) {
 BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& bias) {
   int64_t C = check_bias_gelu("bias_gelu_backward", x, bias);
   check_shaped_like("bias_gelu_backward", "dy", dy, x.shape(), x);
-  if (is_half(x.dtype())) {
-    BiasGeluBackward g = bias_gelu_backward(upcast(dy), upcast(x), upcast(bias));
-    return {cast(g.dx, x.dtype()), cast(g.dbias, x.dtype())};
+  if (is_half(x.dtype())) {  // f32 a block of rows at a time; dbias accumulates in f32
+    Tensor b32 = upcast(bias);
+    const int64_t rows = x.numel() / std::max<int64_t>(C, 1), block = half_block_rows(C);
+    Tensor xr = x.contiguous().detach().view({rows, C}), dyr = dy.contiguous().detach().view({rows, C});
+    BiasGeluBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::zeros({C}, DType::f32, x.device())};
+    Tensor dxr = g.dx.detach().view({rows, C});
+    float* db = g.dbias.data<float>();
+    for (int64_t r = 0; r < rows; r += block) {
+      int64_t n = std::min(block, rows - r);
+      BiasGeluBackward part = bias_gelu_backward(upcast(dyr.narrow(0, r, n)), upcast(xr.narrow(0, r, n)), b32);
+      Tensor dst = dxr.narrow(0, r, n);
+      cast_into(part.dx, dst);
+      const float* pdb = part.dbias.data<float>();
+      for (int64_t c = 0; c < C; ++c) db[c] += pdb[c];
+    }
+    g.dbias = cast(g.dbias, x.dtype());
+    return g;
   }
   BiasGeluBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::zeros({C}, x.dtype(), x.device())};
   dispatch_float("bias_gelu_backward", x.dtype(), [&](auto tag) {

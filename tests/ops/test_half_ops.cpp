@@ -116,5 +116,33 @@ TEST_P(HalfOps, AttentionForwardAndBackward) {
   expect_matches(d, d32, "attention dqkv");
 }
 
+// Large enough that the f32 copies are made in several row blocks (ops::half_block_rows): every block boundary,
+// the partial last block, and the accumulated reductions (dW, dbias) must give the one-block result.
+TEST_P(HalfOps, RowBlockedPathsMatchTheF32Ops) {
+  const int64_t rows = 3000, in = 200, out = 180;
+  ASSERT_GT(rows, ops::half_block_rows(in));  // more than one block
+  auto [x, x32] = pair({rows, in}, 21);
+  auto [w, w32] = pair({in, out}, 22);
+  auto [dy, dy32] = pair({rows, out}, 23);
+  auto [b, b32] = pair({in}, 24);
+  expect_matches(ops::linear(x, w, Tensor()), ops::linear(x32, w32, Tensor()), "linear");
+  expect_matches(ops::matmul(x.view({3, 1000, in}), w), ops::matmul(x32.view({3, 1000, in}), w32), "batched rows");
+  expect_matches(ops::matmul(dy, w, false, true), ops::matmul(dy32, w32, false, true), "dX = dY W^T");
+  expect_matches(ops::matmul(x, dy, true, false), ops::matmul(x32, dy32, true, false), "dW = X^T dY");
+  expect_matches(ops::bias_gelu_forward(x, b), ops::bias_gelu_forward(x32, b32), "bias_gelu");
+  ops::BiasGeluBackward g = ops::bias_gelu_backward(x, x, b), g32 = ops::bias_gelu_backward(x32, x32, b32);
+  expect_matches(g.dx, g32.dx, "bias_gelu dx");
+  expect_matches(g.dbias, g32.dbias, "bias_gelu dbias");
+  const int H = 4;
+  auto [qkv, qkv32] = pair({5, 64, 3 * 1024}, 25, 0.3);  // 196608 elements a sequence: 2 sequences a block
+  ASSERT_LT(ops::half_block_rows(64 * 3 * 1024), 5);
+  auto [dout, dout32] = pair({5, 64, 1024}, 26);
+  ops::AttentionForward f = ops::causal_attention_forward(qkv, H), f32 = ops::causal_attention_forward(qkv32, H);
+  expect_matches(f.out, f32.out, "attention out");
+  expect_close(f.lse.to_vector(), f32.lse.to_vector(), 1e-6, "lse");
+  expect_matches(ops::causal_attention_backward(dout, qkv, f.out, f.lse, H),
+                 ops::causal_attention_backward(dout32, qkv32, f32.out, f32.lse, H), "attention dqkv");
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, HalfOps, ::testing::Values(DType::bf16, DType::f16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
