@@ -1,0 +1,76 @@
+// cuda_compat.h — the one header a minidl kernel includes, so the same source builds in two worlds:
+//
+//   nvcc (__CUDACC__)   the real CUDA runtime: <cuda_runtime.h>, <cuda_fp16.h>, <cuda_bf16.h>.
+//   host compiler       the CPU emulation of the CUDA execution model (cuda_emu/emulator.h, library
+//                       minidl_cuda_emu): blocks on worker threads, the threads of a block as fibers,
+//                       counted barriers, warp collectives, atomics, and a host-memory runtime subset.
+//
+// Shared kernel code uses two helpers instead of the two CUDA constructs a host compiler cannot parse:
+//
+//   launch_kernel(kernel, grid, block, smem_bytes, stream, args...)   instead of kernel<<<...>>>(args...)
+//   dynamic_smem<T>()                                                 instead of extern __shared__ T buf[]
+//
+// launch_kernel returns the launch's error (cudaGetLastError() right after the launch, which also clears it),
+// so callers put it under their CUDA status check. Under nvcc that is a configuration error (too many threads,
+// too much dynamic shared memory); the kernel itself runs asynchronously. Under the emulator the kernel has
+// finished when it returns.
+//
+//   #include "cuda_emu/cuda_compat.h"
+//
+//   __global__ void scale(float* x, float a, int n) {
+//     int i = blockIdx.x * blockDim.x + threadIdx.x;
+//     if (i < n) x[i] *= a;
+//   }
+//   cudaError_t scale_async(float* x, float a, int n, cudaStream_t s) {
+//     return launch_kernel(scale, (n + 255) / 256, 256, 0, s, x, a, n);
+//   }
+//
+// Rules for code that must run in both worlds (what the emulator checks is in emulator.h):
+// every thread of a block reaches the same __syncthreads (guard work, don't return early before a barrier);
+// warp code uses *_sync intrinsics with explicit masks; no inline PTX, mma/wgmma, cp.async, TMA, clusters or
+// grid-wide sync in a kernel the emulator must run (a fast path like that lives in its own .cu file next to a
+// portable kernel for the same op).
+#pragma once
+
+#include <cstddef>
+#include <utility>
+
+#if defined(__CUDACC__)
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+// One extern __shared__ array of one type for the whole program: nvcc rejects the same name declared with
+// different element types, so every T views the same aligned bytes.
+template <class T>
+__device__ __forceinline__ T* dynamic_smem() {
+  extern __shared__ __align__(16) unsigned char minidl_dynamic_smem[];
+  return reinterpret_cast<T*>(minidl_dynamic_smem);
+}
+
+// The launch's own error; arguments convert to the kernel's parameter types as with <<<>>>.
+template <class... Params, class... Args>
+[[nodiscard]] cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                                        cudaStream_t stream, Args&&... args) {
+  kernel<<<grid, block, smem_bytes, stream>>>(std::forward<Args>(args)...);
+  return cudaGetLastError();
+}
+
+#else
+
+#include "cuda_emu/emulator.h"
+
+template <class T>
+inline T* dynamic_smem() {
+  return reinterpret_cast<T*>(minidl::emu::detail::dynamic_smem_base());
+}
+
+template <class... Params, class... Args>
+[[nodiscard]] cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                                        cudaStream_t stream, Args&&... args) {
+  minidl::emu::launch(kernel, grid, block, smem_bytes, stream, std::forward<Args>(args)...);
+  return cudaGetLastError();
+}
+
+#endif

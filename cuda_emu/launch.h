@@ -1,0 +1,83 @@
+// launch.h — emulated kernel launches and the emulator's options (included by emulator.h).
+//
+// Kernels are launched through launch_kernel() from cuda_compat.h, which calls minidl::emu::launch. A launch
+// validates the configuration like CUDA (on failure it sets the last error, see cudaGetLastError, and runs
+// nothing), then runs every block to completion before returning: streams are synchronous here.
+//
+// Options come from the environment when the first launch happens, and tests may replace them:
+//   MINIDL_EMU_ORDER    forward | reverse | random   order in which a scheduling pass runs a block's threads
+//   MINIDL_EMU_SEED     integer (default 1)           seed of the random order (each block derives its own)
+//   MINIDL_EMU_STRICT   1 | 0 (default 1)             see emulator.h
+//   MINIDL_EMU_WORKERS  integer (default: hardware threads)   OS threads running blocks, the caller included
+//   MINIDL_EMU_STACK_KB integer (default 64, 256 under ASan)  stack of each emulated thread
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+namespace minidl::emu {
+
+enum class Order { kForward, kReverse, kRandom };
+
+struct Options {
+  Order order = Order::kForward;
+  uint64_t seed = 1;
+  bool strict = true;
+  int workers = 1;
+  size_t stack_bytes = 64 * 1024;
+};
+
+// The options in force (read from the environment on first use).
+Options options();
+// Replaces them; call between launches, not during one.
+void set_options(const Options& options);
+
+namespace detail {
+
+// A launch as the scheduler sees it: `body(closure)` runs the kernel for the current thread.
+struct KernelLaunch {
+  dim3 grid, block;
+  size_t smem_bytes;
+  const void* kernel;  // identifies the kernel for cudaFuncSetAttribute limits
+  void (*body)(const void* closure);
+  const void* closure;
+};
+
+// Validates, then runs every block; returns (and records as the last error) any configuration error.
+cudaError_t run_kernel(const KernelLaunch& launch);
+
+// This worker's dynamic shared memory for the block it runs.
+unsigned char* dynamic_smem_base();
+
+}  // namespace detail
+
+// Runs kernel(args...) on every thread of the grid. Arguments are converted to the kernel's parameter types
+// once, like CUDA's parameter buffer, and each thread gets its own copy of them (kernels may modify their
+// parameters).
+template <class... Params, class... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t /*stream*/,
+                   Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch: wrong number of kernel arguments");
+  struct Closure {
+    void (*kernel)(Params...);
+    std::tuple<Params...> params;
+  };
+  const Closure closure{kernel, std::tuple<Params...>(std::forward<Args>(args)...)};
+  const auto body = [](const void* p) {
+    const Closure& c = *static_cast<const Closure*>(p);
+    std::apply([&c](Params... params) { c.kernel(params...); }, c.params);
+  };
+  return detail::run_kernel({grid, block, smem_bytes, reinterpret_cast<const void*>(kernel), body, &closure});
+}
+
+}  // namespace minidl::emu
+
+// cuda_runtime.h declares this convenience overload for nvcc only; shared code passes kernels to it directly.
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}

@@ -1,0 +1,38 @@
+// scheduler.h — the pieces of minidl_cuda_emu that its .cpp files share (internal; kernels never include it).
+//
+//   grid.cpp     options, the worker pool, launch validation
+//   block.cpp    one block on one worker: fibers, barriers, warp collectives, reports
+//   fiber.cpp    stacks and context switches
+//   runtime.cpp          the host runtime subset: memory, copies, streams, events, last error
+//   runtime_device.cpp   device queries, kernel attributes, error strings
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda_emu/launch.h"
+
+namespace minidl::emu::detail {
+
+// Runs block `block_index` (linear, x fastest) of `launch` on the calling OS thread.
+void run_block(const KernelLaunch& launch, uint64_t block_index, const Options& options);
+
+// True while the calling OS thread is running a block (so a launch from a kernel can be refused).
+bool inside_kernel();
+
+// Prints "cuda_emu: <message>" to stderr and aborts the process.
+[[noreturn]] void fatal(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+// The calling host thread's last error, as cudaGetLastError reports it.
+void set_last_error(cudaError_t error);
+
+// Dynamic shared memory a launch of `kernel` may request (48 KiB unless raised by cudaFuncSetAttribute).
+size_t max_dynamic_smem(const void* kernel);
+
+// The limits the emulated device reports in cudaGetDeviceProperties and enforces at launch.
+inline constexpr size_t kDefaultDynamicSmem = 48 * 1024;
+inline constexpr size_t kMaxDynamicSmemOptin = 163 * 1024;  // an A100's (H100: 227 KiB)
+inline constexpr int kMaxThreadsPerBlock = 1024;
+
+}  // namespace minidl::emu::detail

@@ -1,0 +1,64 @@
+// Helpers for the emulator tests: device buffers, option overrides, and the source lines of planted bugs.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cuda_emu/cuda_compat.h"
+
+namespace emu_test {
+
+// A cudaMalloc'd array of n T, filled from / read back into host vectors.
+template <class T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n) : n_(n) { EXPECT_EQ(cudaMalloc(&ptr_, n * sizeof(T)), cudaSuccess); }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() const { return ptr_; }
+  std::vector<T> host() const {
+    std::vector<T> out(n_);
+    EXPECT_EQ(cudaMemcpy(out.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_;
+};
+
+// Sets emulator options for one scope, restoring the previous ones (those from the environment) after.
+class ScopedOptions {
+ public:
+  explicit ScopedOptions(minidl::emu::Options o) : saved_(minidl::emu::options()) { minidl::emu::set_options(o); }
+  ~ScopedOptions() { minidl::emu::set_options(saved_); }
+
+  static minidl::emu::Options with_order(minidl::emu::Order order) {
+    minidl::emu::Options o = minidl::emu::options();
+    o.order = order;
+    return o;
+  }
+
+ private:
+  minidl::emu::Options saved_;
+};
+
+// 1-based line of kernels.cu holding `marker` ("planted:divergent-low"), so reports can be matched exactly.
+inline int planted_line(const std::string& marker) {
+  std::ifstream in(MINIDL_EMU_KERNELS_CU);
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number)
+    if (line.find("// " + marker) != std::string::npos) return number;
+  ADD_FAILURE() << "marker '" << marker << "' not found in " << MINIDL_EMU_KERNELS_CU;
+  return -1;
+}
+
+}  // namespace emu_test
