@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -38,6 +39,14 @@ inline void expect_gradients_match(const TensorFn& f, std::vector<Tensor> inputs
   std::vector<double> r = R.to_vector();
   autograd::backward({out}, {R});
 
+  // The numeric side runs thousands of small forwards: one thread, so that two test processes sharing the cores do
+  // not spend their time waking each other's thread teams.
+  const int threads = num_threads();
+  set_num_threads(1);
+  struct RestoreThreads {
+    int n;
+    ~RestoreThreads() { set_num_threads(n); }
+  } restore{threads};
   auto objective = [&]() {
     autograd::NoGradGuard no_grad;
     std::vector<double> o = f(inputs).to_vector();
