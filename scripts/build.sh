@@ -4,6 +4,8 @@
 #   scripts/build.sh                        # cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 #   scripts/build.sh -DMINIDL_NATIVE=OFF    # extra arguments go to the cmake configure step
 #   MINIDL_BUILD_DIR=build-asan scripts/build.sh -DMINIDL_SANITIZE=ON   # a second build tree
+#   MINIDL_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=80;90" scripts/test.sh  # configure arguments for callers
+#                                                                          # (split at spaces, before "$@")
 #
 # Safe to re-run: configuring an existing tree is quick and Ninja rebuilds only what changed.
 # Uses all cores (nproc) unless CMAKE_BUILD_PARALLEL_LEVEL is set. Dependencies: scripts/install-deps.sh.
@@ -22,5 +24,6 @@ if [[ -f "$cache" ]] && ! grep -qx 'CMAKE_GENERATOR:INTERNAL=Ninja' "$cache"; th
   exit 1
 fi
 
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+read -ra env_args <<<"${MINIDL_CMAKE_ARGS:-}"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${env_args[@]}" "$@"
 cmake --build "$build_dir" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"

@@ -1,0 +1,100 @@
+// Multi-tensor fused AdamW on the GPU (ops/adamw.h; CPU reference ops/cpu/adamw.cpp). A GPT has ~150 parameter
+// tensors, many of them small (biases, layernorm weights): one launch per tensor would be ~150 launches of mostly
+// idle blocks. Instead every tensor is cut into chunks of kChunk elements, and one launch's blocks each take one
+// chunk of any tensor, as apex's multi_tensor_apply does. The per-element update is kernels::adamw_element, the
+// function the CPU loop calls, so both compute the same thing operation for operation.
+#include "ops/cuda/device_utils.h"
+#include "ops/cuda/kernels.h"
+
+namespace minidl::ops::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int64_t kChunk = 65536;  // elements per block: 128 per thread, enough to hide the launch of a block
+constexpr int kMaxTensors = 36;
+constexpr int kMaxBlocks = 320;
+
+// The tensor list travels as the kernel's by-value parameter (no host-to-device copy to order against the
+// launch). Kept under 4 KiB, the parameter limit every supported toolkit and architecture accepts.
+struct TensorList {
+  float* param[kMaxTensors];
+  const float* grad[kMaxTensors];
+  float* m[kMaxTensors];
+  float* v[kMaxTensors];
+  int64_t n[kMaxTensors];
+  unsigned char tensor[kMaxBlocks];  // block b updates chunk[b] of tensor[b]
+  int chunk[kMaxBlocks];
+};
+static_assert(sizeof(TensorList) + sizeof(minidl::kernels::AdamWConstants) <= 4096,
+              "fused_adamw: kernel parameters over 4 KiB");
+
+// Four floats of each buffer at a time when all four are 16-byte aligned (chunk starts are multiples of 4), the
+// chunk's last n % 4 elements one at a time.
+__global__ void __launch_bounds__(kThreads) fused_adamw_kernel(TensorList list, minidl::kernels::AdamWConstants c) {
+  const int t = list.tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(list.chunk[blockIdx.x]) * kChunk;
+  const int64_t size = list.n[t] - begin < kChunk ? list.n[t] - begin : kChunk;
+  float* p = list.param[t] + begin;
+  const float* g = list.grad[t] + begin;
+  float* m = list.m[t] + begin;
+  float* v = list.v[t] + begin;
+  int64_t scalar_from = 0;
+  if (aligned16(p, g, m, v)) {
+    for (int64_t i = threadIdx.x * 4; i + 4 <= size; i += kThreads * 4) {
+      FloatVec<4> pv = load_vec<4>(p + i), mv = load_vec<4>(m + i), vv = load_vec<4>(v + i);
+      const FloatVec<4> gv = load_vec<4>(g + i);
+      for (int k = 0; k < 4; ++k) minidl::kernels::adamw_element(pv.v[k], gv.v[k], mv.v[k], vv.v[k], c);
+      store_vec<4>(p + i, pv);
+      store_vec<4>(m + i, mv);
+      store_vec<4>(v + i, vv);
+    }
+    scalar_from = size / 4 * 4;
+  }
+  for (int64_t i = scalar_from + threadIdx.x; i < size; i += kThreads)
+    minidl::kernels::adamw_element(p[i], g[i], m[i], v[i], c);
+}
+
+}  // namespace
+
+cudaError_t fused_adamw(const AdamWTensor* tensors, int count, const minidl::kernels::AdamWConstants& constants,
+                        cudaStream_t stream) {
+  TensorList list{};
+  int listed = 0, blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    const AdamWTensor& t = tensors[i];
+    if (t.n == 0) continue;
+    list.param[listed] = t.param;
+    list.grad[listed] = t.grad;
+    list.m[listed] = t.m;
+    list.v[listed] = t.v;
+    list.n[listed] = t.n;
+    ++listed;
+    const int64_t chunks = (t.n + kChunk - 1) / kChunk;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      list.tensor[blocks] = static_cast<unsigned char>(listed - 1);
+      list.chunk[blocks] = static_cast<int>(chunk);
+      ++blocks;
+      const bool last_chunk = chunk == chunks - 1;
+      if (blocks < kMaxBlocks && !(listed == kMaxTensors && last_chunk)) continue;
+      // The list is full: launch it, then start the next one, with this tensor in slot 0 if chunks remain.
+      const cudaError_t launched =
+          launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants);
+      if (launched != cudaSuccess) return launched;
+      blocks = 0;
+      if (last_chunk) {
+        listed = 0;
+      } else {
+        list.param[0] = t.param;
+        list.grad[0] = t.grad;
+        list.m[0] = t.m;
+        list.v[0] = t.v;
+        list.n[0] = t.n;
+        listed = 1;
+      }
+    }
+  }
+  if (blocks == 0) return cudaSuccess;
+  return launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants);
+}
+
+}  // namespace minidl::ops::cuda

@@ -1,0 +1,139 @@
+// Fused layer norm forward and backward on the GPU (ops/layernorm.h; CPU reference ops/cpu/layernorm.cpp).
+//
+// One warp per row: a row of C floats is read by 32 lanes at consecutive addresses (coalesced, as 128-bit
+// vectors when C % 4 == 0 and the pointers are aligned), and its sums are reduced with warp shuffles, so no
+// shared memory or block barrier is needed and short rows (GPT's C = 768) keep every lane busy. Statistics are
+// f32 in a fixed butterfly order; the CPU accumulates in f64, so the two agree to ~1e-6 relative.
+#include "ops/cuda/device_utils.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/partial_sums.h"
+
+namespace minidl::ops::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;  // rows in flight per block of 256 threads
+// Backward: at most this many blocks, whatever the row count, so the dweight/dbias partials (one row of 2C per
+// warp) stay small next to dy and x, and their number depends on `rows` only, never on the GPU.
+constexpr int64_t kMaxBackwardBlocks = 128;
+
+// Forward. The row is read three times (sum, squared deviations, output): the later passes hit L1/L2, and the
+// two-pass variance does not cancel when |mean| >> std.
+template <int V>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
+    layernorm_forward_kernel(const float* x, const float* weight, const float* bias, float* y, float* mean,
+                             float* rstd, int64_t rows, int C, float eps) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (row >= rows) return;  // the whole warp leaves together; this kernel has no block barrier
+  const float* xr = x + row * C;
+  float sum = 0.0f;
+  for (int c = lane * V; c < C; c += kWarpSize * V) {
+    const FloatVec<V> xv = load_vec<V>(xr + c);
+    for (int k = 0; k < V; ++k) sum += xv.v[k];
+  }
+  const float mu = warp_sum(sum) / C;
+  float squares = 0.0f;
+  for (int c = lane * V; c < C; c += kWarpSize * V) {
+    const FloatVec<V> xv = load_vec<V>(xr + c);
+    for (int k = 0; k < V; ++k) squares += (xv.v[k] - mu) * (xv.v[k] - mu);
+  }
+  const float rs = rsqrtf(warp_sum(squares) / C + eps);
+  float* yr = y + row * C;
+  for (int c = lane * V; c < C; c += kWarpSize * V) {
+    FloatVec<V> out = load_vec<V>(xr + c);
+    const FloatVec<V> w = load_vec<V>(weight + c), b = load_vec<V>(bias + c);
+    for (int k = 0; k < V; ++k) out.v[k] = (out.v[k] - mu) * rs * w.v[k] + b.v[k];
+    store_vec<V>(yr + c, out);
+  }
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+// Backward: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight, one warp per row, rows
+// strided over the grid's warps. Each warp also accumulates dweight = sum dy * xhat and dbias = sum dy for its
+// rows into its own partial rows (dw_part, db_part); a lane always touches the same columns, so no other thread
+// reads or writes them and no atomics are needed. sum_partials then adds the warps' partials in order.
+template <int V>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
+    layernorm_backward_kernel(const float* dy, const float* x, const float* weight, const float* mean,
+                              const float* rstd, float* dx, float* partials, int64_t rows, int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  float* dw_part = partials + warp * C;
+  float* db_part = partials + (warps + warp) * C;
+  const FloatVec<V> zero{};
+  for (int c = lane * V; c < C; c += kWarpSize * V) {
+    store_vec<V>(dw_part + c, zero);
+    store_vec<V>(db_part + c, zero);
+  }
+  for (int64_t row = warp; row < rows; row += warps) {
+    const float* xr = x + row * C;
+    const float* dyr = dy + row * C;
+    const float m = mean[row], rs = rstd[row];
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    for (int c = lane * V; c < C; c += kWarpSize * V) {
+      const FloatVec<V> xv = load_vec<V>(xr + c), dyv = load_vec<V>(dyr + c), w = load_vec<V>(weight + c);
+      FloatVec<V> dw = load_vec<V>(dw_part + c), db = load_vec<V>(db_part + c);
+      for (int k = 0; k < V; ++k) {
+        const float xhat = (xv.v[k] - m) * rs, g = dyv.v[k] * w.v[k];
+        sum_g += g;
+        sum_gx += g * xhat;
+        dw.v[k] += dyv.v[k] * xhat;
+        db.v[k] += dyv.v[k];
+      }
+      store_vec<V>(dw_part + c, dw);
+      store_vec<V>(db_part + c, db);
+    }
+    const float mean_g = warp_sum(sum_g) / C, mean_gx = warp_sum(sum_gx) / C;
+    float* dxr = dx + row * C;
+    for (int c = lane * V; c < C; c += kWarpSize * V) {
+      const FloatVec<V> xv = load_vec<V>(xr + c), dyv = load_vec<V>(dyr + c), w = load_vec<V>(weight + c);
+      FloatVec<V> out;
+      for (int k = 0; k < V; ++k) out.v[k] = rs * (dyv.v[k] * w.v[k] - mean_g - (xv.v[k] - m) * rs * mean_gx);
+      store_vec<V>(dxr + c, out);
+    }
+  }
+}
+
+unsigned forward_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+unsigned backward_blocks(int64_t rows) {
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks > kMaxBackwardBlocks ? kMaxBackwardBlocks : blocks);
+}
+
+}  // namespace
+
+cudaError_t layernorm_forward(const float* x, const float* weight, const float* bias, float* y, float* mean,
+                              float* rstd, int64_t rows, int C, float eps, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const dim3 grid(forward_blocks(rows)), block(kWarpsPerBlock * kWarpSize);
+  if (C % 4 == 0 && aligned16(x, weight, bias, y))
+    return launch_kernel(layernorm_forward_kernel<4>, grid, block, 0, stream, x, weight, bias, y, mean, rstd, rows,
+                         C, eps);
+  return launch_kernel(layernorm_forward_kernel<1>, grid, block, 0, stream, x, weight, bias, y, mean, rstd, rows,
+                       C, eps);
+}
+
+size_t layernorm_backward_scratch_floats(int64_t rows, int C) {
+  return static_cast<size_t>(2 * backward_blocks(rows) * kWarpsPerBlock) * static_cast<size_t>(C);
+}
+
+cudaError_t layernorm_backward(const float* dy, const float* x, const float* weight, const float* mean,
+                               const float* rstd, float* dx, float* dweight, float* dbias, float* scratch,
+                               int64_t rows, int C, cudaStream_t stream) {
+  const unsigned blocks = backward_blocks(rows);
+  const dim3 block(kWarpsPerBlock * kWarpSize);
+  const bool vec4 = C % 4 == 0 && aligned16(dy, x, weight, dx, scratch);
+  const cudaError_t launched =
+      vec4 ? launch_kernel(layernorm_backward_kernel<4>, dim3(blocks), block, 0, stream, dy, x, weight, mean, rstd,
+                           dx, scratch, rows, C)
+           : launch_kernel(layernorm_backward_kernel<1>, dim3(blocks), block, 0, stream, dy, x, weight, mean, rstd,
+                           dx, scratch, rows, C);
+  if (launched != cudaSuccess) return launched;
+  return sum_partials(scratch, int64_t(blocks) * kWarpsPerBlock, C, dweight, dbias, 2, stream);
+}
+
+}  // namespace minidl::ops::cuda
