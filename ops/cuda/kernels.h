@@ -2,10 +2,10 @@
 //
 // Library minidl_cuda_kernels builds them with nvcc for CMAKE_CUDA_ARCHITECTURES; minidl_cuda_kernels_emu builds
 // the same sources with the host compiler against the CPU emulator of CUDA (cuda_emu/), which is how the tests
-// execute them. Each computes what the CPU op named beside it computes (same ops/kernels/ math, f32 only), and
-// validates nothing: the op's entry checks shapes, dtypes and devices first. Every launcher enqueues its kernels
-// on `stream` and returns the first launch error (cudaSuccess when all launched; faults inside a kernel surface
-// at the next synchronising call, as usual in CUDA).
+// execute them. Each computes what the CPU op named beside it computes (same ops/kernels/ math, f32 only except
+// the casts), and validates nothing: the op's entry checks shapes, dtypes and devices first. Every launcher
+// enqueues its kernels on `stream` and returns the first launch error (cudaSuccess when all launched; faults
+// inside a kernel surface at the next synchronising call, as usual in CUDA).
 //
 //   float* scratch;  // cudaMalloc'd, layernorm_backward_scratch_floats(rows, C) floats
 //   CUDA_CHECK(layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, scratch, rows, C, stream));
@@ -59,5 +59,56 @@ cudaError_t fused_adamw(const AdamWTensor* tensors, int count, const minidl::ker
 // grad (n floats) *= inv_scale in place; sets *found_inf to 1 if any result is inf or NaN, and leaves it alone
 // otherwise, so one flag (zeroed by the caller) collects every gradient of a step without a host round trip.
 cudaError_t unscale_and_check(float* grad, int64_t n, float inv_scale, int* found_inf, cudaStream_t stream);
+
+// ---- cross_entropy.cu: ops::cross_entropy_forward / cross_entropy_backward ----
+// logits: (rows, classes); targets: (rows) i64, each in [0, classes) or ignore_index (not checked here: the op's
+// entry checks target values). Writes lse (rows), row_loss (rows; device scratch, 0 for ignored rows), *loss
+// (the mean over counted rows when `mean`, else the sum; NaN for a mean over no row) and *count (rows whose target
+// is not ignore_index), all on the device. The loss is added in a fixed order: the same bits on every run.
+cudaError_t cross_entropy_forward(const float* logits, const int64_t* targets, float* lse, float* row_loss,
+                                  float* loss, int64_t* count, int64_t rows, int64_t classes, int64_t ignore_index,
+                                  bool mean, cudaStream_t stream);
+// dloss: device scalar; divisor: device count from the forward for the mean, nullptr for the sum (divisor 1).
+// dlogits (rows, classes) = (softmax - onehot) * dloss / divisor, zeros for ignored rows.
+cudaError_t cross_entropy_backward(const float* dloss, const float* logits, const int64_t* targets,
+                                   const float* lse, const int64_t* divisor, float* dlogits, int64_t rows,
+                                   int64_t classes, int64_t ignore_index, cudaStream_t stream);
+
+// ---- dropout.cu: ops::dropout (f32) ----
+// y (n) = x * keep / (1 - p) with the CPU's mask (ops/kernels/dropout.h), bit for bit; backward is the same call
+// on the gradient. `stream` is the Philox stream id, `cuda_stream` the CUDA stream.
+cudaError_t dropout(const float* x, float* y, int64_t n, double p, uint64_t seed, uint64_t stream,
+                    uint64_t offset, cudaStream_t cuda_stream);
+
+// ---- embedding.cu: ops::embedding_forward / embedding_backward ----
+// weight: (vocab, C); ids: n i64 positions, each in [0, vocab) (not checked here) -> out (n, C).
+cudaError_t embedding_forward(const float* weight, const int64_t* ids, float* out, int64_t n, int C,
+                              cudaStream_t stream);
+// grad_out: (n, C) -> dweight (vocab, C), overwritten. deterministic: each row adds its positions in increasing
+// order (the CPU op's bits, on every run); otherwise float atomics (faster on skewed ids, last bits vary).
+cudaError_t embedding_backward(const float* grad_out, const int64_t* ids, float* dweight, int64_t n,
+                               int64_t vocab, int C, bool deterministic, cudaStream_t stream);
+
+// ---- cast.cu: ops::cast between f32 and f16/bf16 ----
+// n elements, round to nearest even to 16 bits (the CPU's bits for every non-NaN value), exact to f32.
+cudaError_t cast_f32_to_f16(const float* src, __half* dst, int64_t n, cudaStream_t stream);
+cudaError_t cast_f32_to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t stream);
+cudaError_t cast_f16_to_f32(const __half* src, float* dst, int64_t n, cudaStream_t stream);
+cudaError_t cast_bf16_to_f32(const __nv_bfloat16* src, float* dst, int64_t n, cudaStream_t stream);
+
+// ---- attention.cu: ops::causal_attention_forward (f32) ----
+// qkv: (B, T, 3C) as GPT-2's c_attn writes it; head dimension D = C / n_head must be 16, 32 or 64
+// (cudaErrorInvalidValue otherwise). out: (B, T, C), lse: (B, n_head, T).
+cudaError_t causal_attention_forward(const float* qkv, float* out, float* lse, int B, int T, int C, int n_head,
+                                     cudaStream_t stream);
+
+// ---- attention_backward.cu: ops::causal_attention_backward (f32) ----
+// Floats of device scratch that causal_attention_backward needs (rowsum(dout * out) per query row and head).
+size_t causal_attention_backward_scratch_floats(int B, int T, int n_head);
+// dout, out: (B, T, C); lse: (B, n_head, T) from the forward -> dqkv (B, T, 3C), every element overwritten, the
+// same bits on every run (no atomics). Same head dimensions as the forward.
+cudaError_t causal_attention_backward(const float* dout, const float* qkv, const float* out, const float* lse,
+                                      float* dqkv, float* scratch, int B, int T, int C, int n_head,
+                                      cudaStream_t stream);
 
 }  // namespace minidl::ops::cuda
