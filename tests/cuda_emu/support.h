@@ -8,32 +8,11 @@
 #include <vector>
 
 #include "cuda_emu/cuda_compat.h"
+#include "tests/support/device_buffer.h"
 
 namespace emu_test {
 
-// A cudaMalloc'd array of n T, filled from / read back into host vectors.
-template <class T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t n) : n_(n) { EXPECT_EQ(cudaMalloc(&ptr_, n * sizeof(T)), cudaSuccess); }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  T* get() const { return ptr_; }
-  std::vector<T> host() const {
-    std::vector<T> out(n_);
-    EXPECT_EQ(cudaMemcpy(out.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return out;
-  }
-
- private:
-  T* ptr_ = nullptr;
-  size_t n_;
-};
+using minidl::testing::DeviceBuffer;
 
 // Sets emulator options for one scope, restoring the previous ones (those from the environment) after.
 class ScopedOptions {
