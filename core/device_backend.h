@@ -18,7 +18,6 @@ namespace minidl {
 
 // Every function takes the device index it acts on. Pointers are device pointers unless the Device says CPU.
 struct DeviceBackend {
-  const char* name;  // "cuda" or "cuda (emulated)": shown in messages
   // bytes > 0. The Allocation's tag is the current MemTag; the backend charges the device's ledger.
   Allocation (*allocate)(size_t bytes, int device);
   void (*free)(const Allocation& a, int device);

@@ -44,13 +44,7 @@ void backend_memset_zero(void* ptr, size_t bytes, int device) {
 
 void backend_synchronize(int device) { MINIDL_CUDA_CHECK(cudaStreamSynchronize(current_stream(device))); }
 
-#if defined(MINIDL_CUDA_CORE_EMULATED)
-constexpr const char* kName = "cuda (emulated)";
-#else
-constexpr const char* kName = "cuda";
-#endif
-
-const DeviceBackend kBackend{kName, backend_allocate, backend_free, backend_copy, backend_memset_zero,
+const DeviceBackend kBackend{backend_allocate, backend_free, backend_copy, backend_memset_zero,
                              backend_synchronize};
 
 // Registers at static-init time whenever this object file is linked (any use of minidl::cuda pulls it in via
