@@ -88,9 +88,14 @@ Tensor Tensor::to(DType dt) const {
   return autograd::record("cast", {*this}, out, [in_dt](const Tensor& g) { return std::vector<Tensor>{g.to(in_dt)}; });
 }
 
+// A copy on `dev` (contiguous); its gradient is moved back to this tensor's device.
 Tensor Tensor::to(Device dev) const {
-  MINIDL_CHECK(dev == device(), "to(", dev, "): this build of minidl has no CUDA backend");
-  return *this;
+  if (dev == device()) return *this;
+  Tensor out = Tensor::empty(shape(), dtype(), dev);
+  out.copy_(*this);
+  Device in_dev = device();
+  return autograd::record("to_device", {*this}, out,
+                          [in_dev](const Tensor& g) { return std::vector<Tensor>{g.to(in_dev)}; });
 }
 
 }  // namespace minidl

@@ -8,11 +8,52 @@
 namespace minidl {
 
 Storage::Storage(size_t bytes, Device device) : device_(device) {
-  MINIDL_CHECK(device.is_cpu(), "cannot allocate on ", device, ": this build of minidl has no CUDA backend");
-  alloc_ = cpu_allocate(bytes);
+  if (device.is_cpu()) {
+    alloc_ = cpu_allocate(bytes);
+    return;
+  }
+  backend_ = &device_backend(device, "allocate");
+  if (bytes > 0) alloc_ = backend_->allocate(bytes, device.index);
 }
 
-Storage::~Storage() { cpu_free(alloc_); }
+Storage::~Storage() {
+  if (backend_ == nullptr) {
+    cpu_free(alloc_);
+  } else if (alloc_.ptr != nullptr) {
+    backend_->free(alloc_, device_.index);
+  }
+}
+
+void check_cpu_op(const char* op, const char* name, const Tensor& t) {
+  MINIDL_CHECK(!t.defined() || t.device().is_cpu(), op, ": no kernel for ", t.device(), " in this build (got ", name,
+               " on ", t.device(), "; move it with to(Device::cpu()))");
+}
+
+// Device tensors are read and written on the host through a mirror: a CPU tensor with the same shape, strides
+// and dtype over a host copy of the bytes the view spans (strides are non-negative, so the span starts at the
+// view's first element). `download` = false skips reading when every spanned byte will be overwritten.
+static Tensor host_mirror(const Tensor& t, bool download) {
+  int64_t span = t.numel() > 0 ? 1 : 0;
+  for (int i = 0; i < t.dim() && span > 0; ++i) {
+    MINIDL_ASSERT(t.stride(i) >= 0, "negative stride in ", t.strides());
+    span += (t.size(i) - 1) * t.stride(i);
+  }
+  Tensor buffer = Tensor::empty(Shape{span}, t.dtype());
+  Tensor mirror = buffer.as_strided(t.shape(), t.strides(), 0);
+  if (download && span > 0)
+    device_backend(t.device(), "read").copy(buffer.raw_data(), Device::cpu(), t.raw_device_data(), t.device(),
+                                              buffer.nbytes());
+  return mirror;
+}
+
+// Writes a mirror's span back to the device tensor it was made from.
+static void upload_mirror(const Tensor& mirror, const Tensor& t) {
+  int64_t span = mirror.numel() > 0 ? 1 : 0;
+  for (int i = 0; i < mirror.dim() && span > 0; ++i) span += (mirror.size(i) - 1) * mirror.stride(i);
+  if (span > 0)
+    device_backend(t.device(), "write").copy(t.raw_device_data(), t.device(), mirror.raw_data(), Device::cpu(),
+                                             size_t(span) * dtype_size(t.dtype()));
+}
 
 Strides contiguous_strides(const Shape& shape) {
   Strides s = shape;
@@ -36,7 +77,11 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.raw_data(), 0, t.nbytes());
+  if (device.is_cpu()) {
+    std::memset(t.raw_data(), 0, t.nbytes());
+  } else if (t.nbytes() > 0) {
+    device_backend(device, "zero").memset_zero(t.raw_device_data(), t.nbytes(), device.index);
+  }
   return t;
 }
 
@@ -119,6 +164,7 @@ double Tensor::item() const {
 }
 
 std::vector<double> Tensor::to_vector() const {
+  if (!device().is_cpu()) return host_mirror(*this, true).to_vector();
   std::vector<double> out;
   out.reserve(size_t(numel()));
   dispatch_dtype(dtype(), [&](auto tag) {
@@ -147,7 +193,22 @@ Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t of
 Tensor& Tensor::copy_(const Tensor& src) {
   MINIDL_CHECK(src.shape() == shape(), "copy_: source shape ", src.shape(), " does not match destination shape ",
                shape());
-  MINIDL_CHECK(src.device() == device(), "copy_: source is on ", src.device(), ", destination on ", device());
+  if (!device().is_cpu() || !src.device().is_cpu()) {
+    if (dtype() == src.dtype() && is_contiguous() && src.is_contiguous()) {
+      if (nbytes() > 0) {
+        Device d = device().is_cpu() ? src.device() : device();
+        device_backend(d, "copy").copy(raw_device_data(), device(), src.raw_device_data(), src.device(), nbytes());
+      }
+      return *this;
+    }
+    // Strided or converting: do it on the host, then write the destination's span back.
+    Tensor host_src = src.device().is_cpu() ? src : host_mirror(src, true);
+    if (device().is_cpu()) return copy_(host_src);
+    Tensor host_dst = host_mirror(*this, !is_contiguous());
+    host_dst.copy_(host_src);
+    upload_mirror(host_dst, *this);
+    return *this;
+  }
   if (dtype() == src.dtype() && is_contiguous() && src.is_contiguous()) {
     std::memmove(raw_data(), src.raw_data(), nbytes());
     return *this;
@@ -177,6 +238,12 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(double value) {
+  if (!device().is_cpu()) {
+    Tensor host = host_mirror(*this, !is_contiguous());
+    host.fill_(value);
+    upload_mirror(host, *this);
+    return *this;
+  }
   dispatch_dtype(dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v = from_double<T>(value);
@@ -203,7 +270,7 @@ void Tensor::register_grad_ready_hook(GradReadyHook hook) {
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "Tensor(undefined)";
   os << "Tensor(shape=" << t.shape() << ", dtype=" << t.dtype() << ", device=" << t.device();
-  if (t.device().is_cpu()) {
+  {
     std::vector<double> v = t.to_vector();
     os << ", data=[";
     for (size_t i = 0; i < v.size() && i < 16; ++i) os << (i ? ", " : "") << std::setprecision(6) << v[i];

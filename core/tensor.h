@@ -8,6 +8,10 @@
 // Copies of a Tensor share everything (like torch.Tensor). Views (reshape of contiguous data, transpose, narrow)
 // share storage; contiguous() copies only when needed. View methods are differentiable: they are defined in
 // autograd/views.cpp. Raw, non-recording primitives (as_strided, copy_, fill_) live here.
+//
+// Device tensors (Device::cuda(i)) need a registered backend (core/device_backend.h, library minidl_cuda_core).
+// data<T>() and raw_data() are for CPU code and refuse a device tensor; device code uses device_data<T>().
+// to_vector(), item() and printing copy a device tensor to the host first.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/device_backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/memory.h"
@@ -35,6 +40,7 @@ using Strides = Shape;
 // A buffer from an allocator. Freed (returned to the cache) when the last tensor using it goes away.
 class Storage {
  public:
+  // Non-CPU devices allocate through the registered DeviceBackend; without one this throws naming the device.
   Storage(size_t bytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -47,6 +53,7 @@ class Storage {
  private:
   Allocation alloc_;
   Device device_;
+  const DeviceBackend* backend_ = nullptr;  // null on the CPU
 };
 
 struct TensorImpl;
@@ -107,15 +114,27 @@ class Tensor {
   bool same(const Tensor& o) const { return impl_ == o.impl_; }
   bool shares_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
 
-  // ---- data access (CPU) ----
-  void* raw_data() const { return static_cast<char*>(impl_->storage->data()) + impl_->offset; }
-  // Typed pointer to the first element; checks the dtype.
+  // ---- data access ----
+  // Pointer to the first element, for CPU code: refuses a device tensor (its memory is not host-addressable).
+  void* raw_data() const {
+    MINIDL_CHECK(device().is_cpu(), "raw_data(): the tensor is on ", device(),
+                 "; CPU code cannot read device memory (copy it with to(Device::cpu()))");
+    return raw_device_data();
+  }
+  // Typed pointer to the first element of a CPU tensor; checks the dtype and the device.
   template <class T>
   T* data() const {
-    MINIDL_CHECK(defined(), "data<", dtype_name(dtype_of<T>::value), ">(): undefined tensor");
-    MINIDL_CHECK(dtype() == dtype_of<T>::value, "data<", dtype_name(dtype_of<T>::value),
-                 ">(): tensor has dtype ", dtype());
-    return static_cast<T*>(raw_data());
+    check_data_access<T>("data");
+    MINIDL_CHECK(device().is_cpu(), "data<", dtype_name(dtype_of<T>::value), ">(): the tensor is on ", device(),
+                 "; CPU code cannot read device memory (a device kernel uses device_data<T>())");
+    return static_cast<T*>(raw_device_data());
+  }
+  // The same pointers on any device: for device kernels and backends, never dereferenced on the host.
+  void* raw_device_data() const { return static_cast<char*>(impl_->storage->data()) + impl_->offset; }
+  template <class T>
+  T* device_data() const {
+    check_data_access<T>("device_data");
+    return static_cast<T*>(raw_device_data());
   }
   // The single element of a one-element tensor, as double.
   double item() const;
@@ -125,7 +144,9 @@ class Tensor {
 
   // ---- raw primitives (never recorded by autograd) ----
   Tensor as_strided(const Shape& shape, const Strides& strides, int64_t offset_elems) const;
-  Tensor& copy_(const Tensor& src);  // shapes must match; converts dtype; any strides
+  // Shapes must match; converts dtype; any strides; across devices (contiguous same-dtype copies go straight
+  // through the backend, anything else is staged through a host copy).
+  Tensor& copy_(const Tensor& src);
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
   // Same data, no autograd history.
@@ -139,7 +160,7 @@ class Tensor {
   Tensor contiguous() const;
   Tensor to(DType dtype) const;
   Tensor clone() const;
-  Tensor to(Device device) const;
+  Tensor to(Device device) const;  // differentiable: backward moves the gradient back
 
   // ---- autograd ----
   bool requires_grad() const { return impl_->autograd.requires_grad; }
@@ -155,8 +176,18 @@ class Tensor {
   void register_grad_ready_hook(GradReadyHook hook);
 
  private:
+  template <class T>
+  void check_data_access(const char* accessor) const {
+    MINIDL_CHECK(defined(), accessor, "<", dtype_name(dtype_of<T>::value), ">(): undefined tensor");
+    MINIDL_CHECK(dtype() == dtype_of<T>::value, accessor, "<", dtype_name(dtype_of<T>::value),
+                 ">(): tensor has dtype ", dtype());
+  }
+
   std::shared_ptr<TensorImpl> impl_;
 };
+
+// For an op's entry: throws "<op>: no kernel for <device> (got <name> on cuda:0)" unless t is on the CPU.
+void check_cpu_op(const char* op, const char* name, const Tensor& t);
 
 // Contiguous strides for a shape.
 Strides contiguous_strides(const Shape& shape);

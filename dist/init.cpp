@@ -82,6 +82,7 @@ Context init(int& argc, char**& argv) {
                "dist::init: the MPI library provides thread level ", ctx.thread_level_,
                "; minidl needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE");
   MINIDL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &ctx.rank_));
+  ::minidl::detail::set_process_rank(ctx.rank_);
   MINIDL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &ctx.world_size_));
 
   // Open MPI's launcher tells each process where it stands on its host; other launchers (and a singleton) get

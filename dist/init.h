@@ -78,9 +78,4 @@ namespace detail {
 }  // namespace minidl::dist
 
 // Runs an MPI call; on failure throws minidl::Error with MPI's error text, the rank and file:line.
-#define MINIDL_MPI_CHECK(call)                                                           \
-  do {                                                                                   \
-    int minidl_mpi_status_ = (call);                                                     \
-    if (minidl_mpi_status_ != MPI_SUCCESS) [[unlikely]]                                  \
-      ::minidl::dist::detail::throw_mpi_error(minidl_mpi_status_, #call, __FILE__, __LINE__); \
-  } while (0)
+#define MINIDL_MPI_CHECK(call) MINIDL_STATUS_CHECK(call, #call, MPI_SUCCESS, ::minidl::dist::detail::throw_mpi_error)

@@ -39,6 +39,7 @@ namespace {
 Shape check_binary(const char* op, const Tensor& a, const Tensor& b) {
   MINIDL_CHECK(a.defined() && b.defined(), op, ": undefined input");
   MINIDL_CHECK(a.device() == b.device(), op, ": inputs are on ", a.device(), " and ", b.device());
+  check_cpu_op(op, "a", a);
   MINIDL_CHECK(a.dtype() == b.dtype(), op, ": dtypes ", a.dtype(), " and ", b.dtype(), " differ");
   return broadcast_shapes(op, a.shape(), b.shape());
 }
@@ -85,6 +86,7 @@ Tensor binary(const char* name, const Tensor& a, const Tensor& b, Op op) {
 template <class Op>
 Tensor unary(const char* name, const Tensor& a, Op op) {
   MINIDL_CHECK(a.defined(), name, ": undefined input");
+  check_cpu_op(name, "input", a);
   if (is_half(a.dtype())) return cast(unary(name, upcast(a), op), a.dtype());
   return dispatch_float(name, a.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -158,6 +158,7 @@ Shape check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   MINIDL_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: expected inputs with at least 2 dimensions, got ", a.shape(),
                " and ", b.shape());
   MINIDL_CHECK(a.device() == b.device(), "matmul: inputs are on ", a.device(), " and ", b.device());
+  check_cpu_op("matmul", "a", a);
   MINIDL_CHECK(a.dtype() == b.dtype(), "matmul: dtypes ", a.dtype(), " and ", b.dtype(), " differ");
   int64_t K = ta ? a.size(-2) : a.size(-1), Kb = tb ? b.size(-1) : b.size(-2);
   MINIDL_CHECK(K == Kb, "matmul: inner dimensions differ: a ", a.shape(), ta ? " (transposed)" : "", " has K=", K,
@@ -248,6 +249,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   MINIDL_CHECK(x.defined() && weight.defined(), "linear: undefined input");
+  check_cpu_op("linear", "x", x);
+  check_cpu_op("linear", "weight", weight);
   MINIDL_CHECK(x.dim() >= 1 && weight.dim() == 2, "linear: expected x (..., in) and weight (in, out), got ",
                x.shape(), " and ", weight.shape());
   MINIDL_CHECK(x.size(-1) == weight.size(0), "linear: x ", x.shape(), " has ", x.size(-1),

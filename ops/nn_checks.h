@@ -1,6 +1,7 @@
 // Argument checks shared by the neural-network ops (embedding, layernorm, gelu, softmax, cross-entropy,
 // attention, dropout). Each names the op and the argument, and says what was expected and what was given.
-// Kernels assume these passed: contiguous, CPU-addressable, matching float dtypes.
+// Kernels assume these passed: contiguous, on the CPU (a device tensor is refused naming the op and the device:
+// these ops have no CUDA kernels yet), matching float dtypes.
 #pragma once
 
 #include "core/tensor.h"
@@ -9,6 +10,7 @@ namespace minidl::ops {
 
 inline void check_defined(const char* op, const char* name, const Tensor& t) {
   MINIDL_CHECK(t.defined(), op, ": ", name, " is undefined");
+  check_cpu_op(op, name, t);
 }
 
 inline void check_contiguous(const char* op, const char* name, const Tensor& t) {

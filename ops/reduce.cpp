@@ -56,6 +56,7 @@ Shape reduced_shape(const Shape& shape, int dim, bool keepdim) {
 }
 
 Tensor sum(const Tensor& x) {
+  check_cpu_op("sum", "x", x);
   if (is_half(x.dtype())) return cast(sum(upcast(x)), x.dtype());
   return dispatch_float("sum", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -84,6 +85,7 @@ Tensor mean(const Tensor& x) {
 }
 
 Tensor max(const Tensor& x) {
+  check_cpu_op("max", "x", x);
   MINIDL_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor of shape ", x.shape());
   return dispatch_float("max", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -97,6 +99,7 @@ Tensor max(const Tensor& x) {
 }
 
 Tensor sum(const Tensor& x, int dim, bool keepdim) {
+  check_cpu_op("sum", "x", x);
   if (is_half(x.dtype())) return cast(sum(upcast(x), dim, keepdim), x.dtype());
   int d = x.wrap_dim(dim);
   return dispatch_float("sum", x.dtype(), [&](auto tag) {
@@ -138,6 +141,7 @@ Tensor mean(const Tensor& x, int dim, bool keepdim) {
 }
 
 MaxResult max(const Tensor& x, int dim, bool keepdim) {
+  check_cpu_op("max", "x", x);
   int d = x.wrap_dim(dim);
   MINIDL_CHECK(x.size(d) > 0, "max: cannot reduce over empty dimension ", d, " of shape ", x.shape());
   return dispatch_float("max", x.dtype(), [&](auto tag) {

@@ -69,6 +69,7 @@ void cast_into(const Tensor& src, Tensor& dst) {
 Tensor cast(const Tensor& t, DType dt) {
   MINIDL_CHECK(t.defined(), "cast: undefined input");
   if (t.dtype() == dt && t.is_contiguous()) return t;
+  check_cpu_op("cast", "input", t);
   Tensor src = t.is_contiguous() ? t : t.detach().contiguous();
   Tensor out = Tensor::empty(src.shape(), dt, src.device());
   cast_into(src, out);

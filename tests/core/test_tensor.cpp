@@ -93,3 +93,25 @@ TEST(Tensor, BadInputsNameWhatWasExpected) {
   EXPECT_THROW(Tensor::zeros({2}).copy_(Tensor::zeros({3})), Error);
   EXPECT_THROW(Tensor::from_vector(std::vector<double>{1, 2, 3}, {2, 2}), Error);
 }
+
+namespace minidl {
+namespace {
+
+// test_core links no device backend: a CUDA tensor is refused with a message that says what to link.
+TEST(TensorDevice, CpuOnlyBuildRefusesCudaTensorsByName) {
+  try {
+    Tensor::zeros({2}, DType::f32, Device::cuda(0));
+    ADD_FAILURE() << "expected minidl::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "cannot allocate on cuda:0: this build of minidl has no CUDA backend (link minidl_cuda_core)"),
+              std::string::npos)
+        << e.what();
+  }
+  Tensor x = Tensor::ones({2});
+  EXPECT_THROW(x.to(Device::cuda(0)), Error);
+  EXPECT_TRUE(x.to(Device::cpu()).same(x));
+}
+
+}  // namespace
+}  // namespace minidl

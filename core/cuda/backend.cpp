@@ -1,0 +1,58 @@
+// The DeviceBackend that core's Storage and Tensor use for cuda devices: the caching allocator, copies and
+// memsets ordered on each device's compute stream.
+#include "core/cuda/cuda.h"
+#include "core/device_backend.h"
+
+namespace minidl::cuda {
+
+namespace {
+
+Allocation backend_allocate(size_t bytes, int device) {
+  Allocation a;
+  a.tag = current_mem_tag();
+  a.ptr = allocate(bytes, device, &a.bytes);
+  return a;
+}
+
+void backend_free(const Allocation& a, int device) { free(a.ptr, device); }
+
+// A copy that touches host memory completes before returning (the host may read or reuse it at once); a
+// device-to-device copy stays queued on the destination's compute stream.
+void backend_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  const int device = dst_device.is_cuda() ? dst_device.index : src_device.index;
+  const cudaMemcpyKind kind = dst_device.is_cuda() ? (src_device.is_cuda() ? cudaMemcpyDeviceToDevice
+                                                                            : cudaMemcpyHostToDevice)
+                                                   : cudaMemcpyDeviceToHost;
+  cudaStream_t stream = current_stream(device);
+  DeviceGuard guard(device);
+  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
+    // Peer copy through unified addressing; the source's pending work must finish before this stream reads it.
+    Event ready(false);
+    ready.record(current_stream(src_device.index));
+    ready.wait(stream);
+    MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    return;
+  }
+  MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  if (kind != cudaMemcpyDeviceToDevice) MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void backend_memset_zero(void* ptr, size_t bytes, int device) {
+  DeviceGuard guard(device);
+  MINIDL_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, current_stream(device)));
+}
+
+void backend_synchronize(int device) { MINIDL_CUDA_CHECK(cudaStreamSynchronize(current_stream(device))); }
+
+const DeviceBackend kBackend{backend_allocate, backend_free, backend_copy, backend_memset_zero,
+                             backend_synchronize};
+
+// Registers at static-init time whenever this object file is linked (any use of minidl::cuda pulls it in via
+// register_backend(); a program that only uses Tensor calls register_backend() itself).
+[[maybe_unused]] const bool registered = (register_device_backend(DeviceKind::kCUDA, &kBackend), true);
+
+}  // namespace
+
+void register_backend() { register_device_backend(DeviceKind::kCUDA, &kBackend); }
+
+}  // namespace minidl::cuda

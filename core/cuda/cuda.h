@@ -1,0 +1,112 @@
+// The CUDA side of core (library minidl_cuda_core, or minidl_cuda_core_emu built against the CPU emulator of
+// CUDA): the device backend behind Tensor's cuda devices, the caching stream-ordered allocator, one compute
+// stream per device, events, a device guard and pinned host buffers. Core itself never includes this file or
+// links a CUDA runtime; it reaches the device through the hook table in core/device_backend.h.
+//
+//   minidl::cuda::register_backend();                 // once, before the first device tensor
+//   Tensor x = Tensor::randn({B, T, C}, rng).to(Device::cuda(0));
+//   cuda::Event done;  done.record(cuda::current_stream(0));  ...  done.synchronize();
+//
+// Allocator: blocks are rounded up to 512 bytes and cached by size; a freed block remembers the stream it was
+// last used on and is handed out again only for that stream (work queued there before the free is ordered
+// before the new user's work), so a training step that asks for the same sizes makes no cudaMalloc or
+// cudaFree after the first step. Only empty_cache() (and an allocation that fails while blocks are cached)
+// returns memory to CUDA. Live bytes are charged to ledger(Device::cuda(i)) under the current MemTag.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/cuda/check.h"
+
+namespace minidl::cuda {
+
+// Registers this library's backend for DeviceKind::kCUDA (idempotent; also done at static-init time when the
+// backend's object file is linked).
+void register_backend();
+
+// Number of devices the runtime sees (0 when there is none).
+int device_count();
+
+// The device's compute stream, created on first use (non-blocking with respect to the legacy default stream).
+cudaStream_t current_stream(int device);
+
+// ---- the caching allocator ----
+// A block of at least `bytes` (rounded up to kBlockRound, the size it is cached and charged by; returned in
+// *rounded_bytes) for work on current_stream(device), charged to the device's ledger under current_mem_tag().
+constexpr size_t kBlockRound = 512;
+void* allocate(size_t bytes, int device, size_t* rounded_bytes = nullptr);
+// Returns a block from allocate() to the cache (no cudaFree).
+void free(void* ptr, int device);
+// cudaFree of every cached (unused) block of every device, after synchronizing their streams.
+void empty_cache();
+
+struct AllocatorStats {
+  int64_t cuda_mallocs = 0;   // calls to cudaMalloc since the start (a steady-state step adds none)
+  int64_t cuda_frees = 0;     // calls to cudaFree (empty_cache and out-of-memory retries only)
+  int64_t allocated_bytes = 0;  // in live blocks
+  int64_t cached_bytes = 0;     // in cached, unused blocks
+};
+AllocatorStats allocator_stats(int device);
+
+// ---- RAII helpers ----
+
+// Makes `device` current for the calling thread in its scope, then restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// A CUDA event: orders work across streams (record on the producer, wait on the consumer) and times it.
+class Event {
+ public:
+  explicit Event(bool timing = true);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record(cudaStream_t stream);
+  // Work queued on `stream` after this call starts only when the recorded work has finished (no host wait).
+  void wait(cudaStream_t stream) const;
+  // Blocks the host until the recorded work has finished.
+  void synchronize() const;
+  // Milliseconds from this event to `end` (both recorded, both with timing).
+  float elapsed_ms(const Event& end) const;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Page-locked host memory (cudaMallocHost) for asynchronous host<->device copies.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace minidl::cuda

@@ -1,0 +1,40 @@
+// The hook table through which core reaches a non-CPU device, so the minidl library itself never links a device
+// runtime. A backend library (minidl_cuda_core, or its emulated twin minidl_cuda_core_emu) fills a DeviceBackend
+// and registers it; Storage, Tensor::zeros/copy_/to and the host reads of device tensors go through it.
+//
+//   minidl::cuda::register_backend();                  // from core/cuda/cuda.h, in a program that links it
+//   Tensor x = Tensor::zeros({4, 8}, DType::f32, Device::cuda(0));
+//
+// Without a registered backend, allocating on the device throws
+//   "cannot allocate on cuda:0: this build of minidl has no CUDA backend (link minidl_cuda_core)".
+#pragma once
+
+#include <cstddef>
+
+#include "core/device.h"
+#include "core/memory.h"
+
+namespace minidl {
+
+// Every function takes the device index it acts on. Pointers are device pointers unless the Device says CPU.
+struct DeviceBackend {
+  // bytes > 0. The Allocation's tag is the current MemTag; the backend charges the device's ledger.
+  Allocation (*allocate)(size_t bytes, int device);
+  void (*free)(const Allocation& a, int device);
+  // Copies `bytes` between any two devices of this kind or the CPU. When dst or src is on the CPU the copy has
+  // completed when the call returns; a device-to-device copy is ordered on the device's compute stream.
+  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+  // Zeroes `bytes` at a device pointer, ordered on the device's compute stream.
+  void (*memset_zero)(void* ptr, size_t bytes, int device);
+  // Waits until all work queued on the device's compute stream has finished.
+  void (*synchronize)(int device);
+};
+
+// Installs (or, with nullptr, removes) the backend of a device kind. kCPU cannot be replaced.
+void register_device_backend(DeviceKind kind, const DeviceBackend* backend);
+// The backend of `device`'s kind, or nullptr when none is registered.
+const DeviceBackend* find_device_backend(DeviceKind kind);
+// The backend of `device`; throws naming `what` and the device when none is registered.
+const DeviceBackend& device_backend(Device device, const char* what);
+
+}  // namespace minidl
