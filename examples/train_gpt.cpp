@@ -125,19 +125,19 @@ void add_flags(CLI::App& app, Options& o) {
 void validate(const Options& o, int world) {
   MINIDL_CHECK(o.dp == 0 || o.dp == world, "--dp ", o.dp, " does not match the ", world,
                " ranks this job runs on (mpirun -n); data parallelism is the only parallelism, so they must be equal");
+  // The global batch splits into dp ranks x grad_accum micro-batches of equal size.
   const int64_t dp = world;
-  MINIDL_CHECK(o.batch % dp == 0, "--batch ", o.batch, " does not divide among ", dp,
-               " data-parallel ranks: the global batch must be a multiple of --dp");
-  MINIDL_CHECK(o.grad_accum < 1 || o.batch % (dp * o.grad_accum) == 0, "--batch ", o.batch, " does not split into ",
-               dp, " ranks x --grad-accum ", o.grad_accum, " equal micro-batches: --batch must be a multiple of ",
-               dp * o.grad_accum);
+  MINIDL_CHECK(o.batch >= 1, "--batch: expected at least 1, got ", o.batch);
+  MINIDL_CHECK(o.grad_accum >= 1, "--grad-accum: expected at least 1, got ", o.grad_accum);
+  MINIDL_CHECK(o.batch % (dp * o.grad_accum) == 0, "--batch ", o.batch, " does not split into ", dp,
+               " data-parallel rank(s) x --grad-accum ", o.grad_accum,
+               " equal micro-batches: --batch must be a multiple of ", dp * o.grad_accum);
   MINIDL_CHECK(o.backend == "mpi" || o.backend == "ring", "--backend: expected mpi or ring, got '", o.backend, "'");
   MINIDL_CHECK(o.layers >= 1, "--layers: expected at least 1, got ", o.layers);
   MINIDL_CHECK(o.heads >= 1, "--heads: expected at least 1, got ", o.heads);
   MINIDL_CHECK(o.embd >= 1 && o.embd % o.heads == 0, "--embd: expected a positive multiple of --heads (", o.heads,
                "), got ", o.embd);
   MINIDL_CHECK(o.seq >= 1, "--seq: expected at least 1, got ", o.seq);
-  MINIDL_CHECK(o.batch >= 1, "--batch: expected at least 1, got ", o.batch);
   MINIDL_CHECK(o.steps >= 0, "--steps: expected 0 or more, got ", o.steps);
   MINIDL_CHECK(o.steps > 0 || !o.init_from.empty(), "--steps 0 only evaluates, which needs --init-from");
   MINIDL_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr: expected a positive number, got ", o.lr);
@@ -153,9 +153,6 @@ void validate(const Options& o, int world) {
   MINIDL_CHECK(o.eval_windows >= 1, "--eval-windows: expected at least 1, got ", o.eval_windows);
   MINIDL_CHECK(o.log_every >= 1, "--log-every: expected at least 1, got ", o.log_every);
   MINIDL_CHECK(o.sample >= 0, "--sample: expected 0 or more, got ", o.sample);
-  MINIDL_CHECK(o.grad_accum >= 1, "--grad-accum: expected at least 1, got ", o.grad_accum);
-  MINIDL_CHECK(o.batch % o.grad_accum == 0, "--batch ", o.batch, " does not split into --grad-accum ", o.grad_accum,
-               " equal micro-batches: --batch must be a multiple of --grad-accum");
   amp_dtype(o.amp);
   nn::parse_recompute(o.recompute);
   MINIDL_CHECK(o.temperature > 0, "--temperature: expected a positive number, got ", o.temperature);
