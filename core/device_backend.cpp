@@ -22,7 +22,7 @@ const DeviceBackend* find_device_backend(DeviceKind kind) {
 const DeviceBackend& device_backend(Device device, const char* what) {
   const DeviceBackend* b = find_device_backend(device.kind);
   MINIDL_CHECK(b != nullptr, "cannot ", what, " on ", device,
-               ": this build of minidl has no CUDA backend (link minidl_cuda_core)");
+               ": this build of minidl has no CUDA backend (link minidl_cuda_backend)");
   return *b;
 }
 

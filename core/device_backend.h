@@ -1,12 +1,12 @@
 // The hook table through which core reaches a non-CPU device, so the minidl library itself never links a device
-// runtime. A backend library (minidl_cuda_core, or its emulated twin minidl_cuda_core_emu) fills a DeviceBackend
+// runtime. A backend library (minidl_cuda_backend, or its emulated twin minidl_cuda_backend_emu) fills a DeviceBackend
 // and registers it; Storage, Tensor::zeros/copy_/to and the host reads of device tensors go through it.
 //
 //   minidl::cuda::register_backend();                  // from core/cuda/cuda.h, in a program that links it
 //   Tensor x = Tensor::zeros({4, 8}, DType::f32, Device::cuda(0));
 //
 // Without a registered backend, allocating on the device throws
-//   "cannot allocate on cuda:0: this build of minidl has no CUDA backend (link minidl_cuda_core)".
+//   "cannot allocate on cuda:0: this build of minidl has no CUDA backend (link minidl_cuda_backend)".
 #pragma once
 
 #include <cstddef>

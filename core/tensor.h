@@ -9,7 +9,7 @@
 // share storage; contiguous() copies only when needed. View methods are differentiable: they are defined in
 // autograd/views.cpp. Raw, non-recording primitives (as_strided, copy_, fill_) live here.
 //
-// Device tensors (Device::cuda(i)) need a registered backend (core/device_backend.h, library minidl_cuda_core).
+// Device tensors (Device::cuda(i)) need a registered backend (core/device_backend.h, library minidl_cuda_backend).
 // data<T>() and raw_data() are for CPU code and refuse a device tensor; device code uses device_data<T>().
 // to_vector(), item() and printing copy a device tensor to the host first.
 #pragma once

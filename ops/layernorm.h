@@ -8,6 +8,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 #include "ops/nn_checks.h"
 
 namespace minidl::ops {
@@ -34,6 +35,12 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
 
 // ---- argument checks, shared by every backend's entry ----
 // x: (..., C), weight: (C); returns C. The forward also checks bias like weight.
+// The CUDA kernels (ops/cuda/tensor/layernorm.cpp), filled by minidl::cuda::register_backend().
+inline DeviceKernel<LayerNormForward(const Tensor&, const Tensor&, const Tensor&, double)> layernorm_forward_device{
+    "layernorm"};
+inline DeviceKernel<LayerNormBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&)>
+    layernorm_backward_device{"layernorm_backward"};
+
 inline int64_t check_layernorm(const char* op, const Tensor& x, const Tensor& weight) {
   check_float(op, "x", x);
   MINIDL_CHECK(x.dim() >= 1 && x.size(-1) > 0, op, ": expected x of shape (..., C) with C > 0, got ", x.shape());

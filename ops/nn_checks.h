@@ -1,7 +1,8 @@
 // Argument checks shared by the neural-network ops (embedding, layernorm, gelu, softmax, cross-entropy,
 // attention, dropout). Each names the op and the argument, and says what was expected and what was given.
-// Kernels assume these passed: contiguous, on the CPU (a device tensor is refused naming the op and the device:
-// these ops have no CUDA kernels yet), matching float dtypes.
+// Kernels assume these passed: contiguous, matching float dtypes and devices. The checks accept any device: each
+// op's entry then runs its CPU code or hands device tensors to its DeviceKernel table (ops/device_kernel.h), which
+// names the op and the device when this build has no kernel for it.
 #pragma once
 
 #include "core/tensor.h"
@@ -10,7 +11,6 @@ namespace minidl::ops {
 
 inline void check_defined(const char* op, const char* name, const Tensor& t) {
   MINIDL_CHECK(t.defined(), op, ": ", name, " is undefined");
-  check_cpu_op(op, name, t);
 }
 
 inline void check_contiguous(const char* op, const char* name, const Tensor& t) {

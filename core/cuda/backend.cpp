@@ -53,6 +53,9 @@ const DeviceBackend kBackend{backend_allocate, backend_free, backend_copy, backe
 
 }  // namespace
 
-void register_backend() { register_device_backend(DeviceKind::kCUDA, &kBackend); }
+void register_backend() {
+  register_device_backend(DeviceKind::kCUDA, &kBackend);
+  register_ops();
+}
 
 }  // namespace minidl::cuda

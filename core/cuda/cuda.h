@@ -1,4 +1,4 @@
-// The CUDA side of core (library minidl_cuda_core, or minidl_cuda_core_emu built against the CPU emulator of
+// The CUDA side of core (library minidl_cuda_backend, or minidl_cuda_backend_emu built against the CPU emulator of
 // CUDA): the device backend behind Tensor's cuda devices, the caching stream-ordered allocator, one compute
 // stream per device, events, a device guard and pinned host buffers. Core itself never includes this file or
 // links a CUDA runtime; it reaches the device through the hook table in core/device_backend.h.
@@ -23,9 +23,13 @@
 
 namespace minidl::cuda {
 
-// Registers this library's backend for DeviceKind::kCUDA (idempotent; also done at static-init time when the
-// backend's object file is linked).
+// Registers this library's backend for DeviceKind::kCUDA and fills every layer's CUDA kernel tables
+// (idempotent). Call it once at program start, before the first device tensor or device op; without it device
+// ops fail naming the op ("no kernel for cuda:0 in this build").
 void register_backend();
+
+// What register_backend() calls, one function per layer that has CUDA code working on Tensors.
+void register_ops();  // ops/cuda/tensor/: the ops' DeviceKernel entries (ops/device_kernel.h)
 
 // Number of devices the runtime sees (0 when there is none).
 int device_count();

@@ -16,6 +16,7 @@ LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const 
   int64_t C = check_layernorm("layernorm", x, weight);
   check_shaped_like("layernorm", "bias", bias, Shape{C}, x);
   MINIDL_CHECK(eps > 0, "layernorm: expected eps > 0, got ", eps);
+  if (!x.device().is_cpu()) return layernorm_forward_device(x.device())(x, weight, bias, eps);
   int64_t rows = x.numel() / C;
   LayerNormForward f{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, x.dtype(), x.device()),
                      Tensor::empty({rows}, x.dtype(), x.device())};
@@ -51,6 +52,7 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   check_shaped_like("layernorm_backward", "dy", dy, x.shape(), x);
   check_shaped_like("layernorm_backward", "mean", mean, Shape{rows}, x);
   check_shaped_like("layernorm_backward", "rstd", rstd, Shape{rows}, x);
+  if (!x.device().is_cpu()) return layernorm_backward_device(x.device())(dy, x, weight, mean, rstd);
   LayerNormBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({C}, x.dtype(), x.device()),
                       Tensor::empty({C}, x.dtype(), x.device())};
   dispatch_float("layernorm_backward", x.dtype(), [&](auto tag) {

@@ -104,7 +104,7 @@ TEST(TensorDevice, CpuOnlyBuildRefusesCudaTensorsByName) {
     ADD_FAILURE() << "expected minidl::Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(
-                  "cannot allocate on cuda:0: this build of minidl has no CUDA backend (link minidl_cuda_core)"),
+                  "cannot allocate on cuda:0: this build of minidl has no CUDA backend (link minidl_cuda_backend)"),
               std::string::npos)
         << e.what();
   }

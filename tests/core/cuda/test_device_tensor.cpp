@@ -148,7 +148,7 @@ TEST_F(DeviceTensor, OpsWithoutACudaKernelNameTheOpAndTheDevice) {
 TEST_F(DeviceTensor, WithoutABackendAllocationNamesTheDevice) {
   register_device_backend(DeviceKind::kCUDA, nullptr);
   expect_throws_with([] { Tensor::zeros({2}, DType::f32, kCuda); },
-                     {"cannot allocate on cuda:0", "no CUDA backend (link minidl_cuda_core)"});
+                     {"cannot allocate on cuda:0", "no CUDA backend (link minidl_cuda_backend)"});
   cuda::register_backend();
   EXPECT_EQ(Tensor::zeros({2}, DType::f32, kCuda).device(), kCuda);
 }

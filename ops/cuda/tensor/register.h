@@ -1,0 +1,22 @@
+// The ops' CUDA entries on Tensors (one file per op family in ops/cuda/tensor/), built into the CUDA backend
+// libraries: each file validates nothing (the op's entry in ops/ did), allocates outputs and scratch on the
+// device through the caching allocator, and calls the launchers of ops/cuda/kernels.h on the device's compute
+// stream. Each file has one register_* function that fills its ops' DeviceKernel tables; register_ops()
+// (core/cuda/cuda.h) calls them all.
+#pragma once
+
+#include "core/cuda/cuda.h"
+#include "core/tensor.h"
+
+namespace minidl::ops::cuda {
+
+void register_layernorm();
+
+// The device's compute stream, with the device made current for the calling thread in the guard's scope.
+struct OnDevice {
+  explicit OnDevice(const Tensor& t) : guard(t.device().index), stream(minidl::cuda::current_stream(t.device().index)) {}
+  minidl::cuda::DeviceGuard guard;
+  cudaStream_t stream;
+};
+
+}  // namespace minidl::ops::cuda
