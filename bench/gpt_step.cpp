@@ -16,9 +16,11 @@
 #include <optional>
 #include <string>
 
+#include "core/device_backend.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "examples/gpt_training.h"
+#include "ops/matmul.h"
 
 using namespace minidl;
 
@@ -27,7 +29,9 @@ int main(int argc, char** argv) {
   int threads = 0;
   int64_t grad_accum = 1;
   std::string recompute = "none", amp = "off";
-  bool json = false;
+  bool json = false, tf32 = false;
+  std::string device_flag = "cpu";
+  double peak_tflops = 0;
   CLI::App app{"Time GPT training steps with minidl (median over --steps after --warmup steps)."};
   app.add_option("--layers", layers, "Transformer blocks")->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->capture_default_str();
@@ -42,6 +46,11 @@ int main(int argc, char** argv) {
   app.add_option("--amp", amp, "Mixed precision: off, bf16 or fp16 (fp16 with dynamic loss scaling)")
       ->capture_default_str();
   app.add_option("--grad-accum", grad_accum, "Micro-batches per step")->capture_default_str();
+  app.add_option("--device", device_flag, "cpu, cuda or cuda:N (the emulated CUDA in a MINIDL_CUDA_EMULATION build)")
+      ->capture_default_str();
+  app.add_flag("--tf32", tf32, "f32 matrix products on TF32 tensor cores (GPU)");
+  app.add_option("--peak-tflops", peak_tflops,
+                 "The GPU's dense peak TFLOP/s for MFU; default: from a table of NVIDIA GPUs by name");
   app.add_flag("--json", json, "Also print one JSON object as the last line");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -49,7 +58,10 @@ int main(int argc, char** argv) {
     set_num_threads(threads > 0 ? threads : default_num_threads());
     MINIDL_CHECK(amp == "off" || amp == "bf16" || amp == "fp16", "--amp: expected off, bf16 or fp16, got '", amp,
                  "'");
+    const Device device = train::select_device(device_flag);
+    ops::set_allow_tf32(tf32);
     nn::GPT model(nn::GPTConfig{vocab, seq, layers, heads, embd, 0.0, true}, 1337);
+    model.to(device);
     model.train();
     model.set_recompute(nn::parse_recompute(recompute));
     std::optional<optim::GradScaler> scaler;
@@ -69,6 +81,7 @@ int main(int argc, char** argv) {
       data::Batch b = sampler.batch(s);
       auto t0 = std::chrono::steady_clock::now();
       train::train_step(model, opt, b, options);
+      if (device.is_cuda()) device_backend(device, "synchronize").synchronize(device.index);  // the step's GPU work
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) ms.push_back(dt);
     }
@@ -78,21 +91,30 @@ int main(int argc, char** argv) {
     double gflops = model.flops_per_token(seq) * tokens_per_step / median / 1e6;
     const MemoryLedger& l = ledger();
     auto mb = [](int64_t b) { return double(b) / (1 << 20); };
-    std::printf("%-40s %8s %10s %9s %9s %10s %10s\n", "config", "threads", "ms/step", "tokens/s", "GFLOP/s",
-                "peak_MB", "act_MB");
+    // MFU: the model's FLOPs per second over the GPU's dense peak for the dtype its products run in.
+    const std::string name = train::device_name(device);
+    if (device.is_cuda() && peak_tflops <= 0) peak_tflops = train::gpu_peak_tflops(name, options.amp, tf32);
+    const double mfu = peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0;
+    std::printf("device: %s%s\n", name.c_str(),
+                device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str()
+                                                    : "");
+    std::printf("%-40s %8s %10s %9s %9s %10s %10s %7s\n", "config", "threads", "ms/step", "tokens/s", "GFLOP/s",
+                "peak_MB", "act_MB", "MFU");
     char cfg[96];
     std::snprintf(cfg, sizeof cfg, "L%lld H%lld C%lld T%lld B%lld %s %s", (long long)layers, (long long)heads,
                   (long long)embd, (long long)seq, (long long)batch, amp.c_str(), recompute.c_str());
-    std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f\n", cfg, num_threads(), median,
-                tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), mb(l.peak(MemTag::kActivations)));
+    std::string mfu_text = mfu > 0 ? std::to_string(mfu * 100).substr(0, 5) + "%" : "-";
+    std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f %7s\n", cfg, num_threads(), median,
+                tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), mb(l.peak(MemTag::kActivations)),
+                mfu_text.c_str());
     std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
                 mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),
                 mb(l.peak(MemTag::kActivations)), mb(l.peak_total()));
     if (json)
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
-                  "\"threads\": %d, \"act_peak_mb\": %.1f}\n",
+                  "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f}\n",
                   median, tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), num_threads(),
-                  mb(l.peak(MemTag::kActivations)));
+                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt_step: error: %s\n", e.what());
     return 2;

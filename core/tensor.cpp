@@ -252,6 +252,15 @@ Tensor& Tensor::fill_(double value) {
   return *this;
 }
 
+void Tensor::set_data(const Tensor& src) {
+  MINIDL_CHECK(defined() && src.defined(), "set_data: undefined tensor");
+  impl_->storage = src.impl_->storage;
+  impl_->offset = src.impl_->offset;
+  impl_->shape = src.impl_->shape;
+  impl_->strides = src.impl_->strides;
+  impl_->dtype = src.impl_->dtype;
+}
+
 Tensor Tensor::detach() const { return as_strided(shape(), strides(), 0); }
 
 Tensor& Tensor::set_requires_grad(bool value) {

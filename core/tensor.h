@@ -151,6 +151,10 @@ class Tensor {
   Tensor& zero_() { return fill_(0.0); }
   // Same data, no autograd history.
   Tensor detach() const;
+  // Makes this tensor (and every handle sharing it) refer to src's data: storage, offset, shape, strides and
+  // dtype; its autograd state (requires_grad, grad, hooks) stays. What Module::to uses to move parameters that
+  // layers hold by handle. Not recorded by autograd.
+  void set_data(const Tensor& src);
 
   // ---- differentiable views and conversions (autograd/views.cpp) ----
   Tensor reshape(const Shape& shape) const;  // -1 infers one dimension; copies only if not viewable

@@ -8,6 +8,10 @@
 #include <optional>
 #include <string>
 
+#if defined(MINIDL_HAVE_CUDA_BACKEND)
+#include "core/cuda/cuda.h"
+#endif
+
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "core/rng.h"
@@ -25,6 +29,9 @@ int64_t count_targets(const Tensor& y) {
   return n;
 }
 
+// Where the model's parameters live: batches are built on the host and moved there a micro-batch at a time.
+Device model_device(const nn::GPT& model) { return model.parameters().front().device(); }
+
 }  // namespace
 
 StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, const StepOptions& o) {
@@ -34,6 +41,7 @@ StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch
   MINIDL_CHECK(o.amp == DType::f32 || ops::is_half(o.amp), "train_step: amp must be f32 (off), bf16 or f16, got ",
                o.amp);
   const int64_t micro = rows / k;
+  const Device device = model_device(model);
   // The normaliser of the whole step. Under DDP each rank divides by its own slice's count and DDP averages over
   // ranks: with equal-sized slices and no ignored targets that is the global mean exactly.
   const double inv_targets = 1.0 / double(std::max<int64_t>(1, count_targets(batch.y)));
@@ -49,7 +57,7 @@ StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch
     nn::DropoutContext& dropout = model.dropout_context();
     const int64_t first = dropout.first_sample;
     for (int64_t m = 0; m < k; ++m) {
-      Tensor x = batch.x.narrow(0, m * micro, micro), y = batch.y.narrow(0, m * micro, micro);
+      Tensor x = batch.x.narrow(0, m * micro, micro).to(device), y = batch.y.narrow(0, m * micro, micro).to(device);
       dropout.first_sample = first + m * micro;
       Tensor loss = mul(model.loss(x, y, Reduction::kSum), inv_targets);
       r.loss += loss.item();
@@ -97,7 +105,8 @@ double evaluate(nn::GPT& model, const data::Batch& windows, int64_t batch) {
   double total = 0;
   for (int64_t b = 0; b < n; b += batch) {
     int64_t m = std::min(batch, n - b);
-    Tensor loss = model.loss(windows.x.narrow(0, b, m), windows.y.narrow(0, b, m));
+    Device device = model_device(model);
+    Tensor loss = model.loss(windows.x.narrow(0, b, m).to(device), windows.y.narrow(0, b, m).to(device));
     total += loss.item() * double(m);  // every window has the same number of targets
   }
   if (was_training) model.train();
@@ -115,7 +124,7 @@ std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> tokens, int64_t
   for (int64_t i = 0; i < n; ++i) {
     int64_t T = std::min<int64_t>(int64_t(tokens.size()), block);
     std::vector<int32_t> ctx(tokens.end() - T, tokens.end());
-    Tensor ids = Tensor::from_vector(ctx, Shape{1, T});
+    Tensor ids = Tensor::from_vector(ctx, Shape{1, T}).to(model_device(model));
     Tensor logits = model.forward(ids);  // (1, T, V)
     std::vector<double> last = logits.narrow(1, T - 1, 1).to_vector();
     double mx = *std::max_element(last.begin(), last.end()), sum = 0;
@@ -133,6 +142,61 @@ std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> tokens, int64_t
   }
   if (was_training) model.train();
   return tokens;
+}
+
+Device select_device(const std::string& flag, int local_rank) {
+  if (flag == "cpu") return Device::cpu();
+  int index = local_rank;
+  bool ok = flag == "cuda";
+  if (!ok && flag.rfind("cuda:", 0) == 0 && flag.size() > 5 &&
+      flag.find_first_not_of("0123456789", 5) == std::string::npos) {
+    index = std::stoi(flag.substr(5));
+    ok = true;
+  }
+  MINIDL_CHECK(ok, "--device: expected cpu, cuda or cuda:N, got '", flag, "'");
+#if defined(MINIDL_HAVE_CUDA_BACKEND)
+  cuda::register_backend();
+  int count = cuda::device_count();
+  MINIDL_CHECK(index < count, "--device ", flag, ": ", count == 0 ? "no CUDA device is visible" : "no such device",
+               " (this machine has ", count, " CUDA device", count == 1 ? "" : "s", ")");
+  return Device::cuda(index);
+#else
+  MINIDL_CHECK(false, "--device ", flag, ": this build of minidl has no CUDA backend (configure on a machine with "
+               "nvcc for GPUs, or with -DMINIDL_CUDA_EMULATION=ON to run the device path on the CPU emulator)");
+  return Device::cpu();
+#endif
+}
+
+std::string device_name(Device device) {
+#if defined(MINIDL_HAVE_CUDA_BACKEND)
+  if (device.is_cuda()) return cuda::device_name(device.index);
+#endif
+  return device.is_cpu() ? "cpu" : "cuda";
+}
+
+double gpu_peak_tflops(const std::string& name, DType dtype, bool tf32) {
+  // NVIDIA's datasheet figures without sparsity: {16-bit tensor, TF32 tensor, FP32}.
+  struct Peak {
+    const char* match;
+    double half, tf32, fp32;
+  };
+  static const Peak kPeaks[] = {
+      {"H200", 989.4, 494.7, 66.9},    {"H100 PCIe", 756.0, 378.0, 51.2}, {"H100", 989.4, 494.7, 66.9},
+      {"A100", 312.0, 156.0, 19.5},    {"A10G", 70.0, 35.0, 31.2},        {"A10", 125.0, 62.5, 31.2},
+      {"L40S", 362.1, 183.0, 91.6},    {"L4", 121.0, 60.0, 30.3},         {"RTX 4090", 165.2, 82.6, 82.6},
+      {"RTX 3090", 71.0, 35.6, 35.6},  {"V100", 125.0, 0.0, 15.7},        {"T4", 65.0, 0.0, 8.1}};
+  for (const Peak& p : kPeaks)
+    if (name.find(p.match) != std::string::npos)
+      return dtype != DType::f32 ? p.half : (tf32 && p.tf32 > 0 ? p.tf32 : p.fp32);
+  return 0.0;
+}
+
+bool cuda_is_emulated() {
+#if defined(MINIDL_CUDA_EMULATED)
+  return true;
+#else
+  return false;
+#endif
 }
 
 double peak_rss_mb() {

@@ -30,6 +30,7 @@
 #include "examples/gpt_training.h"
 #include "examples/progress.h"
 #include "nn/checkpoint.h"
+#include "ops/matmul.h"
 #include "optim/schedule.h"
 
 using namespace minidl;
@@ -51,6 +52,8 @@ struct Options {
   int64_t grad_accum = 1;
   std::string amp = "off", recompute = "none";
   bool advance_lr_on_skip = false;
+  std::string device = "cpu";
+  bool tf32 = false;
 };
 
 DType amp_dtype(const std::string& amp) {
@@ -118,6 +121,12 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--recompute", o.recompute,
                  "Activation checkpointing per block: none, attn (ln_1 + attention), mlp (ln_2 + MLP) or block")
       ->capture_default_str();
+  app.add_option("--device", o.device,
+                 "Where to train: cpu, cuda (rank r of a host uses GPU r) or cuda:N. A -DMINIDL_CUDA_EMULATION=ON "
+                 "build runs cuda on the CPU emulator of CUDA")
+      ->capture_default_str();
+  app.add_flag("--tf32", o.tf32, "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
+               "error); off by default");
   app.add_flag("--advance-lr-on-skip", o.advance_lr_on_skip,
                "fp16: advance the LR schedule on steps the loss scaler skips (default: hold it)");
 }
@@ -225,8 +234,13 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
   const int64_t windows = std::min<int64_t>(o.eval_windows, int64_t(ds.val().size()) / (seq + 1));
   nn::GPTConfig cfg = model_config(o, app, ckpt ? &*ckpt : nullptr, ds.tokenizer().size());
 
+  const Device device = train::select_device(o.device, ctx.local_rank());
+  ops::set_allow_tf32(o.tf32);
+  MINIDL_CHECK(device.is_cpu() || dp == 1, "--device ", o.device, " with --dp ", dp,
+               ": data parallelism on CUDA devices is not supported yet; use --device cpu");
   nn::GPT model(cfg, o.seed);
   if (ckpt) nn::load_into(model, o.init_from);
+  model.to(device);  // before the optimizer, whose state follows the parameters' device
   model.train();
   // Data parallelism: every rank holds the model and takes samples [rank * local, (rank + 1) * local) of each
   // global batch; DDP averages the gradients during backward.

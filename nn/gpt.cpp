@@ -92,7 +92,7 @@ void GPT::init_weights(uint64_t seed) {
 void GPT::check_ids(const Tensor& ids, const char* what, bool allow_ignore) const {
   MINIDL_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64, "GPT: expected ", what,
                " of dtype i32 or i64, got ", ids.dtype());
-  Tensor c = ids.contiguous();
+  Tensor c = ids.to(Device::cpu()).contiguous();  // a device batch is checked on a host copy
   dispatch_dtype(c.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_integral_v<T>) {
@@ -113,7 +113,7 @@ Tensor GPT::forward(const Tensor& ids) const {
                "GPT::forward: sequence length must be in [1, block_size = ", cfg_.block_size, "], got T = ", T);
   check_ids(ids, "token ids", false);
 
-  Tensor pos = Tensor::arange(T, DType::i64);
+  Tensor pos = Tensor::arange(T, DType::i64).to(ids.device());
   Tensor x = wte->forward(ids) + wpe->forward(pos);  // (B, T, C) + (T, C), broadcast over the batch
   x = drop->forward(x);
   for (const auto& block : *h) x = forward_block(block, x);

@@ -47,7 +47,9 @@ LayerNorm::LayerNorm(int64_t dim, bool bias, double eps) : eps(eps) {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  return layernorm(x, weight, bias.defined() ? bias : zero_bias_, eps);
+  if (bias.defined()) return layernorm(x, weight, bias, eps);
+  Tensor zero = zero_bias_.device() == x.device() ? zero_bias_ : Tensor::zeros(zero_bias_.shape(), x.dtype(), x.device());
+  return layernorm(x, weight, zero, eps);
 }
 
 Dropout::Dropout(double p, uint64_t stream, std::shared_ptr<const DropoutContext> ctx)

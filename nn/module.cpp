@@ -105,6 +105,23 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
   }
 }
 
+void Module::to(Device device) {
+  autograd::NoGradGuard no_grad;
+  std::set<const TensorImpl*> seen;  // a tied weight is moved once
+  NamedTensors all = named_parameters(), buffers = named_buffers();
+  all.insert(all.end(), buffers.begin(), buffers.end());
+  for (auto& [name, t] : all) {
+    if (!seen.insert(t.impl()).second || t.device() == device) continue;
+    MemoryTagGuard tag(MemTag::kParams);
+    t.set_data(t.detach().to(device));
+    Tensor g = t.grad();
+    if (g.defined()) {
+      MemoryTagGuard grad_tag(MemTag::kGrads);
+      g.set_data(g.to(device));
+    }
+  }
+}
+
 void Module::zero_grad() {
   for (auto& t : parameters())
     if (t.grad().defined()) t.grad().zero_();

@@ -75,6 +75,10 @@ class Module {
 
   // Fills every existing gradient with zeros in place (keeps the storage: DDP/ZeRO may hold views of it).
   void zero_grad();
+
+  // Moves every parameter and buffer (and gradient) of this module and its children to `device`, in place:
+  // layers and optimizers holding the tensors see the new data. Call it before making an optimizer.
+  void to(Device device);
   // Elements in all parameters, counting a tensor shared by two names once.
   int64_t num_parameters() const;
 

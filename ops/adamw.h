@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 
 namespace minidl::ops {
 
@@ -23,6 +24,10 @@ struct AdamWHyper {
 };
 
 // Updates param, m and v in place (they are handles: the data changes, not the Tensor objects).
+// The CUDA kernel (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+inline DeviceKernel<void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&)>
+    fused_adamw_device{"fused_adamw_"};
+
 void fused_adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& h);
 
 }  // namespace minidl::ops

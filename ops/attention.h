@@ -11,6 +11,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 #include "ops/nn_checks.h"
 
 namespace minidl::ops {
@@ -29,6 +30,11 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
                                  int n_head);
 
 // ---- argument checks, shared by every backend's entry ----
+// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+inline DeviceKernel<AttentionForward(const Tensor&, int)> causal_attention_forward_device{"causal_attention"};
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int)>
+    causal_attention_backward_device{"causal_attention_backward"};
+
 struct AttentionDims {
   int64_t B, T, C, H, D;
 };

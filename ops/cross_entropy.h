@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 #include "ops/nn_checks.h"
 
 namespace minidl::ops {
@@ -38,6 +39,15 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
                               int64_t divisor, int64_t ignore_index);
 
 // ---- argument checks, shared by every backend's entry (target values are checked by the kernel, on the data) ----
+// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+inline DeviceKernel<CrossEntropyForward(const Tensor&, const Tensor&, int64_t, Reduction)> cross_entropy_forward_device{
+    "cross_entropy"};
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t)>
+    cross_entropy_backward_device{"cross_entropy_backward"};
+
+// Checks every target of a CPU index tensor (in [0, classes) or ignore_index) and returns how many are counted.
+int64_t cross_entropy_count_targets(const Tensor& targets, int64_t classes, int64_t ignore_index);
+
 inline void check_cross_entropy(const Tensor& logits, const Tensor& targets) {
   check_float("cross_entropy", "logits", logits);
   MINIDL_CHECK(logits.dim() == 2 && logits.size(1) > 0,

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 #include "ops/nn_checks.h"
 
 namespace minidl::ops {
@@ -20,6 +21,10 @@ namespace minidl::ops {
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset);
 
 // ---- argument checks, shared by every backend's entry ----
+// The CUDA kernel (ops/cuda/tensor/nn.cpp; f32, the CPU's mask bit for bit), filled by
+// minidl::cuda::register_backend().
+inline DeviceKernel<Tensor(const Tensor&, double, uint64_t, uint64_t, uint64_t)> dropout_device{"dropout"};
+
 inline void check_dropout(const Tensor& x, double p) {
   check_float_or_half("dropout", "x", x);
   MINIDL_CHECK(p >= 0.0 && p < 1.0, "dropout: expected a probability p in [0, 1), got ", p);

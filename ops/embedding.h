@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 #include "ops/nn_checks.h"
 
 namespace minidl::ops {
@@ -17,6 +18,13 @@ Tensor embedding_forward(const Tensor& weight, const Tensor& ids);
 Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, int64_t vocab_size);
 
 // ---- argument checks, shared by every backend's entry (the id range is checked by the kernel, on the data) ----
+// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&)> embedding_forward_device{"embedding"};
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&, int64_t)> embedding_backward_device{"embedding_backward"};
+
+// Throws naming the first id of a CPU index tensor outside [0, vocab).
+void embedding_check_ids(const Tensor& ids, int64_t vocab);
+
 inline void check_embedding(const Tensor& weight, const Tensor& ids) {
   check_float("embedding", "weight", weight);
   MINIDL_CHECK(weight.dim() == 2, "embedding: expected weight of shape (V, C), got ", weight.shape());

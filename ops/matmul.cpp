@@ -158,7 +158,6 @@ Shape check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   MINIDL_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: expected inputs with at least 2 dimensions, got ", a.shape(),
                " and ", b.shape());
   MINIDL_CHECK(a.device() == b.device(), "matmul: inputs are on ", a.device(), " and ", b.device());
-  check_cpu_op("matmul", "a", a);
   MINIDL_CHECK(a.dtype() == b.dtype(), "matmul: dtypes ", a.dtype(), " and ", b.dtype(), " differ");
   int64_t K = ta ? a.size(-2) : a.size(-1), Kb = tb ? b.size(-1) : b.size(-2);
   MINIDL_CHECK(K == Kb, "matmul: inner dimensions differ: a ", a.shape(), ta ? " (transposed)" : "", " has K=", K,
@@ -236,8 +235,17 @@ static Tensor matmul_half(const Tensor& a, const Tensor& b, bool trans_a, bool t
   return cast(out, a.dtype());
 }
 
+static bool g_allow_tf32 = false;
+void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
+bool allow_tf32() { return g_allow_tf32; }
+
+Shape matmul_output_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  return check_matmul(a, b, trans_a, trans_b);
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   Shape shape = check_matmul(a, b, trans_a, trans_b);
+  if (!a.device().is_cpu()) return matmul_device(a.device())(a, b, trans_a, trans_b);
   if (is_half(a.dtype())) return matmul_half(a, b, trans_a, trans_b);
   return dispatch_float("matmul", a.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -249,8 +257,6 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   MINIDL_CHECK(x.defined() && weight.defined(), "linear: undefined input");
-  check_cpu_op("linear", "x", x);
-  check_cpu_op("linear", "weight", weight);
   MINIDL_CHECK(x.dim() >= 1 && weight.dim() == 2, "linear: expected x (..., in) and weight (in, out), got ",
                x.shape(), " and ", weight.shape());
   MINIDL_CHECK(x.size(-1) == weight.size(0), "linear: x ", x.shape(), " has ", x.size(-1),
@@ -268,6 +274,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   for (int i = 0; i < x.dim() - 1; ++i) rows *= x.size(i);
   Tensor x2 = x.detach().reshape(Shape{rows, in});  // copies only if x is not viewable as rows
   check_matmul(x2, weight, false, false);
+  if (bias.defined())
+    MINIDL_CHECK(bias.device() == x.device(), "linear: expected bias on ", x.device(), ", got ", bias.device());
+  if (!x.device().is_cpu()) return linear_device(x.device())(x2, weight, bias).view(out_shape);
   if (is_half(x.dtype())) {
     Tensor w = upcast(weight), b = upcast(bias);  // the weights are small; the activations go by row blocks
     return half_by_row_blocks(x2.contiguous(), Shape{out_features}, [&](const Tensor& xb) { return linear(xb, w, b); })

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 
 namespace minidl::ops {
 
@@ -26,5 +27,18 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 // x . weight + bias. x: (..., in); weight: (in, out); bias: (out) or undefined. Returns (..., out).
 // The bias is written into the output and BLAS accumulates onto it (beta = 1), saving a pass.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// Validates a product like matmul() does and returns its output shape (..., M, N).
+Shape matmul_output_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+
+// Whether f32 products on a GPU may use TF32 tensor cores (10-bit mantissa inputs, f32 accumulation; about 1e-3
+// relative error). Off by default, as in PyTorch; the CPU ignores it.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// The CUDA kernels (ops/cuda/tensor/matmul.cpp), filled by minidl::cuda::register_backend(). linear_device takes
+// x as validated 2-D rows (rows, in) and returns (rows, out).
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&, bool, bool)> matmul_device{"matmul"};
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&, const Tensor&)> linear_device{"linear"};
 
 }  // namespace minidl::ops

@@ -9,11 +9,15 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 
 namespace minidl::ops {
 
 // grad: contiguous f32. Multiplies every element by inv_scale in place; returns true if any result is inf or
 // NaN (all elements are still multiplied).
+// The CUDA kernel (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+inline DeviceKernel<bool(const Tensor&, float)> unscale_and_check_device{"unscale_and_check_"};
+
 bool unscale_and_check_(const Tensor& grad, float inv_scale);
 
 }  // namespace minidl::ops

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
 
 namespace minidl::optim {
 
@@ -41,6 +43,10 @@ double grad_norm_squared(const std::vector<Tensor>& params) {
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor g = checked_grad(params[i], i);
     if (!g.defined()) continue;
+    if (!g.device().is_cpu()) {  // on the device: one reduction, then the scalar comes back
+      total += ops::sum(ops::square(g)).item();
+      continue;
+    }
     total += dispatch_float("grad_norm_squared", g.dtype(), [&](auto tag) {
       using T = decltype(tag);
       return sum_of_squares(g.data<T>(), g.numel());
@@ -53,6 +59,10 @@ void scale_grads(const std::vector<Tensor>& params, double factor) {
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor g = checked_grad(params[i], i);
     if (!g.defined()) continue;
+    if (!g.device().is_cpu()) {
+      g.copy_(ops::mul(g, factor));
+      continue;
+    }
     dispatch_float("scale_grads", g.dtype(), [&](auto tag) {
       using T = decltype(tag);
       T* x = g.data<T>();

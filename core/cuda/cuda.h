@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/cuda/check.h"
 
@@ -33,6 +34,8 @@ void register_ops();  // ops/cuda/tensor/: the ops' DeviceKernel entries (ops/de
 
 // Number of devices the runtime sees (0 when there is none).
 int device_count();
+// The device's name as the driver reports it ("NVIDIA H100 80GB HBM3"); "CPU emulator of CUDA" when emulated.
+std::string device_name(int device);
 
 // The device's compute stream, created on first use (non-blocking with respect to the legacy default stream).
 cudaStream_t current_stream(int device);

@@ -25,6 +25,17 @@ int device_count() {
   return n;
 }
 
+std::string device_name(int device) {
+#if defined(MINIDL_CUDA_EMULATED)
+  (void)device;
+  return "CPU emulator of CUDA";
+#else
+  cudaDeviceProp prop{};
+  MINIDL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+#endif
+}
+
 cudaStream_t current_stream(int device) {
   constexpr int kMaxDevices = 16;
   MINIDL_CHECK(device >= 0 && device < kMaxDevices, "current_stream: device index ", device, " is out of range");

@@ -24,8 +24,8 @@ void fused_adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   check_buffer(grad, "grad", param);
   check_buffer(m, "m", param);
   check_buffer(v, "v", param);
-  MINIDL_CHECK(param.device().is_cpu(), "fused_adamw_: no kernel for ", param.device(), " in this build");
   MINIDL_CHECK(h.step >= 1, "fused_adamw_: expected step >= 1 (1-based), got ", h.step);
+  if (!param.device().is_cpu()) return fused_adamw_device(param.device())(param, grad, m, v, h);
 
   const kernels::AdamWConstants c =
       kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step);

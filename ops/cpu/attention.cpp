@@ -120,6 +120,7 @@ AttentionForward causal_attention_forward(const Tensor& qkv, int n_head) {
     }
     return f;
   }
+  if (!qkv.device().is_cpu()) return causal_attention_forward_device(qkv.device())(qkv, n_head);
   AttentionForward f{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
                      Tensor::empty({d.B, d.H, d.T}, qkv.dtype(), qkv.device())};
   dispatch_float("causal_attention", qkv.dtype(), [&](auto tag) {
@@ -197,6 +198,7 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
     return dqkv;
   }
   check_shaped_like("causal_attention_backward", "lse", lse, Shape{d.B, d.H, d.T}, qkv);
+  if (!qkv.device().is_cpu()) return causal_attention_backward_device(qkv.device())(dout, qkv, out, lse, n_head);
   Tensor dqkv = Tensor::zeros(qkv.shape(), qkv.dtype(), qkv.device());  // gemms accumulate into it
   dispatch_float("causal_attention_backward", qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -47,6 +47,8 @@ static void f16_to_f32(const f16* s, float* d, int64_t b, int64_t e) {
 
 void cast_into(const Tensor& src, Tensor& dst) {
   MINIDL_ASSERT(src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel());
+  MINIDL_CHECK(src.device() == dst.device(), "cast: src on ", src.device(), ", dst on ", dst.device());
+  if (!src.device().is_cpu()) return cast_into_device_kernel(src.device())(src, dst);
   DType from = src.dtype(), dt = dst.dtype();
   if (from == DType::f32 && dt == DType::bf16) {
     convert<float, bf16>(src, dst, [](float v) { return to_bf16(v); });
@@ -69,7 +71,6 @@ void cast_into(const Tensor& src, Tensor& dst) {
 Tensor cast(const Tensor& t, DType dt) {
   MINIDL_CHECK(t.defined(), "cast: undefined input");
   if (t.dtype() == dt && t.is_contiguous()) return t;
-  check_cpu_op("cast", "input", t);
   Tensor src = t.is_contiguous() ? t : t.detach().contiguous();
   Tensor out = Tensor::empty(src.shape(), dt, src.device());
   cast_into(src, out);

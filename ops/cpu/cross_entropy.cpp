@@ -30,9 +30,19 @@ static int64_t count_targets(const I* t, int64_t N, int64_t V, int64_t ignore_in
   return count;
 }
 
+int64_t cross_entropy_count_targets(const Tensor& targets, int64_t classes, int64_t ignore_index) {
+  check_index("cross_entropy", "targets", targets);
+  return dispatch_index(targets, [&](auto itag) {
+    using I = decltype(itag);
+    return count_targets(targets.data<I>(), targets.numel(), classes, ignore_index);
+  });
+}
+
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                           Reduction reduction) {
   check_cross_entropy(logits, targets);
+  if (!logits.device().is_cpu())
+    return cross_entropy_forward_device(logits.device())(logits, targets, ignore_index, reduction);
   int64_t N = logits.size(0), V = logits.size(1);
   CrossEntropyForward f{Tensor::empty({}, logits.dtype(), logits.device()),
                         Tensor::empty({N}, logits.dtype(), logits.device()), 0};
@@ -82,6 +92,10 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
   MINIDL_CHECK(dloss.defined() && dloss.numel() == 1, "cross_entropy_backward: expected a scalar dloss, got ",
                dloss.defined() ? dloss.shape() : Shape{});
   check_shaped_like("cross_entropy_backward", "lse", lse, Shape{N}, logits);
+  MINIDL_CHECK(dloss.device() == logits.device(), "cross_entropy_backward: expected dloss on ", logits.device(),
+               ", got ", dloss.device());
+  if (!logits.device().is_cpu())
+    return cross_entropy_backward_device(logits.device())(dloss, logits, targets, lse, divisor, ignore_index);
   Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   dispatch_float("cross_entropy_backward", logits.dtype(), [&](auto tag) {
     using T = decltype(tag);

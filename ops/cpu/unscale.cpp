@@ -14,6 +14,7 @@ static constexpr int64_t kUnscaleGrain = 1 << 15;
 bool unscale_and_check_(const Tensor& grad, float inv_scale) {
   check_contiguous("unscale_and_check_", "grad", grad);
   MINIDL_CHECK(grad.dtype() == DType::f32, "unscale_and_check_: expected an f32 gradient, got ", grad.dtype());
+  if (!grad.device().is_cpu()) return unscale_and_check_device(grad.device())(grad, inv_scale);
   float* g = grad.data<float>();
   const int64_t n = grad.numel();
   const int64_t chunks = (n + kUnscaleGrain - 1) / kUnscaleGrain;

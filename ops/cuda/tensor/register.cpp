@@ -4,6 +4,8 @@ namespace minidl::cuda {
 
 void register_ops() {
   ops::cuda::register_layernorm();
+  ops::cuda::register_nn();
+  ops::cuda::register_matmul();
 }
 
 }  // namespace minidl::cuda

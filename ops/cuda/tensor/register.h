@@ -11,6 +11,8 @@
 namespace minidl::ops::cuda {
 
 void register_layernorm();
+void register_nn();
+void register_matmul();
 
 // The device's compute stream, with the device made current for the calling thread in the guard's scope.
 struct OnDevice {

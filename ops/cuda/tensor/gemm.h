@@ -1,0 +1,26 @@
+// The GEMM of the CUDA backend, on raw device pointers: cuBLAS in minidl_cuda_backend (gemm_cublas.cpp), the
+// CPU's OpenBLAS on the emulated device's host memory in minidl_cuda_backend_emu (gemm_host.cpp). Row-major, as
+// the CPU op: C[i] = alpha op(A[i]) op(B[i]) + beta C[i] for i < batch, op(A): (M, K), op(B): (K, N), C: (M, N).
+// A batch stride of 0 shares an operand across the batch. Operands are f32, f16 or bf16 (all three the same;
+// C has their dtype), with f32 accumulation: 16-bit operands run on tensor cores; f32 uses TF32 tensor cores
+// only when set_allow_tf32(true) (ops/matmul.h) asked for it. Work is queued on `stream`.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "cuda_emu/cuda_compat.h"
+
+namespace minidl::ops::cuda {
+
+struct GemmOperand {
+  const void* ptr;
+  int64_t ld;            // leading dimension of the stored (untransposed) row-major matrix
+  int64_t batch_stride;  // elements between consecutive batch entries; 0 = shared
+  bool trans;
+};
+
+void gemm(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+          const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc, int64_t c_batch_stride);
+
+}  // namespace minidl::ops::cuda
