@@ -267,10 +267,12 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
 
   if (rank0) {
     std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
-                "threads=%d dp=%d grad_accum=%lld amp=%s recompute=%s data=%s (%zu train / %zu val tokens)\n",
+                "threads=%d dp=%d grad_accum=%lld amp=%s recompute=%s device=%s data=%s (%zu train / %zu val tokens)\n",
                 (long long)model.num_parameters(), (long long)cfg.n_layer, (long long)cfg.n_head,
                 (long long)cfg.n_embd, (long long)seq, (long long)o.batch, (long long)cfg.vocab_size, num_threads(), dp,
-                (long long)o.grad_accum, o.amp.c_str(), o.recompute.c_str(), o.data.c_str(), ds.train().size(),
+                (long long)o.grad_accum, o.amp.c_str(), o.recompute.c_str(),
+                device.is_cpu() ? "cpu" : (o.device + " (" + train::device_name(device) + ")").c_str(), o.data.c_str(),
+                ds.train().size(),
                 ds.val().size());
     if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
     if (scaler)
