@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "ops/device_kernel.h"
@@ -24,9 +25,18 @@ struct AdamWHyper {
 };
 
 // Updates param, m and v in place (they are handles: the data changes, not the Tensor objects).
-// The CUDA kernel (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+// The same step for many tensors with the same hyperparameters (a parameter group): element lists of equal
+// length, each entry checked as above and all on one device. On a CUDA device the whole list is one
+// multi-tensor kernel launch (or a few, for very long lists) instead of one per tensor.
+void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                        const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h);
+
+// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
 inline DeviceKernel<void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&)>
     fused_adamw_device{"fused_adamw_"};
+inline DeviceKernel<void(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                         const std::vector<Tensor>&, const AdamWHyper&)>
+    fused_adamw_multi_device{"fused_adamw_multi_"};
 
 void fused_adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& h);
 

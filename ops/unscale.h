@@ -8,6 +8,8 @@
 // bit. The math per element is ops/kernels/unscale.h.
 #pragma once
 
+#include <vector>
+
 #include "core/tensor.h"
 #include "ops/device_kernel.h"
 
@@ -15,8 +17,13 @@ namespace minidl::ops {
 
 // grad: contiguous f32. Multiplies every element by inv_scale in place; returns true if any result is inf or
 // NaN (all elements are still multiplied).
-// The CUDA kernel (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+// The same for every gradient of a list (all on one device): true if any had an inf or NaN. On a CUDA device one
+// flag on the device collects them all and is read back once.
+bool unscale_and_check_multi_(const std::vector<Tensor>& grads, float inv_scale);
+
+// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
 inline DeviceKernel<bool(const Tensor&, float)> unscale_and_check_device{"unscale_and_check_"};
+inline DeviceKernel<bool(const std::vector<Tensor>&, float)> unscale_and_check_multi_device{"unscale_and_check_multi_"};
 
 bool unscale_and_check_(const Tensor& grad, float inv_scale);
 

@@ -16,9 +16,20 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
 void AdamW::step() {
   ++step_;
   ops::AdamWHyper h{lr(), options_.beta1, options_.beta2, options_.eps, 0.0, step_};
-  for (const Slot& s : slots()) {
-    h.weight_decay = s.weight_decay;
-    ops::fused_adamw_(s.param, grad_of(s), slice(m_, s), slice(v_, s), h);
+  // One multi-tensor call per run of parameters with the same weight decay (a group): one launch on a GPU.
+  const std::vector<Slot>& all = slots();
+  for (size_t begin = 0; begin < all.size();) {
+    size_t end = begin;
+    std::vector<Tensor> params, grads, m, v;
+    for (; end < all.size() && all[end].weight_decay == all[begin].weight_decay; ++end) {
+      params.push_back(all[end].param);
+      grads.push_back(grad_of(all[end]));
+      m.push_back(slice(m_, all[end]));
+      v.push_back(slice(v_, all[end]));
+    }
+    h.weight_decay = all[begin].weight_decay;
+    ops::fused_adamw_multi_(params, grads, m, v, h);
+    begin = end;
   }
 }
 

@@ -40,11 +40,13 @@ static Tensor checked_grad(const Tensor& p, size_t index) {
 
 double grad_norm_squared(const std::vector<Tensor>& params) {
   double total = 0.0;
+  Tensor on_device;  // the device gradients' sum of squares, kept there and read back once
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor g = checked_grad(params[i], i);
     if (!g.defined()) continue;
-    if (!g.device().is_cpu()) {  // on the device: one reduction, then the scalar comes back
-      total += ops::sum(ops::square(g)).item();
+    if (!g.device().is_cpu()) {
+      Tensor s = ops::sum(ops::square(g));
+      on_device = on_device.defined() ? ops::add(on_device, s) : s;
       continue;
     }
     total += dispatch_float("grad_norm_squared", g.dtype(), [&](auto tag) {
@@ -52,7 +54,7 @@ double grad_norm_squared(const std::vector<Tensor>& params) {
       return sum_of_squares(g.data<T>(), g.numel());
     });
   }
-  return total;
+  return on_device.defined() ? total + on_device.item() : total;
 }
 
 void scale_grads(const std::vector<Tensor>& params, double factor) {

@@ -27,11 +27,14 @@ Tensor GradScaler::scale(const Tensor& loss) const { return mul(loss, state_.sca
 bool GradScaler::unscale_and_check(const std::vector<Tensor>& params) {
   MINIDL_CHECK(!unscaled_, "GradScaler::unscale_and_check: already called for this step (call step() first)");
   const float inv_scale = float(1.0 / state_.scale);
-  bool local = false;
+  // Grouped by device (one list on a GPU: one flag read back per step, not one per gradient).
+  std::vector<Tensor> cpu_grads, device_grads;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
-    if (g.defined()) local |= ops::unscale_and_check_(g, inv_scale);
+    if (g.defined()) (g.device().is_cpu() ? cpu_grads : device_grads).push_back(g);
   }
+  bool local = ops::unscale_and_check_multi_(cpu_grads, inv_scale);
+  local |= ops::unscale_and_check_multi_(device_grads, inv_scale);
   overflow_ = combine_overflow(local);
   unscaled_ = true;
   return overflow_;

@@ -39,4 +39,24 @@ void fused_adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   });
 }
 
+void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                        const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h) {
+  MINIDL_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
+               "fused_adamw_multi_: expected lists of equal length, got ", params.size(), " params, ", grads.size(),
+               " grads, ", m.size(), " m and ", v.size(), " v");
+  if (params.empty()) return;
+  const Device device = params.front().device();
+  for (size_t i = 0; i < params.size(); ++i) {
+    check_buffer(params[i], "param", params[i]);
+    check_buffer(grads[i], "grad", params[i]);
+    check_buffer(m[i], "m", params[i]);
+    check_buffer(v[i], "v", params[i]);
+    MINIDL_CHECK(params[i].device() == device, "fused_adamw_multi_: param 0 is on ", device, ", param ", i, " on ",
+                 params[i].device());
+  }
+  MINIDL_CHECK(h.step >= 1, "fused_adamw_multi_: expected step >= 1 (1-based), got ", h.step);
+  if (!device.is_cpu()) return fused_adamw_multi_device(device)(params, grads, m, v, h);
+  for (size_t i = 0; i < params.size(); ++i) fused_adamw_(params[i], grads[i], m[i], v[i], h);
+}
+
 }  // namespace minidl::ops

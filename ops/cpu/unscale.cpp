@@ -33,4 +33,18 @@ bool unscale_and_check_(const Tensor& grad, float inv_scale) {
   return false;
 }
 
+bool unscale_and_check_multi_(const std::vector<Tensor>& grads, float inv_scale) {
+  if (grads.empty()) return false;
+  const Device device = grads.front().device();
+  for (const Tensor& g : grads) {
+    check_contiguous("unscale_and_check_multi_", "grad", g);
+    MINIDL_CHECK(g.dtype() == DType::f32, "unscale_and_check_multi_: expected f32 gradients, got ", g.dtype());
+    MINIDL_CHECK(g.device() == device, "unscale_and_check_multi_: gradients on ", device, " and ", g.device());
+  }
+  if (!device.is_cpu()) return unscale_and_check_multi_device(device)(grads, inv_scale);
+  bool overflow = false;
+  for (const Tensor& g : grads) overflow |= unscale_and_check_(g, inv_scale);
+  return overflow;
+}
+
 }  // namespace minidl::ops

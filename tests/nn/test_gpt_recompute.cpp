@@ -1,12 +1,24 @@
 // GPT activation checkpointing (--recompute): every granularity gives gradients bitwise equal to no
 // recomputation with dropout on (in f32 and under bf16 autocast), every parameter's gradient-ready hook fires once
 // per backward, and the activation peak of the memory ledger goes down.
+//
+// The same source builds test_gpt_device (tests/nn/CMakeLists.txt) with MINIDL_TEST_EMULATED_CUDA: the model and
+// batches then live on the emulated CUDA device, so recomputation is bitwise on the CUDA kernels too, and the
+// device's losses and gradients are compared with the CPU's.
 #include <gtest/gtest.h>
+
+#if defined(MINIDL_TEST_EMULATED_CUDA)
+#include "core/cuda/cuda.h"
+#define GPT_RECOMPUTE_SUITE GPTRecomputeCuda
+#else
+#define GPT_RECOMPUTE_SUITE GPTRecompute
+#endif
 
 #include "autograd/autocast.h"
 #include "core/rng.h"
 #include "nn/gpt.h"
 
+#include <cmath>
 #include <optional>
 
 using namespace minidl;
@@ -15,6 +27,16 @@ using nn::Recompute;
 namespace {
 
 nn::GPTConfig small_config() { return {/*vocab*/ 23, /*block*/ 16, /*layers*/ 3, /*heads*/ 2, /*embd*/ 32, 0.2, true}; }
+
+// Where the models of this binary run.
+Device test_device() {
+#if defined(MINIDL_TEST_EMULATED_CUDA)
+  cuda::register_backend();
+  return Device::cuda(0);
+#else
+  return Device::cpu();
+#endif
+}
 
 Tensor tokens(int64_t B, int64_t T, uint64_t seed) {
   std::vector<int32_t> v(size_t(B * T));
@@ -29,12 +51,13 @@ struct StepRun {
   int64_t act_peak;
 };
 
-StepRun run(Recompute mode, DType amp) {
+StepRun run(Recompute mode, DType amp, Device device = test_device()) {
   nn::GPT model(small_config(), 5);
+  model.to(device);
   model.train();
   model.set_recompute(mode);
   model.dropout_context().step = 3;
-  Tensor x = tokens(4, 16, 1), y = tokens(4, 16, 2);
+  Tensor x = tokens(4, 16, 1).to(device), y = tokens(4, 16, 2).to(device);
   ledger().reset_peaks();
   const int64_t act_before = ledger().current(MemTag::kActivations);
   StepRun r;
@@ -55,7 +78,7 @@ StepRun run(Recompute mode, DType amp) {
 
 }  // namespace
 
-TEST(GPTRecompute, GradientsBitwiseEqualToNoRecompute) {
+TEST(GPT_RECOMPUTE_SUITE, GradientsBitwiseEqualToNoRecompute) {
   for (DType amp : {DType::f32, DType::bf16}) {
     StepRun plain = run(Recompute::kNone, amp);
     for (Recompute mode : {Recompute::kAttn, Recompute::kMlp, Recompute::kBlock}) {
@@ -68,23 +91,41 @@ TEST(GPTRecompute, GradientsBitwiseEqualToNoRecompute) {
   }
 }
 
-TEST(GPTRecompute, ActivationPeakDrops) {
+TEST(GPT_RECOMPUTE_SUITE, LossAndGradientsMatchTheCpu) {
+  if (test_device().is_cpu()) GTEST_SKIP() << "the CPU is the reference";
+  for (DType amp : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(amp));
+    StepRun cpu = run(Recompute::kNone, amp, Device::cpu()), dev = run(Recompute::kNone, amp);
+    const double tol = amp == DType::f32 ? 1e-5 : 2e-2;  // bf16: products rounded in another order
+    EXPECT_NEAR(dev.loss, cpu.loss, tol * std::abs(cpu.loss));
+    ASSERT_EQ(dev.grads.size(), cpu.grads.size());
+    for (size_t i = 0; i < cpu.grads.size(); ++i) {
+      double scale = 1e-12;
+      for (double g : cpu.grads[i]) scale = std::max(scale, std::abs(g));
+      for (size_t j = 0; j < cpu.grads[i].size(); ++j)
+        ASSERT_NEAR(dev.grads[i][j], cpu.grads[i][j], 50 * tol * scale) << "parameter " << i << " element " << j;
+    }
+  }
+}
+
+TEST(GPT_RECOMPUTE_SUITE, ActivationPeakDrops) {
   StepRun plain = run(Recompute::kNone, DType::f32), block = run(Recompute::kBlock, DType::f32);
   EXPECT_LT(block.act_peak, plain.act_peak);
 }
 
-TEST(GPTRecompute, HooksFireOncePerParameterPerBackward) {
+TEST(GPT_RECOMPUTE_SUITE, HooksFireOncePerParameterPerBackward) {
   nn::GPT model(small_config(), 5);
+  model.to(test_device());
   model.train();
   model.set_recompute(Recompute::kBlock);
   std::vector<Tensor> params = model.parameters();
   std::vector<int> fired(params.size(), 0);
   for (size_t i = 0; i < params.size(); ++i) params[i].register_grad_ready_hook([&fired, i](Tensor&) { ++fired[i]; });
-  model.loss(tokens(2, 16, 1), tokens(2, 16, 2)).backward();
+  model.loss(tokens(2, 16, 1).to(test_device()), tokens(2, 16, 2).to(test_device())).backward();
   for (size_t i = 0; i < fired.size(); ++i) EXPECT_EQ(fired[i], 1) << model.named_parameters()[i].first;
 }
 
-TEST(GPTRecompute, ParsesNames) {
+TEST(GPT_RECOMPUTE_SUITE, ParsesNames) {
   EXPECT_EQ(nn::parse_recompute("block"), Recompute::kBlock);
   EXPECT_EQ(nn::parse_recompute("attn"), Recompute::kAttn);
   EXPECT_THROW(nn::parse_recompute("all"), Error);

@@ -163,12 +163,33 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
                                 on.stream));
 }
 
+void adamw_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& m,
+                 const std::vector<Tensor>& v, const AdamWHyper& h) {
+  OnDevice on(params.front());
+  std::vector<AdamWTensor> list;
+  for (size_t i = 0; i < params.size(); ++i)
+    list.push_back({params[i].device_data<float>(), grads[i].device_data<float>(), m[i].device_data<float>(),
+                    v[i].device_data<float>(), params[i].numel()});
+  MINIDL_CUDA_CHECK(fused_adamw(list.data(), int(list.size()),
+                                kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step),
+                                on.stream));
+}
+
 // The overflow flag lives on the device; reading it back is the one synchronisation of the call.
 bool unscale(const Tensor& grad, float inv_scale) {
   OnDevice on(grad);
   Tensor flag = Tensor::zeros({1}, DType::i32, grad.device());
   MINIDL_CUDA_CHECK(unscale_and_check(grad.device_data<float>(), grad.numel(), inv_scale, flag.device_data<int>(),
                                       on.stream));
+  return flag.item() != 0;
+}
+
+bool unscale_multi(const std::vector<Tensor>& grads, float inv_scale) {
+  OnDevice on(grads.front());
+  Tensor flag = Tensor::zeros({1}, DType::i32, grads.front().device());
+  for (const Tensor& g : grads)
+    MINIDL_CUDA_CHECK(unscale_and_check(g.device_data<float>(), g.numel(), inv_scale, flag.device_data<int>(),
+                                        on.stream));
   return flag.item() != 0;
 }
 
@@ -184,7 +205,9 @@ void register_nn() {
   dropout_device.set(DeviceKind::kCUDA, &dropout_fwd);
   cast_into_device_kernel.set(DeviceKind::kCUDA, &cast_into_device);
   fused_adamw_device.set(DeviceKind::kCUDA, &adamw);
+  fused_adamw_multi_device.set(DeviceKind::kCUDA, &adamw_multi);
   unscale_and_check_device.set(DeviceKind::kCUDA, &unscale);
+  unscale_and_check_multi_device.set(DeviceKind::kCUDA, &unscale_multi);
 }
 
 }  // namespace minidl::ops::cuda

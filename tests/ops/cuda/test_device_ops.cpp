@@ -163,6 +163,29 @@ TEST_F(DeviceOps, AdamWAndUnscaleMatchTheCpu) {
   expect_close(back(dm), m.to_vector(), 1e-6, "m");
   expect_close(back(dv), v.to_vector(), 1e-6, "v");
 
+  // The multi-tensor forms: one launch for a list, against the single-tensor CPU op.
+  std::vector<Tensor> ps, gs, ms, vs, dps, dgs, dms, dvs;
+  for (int64_t k = 0; k < 3; ++k) {
+    int64_t len = 100 + 37 * k;
+    ps.push_back(random_tensor({len}, 30 + k, DType::f32));
+    gs.push_back(random_tensor({len}, 40 + k, DType::f32));
+    ms.push_back(Tensor::zeros({len}));
+    vs.push_back(Tensor::zeros({len}));
+    dps.push_back(on_cuda(ps.back()));
+    dgs.push_back(on_cuda(gs.back()));
+    dms.push_back(on_cuda(ms.back()));
+    dvs.push_back(on_cuda(vs.back()));
+  }
+  ops::fused_adamw_multi_(dps, dgs, dms, dvs, h);
+  for (size_t k = 0; k < ps.size(); ++k) {
+    ops::fused_adamw_(ps[k], gs[k], ms[k], vs[k], h);
+    expect_close(back(dps[k]), ps[k].to_vector(), 1e-6, "multi param");
+    expect_close(back(dvs[k]), vs[k].to_vector(), 1e-6, "multi v");
+  }
+  EXPECT_FALSE(ops::unscale_and_check_multi_(dgs, 2.0f));
+  gs[1].data<float>()[5] = NAN;
+  EXPECT_TRUE(ops::unscale_and_check_multi_({dgs[0], on_cuda(gs[1]), dgs[2]}, 2.0f));
+
   EXPECT_FALSE(ops::unscale_and_check_(dg, 0.5f));
   EXPECT_FALSE(ops::unscale_and_check_(g, 0.5f));
   expect_close(back(dg), g.to_vector(), 0, "unscaled");
