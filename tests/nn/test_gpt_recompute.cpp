@@ -4,10 +4,12 @@
 //
 // The same source builds test_gpt_device (tests/nn/CMakeLists.txt) with MINIDL_TEST_EMULATED_CUDA: the model and
 // batches then live on the emulated CUDA device, so recomputation is bitwise on the CUDA kernels too, and the
-// device's losses and gradients are compared with the CPU's.
+// device's losses and gradients are compared with the CPU's. test_gpt_gpu (MINIDL_TEST_GPU) does the same on a
+// real GPU and skips without one.
 #include <gtest/gtest.h>
 
-#if defined(MINIDL_TEST_EMULATED_CUDA)
+#if defined(MINIDL_TEST_EMULATED_CUDA) || defined(MINIDL_TEST_GPU)
+#define MINIDL_TEST_CUDA 1
 #include "core/cuda/cuda.h"
 #define GPT_RECOMPUTE_SUITE GPTRecomputeCuda
 #else
@@ -30,7 +32,7 @@ nn::GPTConfig small_config() { return {/*vocab*/ 23, /*block*/ 16, /*layers*/ 3,
 
 // Where the models of this binary run.
 Device test_device() {
-#if defined(MINIDL_TEST_EMULATED_CUDA)
+#if defined(MINIDL_TEST_CUDA)
   cuda::register_backend();
   return Device::cuda(0);
 #else
@@ -76,9 +78,23 @@ StepRun run(Recompute mode, DType amp, Device device = test_device()) {
   return r;
 }
 
+// A test of the GPU binary skips on a machine without a GPU.
+bool no_device() {
+#if defined(MINIDL_TEST_CUDA)
+  return cuda::device_count() == 0;
+#else
+  return false;
+#endif
+}
+#define SKIP_WITHOUT_DEVICE()                        \
+  do {                                               \
+    if (no_device()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
 }  // namespace
 
 TEST(GPT_RECOMPUTE_SUITE, GradientsBitwiseEqualToNoRecompute) {
+  SKIP_WITHOUT_DEVICE();
   for (DType amp : {DType::f32, DType::bf16}) {
     StepRun plain = run(Recompute::kNone, amp);
     for (Recompute mode : {Recompute::kAttn, Recompute::kMlp, Recompute::kBlock}) {
@@ -92,6 +108,7 @@ TEST(GPT_RECOMPUTE_SUITE, GradientsBitwiseEqualToNoRecompute) {
 }
 
 TEST(GPT_RECOMPUTE_SUITE, LossAndGradientsMatchTheCpu) {
+  SKIP_WITHOUT_DEVICE();
   if (test_device().is_cpu()) GTEST_SKIP() << "the CPU is the reference";
   for (DType amp : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(amp));
@@ -109,11 +126,13 @@ TEST(GPT_RECOMPUTE_SUITE, LossAndGradientsMatchTheCpu) {
 }
 
 TEST(GPT_RECOMPUTE_SUITE, ActivationPeakDrops) {
+  SKIP_WITHOUT_DEVICE();
   StepRun plain = run(Recompute::kNone, DType::f32), block = run(Recompute::kBlock, DType::f32);
   EXPECT_LT(block.act_peak, plain.act_peak);
 }
 
 TEST(GPT_RECOMPUTE_SUITE, HooksFireOncePerParameterPerBackward) {
+  SKIP_WITHOUT_DEVICE();
   nn::GPT model(small_config(), 5);
   model.to(test_device());
   model.train();
@@ -126,6 +145,7 @@ TEST(GPT_RECOMPUTE_SUITE, HooksFireOncePerParameterPerBackward) {
 }
 
 TEST(GPT_RECOMPUTE_SUITE, ParsesNames) {
+  SKIP_WITHOUT_DEVICE();
   EXPECT_EQ(nn::parse_recompute("block"), Recompute::kBlock);
   EXPECT_EQ(nn::parse_recompute("attn"), Recompute::kAttn);
   EXPECT_THROW(nn::parse_recompute("all"), Error);

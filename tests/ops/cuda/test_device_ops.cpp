@@ -2,6 +2,8 @@
 // attention, cross-entropy, embedding, dropout, casts, AdamW, unscale), run on the emulated CUDA backend and
 // compared with the same op on the CPU: same inputs, results copied back. This exercises the whole device path
 // (DeviceKernel dispatch, allocation through the caching allocator, launchers) rather than the kernels alone.
+// test_cuda_device_ops_gpu is the same source against the real backend (cuBLAS, nvcc's kernels); it skips
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include "core/cuda/cuda.h"
@@ -24,6 +26,9 @@ const Device kCuda = Device::cuda(0);
 class DeviceOps : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { cuda::register_backend(); }
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
 };
 
 Tensor on_cuda(const Tensor& t) { return t.to(kCuda); }
