@@ -4,6 +4,10 @@ namespace minidl::cuda {
 
 void register_ops() {
   ops::cuda::register_layernorm();
+  ops::cuda::register_elementwise();
+  ops::cuda::register_reduce();
+  ops::cuda::register_softmax();
+  ops::cuda::register_gelu();
 }
 
 }  // namespace minidl::cuda
