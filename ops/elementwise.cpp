@@ -36,10 +36,10 @@ Strides broadcast_strides(const Tensor& t, const Shape& shape) {
 
 namespace {
 
+// Any device: the entries then run the CPU loops below or hand device tensors to their DeviceKernel table.
 Shape check_binary(const char* op, const Tensor& a, const Tensor& b) {
   MINIDL_CHECK(a.defined() && b.defined(), op, ": undefined input");
   MINIDL_CHECK(a.device() == b.device(), op, ": inputs are on ", a.device(), " and ", b.device());
-  check_cpu_op(op, "a", a);
   MINIDL_CHECK(a.dtype() == b.dtype(), op, ": dtypes ", a.dtype(), " and ", b.dtype(), " differ");
   return broadcast_shapes(op, a.shape(), b.shape());
 }
@@ -71,9 +71,11 @@ void binary_into(Tensor& out, const Tensor& a, const Tensor& b, F f) {
 }
 
 template <class Op>
-Tensor binary(const char* name, const Tensor& a, const Tensor& b, Op op) {
+Tensor binary(const char* name, const Tensor& a, const Tensor& b,
+              const DeviceKernel<Tensor(const Tensor&, const Tensor&)>& device, Op op) {
   Shape shape = check_binary(name, a, b);
-  if (is_half(a.dtype())) return cast(binary(name, upcast(a), upcast(b), op), a.dtype());
+  if (!a.device().is_cpu()) return device(a.device())(a, b);
+  if (is_half(a.dtype())) return cast(binary(name, upcast(a), upcast(b), device, op), a.dtype());
   return dispatch_float(name, a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(shape, a.dtype(), a.device());
@@ -82,12 +84,19 @@ Tensor binary(const char* name, const Tensor& a, const Tensor& b, Op op) {
   });
 }
 
+// A unary entry's device path: its table's kernel, or a clear error.
+template <class Kernel>
+Tensor on_device(const Kernel& device, const Tensor& a) {
+  return device(a.device())(a);
+}
+
 // out = f(a), out contiguous with a's shape; a may have any strides.
-template <class Op>
-Tensor unary(const char* name, const Tensor& a, Op op) {
+// `on_device` runs the op on a device tensor (its DeviceKernel table).
+template <class OnDevice, class Op>
+Tensor unary(const char* name, const Tensor& a, OnDevice on_device, Op op) {
   MINIDL_CHECK(a.defined(), name, ": undefined input");
-  check_cpu_op(name, "input", a);
-  if (is_half(a.dtype())) return cast(unary(name, upcast(a), op), a.dtype());
+  if (!a.device().is_cpu()) return on_device();
+  if (is_half(a.dtype())) return cast(unary(name, upcast(a), on_device, op), a.dtype());
   return dispatch_float(name, a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
@@ -107,30 +116,53 @@ Tensor unary(const char* name, const Tensor& a, Op op) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary("add", a, b, [](auto x, auto y) { return x + y; }); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", a, b, [](auto x, auto y) { return x - y; }); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", a, b, [](auto x, auto y) { return x * y; }); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary("div", a, b, [](auto x, auto y) { return x / y; }); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary("add", a, b, add_device, [](auto x, auto y) { return x + y; });
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary("sub", a, b, sub_device, [](auto x, auto y) { return x - y; });
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary("mul", a, b, mul_device, [](auto x, auto y) { return x * y; });
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return binary("div", a, b, div_device, [](auto x, auto y) { return x / y; });
+}
 
 // The scalar is converted to the tensor's type once, so f32 math stays in f32.
 Tensor add(const Tensor& a, double s) {
-  return unary("add", a, [s](auto x) { return x + decltype(x)(s); });
+  return unary(
+      "add", a, [&] { return add_scalar_device(a.device())(a, s); }, [s](auto x) { return x + decltype(x)(s); });
 }
 Tensor mul(const Tensor& a, double s) {
-  return unary("mul", a, [s](auto x) { return x * decltype(x)(s); });
+  return unary(
+      "mul", a, [&] { return mul_scalar_device(a.device())(a, s); }, [s](auto x) { return x * decltype(x)(s); });
 }
 
-Tensor neg(const Tensor& a) { return unary("neg", a, [](auto x) { return -x; }); }
-Tensor exp(const Tensor& a) { return unary("exp", a, [](auto x) { return std::exp(x); }); }
-Tensor log(const Tensor& a) { return unary("log", a, [](auto x) { return std::log(x); }); }
-Tensor tanh(const Tensor& a) { return unary("tanh", a, [](auto x) { return std::tanh(x); }); }
-Tensor sqrt(const Tensor& a) { return unary("sqrt", a, [](auto x) { return std::sqrt(x); }); }
-Tensor square(const Tensor& a) { return unary("square", a, [](auto x) { return x * x; }); }
+Tensor neg(const Tensor& a) {
+  return unary("neg", a, [&] { return on_device(neg_device, a); }, [](auto x) { return -x; });
+}
+Tensor exp(const Tensor& a) {
+  return unary("exp", a, [&] { return on_device(exp_device, a); }, [](auto x) { return std::exp(x); });
+}
+Tensor log(const Tensor& a) {
+  return unary("log", a, [&] { return on_device(log_device, a); }, [](auto x) { return std::log(x); });
+}
+Tensor tanh(const Tensor& a) {
+  return unary("tanh", a, [&] { return on_device(tanh_device, a); }, [](auto x) { return std::tanh(x); });
+}
+Tensor sqrt(const Tensor& a) {
+  return unary("sqrt", a, [&] { return on_device(sqrt_device, a); }, [](auto x) { return std::sqrt(x); });
+}
+Tensor square(const Tensor& a) {
+  return unary("square", a, [&] { return on_device(square_device, a); }, [](auto x) { return x * x; });
+}
 
 Tensor tanh_backward(const Tensor& grad, const Tensor& y) {
   MINIDL_CHECK(grad.shape() == y.shape(), "tanh_backward: gradient shape ", grad.shape(), " differs from output shape ",
                y.shape());
-  return binary("tanh_backward", grad, y, [](auto g, auto t) { return g * (decltype(g)(1) - t * t); });
+  return binary("tanh_backward", grad, y, tanh_backward_device,
+                [](auto g, auto t) { return g * (decltype(g)(1) - t * t); });
 }
 
 void add_(Tensor& dst, const Tensor& src) {
@@ -139,6 +171,7 @@ void add_(Tensor& dst, const Tensor& src) {
   // A gradient in another precision (e.g. f16 into an f32 master gradient) is converted first.
   Tensor s = src.dtype() == dst.dtype() ? src : src.detach().to(dst.dtype());
   check_binary("add_", dst, s);
+  if (!dst.device().is_cpu()) return add_inplace_device(dst.device())(dst, s);
   dispatch_float("add_", dst.dtype(), [&](auto tag) {
     using T = decltype(tag);
     binary_into<T>(dst, dst, s, [](T x, T y) { return x + y; });
@@ -148,6 +181,7 @@ void add_(Tensor& dst, const Tensor& src) {
 Tensor broadcast_to(const Tensor& t, const Shape& shape) {
   MINIDL_CHECK(broadcast_shapes("broadcast_to", t.shape(), shape) == shape, "broadcast_to: shape ", t.shape(),
                " cannot be broadcast to ", shape);
+  if (!t.device().is_cpu()) return broadcast_to_device(t.device())(t, shape);
   if (is_half(t.dtype())) return cast(broadcast_to(upcast(t), shape), t.dtype());
   return dispatch_float("broadcast_to", t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -168,6 +202,7 @@ Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
   if (grad.shape() == shape) return grad;
   MINIDL_CHECK(broadcast_shapes("sum_to_shape", shape, grad.shape()) == grad.shape(), "sum_to_shape: shape ",
                shape, " does not broadcast to the gradient's shape ", grad.shape());
+  if (!grad.device().is_cpu()) return sum_to_shape_device(grad.device())(grad, shape);
   if (is_half(grad.dtype())) return cast(sum_to_shape(upcast(grad), shape), grad.dtype());
   return dispatch_float("sum_to_shape", grad.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -6,10 +6,11 @@
 //
 // All results are new contiguous tensors. Inputs may have any strides (views); float kernels accept f32 and f64,
 // and f16/bf16 (computed in f32, the result rounded to the inputs' dtype); the operands of a binary op must share
-// dtype and device.
+// dtype and device. On CUDA devices: f32, f16 and bf16 (add_: f32), no f64.
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 
 namespace minidl::ops {
 
@@ -48,5 +49,16 @@ Tensor broadcast_to(const Tensor& t, const Shape& shape);
 // Sums grad over the dimensions that broadcasting added or stretched, giving `shape` (which must broadcast to
 // grad's shape). Returns grad itself when the shapes are equal. The backward of a broadcasting op.
 Tensor sum_to_shape(const Tensor& grad, const Shape& shape);
+
+// ---- the CUDA kernels (ops/cuda/tensor/elementwise.cpp), filled by minidl::cuda::register_backend() ----
+// Each entry above validates its arguments, then hands device tensors to its table.
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&)> add_device{"add"}, sub_device{"sub"}, mul_device{"mul"},
+    div_device{"div"}, tanh_backward_device{"tanh_backward"};
+inline DeviceKernel<Tensor(const Tensor&, double)> add_scalar_device{"add"}, mul_scalar_device{"mul"};
+inline DeviceKernel<Tensor(const Tensor&)> neg_device{"neg"}, exp_device{"exp"}, log_device{"log"},
+    tanh_device{"tanh"}, sqrt_device{"sqrt"}, square_device{"square"};
+inline DeviceKernel<void(Tensor&, const Tensor&)> add_inplace_device{"add_"};
+inline DeviceKernel<Tensor(const Tensor&, const Shape&)> broadcast_to_device{"broadcast_to"},
+    sum_to_shape_device{"sum_to_shape"};
 
 }  // namespace minidl::ops

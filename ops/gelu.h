@@ -6,6 +6,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 #include "ops/nn_checks.h"
 
 namespace minidl::ops {
@@ -23,6 +24,14 @@ struct BiasGeluBackward {
   Tensor dbias;  // (C): dx summed over rows (fixed row blocks, then in order: thread-count independent)
 };
 BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& bias);
+
+// The CUDA kernels (ops/cuda/tensor/gelu.cpp: f32, and f16/bf16 computed in f32), filled by
+// minidl::cuda::register_backend().
+inline DeviceKernel<Tensor(const Tensor&)> gelu_forward_device{"gelu"};
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&)> gelu_backward_device{"gelu_backward"};
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&)> bias_gelu_forward_device{"bias_gelu"};
+inline DeviceKernel<BiasGeluBackward(const Tensor&, const Tensor&, const Tensor&)> bias_gelu_backward_device{
+    "bias_gelu_backward"};
 
 // ---- argument checks, shared by every backend's entry ----
 // Returns C.

@@ -56,7 +56,8 @@ Shape reduced_shape(const Shape& shape, int dim, bool keepdim) {
 }
 
 Tensor sum(const Tensor& x) {
-  check_cpu_op("sum", "x", x);
+  MINIDL_CHECK(x.defined(), "sum: undefined input");
+  if (!x.device().is_cpu()) return sum_device(x.device())(x);
   if (is_half(x.dtype())) return cast(sum(upcast(x)), x.dtype());
   return dispatch_float("sum", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -81,12 +82,14 @@ Tensor sum(const Tensor& x) {
 
 Tensor mean(const Tensor& x) {
   MINIDL_CHECK(x.numel() > 0, "mean: cannot average an empty tensor of shape ", x.shape());
+  if (!x.device().is_cpu()) return mean_device(x.device())(x);
   return Tensor::scalar(sum(x).item() / double(x.numel()), x.dtype());
 }
 
 Tensor max(const Tensor& x) {
-  check_cpu_op("max", "x", x);
+  MINIDL_CHECK(x.defined(), "max: undefined input");
   MINIDL_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor of shape ", x.shape());
+  if (!x.device().is_cpu()) return max_device(x.device())(x);
   return dispatch_float("max", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor xc = contiguous_data(x);
@@ -99,9 +102,10 @@ Tensor max(const Tensor& x) {
 }
 
 Tensor sum(const Tensor& x, int dim, bool keepdim) {
-  check_cpu_op("sum", "x", x);
-  if (is_half(x.dtype())) return cast(sum(upcast(x), dim, keepdim), x.dtype());
+  MINIDL_CHECK(x.defined(), "sum: undefined input");
   int d = x.wrap_dim(dim);
+  if (!x.device().is_cpu()) return sum_dim_device(x.device())(x, d, keepdim);
+  if (is_half(x.dtype())) return cast(sum(upcast(x), d, keepdim), x.dtype());
   return dispatch_float("sum", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor xc = contiguous_data(x);
@@ -127,9 +131,11 @@ Tensor sum(const Tensor& x, int dim, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, int dim, bool keepdim) {
-  if (is_half(x.dtype())) return cast(mean(upcast(x), dim, keepdim), x.dtype());
+  MINIDL_CHECK(x.defined(), "mean: undefined input");
   int d = x.wrap_dim(dim);
   MINIDL_CHECK(x.size(d) > 0, "mean: cannot average over empty dimension ", d, " of shape ", x.shape());
+  if (!x.device().is_cpu()) return mean_dim_device(x.device())(x, d, keepdim);
+  if (is_half(x.dtype())) return cast(mean(upcast(x), d, keepdim), x.dtype());
   Tensor s = sum(x, d, keepdim);
   dispatch_float("mean", s.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -141,9 +147,10 @@ Tensor mean(const Tensor& x, int dim, bool keepdim) {
 }
 
 MaxResult max(const Tensor& x, int dim, bool keepdim) {
-  check_cpu_op("max", "x", x);
+  MINIDL_CHECK(x.defined(), "max: undefined input");
   int d = x.wrap_dim(dim);
   MINIDL_CHECK(x.size(d) > 0, "max: cannot reduce over empty dimension ", d, " of shape ", x.shape());
+  if (!x.device().is_cpu()) return max_dim_device(x.device())(x, d, keepdim);
   return dispatch_float("max", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor xc = contiguous_data(x);
@@ -179,6 +186,9 @@ Tensor max_backward(const Tensor& grad, const Tensor& indices, const Shape& inpu
                "max_backward: gradient ", grad.shape(), " and indices ", indices.shape(),
                " do not match input shape ", input_shape, " reduced over dimension ", d);
   MINIDL_CHECK(indices.dtype() == DType::i64, "max_backward: expected i64 indices, got ", indices.dtype());
+  MINIDL_CHECK(grad.device() == indices.device(), "max_backward: gradient on ", grad.device(), " and indices on ",
+               indices.device());
+  if (!grad.device().is_cpu()) return max_backward_device(grad.device())(grad, indices, input_shape, d);
   return dispatch_float("max_backward", grad.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor gc = contiguous_data(grad), ic = contiguous_data(indices);

@@ -6,9 +6,11 @@
 // Inputs may have any strides; results are new contiguous tensors of the input's dtype (f32 or f64; sums also
 // take f16/bf16, summed in f32 and rounded once).
 // Full sums accumulate in double; sums over a dimension accumulate in the input's type.
+// On CUDA devices: f32 (sums and means also f16/bf16), accumulated in f32 in an order fixed by the shape.
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 
 namespace minidl::ops {
 
@@ -33,5 +35,12 @@ MaxResult max(const Tensor& x, int dim, bool keepdim = false);
 // The gradient of max over `dim`: zeros of input_shape with grad placed at `indices` (both of the reduced shape,
 // with or without the kept dimension). dim is wrapped against input_shape.
 Tensor max_backward(const Tensor& grad, const Tensor& indices, const Shape& input_shape, int dim);
+
+// ---- the CUDA kernels (ops/cuda/tensor/reduce.cpp), filled by minidl::cuda::register_backend() ----
+// Each entry above validates its arguments (and wraps dim), then hands device tensors to its table.
+inline DeviceKernel<Tensor(const Tensor&)> sum_device{"sum"}, mean_device{"mean"}, max_device{"max"};
+inline DeviceKernel<Tensor(const Tensor&, int, bool)> sum_dim_device{"sum"}, mean_dim_device{"mean"};
+inline DeviceKernel<MaxResult(const Tensor&, int, bool)> max_dim_device{"max"};
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&, const Shape&, int)> max_backward_device{"max_backward"};
 
 }  // namespace minidl::ops

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/device_kernel.h"
 #include "ops/nn_checks.h"
 
 namespace minidl::ops {
@@ -14,6 +15,10 @@ namespace minidl::ops {
 Tensor softmax_forward(const Tensor& x);
 // dy, y: like the forward output -> dx = y * (dy - sum(dy * y)) per row.
 Tensor softmax_backward(const Tensor& dy, const Tensor& y);
+
+// The CUDA kernels (ops/cuda/tensor/softmax.cpp, f32), filled by minidl::cuda::register_backend().
+inline DeviceKernel<Tensor(const Tensor&)> softmax_forward_device{"softmax"};
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&)> softmax_backward_device{"softmax_backward"};
 
 // ---- argument checks, shared by every backend's entry ----
 inline void check_softmax(const Tensor& x) {

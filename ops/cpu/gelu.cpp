@@ -24,6 +24,7 @@ static constexpr int64_t kRowsPerPartial = 64;
 
 Tensor gelu_forward(const Tensor& x) {
   check_float_or_half("gelu", "x", x);
+  if (!x.device().is_cpu()) return gelu_forward_device(x.device())(x);
   if (is_half(x.dtype()) && x.dim() == 0) return cast(gelu_forward(upcast(x)), x.dtype());
   if (is_half(x.dtype())) {  // f32 a block of rows at a time (ops/cast.h)
     Tensor rows = x.contiguous().detach().view({x.size(0), x.numel() / std::max<int64_t>(x.size(0), 1)});
@@ -45,6 +46,7 @@ Tensor gelu_forward(const Tensor& x) {
 Tensor gelu_backward(const Tensor& dy, const Tensor& x) {
   check_float_or_half("gelu_backward", "x", x);
   check_shaped_like("gelu_backward", "dy", dy, x.shape(), x);
+  if (!x.device().is_cpu()) return gelu_backward_device(x.device())(dy, x);
   if (is_half(x.dtype())) return cast(gelu_backward(upcast(dy), upcast(x)), x.dtype());
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float("gelu_backward", x.dtype(), [&](auto tag) {
@@ -60,6 +62,7 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x) {
 
 Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias) {
   int64_t C = check_bias_gelu("bias_gelu", x, bias);
+  if (!x.device().is_cpu()) return bias_gelu_forward_device(x.device())(x, bias);
   if (is_half(x.dtype())) {  // f32 a block of rows at a time (ops/cast.h)
     Tensor b32 = upcast(bias);
     Tensor rows = x.contiguous().detach().view({x.numel() / std::max<int64_t>(C, 1), C});
@@ -83,6 +86,7 @@ Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias) {
 BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& bias) {
   int64_t C = check_bias_gelu("bias_gelu_backward", x, bias);
   check_shaped_like("bias_gelu_backward", "dy", dy, x.shape(), x);
+  if (!x.device().is_cpu()) return bias_gelu_backward_device(x.device())(dy, x, bias);
   if (is_half(x.dtype())) {  // f32 a block of rows at a time; dbias accumulates in f32
     Tensor b32 = upcast(bias);
     const int64_t rows = x.numel() / std::max<int64_t>(C, 1), block = half_block_rows(C);

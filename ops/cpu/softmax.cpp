@@ -8,6 +8,7 @@ namespace minidl::ops {
 
 Tensor softmax_forward(const Tensor& x) {
   check_softmax(x);
+  if (!x.device().is_cpu()) return softmax_forward_device(x.device())(x);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   int64_t V = x.size(-1), rows = x.numel() / V;
   dispatch_float("softmax", x.dtype(), [&](auto tag) {
@@ -37,6 +38,7 @@ Tensor softmax_forward(const Tensor& x) {
 Tensor softmax_backward(const Tensor& dy, const Tensor& y) {
   check_softmax(y);
   check_shaped_like("softmax_backward", "dy", dy, y.shape(), y);
+  if (!y.device().is_cpu()) return softmax_backward_device(y.device())(dy, y);
   Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
   int64_t V = y.size(-1), rows = y.numel() / V;
   dispatch_float("softmax_backward", y.dtype(), [&](auto tag) {

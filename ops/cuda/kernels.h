@@ -111,4 +111,63 @@ cudaError_t causal_attention_backward(const float* dout, const float* qkv, const
                                       float* dqkv, float* scratch, int B, int T, int C, int n_head,
                                       cudaStream_t stream);
 
+// ---- elementwise.cu: ops/elementwise.h (binary with broadcasting, scalar, unary, add_, broadcast_to) and plain
+// gelu_forward / gelu_backward (ops/gelu.h) ----
+// Storage f32, f16 or bf16; the math is f32 (ops/kernels/gelu.h for gelu), the result rounded once to the storage
+// type, as the CPU ops compute 16-bit tensors.
+constexpr int kMaxElementwiseDims = 8;
+// The index space of an elementwise op: `out` is contiguous of shape sizes[0..dims); input k reads element
+// (i_0, ..., i_{dims-1}) at sum_d i_d * strides[k][d] (element strides, 0 on broadcast dimensions), so views and
+// broadcasts need no copy. dims == 0 is a single element.
+struct ElementwiseLayout {
+  int dims = 0;
+  int64_t sizes[kMaxElementwiseDims] = {};
+  int64_t strides[2][kMaxElementwiseDims] = {};
+};
+enum class UnaryOp { kCopy, kNeg, kExp, kLog, kTanh, kSqrt, kSquare, kAddScalar, kMulScalar, kGelu };
+// a op b; kTanhBackward: a * (1 - b^2) (a = grad, b = tanh's output); kGeluBackward: a * gelu'(b) (a = dy, b = x).
+enum class BinaryOp { kAdd, kSub, kMul, kDiv, kTanhBackward, kGeluBackward };
+// out = op(x) (strides[0] is x's); `scalar` is kAddScalar's and kMulScalar's operand, rounded to f32 as the CPU
+// op rounds it to the tensor's type. `out` may be `x` when x is contiguous (in place).
+cudaError_t elementwise_unary(UnaryOp op, const float* x, float* out, const ElementwiseLayout& layout, float scalar,
+                              cudaStream_t stream);
+cudaError_t elementwise_unary(UnaryOp op, const __half* x, __half* out, const ElementwiseLayout& layout,
+                              float scalar, cudaStream_t stream);
+cudaError_t elementwise_unary(UnaryOp op, const __nv_bfloat16* x, __nv_bfloat16* out,
+                              const ElementwiseLayout& layout, float scalar, cudaStream_t stream);
+// out = a op b (strides[0] are a's, strides[1] b's). `out` may be `a` when a is contiguous: add_ accumulates so.
+cudaError_t elementwise_binary(BinaryOp op, const float* a, const float* b, float* out,
+                               const ElementwiseLayout& layout, cudaStream_t stream);
+cudaError_t elementwise_binary(BinaryOp op, const __half* a, const __half* b, __half* out,
+                               const ElementwiseLayout& layout, cudaStream_t stream);
+cudaError_t elementwise_binary(BinaryOp op, const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out,
+                               const ElementwiseLayout& layout, cudaStream_t stream);
+
+// ---- reduce.cu: ops/reduce.h (sum, mean, max over everything or one dimension; max_backward) and the sums of
+// sum_to_shape ----
+// Deterministic: partial results are combined in a fixed order that depends on the shape only (no atomics), so
+// a reduction gives the same bits on every run and every GPU. Sums accumulate in f32.
+enum class ReduceOp { kSum, kMax };
+// Floats of device scratch that reduce_all needs for n elements.
+size_t reduce_all_scratch_floats(int64_t n);
+// *out (device) = scale * sum of x[0..n) (0 for n == 0), or the max (n >= 1; NaN wins; scale unused).
+cudaError_t reduce_all(ReduceOp op, const float* x, int64_t n, float scale, float* out, float* scratch,
+                       cudaStream_t stream);
+// Floats of device scratch that reduce_dim needs (0 when it needs none; then scratch may be nullptr).
+size_t reduce_dim_scratch_floats(ReduceOp op, int64_t outer, int64_t n, int64_t inner);
+// x: contiguous (outer, n, inner), n >= 1 for kMax -> out (outer, inner) = scale * sum over n, or the max with
+// `indices` (outer, inner) the position of its first occurrence along n (NaN wins, as on the CPU).
+cudaError_t reduce_dim(ReduceOp op, const float* x, int64_t outer, int64_t n, int64_t inner, float scale,
+                       float* out, int64_t* indices, float* scratch, cudaStream_t stream);
+// grad, indices: (outer, inner) -> dx (outer, n, inner): grad at each index, 0 elsewhere (every element written).
+cudaError_t max_backward(const float* grad, const int64_t* indices, float* dx, int64_t outer, int64_t n,
+                         int64_t inner, cudaStream_t stream);
+
+// ---- softmax.cu: ops::softmax_forward / softmax_backward over the last dimension ----
+// x, y: (rows, V), V >= 1.
+cudaError_t softmax_forward(const float* x, float* y, int64_t rows, int64_t V, cudaStream_t stream);
+// dy, y, dx: (rows, V); dx = y * (dy - sum(dy * y)) per row.
+cudaError_t softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t V,
+                             cudaStream_t stream);
+
 }  // namespace minidl::ops::cuda

@@ -6,6 +6,10 @@ void register_ops() {
   ops::cuda::register_layernorm();
   ops::cuda::register_nn();
   ops::cuda::register_matmul();
+  ops::cuda::register_elementwise();
+  ops::cuda::register_reduce();
+  ops::cuda::register_softmax();
+  ops::cuda::register_gelu();
 }
 
 }  // namespace minidl::cuda

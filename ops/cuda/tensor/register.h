@@ -13,6 +13,10 @@ namespace minidl::ops::cuda {
 void register_layernorm();
 void register_nn();
 void register_matmul();
+void register_elementwise();
+void register_reduce();
+void register_softmax();
+void register_gelu();
 
 // The device's compute stream, with the device made current for the calling thread in the guard's scope.
 struct OnDevice {

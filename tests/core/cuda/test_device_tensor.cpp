@@ -10,7 +10,6 @@
 #include "cuda_test.h"
 #include "core/tensor.h"
 #include "ops/elementwise.h"
-#include "ops/gelu.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 
@@ -136,11 +135,13 @@ TEST_F(DeviceTensor, HostAccessorsRefuseDeviceTensors) {
 
 TEST_F(DeviceTensor, OpsWithoutACudaKernelNameTheOpAndTheDevice) {
   Tensor d = Tensor::ones({2, 2}, DType::f32, kCuda);
-  expect_throws_with([&] { ops::add(d, d); }, {"add", "cuda:0"});
-  expect_throws_with([&] { ops::exp(d); }, {"exp", "cuda:0"});
   expect_throws_with([&] { ops::matmul(d, d); }, {"matmul", "cuda:0"});
+  // Ops whose kernel tables are empty (emptied here; register_backend() fills them again).
+  ops::exp_device.set(DeviceKind::kCUDA, nullptr);
+  ops::sum_device.set(DeviceKind::kCUDA, nullptr);
+  expect_throws_with([&] { ops::exp(d); }, {"exp", "cuda:0"});
   expect_throws_with([&] { ops::sum(d); }, {"sum", "cuda:0"});
-  expect_throws_with([&] { ops::gelu_forward(d); }, {"gelu", "cuda:0"});
+  cuda::register_backend();
   Tensor h = Tensor::ones({2, 2});
   expect_throws_with([&] { ops::add(h, d); }, {"add", "cpu", "cuda:0"});
 }
