@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     data::BatchSampler sampler(tokens, seq, batch, 1);
 
     std::vector<double> ms;
-    ledger().reset_peaks();
+    ledger(device).reset_peaks();
     for (int64_t s = 0; s < warmup + steps; ++s) {
       data::Batch b = sampler.batch(s);
       auto t0 = std::chrono::steady_clock::now();
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     double median = ms[ms.size() / 2];
     double tokens_per_step = double(batch * seq);
     double gflops = model.flops_per_token(seq) * tokens_per_step / median / 1e6;
-    const MemoryLedger& l = ledger();
+    const MemoryLedger& l = ledger(device);
     auto mb = [](int64_t b) { return double(b) / (1 << 20); };
     // MFU: the model's FLOPs per second over the GPU's dense peak for the dtype its products run in.
     const std::string name = train::device_name(device);

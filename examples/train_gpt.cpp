@@ -361,7 +361,7 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
   }
   auto per_step = [&](double total) { return timed_steps ? total / double(timed_steps) : 0.0; };
   double ms_per_step = per_step(timed_ms);
-  const MemoryLedger& mem = ledger();
+  const MemoryLedger& mem = ledger(device);  // the training device's ledger (the GPU's, with --device cuda)
   auto mb = [&](MemTag tag) { return double(mem.peak(tag)) / double(1 << 20); };
   std::printf("summary: steps=%lld train_loss=%.4f val_loss=%.4f ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
               "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.2f exposed_comm_ms=%.2f loss_scale=%g skipped_steps=%lld "

@@ -60,8 +60,9 @@ StepRun run(Recompute mode, DType amp, Device device = test_device()) {
   model.set_recompute(mode);
   model.dropout_context().step = 3;
   Tensor x = tokens(4, 16, 1).to(device), y = tokens(4, 16, 2).to(device);
-  ledger().reset_peaks();
-  const int64_t act_before = ledger().current(MemTag::kActivations);
+  MemoryLedger& mem = ledger(device);  // the device's own ledger: activations live there
+  mem.reset_peaks();
+  const int64_t act_before = mem.current(MemTag::kActivations);
   StepRun r;
   {
     MemoryTagGuard tag(MemTag::kActivations);
@@ -73,7 +74,7 @@ StepRun run(Recompute mode, DType amp, Device device = test_device()) {
     model.dropout_context().step += 1;
     loss.backward();
   }
-  r.act_peak = ledger().peak(MemTag::kActivations) - act_before;
+  r.act_peak = mem.peak(MemTag::kActivations) - act_before;
   for (const Tensor& p : model.parameters()) r.grads.push_back(p.grad().to_vector());
   return r;
 }
