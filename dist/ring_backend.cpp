@@ -132,7 +132,9 @@ RingSchedule all_reduce_schedule(int rank, int n) {
 // Elements [range.begin, range.end) of a contiguous tensor, viewed flat.
 Tensor elements(const Tensor& t, ChunkRange range) { return t.as_strided({range.size()}, {1}, range.begin); }
 
-// Runs `schedule` on `buffer` (contiguous, viewed flat and cut into n chunks), pipelined by slices.
+// Runs `schedule` on `buffer` (contiguous, viewed flat and cut into n chunks), pipelined by slices. The same code
+// serves CUDA tensors: there the transport is NCCL's, waiting for a receive orders the device's compute stream
+// after it, and reduce_into/divide_by (dist/reduce.h) queue their kernels on that stream.
 //
 // Buffer safety: a receive may only land on bytes no send is still reading. Receives of step k go into the
 // chunk of step k (gather) or into `scratch` (reduce), so before posting them every send of steps < k is waited
