@@ -176,6 +176,30 @@ TEST_P(DeviceCollectives, RejectsHostTensors) {
 INSTANTIATE_TEST_SUITE_P(Backends, DeviceCollectives, ::testing::ValuesIn(device_configs()),
                          [](const auto& info) { return info.param; });
 
+// Groups over sub-communicators: the even and the odd world ranks, numbered in reverse, so that the rank that makes
+// the NCCL id is neither world rank 0 nor the same process in both groups, and the two groups start at once.
+TEST(DeviceSubgroups, EvenAndOddRanksReduceSeparately) {
+  cuda::register_backend();
+  const int world_rank = mpi_context().rank();
+  MPI_Comm half;
+  ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, -world_rank, &half), MPI_SUCCESS);
+  {
+    dist::MpiProcessGroup reference(half);
+    auto nccl = dist::make_process_group("nccl", half, kDevice);
+    dist::RingProcessGroup ring(half, kDevice, dist::RingOptions{256});
+    EXPECT_EQ(nccl->size(), reference.size());
+    EXPECT_EQ(nccl->rank(), reference.rank());
+    Tensor expected = pattern_tensor(world_rank, 1001, DType::i64);
+    Tensor a = expected.to(kDevice), b = expected.to(kDevice);
+    reference.all_reduce(expected, ReduceOp::kSum)->wait();
+    nccl->all_reduce(a, ReduceOp::kSum)->wait();
+    ring.all_reduce(b, ReduceOp::kSum)->wait();
+    EXPECT_EQ(host_bytes(a), host_bytes(expected));
+    EXPECT_EQ(host_bytes(b), host_bytes(expected));
+  }
+  MPI_Comm_free(&half);
+}
+
 // Without the CUDA backend's registration, "nccl" and the device ring fail saying what to link.
 TEST(DeviceBackendRegistration, MissingBackendsSayWhatToLink) {
   cuda::register_backend();
