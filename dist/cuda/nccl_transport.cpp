@@ -36,7 +36,10 @@ NcclTransport::NcclTransport(MPI_Comm comm, Device device) : device_(device) {
     ncclUniqueId id{};
   } bootstrap;
   ncclResult_t made = ncclSuccess;
-  if (rank_ == 0) bootstrap.ok = (made = ncclGetUniqueId(&bootstrap.id)) == ncclSuccess;
+  if (rank_ == 0) {
+    made = ncclGetUniqueId(&bootstrap.id);
+    bootstrap.ok = made == ncclSuccess;
+  }
   MINIDL_MPI_CHECK(MPI_Bcast(&bootstrap, sizeof bootstrap, MPI_BYTE, 0, comm));
   if (rank_ == 0) MINIDL_NCCL_CHECK(made);
   MINIDL_CHECK(bootstrap.ok, "nccl: rank 0 of the group could not create an NCCL unique id");

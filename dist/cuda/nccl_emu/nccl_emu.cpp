@@ -125,9 +125,11 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId comm_id
       if (member[0] < 0 || member[0] >= nranks || members[size_t(member[0])] != -1) return ncclInvalidUsage;
       members[size_t(member[0])] = member[1];
     }
-    for (int r = 0; r < nranks; ++r)
-      if (r != rank && MPI_Send(members.data(), nranks, MPI_INT, members[size_t(r)], tag, MPI_COMM_WORLD) != MPI_SUCCESS)
+    for (int r = 0; r < nranks; ++r) {
+      if (r == rank) continue;
+      if (MPI_Send(members.data(), nranks, MPI_INT, members[size_t(r)], tag, MPI_COMM_WORLD) != MPI_SUCCESS)
         return ncclSystemError;
+    }
   } else {
     int member[2] = {rank, world_rank};
     if (MPI_Send(member, 2, MPI_INT, id.root_world_rank, tag, MPI_COMM_WORLD) != MPI_SUCCESS ||
