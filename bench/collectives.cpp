@@ -3,9 +3,12 @@
 //
 //   mpirun -n 4 build/bin/bench_collectives --op all_reduce --backend ring --min-bytes 1M --max-bytes 64M
 //   mpirun -n 2 build/bin/bench_collectives --op reduce_scatter --backend mpi --check --json
+//   mpirun -n 8 build/bin/bench_collectives --backend nccl                  # device tensors, cuda:<local rank>
+//   mpirun -n 8 build/bin/bench_collectives --backend ring --device cuda    # minidl's ring over ncclSend/ncclRecv
 //
 // size is the full buffer in bytes (for reduce_scatter the input, for all_gather the output, as in nccl-tests);
-// time is the mean over --iters after --warmup, from a barrier to the end of the last iteration, max over ranks;
+// time is the mean over --iters after --warmup, from a barrier to the end of the last iteration (on a device:
+// until the device has finished it), max over ranks;
 // algbw = size / time (GB = 1e9 B); busbw = algbw · 2(n-1)/n for all_reduce and (n-1)/n for the others.
 // --check runs a second pass of --iters iterations that refills the inputs with rank-dependent integers before
 // each one and counts the elements that differ from the expected result (#wrong, summed over ranks); without it
@@ -14,11 +17,15 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dist/init.h"
 #include "dist/process_group.h"
+#ifdef MINIDL_HAVE_CUDA_BACKEND
+#include "core/cuda/cuda.h"
+#endif
 
 namespace {
 
@@ -26,7 +33,7 @@ using namespace minidl;
 using dist::ReduceOp;
 
 struct Options {
-  std::string op = "all_reduce", backend = "mpi", dtype = "float", redop = "sum";
+  std::string op = "all_reduce", backend = "mpi", device, dtype = "float", redop = "sum";
   std::string min_bytes = "8", max_bytes = "64M";
   int64_t step_factor = 2;
   int iters = 20, warmup = 5;
@@ -60,6 +67,27 @@ const char* nccl_type_name(DType dt) {
   return names[int(dt)];
 }
 
+// Where the tensors live: --device cpu, or cuda (this rank's local rank modulo the devices it sees); without
+// --device, the backend's default (the CPU, and for nccl that same CUDA device).
+std::optional<Device> parse_device(const std::string& device, const dist::Context& ctx) {
+  if (device.empty()) return std::nullopt;
+  if (device == "cpu") return Device::cpu();
+#ifdef MINIDL_HAVE_CUDA_BACKEND
+  const int devices = cuda::device_count();
+  MINIDL_CHECK(devices > 0, "bench_collectives: --device cuda, but this process sees no CUDA device");
+  return Device::cuda(ctx.local_rank() % devices);
+#else
+  (void)ctx;
+  throw Error("bench_collectives: --device cuda: this build has no CUDA backend (build with CUDA, or configure "
+              "with -DMINIDL_CUDA_EMULATION=ON for the emulated one)");
+#endif
+}
+
+// Waits until the device has finished what the collectives queued (nothing to wait for on the CPU).
+void synchronize(Device device) {
+  if (!device.is_cpu()) device_backend(device, "bench_collectives").synchronize(device.index);
+}
+
 ReduceOp parse_redop(const std::string& s) {
   if (s == "sum") return ReduceOp::kSum;
   if (s == "avg") return ReduceOp::kAvg;
@@ -70,20 +98,24 @@ ReduceOp parse_redop(const std::string& s) {
 // The check pattern: small integers, exact in every dtype and in sums over up to 15 ranks of a u8.
 double value(int rank, int64_t i, int iter) { return double((i * 7 + rank * 5 + iter * 3) % 17); }
 
+// Fills t (on any device) with the check pattern, through a host copy.
 void fill(Tensor& t, int rank, int iter) {
+  Tensor host = Tensor::empty(t.shape(), t.dtype());
   dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    T* p = static_cast<T*>(t.raw_data());
+    T* p = static_cast<T*>(host.raw_data());
     for (int64_t i = 0; i < t.numel(); ++i) p[i] = from_double<T>(value(rank, i, iter));
   });
+  t.copy_(host);
 }
 
-// Elements of t that differ from expected(i) once expected is rounded to t's dtype.
+// Elements of t (on any device) that differ from expected(i) once expected is rounded to t's dtype.
 template <class Fn>
 int64_t count_wrong(const Tensor& t, Fn&& expected) {
+  const Tensor host = t.to(Device::cpu());
   return dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* p = static_cast<const T*>(t.raw_data());
+    const T* p = static_cast<const T*>(host.raw_data());
     int64_t wrong = 0;
     for (int64_t i = 0; i < t.numel(); ++i) wrong += to_double(p[i]) != to_double(from_double<T>(expected(i)));
     return wrong;
@@ -104,7 +136,7 @@ Row measure(dist::ProcessGroup& pg, const Options& o, DType dtype, ReduceOp redo
   if (o.op != "all_reduce") count -= count % n;  // the full buffer must split evenly among ranks
   Row row{count * elem, count, 0, 0, 0, -1};
 
-  Tensor full = Tensor::zeros({count}, dtype), part = Tensor::zeros({count / n}, dtype);
+  Tensor full = Tensor::zeros({count}, dtype, pg.device()), part = Tensor::zeros({count / n}, dtype, pg.device());
   auto run_once = [&] {
     if (o.op == "all_reduce") pg.all_reduce(full, redop)->wait();
     else if (o.op == "reduce_scatter") pg.reduce_scatter(part, full, redop)->wait();
@@ -114,6 +146,7 @@ Row measure(dist::ProcessGroup& pg, const Options& o, DType dtype, ReduceOp redo
   pg.barrier()->wait();
   double start = MPI_Wtime();
   for (int i = 0; i < o.iters; ++i) run_once();
+  synchronize(pg.device());
   double seconds = (MPI_Wtime() - start) / std::max(1, o.iters);
   MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
@@ -150,7 +183,9 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Bus bandwidth of minidl's collectives, nccl-tests style"};
   app.add_option("--op", o.op, "collective")->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather"}));
-  app.add_option("--backend", o.backend, "process group backend")->check(CLI::IsMember({"mpi", "ring"}));
+  app.add_option("--backend", o.backend, "process group backend")->check(CLI::IsMember({"mpi", "ring", "nccl"}));
+  app.add_option("--device", o.device, "where the tensors live: cpu or cuda (default: the backend's, cuda for nccl)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--min-bytes", o.min_bytes, "smallest size (suffixes K, M, G)")->capture_default_str();
   app.add_option("--max-bytes", o.max_bytes, "largest size (suffixes K, M, G)")->capture_default_str();
   app.add_option("--step-factor", o.step_factor, "multiply the size by this between rows")->check(CLI::Range(2, 1 << 20));
@@ -167,10 +202,13 @@ int main(int argc, char** argv) {
   }
 
   try {
+#ifdef MINIDL_HAVE_CUDA_BACKEND
+    cuda::register_backend();
+#endif
     const DType dtype = parse_dtype(o.dtype);
     const ReduceOp redop = parse_redop(o.redop);
     const int64_t min_bytes = parse_bytes(o.min_bytes), max_bytes = parse_bytes(o.max_bytes);
-    auto pg = dist::make_process_group(o.backend, ctx.world());
+    auto pg = dist::make_process_group(o.backend, ctx.world(), parse_device(o.device, ctx));
     const char* redop_name = o.op == "all_gather" ? "none" : o.redop.c_str();
 
     std::vector<Row> rows;
@@ -183,15 +221,17 @@ int main(int argc, char** argv) {
     if (o.json) {
       nlohmann::json out = nlohmann::json::array();
       for (const Row& r : rows)
-        out.push_back({{"op", o.op}, {"backend", o.backend}, {"nranks", ctx.world_size()}, {"size", r.bytes},
+        out.push_back({{"op", o.op}, {"backend", o.backend}, {"device", pg->device().is_cpu() ? "cpu" : "cuda"},
+                       {"nranks", ctx.world_size()}, {"size", r.bytes},
                        {"count", r.count}, {"type", nccl_type_name(dtype)}, {"redop", redop_name}, {"root", -1},
                        {"time", r.time_us}, {"alg_bw", r.algbw}, {"bus_bw", r.busbw},
                        {"nwrong", r.wrong < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.wrong)}});
       std::printf("%s\n", out.dump(1).c_str());
       return 0;
     }
-    std::printf("# minidl bench_collectives: %s, backend %s, %d ranks (%d on this host), %d thread(s) per rank\n",
-                o.op.c_str(), o.backend.c_str(), ctx.world_size(), ctx.ranks_on_host(), ctx.threads_per_rank());
+    std::printf("# minidl bench_collectives: %s, backend %s on %s, %d ranks (%d on this host), %d thread(s) per rank\n",
+                o.op.c_str(), o.backend.c_str(), pg->device().is_cpu() ? "cpu" : "cuda", ctx.world_size(),
+                ctx.ranks_on_host(), ctx.threads_per_rank());
     std::printf("# minBytes %lld maxBytes %lld step: %lld(factor) warmup iters: %d iters: %d validation: %d\n#\n",
                 (long long)min_bytes, (long long)max_bytes, (long long)o.step_factor, o.warmup, o.iters, int(o.check));
     std::printf("# %10s  %12s  %8s  %6s  %10s  %7s  %7s  %6s\n", "size", "count", "type", "redop", "time", "algbw",

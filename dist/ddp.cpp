@@ -1,7 +1,6 @@
 #include "dist/ddp.h"
 
 #include <chrono>
-#include <cstring>
 
 #include "autograd/node.h"
 
@@ -22,6 +21,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
   for (auto& [name, p] : module.named_parameters()) {
     if (!p.requires_grad()) continue;
     MINIDL_CHECK(p.is_contiguous(), "DDP: parameter ", name, " is not contiguous");
+    MINIDL_CHECK(p.device() == group.device(), "DDP: parameter ", name, " is on ", p.device(), ", but the ",
+                 group.name(), " process group serves ", group.device());
     names_.push_back(name);
     params_.push_back(p);
     specs.push_back({p.numel(), p.dtype()});
@@ -33,7 +34,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
   {
     MemoryTagGuard tag(MemTag::kComm);
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      state_[b].buffer = Tensor::zeros({buckets_[b].numel}, buckets_[b].dtype);
+      state_[b].buffer = Tensor::zeros({buckets_[b].numel}, buckets_[b].dtype, group.device());
       for (size_t s = 0; s < buckets_[b].params.size(); ++s) {
         bucket_of_[buckets_[b].params[s]] = b;
         slot_of_[buckets_[b].params[s]] = s;
@@ -85,8 +86,7 @@ void DistributedDataParallel::on_grad_ready(size_t param, const Tensor& grad) {
   size_t b = bucket_of_[param];
   const BucketSpec& spec = buckets_[b];
   MINIDL_ASSERT(grad.is_contiguous() && grad.dtype() == spec.dtype);
-  std::memcpy(static_cast<char*>(state_[b].buffer.raw_data()) + spec.offsets[slot_of_[param]] * dtype_size(spec.dtype),
-              grad.raw_data(), grad.nbytes());
+  slot(param).copy_(flat(grad));
   if (--state_[b].pending == 0) launch(b);
 }
 
@@ -110,8 +110,9 @@ void DistributedDataParallel::comm_loop() {
       queue_.pop_front();
     }
     auto t0 = Clock::now();
+    std::shared_ptr<Work> work;
     try {
-      group_.all_reduce(state_[b].buffer, ReduceOp::kAvg)->wait();
+      work = group_.all_reduce(state_[b].buffer, ReduceOp::kAvg);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       if (!comm_error_) comm_error_ = std::current_exception();
@@ -120,6 +121,7 @@ void DistributedDataParallel::comm_loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       comm_ms_ += ms;
+      state_[b].work = std::move(work);
       state_[b].done = true;
     }
     cv_.notify_all();
@@ -137,8 +139,7 @@ void DistributedDataParallel::finish_backward() {
       continue;
     }
     size_t b = bucket_of_[i];
-    const BucketSpec& spec = buckets_[b];
-    state_[b].buffer.narrow(0, spec.offsets[slot_of_[i]], params_[i].numel()).zero_();
+    slot(i).zero_();
     ready_[i] = true;
     if (--state_[b].pending == 0) launch(b);
   }
@@ -155,22 +156,27 @@ void DistributedDataParallel::finish_backward() {
       return true;
     });
     if (comm_error_) std::rethrow_exception(std::exchange(comm_error_, nullptr));
-    stats_ = {comm_ms_, ms_since(t0), int(state_.size())};
   }
+  // On the CPU the all-reduces have finished by now; on a CUDA device this orders the compute stream after them.
+  for (Bucket& s : state_) std::exchange(s.work, nullptr)->wait();
+  stats_ = {comm_ms_, ms_since(t0), int(state_.size())};
   // The averaged gradients replace the local ones.
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) {
       MemoryTagGuard tag(MemTag::kGrads);
-      g = Tensor::empty(params_[i].shape(), params_[i].dtype());
+      g = Tensor::empty(params_[i].shape(), params_[i].dtype(), params_[i].device());
       params_[i].set_grad(g);
     }
-    size_t b = bucket_of_[i];
-    const BucketSpec& spec = buckets_[b];
-    std::memcpy(g.raw_data(),
-                static_cast<const char*>(state_[b].buffer.raw_data()) + spec.offsets[slot_of_[i]] * dtype_size(spec.dtype),
-                g.nbytes());
+    flat(g).copy_(slot(i));
   }
+}
+
+Tensor DistributedDataParallel::flat(const Tensor& t) { return t.as_strided({t.numel()}, {1}, 0); }
+
+Tensor DistributedDataParallel::slot(size_t param) {
+  const BucketSpec& spec = buckets_[bucket_of_[param]];
+  return state_[bucket_of_[param]].buffer.as_strided({params_[param].numel()}, {1}, spec.offsets[slot_of_[param]]);
 }
 
 }  // namespace minidl::dist

@@ -13,6 +13,12 @@
 // bucket is handed to a communication thread that all-reduces it (average) while the main thread continues
 // backward through earlier layers. A callback at the end of backward waits for every bucket and copies the
 // averaged values back into the parameters' .grad().
+//
+// On a CUDA device (parameters on the device, a "nccl" group or the "ring" on that device) the buckets live on the
+// device and every copy is queued on its compute stream. The communication thread then only queues the
+// all-reduces (nccl: on the group's stream, ordered by events), and the end of backward makes the compute stream
+// wait for them without blocking the host; the optimizer's kernels queued afterwards see the averaged gradients.
+// DDPStepStats then measure host time spent queueing and waiting, not the device's communication time.
 #pragma once
 
 #include <condition_variable>
@@ -75,7 +81,8 @@ class DistributedDataParallel {
 
  private:
   struct Bucket {
-    Tensor buffer;           // flat, the bucket's dtype
+    Tensor buffer;           // flat, the bucket's dtype, on the parameters' device
+    std::shared_ptr<Work> work;  // its all-reduce in this backward, until finish_backward waits on it
     int pending = 0;         // gradients still to arrive in this backward
     bool launched = false;
     bool done = false;
@@ -86,6 +93,8 @@ class DistributedDataParallel {
   void launch(size_t bucket);
   void finish_backward();
   void comm_loop();
+  static Tensor flat(const Tensor& t);  // a contiguous tensor viewed as 1-D
+  Tensor slot(size_t param);            // the parameter's span of its bucket
 
   nn::Module& module_;
   ProcessGroup& group_;

@@ -1,9 +1,12 @@
 #include "dist/process_group.h"
 
 #include <functional>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "dist/mpi_backend.h"
+#include "dist/reduce.h"
 #include "dist/ring_backend.h"
 
 namespace minidl::dist {
@@ -57,11 +60,12 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return begin_a < begin_b + int64_t(b.nbytes()) && begin_b < begin_a + int64_t(a.nbytes());
 }
 
-// A contiguous copy of t as `dtype`, charged to the comm-buffer ledger (raw: never recorded by autograd).
+// A contiguous copy of t as `dtype`, charged to the comm-buffer ledger (raw: never recorded by autograd). On a
+// device the f32 staging copy of an f16/bf16 tensor is made by a device kernel (dist/reduce.h).
 Tensor comm_copy(const Tensor& t, DType dtype) {
   MemoryTagGuard tag(MemTag::kComm);
   Tensor copy = Tensor::empty(t.shape(), dtype, t.device());
-  copy.copy_(t);
+  convert_into(copy, t);
   return copy;
 }
 
@@ -89,7 +93,8 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
   if (tensor.numel() == 0) return completed_work();
   if (!is_half(tensor.dtype())) return do_all_reduce(tensor, op);
   Tensor staged = comm_copy(tensor, DType::f32);
-  return std::make_shared<ThenWork>(do_all_reduce(staged, op), [tensor, staged]() mutable { tensor.copy_(staged); });
+  return std::make_shared<ThenWork>(do_all_reduce(staged, op),
+                                    [tensor, staged]() mutable { convert_into(tensor, staged); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
@@ -103,7 +108,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor&
   if (is_half(input.dtype())) {
     Tensor staged_out = comm_copy(output, DType::f32);
     auto inner = do_reduce_scatter(staged_out, comm_copy(input, DType::f32), op);
-    return std::make_shared<ThenWork>(inner, [output, staged_out]() mutable { output.copy_(staged_out); });
+    return std::make_shared<ThenWork>(inner, [output, staged_out]() mutable { convert_into(output, staged_out); });
   }
   return do_reduce_scatter(output, overlaps(output, input) ? comm_copy(input, input.dtype()) : input, op);
 }
@@ -156,11 +161,48 @@ std::shared_ptr<Work> ProcessGroup::do_send(const Tensor&, int, int) { unsupport
 std::shared_ptr<Work> ProcessGroup::do_recv(Tensor&, int, int) { unsupported("recv"); }
 std::shared_ptr<Work> ProcessGroup::do_barrier() { unsupported("barrier"); }
 
-std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI_Comm comm) {
-  if (backend == "mpi") return std::make_unique<MpiProcessGroup>(comm);
-  if (backend == "ring") return std::make_unique<RingProcessGroup>(comm);
+namespace {
+
+struct FactoryRegistry {
+  std::mutex mutex;
+  std::map<std::string, ProcessGroupFactory> factories;
+};
+FactoryRegistry& factory_registry() {
+  static FactoryRegistry registry;
+  return registry;
+}
+
+}  // namespace
+
+void register_process_group_factory(const std::string& backend, ProcessGroupFactory factory) {
+  FactoryRegistry& r = factory_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (factory)
+    r.factories[backend] = factory;
+  else
+    r.factories.erase(backend);
+}
+
+std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI_Comm comm,
+                                                 std::optional<Device> device) {
+  if (backend == "mpi") {
+    MINIDL_CHECK(!device || device->is_cpu(), "make_process_group: backend mpi serves CPU tensors, not ", *device,
+                 " (use 'nccl' or 'ring' for device tensors)");
+    return std::make_unique<MpiProcessGroup>(comm);
+  }
+  if (backend == "ring") return std::make_unique<RingProcessGroup>(comm, device.value_or(Device::cpu()));
+  ProcessGroupFactory factory = nullptr;
+  {
+    FactoryRegistry& r = factory_registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (auto it = r.factories.find(backend); it != r.factories.end()) factory = it->second;
+  }
+  if (factory) return factory(comm, device);
+  MINIDL_CHECK(backend != "nccl",
+               "make_process_group: this build has no NCCL backend: link minidl_cuda_backend (built when CUDA and "
+               "NCCL are found) and call minidl::cuda::register_backend() first");
   throw Error(::minidl::detail::concat("make_process_group: unknown backend '", backend,
-                                       "'; expected 'mpi' or 'ring'"));
+                                       "'; expected 'mpi', 'ring' or 'nccl'"));
 }
 
 }  // namespace minidl::dist

@@ -1,19 +1,22 @@
 // ProcessGroup: the collectives every parallel mode is built from, on tensors, with an async Work handle.
 //
-//   auto pg = dist::make_process_group("ring", ctx.world());   // or "mpi"
+//   auto pg = dist::make_process_group("ring", ctx.world());   // or "mpi"; "nccl" for CUDA tensors
 //   Tensor g = ...;                                            // same shape and dtype on every rank
 //   pg->all_reduce(g, dist::ReduceOp::kAvg)->wait();            // g = mean over ranks
 //   Tensor shard = Tensor::empty({g.numel() / pg->size()});
 //   pg->reduce_scatter(shard, g, dist::ReduceOp::kSum)->wait(); // shard = rank's slice of the sum
 //
 // Contract, for every backend:
-// - Tensors are contiguous and on the device the backend serves (CPU for "mpi" and "ring"); every rank passes
-//   tensors of the same dtype and element count, and calls the collectives of a group in the same order. One
-//   thread at a time issues collectives on a group (a communication thread may own it).
+// - Tensors are contiguous and on the device the group serves (device(): the CPU for "mpi", the CPU or a CUDA
+//   device for "ring", a CUDA device for "nccl"); every rank passes tensors of the same dtype and element count,
+//   and calls the collectives of a group in the same order. One thread at a time issues collectives on a group
+//   (a communication thread may own it).
 // - Every dtype works (f32, f64, f16, bf16, i32, i64, u8). Reductions of f16/bf16 accumulate in f32 and round
 //   once at the end, on every backend, so results do not depend on the backend's reduction order more than f32
-//   does (the price: f32 on the wire, twice the bytes). Integer sums must fit the dtype; kAvg on integers is
-//   the sum divided by size() with C++ integer division (truncation toward zero), as NCCL does.
+//   does (the price: f32 on the wire, twice the bytes). NCCL could reduce f16/bf16 natively, but it would round
+//   at every hop of its ring, so "nccl" too converts to f32 on the device first. Integer sums must fit the dtype;
+//   kAvg on integers is the sum divided by size() with C++ integer division (truncation toward zero), as NCCL
+//   does.
 // - kAvg is the sum divided by size() once, at the end (never a running average).
 // - Zero elements is a no-op on every rank. all_reduce and broadcast take any element count; reduce_scatter and
 //   all_gather need input.numel() == size() * output.numel() (resp. the reverse) by definition.
@@ -21,12 +24,20 @@
 //   flat buffer): the input is copied first.
 // - The returned Work must be waited on (or polled until complete) before the tensors are read or written, and
 //   keeps them alive until then. Errors surface as minidl::Error, from the call or from wait().
+// - On a CUDA device, communication runs on the group's own stream, after the work already queued on the
+//   device's compute stream (cuda::current_stream), and wait() makes the compute stream wait for it without
+//   blocking the host: kernels queued afterwards, and host reads (which synchronise the compute stream), see
+//   the result. is_completed() asks whether the device has finished it.
+// - Point-to-point tags: on the CPU a recv matches the send with its tag. NCCL has no tags, so on a CUDA device
+//   ("nccl", and "ring" on a device) the messages between two ranks match in the order they were posted; the
+//   tag is still checked for range.
 // - An operation a backend does not implement throws "backend <name> does not support <op>".
 #pragma once
 
 #include <mpi.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
@@ -54,7 +65,9 @@ class ProcessGroup {
   virtual ~ProcessGroup() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string name() const = 0;  // "mpi", "ring"
+  virtual std::string name() const = 0;  // "mpi", "ring", "nccl"
+  // The device this group's tensors must live on.
+  virtual Device device() const { return Device::cpu(); }
 
   // tensor = op over ranks of tensor, in place.
   std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op);
@@ -84,16 +97,27 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> do_send(const Tensor& tensor, int dst, int tag);
   virtual std::shared_ptr<Work> do_recv(Tensor& tensor, int src, int tag);
   virtual std::shared_ptr<Work> do_barrier();
-  // The device this backend's tensors must live on.
-  virtual Device device() const { return Device::cpu(); }
 
  private:
   [[noreturn]] void unsupported(const char* op) const;
   void check_tensor(const char* op, const Tensor& t) const;
 };
 
-// Makes a process group of `backend` ("mpi" or "ring") over the ranks of `comm` (which it duplicates, so the
-// caller's own traffic on `comm` never mixes with the group's). Destroy it before MPI is finalised.
-std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI_Comm comm);
+// Makes a process group of `backend` ("mpi", "ring" or "nccl") over the ranks of `comm` (which it duplicates, so
+// the caller's own traffic on `comm` never mixes with the group's), serving tensors on `device`:
+//   "mpi"   the CPU only;
+//   "ring"  the CPU (MPI point-to-point), or a CUDA device (NCCL point-to-point: needs the CUDA backend);
+//   "nccl"  a CUDA device; by default this rank's local rank on the host, modulo the number of devices.
+// Collective over `comm`. Destroy the group before MPI is finalised.
+//
+//   minidl::cuda::register_backend();       // core/cuda/cuda.h: also registers "nccl" and the device ring
+//   auto pg = dist::make_process_group("nccl", ctx.world(), Device::cuda(ctx.device_index()));
+std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI_Comm comm,
+                                                 std::optional<Device> device = std::nullopt);
+
+// How a backend that lives outside the minidl library (the CUDA backend: minidl never links CUDA or NCCL) plugs
+// into make_process_group. `device` is make_process_group's, unresolved. Registering nullptr removes a backend.
+using ProcessGroupFactory = std::unique_ptr<ProcessGroup> (*)(MPI_Comm comm, std::optional<Device> device);
+void register_process_group_factory(const std::string& backend, ProcessGroupFactory factory);
 
 }  // namespace minidl::dist

@@ -58,4 +58,22 @@ void divide_by(DType dtype, void* data, int64_t count, int divisor) {
   });
 }
 
+void reduce_into(Tensor& dst, const Tensor& src, ReduceOp op) {
+  MINIDL_ASSERT(dst.dtype() == src.dtype() && dst.numel() == src.numel() && dst.device() == src.device());
+  if (!dst.device().is_cpu()) return reduce_into_device(dst.device())(dst, src, op);
+  reduce_into(dst.dtype(), op, dst.raw_data(), src.raw_data(), dst.numel());
+}
+
+void divide_by(Tensor& data, int divisor) {
+  if (divisor == 1) return;
+  if (!data.device().is_cpu()) return divide_by_device(data.device())(data, divisor);
+  divide_by(data.dtype(), data.raw_data(), data.numel(), divisor);
+}
+
+void convert_into(Tensor& dst, const Tensor& src) {
+  MINIDL_ASSERT(dst.numel() == src.numel() && dst.device() == src.device());
+  if (!dst.device().is_cpu() && dst.dtype() != src.dtype()) return convert_into_device(dst.device())(dst, src);
+  dst.copy_(src.as_strided(dst.shape(), dst.strides(), 0));
+}
+
 }  // namespace minidl::dist

@@ -3,12 +3,18 @@
 //
 //   reduce_into(DType::f32, ReduceOp::kSum, dst, src, n);   // dst[i] = dst[i] + src[i]
 //   divide_by(DType::f32, dst, n, world);                   // dst[i] = dst[i] / world   (kAvg's last step)
+//   reduce_into(dst_slice, src_slice, ReduceOp::kMax);      // the same on tensors, on the CPU or a CUDA device
+//
+// On a CUDA device the tensor forms run the kernels that the CUDA backend registers in the tables below
+// (dist/cuda/reduce.cu, from minidl::cuda::register_dist()), on the device's compute stream.
 #pragma once
 
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 #include "dist/process_group.h"
+#include "ops/device_kernel.h"
 
 namespace minidl::dist {
 
@@ -19,5 +25,16 @@ void reduce_into(DType dtype, ReduceOp op, void* dst, const void* src, int64_t c
 
 // data[i] = data[i] / divisor: true division for floating dtypes, truncating division for integers.
 void divide_by(DType dtype, void* data, int64_t count, int divisor);
+
+// Tensor forms: contiguous tensors on one device, with the same dtype (from the list above) and element count.
+// `dst` / `data` are written in place.
+void reduce_into(Tensor& dst, const Tensor& src, ReduceOp op);
+void divide_by(Tensor& data, int divisor);
+// dst = src converted to dst's dtype (on a device: f32 <-> f16/bf16, or the same dtype); same element count.
+void convert_into(Tensor& dst, const Tensor& src);
+
+inline ops::DeviceKernel<void(Tensor& dst, const Tensor& src, ReduceOp op)> reduce_into_device{"dist::reduce_into"};
+inline ops::DeviceKernel<void(Tensor& data, int divisor)> divide_by_device{"dist::divide_by"};
+inline ops::DeviceKernel<void(Tensor& dst, const Tensor& src)> convert_into_device{"dist::convert_into"};
 
 }  // namespace minidl::dist

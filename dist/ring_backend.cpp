@@ -44,7 +44,6 @@
 #include "dist/ring_backend.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "core/memory.h"
@@ -130,7 +129,12 @@ RingSchedule all_reduce_schedule(int rank, int n) {
   return schedule;
 }
 
-// Runs `schedule` on `buffer` (contiguous, viewed flat and cut into n chunks), pipelined by slices.
+// Elements [range.begin, range.end) of a contiguous tensor, viewed flat.
+Tensor elements(const Tensor& t, ChunkRange range) { return t.as_strided({range.size()}, {1}, range.begin); }
+
+// Runs `schedule` on `buffer` (contiguous, viewed flat and cut into n chunks), pipelined by slices. The same code
+// serves CUDA tensors: there the transport is NCCL's, waiting for a receive orders the device's compute stream
+// after it, and reduce_into/divide_by (dist/reduce.h) queue their kernels on that stream.
 //
 // Buffer safety: a receive may only land on bytes no send is still reading. Receives of step k go into the
 // chunk of step k (gather) or into `scratch` (reduce), so before posting them every send of steps < k is waited
@@ -143,7 +147,6 @@ void run_ring(RingTransport& transport, const RingOptions& options, Tensor& buff
   const DType dtype = buffer.dtype();
   const int64_t elem = int64_t(dtype_size(dtype)), numel = buffer.numel();
   const int64_t slice_elems = std::max<int64_t>(1, options.slice_bytes / elem);
-  char* data = static_cast<char*>(buffer.raw_data());
 
   auto num_slices = [&](int chunk) { return (chunk_range(numel, n, chunk).size() + slice_elems - 1) / slice_elems; };
   auto slice = [&](int chunk, int64_t j) {
@@ -191,11 +194,11 @@ void run_ring(RingTransport& transport, const RingOptions& options, Tensor& buff
       transport.wait(recvs[j]);
       ChunkRange s = slice(step.recv_chunk, j);
       if (step.reduce) {
-        const char* received = static_cast<const char*>(scratch.raw_data()) + (s.begin - chunk.begin) * elem;
-        reduce_into(dtype, op, data + s.begin * elem, received, s.size());
+        Tensor mine = elements(buffer, s);
+        reduce_into(mine, elements(scratch, {s.begin - chunk.begin, s.end - chunk.begin}), op);
         // kAvg divides once, by the finished slice's owner, before it is sent on: n times fewer divisions than
         // dividing the whole buffer at the end, and the same quotients.
-        if (completes_reduction && op == ReduceOp::kAvg) divide_by(dtype, data + s.begin * elem, s.size(), n);
+        if (completes_reduction && op == ReduceOp::kAvg) divide_by(mine, n);
       }
       if (has_next) next_sends.push_back(send_slice(step.recv_chunk, j));  // forward it at once: the pipeline
     }
@@ -213,6 +216,9 @@ void run_ring(RingTransport& transport, const RingOptions& options, Tensor& buff
 RingProcessGroup::RingProcessGroup(MPI_Comm comm, RingOptions options)
     : RingProcessGroup(std::make_unique<MpiRingTransport>(comm), options) {}
 
+RingProcessGroup::RingProcessGroup(MPI_Comm comm, Device device, RingOptions options)
+    : RingProcessGroup(make_ring_transport(comm, device), options) {}
+
 RingProcessGroup::RingProcessGroup(std::unique_ptr<RingTransport> transport, RingOptions options)
     : transport_(std::move(transport)), options_(options) {
   MINIDL_CHECK(options_.slice_bytes > 0, "RingProcessGroup: slice_bytes must be positive, got ",
@@ -225,25 +231,21 @@ std::shared_ptr<Work> RingProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp o
 }
 
 std::shared_ptr<Work> RingProcessGroup::do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
-  // The ring reduces in place, and the input is const: work on a copy (one memcpy of S bytes, cheap next to
+  // The ring reduces in place, and the input is const: work on a copy (one copy of S bytes, cheap next to
   // the (n-1)/n · S bytes the ring moves, and it keeps the schedule the same as all-reduce's first phase).
   Tensor work;
   {
     MemoryTagGuard tag(MemTag::kComm);
     work = Tensor::empty({input.numel()}, input.dtype(), input.device());
   }
-  std::memcpy(work.raw_data(), input.raw_data(), input.nbytes());
+  work.copy_(elements(input, {0, input.numel()}));
   run_ring(*transport_, options_, work, reduce_scatter_schedule(rank(), size()), op);
-  const ChunkRange mine = chunk_range(work.numel(), size(), rank());
-  std::memcpy(output.raw_data(), static_cast<const char*>(work.raw_data()) + mine.begin * dtype_size(work.dtype()),
-              output.nbytes());
+  elements(output, {0, output.numel()}).copy_(elements(work, chunk_range(work.numel(), size(), rank())));
   return completed_work();
 }
 
 std::shared_ptr<Work> RingProcessGroup::do_all_gather(Tensor& output, const Tensor& input) {
-  const ChunkRange mine = chunk_range(output.numel(), size(), rank());
-  std::memcpy(static_cast<char*>(output.raw_data()) + mine.begin * dtype_size(output.dtype()), input.raw_data(),
-              input.nbytes());
+  elements(output, chunk_range(output.numel(), size(), rank())).copy_(elements(input, {0, input.numel()}));
   run_ring(*transport_, options_, output, all_gather_schedule(rank(), size()), ReduceOp::kSum);
   return completed_work();
 }
@@ -281,10 +283,12 @@ std::shared_ptr<Work> RingProcessGroup::do_recv(Tensor& tensor, int src, int tag
   return std::make_shared<TransportWork>(transport_.get(), ticket, tensor);
 }
 
-// A ring all-reduce of one integer: no rank can finish it before every rank has contributed.
+// A ring all-reduce of one integer: no rank can finish it before every rank has contributed. On a device the
+// host then waits for the device to get there, so that the barrier holds for the host too.
 std::shared_ptr<Work> RingProcessGroup::do_barrier() {
-  Tensor token = Tensor::zeros({1}, DType::i32);
+  Tensor token = Tensor::zeros({1}, DType::i32, device());
   run_ring(*transport_, options_, token, all_reduce_schedule(rank(), size()), ReduceOp::kSum);
+  if (!device().is_cpu()) device_backend(device(), "barrier").synchronize(device().index);
   return completed_work();
 }
 

@@ -5,10 +5,13 @@
 //   dist::RingProcessGroup pg(ctx.world());                       // MPI point-to-point on CPU tensors
 //   pg.all_reduce(grads, dist::ReduceOp::kAvg)->wait();
 //   dist::RingProcessGroup small(ctx.world(), {.slice_bytes = 4096});  // more, smaller pipeline slices
+//   dist::RingProcessGroup gpu(ctx.world(), Device::cuda(0));     // NCCL point-to-point on device tensors
 //
 // Collectives run to completion in the calling thread and return a completed Work (overlap comes from a
-// communication thread, as for the "mpi" backend); send/recv are asynchronous. Results equal the "mpi" backend's
-// bitwise whenever the sums are exact (e.g. integer-valued floats); otherwise they differ only by summation order.
+// communication thread, as for the "mpi" backend); send/recv are asynchronous. On a device "completion" is in
+// stream order (process_group.h): the host only queues the transfers and the reductions. Results equal the
+// "mpi" backend's bitwise whenever the sums are exact (e.g. integer-valued floats); otherwise they differ only
+// by summation order.
 #pragma once
 
 #include <memory>
@@ -38,12 +41,15 @@ class RingProcessGroup final : public ProcessGroup {
  public:
   // MPI point-to-point over a duplicate of `comm`.
   explicit RingProcessGroup(MPI_Comm comm, RingOptions options = {});
+  // The transport make_ring_transport(comm, device) gives: MPI on the CPU, NCCL on a CUDA device.
+  RingProcessGroup(MPI_Comm comm, Device device, RingOptions options = {});
   // Any transport (a test double, or NCCL point-to-point on a GPU build).
   explicit RingProcessGroup(std::unique_ptr<RingTransport> transport, RingOptions options = {});
 
   int rank() const override { return transport_->rank(); }
   int size() const override { return transport_->size(); }
   std::string name() const override { return "ring"; }
+  Device device() const override { return transport_->device(); }
   const RingOptions& options() const { return options_; }
 
  protected:

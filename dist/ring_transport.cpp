@@ -1,5 +1,6 @@
 #include "dist/ring_transport.h"
 
+#include <atomic>
 #include <climits>
 
 #include "dist/init.h"
@@ -80,6 +81,24 @@ MPI_Request MpiRingTransport::take(Ticket ticket) {
   MPI_Request request = it->second;
   requests_.erase(it);
   return request;
+}
+
+namespace {
+std::atomic<RingTransportFactory> g_cuda_transport{nullptr};
+}  // namespace
+
+void register_ring_transport_factory(DeviceKind kind, RingTransportFactory factory) {
+  MINIDL_CHECK(kind == DeviceKind::kCUDA, "register_ring_transport_factory: the CPU transport is MPI's, built in");
+  g_cuda_transport.store(factory);
+}
+
+std::unique_ptr<RingTransport> make_ring_transport(MPI_Comm comm, Device device) {
+  if (device.is_cpu()) return std::make_unique<MpiRingTransport>(comm);
+  RingTransportFactory factory = g_cuda_transport.load();
+  MINIDL_CHECK(factory != nullptr, "ring backend on ", device,
+               ": this build has no device transport for the ring (NCCL): link minidl_cuda_backend (built when CUDA "
+               "and NCCL are found) and call minidl::cuda::register_backend() first");
+  return factory(comm, device);
 }
 
 }  // namespace minidl::dist

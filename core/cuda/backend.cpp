@@ -56,6 +56,7 @@ const DeviceBackend kBackend{backend_allocate, backend_free, backend_copy, backe
 void register_backend() {
   register_device_backend(DeviceKind::kCUDA, &kBackend);
   register_ops();
+  register_dist();
 }
 
 }  // namespace minidl::cuda

@@ -31,6 +31,7 @@ void register_backend();
 
 // What register_backend() calls, one function per layer that has CUDA code working on Tensors.
 void register_ops();  // ops/cuda/tensor/: the ops' DeviceKernel entries (ops/device_kernel.h)
+void register_dist();  // dist/cuda/: the "nccl" backend, the ring's NCCL transport, dist's device kernels
 
 // Number of devices the runtime sees (0 when there is none).
 int device_count();
