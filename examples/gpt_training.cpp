@@ -157,8 +157,10 @@ Device select_device(const std::string& flag, int local_rank) {
 #if defined(MINIDL_HAVE_CUDA_BACKEND)
   cuda::register_backend();
   int count = cuda::device_count();
-  MINIDL_CHECK(index < count, "--device ", flag, ": ", count == 0 ? "no CUDA device is visible" : "no such device",
-               " (this machine has ", count, " CUDA device", count == 1 ? "" : "s", ")");
+  MINIDL_CHECK(count > 0, "--device ", flag, ": no CUDA device is visible");
+  if (flag == "cuda") index = local_rank % count;  // one GPU per rank; ranks share GPUs when there are fewer
+  MINIDL_CHECK(index < count, "--device ", flag, ": no such device (this machine has ", count, " CUDA device",
+               count == 1 ? "" : "s", ")");
   return Device::cuda(index);
 #else
   MINIDL_CHECK(false, "--device ", flag, ": this build of minidl has no CUDA backend (configure on a machine with "

@@ -48,7 +48,7 @@ struct Options {
   int64_t eval_every = 250, eval_windows = 256, log_every = 10, sample = 0;
   std::string save, init_from;
   int dp = 0;                  // data-parallel ranks; 0: the world size
-  std::string backend = "mpi"; // process-group backend for DDP
+  std::string backend;         // process-group backend for DDP; empty: mpi on the CPU, nccl on CUDA devices
   int64_t grad_accum = 1;
   std::string amp = "off", recompute = "none";
   bool advance_lr_on_skip = false;
@@ -111,7 +111,9 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--dp", o.dp,
                  "Data-parallel ranks (run under mpirun -n N); each takes batch/dp of every global batch. "
                  "Default: the number of ranks");
-  app.add_option("--backend", o.backend, "Gradient all-reduce for data parallelism: mpi (Open MPI's) or ring (minidl's)")
+  app.add_option("--backend", o.backend,
+                 "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "
+                 "either device); default: mpi on the CPU, nccl with --device cuda")
       ->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum,
                  "Split each step's --batch into this many micro-batches (gradient accumulation)")
@@ -141,7 +143,8 @@ void validate(const Options& o, int world) {
   MINIDL_CHECK(o.batch % (dp * o.grad_accum) == 0, "--batch ", o.batch, " does not split into ", dp,
                " data-parallel rank(s) x --grad-accum ", o.grad_accum,
                " equal micro-batches: --batch must be a multiple of ", dp * o.grad_accum);
-  MINIDL_CHECK(o.backend == "mpi" || o.backend == "ring", "--backend: expected mpi or ring, got '", o.backend, "'");
+  MINIDL_CHECK(o.backend.empty() || o.backend == "mpi" || o.backend == "ring" || o.backend == "nccl",
+               "--backend: expected mpi, ring or nccl, got '", o.backend, "'");
   MINIDL_CHECK(o.layers >= 1, "--layers: expected at least 1, got ", o.layers);
   MINIDL_CHECK(o.heads >= 1, "--heads: expected at least 1, got ", o.heads);
   MINIDL_CHECK(o.embd >= 1 && o.embd % o.heads == 0, "--embd: expected a positive multiple of --heads (", o.heads,
@@ -236,8 +239,9 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
 
   const Device device = train::select_device(o.device, ctx.local_rank());
   ops::set_allow_tf32(o.tf32);
-  MINIDL_CHECK(device.is_cpu() || dp == 1, "--device ", o.device, " with --dp ", dp,
-               ": data parallelism on CUDA devices is not supported yet; use --device cpu");
+  const std::string backend = !o.backend.empty() ? o.backend : device.is_cpu() ? "mpi" : "nccl";
+  MINIDL_CHECK(device.is_cpu() ? backend != "nccl" : backend != "mpi", "--backend ", backend, " does not serve --device ",
+               o.device, ": use ", device.is_cpu() ? "mpi or ring on the CPU" : "nccl or ring on CUDA devices");
   nn::GPT model(cfg, o.seed);
   if (ckpt) nn::load_into(model, o.init_from);
   model.to(device);  // before the optimizer, whose state follows the parameters' device
@@ -248,7 +252,7 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
   std::unique_ptr<dist::ProcessGroup> group;
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   if (dp > 1) {
-    group = dist::make_process_group(o.backend, ctx.world());
+    group = dist::make_process_group(backend, ctx.world(), device);
     ddp = std::make_unique<dist::DistributedDataParallel>(model, *group);
   }
   model.dropout_context().first_sample = first_sample;

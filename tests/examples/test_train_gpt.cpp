@@ -247,6 +247,24 @@ TEST_F(TrainGpt, DataParallelMatchesOneProcess) {
   EXPECT_NEAR(summary_field(accum.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << accum.out;
 }
 
+// DDP on the emulated CUDA device (2 ranks sharing it): the nccl backend (NCCL's calls over MPI in this build) and
+// minidl's ring over NCCL point-to-point, against one process on the same device.
+TEST_F(TrainGpt, DataParallelOnEmulatedCudaMatchesOneProcess) {
+  if (std::string(TRAIN_GPT_CUDA) != "emulated") GTEST_SKIP() << "train_gpt is not built with MINIDL_CUDA_EMULATION";
+  std::string flags = tiny_flags() + " --steps 6 --lr 3e-3 --dropout 0.1 --batch 8 --device cuda";
+  Result one = run(flags);
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (const char* backend : {"nccl", "ring"}) {
+    Result two = run_with(mpiexec(2), flags + " --backend " + backend);
+    ASSERT_EQ(two.code, 0) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << two.out;
+  }
+  Result wrong = run_with(mpiexec(2), flags + " --backend mpi");
+  EXPECT_EQ(wrong.code, 2) << wrong.out;
+  EXPECT_NE(wrong.out.find("--backend mpi does not serve --device cuda"), std::string::npos) << wrong.out;
+}
+
 TEST_F(TrainGpt, DataParallelBadInput) {
   // A global batch that does not divide among the ranks.
   Result r = run_with(mpiexec(2), tiny_flags() + " --steps 2 --batch 5");
