@@ -168,10 +168,12 @@ Tensor tanh_backward(const Tensor& grad, const Tensor& y) {
 void add_(Tensor& dst, const Tensor& src) {
   MINIDL_CHECK(dst.shape() == src.shape(), "add_: shapes ", dst.shape(), " and ", src.shape(), " differ");
   MINIDL_CHECK(dst.is_contiguous(), "add_: destination of shape ", dst.shape(), " must be contiguous");
-  // A gradient in another precision (e.g. f16 into an f32 master gradient) is converted first.
+  // A gradient in another precision (e.g. f16 into an f32 master gradient) is converted first (on a device, by
+  // the device kernel).
+  if (!dst.device().is_cpu() && src.defined() && src.device() == dst.device())
+    return add_inplace_device(dst.device())(dst, src);
   Tensor s = src.dtype() == dst.dtype() ? src : src.detach().to(dst.dtype());
   check_binary("add_", dst, s);
-  if (!dst.device().is_cpu()) return add_inplace_device(dst.device())(dst, s);
   dispatch_float("add_", dst.dtype(), [&](auto tag) {
     using T = decltype(tag);
     binary_into<T>(dst, dst, s, [](T x, T y) { return x + y; });

@@ -70,15 +70,17 @@ struct alignas(sizeof(T) * kVec) Vec {
   T v[kVec];
 };
 
-// Offset of output element i in an input with `strides`, over the merged sizes (innermost dimension last).
-__device__ __forceinline__ int64_t offset_of(int64_t i, const ElementwiseLayout& l, int k) {
-  int64_t offset = 0;
+// Offsets of output element i in the first kInputs inputs, over the merged sizes (innermost dimension last): one
+// division per dimension, shared by the inputs.
+template <int kInputs>
+__device__ __forceinline__ void offsets_of(int64_t i, const ElementwiseLayout& l, int64_t (&offset)[kInputs]) {
+  for (int k = 0; k < kInputs; ++k) offset[k] = 0;
   for (int d = l.dims - 1; d > 0; --d) {
-    const int64_t size = l.sizes[d];
-    offset += (i % size) * l.strides[k][d];
-    i /= size;
+    const int64_t size = l.sizes[d], q = i / size, r = i - q * size;
+    for (int k = 0; k < kInputs; ++k) offset[k] += r * l.strides[k][d];
+    i = q;
   }
-  return offset + i * l.strides[k][0];
+  for (int k = 0; k < kInputs; ++k) offset[k] += i * l.strides[k][0];
 }
 
 // Contiguous operands: groups of kVec when kVector (all pointers aligned to a group), then the n % kVec tail.
@@ -99,8 +101,11 @@ template <UnaryOp kOp, class T>
 __global__ void __launch_bounds__(kThreads)
     unary_strided_kernel(const T* x, T* out, int64_t n, float s, const ElementwiseLayout layout) {
   const int64_t stride = int64_t(gridDim.x) * kThreads;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride)
-    out[i] = from_float<T>(unary_apply<kOp>(to_float(x[offset_of(i, layout, 0)]), s));
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
+    int64_t offset[1];
+    offsets_of<1>(i, layout, offset);
+    out[i] = from_float<T>(unary_apply<kOp>(to_float(x[offset[0]]), s));
+  }
 }
 
 template <BinaryOp kOp, class T, bool kVector>
@@ -123,8 +128,9 @@ __global__ void __launch_bounds__(kThreads)
     binary_strided_kernel(const T* a, const T* b, T* out, int64_t n, const ElementwiseLayout layout) {
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
-    const float x = to_float(a[offset_of(i, layout, 0)]), y = to_float(b[offset_of(i, layout, 1)]);
-    out[i] = from_float<T>(binary_apply<kOp>(x, y));
+    int64_t offset[2];
+    offsets_of<2>(i, layout, offset);
+    out[i] = from_float<T>(binary_apply<kOp>(to_float(a[offset[0]]), to_float(b[offset[1]])));
   }
 }
 

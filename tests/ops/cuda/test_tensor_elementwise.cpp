@@ -120,6 +120,15 @@ TEST_F(CudaTensorOps, AddInPlaceAccumulates) {
   Tensor dsame = acc.to(kCuda);
   ops::add_(dsame, acc.to(kCuda));
   expect_device_matches(dsame, ops::mul(acc, 2.0), 1e-6, "add_ contiguous");
+  // A 16-bit gradient into an f32 accumulator (mixed precision), converted on the device.
+  const Tensor h = random_tensor({9, 37}, 28, DType::bf16);
+  Tensor want_mixed = acc.clone();
+  ops::add_(want_mixed, h);
+  Tensor dmixed = acc.to(kCuda);
+  ops::add_(dmixed, h.to(kCuda));
+  expect_device_matches(dmixed, want_mixed, 1e-6, "add_ of a bf16 source");
+  Tensor d16 = h.to(kCuda);
+  expect_error([&] { ops::add_(d16, h.to(kCuda)); }, {"add_", "bf16", "cuda:0"});
 }
 
 TEST_F(CudaTensorOps, BroadcastToMaterialises) {
