@@ -84,19 +84,19 @@ Tensor binary(const char* name, const Tensor& a, const Tensor& b,
   });
 }
 
-// A unary entry's device path: its table's kernel, or a clear error.
+// A unary entry's device path: its table's kernel, or an error naming the op and the device.
 template <class Kernel>
 Tensor on_device(const Kernel& device, const Tensor& a) {
   return device(a.device())(a);
 }
 
 // out = f(a), out contiguous with a's shape; a may have any strides.
-// `on_device` runs the op on a device tensor (its DeviceKernel table).
-template <class OnDevice, class Op>
-Tensor unary(const char* name, const Tensor& a, OnDevice on_device, Op op) {
+// `device_path()` runs the op on a device tensor (through its DeviceKernel table).
+template <class DevicePath, class Op>
+Tensor unary(const char* name, const Tensor& a, DevicePath device_path, Op op) {
   MINIDL_CHECK(a.defined(), name, ": undefined input");
-  if (!a.device().is_cpu()) return on_device();
-  if (is_half(a.dtype())) return cast(unary(name, upcast(a), on_device, op), a.dtype());
+  if (!a.device().is_cpu()) return device_path();
+  if (is_half(a.dtype())) return cast(unary(name, upcast(a), device_path, op), a.dtype());
   return dispatch_float(name, a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
