@@ -84,19 +84,19 @@ Tensor binary(const char* name, const Tensor& a, const Tensor& b,
   });
 }
 
-// A unary entry's device path: its table's kernel, or a clear error.
+// A unary entry's device path: its table's kernel, or an error naming the op and the device.
 template <class Kernel>
 Tensor on_device(const Kernel& device, const Tensor& a) {
   return device(a.device())(a);
 }
 
 // out = f(a), out contiguous with a's shape; a may have any strides.
-// `on_device` runs the op on a device tensor (its DeviceKernel table).
-template <class OnDevice, class Op>
-Tensor unary(const char* name, const Tensor& a, OnDevice on_device, Op op) {
+// `device_path()` runs the op on a device tensor (through its DeviceKernel table).
+template <class DevicePath, class Op>
+Tensor unary(const char* name, const Tensor& a, DevicePath device_path, Op op) {
   MINIDL_CHECK(a.defined(), name, ": undefined input");
-  if (!a.device().is_cpu()) return on_device();
-  if (is_half(a.dtype())) return cast(unary(name, upcast(a), on_device, op), a.dtype());
+  if (!a.device().is_cpu()) return device_path();
+  if (is_half(a.dtype())) return cast(unary(name, upcast(a), device_path, op), a.dtype());
   return dispatch_float(name, a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
@@ -168,10 +168,12 @@ Tensor tanh_backward(const Tensor& grad, const Tensor& y) {
 void add_(Tensor& dst, const Tensor& src) {
   MINIDL_CHECK(dst.shape() == src.shape(), "add_: shapes ", dst.shape(), " and ", src.shape(), " differ");
   MINIDL_CHECK(dst.is_contiguous(), "add_: destination of shape ", dst.shape(), " must be contiguous");
-  // A gradient in another precision (e.g. f16 into an f32 master gradient) is converted first.
+  // A gradient in another precision (e.g. f16 into an f32 master gradient) is converted first (on a device, by
+  // the device kernel).
+  if (!dst.device().is_cpu() && src.defined() && src.device() == dst.device())
+    return add_inplace_device(dst.device())(dst, src);
   Tensor s = src.dtype() == dst.dtype() ? src : src.detach().to(dst.dtype());
   check_binary("add_", dst, s);
-  if (!dst.device().is_cpu()) return add_inplace_device(dst.device())(dst, s);
   dispatch_float("add_", dst.dtype(), [&](auto tag) {
     using T = decltype(tag);
     binary_into<T>(dst, dst, s, [](T x, T y) { return x + y; });

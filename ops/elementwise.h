@@ -40,7 +40,8 @@ Tensor square(const Tensor& a);
 // grad * (1 - y^2), the backward of y = tanh(x), in one pass. grad, y: same shape.
 Tensor tanh_backward(const Tensor& grad, const Tensor& y);
 
-// dst += src (same shape; dst contiguous, f32 or f64; src any strides, converted if its dtype differs).
+// dst += src (same shape; dst contiguous, f32 or f64; src any strides, converted if its dtype differs; on a CUDA
+// device dst is f32 and src f32, f16 or bf16).
 // Used to accumulate gradients.
 void add_(Tensor& dst, const Tensor& src);
 

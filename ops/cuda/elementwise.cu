@@ -70,15 +70,18 @@ struct alignas(sizeof(T) * kVec) Vec {
   T v[kVec];
 };
 
-// Offset of output element i in an input with `strides`, over the merged sizes (innermost dimension last).
-__device__ __forceinline__ int64_t offset_of(int64_t i, const ElementwiseLayout& l, int k) {
-  int64_t offset = 0;
+// Offsets of output element i in the first kInputs inputs, over the merged sizes (innermost dimension last): one
+// division per dimension, shared by the inputs. Index is uint32_t when every index and offset fits (the launcher
+// checks): a 32-bit division is a few instructions, a 64-bit one a long software routine.
+template <int kInputs, class Index>
+__device__ __forceinline__ void offsets_of(Index i, const ElementwiseLayout& l, Index (&offset)[kInputs]) {
+  for (int k = 0; k < kInputs; ++k) offset[k] = 0;
   for (int d = l.dims - 1; d > 0; --d) {
-    const int64_t size = l.sizes[d];
-    offset += (i % size) * l.strides[k][d];
-    i /= size;
+    const Index size = Index(l.sizes[d]), q = i / size, r = i - q * size;
+    for (int k = 0; k < kInputs; ++k) offset[k] += r * Index(l.strides[k][d]);
+    i = q;
   }
-  return offset + i * l.strides[k][0];
+  for (int k = 0; k < kInputs; ++k) offset[k] += i * Index(l.strides[k][0]);
 }
 
 // Contiguous operands: groups of kVec when kVector (all pointers aligned to a group), then the n % kVec tail.
@@ -95,12 +98,15 @@ __global__ void __launch_bounds__(kThreads) unary_flat_kernel(const T* x, T* out
     out[i] = from_float<T>(unary_apply<kOp>(to_float(x[i]), s));
 }
 
-template <UnaryOp kOp, class T>
+template <UnaryOp kOp, class T, class Index>
 __global__ void __launch_bounds__(kThreads)
-    unary_strided_kernel(const T* x, T* out, int64_t n, float s, const ElementwiseLayout layout) {
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride)
-    out[i] = from_float<T>(unary_apply<kOp>(to_float(x[offset_of(i, layout, 0)]), s));
+    unary_strided_kernel(const T* x, T* out, Index n, float s, const ElementwiseLayout layout) {
+  const Index stride = Index(gridDim.x) * kThreads;
+  for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
+    Index offset[1];
+    offsets_of<1>(i, layout, offset);
+    out[i] = from_float<T>(unary_apply<kOp>(to_float(x[offset[0]]), s));
+  }
 }
 
 template <BinaryOp kOp, class T, bool kVector>
@@ -118,13 +124,14 @@ __global__ void __launch_bounds__(kThreads) binary_flat_kernel(const T* a, const
     out[i] = from_float<T>(binary_apply<kOp>(to_float(a[i]), to_float(b[i])));
 }
 
-template <BinaryOp kOp, class T>
+template <BinaryOp kOp, class T, class Index>
 __global__ void __launch_bounds__(kThreads)
-    binary_strided_kernel(const T* a, const T* b, T* out, int64_t n, const ElementwiseLayout layout) {
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
-    const float x = to_float(a[offset_of(i, layout, 0)]), y = to_float(b[offset_of(i, layout, 1)]);
-    out[i] = from_float<T>(binary_apply<kOp>(x, y));
+    binary_strided_kernel(const T* a, const T* b, T* out, Index n, const ElementwiseLayout layout) {
+  const Index stride = Index(gridDim.x) * kThreads;
+  for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
+    Index offset[2];
+    offsets_of<2>(i, layout, offset);
+    out[i] = from_float<T>(binary_apply<kOp>(to_float(a[offset[0]]), to_float(b[offset[1]])));
   }
 }
 
@@ -163,6 +170,22 @@ bool is_flat(const ElementwiseLayout& l, int inputs) {
   return true;
 }
 
+// Whether 32-bit indices reach every element: the output's n (plus a grid's stride past it) and each input's
+// largest offset (strides are never negative in minidl; a negative one takes the 64-bit path anyway).
+bool fits_32_bits(const ElementwiseLayout& l, int inputs, int64_t n) {
+  constexpr int64_t kLimit = int64_t(1) << 31;  // leaves room for i + stride in a uint32_t
+  if (n >= kLimit) return false;
+  for (int k = 0; k < inputs; ++k) {
+    int64_t span = 0;
+    for (int d = 0; d < l.dims; ++d) {
+      if (l.strides[k][d] < 0) return false;
+      span += (l.sizes[d] - 1) * l.strides[k][d];
+    }
+    if (span >= kLimit) return false;
+  }
+  return true;
+}
+
 template <class T, class... Ptrs>
 bool vector_aligned(const Ptrs*... ptrs) {
   return ((reinterpret_cast<uintptr_t>(ptrs) % (sizeof(T) * kVec) == 0) && ...);
@@ -181,8 +204,10 @@ cudaError_t launch_unary(const T* x, T* out, const ElementwiseLayout& layout, fl
     return launch_kernel(unary_flat_kernel<kOp, T, false>, dim3(grid_stride_blocks(n, kThreads)), block, 0, stream,
                          x, out, n, s);
   }
-  return launch_kernel(unary_strided_kernel<kOp, T>, dim3(grid_stride_blocks(n, kThreads)), block, 0, stream, x, out,
-                       n, s, l);
+  const dim3 grid(grid_stride_blocks(n, kThreads));
+  if (fits_32_bits(l, 1, n))
+    return launch_kernel(unary_strided_kernel<kOp, T, uint32_t>, grid, block, 0, stream, x, out, uint32_t(n), s, l);
+  return launch_kernel(unary_strided_kernel<kOp, T, int64_t>, grid, block, 0, stream, x, out, n, s, l);
 }
 
 template <BinaryOp kOp, class T>
@@ -198,8 +223,10 @@ cudaError_t launch_binary(const T* a, const T* b, T* out, const ElementwiseLayou
     return launch_kernel(binary_flat_kernel<kOp, T, false>, dim3(grid_stride_blocks(n, kThreads)), block, 0, stream,
                          a, b, out, n);
   }
-  return launch_kernel(binary_strided_kernel<kOp, T>, dim3(grid_stride_blocks(n, kThreads)), block, 0, stream, a, b,
-                       out, n, l);
+  const dim3 grid(grid_stride_blocks(n, kThreads));
+  if (fits_32_bits(l, 2, n))
+    return launch_kernel(binary_strided_kernel<kOp, T, uint32_t>, grid, block, 0, stream, a, b, out, uint32_t(n), l);
+  return launch_kernel(binary_strided_kernel<kOp, T, int64_t>, grid, block, 0, stream, a, b, out, n, l);
 }
 
 template <class T>

@@ -3,9 +3,9 @@
 // Library minidl_cuda_kernels builds them with nvcc for CMAKE_CUDA_ARCHITECTURES; minidl_cuda_kernels_emu builds
 // the same sources with the host compiler against the CPU emulator of CUDA (cuda_emu/), which is how the tests
 // execute them. Each computes what the CPU op named beside it computes (same ops/kernels/ math, f32 only except
-// the casts), and validates nothing: the op's entry checks shapes, dtypes and devices first. Every launcher
-// enqueues its kernels on `stream` and returns the first launch error (cudaSuccess when all launched; faults
-// inside a kernel surface at the next synchronising call, as usual in CUDA).
+// the casts and the elementwise ops), and validates nothing: the op's entry checks shapes, dtypes and devices
+// first. Every launcher enqueues its kernels on `stream` and returns the first launch error (cudaSuccess when all
+// launched; faults inside a kernel surface at the next synchronising call, as usual in CUDA).
 //
 //   float* scratch;  // cudaMalloc'd, layernorm_backward_scratch_floats(rows, C) floats
 //   CUDA_CHECK(layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, scratch, rows, C, stream));

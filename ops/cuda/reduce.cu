@@ -162,12 +162,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One thread per (outer, inner) position writes its whole column of n: the gradient at the saved index, zeros
+// elsewhere. Consecutive threads write consecutive inner positions (coalesced when inner > 1), and the index is
+// read once, not once per element.
 __global__ void __launch_bounds__(kThreads) max_backward_kernel(const float* grad, const int64_t* indices, float* dx,
                                                                 int64_t outer, int64_t n, int64_t inner) {
-  const int64_t total = outer * n * inner, stride = int64_t(gridDim.x) * kThreads;
-  for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < total; e += stride) {
-    const int64_t i = e % inner, j = (e / inner) % n, k = e / (n * inner) * inner + i;
-    dx[e] = indices[k] == j ? grad[k] : 0.0f;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  for (int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x; k < outer * inner; k += stride) {
+    const int64_t o = k / inner, i = k - o * inner, arg = indices[k];
+    const float g = grad[k];
+    float* column = dx + o * n * inner + i;
+    for (int64_t j = 0; j < n; ++j) column[j * inner] = j == arg ? g : 0.0f;
   }
 }
 
@@ -236,10 +241,9 @@ cudaError_t reduce_dim(ReduceOp op, const float* x, int64_t outer, int64_t n, in
 
 cudaError_t max_backward(const float* grad, const int64_t* indices, float* dx, int64_t outer, int64_t n,
                          int64_t inner, cudaStream_t stream) {
-  const int64_t total = outer * n * inner;
-  if (total == 0) return cudaSuccess;
-  return launch_kernel(max_backward_kernel, dim3(grid_stride_blocks(total, kThreads)), dim3(kThreads), 0, stream, grad,
-                       indices, dx, outer, n, inner);
+  if (outer * n * inner == 0) return cudaSuccess;
+  return launch_kernel(max_backward_kernel, dim3(grid_stride_blocks(outer * inner, kThreads)), dim3(kThreads), 0,
+                       stream, grad, indices, dx, outer, n, inner);
 }
 
 }  // namespace minidl::ops::cuda

@@ -81,11 +81,14 @@ Tensor mul_scalar(const Tensor& x, double s) {
   return unary_on_device("mul", UnaryOp::kMulScalar, x, x.shape(), float(s));
 }
 
+// dst (f32) += src; a 16-bit src (a gradient computed under autocast) is converted to f32 on the device first.
 void add_inplace(Tensor& dst, const Tensor& src) {
   check_cuda_dtype("add_", dst, /*half_too=*/false);
+  check_cuda_dtype("add_", src, /*half_too=*/true);
+  const Tensor s = src.dtype() == DType::f32 ? src : upcast_on_device(src);
   OnDevice on(dst);
-  const ElementwiseLayout l = layout_of(dst.shape(), dst.strides(), src.strides());
-  MINIDL_CUDA_CHECK(elementwise_binary(BinaryOp::kAdd, ptr<float>(dst), ptr<float>(src), ptr<float>(dst), l,
+  const ElementwiseLayout l = layout_of(dst.shape(), dst.strides(), s.strides());
+  MINIDL_CUDA_CHECK(elementwise_binary(BinaryOp::kAdd, ptr<float>(dst), ptr<float>(s), ptr<float>(dst), l,
                                        on.stream));
 }
 

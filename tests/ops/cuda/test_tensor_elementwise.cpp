@@ -57,6 +57,12 @@ TEST_F(CudaTensorOps, BinaryOpsReadStridedViews) {
                         ops::mul(a.narrow(1, 2, 5), b.transpose(0, 1).narrow(1, 1, 5)), 1e-6, "narrowed");
   expect_device_matches(ops::sub(da.narrow(0, 1, 4), da.narrow(0, 1, 1)),
                         ops::sub(a.narrow(0, 1, 4), a.narrow(0, 1, 1)), 1e-6, "narrowed broadcast");
+  // Contiguous but not 16-byte aligned: the flat path without vectors.
+  const Tensor v = random_tensor({257}, 6, DType::f32), w = random_tensor({257}, 7, DType::f32);
+  expect_device_matches(ops::add(v.to(kCuda).narrow(0, 1, 200), w.to(kCuda).narrow(0, 3, 200)),
+                        ops::add(v.narrow(0, 1, 200), w.narrow(0, 3, 200)), 1e-6, "misaligned");
+  expect_device_matches(ops::exp(v.to(kCuda).narrow(0, 2, 255)), ops::exp(v.narrow(0, 2, 255)), 1e-6,
+                        "misaligned exp");
 }
 
 TEST_F(CudaTensorOps, UnaryAndScalarOpsMatchTheCpu) {
@@ -120,6 +126,15 @@ TEST_F(CudaTensorOps, AddInPlaceAccumulates) {
   Tensor dsame = acc.to(kCuda);
   ops::add_(dsame, acc.to(kCuda));
   expect_device_matches(dsame, ops::mul(acc, 2.0), 1e-6, "add_ contiguous");
+  // A 16-bit gradient into an f32 accumulator (mixed precision), converted on the device.
+  const Tensor h = random_tensor({9, 37}, 28, DType::bf16);
+  Tensor want_mixed = acc.clone();
+  ops::add_(want_mixed, h);
+  Tensor dmixed = acc.to(kCuda);
+  ops::add_(dmixed, h.to(kCuda));
+  expect_device_matches(dmixed, want_mixed, 1e-6, "add_ of a bf16 source");
+  Tensor d16 = h.to(kCuda);
+  expect_error([&] { ops::add_(d16, h.to(kCuda)); }, {"add_", "bf16", "cuda:0"});
 }
 
 TEST_F(CudaTensorOps, BroadcastToMaterialises) {

@@ -1,9 +1,10 @@
 // ops/reduce.h on device tensors (ops/cuda/reduce.cu through ops/cuda/tensor/reduce.cpp), against the same ops on
 // the CPU: full reductions over one and several blocks, every dimension with and without keepdim (rows reduced by
 // a warp, columns by a block, columns in chunks), ties and NaN for max, max_backward, 16-bit sums, the sum of
-// squares of gradient clipping, and the same bits on every run.
+// squares of gradient clipping, the same bits on every run, and autograd's backward through them.
 #include <cmath>
 
+#include "autograd/functions.h"
 #include "ops/elementwise.h"
 #include "ops/reduce.h"
 #include "tensor_ops_test.h"
@@ -113,6 +114,27 @@ TEST_F(CudaTensorOps, SixteenBitSumsAccumulateInF32) {
   const Tensor h = random_tensor({4}, 10, DType::bf16).to(kCuda);
   expect_error([&] { ops::max(h); }, {"max", "bf16", "cuda:0"});
   expect_error([&] { ops::sum(random_tensor({4}, 11, DType::f64).to(kCuda)); }, {"sum", "f64", "cuda:0"});
+}
+
+// The autograd functions are written in ops: on device tensors their backward runs these kernels too (sum_to_shape
+// for broadcast inputs, broadcast_to for reductions, max_backward, add_ when gradients accumulate).
+TEST_F(CudaTensorOps, AutogradThroughDeviceOpsMatchesTheCpu) {
+  const Tensor x0 = random_tensor({4, 6}, 12, DType::f32), b0 = random_tensor({6}, 13, DType::f32);
+  auto grads = [](Device device, const Tensor& x_init, const Tensor& b_init) {
+    Tensor x = x_init.to(device).detach(), b = b_init.to(device).detach();
+    x.set_requires_grad(true);
+    b.set_requires_grad(true);
+    for (int step = 0; step < 2; ++step) {  // the second backward accumulates into the gradients
+      Tensor h = mul(add(x, b), tanh(x));
+      Tensor loss = add(add(sum(h), mean(max(exp(mul(x, 0.5)), 1))), mean(sum(sqrt(add(square(x), 1.0)), 0)));
+      loss = add(loss, sum(mul(softmax(h), bias_gelu(x, b))));
+      loss.backward();
+    }
+    return std::vector<Tensor>{x.grad(), b.grad()};
+  };
+  const std::vector<Tensor> want = grads(Device::cpu(), x0, b0), got = grads(kCuda, x0, b0);
+  expect_device_matches(got[0], want[0], 1e-5, "dx");
+  expect_device_matches(got[1], want[1], 1e-5, "db");
 }
 
 }  // namespace
