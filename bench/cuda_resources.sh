@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Per-kernel resource report from ptxas: registers, static shared memory, stack and spills, for every kernel in
-# ops/cuda/*.cu and each architecture given (default: 80 90, CI's Ampere and Hopper targets).
+# ops/cuda/*.cu and dist/cuda/*.cu and each architecture given (default: 80 90, CI's Ampere and Hopper targets).
 #
 #   bench/cuda_resources.sh            # table for sm_80 and sm_90; exit status 1 if any kernel spills
 #   bench/cuda_resources.sh 86 89      # other architectures
@@ -17,7 +17,7 @@ archs=("$@")
 printf '%-14s %-36s %-6s %5s %10s %8s %12s %11s\n' file kernel arch regs smem_bytes stack spill_stores spill_loads
 spilled=0
 for arch in "${archs[@]}"; do
-  for source in "$root"/ops/cuda/*.cu; do
+  for source in "$root"/ops/cuda/*.cu "$root"/dist/cuda/*.cu; do
     # ptxas prints, per kernel: "Compiling entry function 'NAME'", "N bytes stack frame, N bytes spill stores,
     # N bytes spill loads", then "Used N registers, ... [N bytes smem, ...]".
     report="$("$nvcc" -std=c++20 -I"$root" -arch=sm_"$arch" -Xptxas -v -c "$source" -o /dev/null 2>&1)"
