@@ -4,6 +4,7 @@ namespace minidl::cuda {
 
 void register_ops() {
   ops::cuda::register_layernorm();
+  ops::cuda::register_conv();
 }
 
 }  // namespace minidl::cuda

@@ -11,6 +11,7 @@
 namespace minidl::ops::cuda {
 
 void register_layernorm();
+void register_conv();  // conv2d, max_pool2d: cuDNN (conv_cudnn.cpp), or the CPU kernels when emulated
 
 // The device's compute stream, with the device made current for the calling thread in the guard's scope.
 struct OnDevice {
