@@ -12,7 +12,8 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_
   MINIDL_CHECK(stride >= 1 && padding >= 0, "Conv2d: expected stride >= 1 and padding >= 0, got stride=", stride,
                " padding=", padding);
   MemoryTagGuard tag(MemTag::kParams);
-  weight = register_parameter("weight", Tensor::zeros({out_channels, kernel, kernel, in_channels}, DType::f32, device));
+  weight = register_parameter("weight",
+                              Tensor::zeros({out_channels, kernel, kernel, in_channels}, DType::f32, device));
   if (bias) this->bias = register_parameter("bias", Tensor::zeros({out_channels}, DType::f32, device));
 }
 

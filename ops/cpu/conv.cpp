@@ -168,8 +168,8 @@ ConvGeometry check_conv2d(const char* op, const Tensor& x, const Tensor& weight,
   check_float(op, "x", x);
   MINIDL_CHECK(x.dim() == 4, op, ": expected x of shape (N, H, W, C) (channels last), got ", x.shape());
   check_like(op, "weight", weight, x);
-  MINIDL_CHECK(weight.dim() == 4, op, ": expected weight of shape (K, R, S, C) (filters, height, width, channels), got ",
-               weight.shape());
+  MINIDL_CHECK(weight.dim() == 4, op,
+               ": expected weight of shape (K, R, S, C) (filters, height, width, channels), got ", weight.shape());
   MINIDL_CHECK(weight.size(3) == x.size(3), op, ": weight ", weight.shape(), " has ", weight.size(3),
                " input channels but x ", x.shape(), " has ", x.size(3));
   MINIDL_CHECK(o.stride >= 1, op, ": expected stride >= 1, got ", o.stride);

@@ -50,7 +50,8 @@ Direct direct_conv(const Case& c, const Values& x, const Values& w, const Values
               int64_t h = p * c.stride - c.pad + r * c.dil, ww = q * c.stride - c.pad + s * c.dil;
               if (h < 0 || h >= c.H || ww < 0 || ww >= c.W) continue;
               for (int64_t ch = 0; ch < c.C; ++ch) {
-                size_t xi = size_t(((n * c.H + h) * c.W + ww) * c.C + ch), wi = size_t(((k * c.R + r) * c.S + s) * c.C + ch);
+                size_t xi = size_t(((n * c.H + h) * c.W + ww) * c.C + ch);
+                size_t wi = size_t(((k * c.R + r) * c.S + s) * c.C + ch);
                 acc += x[xi] * w[wi];
                 d.dx[xi] += dy[o] * w[wi];
                 d.dw[wi] += dy[o] * x[xi];
@@ -66,9 +67,9 @@ Direct direct_conv(const Case& c, const Values& x, const Values& w, const Values
 TEST(Conv2d, MatchesDirectConvolution) {
   for (DType dtype : {DType::f64, DType::f32}) {
     for (const Case& c : kCases) {
-      SCOPED_TRACE(::testing::Message() << dtype << " x (" << c.N << "," << c.H << "," << c.W << "," << c.C << ") K=" << c.K
-                                        << " " << c.R << "x" << c.S << " stride " << c.stride << " pad " << c.pad
-                                        << " dil " << c.dil);
+      SCOPED_TRACE(::testing::Message() << dtype << " x (" << c.N << "," << c.H << "," << c.W << "," << c.C
+                                        << ") K=" << c.K << " " << c.R << "x" << c.S << " stride " << c.stride
+                                        << " pad " << c.pad << " dil " << c.dil);
       Tensor x = random_tensor({c.N, c.H, c.W, c.C}, 1, dtype), w = random_tensor({c.K, c.R, c.S, c.C}, 2, dtype);
       Tensor b = random_tensor({c.K}, 3, dtype);
       ops::Conv2dOptions o{c.stride, c.pad, c.dil};

@@ -74,7 +74,8 @@ TEST_F(ConvDevice, AutogradThroughConvAndPoolStaysOnTheDevice) {
     return std::vector<Tensor>{y, xd.grad(), wd.grad(), bd.grad()};
   };
   std::vector<Tensor> cpu = run(Device::cpu()), dev = run(kCuda);
-  for (size_t i = 0; i < cpu.size(); ++i) expect_close(dev[i].to_vector(), cpu[i].to_vector(), kRtol, "output " + std::to_string(i));
+  for (size_t i = 0; i < cpu.size(); ++i)
+    expect_close(dev[i].to_vector(), cpu[i].to_vector(), kRtol, "output " + std::to_string(i));
 }
 
 TEST_F(ConvDevice, TheCudaKernelTakesF32) {

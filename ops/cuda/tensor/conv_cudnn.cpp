@@ -209,8 +209,8 @@ Tensor pool_forward(const Tensor& x, const Pool2dOptions& o) {
   PoolDesc pool(g);
   TensorDesc xd(g.N, g.H, g.W, g.C), yd(g.N, g.P, g.Q, g.C);
   Tensor y = Tensor::empty({g.N, g.P, g.Q, g.C}, x.dtype(), x.device());
-  MINIDL_CUDNN_CHECK(
-      cudnnPoolingForward(h, pool.desc, &kOne, xd.desc, x.device_data<float>(), &kZero, yd.desc, y.device_data<float>()));
+  MINIDL_CUDNN_CHECK(cudnnPoolingForward(h, pool.desc, &kOne, xd.desc, x.device_data<float>(), &kZero, yd.desc,
+                                         y.device_data<float>()));
   return y;
 }
 
