@@ -53,6 +53,8 @@ void im2col(const ConvGeometry& g, const T* x, T* col) {
           int64_t w = q * g.stride - g.pad + s * g.dil;
           if (h < 0 || h >= g.H || w < 0 || w >= g.W)
             std::fill(col, col + g.C, T(0));
+          else if (g.C == 1)  // the input layer's one channel: a memcpy call per tap costs more than the copy
+            *col = x[h * g.W + w];
           else
             std::memcpy(col, x + (h * g.W + w) * g.C, size_t(g.C) * sizeof(T));
         }

@@ -2,6 +2,7 @@
 // both passes vectorise. Forward is parallel over output rows; backward over images, since overlapping windows
 // (stride < kernel) of one image add into the same input pixels.
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -31,27 +32,31 @@ void pool_forward(const ConvGeometry& g, const T* x, T* y) {
   });
 }
 
+// Per output pixel: first the offset in the window of each channel's first maximum, in a select loop that
+// vectorises over channels; then one add per channel.
 template <class T>
 void pool_backward(const ConvGeometry& g, const T* dy, const T* x, const T* y, T* dx) {
   parallel_for(0, g.N, 1, [&](int64_t n0, int64_t n1) {
-    std::vector<char> found(size_t(g.C));
+    std::vector<int32_t> offsets(size_t(g.C));
+    int32_t* first = offsets.data();
     for (int64_t n = n0; n < n1; ++n) {
+      const T* xn = x + n * g.H * g.W * g.C;
       T* dxn = dx + n * g.H * g.W * g.C;
       std::fill(dxn, dxn + g.H * g.W * g.C, T(0));
       for (int64_t p = 0; p < g.P; ++p)
         for (int64_t q = 0; q < g.Q; ++q) {
-          int64_t out = ((n * g.P + p) * g.Q + q) * g.C;
-          std::fill(found.begin(), found.end(), 0);
+          const int64_t out = ((n * g.P + p) * g.Q + q) * g.C, corner = (p * g.stride * g.W + q * g.stride) * g.C;
+          const T *yo = y + out, *dyo = dy + out;
+          std::fill(first, first + g.C, -1);
           for (int64_t r = 0; r < g.R; ++r)
             for (int64_t s = 0; s < g.S; ++s) {
-              int64_t at = ((p * g.stride + r) * g.W + q * g.stride + s) * g.C;
-              const T* in = x + n * g.H * g.W * g.C + at;
-              for (int64_t c = 0; c < g.C; ++c)
-                if (!found[size_t(c)] && in[c] == y[out + c]) {
-                  dxn[at + c] += dy[out + c];
-                  found[size_t(c)] = 1;
-                }
+              const int32_t at = int32_t((r * g.W + s) * g.C);
+              const T* in = xn + corner + at;
+              for (int64_t c = 0; c < g.C; ++c) first[c] = first[c] < 0 && in[c] == yo[c] ? at : first[c];
             }
+          for (int64_t c = 0; c < g.C; ++c)
+            if (first[c] >= 0)  // no tap equals a NaN maximum: that window passes no gradient
+              dxn[corner + first[c] + c] += dyo[c];
         }
     }
   });
