@@ -2,7 +2,7 @@
 // cross) at a random position, size, rotation and brightness, antialiased, on a background of Gaussian noise.
 // Every image is a pure function of (seed, split, index), so a run is reproducible and needs no download.
 //
-//   data::ShapesOptions o{.image_size = 28, .classes = 4, .seed = 1};
+//   examples::ShapesOptions o{.image_size = 28, .classes = 4, .seed = 1};
 //   ShapeSet train = make_shapes(o, /*split=*/0, 4096), test = make_shapes(o, 1, 1024);
 //   // train.images: count x 28 x 28 floats (one channel, channels last), train.labels[i] in [0, classes)
 #pragma once
