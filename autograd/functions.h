@@ -74,4 +74,12 @@ Tensor causal_attention(const Tensor& qkv, int n_head);
 // so it is reproducible and identical on every device. Identity when p == 0.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset);
 
+// ---- convolution and pooling, channels last (autograd/functions/conv.cpp; layouts in ops/conv.h) ----
+// x: (N, H, W, C), weight: (K, R, S, C), bias: (K) or undefined -> (N, P, Q, K) with
+// P = (H + 2 padding - dilation (R - 1) - 1) / stride + 1 (likewise Q). Zero padding, cross-correlation.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride = 1, int64_t padding = 0,
+              int64_t dilation = 1);
+// Max over kernel x kernel windows: x (N, H, W, C) -> (N, (H - kernel) / stride + 1, (W - kernel) / stride + 1, C).
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride);
+
 }  // namespace minidl

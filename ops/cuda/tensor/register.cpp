@@ -10,6 +10,7 @@ void register_ops() {
   ops::cuda::register_reduce();
   ops::cuda::register_softmax();
   ops::cuda::register_gelu();
+  ops::cuda::register_conv();
 }
 
 }  // namespace minidl::cuda

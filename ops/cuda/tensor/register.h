@@ -17,6 +17,7 @@ void register_elementwise();
 void register_reduce();
 void register_softmax();
 void register_gelu();
+void register_conv();  // conv2d, max_pool2d: cuDNN (conv_cudnn.cpp), or the CPU kernels when emulated
 
 // The device's compute stream, with the device made current for the calling thread in the guard's scope.
 struct OnDevice {
