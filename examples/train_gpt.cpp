@@ -263,6 +263,14 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
     scaler.emplace();
     auto it = ckpt ? ckpt->metadata.find("grad_scaler") : nn::Metadata::const_iterator{};
     if (ckpt && it != ckpt->metadata.end()) scaler->load_state(scaler_state_from_json(it->second));
+    // Every rank skips a step when any rank's gradients overflowed (after DDP's averaging they all see the same
+    // gradients, so this only makes the rule explicit and independent of how the gradients were reduced).
+    if (group)
+      scaler->combine_overflow = [&group, device](bool local) {
+        Tensor flag = Tensor::full({1}, local ? 1.0 : 0.0, DType::f32, device);
+        group->all_reduce(flag, dist::ReduceOp::kMax)->wait();
+        return flag.item() > 0;
+      };
   }
   optim::AdamW optimizer(optim::decay_groups(model.named_parameters(), o.weight_decay), {o.lr});
   optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
@@ -314,7 +322,7 @@ int run(const Options& o, const CLI::App& app, const dist::Context& ctx) {
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     dist::DDPStepStats comm = ddp ? ddp->last_step() : dist::DDPStepStats{};
     if (group) {  // the global batch's loss: the mean of the ranks' (equal-sized) slices
-      Tensor loss = Tensor::scalar(r.loss, DType::f64);
+      Tensor loss = Tensor::full({1}, r.loss, DType::f64, device);  // on the group's device
       group->all_reduce(loss, dist::ReduceOp::kAvg)->wait();
       r.loss = loss.item();
     }

@@ -50,6 +50,19 @@ TEST(TrainCnn, LearnsThreeShapesWellAboveChance) {
   EXPECT_GT(summary_value(r.out, "ms_per_step"), 0) << r.out;
 }
 
+// In the emulated CUDA build, --device cuda (cuDNN's place taken by the CPU conv on emulated device memory, every
+// other op a CUDA kernel) trains the same network to the same losses and accuracies as the CPU.
+TEST(TrainCnn, EmulatedCudaTrainsLikeTheCpu) {
+  if (std::string(TRAIN_CNN_CUDA) != "emulated") GTEST_SKIP() << "train_cnn is not built with MINIDL_CUDA_EMULATION";
+  const std::string flags = "--classes 3 --image-size 16 --steps 40 --batch 16 --train-size 512 --test-size 128";
+  Result cpu = run(flags + " --device cpu"), cuda = run(flags + " --device cuda");
+  ASSERT_EQ(cpu.code, 0) << cpu.out;
+  ASSERT_EQ(cuda.code, 0) << cuda.out;
+  EXPECT_NEAR(summary_value(cuda.out, "train_loss"), summary_value(cpu.out, "train_loss"),
+              1e-3 * summary_value(cpu.out, "train_loss"));
+  EXPECT_NEAR(summary_value(cuda.out, "test_acc"), summary_value(cpu.out, "test_acc"), 1.0 / 128);
+}
+
 TEST(TrainCnn, BadInputExitsWithTwoAndSaysWhatWasExpected) {
   struct Case {
     const char* args;
