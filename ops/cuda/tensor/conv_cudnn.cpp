@@ -3,9 +3,10 @@
 // go to cuDNN as they are, with no transposition.
 //
 // This is cuDNN's legacy convolution API (cudnnConvolutionForward and friends): marked deprecated in cuDNN 9 in
-// favour of the graph API, still shipped, and the shortest path to a correct NHWC convolution. The math type is
-// CUDNN_DEFAULT_MATH, which lets cuDNN use TF32 tensor cores on Ampere and later (as PyTorch does by default for
-// convolutions): results then differ from the CPU's f32 by about 1e-3 relative.
+// favour of the graph API, still shipped, and the shortest path to a correct NHWC convolution. The math type
+// follows the matmuls' TF32 switch (ops::allow_tf32(), read when a shape is first seen): CUDNN_DEFAULT_MATH with
+// it, which lets cuDNN use TF32 tensor cores on Ampere and later (results then differ from the CPU's f32 by about
+// 1e-3 relative), CUDNN_FMA_MATH (plain f32) without it, the default.
 //
 // One cuDNN handle per device, created on first use and bound to the device's compute stream; workspaces come
 // from the caching allocator as device tensors, freed stream-ordered when the call returns. Algorithms are
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "ops/conv.h"
+#include "ops/matmul.h"
 #include "ops/cuda/tensor/register.h"
 
 namespace minidl::ops::cuda {
@@ -70,7 +72,7 @@ struct ConvDescs {
     MINIDL_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, int(g.pad), int(g.pad), int(g.stride), int(g.stride),
                                                        int(g.dil), int(g.dil), CUDNN_CROSS_CORRELATION,
                                                        CUDNN_DATA_FLOAT));
-    MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, CUDNN_DEFAULT_MATH));
+    MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   }
   ~ConvDescs() {
     cudnnDestroyConvolutionDescriptor(conv);
