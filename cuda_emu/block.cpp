@@ -50,6 +50,8 @@ struct Worker {
   std::vector<unsigned> warp_waiting;  // per warp: lanes waiting in a collective
   std::unique_ptr<unsigned char, FreeDeleter> smem;
   size_t smem_bytes = 0;
+  uint64_t block_generation = 0;  // +1 per block: tells MINIDL_SHARED sites which block they were poisoned for
+  size_t static_smem_bytes = 0;   // of the MINIDL_SHARED sites the running block has reached
   size_t stack_bytes = 0;
 
   ctx::fcontext_t scheduler = nullptr;
@@ -300,6 +302,27 @@ void prepare(Worker& w, const KernelLaunch& launch, const Options& options) {
     w.smem_bytes = launch.smem_bytes;
   }
   std::memset(w.smem.get(), 0xFF, w.smem_bytes);
+  // Static shared memory (MINIDL_SHARED) is poisoned when the block first reaches each declaration, which no
+  // thread can read before: the same as filling it here, without knowing the sites in advance.
+  ++w.block_generation;
+  w.static_smem_bytes = 0;
+}
+
+// Aborts if the static shared memory reached so far, `name` (`bytes` more) included, cannot be given to a
+// block: more than 48 KiB of it, or more than the kernel's limit together with the dynamic shared memory
+// (48 KiB, or the opt-in maximum once cudaFuncSetAttribute raised the kernel's dynamic limit).
+void check_static_smem(const Worker& w, const char* name, size_t bytes, const char* file, int line) {
+  const size_t total = w.static_smem_bytes, dynamic = w.launch->smem_bytes;
+  if (total > kMaxStaticSmem)
+    fatal("static shared memory over %zu bytes in %s: %s (%zu bytes) at %s:%d brings it to %zu bytes",
+          kMaxStaticSmem, block_name(w).c_str(), name, bytes, file, line, total);
+  if (total + dynamic <= kDefaultDynamicSmem) return;
+  const size_t limit = max_dynamic_smem(w.launch->kernel) > kDefaultDynamicSmem ? kMaxDynamicSmemOptin
+                                                                                : kDefaultDynamicSmem;
+  if (total + dynamic > limit)
+    fatal("shared memory over %zu bytes in %s: %s (%zu bytes) at %s:%d brings the static part to %zu bytes, "
+          "plus %zu dynamic",
+          limit, block_name(w).c_str(), name, bytes, file, line, total, dynamic);
 }
 
 }  // namespace
@@ -332,6 +355,25 @@ void run_block(const KernelLaunch& launch, uint64_t block_index, const Options& 
 bool inside_kernel() { return worker.launch != nullptr; }
 
 unsigned char* dynamic_smem_base() { return running_worker("dynamic_smem").smem.get(); }
+
+StaticSmemSite::~StaticSmemSite() { std::free(data); }
+
+unsigned char* static_smem(StaticSmemSite& site, size_t bytes, size_t alignment, const char* name, const char* file,
+                           int line) {
+  Worker& w = running_worker("MINIDL_SHARED");
+  if (site.block == w.block_generation) return site.data;  // another thread of this block got here first
+  w.static_smem_bytes += bytes;
+  check_static_smem(w, name, bytes, file, line);
+  if (site.data == nullptr) {
+    void* p = nullptr;
+    if (posix_memalign(&p, std::max<size_t>(alignment, 16), bytes) != 0)
+      fatal("cannot allocate %zu bytes of static shared memory for %s at %s:%d", bytes, name, file, line);
+    site.data = static_cast<unsigned char*>(p);
+  }
+  std::memset(site.data, 0xFF, bytes);  // NaN in f32, f16 and bf16
+  site.block = w.block_generation;
+  return site.data;
+}
 
 int block_barrier(BarrierOp op, int predicate, const std::source_location& site) {
   Worker& w = running_worker(barrier_name(op));

@@ -5,10 +5,20 @@
 //                       minidl_cuda_emu): blocks on worker threads, the threads of a block as fibers,
 //                       counted barriers, warp collectives, atomics, and a host-memory runtime subset.
 //
-// Shared kernel code uses two helpers instead of the two CUDA constructs a host compiler cannot parse:
+// Shared kernel code uses three helpers instead of CUDA constructs a host compiler cannot parse or the
+// emulator cannot check:
 //
 //   launch_kernel(kernel, grid, block, smem_bytes, stream, args...)   instead of kernel<<<...>>>(args...)
 //   dynamic_smem<T>()                                                 instead of extern __shared__ T buf[]
+//   MINIDL_SHARED(T, name, [N][M]);                                   instead of __shared__ T name[N][M];
+//
+// MINIDL_SHARED declares a static shared array (or, with empty dims, `MINIDL_SHARED(float, total, );`, one
+// value) inside a kernel or device function. Under nvcc it is exactly the __shared__ declaration. Under the
+// emulator the array is filled with 0xFF bytes (NaN for f32/f16/bf16) for each block, like dynamic shared
+// memory, so reading what no thread of this block wrote shows up, and the block's total is checked against
+// 48 KiB; a raw __shared__ still compiles there (thread_local) but keeps the previous block's values. minidl's
+// kernels (ops/cuda, dist/cuda) must use the macro: tests/cuda_emu/test_sources.cpp enforces it. One type
+// name without commas, dims in brackets; namespace-scope __shared__ variables have no equivalent.
 //
 // launch_kernel returns the launch's error (cudaGetLastError() right after the launch, which also clears it),
 // so callers put it under their CUDA status check. Under nvcc that is a configuration error (too many threads,
@@ -33,6 +43,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 #if defined(__CUDACC__)
@@ -48,6 +59,8 @@ __device__ __forceinline__ T* dynamic_smem() {
   extern __shared__ __align__(16) unsigned char minidl_dynamic_smem[];
   return reinterpret_cast<T*>(minidl_dynamic_smem);
 }
+
+#define MINIDL_SHARED(type, name, dims) __shared__ type name dims
 
 // The launch's own error; arguments convert to the kernel's parameter types as with <<<>>>.
 template <class... Params, class... Args>
@@ -65,6 +78,16 @@ template <class T>
 inline T* dynamic_smem() {
   return reinterpret_cast<T*>(minidl::emu::detail::dynamic_smem_base());
 }
+
+// `name` is a reference to storage the emulator poisons per block. The lambda gives every declaration site
+// (and every instantiation of a template around it) its own per-worker StaticSmemSite; type_identity_t spells
+// "type dims" as one type, with or without dims.
+#define MINIDL_SHARED(type, name, dims)                                                                        \
+  std::type_identity_t<type dims>& name = *[] {                                                                \
+    static thread_local ::minidl::emu::detail::StaticSmemSite minidl_site;                                     \
+    return reinterpret_cast<std::type_identity_t<type dims>*>(::minidl::emu::detail::static_smem(              \
+        minidl_site, sizeof(type dims), alignof(type), #name, __FILE__, __LINE__));                            \
+  }()
 
 template <class... Params, class... Args>
 [[nodiscard]] cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,

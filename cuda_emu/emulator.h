@@ -17,13 +17,19 @@
 //     collective, or returns.
 //   - threadIdx/blockIdx/blockDim/gridDim are thread_local globals the scheduler sets before switching into a
 //     fiber (globals, not macros, so members with those names elsewhere keep working).
-//   - __shared__ is `thread_local`: one copy per worker, and a worker runs one block at a time. Inside a function
-//     thread_local is implicitly static, so `__shared__ float tile[32][33];` and `static __shared__ ...` both
-//     work. Limits: static shared memory is NOT poisoned between blocks (it starts at zero on each worker and
-//     keeps the previous block's values; a macro placed before the declaration cannot learn its address), it
-//     counts towards every OS thread's static TLS, and its size is not checked against the 48 KiB limit.
-//     Dynamic shared memory (dynamic_smem<T>()) is filled with 0xFF bytes (NaN for f32/f16/bf16) at each block
-//     start, so reading what no thread of this block wrote shows up.
+//   - Shared memory is filled with 0xFF bytes (NaN for f32/f16/bf16) for each block, so reading what no thread
+//     of this block wrote shows up. Dynamic shared memory (dynamic_smem<T>()) is one buffer per worker, filled
+//     at block start. Static shared memory is declared with MINIDL_SHARED(T, name, [dims]) (cuda_compat.h):
+//     each declaration site has its own buffer per worker, which the first thread of a block to reach the
+//     declaration fills (nothing can read it before) and counts towards the block's total, checked against
+//     48 KiB static and, with the dynamic part, the kernel's limit (the process aborts with the site). Only
+//     declarations the block reaches count, where nvcc counts every one.
+//   - A raw __shared__ is `thread_local` so third-party code compiles: one copy per worker, and a worker runs
+//     one block at a time (inside a function thread_local is implicitly static, so `static __shared__` works
+//     too). Limits: it is NOT poisoned (it starts at zero on each worker and keeps the previous block's
+//     values; a macro placed before the declaration cannot learn its address), it counts towards every OS
+//     thread's static TLS, and its size is not checked. minidl's kernels must not use it
+//     (tests/cuda_emu/test_sources.cpp).
 //   - Barriers count arrivals: the last thread to arrive releases the others. Warp collectives: each lane
 //     deposits its value and sets its bit; the last lane of the mask computes every lane's result; reading a
 //     lane that does not take part yields all-one bits.

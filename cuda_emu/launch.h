@@ -53,6 +53,23 @@ cudaError_t run_kernel(const KernelLaunch& launch);
 // This worker's dynamic shared memory for the block it runs.
 unsigned char* dynamic_smem_base();
 
+// One MINIDL_SHARED declaration (cuda_compat.h) on one worker: its storage, exactly its size so AddressSanitizer
+// sees overruns, and the block it was last poisoned for. Each site is a `static thread_local` of its own.
+struct StaticSmemSite {
+  uint64_t block = 0;  // the worker's block generation; 0: never reached
+  unsigned char* data = nullptr;
+  StaticSmemSite() = default;
+  StaticSmemSite(const StaticSmemSite&) = delete;
+  StaticSmemSite& operator=(const StaticSmemSite&) = delete;
+  ~StaticSmemSite();
+};
+
+// The storage of `site` for the block this worker runs. The first thread of a block to reach the declaration
+// fills it with 0xFF bytes and adds it to the block's static shared memory, which must stay within 48 KiB
+// (and, with the dynamic shared memory, within the kernel's limit); the others get the same bytes.
+unsigned char* static_smem(StaticSmemSite& site, size_t bytes, size_t alignment, const char* name, const char* file,
+                           int line);
+
 }  // namespace detail
 
 // Runs kernel(args...) on every thread of the grid. Arguments are converted to the kernel's parameter types

@@ -31,7 +31,8 @@ void set_last_error(cudaError_t error);
 size_t max_dynamic_smem(const void* kernel);
 
 // The limits the emulated device reports in cudaGetDeviceProperties and enforces at launch.
-inline constexpr size_t kDefaultDynamicSmem = 48 * 1024;
+inline constexpr size_t kDefaultDynamicSmem = 48 * 1024;  // also all a block may have without opting in
+inline constexpr size_t kMaxStaticSmem = 48 * 1024;       // ptxas refuses more __shared__ in one kernel
 inline constexpr size_t kMaxDynamicSmemOptin = 163 * 1024;  // an A100's (H100: 227 KiB)
 inline constexpr int kMaxThreadsPerBlock = 1024;
 

@@ -33,7 +33,8 @@ template <int V>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_forward_kernel(const float* logits, const int64_t* targets, float* lse, float* row_loss,
                                  int64_t classes, int64_t ignore_index) {
-  __shared__ float warp_maxes[kWarps], warp_sums[kWarps];
+  MINIDL_SHARED(float, warp_maxes, [kWarps]);
+  MINIDL_SHARED(float, warp_sums, [kWarps]);
   const int64_t row = blockIdx.x;
   const float* xr = logits + row * classes;
   Online acc{-INFINITY, 0.0f};
@@ -71,8 +72,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_loss_kernel(const float* row_loss, const int64_t* targets, int64_t rows, int64_t ignore_index,
                               bool mean, float* loss, int64_t* count) {
-  __shared__ double sums[kThreads];
-  __shared__ long long counts[kThreads];
+  MINIDL_SHARED(double, sums, [kThreads]);
+  MINIDL_SHARED(long long, counts, [kThreads]);
   double sum = 0.0;
   long long counted = 0;
   for (int64_t r = threadIdx.x; r < rows; r += kThreads) {

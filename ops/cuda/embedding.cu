@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     embedding_backward_ordered_kernel(const float* grad_out, const int64_t* ids, float* dweight, int64_t n,
                                       int64_t vocab, int C) {
-  __shared__ int64_t tile[kIdsPerTile];
+  MINIDL_SHARED(int64_t, tile, [kIdsPerTile]);
   const int64_t v0 = int64_t(blockIdx.x) * kVocabRowsPerBlock;
   const int64_t v1 = v0 + kVocabRowsPerBlock < vocab ? v0 + kVocabRowsPerBlock : vocab;
   const int c = int(blockIdx.y) * kThreads + int(threadIdx.x);

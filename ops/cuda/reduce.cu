@@ -55,7 +55,7 @@ __device__ __forceinline__ void combine_arg(float& v, int64_t& i, float ov, int6
 // The block's result in thread 0 (every thread of the block must call it, once per kernel).
 template <ReduceOp kOp>
 __device__ float block_reduce(float v) {
-  __shared__ float warp_results[kWarps];
+  MINIDL_SHARED(float, warp_results, [kWarps]);
   v = warp_reduce<kOp>(v);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   if (lane == 0) warp_results[warp] = v;
@@ -118,8 +118,8 @@ template <ReduceOp kOp>
 __global__ void __launch_bounds__(kThreads)
     reduce_columns_kernel(const float* x, int64_t outer, int64_t n, int64_t inner, int64_t chunk_rows, float scale,
                           float* out, int64_t* indices, float* partials) {
-  __shared__ float values[kTileRows][kWarpSize];
-  __shared__ int64_t positions[kTileRows][kWarpSize];
+  MINIDL_SHARED(float, values, [kTileRows][kWarpSize]);
+  MINIDL_SHARED(int64_t, positions, [kTileRows][kWarpSize]);
   const int64_t tiles = (inner + kWarpSize - 1) / kWarpSize;
   const int64_t o = blockIdx.x / tiles, i = (blockIdx.x % tiles) * kWarpSize + threadIdx.x;
   const int64_t begin = blockIdx.y * chunk_rows, end = begin + chunk_rows < n ? begin + chunk_rows : n;

@@ -1,5 +1,6 @@
 // Test kernels for the CUDA emulator, written as shared kernel code must be: one portability header,
-// launch_kernel instead of <<<>>>, dynamic_smem<T>() instead of extern __shared__. Built by g++ against the
+// launch_kernel instead of <<<>>>, dynamic_smem<T>() instead of extern __shared__, MINIDL_SHARED instead of
+// __shared__ arrays. Built by g++ against the
 // emulator (test_cuda_emu) and by nvcc for sm_80 and sm_90 (cuda_emu_nvcc_check).
 #include "kernels.h"
 
@@ -44,7 +45,7 @@ __device__ float block_reduce(float v, float* scratch) {
 }
 
 __global__ void block_sum_kernel(const float* in, int n, float* out) {
-  __shared__ float partial[1024];
+  MINIDL_SHARED(float, partial, [1024]);
   const int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
   partial[t] = i < n ? in[i] : 0.0f;
   __syncthreads();
@@ -144,6 +145,14 @@ __global__ void reverse_kernel(const float* in, float* out, int n) {
 
 __global__ void read_unwritten_kernel(unsigned* out) { out[threadIdx.x] = dynamic_smem<unsigned>()[threadIdx.x]; }
 
+// Block 0 fills the static array; every block then copies it out.
+__global__ void read_unwritten_static_kernel(unsigned* out) {
+  MINIDL_SHARED(unsigned, slots, [64]);
+  if (blockIdx.x == 0) slots[threadIdx.x] = 7u + threadIdx.x;
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = slots[threadIdx.x];
+}
+
 __global__ void index_2d_kernel(int* out, int width, int height) {
   const int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x < width && y < height) out[y * width + x] = x << 16 | y;
@@ -156,7 +165,7 @@ __global__ void index_3d_kernel(int* out) {
 }
 
 __global__ void softmax_kernel(const float* in, float* out, int cols) {
-  __shared__ float scratch[32];
+  MINIDL_SHARED(float, scratch, [32]);
   const float* x = in + static_cast<size_t>(blockIdx.x) * cols;
   float* y = out + static_cast<size_t>(blockIdx.x) * cols;
   float m = -INFINITY;
@@ -173,6 +182,14 @@ __global__ void empty_kernel() {}
 // ---- planted bugs: the tests look these markers up to know which lines the reports must name ----
 __global__ void shift_right_kernel(const float* in, float* out, int n, bool with_barrier) {
   float* s = dynamic_smem<float>();
+  const int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+  s[t] = i < n ? in[i] : 0.0f;
+  if (with_barrier) __syncthreads();  // planted: without it, thread t may read s[t - 1] before it is written
+  if (i < n) out[i] = t > 0 ? s[t - 1] : 0.0f;
+}
+
+__global__ void shift_right_static_kernel(const float* in, float* out, int n, bool with_barrier) {
+  MINIDL_SHARED(float, s, [256]);
   const int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
   s[t] = i < n ? in[i] : 0.0f;
   if (with_barrier) __syncthreads();  // planted: without it, thread t may read s[t - 1] before it is written
@@ -235,6 +252,9 @@ cudaError_t reverse_blocks(const float* in, float* out, int n, int threads) {
 cudaError_t read_unwritten_smem(unsigned* out, int threads) {
   return launch_kernel(read_unwritten_kernel, 1, threads, threads * sizeof(unsigned), nullptr, out);
 }
+cudaError_t read_unwritten_static_smem(unsigned* out, int blocks) {
+  return launch_kernel(read_unwritten_static_kernel, blocks, 64, 0, nullptr, out);
+}
 cudaError_t index_2d(int* out, int width, int height, dim3 block) {
   const dim3 grid(blocks_for(width, block.x), blocks_for(height, block.y));
   return launch_kernel(index_2d_kernel, grid, block, 0, nullptr, out, width, height);
@@ -253,6 +273,10 @@ cudaError_t allow_dynamic_smem(int bytes) {
 cudaError_t shift_right(const float* in, float* out, int n, int threads, bool with_barrier) {
   return launch_kernel(shift_right_kernel, blocks_for(n, threads), threads, threads * sizeof(float), nullptr, in, out,
                        n, with_barrier);
+}
+cudaError_t shift_right_static(const float* in, float* out, int n, int threads, bool with_barrier) {
+  return launch_kernel(shift_right_static_kernel, blocks_for(n, threads), threads, 0, nullptr, in, out, n,
+                       with_barrier);
 }
 cudaError_t divergent_barrier(float* out) { return launch_kernel(divergent_barrier_kernel, 1, 64, 0, nullptr, out); }
 cudaError_t barrier_after_return(float* out) {

@@ -39,6 +39,9 @@ cudaError_t atomics(int blocks, int threads, AtomicResults* results);
 cudaError_t reverse_blocks(const float* in, float* out, int n, int threads);
 // out[t] = dynamic shared memory word t, never written: the emulator's poison.
 cudaError_t read_unwritten_smem(unsigned* out, int threads);
+// 64 threads a block: block 0 writes a MINIDL_SHARED array, then every block copies it to out: the emulator's
+// poison in blocks after the first.
+cudaError_t read_unwritten_static_smem(unsigned* out, int blocks);
 // out[y*width + x] = x << 16 | y over a 2-D grid of 2-D blocks.
 cudaError_t index_2d(int* out, int width, int height, dim3 block);
 // grid (2,2,2) of blocks (4,3,2): out[global linear id] = block * 1000 + thread, all from the builtins.
@@ -52,6 +55,8 @@ cudaError_t allow_dynamic_smem(int bytes);
 // ---- planted bugs (the emulator must catch them; lines are marked "planted:" in kernels.cu) ----
 // out[i] = in[i - 1] within a block through shared memory; the barrier between write and read is optional.
 cudaError_t shift_right(const float* in, float* out, int n, int threads, bool with_barrier);
+// The same through a MINIDL_SHARED array (threads <= 256).
+cudaError_t shift_right_static(const float* in, float* out, int n, int threads, bool with_barrier);
 // 64 threads: threads 0-31 and 32-63 call different __syncthreads.
 cudaError_t divergent_barrier(float* out);
 // 64 threads: threads 16-63 return, threads 0-15 wait at a barrier.

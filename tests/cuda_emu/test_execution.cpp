@@ -207,6 +207,76 @@ TEST(Emulator, UnwrittenDynamicSharedMemoryIsPoisoned) {
   for (const unsigned bits : out.host()) EXPECT_EQ(bits, 0xffffffffu);  // a NaN when read as float
 }
 
+// Blocks after the first read what no thread of theirs wrote: poison, not block 0's values. With one worker
+// every block runs where block 0 ran; with several, wherever.
+TEST(Emulator, UnwrittenStaticSharedMemoryIsPoisonedInEachBlock) {
+  for (const int workers : {1, minidl::emu::options().workers}) {
+    minidl::emu::Options o = minidl::emu::options();
+    o.workers = workers;
+    ScopedOptions scope(o);
+    const int blocks = 5;
+    DeviceBuffer<unsigned> out(64 * blocks);
+    ASSERT_EQ(read_unwritten_static_smem(out.get(), blocks), cudaSuccess);
+    const std::vector<unsigned> got = out.host();
+    for (int i = 0; i < 64 * blocks; ++i)
+      ASSERT_EQ(got[i], i < 64 ? 7u + i : 0xffffffffu) << "element " << i << ", " << workers << " workers";
+  }
+}
+
+// A raw __shared__ (thread_local) still compiles for third-party code, and keeps the previous block's values:
+// the limit that MINIDL_SHARED removes.
+TEST(Emulator, RawSharedKeepsThePreviousBlocksValues) {
+  minidl::emu::Options o = minidl::emu::options();
+  o.workers = 1;
+  ScopedOptions scope(o);
+  const auto kernel = +[](unsigned* out) {
+    __shared__ unsigned slots[64];
+    if (blockIdx.x == 0) slots[threadIdx.x] = 7u + threadIdx.x;
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = slots[threadIdx.x];
+  };
+  DeviceBuffer<unsigned> out(64 * 3);
+  ASSERT_EQ(minidl::emu::launch(kernel, 3, 64, 0, nullptr, out.get()), cudaSuccess);
+  const std::vector<unsigned> got = out.host();
+  for (int i = 0; i < 64 * 3; ++i) ASSERT_EQ(got[i], 7u + i % 64) << i;
+}
+
+TEST(Emulator, StaticSharedMemoryAcrossManyBlocksInEveryOrder) {
+  for (const minidl::emu::Order order :
+       {minidl::emu::Order::kForward, minidl::emu::Order::kReverse, minidl::emu::Order::kRandom}) {
+    ScopedOptions scope(ScopedOptions::with_order(order));
+    const int threads = 96, n = 40 * threads - 13;
+    const std::vector<float> x = ramp(n);
+    DeviceBuffer<float> in(x), out(n);
+    ASSERT_EQ(shift_right_static(in.get(), out.get(), n, threads, true), cudaSuccess);
+    const std::vector<float> got = out.host();
+    for (int i = 0; i < n; ++i)
+      ASSERT_EQ(got[i], i % threads == 0 ? 0.0f : x[i - 1]) << i << ", order " << static_cast<int>(order);
+  }
+}
+
+// Several declarations in one kernel: separate storage, each aligned to at least 16 bytes; a scalar too.
+TEST(Emulator, StaticSharedDeclarationsAreSeparateAndAligned) {
+  const auto kernel = +[](unsigned long long* out) {
+    MINIDL_SHARED(char, bytes, [5]);
+    MINIDL_SHARED(double, values, [3]);
+    MINIDL_SHARED(int, count, );
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    atomicAdd(&count, 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      out[0] = static_cast<unsigned long long>(count);
+      out[1] = reinterpret_cast<uintptr_t>(bytes) % 16 + reinterpret_cast<uintptr_t>(values) % 16;
+      out[2] = static_cast<void*>(bytes) != static_cast<void*>(values) &&
+               static_cast<void*>(values) != static_cast<void*>(&count);
+    }
+  };
+  DeviceBuffer<unsigned long long> out(3);
+  ASSERT_EQ(minidl::emu::launch(kernel, 4, 70, 0, nullptr, out.get()), cudaSuccess);
+  EXPECT_EQ(out.host(), (std::vector<unsigned long long>{70, 0, 1}));
+}
+
 TEST(Emulator, TwoDimensionalGridOfTwoDimensionalBlocks) {
   const int width = 37, height = 23;
   DeviceBuffer<int> out(std::vector<int>(width * height, -1));

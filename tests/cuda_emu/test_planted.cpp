@@ -42,6 +42,51 @@ TEST_F(PlantedBugs, MissingBarrierShowsAsPoisonInReverseOrder) {
     EXPECT_EQ(wrong_shifts(order, true), 0) << "with the barrier, order " << static_cast<int>(order);
 }
 
+// The same bug through MINIDL_SHARED, on one worker so each block runs where the previous one wrote the
+// array: in reverse order every read of a neighbour is poison (NaN), never the previous block's value.
+TEST_F(PlantedBugs, MissingBarrierOnStaticSharedMemoryReadsPoisonNotTheLastBlock) {
+  minidl::emu::Options o = ScopedOptions::with_order(Order::kReverse);
+  o.workers = 1;
+  ScopedOptions scope(o);
+  const int threads = 64, n = 4 * threads;
+  std::vector<float> x(n);
+  for (int i = 0; i < n; ++i) x[i] = static_cast<float>(i);
+  DeviceBuffer<float> in(x), out(n);
+  ASSERT_EQ(shift_right_static(in.get(), out.get(), n, threads, false), cudaSuccess);
+  const std::vector<float> got = out.host();
+  for (int i = 0; i < n; ++i) {
+    if (i % threads == 0) EXPECT_EQ(got[i], 0.0f) << i;
+    else EXPECT_TRUE(std::isnan(got[i])) << i << ": " << got[i];
+  }
+}
+
+TEST_F(PlantedBugs, StaticSharedMemoryOver48KiBAbortsWithTheSite) {
+  const int line = __LINE__ + 3;
+  const auto kernel = +[](float* out) {
+    MINIDL_SHARED(float, first, [8 * 1024]);
+    MINIDL_SHARED(float, second, [4 * 1024 + 1]);
+    first[threadIdx.x] = second[threadIdx.x] = 1.0f;
+    out[threadIdx.x] = first[threadIdx.x] + second[threadIdx.x];
+  };
+  DeviceBuffer<float> out(32);
+  EXPECT_DEATH((void)minidl::emu::launch(kernel, 1, 32, 0, nullptr, out.get()),
+               "static shared memory over 49152 bytes in block \\(0,0,0\\).*: second \\(16388 bytes\\) at [^ ]*"
+               "test_planted\\.cpp:" + std::to_string(line) + " brings it to 49156 bytes");
+}
+
+TEST_F(PlantedBugs, StaticAndDynamicSharedMemoryOverTheLimitAbort) {
+  const int line = __LINE__ + 2;
+  const auto kernel = +[](float* out) {
+    MINIDL_SHARED(float, tile, [10 * 1024]);
+    tile[threadIdx.x] = dynamic_smem<float>()[threadIdx.x] = 1.0f;
+    out[threadIdx.x] = tile[threadIdx.x];
+  };
+  DeviceBuffer<float> out(32);
+  EXPECT_DEATH((void)minidl::emu::launch(kernel, 1, 32, 16 * 1024, nullptr, out.get()),
+               "shared memory over 49152 bytes in block.*: tile \\(40960 bytes\\) at [^ ]*test_planted\\.cpp:" +
+                   std::to_string(line) + " brings the static part to 40960 bytes, plus 16384 dynamic");
+}
+
 TEST_F(PlantedBugs, DivergentBarrierAbortsWithBothLines) {
   DeviceBuffer<float> out(64);
   const std::string report = "divergent barrier in block \\(0,0,0\\) of grid \\(1,1,1\\) x \\(64,1,1\\): "
