@@ -73,4 +73,9 @@ void gemm(int /*device*/, cudaStream_t /*stream*/, DType dtype, int64_t batch, i
   }
 }
 
+// No fused epilogue here: the caller adds the bias with a second GEMM, as cuBLAS without cuBLASLt would.
+bool gemm_bias(int, cudaStream_t, DType, int64_t, int64_t, int64_t, const void*, const void*, const void*, void*) {
+  return false;
+}
+
 }  // namespace minidl::ops::cuda

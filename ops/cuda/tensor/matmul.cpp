@@ -1,7 +1,8 @@
 // matmul and linear on CUDA devices, through the backend's GEMM (ops/cuda/tensor/gemm.h: cuBLAS, or OpenBLAS on
 // the emulated device). Transposes are GEMM flags and batches one strided-batched call, never copies; an
-// operand that is not contiguous is made contiguous first. linear's bias is one more GEMM of rank 1 that
-// accumulates ones(rows) x bias into the output (beta = 1), so no separate broadcast kernel is needed.
+// operand that is not contiguous is made contiguous first. linear's bias goes into the GEMM's epilogue where the
+// backend offers one (cuBLASLt); otherwise it is one more GEMM of rank 1 that accumulates ones(rows) x bias into
+// the output (beta = 1), so no separate broadcast kernel is needed.
 #include "ops/cuda/tensor/gemm.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/matmul.h"
@@ -42,6 +43,12 @@ Tensor linear_cuda(const Tensor& x2_in, const Tensor& weight_in, const Tensor& b
   Tensor out = Tensor::empty({rows, out_features}, x2.dtype(), x2.device());
   if (out.numel() == 0) return out;
   int dev = x2.device().index;
+  if (bias.defined() && in > 0) {  // the bias in the GEMM's epilogue (cuBLASLt), where the backend has one
+    Tensor b = bias.detach().contiguous();
+    if (gemm_bias(dev, on.stream, x2.dtype(), rows, out_features, in, x2.raw_device_data(), w.raw_device_data(),
+                  b.raw_device_data(), out.raw_device_data()))
+      return out;
+  }
   if (in == 0) {
     out = Tensor::zeros({rows, out_features}, x2.dtype(), x2.device());
   } else {
