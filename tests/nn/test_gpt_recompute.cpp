@@ -19,6 +19,8 @@
 #include "autograd/autocast.h"
 #include "core/rng.h"
 #include "nn/gpt.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
 
 #include <cmath>
 #include <optional>
@@ -107,6 +109,38 @@ TEST(GPT_RECOMPUTE_SUITE, GradientsBitwiseEqualToNoRecompute) {
     }
   }
 }
+
+#if defined(MINIDL_TEST_CUDA)
+// A whole training step on the device (forward, backward with recomputation and dropout, clipping's norm, AdamW,
+// zero_grad) reaches a steady state: after the first steps have shown the allocator every size, later steps make
+// no cudaMalloc or cudaFree.
+TEST(GPT_RECOMPUTE_SUITE, SteadyStateTrainingStepMakesNoCudaMalloc) {
+  SKIP_WITHOUT_DEVICE();
+  nn::GPT model(small_config(), 5);
+  model.to(test_device());
+  model.train();
+  model.set_recompute(Recompute::kMlp);
+  optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-3});
+  std::vector<Tensor> params = model.parameters();
+  auto step = [&](int64_t s) {
+    model.dropout_context().step = s;
+    MemoryTagGuard tag(MemTag::kActivations);
+    Tensor loss = model.loss(tokens(4, 16, 2 * s).to(test_device()), tokens(4, 16, 2 * s + 1).to(test_device()));
+    loss.backward();
+    optim::clip_grad_norm(params, 1.0);
+    opt.step();
+    opt.zero_grad();
+    return loss.item();
+  };
+  for (int64_t s = 0; s < 3; ++s) step(s);
+  const cuda::AllocatorStats before = cuda::allocator_stats(0);
+  for (int64_t s = 3; s < 6; ++s) EXPECT_TRUE(std::isfinite(step(s)));
+  const cuda::AllocatorStats after = cuda::allocator_stats(0);
+  EXPECT_EQ(after.cuda_mallocs, before.cuda_mallocs);
+  EXPECT_EQ(after.cuda_frees, before.cuda_frees);
+  EXPECT_GT(ledger(test_device()).peak(MemTag::kActivations), 0) << "the device ledger sees the step";
+}
+#endif
 
 TEST(GPT_RECOMPUTE_SUITE, LossAndGradientsMatchTheCpu) {
   SKIP_WITHOUT_DEVICE();
