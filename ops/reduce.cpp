@@ -10,19 +10,6 @@ namespace minidl::ops {
 
 namespace {
 
-// Reductions over one dimension see x (contiguous) as (outer, n, inner) and produce (outer, inner).
-struct DimLayout {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-
-DimLayout layout_of(const Shape& shape, int dim) {
-  DimLayout l;
-  for (int i = 0; i < dim; ++i) l.outer *= shape[i];
-  l.n = shape[dim];
-  for (int i = dim + 1; i < shape.size(); ++i) l.inner *= shape[i];
-  return l;
-}
-
 // Work (elements read) per thread below which splitting does not pay.
 constexpr int64_t kReduceGrain = 32768;
 

@@ -14,6 +14,18 @@
 
 namespace minidl::ops {
 
+// Reductions over one dimension see x (contiguous) as (outer, n, inner) and produce (outer, inner).
+struct DimLayout {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+inline DimLayout layout_of(const Shape& shape, int dim) {
+  DimLayout l;
+  for (int i = 0; i < dim; ++i) l.outer *= shape[i];
+  l.n = shape[dim];
+  for (int i = dim + 1; i < int(shape.size()); ++i) l.inner *= shape[i];
+  return l;
+}
+
 // shape without dimension `dim` (already wrapped), or with it set to 1 when keepdim.
 Shape reduced_shape(const Shape& shape, int dim, bool keepdim);
 

@@ -6,24 +6,13 @@
 #include <regex>
 #include <string>
 
+#include "support/run_program.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using Result = minidl::testing::ProgramResult;
 
-Result run(const std::string& args) {
-  std::string cmd = std::string(TRAIN_CNN_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Result run(const std::string& args) { return minidl::testing::run_program(std::string(TRAIN_CNN_BIN) + " " + args); }
 
 // The value of `key=` on the summary line.
 double summary_value(const std::string& out, const std::string& key) {

@@ -11,26 +11,17 @@
 #include <string>
 #include <vector>
 
+#include "support/run_program.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using Result = minidl::testing::ProgramResult;
 
 // Runs `prefix train_gpt args`, e.g. with prefix = an mpiexec command line.
 Result run_with(const std::string& prefix, const std::string& args) {
-  std::string cmd = prefix + std::string(TRAIN_GPT_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return minidl::testing::run_program(prefix + std::string(TRAIN_GPT_BIN) + " " + args);
 }
 
 Result run(const std::string& args) { return run_with("", args); }

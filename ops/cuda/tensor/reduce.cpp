@@ -8,18 +8,6 @@
 namespace minidl::ops::cuda {
 namespace {
 
-struct DimLayout {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-
-DimLayout layout_of(const Shape& shape, int dim) {
-  DimLayout l;
-  for (int i = 0; i < dim; ++i) l.outer *= shape[i];
-  l.n = shape[dim];
-  for (int i = dim + 1; i < shape.size(); ++i) l.inner *= shape[i];
-  return l;
-}
-
 Tensor scratch_floats(size_t n, Device device) { return Tensor::empty({int64_t(n)}, DType::f32, device); }
 
 // x (f32, contiguous) reduced over everything into a scalar tensor.
