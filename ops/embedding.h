@@ -14,8 +14,14 @@ namespace minidl::ops {
 Tensor embedding_forward(const Tensor& weight, const Tensor& ids);
 
 // grad_out: (*ids.shape, C) -> dweight (V, C): row v is the sum of grad_out over the positions whose id is v,
-// added in increasing position order whatever the thread count (bitwise reproducible).
+// added in increasing position order whatever the thread count (bitwise reproducible). On a CUDA device the same
+// order is kept unless set_deterministic_embedding_backward(false) allows float atomics (faster when a few ids
+// dominate; the last bits then vary from run to run).
 Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, int64_t vocab_size);
+
+// Whether device embedding backward must be bitwise reproducible (default true; the CPU always is).
+void set_deterministic_embedding_backward(bool deterministic);
+bool deterministic_embedding_backward();
 
 // ---- argument checks, shared by every backend's entry (the id range is checked by the kernel, on the data) ----
 // The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().

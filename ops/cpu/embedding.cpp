@@ -22,6 +22,10 @@ static Shape output_shape(const Tensor& ids, int64_t C) {
   return s;
 }
 
+static bool g_deterministic_embedding_backward = true;
+void set_deterministic_embedding_backward(bool deterministic) { g_deterministic_embedding_backward = deterministic; }
+bool deterministic_embedding_backward() { return g_deterministic_embedding_backward; }
+
 void embedding_check_ids(const Tensor& ids, int64_t vocab) {
   check_index("embedding", "ids", ids);
   dispatch_index(ids, [&](auto itag) {

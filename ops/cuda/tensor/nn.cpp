@@ -116,9 +116,10 @@ Tensor embedding_bwd(const Tensor& grad_out, const Tensor& ids, int64_t vocab_si
   Tensor dev_ids = ids.dtype() == DType::i64 ? ids : host_i64(ids).to(grad_out.device());
   OnDevice on(grad_out);
   Tensor dweight = Tensor::empty({vocab_size, C}, DType::f32, grad_out.device());
-  // Deterministic: the CPU op's order of additions, the same bits on every run.
+  // Deterministic by default: the CPU op's order of additions, the same bits on every run.
   MINIDL_CUDA_CHECK(embedding_backward(grad_out.device_data<float>(), dev_ids.device_data<int64_t>(),
-                                       dweight.device_data<float>(), n, vocab_size, int(C), true, on.stream));
+                                       dweight.device_data<float>(), n, vocab_size, int(C),
+                                       deterministic_embedding_backward(), on.stream));
   return dweight;
 }
 

@@ -134,6 +134,10 @@ TEST_F(DeviceOps, EmbeddingForwardAndBackwardMatchTheCpuAndCheckIds) {
                0, "embedding");
   expect_close(back(ops::embedding_backward(on_cuda(g), on_cuda(ids), 11)),
                ops::embedding_backward(g, ids, 11).to_vector(), 0, "embedding_backward (deterministic: same bits)");
+  ops::set_deterministic_embedding_backward(false);  // float atomics: the same sums up to rounding
+  expect_close(back(ops::embedding_backward(on_cuda(g), on_cuda(ids), 11)),
+               ops::embedding_backward(g, ids, 11).to_vector(), 1e-6, "embedding_backward (atomics)");
+  ops::set_deterministic_embedding_backward(true);
   v[4] = 11;
   expect_error([&] { ops::embedding_forward(on_cuda(w), on_cuda(Tensor::from_vector(v, Shape{3, 7}))); },
                {"embedding", "id 11 at position 4", "out of range"});
