@@ -23,6 +23,10 @@ struct GemmOperand {
 void gemm(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
           const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc, int64_t c_batch_stride);
 
+// Loads the GEMM library now (cuBLAS and cuBLASLt, opened on first use in the real backend) and checks every
+// function minidl calls is there; throws naming the library or function otherwise. Nothing to do when emulated.
+void load_gemm_library();
+
 // linear's product with its bias added in the GEMM's epilogue: out (rows, n) = x (rows, k) w (k, n) + bias (n),
 // all contiguous, row-major, of `dtype`. cuBLASLt's CUBLASLT_EPILOGUE_BIAS in the real backend; returns false
 // (nothing done) where no fused epilogue is available (the emulated backend, or a shape cuBLASLt has no algorithm

@@ -2,10 +2,16 @@
 // is the column-major C^T = op(B)^T op(A)^T, so the operands swap places and keep their own transpose flags.
 // One handle per device, created on first use, bound to the device's compute stream at each call. linear's bias
 // rides in cuBLASLt's epilogue (gemm_bias) where it has an algorithm for the shape.
+//
+// cuBLAS and cuBLASLt are opened with dlopen at the first product on a GPU, not linked: loading libcublasLt
+// touches about 150 MB (measured: a process's RSS goes from 2 to 154 MB), which every CPU-only run of a CUDA
+// build of train_gpt would otherwise carry. Only the functions below are used.
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <dlfcn.h>
 
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/cuda/cuda.h"
@@ -16,13 +22,76 @@
 namespace minidl::ops::cuda {
 namespace {
 
-const char* cublas_name(cublasStatus_t s) { return cublasGetStatusName(s); }
+// The cuBLAS/cuBLASLt entry points minidl calls, looked up by name in the libraries of the toolkit it was built
+// with (libcublas.so.<major>, which pulls in libcublasLt.so.<major>).
+struct CublasApi {
+  decltype(&cublasCreate_v2) Create;
+  decltype(&cublasSetStream_v2) SetStream;
+  decltype(&cublasGetStatusName) GetStatusName;
+  decltype(&cublasGetStatusString) GetStatusString;
+  // cublas_api.h also declares a C++ overload of this name (with 64-bit sizes), so the type is spelled out.
+  cublasStatus_t (*GemmStridedBatchedEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                         const void*, const void*, cudaDataType, int, long long, const void*,
+                                         cudaDataType, int, long long, const void*, void*, cudaDataType, int,
+                                         long long, int, cublasComputeType_t, cublasGemmAlgo_t);
+  decltype(&cublasLtCreate) LtCreate;
+  decltype(&cublasLtMatmulDescCreate) LtMatmulDescCreate;
+  decltype(&cublasLtMatmulDescDestroy) LtMatmulDescDestroy;
+  decltype(&cublasLtMatmulDescSetAttribute) LtMatmulDescSetAttribute;
+  decltype(&cublasLtMatrixLayoutCreate) LtMatrixLayoutCreate;
+  decltype(&cublasLtMatrixLayoutDestroy) LtMatrixLayoutDestroy;
+  decltype(&cublasLtMatmulPreferenceCreate) LtMatmulPreferenceCreate;
+  decltype(&cublasLtMatmulPreferenceDestroy) LtMatmulPreferenceDestroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) LtMatmulPreferenceSetAttribute;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) LtMatmulAlgoGetHeuristic;
+  decltype(&cublasLtMatmul) LtMatmul;
+};
 
-#define MINIDL_CUBLAS_CHECK(call)                                                                    \
-  do {                                                                                               \
-    cublasStatus_t status_ = (call);                                                                 \
-    MINIDL_CHECK(status_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ", cublas_name(status_), " (", \
-                 cublasGetStatusString(status_), ")");                                               \
+void* open_library(const std::string& name) {
+  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  MINIDL_CHECK(handle != nullptr, "matmul on a CUDA device needs ", name, " (the CUDA toolkit's cuBLAS, found at ",
+               "build time), and it cannot be loaded: ", dlerror());
+  return handle;
+}
+
+template <class Fn>
+void bind(Fn& fn, void* library, const char* symbol) {
+  fn = reinterpret_cast<Fn>(dlsym(library, symbol));
+  MINIDL_CHECK(fn != nullptr, "cuBLAS has no function ", symbol, ": ", dlerror());
+}
+
+const CublasApi& cublas() {
+  static const CublasApi api = [] {
+    const std::string major = std::to_string(CUBLAS_VER_MAJOR);
+    void* blas = open_library("libcublas.so." + major);
+    void* lt = open_library("libcublasLt.so." + major);
+    CublasApi a{};
+    bind(a.Create, blas, "cublasCreate_v2");
+    bind(a.SetStream, blas, "cublasSetStream_v2");
+    bind(a.GetStatusName, blas, "cublasGetStatusName");
+    bind(a.GetStatusString, blas, "cublasGetStatusString");
+    bind(a.GemmStridedBatchedEx, blas, "cublasGemmStridedBatchedEx");
+    bind(a.LtCreate, lt, "cublasLtCreate");
+    bind(a.LtMatmulDescCreate, lt, "cublasLtMatmulDescCreate");
+    bind(a.LtMatmulDescDestroy, lt, "cublasLtMatmulDescDestroy");
+    bind(a.LtMatmulDescSetAttribute, lt, "cublasLtMatmulDescSetAttribute");
+    bind(a.LtMatrixLayoutCreate, lt, "cublasLtMatrixLayoutCreate");
+    bind(a.LtMatrixLayoutDestroy, lt, "cublasLtMatrixLayoutDestroy");
+    bind(a.LtMatmulPreferenceCreate, lt, "cublasLtMatmulPreferenceCreate");
+    bind(a.LtMatmulPreferenceDestroy, lt, "cublasLtMatmulPreferenceDestroy");
+    bind(a.LtMatmulPreferenceSetAttribute, lt, "cublasLtMatmulPreferenceSetAttribute");
+    bind(a.LtMatmulAlgoGetHeuristic, lt, "cublasLtMatmulAlgoGetHeuristic");
+    bind(a.LtMatmul, lt, "cublasLtMatmul");
+    return a;
+  }();
+  return api;
+}
+
+#define MINIDL_CUBLAS_CHECK(call)                                                                              \
+  do {                                                                                                         \
+    cublasStatus_t status_ = (call);                                                                           \
+    MINIDL_CHECK(status_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ", cublas().GetStatusName(status_), " (", \
+                 cublas().GetStatusString(status_), ")");                                                     \
   } while (0)
 
 cublasHandle_t handle(int device) {
@@ -32,7 +101,7 @@ cublasHandle_t handle(int device) {
   if (int(handles.size()) <= device) handles.resize(size_t(device) + 1, nullptr);
   if (handles[size_t(device)] == nullptr) {
     minidl::cuda::DeviceGuard guard(device);
-    MINIDL_CUBLAS_CHECK(cublasCreate(&handles[size_t(device)]));
+    MINIDL_CUBLAS_CHECK(cublas().Create(&handles[size_t(device)]));
   }
   return handles[size_t(device)];
 }
@@ -66,7 +135,7 @@ LtDevice& lt(int device) {
   LtDevice& d = devices[size_t(device)];
   if (d.handle == nullptr) {
     minidl::cuda::DeviceGuard guard(device);
-    MINIDL_CUBLAS_CHECK(cublasLtCreate(&d.handle));
+    MINIDL_CUBLAS_CHECK(cublas().LtCreate(&d.handle));
     d.workspace = minidl::cuda::allocate(kLtWorkspace, device);
   }
   return d;
@@ -78,15 +147,17 @@ struct LtCall {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   ~LtCall() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (pref) cublas().LtMatmulPreferenceDestroy(pref);
+    if (d) cublas().LtMatrixLayoutDestroy(d);
+    if (b) cublas().LtMatrixLayoutDestroy(b);
+    if (a) cublas().LtMatrixLayoutDestroy(a);
+    if (desc) cublas().LtMatmulDescDestroy(desc);
   }
 };
 
 }  // namespace
+
+void load_gemm_library() { (void)cublas(); }
 
 // Column-major, as cuBLASLt sees row-major data: out^T (n x rows) = w^T (n x k) x^T (k x rows), and the bias is
 // one value per row of out^T, which is what CUBLASLT_EPILOGUE_BIAS adds (broadcast over the columns).
@@ -98,27 +169,27 @@ bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64
   cublasComputeType_t compute =
       dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LtCall call;
-  if (cublasLtMatmulDescCreate(&call.desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return false;
+  if (cublas().LtMatmulDescCreate(&call.desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return false;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
   MINIDL_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+      cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
   MINIDL_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  MINIDL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.a, type, uint64_t(n), uint64_t(k), n));     // w^T
-  MINIDL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.b, type, uint64_t(k), uint64_t(rows), k));  // x^T
-  MINIDL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.d, type, uint64_t(n), uint64_t(rows), n));  // out^T
-  MINIDL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&call.pref));
+      cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.a, type, uint64_t(n), uint64_t(k), n));     // w^T
+  MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.b, type, uint64_t(k), uint64_t(rows), k));  // x^T
+  MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.d, type, uint64_t(n), uint64_t(rows), n));  // out^T
+  MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceCreate(&call.pref));
   size_t workspace = kLtWorkspace;
-  MINIDL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace, sizeof workspace));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(dev.handle, call.desc, call.a, call.b, call.d, call.d, call.pref, 1, &heuristic,
+  if (cublas().LtMatmulAlgoGetHeuristic(dev.handle, call.desc, call.a, call.b, call.d, call.d, call.pref, 1, &heuristic,
                                      &found) != CUBLAS_STATUS_SUCCESS ||
       found == 0)
     return false;  // no fused algorithm for this shape: the caller adds the bias
   const float one = 1.0f, zero = 0.0f;
-  MINIDL_CUBLAS_CHECK(cublasLtMatmul(dev.handle, call.desc, &one, w, call.a, x, call.b, &zero, out, call.d, out,
+  MINIDL_CUBLAS_CHECK(cublas().LtMatmul(dev.handle, call.desc, &one, w, call.a, x, call.b, &zero, out, call.d, out,
                                      call.d, &heuristic.algo, dev.workspace, kLtWorkspace, stream));
   return true;
 }
@@ -127,12 +198,12 @@ void gemm(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M
           const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc, int64_t c_batch_stride) {
   if (batch == 0 || M == 0 || N == 0) return;
   cublasHandle_t h = handle(device);
-  MINIDL_CUBLAS_CHECK(cublasSetStream(h, stream));
+  MINIDL_CUBLAS_CHECK(cublas().SetStream(h, stream));
   cudaDataType_t type = data_type(dtype);
   // 16-bit operands always run on tensor cores (f32 accumulation); f32 uses TF32 only when asked.
   cublasComputeType_t compute =
       dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  MINIDL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+  MINIDL_CUBLAS_CHECK(cublas().GemmStridedBatchedEx(
       h, op(B.trans), op(A.trans), int(N), int(M), int(K), &alpha, B.ptr, type, int(B.ld), B.batch_stride, A.ptr,
       type, int(A.ld), A.batch_stride, &beta, C, type, int(ldc), c_batch_stride, int(batch), compute,
       CUBLAS_GEMM_DEFAULT));

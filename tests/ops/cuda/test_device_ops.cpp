@@ -11,6 +11,7 @@
 #include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cast.h"
+#include "ops/cuda/tensor/gemm.h"
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
 #include "ops/embedding.h"
@@ -36,6 +37,10 @@ Values back(const Tensor& t) {
   EXPECT_EQ(t.device(), kCuda);
   return t.to(Device::cpu()).to_vector();
 }
+
+// The GEMM library loads and has every function the backend calls; needs no device (cuBLAS is opened with
+// dlopen in the real backend, so a missing or renamed symbol would otherwise show only on a GPU).
+TEST(GemmLibrary, LoadsWithEveryFunctionWithoutADevice) { EXPECT_NO_THROW(ops::cuda::load_gemm_library()); }
 
 TEST_F(DeviceOps, MatmulAllTransposesAndBatchesMatchTheCpu) {
   struct Case {
