@@ -56,11 +56,13 @@ StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch
     // batch would draw for the same samples (nn::DropoutContext).
     nn::DropoutContext& dropout = model.dropout_context();
     const int64_t first = dropout.first_sample;
+    Tensor loss_sum;
     for (int64_t m = 0; m < k; ++m) {
       Tensor x = batch.x.narrow(0, m * micro, micro).to(device), y = batch.y.narrow(0, m * micro, micro).to(device);
       dropout.first_sample = first + m * micro;
       Tensor loss = mul(model.loss(x, y, Reduction::kSum), inv_targets);
-      r.loss += loss.item();
+      // Summed where the loss lives and read once after the last micro-batch (on a GPU: one sync per step).
+      loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
       if (o.scaler) loss = o.scaler->scale(loss);
       // DDP hook: no_sync() for all but the last micro-batch, whose backward launches the bucketed all-reduce.
       if (o.grad_sync) o.grad_sync(/*sync=*/m + 1 == k);
@@ -68,6 +70,7 @@ StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch
     }
     dropout.first_sample = first;
     dropout.step += 1;
+    r.loss = loss_sum.item();
   }
   std::vector<Tensor> params = model.parameters();
   bool overflow = o.scaler && o.scaler->unscale_and_check(params);
