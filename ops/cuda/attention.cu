@@ -7,7 +7,10 @@
 // own file beside it. Work split: a warp owns kQueries / kWarps query rows. For a tile of kKeys = 32 keys, lane j
 // computes the score of key j (K is stored with a padded row, D + 1 floats, so the 32 lanes hit 32 banks), the
 // warp reduces the tile's max and sum with shuffles, and then each lane accumulates output dimensions lane,
-// lane + 32, ... with p_j broadcast by __shfl_sync (V rows read at consecutive addresses: no bank conflicts).
+// lane + 32, ... (V rows read at consecutive addresses: no bank conflicts). The 32 probabilities of a row reach
+// every lane through shared memory (each lane stores its p_j, one __syncwarp, then all lanes read p_j at the same
+// address: a broadcast) rather than 32 __shfl_sync: the same cost on a GPU, and one warp collective instead of 32
+// on the emulator, where every collective switches all 32 fibers.
 #include <cmath>
 
 #include "ops/cuda/device_utils.h"
@@ -27,7 +30,7 @@ constexpr int kKeys = kWarpSize;  // keys per tile: one per lane
 constexpr int kMinBlocksPerSm = 4;
 
 constexpr size_t smem_floats(int D) {
-  return size_t(kQueries) * D + size_t(kKeys) * (D + 1) + size_t(kKeys) * D;
+  return size_t(kQueries) * D + size_t(kKeys) * (D + 1) + size_t(kKeys) * D + size_t(kQueries) * kKeys;
 }
 
 // grid (ceil(T / kQueries), B * H); dynamic shared memory smem_floats(D) floats.
@@ -38,6 +41,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   float* q_tile = dynamic_smem<float>();           // (kQueries, D)
   float* k_tile = q_tile + kQueries * D;           // (kKeys, D + 1)
   float* v_tile = k_tile + kKeys * (D + 1);        // (kKeys, D)
+  float* p_tile = v_tile + kKeys * D;              // (kQueries, kKeys): each row's probabilities for the tile
   const int b = int(blockIdx.y) / H, h = int(blockIdx.y) % H;
   const int i0 = int(blockIdx.x) * kQueries;
   const int64_t ld = 3 * int64_t(C);
@@ -85,11 +89,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       const float factor = row[r].rescale_for(tile_max);
       const float p = expf(s - row[r].max);
       row[r].sum += warp_sum(p);
+      float* p_row = p_tile + qr * kKeys;  // this row's slot, rewritten only after the next tile's barrier
+      p_row[lane] = p;
+      __syncwarp(kFullWarp);
 #pragma unroll
       for (int k2 = 0; k2 < kDimsPerLane; ++k2) acc[r][k2] *= factor;
 #pragma unroll 8
       for (int j = 0; j < kKeys; ++j) {
-        const float pj = __shfl_sync(kFullWarp, p, j);
+        const float pj = p_row[j];
 #pragma unroll
         for (int k2 = 0; k2 < kDimsPerLane; ++k2) {
           const int d = lane + k2 * kWarpSize;

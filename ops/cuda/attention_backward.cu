@@ -8,6 +8,9 @@
 //   dq:    a block owns kTile queries and walks the key tiles up to the diagonal; the same tile math, transposed.
 // Recomputing the scores in both dk_dv and dq costs one extra QK^T and dO V^T per tile, the price of having no
 // float atomics on dQ. Tile rows are padded to D + 1 floats, so lane-indexed rows fall in 32 different banks.
+// A row's 32 values of P and dS reach every lane through shared memory (store, __syncwarp, broadcast reads)
+// rather than one __shfl_sync each: the same cost on a GPU, one warp collective instead of 32 (or 64) on the
+// emulator, where every collective switches all 32 fibers.
 #include <cmath>
 
 #include "ops/cuda/device_utils.h"
@@ -55,7 +58,8 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) drow[row] = s;
 }
 
-// grid (ceil(T / kTile), B * H); smem: K, V, Q, dO tiles (tile_floats(D) each) and lse, Drow (kTile each).
+// grid (ceil(T / kTile), B * H); smem: K, V, Q, dO tiles (tile_floats(D) each), lse, Drow (kTile each), P and dS
+// rows (kTile * kTile each).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     attention_dk_dv_kernel(const float* qkv, const float* dout, const float* lse, const float* drow, float* dqkv,
@@ -67,6 +71,8 @@ __global__ void __launch_bounds__(kThreads)
   float* do_tile = q_tile + tile_floats(D);
   float* lse_tile = do_tile + tile_floats(D);
   float* drow_tile = lse_tile + kTile;
+  float* p_slots = drow_tile + kTile;         // (kTile keys, kTile queries): P of the key row for this query tile
+  float* ds_slots = p_slots + kTile * kTile;  // the same for dS
   const HeadView hv = head_view(int(blockIdx.y), T, C, H, D);
   const int64_t ld = 3 * int64_t(C);
   const float scale = 1.0f / sqrtf(float(D));
@@ -102,9 +108,14 @@ __global__ void __launch_bounds__(kThreads)
       }
       const float p = j <= i && i < T && j < T ? expf(s * scale - lse_tile[lane]) : 0.0f;
       const float ds = p * (dp - drow_tile[lane]);
+      float* p_row = p_slots + key * kTile;  // rewritten only after the next query tile's barrier
+      float* ds_row = ds_slots + key * kTile;
+      p_row[lane] = p;
+      ds_row[lane] = ds;
+      __syncwarp(kFullWarp);
 #pragma unroll 8
       for (int q = 0; q < kTile; ++q) {
-        const float pq = __shfl_sync(kFullWarp, p, q), dsq = __shfl_sync(kFullWarp, ds, q);
+        const float pq = p_row[q], dsq = ds_row[q];
 #pragma unroll
         for (int k2 = 0; k2 < kDimsPerLane; ++k2) {
           const int d = lane + k2 * kWarpSize;
@@ -133,7 +144,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid (ceil(T / kTile), B * H); smem: Q, dO, K, V tiles (tile_floats(D) each).
+// grid (ceil(T / kTile), B * H); smem: Q, dO, K, V tiles (tile_floats(D) each) and dS rows (kTile * kTile).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(const float* qkv, const float* dout, const float* lse, const float* drow, float* dqkv,
@@ -143,6 +154,7 @@ __global__ void __launch_bounds__(kThreads)
   float* do_tile = q_tile + tile_floats(D);
   float* k_tile = do_tile + tile_floats(D);
   float* v_tile = k_tile + tile_floats(D);
+  float* ds_slots = v_tile + tile_floats(D);  // (kTile queries, kTile keys): dS of the query row for this key tile
   const HeadView hv = head_view(int(blockIdx.y), T, C, H, D);
   const int64_t ld = 3 * int64_t(C);
   const float scale = 1.0f / sqrtf(float(D));
@@ -178,9 +190,12 @@ __global__ void __launch_bounds__(kThreads)
       }
       const float p = j <= i && i < T ? expf(s * scale - row_lse[r]) : 0.0f;
       const float ds = p * (dp - row_drow[r]);
+      float* ds_row = ds_slots + query * kTile;  // rewritten only after the next key tile's barrier
+      ds_row[lane] = ds;
+      __syncwarp(kFullWarp);
 #pragma unroll 8
       for (int k = 0; k < kTile; ++k) {
-        const float dsk = __shfl_sync(kFullWarp, ds, k);
+        const float dsk = ds_row[k];
 #pragma unroll
         for (int k2 = 0; k2 < kDimsPerLane; ++k2) {
           const int d = lane + k2 * kWarpSize;
@@ -208,11 +223,13 @@ cudaError_t launch_backward(const float* dout, const float* qkv, const float* ls
                             int B, int T, int C, int H, cudaStream_t stream) {
   const dim3 grid(unsigned((T + kTile - 1) / kTile), unsigned(B * H));
   const cudaError_t launched =
-      launch_kernel(attention_dk_dv_kernel<D>, grid, dim3(kThreads), (4 * tile_floats(D) + 2 * kTile) * sizeof(float),
-                    stream, qkv, dout, lse, drow, dqkv, T, C, H);
+      launch_kernel(attention_dk_dv_kernel<D>, grid, dim3(kThreads),
+                    (4 * tile_floats(D) + 2 * kTile + 2 * kTile * kTile) * sizeof(float), stream, qkv, dout, lse, drow,
+                    dqkv, T, C, H);
   if (launched != cudaSuccess) return launched;
-  return launch_kernel(attention_dq_kernel<D>, grid, dim3(kThreads), 4 * tile_floats(D) * sizeof(float), stream, qkv,
-                       dout, lse, drow, dqkv, T, C, H);
+  return launch_kernel(attention_dq_kernel<D>, grid, dim3(kThreads),
+                       (4 * tile_floats(D) + kTile * kTile) * sizeof(float), stream, qkv, dout, lse, drow, dqkv, T, C,
+                       H);
 }
 
 }  // namespace
