@@ -27,10 +27,21 @@ void backend_copy(void* dst, Device dst_device, const void* src, Device src_devi
   DeviceGuard guard(device);
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
     // Peer copy through unified addressing; the source's pending work must finish before this stream reads it.
-    Event ready(false);
-    ready.record(current_stream(src_device.index));
-    ready.wait(stream);
+    // cudaEventRecord needs the event and the stream on the same device, so `ready` is created with the source
+    // device current: created under `guard` (the destination), recording it on the source's stream fails on a GPU.
+    cudaStream_t src_stream = current_stream(src_device.index);
+    {
+      DeviceGuard on_src(src_device.index);
+      Event ready(false);
+      ready.record(src_stream);
+      ready.wait(stream);
+    }
     MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    // The source's block goes back to the caching allocator for the source's stream only, and that stream may
+    // overwrite the source as soon as the caller frees or writes it: order the source's stream after this read.
+    Event copied(false);
+    copied.record(stream);
+    copied.wait(src_stream);
     return;
   }
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));

@@ -96,11 +96,18 @@ void NcclTransport::flush_locked() {
   cuda::DeviceGuard guard(device_.index);
   wait_for_compute();  // a send may read what a kernel on the compute stream has just written
   MINIDL_NCCL_CHECK(ncclGroupStart());
-  for (const Pending& p : pending_) {
-    if (p.send)
-      MINIDL_NCCL_CHECK(ncclSend(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_));
-    else
-      MINIDL_NCCL_CHECK(ncclRecv(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_));
+  try {
+    for (const Pending& p : pending_) {
+      if (p.send)
+        MINIDL_NCCL_CHECK(ncclSend(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_));
+      else
+        MINIDL_NCCL_CHECK(ncclRecv(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_));
+    }
+  } catch (...) {
+    // Close the group before the error leaves: an open group would swallow this thread's next NCCL calls
+    // (every later collective or group would be deferred into it and never launched).
+    (void)ncclGroupEnd();
+    throw;
   }
   MINIDL_NCCL_CHECK(ncclGroupEnd());
   auto done = std::make_shared<cuda::Event>(false);

@@ -28,6 +28,7 @@ constexpr int kKeys = kWarpSize;  // keys per tile: one per lane
 // At least 4 resident blocks per SM: holds registers to 128 per thread (without it, and with the key loop fully
 // unrolled, sm_90's ptxas took 155 for D = 64); unrolling that loop by 8 keeps every D under it without spills.
 constexpr int kMinBlocksPerSm = 4;
+constexpr int kMaxGridY = 65535;  // CUDA's limit on gridDim.y
 
 constexpr size_t smem_floats(int D) {
   return size_t(kQueries) * D + size_t(kKeys) * (D + 1) + size_t(kKeys) * D + size_t(kQueries) * kKeys;
@@ -124,9 +125,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 template <int D>
 cudaError_t launch_forward(const float* qkv, float* out, float* lse, int B, int T, int C, int H,
                            cudaStream_t stream) {
-  const dim3 grid(unsigned((T + kQueries - 1) / kQueries), unsigned(B * H));
-  return launch_kernel(attention_forward_kernel<D>, grid, dim3(kThreads), smem_floats(D) * sizeof(float), stream,
-                       qkv, out, lse, T, C, H);
+  // gridDim.y (one block row per (batch, head)) is limited to 65535 on the GPU: B * H beyond it (B = 1024, H = 64)
+  // would fail to launch. Whole batches go in launches of at most 65535 / H, with the pointers moved past the
+  // batches already done (the kernel indexes from its b = blockIdx.y / H).
+  const int per_launch = H < kMaxGridY ? kMaxGridY / H : 1;
+  for (int b0 = 0; b0 < B; b0 += per_launch) {
+    const int nb = B - b0 < per_launch ? B - b0 : per_launch;
+    const dim3 grid(unsigned((T + kQueries - 1) / kQueries), unsigned(nb * H));
+    const cudaError_t launched =
+        launch_kernel(attention_forward_kernel<D>, grid, dim3(kThreads), smem_floats(D) * sizeof(float), stream,
+                      qkv + int64_t(b0) * T * 3 * C, out + int64_t(b0) * T * C, lse + int64_t(b0) * H * T, T, C, H);
+    if (launched != cudaSuccess) return launched;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace

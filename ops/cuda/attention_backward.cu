@@ -221,15 +221,27 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 cudaError_t launch_backward(const float* dout, const float* qkv, const float* lse, const float* drow, float* dqkv,
                             int B, int T, int C, int H, cudaStream_t stream) {
-  const dim3 grid(unsigned((T + kTile - 1) / kTile), unsigned(B * H));
-  const cudaError_t launched =
-      launch_kernel(attention_dk_dv_kernel<D>, grid, dim3(kThreads),
-                    (4 * tile_floats(D) + 2 * kTile + 2 * kTile * kTile) * sizeof(float), stream, qkv, dout, lse, drow,
-                    dqkv, T, C, H);
-  if (launched != cudaSuccess) return launched;
-  return launch_kernel(attention_dq_kernel<D>, grid, dim3(kThreads),
-                       (4 * tile_floats(D) + kTile * kTile) * sizeof(float), stream, qkv, dout, lse, drow, dqkv, T, C,
-                       H);
+  // gridDim.y (one block row per (batch, head)) is limited to 65535 on the GPU: B * H beyond it would fail to
+  // launch. Whole batches go in launches of at most 65535 / H, the pointers moved past the batches already done.
+  constexpr int kMaxGridY = 65535;
+  const int per_launch = H < kMaxGridY ? kMaxGridY / H : 1;
+  for (int b0 = 0; b0 < B; b0 += per_launch) {
+    const int nb = B - b0 < per_launch ? B - b0 : per_launch;
+    const dim3 grid(unsigned((T + kTile - 1) / kTile), unsigned(nb * H));
+    const float* q = qkv + int64_t(b0) * T * 3 * C;
+    const float* o = dout + int64_t(b0) * T * C;
+    const float* l = lse + int64_t(b0) * H * T;
+    const float* r = drow + int64_t(b0) * H * T;
+    float* dq = dqkv + int64_t(b0) * T * 3 * C;
+    cudaError_t launched = launch_kernel(attention_dk_dv_kernel<D>, grid, dim3(kThreads),
+                                         (4 * tile_floats(D) + 2 * kTile + 2 * kTile * kTile) * sizeof(float), stream,
+                                         q, o, l, r, dq, T, C, H);
+    if (launched != cudaSuccess) return launched;
+    launched = launch_kernel(attention_dq_kernel<D>, grid, dim3(kThreads),
+                             (4 * tile_floats(D) + kTile * kTile) * sizeof(float), stream, q, o, l, r, dq, T, C, H);
+    if (launched != cudaSuccess) return launched;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace

@@ -4,9 +4,9 @@
 //
 // This is cuDNN's legacy convolution API (cudnnConvolutionForward and friends): marked deprecated in cuDNN 9 in
 // favour of the graph API, still shipped, and the shortest path to a correct NHWC convolution. The math type
-// follows the matmuls' TF32 switch (ops::allow_tf32(), read when a shape is first seen): CUDNN_DEFAULT_MATH with
-// it, which lets cuDNN use TF32 tensor cores on Ampere and later (results then differ from the CPU's f32 by about
-// 1e-3 relative), CUDNN_FMA_MATH (plain f32) without it, the default.
+// follows the matmuls' TF32 switch (ops::allow_tf32(), read at each call, part of the algorithm cache's key):
+// CUDNN_DEFAULT_MATH with it, which lets cuDNN use TF32 tensor cores on Ampere and later (results then differ from
+// the CPU's f32 by about 1e-3 relative), CUDNN_FMA_MATH (plain f32) without it, the default.
 //
 // One cuDNN handle per device, created on first use and bound to the device's compute stream; workspaces come
 // from the caching allocator as device tensors, freed stream-ordered when the call returns. Algorithms are
@@ -120,10 +120,13 @@ Perf best(const char* what, Query query) {
 }
 
 const Algos& algos(cudnnHandle_t h, const ConvDescs& d, const ConvGeometry& g, int device) {
-  using Key = std::array<int64_t, 11>;
+  // The math type is part of the key: ConvDescs sets it from allow_tf32() at every call, and an algorithm (and
+  // its workspace size) chosen under CUDNN_DEFAULT_MATH is not valid for a descriptor with CUDNN_FMA_MATH (cuDNN
+  // rejects it, or needs more workspace than was sized) once set_allow_tf32 changes after the first call.
+  using Key = std::array<int64_t, 12>;
   static std::mutex mutex;
   static std::map<Key, Algos> cache;
-  Key key{device, g.N, g.H, g.W, g.C, g.K, g.R, g.S, g.stride, g.pad, g.dil};
+  Key key{device, g.N, g.H, g.W, g.C, g.K, g.R, g.S, g.stride, g.pad, g.dil, allow_tf32() ? 1 : 0};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;

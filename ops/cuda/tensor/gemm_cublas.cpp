@@ -182,6 +182,27 @@ bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64
   size_t workspace = kLtWorkspace;
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace, sizeof workspace));
+  // The heuristic assumes 256-byte-aligned A, B, C and D unless told otherwise; x, w or out may be views at an
+  // offset into their storage (a narrow of a contiguous tensor stays contiguous), and an algorithm picked for
+  // 256-byte alignment faults (misaligned address) or fails on them. Tell it each pointer's real alignment.
+  auto alignment = [](const void* p) {
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    uint32_t a = 256;
+    while (a > 1 && address % a != 0) a /= 2;
+    return a;
+  };
+  const uint32_t align_w = alignment(w), align_x = alignment(x), align_out = alignment(out);
+  MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                           &align_w, sizeof align_w));
+  MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                           &align_x, sizeof align_x));
+  MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                           &align_out, sizeof align_out));
+  MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                           &align_out, sizeof align_out));
+  // The bias has no alignment preference to declare; to be safe, a bias view that is not 16-byte aligned takes
+  // the unfused path (the caller adds it).
+  if (reinterpret_cast<uintptr_t>(bias) % 16 != 0) return false;
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   if (cublas().LtMatmulAlgoGetHeuristic(dev.handle, call.desc, call.a, call.b, call.d, call.d, call.pref, 1, &heuristic,
