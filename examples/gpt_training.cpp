@@ -166,8 +166,8 @@ Device select_device(const std::string& flag, int local_rank) {
                count == 1 ? "" : "s", ")");
   return Device::cuda(index);
 #else
-  MINIDL_CHECK(false, "--device ", flag, ": this build of minidl has no CUDA backend (configure on a machine with "
-               "nvcc for GPUs, or with -DMINIDL_CUDA_EMULATION=ON to run the device path on the CPU emulator)");
+  MINIDL_CHECK(false, "--device ", flag, ": this build has no CUDA backend (configure with nvcc and the CUDA "
+               "toolkit found, or with -DMINIDL_CUDA_EMULATION=ON to run the device path on the CPU emulator)");
   return Device::cpu();
 #endif
 }

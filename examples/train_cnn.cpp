@@ -27,14 +27,12 @@
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "core/parallel.h"
+#include "examples/gpt_training.h"  // train::select_device
 #include "examples/shapes.h"
 #include "nn/conv.h"
 #include "nn/layers.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
-#if defined(MINIDL_HAVE_CUDA_BACKEND)
-#include "core/cuda/cuda.h"
-#endif
 
 using namespace minidl;
 
@@ -73,18 +71,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--threads", o.threads, "CPU threads (kernels and BLAS); default: all cores");
 }
 
-// "cpu", "cuda" or "cuda:N".
-Device parse_device(const std::string& s) {
-  if (s == "cpu") return Device::cpu();
-  if (s == "cuda") return Device::cuda(0);
-  if (s.rfind("cuda:", 0) == 0 && s.size() > 5 && std::all_of(s.begin() + 5, s.end(), ::isdigit))
-    return Device::cuda(std::stoi(s.substr(5)));
-  MINIDL_CHECK(false, "--device: expected cpu, cuda or cuda:N, got '", s, "'");
-  return Device::cpu();
-}
-
 void validate(const Options& o) {
-  parse_device(o.device);
   MINIDL_CHECK(o.steps >= 1, "--steps: expected at least 1, got ", o.steps);
   MINIDL_CHECK(o.batch >= 1, "--batch: expected at least 1, got ", o.batch);
   MINIDL_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr: expected a positive number, got ", o.lr);
@@ -99,19 +86,6 @@ void validate(const Options& o) {
                o.train_size);
   MINIDL_CHECK(o.test_size >= 1, "--test-size: expected at least 1, got ", o.test_size);
   MINIDL_CHECK(o.threads >= 0, "--threads: expected a positive count, got ", o.threads);
-}
-
-// Makes `device` usable: registers the CUDA backend when the build has one, or explains how to get one.
-void open_device(Device device) {
-  if (device.is_cpu()) return;
-#if defined(MINIDL_HAVE_CUDA_BACKEND)
-  cuda::register_backend();
-  MINIDL_CHECK(device.index < cuda::device_count(), "--device ", device, ": this machine has ", cuda::device_count(),
-               " CUDA device(s)");
-#else
-  MINIDL_CHECK(false, "--device ", device, ": this build has no CUDA backend (configure with nvcc and the CUDA "
-               "toolkit found, or with -DMINIDL_CUDA_EMULATION=ON to run the device path on the CPU emulator)");
-#endif
 }
 
 // conv-GELU-pool three times, then a linear classifier. Parameters live on `device`.
@@ -196,9 +170,8 @@ double accuracy(const ConvNet& model, const examples::ShapeSet& set, int64_t S, 
   return double(hits) / double(set.count);
 }
 
-int run(const Options& o) {
+int run(const Options& o, Device device) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
-  const Device device = parse_device(o.device);
   const int64_t S = o.image_size;
   examples::ShapesOptions shapes{S, o.classes, o.noise, o.seed};
   examples::ShapeSet train = examples::make_shapes(shapes, 0, o.train_size);
@@ -269,10 +242,11 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a small ConvNet (channels last) to classify procedurally drawn shapes with minidl."};
   Options o;
   add_flags(app, o);
+  Device device;
   try {
     app.parse(argc, argv);
     validate(o);
-    open_device(parse_device(o.device));
+    device = train::select_device(o.device);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
@@ -283,7 +257,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return run(o);
+    return run(o, device);
   } catch (const Error& e) {
     std::fprintf(stderr, "\ntrain_cnn: error: %s\n", e.what());
     return 2;

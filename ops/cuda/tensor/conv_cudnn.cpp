@@ -156,14 +156,10 @@ Tensor workspace(size_t bytes, const Tensor& like) {
 }
 void* ptr(const Tensor& t) { return t.defined() ? t.raw_device_data() : nullptr; }
 
-void check_f32(const char* op, const Tensor& x) {
-  MINIDL_CHECK(x.dtype() == DType::f32, op, ": the CUDA kernel takes f32, got ", x.dtype(), " on ", x.device());
-}
-
 constexpr float kOne = 1.0f, kZero = 0.0f;
 
 Tensor conv_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
-  check_f32("conv2d", x);
+  check_f32("conv2d", "x", x);
   ConvGeometry g = check_conv2d("conv2d", x, weight, o);
   OnDevice on(x);
   cudnnHandle_t h = handle(on, x.device().index);
@@ -182,7 +178,7 @@ Tensor conv_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
 
 Conv2dBackward conv_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Conv2dOptions& o,
                              bool need_dx) {
-  check_f32("conv2d_backward", x);
+  check_f32("conv2d_backward", "x", x);
   ConvGeometry g = check_conv2d("conv2d_backward", x, weight, o);
   OnDevice on(x);
   cudnnHandle_t h = handle(on, x.device().index);
@@ -207,7 +203,7 @@ Conv2dBackward conv_backward(const Tensor& dy, const Tensor& x, const Tensor& we
 }
 
 Tensor pool_forward(const Tensor& x, const Pool2dOptions& o) {
-  check_f32("max_pool2d", x);
+  check_f32("max_pool2d", "x", x);
   ConvGeometry g = check_pool2d("max_pool2d", x, o);
   OnDevice on(x);
   cudnnHandle_t h = handle(on, x.device().index);
@@ -220,7 +216,7 @@ Tensor pool_forward(const Tensor& x, const Pool2dOptions& o) {
 }
 
 Tensor pool_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Pool2dOptions& o) {
-  check_f32("max_pool2d_backward", x);
+  check_f32("max_pool2d_backward", "x", x);
   ConvGeometry g = check_pool2d("max_pool2d_backward", x, o);
   OnDevice on(x);
   cudnnHandle_t h = handle(on, x.device().index);

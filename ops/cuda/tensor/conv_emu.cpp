@@ -8,12 +8,8 @@
 namespace minidl::ops::cuda {
 namespace {
 
-void check_f32(const char* op, const Tensor& x) {
-  MINIDL_CHECK(x.dtype() == DType::f32, op, ": the CUDA kernel takes f32, got ", x.dtype(), " on ", x.device());
-}
-
 Tensor conv_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
-  check_f32("conv2d", x);
+  check_f32("conv2d", "x", x);
   ConvGeometry g = check_conv2d("conv2d", x, weight, o);
   Tensor y = Tensor::empty({g.N, g.P, g.Q, g.K}, x.dtype(), x.device());
   conv2d_forward_cpu(g, x.device_data<float>(), weight.device_data<float>(),
@@ -23,7 +19,7 @@ Tensor conv_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
 
 Conv2dBackward conv_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Conv2dOptions& o,
                              bool need_dx) {
-  check_f32("conv2d_backward", x);
+  check_f32("conv2d_backward", "x", x);
   ConvGeometry g = check_conv2d("conv2d_backward", x, weight, o);
   Conv2dBackward r{need_dx ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor(),
                    Tensor::empty(weight.shape(), x.dtype(), x.device()), Tensor::empty({g.K}, x.dtype(), x.device())};
@@ -34,7 +30,7 @@ Conv2dBackward conv_backward(const Tensor& dy, const Tensor& x, const Tensor& we
 }
 
 Tensor pool_forward(const Tensor& x, const Pool2dOptions& o) {
-  check_f32("max_pool2d", x);
+  check_f32("max_pool2d", "x", x);
   ConvGeometry g = check_pool2d("max_pool2d", x, o);
   Tensor y = Tensor::empty({g.N, g.P, g.Q, g.C}, x.dtype(), x.device());
   max_pool2d_forward_cpu(g, x.device_data<float>(), y.device_data<float>());
@@ -42,7 +38,7 @@ Tensor pool_forward(const Tensor& x, const Pool2dOptions& o) {
 }
 
 Tensor pool_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Pool2dOptions& o) {
-  check_f32("max_pool2d_backward", x);
+  check_f32("max_pool2d_backward", "x", x);
   ConvGeometry g = check_pool2d("max_pool2d_backward", x, o);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   max_pool2d_backward_cpu(g, dy.device_data<float>(), x.device_data<float>(), y.device_data<float>(),

@@ -7,12 +7,8 @@
 namespace minidl::ops::cuda {
 namespace {
 
-void check_f32(const char* op, const Tensor& x) {
-  MINIDL_CHECK(x.dtype() == DType::f32, op, ": the CUDA kernel takes f32, got ", x.dtype(), " on ", x.device());
-}
-
 LayerNormForward forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  check_f32("layernorm", x);
+  check_f32("layernorm", "x", x);
   OnDevice on(x);
   int64_t C = x.size(-1), rows = x.numel() / C;
   LayerNormForward f{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, x.dtype(), x.device()),
@@ -25,7 +21,7 @@ LayerNormForward forward(const Tensor& x, const Tensor& weight, const Tensor& bi
 
 LayerNormBackward backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                            const Tensor& rstd) {
-  check_f32("layernorm_backward", x);
+  check_f32("layernorm_backward", "x", x);
   OnDevice on(x);
   int64_t C = x.size(-1), rows = x.numel() / C;
   LayerNormBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({C}, x.dtype(), x.device()),

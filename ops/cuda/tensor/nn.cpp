@@ -17,11 +17,6 @@
 namespace minidl::ops::cuda {
 namespace {
 
-void check_f32(const char* op, const char* name, const Tensor& t) {
-  MINIDL_CHECK(t.dtype() == DType::f32, op, ": the CUDA kernel takes f32 ", name, ", got ", t.dtype(), " on ",
-               t.device());
-}
-
 // A host copy of device ids or targets (validated there: the kernels index with them unchecked), as i64.
 Tensor host_i64(const Tensor& t) { return cast(t.to(Device::cpu()).detach(), DType::i64); }
 

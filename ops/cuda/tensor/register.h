@@ -19,6 +19,13 @@ void register_softmax();
 void register_gelu();
 void register_conv();  // conv2d, max_pool2d: cuDNN (conv_cudnn.cpp), or the CPU kernels when emulated
 
+// Most kernels compute in f32 only (f64 stays a CPU dtype for gradient checks): other dtypes get an error naming
+// the op, the argument, the dtype and the device.
+inline void check_f32(const char* op, const char* name, const Tensor& t) {
+  MINIDL_CHECK(t.dtype() == DType::f32, op, ": the CUDA kernel takes f32 ", name, ", got ", t.dtype(), " on ",
+               t.device());
+}
+
 // The device's compute stream, with the device made current for the calling thread in the guard's scope.
 struct OnDevice {
   explicit OnDevice(const Tensor& t) : guard(t.device().index), stream(minidl::cuda::current_stream(t.device().index)) {}
