@@ -38,7 +38,7 @@
 // is sent as soon as slice j of step k has arrived and been reduced, the receives of a step are posted together,
 // and adding slice j overlaps with slices j+1, j+2, ... arriving. A large message streams through the ring.
 //
-// Uneven sizes. chunk_range() cuts numel elements into n chunks differing by at most one element; with
+// Uneven sizes. shard_range() cuts numel elements into n chunks differing by at most one element; with
 // numel < n some chunks are empty and their slices are simply never sent. Both ends of every message compute
 // its size from the same function, so no sizes are exchanged.
 #include "dist/ring_backend.h"
@@ -82,14 +82,6 @@ class TransportWork final : public Work {
 
 }  // namespace
 
-ChunkRange chunk_range(int64_t numel, int parts, int index) {
-  MINIDL_ASSERT(parts > 0 && index >= 0 && index < parts && numel >= 0, "chunk_range(", numel, ", ", parts, ", ",
-                index, ")");
-  const int64_t base = numel / parts, extra = numel % parts;
-  const int64_t begin = index * base + std::min<int64_t>(index, extra);
-  return {begin, begin + base + (index < extra ? 1 : 0)};
-}
-
 namespace {
 
 // ---- ring schedules ----
@@ -130,7 +122,7 @@ RingSchedule all_reduce_schedule(int rank, int n) {
 }
 
 // Elements [range.begin, range.end) of a contiguous tensor, viewed flat.
-Tensor elements(const Tensor& t, ChunkRange range) { return t.as_strided({range.size()}, {1}, range.begin); }
+Tensor elements(const Tensor& t, ShardRange range) { return t.as_strided({range.size()}, {1}, range.begin); }
 
 // Runs `schedule` on `buffer` (contiguous, viewed flat and cut into n chunks), pipelined by slices. The same code
 // serves CUDA tensors: there the transport is NCCL's, waiting for a receive orders the device's compute stream
@@ -148,13 +140,13 @@ void run_ring(RingTransport& transport, const RingOptions& options, Tensor& buff
   const int64_t elem = int64_t(dtype_size(dtype)), numel = buffer.numel();
   const int64_t slice_elems = std::max<int64_t>(1, options.slice_bytes / elem);
 
-  auto num_slices = [&](int chunk) { return (chunk_range(numel, n, chunk).size() + slice_elems - 1) / slice_elems; };
+  auto num_slices = [&](int chunk) { return (shard_range(numel, n, chunk).size() + slice_elems - 1) / slice_elems; };
   auto slice = [&](int chunk, int64_t j) {
-    ChunkRange c = chunk_range(numel, n, chunk);
-    return ChunkRange{c.begin + j * slice_elems, std::min(c.end, c.begin + (j + 1) * slice_elems)};
+    ShardRange c = shard_range(numel, n, chunk);
+    return ShardRange{c.begin + j * slice_elems, std::min(c.end, c.begin + (j + 1) * slice_elems)};
   };
   auto send_slice = [&](int chunk, int64_t j) {
-    ChunkRange s = slice(chunk, j);
+    ShardRange s = slice(chunk, j);
     return transport.start_send(buffer, s.begin * elem, s.size() * elem, right, kRingTag);
   };
 
@@ -164,7 +156,7 @@ void run_ring(RingTransport& transport, const RingOptions& options, Tensor& buff
   Tensor scratch;
   if (schedule.steps.front().reduce) {
     MemoryTagGuard tag(MemTag::kComm);
-    scratch = Tensor::empty({chunk_range(numel, n, 0).size()}, dtype, buffer.device());
+    scratch = Tensor::empty({shard_range(numel, n, 0).size()}, dtype, buffer.device());
   }
 
   std::vector<Ticket> older_sends, sends, next_sends, recvs;  // sends = those feeding the current step
@@ -173,7 +165,7 @@ void run_ring(RingTransport& transport, const RingOptions& options, Tensor& buff
 
   for (size_t k = 0; k < schedule.steps.size(); ++k) {
     const RingStep& step = schedule.steps[k];
-    const ChunkRange chunk = chunk_range(numel, n, step.recv_chunk);
+    const ShardRange chunk = shard_range(numel, n, step.recv_chunk);
     const bool has_next = k + 1 < schedule.steps.size();
     // This step completes its chunk's reduction when the next step only gathers (or there is none).
     const bool completes_reduction = step.reduce && (!has_next || !schedule.steps[k + 1].reduce);
@@ -183,7 +175,7 @@ void run_ring(RingTransport& transport, const RingOptions& options, Tensor& buff
 
     recvs.clear();
     for (int64_t j = 0; j < num_slices(step.recv_chunk); ++j) {
-      ChunkRange s = slice(step.recv_chunk, j);
+      ShardRange s = slice(step.recv_chunk, j);
       if (step.reduce)
         recvs.push_back(transport.start_recv(scratch, (s.begin - chunk.begin) * elem, s.size() * elem, left, kRingTag));
       else
@@ -192,7 +184,7 @@ void run_ring(RingTransport& transport, const RingOptions& options, Tensor& buff
 
     for (int64_t j = 0; j < int64_t(recvs.size()); ++j) {
       transport.wait(recvs[j]);
-      ChunkRange s = slice(step.recv_chunk, j);
+      ShardRange s = slice(step.recv_chunk, j);
       if (step.reduce) {
         Tensor mine = elements(buffer, s);
         reduce_into(mine, elements(scratch, {s.begin - chunk.begin, s.end - chunk.begin}), op);
@@ -240,12 +232,12 @@ std::shared_ptr<Work> RingProcessGroup::do_reduce_scatter(Tensor& output, const 
   }
   work.copy_(elements(input, {0, input.numel()}));
   run_ring(*transport_, options_, work, reduce_scatter_schedule(rank(), size()), op);
-  elements(output, {0, output.numel()}).copy_(elements(work, chunk_range(work.numel(), size(), rank())));
+  elements(output, {0, output.numel()}).copy_(elements(work, shard_range(work.numel(), size(), rank())));
   return completed_work();
 }
 
 std::shared_ptr<Work> RingProcessGroup::do_all_gather(Tensor& output, const Tensor& input) {
-  elements(output, chunk_range(output.numel(), size(), rank())).copy_(elements(input, {0, input.numel()}));
+  elements(output, shard_range(output.numel(), size(), rank())).copy_(elements(input, {0, input.numel()}));
   run_ring(*transport_, options_, output, all_gather_schedule(rank(), size()), ReduceOp::kSum);
   return completed_work();
 }

@@ -17,18 +17,11 @@
 #include <memory>
 
 #include "dist/process_group.h"
+#include "dist/shard.h"
 #include "dist/ring_transport.h"
 
 namespace minidl::dist {
 
-// Elements [begin, end) of chunk `index` when `numel` elements are cut into `parts` contiguous chunks whose sizes
-// differ by at most one (the first numel % parts chunks get the extra element). Chunks are empty when
-// numel < parts. Every rank computes the same boundaries, so sender and receiver always agree on message sizes.
-struct ChunkRange {
-  int64_t begin = 0, end = 0;
-  int64_t size() const { return end - begin; }
-};
-ChunkRange chunk_range(int64_t numel, int parts, int index);
 
 struct RingOptions {
   // Each chunk travels as slices of this many bytes (the last one shorter), so that while slice k is being

@@ -22,13 +22,15 @@ void AdamW::step() {
     size_t end = begin;
     std::vector<Tensor> params, grads, m, v;
     for (; end < all.size() && all[end].weight_decay == all[begin].weight_decay; ++end) {
+      Tensor g = grad_of(all[end]);
+      if (!g.defined()) continue;  // a parameter no backward reached
       params.push_back(all[end].param);
-      grads.push_back(grad_of(all[end]));
+      grads.push_back(g);
       m.push_back(slice(m_, all[end]));
       v.push_back(slice(v_, all[end]));
     }
     h.weight_decay = all[begin].weight_decay;
-    ops::fused_adamw_multi_(params, grads, m, v, h);
+    if (!params.empty()) ops::fused_adamw_multi_(params, grads, m, v, h);
     begin = end;
   }
 }

@@ -45,8 +45,7 @@ void Optimizer::zero_grad() {
 
 Tensor Optimizer::grad_of(const Slot& slot) const {
   Tensor g = slot.param.grad();
-  MINIDL_CHECK(g.defined(), name_, ": parameter of shape ", slot.param.shape(), " (flat offset ", slot.offset,
-               ") has no gradient; run backward before step()");
+  if (!g.defined()) return g;
   MINIDL_CHECK(g.dtype() == DType::f32 && g.is_contiguous() && g.numel() == slot.param.numel(), name_,
                ": expected a contiguous f32 gradient of shape ", slot.param.shape(), ", got dtype ", g.dtype(),
                " shape ", g.shape());

@@ -11,9 +11,10 @@
 //
 // Contracts:
 // - Parameters are f32, contiguous leaf tensors that require grad; a tensor may appear in only one group.
-// - step() requires every parameter to have a gradient of the same numel (f32, contiguous). A parameter without one
-//   is an error rather than silently skipped: optimizer state is flat and shares one step count (as ZeRO's flat
-//   shards do), and an unused parameter is almost always a bug in the model.
+// - step() updates every parameter that has a gradient (f32, contiguous, the parameter's numel) and skips one whose
+//   gradient is undefined (no weight decay, no moment update), as PyTorch does for a parameter that took no part in
+//   any backward. Optimizer state is flat and shares one step count (as ZeRO's flat shards do), so a skipped
+//   parameter's bias correction later uses the shared count (PyTorch's AdamW counts steps per parameter).
 // - zero_grad() zeroes gradients in place and keeps them allocated (it never resets them to undefined), so the
 //   allocator sees the same buffers every step and backward accumulates into them.
 // - The learning rate is one value for all groups (the schedule sets it); groups differ only by weight decay.
@@ -60,7 +61,7 @@ class Optimizer {
     int64_t offset;
   };
   const std::vector<Slot>& slots() const { return slots_; }
-  // The parameter's gradient, checked (defined, f32, contiguous, same numel).
+  // The parameter's gradient, checked (f32, contiguous, same numel); undefined when it has none (skip it).
   Tensor grad_of(const Slot& slot) const;
   // The slot's piece of a flat buffer, shaped like the parameter.
   static Tensor slice(const Tensor& flat, const Slot& slot);

@@ -16,6 +16,7 @@ void SGD::step() {
   const float lr = float(this->lr()), momentum = float(momentum_);
   for (const Slot& s : slots()) {
     Tensor g = grad_of(s);
+    if (!g.defined()) continue;
     float* __restrict p = s.param.data<float>();
     const float* __restrict gp = g.data<float>();
     float* __restrict b = buf_.defined() ? slice(buf_, s).data<float>() : nullptr;

@@ -155,6 +155,5 @@ TEST(DDP, UnusedParameterIsReportedByNameOrAllowed) {
   allow.allow_unused_parameters = true;
   dist::DistributedDataParallel ddp(model, *pg, allow);
   model.loss(x, y).backward();
-  ASSERT_TRUE(extra.grad().defined());
-  EXPECT_EQ(extra.grad().to_vector(), std::vector<double>(3, 0.0));
+  EXPECT_FALSE(extra.grad().defined()) << "no rank used it: its gradient stays undefined, as in PyTorch";
 }

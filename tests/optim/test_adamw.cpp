@@ -144,13 +144,24 @@ TEST(AdamW, LoadStateResumesExactly) {
   EXPECT_THROW(opt_b.load_state({1, Tensor::zeros({5}), Tensor::zeros({5})}), Error);
 }
 
+TEST(AdamW, SkipsAParameterWithoutGradient) {
+  Tensor a = Tensor::ones({2}).set_requires_grad(true), b = Tensor::ones({3}).set_requires_grad(true);
+  optim::AdamW opt({{{a, b}, 0.1}}, {.lr = 0.5});
+  b.set_grad(Tensor::full({3}, 2.0));
+  opt.step();
+  EXPECT_EQ(a.to_vector(), std::vector<double>(2, 1.0)) << "no weight decay on a parameter without a gradient";
+  EXPECT_EQ(opt.state().m.narrow(0, 0, 2).to_vector(), std::vector<double>(2, 0.0)) << "no moment update";
+  EXPECT_NE(b.to_vector(), std::vector<double>(3, 1.0));
+}
+
 TEST(AdamW, Errors) {
   Tensor p = Tensor::ones({3});
   EXPECT_THROW(optim::AdamW({{{p}, 0.0}}), Error);  // does not require grad
   p.set_requires_grad(true);
   EXPECT_THROW(optim::AdamW({{{p}, 0.0}}, {.beta1 = 1.0}), Error);
   optim::AdamW opt({{{p}, 0.0}});
-  EXPECT_THROW(opt.step(), Error);  // no gradient yet
+  opt.step();  // no gradient yet: the parameter is skipped (no decay, no moments), as in PyTorch
+  EXPECT_EQ(p.to_vector(), std::vector<double>(3, 1.0));
   EXPECT_THROW(ops::fused_adamw_(p, Tensor::zeros({4}), Tensor::zeros({3}), Tensor::zeros({3}), {}), Error);
   EXPECT_THROW(ops::fused_adamw_(p, Tensor::zeros({3}), Tensor::zeros({3}), Tensor::zeros({3}), {.step = 0}), Error);
 }
