@@ -24,13 +24,15 @@ void Grid::check_world(int world_size) const {
 
 namespace {
 
-// A process group over the ranks that share `color`, ordered by `key`.
-std::unique_ptr<ProcessGroup> split_group(MPI_Comm world, int color, int key, const std::string& backend) {
+// A process group over the ranks that share `color`, ordered by `key`; null for MPI_UNDEFINED.
+std::unique_ptr<ProcessGroup> split_group(MPI_Comm world, int color, int key, const std::string& backend,
+                                          std::optional<Device> device) {
   MPI_Comm sub;
   MINIDL_MPI_CHECK(MPI_Comm_split(world, color, key, &sub));
+  if (sub == MPI_COMM_NULL) return nullptr;
   std::unique_ptr<ProcessGroup> group;
   try {
-    group = make_process_group(backend, sub);  // duplicates `sub`
+    group = make_process_group(backend, sub, device);  // duplicates `sub`
   } catch (...) {
     MPI_Comm_free(&sub);
     throw;
@@ -41,19 +43,22 @@ std::unique_ptr<ProcessGroup> split_group(MPI_Comm world, int color, int key, co
 
 }  // namespace
 
-Topology::Topology(MPI_Comm world, Grid grid, const std::string& backend) : grid_(grid) {
+Topology::Topology(MPI_Comm world, Grid grid, const std::string& backend, std::optional<Device> device)
+    : grid_(grid), backend_(backend) {
   int world_size = 0;
   MINIDL_MPI_CHECK(MPI_Comm_size(world, &world_size));
   MINIDL_MPI_CHECK(MPI_Comm_rank(world, &rank_));
   grid_.check_world(world_size);  // every rank sees the same sizes, so every rank throws here or none does
-  MINIDL_CHECK(backend == "mpi" || backend == "ring", "Topology: unknown backend '", backend,
-               "'; expected 'mpi' or 'ring'");
   coord_ = grid_.coord_of(rank_);
   const GridCoord c = coord_;
   // Colour = the coordinates that stay fixed along the axis; key = the one that varies (the group rank).
-  dp_group_ = split_group(world, c.pp * grid_.tp + c.tp, c.dp, backend);
-  tp_group_ = split_group(world, c.pp * grid_.dp + c.dp, c.tp, backend);
-  pp_group_ = split_group(world, c.dp * grid_.tp + c.tp, c.pp, backend);
+  dp_group_ = split_group(world, c.pp * grid_.tp + c.tp, c.dp, backend, device);
+  tp_group_ = split_group(world, c.pp * grid_.dp + c.dp, c.tp, backend, device);
+  pp_group_ = split_group(world, c.dp * grid_.tp + c.tp, c.pp, backend, device);
+  const bool holds_embedding = first_stage() || last_stage();
+  embedding_group_ = split_group(world, holds_embedding ? c.dp * grid_.tp + c.tp : MPI_UNDEFINED, c.pp, backend,
+                                 device);
+  model_parallel_group_ = split_group(world, c.dp, c.pp * grid_.tp + c.tp, backend, device);
 }
 
 }  // namespace minidl::dist

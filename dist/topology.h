@@ -2,6 +2,7 @@
 // along each axis. Built once, passed explicitly (no globals), so a test can build several.
 //
 //   dist::Topology topo(ctx.world(), {.dp = 2, .tp = 2, .pp = 1}, "ring");   // needs a world of 4 ranks
+//   dist::Topology gpu(ctx.world(), {.dp = 4}, "nccl", Device::cuda(ctx.local_rank()));  // groups on a GPU
 //   topo.coord();                                                           // {dp, tp, pp} of this rank
 //   topo.dp_group().all_reduce(grads, dist::ReduceOp::kAvg)->wait();        // among ranks with my (tp, pp)
 //
@@ -10,11 +11,20 @@
 // so a tensor-parallel group is tp consecutive ranks, which a launcher places on one host, where the bandwidth
 // that tensor parallelism's per-layer all-reduces need is; pipeline stages, which talk least, are furthest apart.
 // With dp = 2, tp = 2, pp = 1: tp groups {0,1} {2,3}; dp groups {0,2} {1,3}; pp groups {0} {1} {2} {3}.
+//
+// Two more groups, for what later parallel modes combine:
+// - the embedding group: the first and the last pipeline stage of one (dp, tp) pair (both hold the tied token
+//   embedding, whose gradient they all-reduce); with pp = 1 it is the rank alone; middle stages have none;
+// - the model-parallel group: every rank of one dp replica (tp · pp ranks), over which the gradient norm and the
+//   fp16 overflow flag are combined (each logical parameter counted once).
+// This is the only place that reads world ranks: everything above it (the sampler slice, dropout offsets, DDP,
+// the loss average) uses a coordinate and a group.
 #pragma once
 
 #include <mpi.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "dist/process_group.h"
@@ -38,9 +48,10 @@ struct Grid {
 
 class Topology {
  public:
-  // Collective over `world`: splits it into the dp, tp and pp sub-communicators and makes a process group of
-  // `backend` ("mpi" | "ring") on each. Throws on every rank if the grid does not match the world size.
-  Topology(MPI_Comm world, Grid grid, const std::string& backend);
+  // Collective over `world`: splits it into the sub-communicators and makes a process group of `backend`
+  // ("mpi", "ring" or "nccl", see make_process_group) serving `device` on each. Throws on every rank if the grid
+  // does not match the world size.
+  Topology(MPI_Comm world, Grid grid, const std::string& backend, std::optional<Device> device = std::nullopt);
   Topology(const Topology&) = delete;
   Topology& operator=(const Topology&) = delete;
 
@@ -52,12 +63,20 @@ class Topology {
   ProcessGroup& dp_group() const { return *dp_group_; }
   ProcessGroup& tp_group() const { return *tp_group_; }
   ProcessGroup& pp_group() const { return *pp_group_; }
+  // Null on a middle pipeline stage.
+  ProcessGroup* embedding_group() const { return embedding_group_.get(); }
+  ProcessGroup& model_parallel_group() const { return *model_parallel_group_; }
+  const std::string& backend() const { return backend_; }
+  Device device() const { return dp_group_->device(); }
+  bool first_stage() const { return coord_.pp == 0; }
+  bool last_stage() const { return coord_.pp == grid_.pp - 1; }
 
  private:
   Grid grid_;
   int rank_ = 0;
   GridCoord coord_;
-  std::unique_ptr<ProcessGroup> dp_group_, tp_group_, pp_group_;
+  std::string backend_;
+  std::unique_ptr<ProcessGroup> dp_group_, tp_group_, pp_group_, embedding_group_, model_parallel_group_;
 };
 
 }  // namespace minidl::dist

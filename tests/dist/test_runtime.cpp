@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "dist/shard.h"
 #include "dist/topology.h"
 #include "dist_test_util.h"
 
@@ -68,7 +69,7 @@ TEST(ChunkRange, CoversTheBufferWithNearEqualChunks) {
     for (int parts : {1, 2, 3, 4, 7}) {
       int64_t next = 0, smallest = numel, largest = 0;
       for (int i = 0; i < parts; ++i) {
-        dist::ChunkRange c = dist::chunk_range(numel, parts, i);
+        dist::ShardRange c = dist::shard_range(numel, parts, i);
         EXPECT_EQ(c.begin, next);
         next = c.end;
         smallest = std::min(smallest, c.size());
@@ -76,9 +77,9 @@ TEST(ChunkRange, CoversTheBufferWithNearEqualChunks) {
       }
       EXPECT_EQ(next, numel);
       EXPECT_LE(largest - smallest, 1);
-      EXPECT_EQ(dist::chunk_range(numel, parts, 0).size(), largest) << "chunk 0 is a largest chunk";
+      EXPECT_EQ(dist::shard_range(numel, parts, 0).size(), largest) << "chunk 0 is a largest chunk";
     }
-  EXPECT_EQ(dist::chunk_range(2, 4, 3).size(), 0);
+  EXPECT_EQ(dist::shard_range(2, 4, 3).size(), 0);
 }
 
 TEST(Grid, TensorParallelVariesFastest) {
@@ -149,6 +150,25 @@ TEST(Topology, GroupsFollowTheGrid) {
         }
         EXPECT_EQ(int64_t(t.item()), expected);
       }
+      // The embedding group: first and last stage of this (dp, tp); none on a middle stage.
+      const bool holds_embedding = c.pp == 0 || c.pp == g.pp - 1;
+      ASSERT_EQ(topo.embedding_group() != nullptr, holds_embedding);
+      if (holds_embedding) {
+        Tensor t = Tensor::full({1}, double(me), DType::i64);
+        topo.embedding_group()->all_reduce(t, dist::ReduceOp::kSum)->wait();
+        int64_t expected = g.rank_of({c.dp, c.tp, 0});
+        if (g.pp > 1) expected += g.rank_of({c.dp, c.tp, g.pp - 1});
+        EXPECT_EQ(int64_t(t.item()), expected);
+        EXPECT_EQ(topo.embedding_group()->size(), g.pp > 1 ? 2 : 1);
+      }
+      // The model-parallel group: every (tp, pp) of this dp replica.
+      Tensor t = Tensor::full({1}, double(me), DType::i64);
+      topo.model_parallel_group().all_reduce(t, dist::ReduceOp::kSum)->wait();
+      int64_t expected = 0;
+      for (int pp = 0; pp < g.pp; ++pp)
+        for (int tp = 0; tp < g.tp; ++tp) expected += g.rank_of({c.dp, tp, pp});
+      EXPECT_EQ(int64_t(t.item()), expected);
+      EXPECT_EQ(topo.model_parallel_group().size(), g.tp * g.pp);
     }
 }
 
