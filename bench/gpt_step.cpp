@@ -19,7 +19,9 @@
 #include "core/device_backend.h"
 #include "core/parallel.h"
 #include "core/rng.h"
-#include "examples/gpt_training.h"
+#include "train/device.h"
+#include "train/evaluate.h"
+#include "train/step.h"
 #include "ops/matmul.h"
 
 using namespace minidl;

@@ -27,7 +27,7 @@
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "core/parallel.h"
-#include "examples/gpt_training.h"  // train::select_device
+#include "train/device.h"
 #include "examples/shapes.h"
 #include "nn/conv.h"
 #include "nn/layers.h"

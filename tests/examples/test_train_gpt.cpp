@@ -279,3 +279,81 @@ TEST_F(TrainGpt, RanksWithDifferentConfigurationsAllStop) {
   EXPECT_NE(out.find("0.001"), std::string::npos) << out;
   EXPECT_NE(out.find("0.002"), std::string::npos) << out;
 }
+
+// The trainer issue's "done means": the same summary at 1, 2, 3 and 4 ranks (losses equal to the printed
+// precision), on both CPU backends.
+TEST_F(TrainGpt, SameSummaryAtOneToFourRanks) {
+  std::string flags = tiny_flags() + " --steps 8 --lr 3e-3 --batch 12";
+  Result one = run(flags);
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (auto [ranks, backend] : std::vector<std::pair<int, const char*>>{{2, "ring"}, {3, "mpi"}, {4, "ring"}}) {
+    Result r = run_with(mpiexec(ranks), flags + " --backend " + backend);
+    ASSERT_EQ(r.code, 0) << r.out;
+    for (const char* key : {"train_loss", "val_loss"})
+      EXPECT_NEAR(summary_field(r.out, key), summary_field(one.out, key), 1.01e-4)
+          << key << " at " << ranks << " ranks (" << backend << "): " << r.out;
+    EXPECT_NE(r.out.find("dp=" + std::to_string(ranks) + " tp=1 pp=1"), std::string::npos) << r.out;
+  }
+}
+
+// Open MPI gives each rank a pseudo-terminal, so isatty() says yes even when mpirun's output goes to a file: the
+// log must still be plain lines, not one line of carriage returns and erase codes.
+TEST_F(TrainGpt, PlainProgressLinesUnderMpirun) {
+  Result r = run_with(mpiexec(2), tiny_flags() + " --steps 12 --log-every 5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\033[K"), std::string::npos) << r.out;
+  for (const char* line : {"step 1/12 |", "step 5/12 |", "step 10/12 |", "step 12/12 |"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " in " << r.out;
+  Result redraw = run_with(mpiexec(2), tiny_flags() + " --steps 3 --progress redraw");
+  ASSERT_EQ(redraw.code, 0) << redraw.out;
+  EXPECT_NE(redraw.out.find("\r\033[K"), std::string::npos) << "asked for: " << redraw.out;
+  expect_rejected(tiny_flags() + " --steps 2 --progress fancy", {"--progress", "auto, redraw or lines", "fancy"});
+}
+
+// fp16: a forward pass that overflows is a step the loss scaler skips and backs off from, not a stop; only a run of
+// --max-skipped-steps consecutive skips ends the run. lr 1e4 makes the weights ~1e4 after one step, so every later
+// fp16 forward overflows (|x @ W| >> 65504).
+TEST_F(TrainGpt, Fp16OverflowingForwardIsSkippedUntilTooManyInARow) {
+  Result r = run(tiny_flags() + " --steps 20 --amp fp16 --lr 1e4 --max-skipped-steps 4");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("skipped 4 steps in a row"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("loss is"), std::string::npos) << "not the f32 divergence stop: " << r.out;
+}
+
+// Exceptions that are not minidl's (the JSON parser's, on metadata strings that are not JSON) still end in a
+// message and exit code 2, not std::terminate.
+TEST_F(TrainGpt, MalformedCheckpointHeaderIsAnError) {
+  {
+    std::ofstream f(path("bad.safetensors"), std::ios::binary);
+    // A valid config, and a vocabulary that is not JSON (read only after the header checks pass).
+    const std::string header =
+        R"({"__metadata__": {"format": "pt", "config": "{\"vocab_size\": 14, \"block_size\": 16, \"n_layer\": 1, )"
+        R"(\"n_head\": 2, \"n_embd\": 16, \"dropout\": 0.0, \"bias\": true}", "vocab": "{oops"}})";
+    uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header;
+  }
+  expect_rejected(tiny_flags() + " --steps 2 --init-from " + path("bad.safetensors"), {});
+}
+
+TEST_F(TrainGpt, TopologyFlags) {
+  expect_rejected(tiny_flags() + " --steps 2 --tp 2", {"--tp 2"});
+  expect_rejected(tiny_flags() + " --steps 2 --pp 2", {"--pp 2"});
+  Result r = run_with(mpiexec(2), tiny_flags() + " --steps 2 --dp 1 --tp 1 --pp 1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--dp 1 x --tp 1 x --pp 1 = 1 does not match the 2 ranks"), std::string::npos) << r.out;
+}
+
+// Every flag that changes the collectives or the numerics is in the cross-rank check.
+TEST_F(TrainGpt, RanksThatDisagreeOnNumericsAllStop) {
+  for (const char* flag : {"--amp bf16", "--grad-accum 2", "--recompute block"}) {
+    std::string cmd = std::string(MPIEXEC) + " --oversubscribe --allow-run-as-root -n 1 " + TRAIN_GPT_BIN + " " +
+                      tiny_flags() + " --steps 2 : -n 1 " + TRAIN_GPT_BIN + " " + tiny_flags() + " --steps 2 " + flag;
+    Result r = minidl::testing::run_program(cmd);
+    EXPECT_NE(r.code, 0) << r.out;
+    std::string name = std::string(flag).substr(2, std::string(flag).find(' ') - 2);
+    for (char& c : name) c = c == '-' ? '_' : c;
+    EXPECT_NE(r.out.find("configuration differs across ranks: " + name), std::string::npos) << flag << ": " << r.out;
+  }
+}

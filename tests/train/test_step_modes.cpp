@@ -8,7 +8,9 @@
 
 #include "core/parallel.h"
 #include "data/text_dataset.h"
-#include "examples/gpt_training.h"
+#include "train/device.h"
+#include "train/evaluate.h"
+#include "train/step.h"
 
 using namespace minidl;
 
@@ -84,10 +86,16 @@ TEST(GradAccum, FourMicroBatchesEqualOneBatchOverTwentySteps) {
 TEST(GradAccum, NoSyncHookSeesAllButTheLastMicroBatch) {
   train::StepOptions o;
   o.grad_accum = 3;
-  std::vector<bool> calls;
-  o.grad_sync = [&](bool sync) { calls.push_back(sync); };
+  struct Recorder : train::GradSync {
+    std::vector<bool> calls;
+    int ends = 0;
+    void before_backward(bool sync) override { calls.push_back(sync); }
+    void after_backward() override { ++ends; }
+  } recorder;
+  o.grad_sync = &recorder;
   run_training(o, 2);
-  EXPECT_EQ(calls, (std::vector<bool>{false, false, true, false, false, true}));
+  EXPECT_EQ(recorder.calls, (std::vector<bool>{false, false, true, false, false, true}));
+  EXPECT_EQ(recorder.ends, 2);
 }
 
 TEST(GradAccum, ABatchThatDoesNotSplitIsAnError) {

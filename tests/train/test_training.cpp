@@ -7,7 +7,9 @@
 
 #include "core/parallel.h"
 #include "data/text_dataset.h"
-#include "examples/gpt_training.h"
+#include "train/device.h"
+#include "train/evaluate.h"
+#include "train/step.h"
 
 using namespace minidl;
 

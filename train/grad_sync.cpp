@@ -1,0 +1,40 @@
+#include "train/grad_sync.h"
+
+#include "optim/clip.h"
+
+namespace minidl::train {
+
+namespace {
+
+double reduce_one(dist::ProcessGroup& group, double value, dist::ReduceOp op) {
+  if (group.size() == 1) return value;
+  Tensor t = Tensor::full({1}, value, DType::f64, group.device());
+  group.all_reduce(t, op)->wait();
+  return t.item();
+}
+
+}  // namespace
+
+double sum_over(dist::ProcessGroup& group, double value) { return reduce_one(group, value, dist::ReduceOp::kSum); }
+double max_over(dist::ProcessGroup& group, double value) { return reduce_one(group, value, dist::ReduceOp::kMax); }
+
+double GradSync::grad_norm_squared(const std::vector<Tensor>& params) { return optim::grad_norm_squared(params); }
+
+DDPSync::DDPSync(nn::Module& model, const dist::Topology& topology, dist::DDPOptions options)
+    : topology_(topology), ddp_(model, topology.dp_group(), options) {}
+
+void DDPSync::before_backward(bool sync) {
+  no_sync_.reset();
+  if (!sync) no_sync_.emplace(ddp_.reducer());
+}
+
+double DDPSync::grad_norm_squared(const std::vector<Tensor>& params) {
+  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared(params));
+}
+
+bool DDPSync::combine_overflow(bool local) {
+  double any = max_over(topology_.dp_group(), local ? 1.0 : 0.0);
+  return max_over(topology_.model_parallel_group(), any) > 0;
+}
+
+}  // namespace minidl::train

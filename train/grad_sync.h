@@ -1,0 +1,67 @@
+// GradSync: how a training step makes gradients consistent across ranks — the strategy train_step calls around
+// backward, and the one place that knows which ranks hold which gradients (so it also combines the gradient norm
+// for clipping and the fp16 overflow flag).
+//
+//   train::DDPSync ddp(model, topology);        // DDP over topology.dp_group()
+//   train::StepOptions o;
+//   o.grad_sync = &ddp;
+//   train::train_step(model, optimizer, batch, o);
+//
+// Strategies: none (one process: the defaults below), DDP (here); ZeRO-k (sharded gradients: the norm adds up
+// every shard once) plugs in the same way.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "dist/ddp.h"
+#include "dist/topology.h"
+#include "nn/module.h"
+
+namespace minidl::train {
+
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  virtual const char* name() const { return "none"; }
+  // Before each micro-batch's backward. sync: this is the step's last backward, which must leave every rank with
+  // the synchronised gradients; the earlier ones only accumulate locally.
+  virtual void before_backward(bool /*sync*/) {}
+  // After the step's last backward.
+  virtual void after_backward() {}
+  // Sum of the squares of every gradient element of the logical model, each counted once: this rank's part of
+  // `params` combined with the parts other ranks hold. Identical on every rank.
+  virtual double grad_norm_squared(const std::vector<Tensor>& params);
+  // Whether any rank that holds gradients saw an inf/NaN (the loss scaler's step is skipped on every rank).
+  virtual bool combine_overflow(bool local) { return local; }
+  // Communication time of the last synchronising backward.
+  virtual dist::ReducerStats comm_stats() const { return {}; }
+};
+
+// Data parallelism: every rank holds the whole model; gradients are averaged over the dp group by DDP's bucketed
+// all-reduce during the last backward (no_sync before it). After it every dp rank holds the same gradients, so the
+// norm needs no data-parallel communication; it is summed over the model-parallel group (tp · pp ranks: each
+// holds a different part of the model), and the overflow flag is combined over both.
+class DDPSync final : public GradSync {
+ public:
+  DDPSync(nn::Module& model, const dist::Topology& topology, dist::DDPOptions options = {});
+  const char* name() const override { return "ddp"; }
+  void before_backward(bool sync) override;
+  void after_backward() override { no_sync_.reset(); }
+  double grad_norm_squared(const std::vector<Tensor>& params) override;
+  bool combine_overflow(bool local) override;
+  dist::ReducerStats comm_stats() const override { return ddp_.last_step(); }
+  dist::DistributedDataParallel& ddp() { return ddp_; }
+
+ private:
+  const dist::Topology& topology_;
+  dist::DistributedDataParallel ddp_;
+  std::optional<dist::Reducer::NoSyncGuard> no_sync_;
+};
+
+// Sum (resp. max) of one number over a group, on the group's device; the value itself when the group has one rank.
+double sum_over(dist::ProcessGroup& group, double value);
+double max_over(dist::ProcessGroup& group, double value);
+
+}  // namespace minidl::train

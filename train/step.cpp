@@ -1,0 +1,98 @@
+#include "train/step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "autograd/autocast.h"
+#include "autograd/node.h"
+#include "ops/cast.h"
+#include "optim/clip.h"
+
+namespace minidl::train {
+
+namespace {
+
+// Targets that count towards the loss (not the ignore index -1).
+int64_t count_targets(const Tensor& y) {
+  int64_t n = 0;
+  for (double v : y.to_vector()) n += v != -1.0;
+  return n;
+}
+
+// Where the model's parameters live: batches are built on the host and moved there a micro-batch at a time.
+Device model_device(const nn::GPT& model) { return model.parameters().front().device(); }
+
+}  // namespace
+
+StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, const StepOptions& o) {
+  const int64_t rows = batch.x.size(0), k = o.grad_accum;
+  MINIDL_CHECK(k >= 1 && rows % k == 0, "train_step: a batch of ", rows, " sequences does not split into grad_accum = ",
+               k, " equal micro-batches");
+  MINIDL_CHECK(o.amp == DType::f32 || ops::is_half(o.amp), "train_step: amp must be f32 (off), bf16 or f16, got ",
+               o.amp);
+  const int64_t micro = rows / k;
+  const Device device = model_device(model);
+  // The normaliser of the whole step. Under DDP each rank divides by its own slice's count and DDP averages over
+  // ranks: with equal-sized slices and no ignored targets that is the global mean exactly.
+  const double inv_targets = 1.0 / double(std::max<int64_t>(1, count_targets(batch.y)));
+  StepResult r;
+  r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
+  {
+    MemoryTagGuard tag(MemTag::kActivations);
+    // One guard over every micro-batch: the 16-bit weight copies are made once per step (autograd/autocast.h).
+    std::optional<autograd::AutocastGuard> autocast;
+    if (o.amp != DType::f32) autocast.emplace(o.amp);
+    // Micro-batch m holds samples [first + m * micro, ...) of the global batch: its dropout masks are those one big
+    // batch would draw for the same samples (nn::DropoutContext).
+    nn::DropoutContext& dropout = model.dropout_context();
+    const int64_t first = dropout.first_sample;
+    Tensor loss_sum;
+    for (int64_t m = 0; m < k; ++m) {
+      Tensor x = batch.x.narrow(0, m * micro, micro).to(device), y = batch.y.narrow(0, m * micro, micro).to(device);
+      dropout.first_sample = first + m * micro;
+      Tensor loss = mul(model.loss(x, y, Reduction::kSum), inv_targets);
+      // Summed where the loss lives and read once after the last micro-batch (on a GPU: one sync per step).
+      loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
+      if (o.scaler) loss = o.scaler->scale(loss);
+      // DDP: no_sync() for all but the last micro-batch, whose backward launches the bucketed all-reduce.
+      if (o.grad_sync) o.grad_sync->before_backward(/*sync=*/m + 1 == k);
+      loss.backward();
+    }
+    if (o.grad_sync) o.grad_sync->after_backward();
+    dropout.first_sample = first;
+    dropout.step += 1;
+    r.loss = loss_sum.item();
+  }
+  std::vector<Tensor> params = model.parameters();
+  if (o.scaler && o.grad_sync)  // every rank skips the step when any rank that holds gradients overflowed
+    o.scaler->combine_overflow = [sync = o.grad_sync](bool local) { return sync->combine_overflow(local); };
+  bool overflow = o.scaler && o.scaler->unscale_and_check(params);
+  r.grad_norm = overflow ? INFINITY
+                         : std::sqrt(o.grad_sync ? o.grad_sync->grad_norm_squared(params)
+                                                 : optim::grad_norm_squared(params));
+  if (o.grad_clip > 0 && !overflow) {
+    double factor = optim::clip_factor(r.grad_norm, o.grad_clip);
+    if (factor < 1.0) optim::scale_grads(params, factor);
+  }
+  optimizer.set_lr(o.lr);
+  if (o.scaler) {
+    optim::ScalerStep s = o.scaler->step(optimizer);
+    r.applied = s.applied;
+    r.skip_reason = s.reason;
+  } else {
+    optimizer.step();
+  }
+  optimizer.zero_grad();
+  return r;
+}
+
+StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, double lr,
+                      double grad_clip) {
+  StepOptions o;
+  o.lr = lr;
+  o.grad_clip = grad_clip;
+  return train_step(model, optimizer, batch, o);
+}
+
+}  // namespace minidl::train

@@ -1,0 +1,55 @@
+// One optimizer step of a GPT: the micro-batch loop, mixed precision, loss scaling, the gradient-synchronisation
+// strategy, clipping and the optimizer. train::Trainer (train/trainer.h) calls it once a step; bench_gpt_step and
+// the tests call it directly.
+//
+//   train::StepOptions o;
+//   o.lr = 1e-3;
+//   o.grad_accum = 2;
+//   train::StepResult r = train::train_step(model, optimizer, batch, o);   // r.loss, r.grad_norm, r.applied
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "data/sampler.h"
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+#include "optim/grad_scaler.h"
+#include "train/grad_sync.h"
+
+namespace minidl::train {
+
+struct StepOptions {
+  double lr = 1e-3;
+  double grad_clip = 1.0;     // global L2 norm; <= 0 disables clipping
+  int64_t grad_accum = 1;     // micro-batches per optimizer step; must divide the batch's rows
+  DType amp = DType::f32;     // bf16 / f16: forward and backward under AutocastGuard(amp) (autograd/autocast.h)
+  optim::GradScaler* scaler = nullptr;  // dynamic loss scaling (f16); null: none
+  // How gradients are synchronised across ranks (train/grad_sync.h); null: one process, nothing to synchronise.
+  // It also combines the gradient norm and the fp16 overflow flag over the ranks that hold gradients.
+  GradSync* grad_sync = nullptr;
+};
+
+struct StepResult {
+  double loss = 0;         // mean cross-entropy over every target token of this rank's batch
+  double grad_norm = 0;    // global L2 norm before clipping (unscaled; inf when the step overflowed)
+  bool applied = true;     // false: the scaler skipped the update (inf/NaN gradients)
+  std::string skip_reason;
+  double loss_scale = 1;   // the scale this step used (1 without a scaler)
+};
+
+// One optimizer step over `batch`, split into options.grad_accum micro-batches of equal size:
+//   for each micro-batch: loss_m = sum of its token losses / (target tokens in the whole batch), backward
+//   (the gradients add up to those of the mean over the whole batch, exactly as one big batch would give);
+//   then unscale (with a scaler), clip, AdamW step at options.lr (or a skip), zero_grad.
+// A non-finite loss under a scaler is an overflow like any other: its gradients are non-finite, the scaler skips
+// the step and backs off (applied = false), as PyTorch's GradScaler does.
+// The dropout context advances by one step per call; micro-batch m sees first_sample + m * micro, so its masks are
+// those of the same samples in one big batch (nn::DropoutContext).
+StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, const StepOptions& options);
+
+// The same with defaults: full precision, one micro-batch.
+StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, double lr,
+                      double grad_clip);
+
+}  // namespace minidl::train

@@ -1,0 +1,366 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/parallel.h"
+#include "data/text_dataset.h"
+#include "dist/topology.h"
+#include "nn/checkpoint.h"
+#include "ops/matmul.h"
+#include "optim/schedule.h"
+#include "train/device.h"
+#include "train/evaluate.h"
+#include "train/grad_sync.h"
+#include "train/progress.h"
+#include "train/step.h"
+
+namespace minidl::train {
+
+namespace {
+
+DType amp_dtype(const std::string& amp) {
+  if (amp == "bf16") return DType::bf16;
+  if (amp == "fp16") return DType::f16;
+  MINIDL_CHECK(amp == "off", "--amp: expected off, bf16 or fp16, got '", amp, "'");
+  return DType::f32;
+}
+
+// GradScalerState <-> the JSON string stored in a checkpoint's metadata under "grad_scaler".
+std::string scaler_state_json(const optim::GradScalerState& s) {
+  return nlohmann::json{{"scale", s.scale},
+                        {"clean_steps", s.clean_steps},
+                        {"overflows_left", s.overflows_left},
+                        {"skipped_steps", s.skipped_steps}}
+      .dump();
+}
+optim::GradScalerState scaler_state_from_json(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  return {j.at("scale").get<double>(), j.at("clean_steps").get<int64_t>(), j.at("overflows_left").get<int64_t>(),
+          j.at("skipped_steps").get<int64_t>()};
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+template <class T>
+std::string str(const T& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// The data-parallel size: --dp, or the world size divided by tp · pp.
+int dp_size(const TrainConfig& c, int world) { return c.dp > 0 ? c.dp : std::max(1, world / (c.tp * c.pp)); }
+
+}  // namespace
+
+void TrainConfig::validate(int world) const {
+  MINIDL_CHECK(tp >= 1, "--tp: expected at least 1, got ", tp);
+  MINIDL_CHECK(pp >= 1, "--pp: expected at least 1, got ", pp);
+  MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
+  MINIDL_CHECK(tp == 1, "--tp ", tp, ": tensor parallelism is not implemented yet; only --tp 1 is accepted");
+  MINIDL_CHECK(pp == 1, "--pp ", pp, ": pipeline parallelism is not implemented yet; only --pp 1 is accepted");
+  const int d = dp_size(*this, world);
+  MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
+               " does not match the ", world, " ranks this job runs on (mpirun -n)");
+  // The global batch splits into dp ranks x grad_accum micro-batches of equal size.
+  MINIDL_CHECK(batch >= 1, "--batch: expected at least 1, got ", batch);
+  MINIDL_CHECK(grad_accum >= 1, "--grad-accum: expected at least 1, got ", grad_accum);
+  MINIDL_CHECK(batch % (d * grad_accum) == 0, "--batch ", batch, " does not split into ", d,
+               " data-parallel rank(s) x --grad-accum ", grad_accum,
+               " equal micro-batches: --batch must be a multiple of ", d * grad_accum);
+  MINIDL_CHECK(backend.empty() || backend == "mpi" || backend == "ring" || backend == "nccl",
+               "--backend: expected mpi, ring or nccl, got '", backend, "'");
+  MINIDL_CHECK(layers_or_default() >= 1, "--layers: expected at least 1, got ", layers_or_default());
+  MINIDL_CHECK(heads_or_default() >= 1, "--heads: expected at least 1, got ", heads_or_default());
+  MINIDL_CHECK(embd_or_default() >= 1 && embd_or_default() % heads_or_default() == 0,
+               "--embd: expected a positive multiple of --heads (", heads_or_default(), "), got ", embd_or_default());
+  MINIDL_CHECK(seq_or_default() >= 1, "--seq: expected at least 1, got ", seq_or_default());
+  MINIDL_CHECK(steps >= 0, "--steps: expected 0 or more, got ", steps);
+  MINIDL_CHECK(steps > 0 || !init_from.empty(), "--steps 0 only evaluates, which needs --init-from");
+  MINIDL_CHECK(lr > 0 && std::isfinite(lr), "--lr: expected a positive number, got ", lr);
+  MINIDL_CHECK(!min_lr || (*min_lr >= 0 && *min_lr <= lr), "--min-lr: expected a value in [0, --lr = ", lr, "], got ",
+               min_lr.value_or(0));
+  MINIDL_CHECK(warmup >= 0 && warmup <= steps, "--warmup: expected 0 to --steps (", steps, "), got ", warmup);
+  MINIDL_CHECK(weight_decay >= 0, "--weight-decay: expected 0 or more, got ", weight_decay);
+  MINIDL_CHECK(dropout >= 0 && dropout < 1, "--dropout: expected a probability in [0, 1), got ", dropout);
+  MINIDL_CHECK(grad_clip >= 0, "--grad-clip: expected 0 (off) or a positive norm, got ", grad_clip);
+  MINIDL_CHECK(threads >= 0, "--threads: expected a positive count, got ", threads);
+  MINIDL_CHECK(eval_every >= 0, "--eval-every: expected 0 or more, got ", eval_every);
+  MINIDL_CHECK(eval_windows >= 1, "--eval-windows: expected at least 1, got ", eval_windows);
+  MINIDL_CHECK(log_every >= 1, "--log-every: expected at least 1, got ", log_every);
+  MINIDL_CHECK(sample >= 0, "--sample: expected 0 or more, got ", sample);
+  MINIDL_CHECK(max_skipped_steps >= 1, "--max-skipped-steps: expected at least 1, got ", max_skipped_steps);
+  parse_progress_mode(progress);
+  amp_dtype(amp);
+  nn::parse_recompute(recompute);
+  MINIDL_CHECK(temperature > 0, "--temperature: expected a positive number, got ", temperature);
+  if (!save.empty()) {
+    auto dir = std::filesystem::absolute(save).parent_path();
+    MINIDL_CHECK(std::filesystem::is_directory(dir), "--save: directory ", dir.string(), " does not exist");
+  }
+}
+
+struct Trainer::State {
+  TrainConfig cfg;
+  std::unique_ptr<dist::Topology> topo;
+  bool logger = false;  // the rank at grid coordinate (0, 0, 0) prints
+  Device device;
+  DType amp = DType::f32;
+  std::optional<nn::GPTCheckpoint> ckpt;
+  std::optional<data::TextDataset> ds;
+  int64_t seq = 0, windows = 0, local_batch = 0, first_sample = 0;
+  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<GradSync> sync;
+  std::optional<optim::GradScaler> scaler;
+  std::unique_ptr<optim::AdamW> optimizer;
+
+  nn::GPTConfig model_config(int64_t vocab) const;
+  std::vector<std::pair<std::string, std::string>> config_fields() const;
+  void print_header() const;
+};
+
+// The model configuration: from the flags, or from the checkpoint (flags given explicitly must agree with it).
+nn::GPTConfig Trainer::State::model_config(int64_t vocab) const {
+  nn::GPTConfig m{vocab, cfg.seq_or_default(), cfg.layers_or_default(), cfg.heads_or_default(), cfg.embd_or_default(),
+                  cfg.dropout, true};
+  if (!ckpt) return m;
+  const nn::GPTConfig& c = ckpt->config;
+  auto agree = [&](const char* flag, const std::optional<int64_t>& given, int64_t stored) {
+    MINIDL_CHECK(!given || *given == stored, flag, " ", *given, " does not match the checkpoint ", cfg.init_from,
+                 ", which has ", stored);
+  };
+  agree("--layers", cfg.layers, c.n_layer);
+  agree("--heads", cfg.heads, c.n_head);
+  agree("--embd", cfg.embd, c.n_embd);
+  MINIDL_CHECK(!cfg.seq || *cfg.seq <= c.block_size, "--seq ", cfg.seq.value_or(0), " is longer than the checkpoint ",
+               cfg.init_from, "'s block size ", c.block_size);
+  m = c;
+  m.dropout = cfg.dropout;
+  return m;
+}
+
+// What every rank must agree on: everything that changes the data, the model, the numerics or the collectives.
+std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields() const {
+  const TrainConfig& o = cfg;
+  auto opt = [](const std::optional<int64_t>& v) { return v ? str(*v) : std::string("default"); };
+  return {{"data", o.data + " (" + str(ds->train().size()) + " train tokens)"},
+          {"layers", opt(o.layers)}, {"heads", opt(o.heads)}, {"embd", opt(o.embd)}, {"seq", opt(o.seq)},
+          {"batch", str(o.batch)}, {"steps", str(o.steps)}, {"lr", str(o.lr)}, {"min_lr", str(o.min_lr.value_or(-1))},
+          {"warmup", str(o.warmup)}, {"weight_decay", str(o.weight_decay)}, {"dropout", str(o.dropout)},
+          {"grad_clip", str(o.grad_clip)}, {"seed", str(o.seed)}, {"init_from", o.init_from},
+          {"backend", o.backend}, {"dp", str(o.dp)}, {"tp", str(o.tp)}, {"pp", str(o.pp)},
+          {"grad_accum", str(o.grad_accum)}, {"amp", o.amp}, {"recompute", o.recompute},
+          {"device", o.device}, {"tf32", str(o.tf32)}, {"advance_lr_on_skip", str(o.advance_lr_on_skip)}};
+}
+
+void Trainer::State::print_header() const {
+  if (!logger) return;
+  const nn::GPTConfig& c = model->config();
+  const dist::Grid& g = topo->grid();
+  std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
+              "threads=%d dp=%d tp=%d pp=%d grad_accum=%lld amp=%s recompute=%s device=%s data=%s "
+              "(%zu train / %zu val tokens)\n",
+              (long long)model->num_parameters(), (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd,
+              (long long)seq, (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp,
+              (long long)cfg.grad_accum, cfg.amp.c_str(), cfg.recompute.c_str(),
+              device.is_cpu() ? "cpu" : (cfg.device + " (" + device_name(device) + ")").c_str(), cfg.data.c_str(),
+              ds->train().size(), ds->val().size());
+  if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
+  if (scaler)
+    std::printf("amp fp16: dynamic loss scaling from %g (x%g every %lld clean steps, x%g on overflow; the run stops "
+                "after %lld consecutive skipped steps)\n",
+                scaler->current_scale(), scaler->options().growth_factor,
+                (long long)scaler->options().growth_interval, scaler->options().backoff_factor,
+                (long long)cfg.max_skipped_steps);
+  std::fflush(stdout);
+}
+
+Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.cfg = config;
+  const TrainConfig& o = s.cfg;
+  set_num_threads(o.threads > 0 ? o.threads : ctx.threads_per_rank());
+
+  if (!o.init_from.empty()) {
+    s.ckpt = nn::load_gpt(o.init_from);
+    auto it = s.ckpt->metadata.find("vocab");
+    MINIDL_CHECK(it != s.ckpt->metadata.end(), "--init-from ", o.init_from,
+                 ": the checkpoint has no \"vocab\" metadata");
+    s.ds.emplace(o.data, data::CharTokenizer::from_json(nlohmann::json::parse(it->second)));
+  } else {
+    s.ds.emplace(o.data);
+  }
+  if (ctx.world_size() > 1) dist::check_same_config(ctx, s.config_fields());
+  s.seq = o.seq || !s.ckpt ? o.seq_or_default() : s.ckpt->config.block_size;
+  MINIDL_CHECK(int64_t(s.ds->train().size()) >= s.seq + 1 && int64_t(s.ds->val().size()) >= s.seq + 1, "--data ",
+               o.data, ": expected at least ", s.seq + 1, " tokens in each split for --seq ", s.seq, ", found ",
+               s.ds->train().size(), " (train) and ", s.ds->val().size(), " (validation)");
+  // Non-overlapping windows of seq + 1 tokens; asking for more than the split holds uses them all.
+  s.windows = std::min<int64_t>(o.eval_windows, int64_t(s.ds->val().size()) / (s.seq + 1));
+  nn::GPTConfig model_cfg = s.model_config(s.ds->tokenizer().size());
+
+  s.device = select_device(o.device, ctx.local_rank());
+  ops::set_allow_tf32(o.tf32);
+  const std::string backend = !o.backend.empty() ? o.backend : s.device.is_cpu() ? "mpi" : "nccl";
+  MINIDL_CHECK(s.device.is_cpu() ? backend != "nccl" : backend != "mpi", "--backend ", backend,
+               " does not serve --device ", o.device, ": use ",
+               s.device.is_cpu() ? "mpi or ring on the CPU" : "nccl or ring on CUDA devices");
+  const dist::Grid grid{dp_size(o, ctx.world_size()), o.tp, o.pp};
+  s.topo = std::make_unique<dist::Topology>(ctx.world(), grid, backend, s.device);
+  const dist::GridCoord me = s.topo->coord();
+  s.logger = me == dist::GridCoord{};
+
+  s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
+  if (s.ckpt) nn::load_into(*s.model, o.init_from);
+  s.model->to(s.device);  // before DDP and the optimizer, whose buffers follow the parameters' device
+  s.model->train();
+  // Data parallelism: dp rank d takes samples [d * local, (d + 1) * local) of each global batch; its dropout masks
+  // are those of the same samples in one process.
+  s.local_batch = o.batch / grid.dp;
+  s.first_sample = me.dp * s.local_batch;
+  s.model->dropout_context().first_sample = s.first_sample;
+  s.model->set_recompute(nn::parse_recompute(o.recompute));
+  if (grid.dp > 1)
+    s.sync = std::make_unique<DDPSync>(*s.model, *s.topo);
+  else
+    s.sync = std::make_unique<GradSync>();
+  s.amp = amp_dtype(o.amp);
+  if (s.amp == DType::f16) {
+    s.scaler.emplace();
+    auto it = s.ckpt ? s.ckpt->metadata.find("grad_scaler") : nn::Metadata::const_iterator{};
+    if (s.ckpt && it != s.ckpt->metadata.end()) s.scaler->load_state(scaler_state_from_json(it->second));
+  }
+  s.optimizer = std::make_unique<optim::AdamW>(optim::decay_groups(s.model->named_parameters(), o.weight_decay),
+                                               optim::AdamWOptions{o.lr});
+  s.print_header();
+}
+
+Trainer::~Trainer() = default;
+
+int Trainer::run() {
+  State& s = *s_;
+  const TrainConfig& o = s.cfg;
+  nn::GPT& model = *s.model;
+  dist::ProcessGroup& dp_group = s.topo->dp_group();
+  optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
+  data::BatchSampler sampler(s.ds->train(), s.seq, o.batch, o.seed);
+  const data::Batch val = data::eval_windows(s.ds->val(), s.seq, s.windows);
+
+  const double tokens_per_step = double(o.batch * s.seq);  // the global batch
+  const double flops_per_step = model.flops_per_token(s.seq) * tokens_per_step;
+  // MFU: achieved FLOP/s over the GPU's dense peak for the dtype the products run in (GPUs in the table only).
+  const double peak_tflops = s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : 0.0;
+  StepOptions step_options;
+  step_options.grad_clip = o.grad_clip;
+  step_options.grad_accum = o.grad_accum;
+  step_options.amp = s.amp;
+  step_options.scaler = s.scaler ? &*s.scaler : nullptr;
+  step_options.grad_sync = s.sync.get();
+  ProgressLine progress(parse_progress_mode(o.progress), o.log_every, s.logger);
+  int64_t schedule_step = 0;  // holds still on skipped steps unless --advance-lr-on-skip
+  int64_t skipped_in_a_row = 0;
+  double timed_ms = 0, compute_ms = 0, comm_ms = 0, exposed_ms = 0, recent_loss = 0;
+  int64_t timed_steps = 0, recent = 0;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    double lr = schedule(schedule_step);
+    auto t0 = std::chrono::steady_clock::now();
+    data::Batch batch = sampler.batch(step, s.first_sample, s.local_batch);
+    step_options.lr = lr;
+    StepResult r = train_step(model, *s.optimizer, batch, step_options);
+    if (r.applied || o.advance_lr_on_skip) ++schedule_step;
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    dist::ReducerStats comm = s.sync->comm_stats();
+    // The global batch's loss: the mean of the dp ranks' (equal-sized) slices.
+    if (dp_group.size() > 1) r.loss = sum_over(dp_group, r.loss) / dp_group.size();
+    if (s.scaler) {
+      // A non-finite loss or gradient is an overflow the scaler skipped and backed off from; only a long run of
+      // them means the model itself is broken.
+      skipped_in_a_row = r.applied ? 0 : skipped_in_a_row + 1;
+      MINIDL_CHECK(skipped_in_a_row < o.max_skipped_steps, "training diverged: the fp16 loss scaler skipped ",
+                   skipped_in_a_row, " steps in a row (loss ", r.loss, ", scale now ", s.scaler->current_scale(),
+                   ") at step ", step + 1, "; try a lower --lr or --amp bf16");
+    } else {
+      MINIDL_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step + 1,
+                   "; try a lower --lr");
+    }
+    if (step > 0 || o.steps == 1) {  // the first step warms caches and the allocator
+      timed_ms += ms;
+      compute_ms += ms - comm.exposed_comm_ms;
+      comm_ms += comm.comm_ms;
+      exposed_ms += comm.exposed_comm_ms;
+      ++timed_steps;
+    }
+    if (step >= o.steps - 10 && std::isfinite(r.loss)) {
+      recent_loss += r.loss;
+      ++recent;
+    }
+    const double gflops = flops_per_step / ms / 1e6;
+    std::string line = "step " + std::to_string(step + 1) + "/" + std::to_string(o.steps) + " | loss " +
+                       fmt("%.4f", r.loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", ms) + " ms | " +
+                       fmt("%.0f", tokens_per_step / ms * 1e3) + " tok/s | " + fmt("%.1f", gflops) + " GFLOP/s";
+    if (peak_tflops > 0) line += " | MFU " + fmt("%.1f", 100 * gflops / (peak_tflops * 1e3)) + "%";
+    line += " | peak " + fmt("%.0f", peak_rss_mb()) + " MB";
+    if (s.scaler)
+      line += " | scale " + fmt("%g", s.scaler->current_scale()) + " | skipped " +
+              std::to_string(s.scaler->skipped_steps());
+    if (dp_group.size() > 1)
+      line += " | comm " + fmt("%.1f", comm.comm_ms) + " ms, exposed " + fmt("%.1f", comm.exposed_comm_ms) + " ms";
+    progress.update(step + 1, o.steps, line);
+    bool last = step + 1 == o.steps;
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
+      double v = evaluate(model, val, o.batch, &dp_group);  // collective: every rank takes part
+      progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", v));
+    }
+  }
+  progress.finish();
+
+  const double val_loss = evaluate(model, val, o.batch, &dp_group);
+  if (s.logger)
+    std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)s.windows,
+                (long long)s.seq);
+  // Every rank holds the whole model: the logging rank writes it (temporary name, then rename).
+  if (!o.save.empty() && s.logger) {
+    nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
+    if (s.scaler) extras["grad_scaler"] = scaler_state_json(s.scaler->state());
+    nn::save_gpt(o.save, model, s.ds->tokenizer().to_json().dump(), extras);
+    std::printf("saved %s\n", o.save.c_str());
+  }
+  if (o.sample > 0 && s.logger) {
+    // Start from a newline when the vocabulary has one (a fresh paragraph), else from token 0.
+    const auto& v = s.ds->tokenizer().vocab();
+    std::vector<int32_t> prompt{
+        std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? s.ds->tokenizer().encode("\n")[0] : 0};
+    std::vector<int32_t> out = train::sample(model, prompt, o.sample, o.temperature, o.seed);
+    std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
+  }
+  if (!s.logger) return 0;
+  auto per_step = [&](double total) { return timed_steps ? total / double(timed_steps) : 0.0; };
+  double ms_per_step = per_step(timed_ms);
+  const double gflops = ms_per_step > 0 ? flops_per_step / ms_per_step / 1e6 : 0.0;
+  const MemoryLedger& mem = ledger(s.device);  // the training device's ledger (the GPU's, with --device cuda)
+  auto mb = [&](MemTag tag) { return double(mem.peak(tag)) / double(1 << 20); };
+  std::printf("summary: steps=%lld train_loss=%.4f val_loss=%.4f ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
+              "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.2f exposed_comm_ms=%.2f loss_scale=%g skipped_steps=%lld "
+              "act_peak_mb=%.2f param_mb=%.2f grad_mb=%.2f optim_mb=%.2f mfu=%.4f\n",
+              (long long)o.steps, recent ? recent_loss / double(recent) : NAN, val_loss, ms_per_step,
+              ms_per_step > 0 ? tokens_per_step / ms_per_step * 1e3 : 0.0, gflops, peak_rss_mb(),
+              per_step(compute_ms), per_step(comm_ms), per_step(exposed_ms),
+              s.scaler ? s.scaler->current_scale() : 1.0, (long long)(s.scaler ? s.scaler->skipped_steps() : 0),
+              mb(MemTag::kActivations), mb(MemTag::kParams), mb(MemTag::kGrads), mb(MemTag::kOptimizer),
+              peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace minidl::train

@@ -1,0 +1,80 @@
+// Trainer: a whole GPT training run — topology, model, optimizer, loss scaler, gradient synchronisation, the step
+// loop, evaluation, checkpoint, sampling and the summary line — from one TrainConfig. Programs parse flags into a
+// TrainConfig and call it; they hold no collective, no DDP call and no rank test.
+//
+//   dist::Context ctx = dist::init(argc, argv);
+//   train::TrainConfig cfg;                    // the defaults are train_gpt's (baby config, Tiny Shakespeare)
+//   cfg.steps = 500;
+//   cfg.validate(ctx.world_size());            // a clear error for any bad value, before anything is built
+//   return train::Trainer(cfg, ctx).run();     // collective: every rank calls it
+//
+// Ranks come from one place, dist::Topology{dp, tp, pp}: the sampler slice and the dropout offsets use the dp
+// coordinate, DDP and the loss average the dp group, the gradient norm and the overflow flag the model-parallel
+// group. The rank at grid coordinate (0, 0, 0) prints.
+//
+// The summary line (scripts parse it; README.md documents each field):
+//   summary: steps=N train_loss=X val_loss=X ms_per_step=X tokens_per_s=X gflops=X peak_mem_mb=X compute_ms=X
+//            comm_ms=X exposed_comm_ms=X loss_scale=X skipped_steps=N act_peak_mb=X param_mb=X grad_mb=X optim_mb=X
+//            mfu=X
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "dist/init.h"
+
+namespace minidl::train {
+
+struct TrainConfig {
+  std::string data;                 // text file; bytes are the tokens
+  // Model shape: unset means the default (4, 4, 128, 64) or, with init_from, the checkpoint's; set ones must
+  // agree with a checkpoint.
+  std::optional<int64_t> layers, heads, embd, seq;
+  int64_t batch = 12, steps = 2000;
+  double lr = 1e-3, weight_decay = 0.1, dropout = 0.0, grad_clip = 1.0, temperature = 1.0;
+  std::optional<double> min_lr;     // default: lr (constant)
+  int64_t warmup = 0;
+  uint64_t seed = 1337;
+  int threads = 0;                  // 0: the host's cores divided among its ranks
+  int64_t eval_every = 250, eval_windows = 256, log_every = 10, sample = 0;
+  std::string progress = "auto";    // auto | redraw | lines (train/progress.h)
+  std::string save, init_from;
+  int dp = 0, tp = 1, pp = 1;       // dp 0: the world size / (tp · pp)
+  std::string backend;              // empty: mpi on the CPU, nccl on CUDA devices
+  int64_t grad_accum = 1;
+  std::string amp = "off", recompute = "none";
+  bool advance_lr_on_skip = false;
+  // fp16: a run stops after this many consecutive steps the loss scaler skipped (the scale has then fallen by
+  // 2^N: the model produces inf/NaN whatever the scale, which no amount of backing off will fix).
+  int64_t max_skipped_steps = 50;
+  std::string device = "cpu";
+  bool tf32 = false;
+
+  int64_t layers_or_default() const { return layers.value_or(4); }
+  int64_t heads_or_default() const { return heads.value_or(4); }
+  int64_t embd_or_default() const { return embd.value_or(128); }
+  int64_t seq_or_default() const { return seq.value_or(64); }
+  // Throws minidl::Error naming the flag, what was expected and what was given. Same answer on every rank.
+  void validate(int world_size) const;
+};
+
+class Trainer {
+ public:
+  // Collective: builds the topology and its groups, loads the data and a checkpoint, builds the model on its
+  // device, and checks that every rank was given the same configuration.
+  Trainer(const TrainConfig& config, const dist::Context& ctx);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Collective: trains, evaluates, saves, samples and prints the summary. Returns the exit code (0).
+  int run();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace minidl::train
