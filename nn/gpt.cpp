@@ -200,7 +200,7 @@ Tensor GPT::head(const Tensor& x) const {
 
 Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reduction) const {
   MINIDL_CHECK(x.dim() == 3 && targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1),
-               "GPT::loss: expected targets of shape (B, T) matching x ", x.shape(), ", got ", targets.shape());
+               "GPT::head_loss: expected targets of shape (B, T) matching x ", x.shape(), ", got ", targets.shape());
   check_ids(targets, "targets", true);
   Tensor logits = head(x);
   const int64_t N = targets.numel();
