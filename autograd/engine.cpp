@@ -106,16 +106,22 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (active) t_callbacks = nullptr;
     }
   } restore{outermost};
-  MINIDL_CHECK(roots.size() == grad_roots.size(), "backward: ", roots.size(), " roots but ", grad_roots.size(),
-               " root gradients");
-  // Pass 1: count, for every reachable node, how many edges point at it.
+  MINIDL_CHECK(grad_roots.empty() || roots.size() == grad_roots.size(), "backward: ", roots.size(), " roots but ",
+               grad_roots.size(), " root gradients");
+  // The roots' edges, taken once and held: a leaf root's AccumulateGrad exists only through these references until
+  // the pass ends (the leaf keeps a weak one), so taking the edge again would make a new node.
+  std::vector<Edge> root_edges;
+  for (const Tensor& r : roots) {
+    root_edges.push_back(gradient_edge(r));
+    MINIDL_CHECK(root_edges.back().node, "backward: tensor of shape ", r.shape(),
+                 " does not require grad and has no grad_fn");
+  }
+  // Pass 1: count, for every reachable node, how many edges point at it; a root counts once more per time it is
+  // given, so a node given twice (backward({l, l})) runs once, after both its gradients arrived.
   std::unordered_map<Node*, int> dependencies;
   std::vector<Node*> stack;
-  for (const Tensor& r : roots) {
-    Edge e = gradient_edge(r);
-    MINIDL_CHECK(e.node, "backward: tensor of shape ", r.shape(), " does not require grad and has no grad_fn");
+  for (const Edge& e : root_edges)
     if (dependencies.emplace(e.node.get(), 0).second) stack.push_back(e.node.get());
-  }
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
@@ -127,6 +133,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (inserted) stack.push_back(e.node.get());
     }
   }
+  for (const Edge& e : root_edges) ++dependencies[e.node.get()];
 
   // Pass 2: run ready nodes, latest first; gradients for a node's outputs are summed in its input buffer.
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
@@ -152,7 +159,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   };
 
   for (size_t i = 0; i < roots.size(); ++i) {
-    Tensor g = grad_roots[i];
+    Tensor g = grad_roots.empty() ? Tensor() : grad_roots[i];
     if (!g.defined()) {
       MINIDL_CHECK(roots[i].numel() == 1, "backward: a root of shape ", roots[i].shape(),
                    " is not a scalar; pass its gradient explicitly");
@@ -160,9 +167,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
     MINIDL_CHECK(g.shape() == roots[i].shape(), "backward: root gradient shape ", g.shape(), " differs from root shape ",
                  roots[i].shape());
-    Edge e = gradient_edge(roots[i]);
-    ++dependencies[e.node.get()];
-    deliver(e, g);
+    deliver(root_edges[i], g);
   }
 
   NoGradGuard no_grad;  // backward itself is not recorded

@@ -102,7 +102,9 @@ Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor out
 // True if recording would happen for these inputs (lets an op skip saving tensors for backward).
 bool any_requires_grad(std::initializer_list<Tensor> inputs);
 
-// Runs backward from `roots` with the given root gradients (ones for scalars when undefined).
+// Runs backward from `roots` with the given root gradients: one per root (ones for a scalar root when undefined), or
+// none at all (every root a scalar). A tensor given twice counts twice, as in PyTorch: backward({l, l}, {}) is the
+// backward of l + l, and for a leaf w, backward({w, w}, {g1, g2}) adds g1 + g2 to w.grad() (its hooks fire once).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots);
 
 // Like backward, but returns the gradients that arrive at `inputs` (one per input; undefined where none arrives or

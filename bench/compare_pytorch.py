@@ -12,8 +12,8 @@ Model and recipe (both sides): nanoGPT-style GPT-2 with learned position embeddi
 causal self-attention, GELU(tanh), biases everywhere except the output head, which shares its weight with the
 token embedding; dropout 0; vocabulary 65 (the characters of Tiny Shakespeare); init N(0, 0.02) with residual
 projections scaled by 1/sqrt(2 * layers); AdamW lr 1e-3, betas (0.9, 0.999), weight decay 0.1 on parameters
-with dim >= 2 only. Batches are windows of ../shared/data/tinyshakespeare.txt (training split) when that file
-exists, random tokens otherwise; timing does not depend on the values.
+with dim >= 2 only. Batches are windows of data/tinyshakespeare.txt (the corpus shipped in the repository,
+training split) when that file exists, random tokens otherwise; timing does not depend on the values.
 
 Measurement: one step = forward + loss + backward + optimizer step + zero_grad. ms/step is the median over
 --steps timed steps after --warmup untimed ones. Each PyTorch thread count runs in its own subprocess (with
@@ -43,7 +43,7 @@ import sys
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(REPO_ROOT, "..", "shared", "data", "tinyshakespeare.txt")
+CORPUS = os.path.join(REPO_ROOT, "data", "tinyshakespeare.txt")
 VOCAB_SIZE = 65
 CONFIGS = {
     "baby": dict(layers=4, heads=4, embd=128, seq=64, batch=12),

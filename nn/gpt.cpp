@@ -5,6 +5,7 @@
 
 #include "autograd/checkpoint.h"
 #include "autograd/functions.h"
+#include "autograd/node.h"
 
 namespace minidl::nn {
 
@@ -56,18 +57,30 @@ Tensor Block::forward(const Tensor& x) const {
   return y + mlp->forward(ln_2->forward(y));
 }
 
-GPT::GPT(const GPTConfig& cfg, uint64_t seed) : cfg_(cfg), dropout_ctx_(std::make_shared<DropoutContext>()) {
+GPT::GPT(const GPTConfig& cfg, uint64_t seed) : GPT(cfg, seed, GPTStage{}) {}
+
+GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage)
+    : cfg_(cfg), stage_(stage), dropout_ctx_(std::make_shared<DropoutContext>()) {
   cfg.validate();
+  if (stage_.last_block == -1) stage_.last_block = cfg.n_layer;
+  MINIDL_CHECK(0 <= stage_.first_block && stage_.first_block <= stage_.last_block && stage_.last_block <= cfg.n_layer,
+               "GPT: expected a stage's blocks [first_block, last_block) inside [0, n_layer = ", cfg.n_layer,
+               "], got [", stage.first_block, ", ", stage.last_block, ")");
   dropout_ctx_->seed = seed;
   const uint64_t base = DropoutContext::kDropoutStreamBase;
   // HF nests everything but the (tied) head under "transformer".
   auto transformer = register_module("transformer", std::make_shared<Module>());
-  wte = transformer->register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.n_embd));
-  wpe = transformer->register_module("wpe", std::make_shared<Embedding>(cfg.block_size, cfg.n_embd));
-  drop = transformer->register_module("drop", std::make_shared<Dropout>(cfg.dropout, base, dropout_ctx_));
-  h = transformer->register_module("h", std::make_shared<ModuleList<Block>>());
-  for (int64_t i = 0; i < cfg.n_layer; ++i) h->push_back(std::make_shared<Block>(cfg, base + 1 + 2 * i, dropout_ctx_));
-  ln_f = transformer->register_module("ln_f", std::make_shared<LayerNorm>(cfg.n_embd, cfg.bias));
+  if (stage_.embedding || stage_.head)
+    wte = transformer->register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.n_embd));
+  if (stage_.embedding) {
+    wpe = transformer->register_module("wpe", std::make_shared<Embedding>(cfg.block_size, cfg.n_embd));
+    drop = transformer->register_module("drop", std::make_shared<Dropout>(cfg.dropout, base, dropout_ctx_));
+  }
+  // Blocks are named, and draw dropout streams, by their global index.
+  h = transformer->register_module("h", std::make_shared<ModuleList<Block>>(stage_.first_block));
+  for (int64_t i = stage_.first_block; i < stage_.last_block; ++i)
+    h->push_back(std::make_shared<Block>(cfg, base + 1 + 2 * uint64_t(i), dropout_ctx_));
+  if (stage_.head) ln_f = transformer->register_module("ln_f", std::make_shared<LayerNorm>(cfg.n_embd, cfg.bias));
   init_weights(seed);
 }
 
@@ -75,17 +88,51 @@ static bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+static bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Index of `name` in `params`' names.
+static int64_t position(const NamedTensors& params, const std::string& name) {
+  for (size_t j = 0; j < params.size(); ++j)
+    if (params[j].first == name) return int64_t(j);
+  MINIDL_ASSERT(false, "GPT: no parameter named ", name);
+  return -1;
+}
+
+int64_t GPT::global_parameter_index(const std::string& name) const {
+  // The whole model's order: transformer.wte.weight, transformer.wpe.weight, then each block's parameters
+  // (6 weights, and 6 biases with cfg.bias: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj), then ln_f.
+  const int64_t embeddings = 2, per_block = cfg_.bias ? 12 : 6;
+  if (name == "transformer.wte.weight") return 0;
+  if (name == "transformer.wpe.weight") return 1;
+  const std::string blocks_prefix = "transformer.h.", ln_f_prefix = "transformer.ln_f.";
+  if (starts_with(name, blocks_prefix)) {
+    const size_t dot = name.find('.', blocks_prefix.size());
+    const int64_t i = std::stoll(name.substr(blocks_prefix.size(), dot - blocks_prefix.size()));
+    const Block& block = (*h)[size_t(i - stage_.first_block)];
+    const NamedTensors own = block.named_parameters();
+    MINIDL_ASSERT(int64_t(own.size()) == per_block, "GPT: a block has ", own.size(), " parameters, expected ",
+                  per_block);
+    return embeddings + i * per_block + position(own, name.substr(dot + 1));
+  }
+  MINIDL_ASSERT(starts_with(name, ln_f_prefix), "GPT: unexpected parameter ", name);
+  return embeddings + cfg_.n_layer * per_block + position(ln_f->named_parameters(), name.substr(ln_f_prefix.size()));
+}
+
 void GPT::init_weights(uint64_t seed) {
   // Every 2-D parameter of a GPT is a Linear or Embedding weight; 1-D ones (biases, LayerNorm) keep the 0 / 1
   // their layers were built with. The residual projections add into the residual stream once per block and
   // branch, so they are scaled down to keep its variance independent of depth (GPT-2 paper, section 2.3).
   const double residual_std = 0.02 / std::sqrt(2.0 * double(cfg_.n_layer));
+  const bool whole = stage_.first_block == 0 && stage_.last_block == cfg_.n_layer && stage_.embedding && stage_.head;
   NamedTensors params = named_parameters();
   for (size_t k = 0; k < params.size(); ++k) {
     auto& [name, p] = params[k];
+    const int64_t stream = global_parameter_index(name);
+    MINIDL_ASSERT(!whole || stream == int64_t(k), "GPT: parameter ", name, " is number ", k,
+                  " of the whole model but was given global index ", stream);
     if (p.dim() != 2) continue;
     bool residual = ends_with(name, ".attn.c_proj.weight") || ends_with(name, ".mlp.c_proj.weight");
-    init_normal(p, residual ? residual_std : 0.02, seed, k);
+    init_normal(p, residual ? residual_std : 0.02, seed, uint64_t(stream));
   }
 }
 
@@ -106,7 +153,9 @@ void GPT::check_ids(const Tensor& ids, const char* what, bool allow_ignore) cons
   });
 }
 
-Tensor GPT::forward(const Tensor& ids) const {
+Tensor GPT::embed(const Tensor& ids) const {
+  MINIDL_CHECK(stage_.embedding, "GPT::embed: this stage (blocks [", stage_.first_block, ", ", stage_.last_block,
+               ")) does not hold the embedding");
   MINIDL_CHECK(ids.dim() == 2, "GPT::forward: expected ids of shape (B, T), got ", ids.shape());
   const int64_t T = ids.size(1);
   MINIDL_CHECK(T >= 1 && T <= cfg_.block_size,
@@ -115,20 +164,55 @@ Tensor GPT::forward(const Tensor& ids) const {
 
   Tensor pos = Tensor::arange(T, DType::i64).to(ids.device());
   Tensor x = wte->forward(ids) + wpe->forward(pos);  // (B, T, C) + (T, C), broadcast over the batch
-  x = drop->forward(x);
-  for (const auto& block : *h) x = forward_block(block, x);
-  x = ln_f->forward(x);
-  // Tied head: logits = x @ wte^T, the transpose folded into the BLAS call.
-  return matmul(x, wte->weight, false, true);
+  return drop->forward(x);
 }
+
+Tensor GPT::blocks(int64_t a, int64_t b, const Tensor& x) const {
+  MINIDL_CHECK(stage_.first_block <= a && a <= b && b <= stage_.last_block, "GPT::blocks: expected a range of blocks "
+               "inside this stage's [", stage_.first_block, ", ", stage_.last_block, "), got [", a, ", ", b, ")");
+  MINIDL_CHECK(x.dim() == 3 && x.size(2) == cfg_.n_embd, "GPT::blocks: expected x of shape (B, T, n_embd = ",
+               cfg_.n_embd, "), got ", x.shape());
+  Tensor y = x;
+  for (int64_t i = a; i < b; ++i) {
+    if (hooks_) hooks_->before_block(i, false);
+    y = forward_block(i, y);
+    if (hooks_) hooks_->after_block(i, false);
+    if (hooks_ && autograd::any_requires_grad({y})) {
+      // An identity node on the block's output: its backward runs once the output's gradient is complete, before
+      // anything of the block's own backward.
+      y = autograd::record("BlockBackwardHook", {y}, y.detach(), [hooks = hooks_, i](const Tensor& gy) {
+        hooks->before_block_backward(i);
+        return std::vector<Tensor>{gy};
+      });
+    }
+  }
+  return y;
+}
+
+Tensor GPT::head(const Tensor& x) const {
+  MINIDL_CHECK(stage_.head, "GPT::head: this stage (blocks [", stage_.first_block, ", ", stage_.last_block,
+               ")) does not hold the head");
+  MINIDL_CHECK(x.dim() == 3 && x.size(2) == cfg_.n_embd, "GPT::head: expected x of shape (B, T, n_embd = ",
+               cfg_.n_embd, "), got ", x.shape());
+  // Tied head: logits = ln_f(x) @ wte^T, the transpose folded into the BLAS call.
+  return matmul(ln_f->forward(x), wte->weight, false, true);
+}
+
+Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reduction) const {
+  MINIDL_CHECK(x.dim() == 3 && targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1),
+               "GPT::head_loss: expected targets of shape (B, T) matching x ", x.shape(), ", got ", targets.shape());
+  check_ids(targets, "targets", true);
+  Tensor logits = head(x);
+  const int64_t N = targets.numel();
+  return cross_entropy(logits.reshape({N, cfg_.vocab_size}), targets.reshape({N}), -1, reduction);
+}
+
+Tensor GPT::forward(const Tensor& ids) const { return head(blocks(0, cfg_.n_layer, embed(ids))); }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets, Reduction reduction) const {
   MINIDL_CHECK(targets.shape() == ids.shape(), "GPT::loss: expected targets of the ids' shape ", ids.shape(), ", got ",
                targets.shape());
-  check_ids(targets, "targets", true);
-  Tensor logits = forward(ids);
-  const int64_t N = ids.numel();
-  return cross_entropy(logits.reshape({N, cfg_.vocab_size}), targets.reshape({N}), -1, reduction);
+  return head_loss(blocks(0, cfg_.n_layer, embed(ids)), targets, reduction);
 }
 
 Recompute parse_recompute(const std::string& name) {
@@ -168,13 +252,23 @@ class PinnedDropout {
 
 // Runs part(x) as a checkpointed region whose recomputation sees the dropout position of this forward, even if the
 // training loop moved the context (next micro-batch, next step) before backward: the masks are a function of
-// (seed, stream, step, first sample) alone, so pinning those is all the "RNG state" there is to restore.
+// (seed, stream, step, first sample) alone, so pinning those is all the "RNG state" there is to restore. The
+// recomputation (every run of part after the first) is wrapped in the hooks' before/after_block(block, true).
 Tensor checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,
-                    const std::shared_ptr<DropoutContext>& ctx) {
+                    const std::shared_ptr<DropoutContext>& ctx, BlockHooks* hooks, int64_t block) {
   const DropoutContext at_forward = *ctx;
-  auto pinned = [part = std::move(part), ctx, at_forward](const Tensor& in) {
-    PinnedDropout pin(*ctx, at_forward);
-    return part(in);
+  auto forward_ran = std::make_shared<bool>(false);  // shared by the copies autograd::checkpoint makes
+  auto pinned = [part = std::move(part), ctx, at_forward, hooks, block, forward_ran](const Tensor& in) {
+    const bool recompute = *forward_ran;
+    *forward_ran = true;
+    if (recompute && hooks) hooks->before_block(block, true);
+    Tensor out;
+    {
+      PinnedDropout pin(*ctx, at_forward);
+      out = part(in);
+    }
+    if (recompute && hooks) hooks->after_block(block, true);
+    return out;
   };
   return autograd::checkpoint(pinned, x, params);
 }
@@ -186,8 +280,9 @@ std::vector<Tensor> concat(std::vector<Tensor> a, const std::vector<Tensor>& b) 
 
 }  // namespace
 
-Tensor GPT::forward_block(const std::shared_ptr<Block>& block, const Tensor& x) const {
+Tensor GPT::forward_block(int64_t i, const Tensor& x) const {
   // The lambdas hold the block by shared_ptr: the recomputation may run after this call returns.
+  const std::shared_ptr<Block> block = *(h->begin() + (i - stage_.first_block));
   auto attn_part = [block](const Tensor& in) { return block->attn->forward(block->ln_1->forward(in)); };
   auto mlp_part = [block](const Tensor& in) { return block->mlp->forward(block->ln_2->forward(in)); };
   switch (recompute_) {
@@ -195,23 +290,23 @@ Tensor GPT::forward_block(const std::shared_ptr<Block>& block, const Tensor& x) 
       return block->forward(x);
     case Recompute::kBlock:
       return checkpointed([block](const Tensor& in) { return block->forward(in); }, x, block->parameters(),
-                          dropout_ctx_);
+                          dropout_ctx_, hooks_, i);
     case Recompute::kAttn: {
       Tensor y = x + checkpointed(attn_part, x, concat(block->ln_1->parameters(), block->attn->parameters()),
-                                  dropout_ctx_);
+                                  dropout_ctx_, hooks_, i);
       return y + mlp_part(y);
     }
     case Recompute::kMlp: {
       Tensor y = x + attn_part(x);
       return y + checkpointed(mlp_part, y, concat(block->ln_2->parameters(), block->mlp->parameters()),
-                              dropout_ctx_);
+                              dropout_ctx_, hooks_, i);
     }
   }
   return block->forward(x);
 }
 
 double GPT::flops_per_token(int64_t T) const {
-  const double n = double(num_parameters() - wpe->weight.numel());
+  const double n = double(num_parameters() - (wpe ? wpe->weight.numel() : 0));
   return 6.0 * n + 12.0 * double(cfg_.n_layer) * double(cfg_.n_embd) * double(T);
 }
 

@@ -9,10 +9,18 @@
 //   loss.backward();
 //   model.set_recompute(Recompute::kBlock);       // activation checkpointing per block (autograd/checkpoint.h)
 //
+// forward and loss are compositions of embed, blocks and head / head_loss, which a pipeline stage (or a ZeRO-3
+// hook) runs piece by piece:
+//   GPT first(cfg, 1337, {.first_block = 0, .last_block = 2, .head = false});      // wte, wpe, blocks 0, 1
+//   GPT last(cfg, 1337, {.first_block = 2, .embedding = false});                   // blocks 2 .. n_layer-1, ln_f, wte
+//   Tensor loss = last.head_loss(last.blocks(2, cfg.n_layer, first.blocks(0, 2, first.embed(ids))), targets);
+//
 // Initialisation is nanoGPT's: every Linear/Embedding weight N(0, 0.02), the residual projections
 // (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02 / sqrt(2 * n_layer)), biases 0, LayerNorm weight 1.
-// Parameter k (in named_parameters() order) draws from Philox(seed, stream k), so the weights are a function of
-// (config, seed) alone.
+// Parameter k of the whole model (in its named_parameters() order: wte, wpe, block 0 .. n_layer-1, ln_f) draws
+// from Philox(seed, stream k), element i at counter i, so the weights are a function of (config, seed) alone, and a
+// stage holding only some of them gets exactly the values the whole model has (the stream is the parameter's global
+// position, computed from its name, not its position in the stage).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +29,7 @@
 
 #include "autograd/functions.h"
 
+#include "nn/block_hooks.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 
@@ -88,22 +97,48 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp;
 };
 
+// The part of the model a GPT holds (a pipeline stage): blocks [first_block, last_block), the embedding (wte, wpe
+// and the embedding dropout) and the head (ln_f and the tied wte, so the first and the last stage both hold a
+// copy of wte). Parameters keep their whole-model names ("transformer.h.5.ln_1.weight" on any stage holding block
+// 5), initial values and dropout streams.
+struct GPTStage {
+  int64_t first_block = 0;
+  int64_t last_block = -1;  // -1: n_layer
+  bool embedding = true;
+  bool head = true;
+};
+
 class GPT : public Module {
  public:
+  // The whole model.
   explicit GPT(const GPTConfig& cfg, uint64_t seed = 0);
+  // Only `stage`'s part of it (see GPTStage). Throws unless 0 <= first_block <= last_block <= n_layer.
+  GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage);
 
   // ids: (B, T) i32/i64 with T <= block_size and values in [0, vocab_size) -> logits (B, T, vocab_size)
+  // = head(blocks(0, n_layer, embed(ids))).
   Tensor forward(const Tensor& ids) const;
   // Mean (or, with Reduction::kSum, summed) cross-entropy of the next-token predictions (fused softmax +
   // cross-entropy over (B*T, V)). targets: same shape as ids, values in [0, vocab_size) or -1 (ignored).
+  // = head_loss(blocks(0, n_layer, embed(ids)), targets).
   Tensor loss(const Tensor& ids, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
+
+  // The pieces of forward; each throws if this stage does not hold the part it needs.
+  // ids: (B, T) as in forward -> drop(wte(ids) + wpe(0 .. T-1)): (B, T, C)
+  Tensor embed(const Tensor& ids) const;
+  // x: (B, T, C) through global blocks [a, b) under the recompute setting, calling the block hooks -> (B, T, C)
+  Tensor blocks(int64_t a, int64_t b, const Tensor& x) const;
+  // x: (B, T, C) -> ln_f, then the tied head x @ wte^T: logits (B, T, vocab_size)
+  Tensor head(const Tensor& x) const;
+  // x: (B, T, C) -> cross-entropy of head(x) against targets (B, T), as in loss
+  Tensor head_loss(const Tensor& x, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
 
   // Training FLOPs per token (forward + backward) at sequence length T, nanoGPT's estimate_mfu formula:
   //   6 * N + 12 * n_layer * n_embd * T
   // where N counts the parameters without the position embedding (the tied token embedding does matmul work as
   // the output head, the position lookup does none): 2 FLOPs per multiply-add, times 3 for forward plus the two
   // backward matmuls; the second term is the attention scores and weighted sum (QK^T and AV), which use no
-  // parameters.
+  // parameters. On a stage, N counts the parameters it holds.
   double flops_per_token(int64_t T) const;
 
   const GPTConfig& config() const { return cfg_; }
@@ -111,7 +146,13 @@ class GPT : public Module {
   DropoutContext& dropout_context() { return *dropout_ctx_; }
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
+  // Called around every block (nn/block_hooks.h has the exact order); null: none. Not owned.
+  void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
+  // What this GPT holds; last_block is resolved (never -1).
+  const GPTStage& stage() const { return stage_; }
 
+  // Null where the stage does not hold them (GPTStage); h holds blocks [first_block, last_block), entry i being
+  // global block first_block + i.
   std::shared_ptr<Embedding> wte, wpe;  // token (V, C) and position (block_size, C) embeddings; wte is the head
   std::shared_ptr<Dropout> drop;
   std::shared_ptr<ModuleList<Block>> h;
@@ -119,13 +160,17 @@ class GPT : public Module {
 
  private:
   void init_weights(uint64_t seed);
+  // Position of the parameter `name` in the whole model's named_parameters() order.
+  int64_t global_parameter_index(const std::string& name) const;
   void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
-  // x through one block under the recompute setting.
-  Tensor forward_block(const std::shared_ptr<Block>& block, const Tensor& x) const;
+  // x through global block i under the recompute setting.
+  Tensor forward_block(int64_t i, const Tensor& x) const;
 
   GPTConfig cfg_;
+  GPTStage stage_;
   std::shared_ptr<DropoutContext> dropout_ctx_;
   Recompute recompute_ = Recompute::kNone;
+  BlockHooks* hooks_ = nullptr;
 };
 
 }  // namespace minidl::nn

@@ -6,14 +6,45 @@
 
 namespace minidl::nn {
 
-void init_normal(Tensor& t, double std, uint64_t seed, uint64_t stream) {
+void init_normal(Tensor& t, double std, uint64_t seed, uint64_t stream, uint64_t first_element) {
   MINIDL_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.device() == Device::cpu(),
                "init_normal: expected a contiguous f32 CPU tensor, got ", t.dtype(), " ", t.shape());
   float* p = t.data<float>();
   const Philox rng(seed, stream);
   const float s = float(std);
   parallel_for(0, t.numel(), 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) p[i] = s * rng.normal(uint64_t(i));
+    for (int64_t i = begin; i < end; ++i) p[i] = s * rng.normal(first_element + uint64_t(i));
+  });
+}
+
+void init_normal_slice(Tensor& t, double std, uint64_t seed, uint64_t stream, const Shape& full_shape, int64_t dim,
+                       int64_t start) {
+  MINIDL_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.device() == Device::cpu(),
+               "init_normal_slice: expected a contiguous f32 CPU tensor, got ", t.dtype(), " ", t.shape());
+  const int64_t n = int64_t(full_shape.size());
+  MINIDL_CHECK(t.dim() == n && dim >= 0 && dim < n, "init_normal_slice: expected a tensor with the ", n,
+               " dimensions of the full shape ", full_shape, " and 0 <= dim < ", n, ", got shape ", t.shape(),
+               " and dim = ", dim);
+  for (int64_t d = 0; d < n; ++d) {
+    bool ok = d == dim ? start >= 0 && start + t.size(d) <= full_shape[int(d)] : t.size(d) == full_shape[int(d)];
+    MINIDL_CHECK(ok, "init_normal_slice: shape ", t.shape(), " is not a slice of ", full_shape, " starting at ", start,
+                 " along dimension ", dim);
+  }
+  // t is (outer, len, inner) inside the full (outer, full_len, inner): element (o, j, k) of t is element
+  // ((o * full_len) + start + j) * inner + k of the whole parameter.
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= full_shape[int(d)];
+  for (int64_t d = dim + 1; d < n; ++d) inner *= full_shape[int(d)];
+  const int64_t len = t.size(dim), full_len = full_shape[int(dim)];
+  float* p = t.data<float>();
+  const Philox rng(seed, stream);
+  const float s = float(std);
+  parallel_for(0, outer * len, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t o = row / len, j = row % len;
+      const uint64_t first = uint64_t((o * full_len + start + j) * inner);
+      for (int64_t k = 0; k < inner; ++k) p[row * inner + k] = s * rng.normal(first + uint64_t(k));
+    }
   });
 }
 

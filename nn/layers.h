@@ -15,9 +15,18 @@
 
 namespace minidl::nn {
 
-// Fills t (f32, contiguous) with N(0, std^2): element i is std * Philox(seed, stream).normal(i). A pure function
-// of (seed, stream), so a model initialises identically on any machine and any number of ranks.
-void init_normal(Tensor& t, double std, uint64_t seed, uint64_t stream);
+// Fills t (f32, contiguous) with N(0, std^2): element i is std * Philox(seed, stream).normal(first_element + i). A
+// pure function of (seed, stream), so a model initialises identically on any machine and any number of ranks.
+// first_element places t inside a larger parameter: a rank holding rows [r0, r1) of a (rows, cols) parameter passes
+// first_element = r0 * cols and gets exactly those rows of the whole parameter.
+void init_normal(Tensor& t, double std, uint64_t seed, uint64_t stream, uint64_t first_element = 0);
+
+// Fills t with its part of a parameter of shape full_shape initialised by init_normal(full, std, seed, stream):
+// t is full.narrow(dim, start, t.size(dim)) (any dimension: a column range of a weight is dim = 1), so a rank
+// holding a tensor-parallel slice gets the values one process would give it.
+//   init_normal_slice(w_cols, 0.02, seed, stream, /*full_shape=*/{C, 3 * C}, /*dim=*/1, /*start=*/rank * C);
+void init_normal_slice(Tensor& t, double std, uint64_t seed, uint64_t stream, const Shape& full_shape, int64_t dim,
+                       int64_t start);
 
 // y = x @ weight + bias. weight: (in, out) — the GPT-2 "Conv1D" layout, the transpose of torch.nn.Linear's.
 class Linear : public Module {

@@ -93,17 +93,27 @@ class Module {
   bool training_ = true;
 };
 
-// A list of modules named "0", "1", ... (HF's nn.ModuleList: "transformer.h.3.ln_1.weight").
+// A list of modules named "0", "1", ... (HF's nn.ModuleList: "transformer.h.3.ln_1.weight"). A list that holds a
+// contiguous part of a longer one (a pipeline stage's blocks) starts its names at first_index: entry i (local) is
+// named first_index + i, so its parameters keep the names they have in the whole list.
 template <class M>
 class ModuleList : public Module {
  public:
-  void push_back(std::shared_ptr<M> m) { items_.push_back(register_module(std::to_string(items_.size()), m)); }
+  explicit ModuleList(int64_t first_index = 0) : first_index_(first_index) {
+    MINIDL_CHECK(first_index >= 0, "ModuleList: expected first_index >= 0, got ", first_index);
+  }
+  void push_back(std::shared_ptr<M> m) {
+    items_.push_back(register_module(std::to_string(first_index_ + int64_t(items_.size())), m));
+  }
   size_t size() const { return items_.size(); }
+  // Local index: entry i is named first_index() + i.
   M& operator[](size_t i) const { return *items_[i]; }
+  int64_t first_index() const { return first_index_; }
   auto begin() const { return items_.begin(); }
   auto end() const { return items_.end(); }
 
  private:
+  int64_t first_index_;
   std::vector<std::shared_ptr<M>> items_;
 };
 

@@ -4,8 +4,8 @@
 #   scripts/demo.sh                     # 2000 steps of a 4-layer, 4-head, 128-wide GPT
 #   scripts/demo.sh --steps 200         # extra arguments go to train_gpt and override the defaults below
 #
-# The corpus defaults to ../shared/data/tinyshakespeare.txt next to the repository (train_gpt resolves it);
-# pass --data FILE to use another one.
+# The corpus defaults to data/tinyshakespeare.txt, shipped in the repository (train_gpt resolves it); pass
+# --data FILE to use another one.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -3,7 +3,7 @@
 use what minidl trained.
 
     /usr/bin/python3 scripts/load_in_pytorch.py out/model.safetensors \
-        --data /work/shared/data/tinyshakespeare.txt --seq 256 --windows 64
+        --data data/tinyshakespeare.txt --seq 256 --windows 64
     -> val_loss=1.4821
 
 The checkpoint is read with struct/json/numpy (no safetensors package needed). The model is a small nanoGPT-style

@@ -86,5 +86,44 @@ TEST(Engine, BadInputsThroughThePublicApiNameShapes) {
   expect_error_mentions([] { mul(Tensor::zeros({2}, DType::i32), 2.0); }, {"mul", "i32"});
 }
 
+
+// A root given twice counts twice, as in PyTorch: backward({l, l}) is backward of l + l.
+TEST(Engine, RepeatedRootGradientsAddUp) {
+  Tensor w = leaf({1, 2});
+  Tensor l = sum(mul(w, w));  // dl/dw = 2w
+  autograd::backward({l, l}, {});
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{4, 8}));
+
+  Tensor v = leaf({1, 2, 3});
+  Tensor y = mul(v, 3.0);  // a non-scalar root with explicit gradients, twice
+  autograd::backward({y, y}, {Tensor::from_vector(std::vector<double>{1, 0, 2}, {3}, DType::f64),
+                              Tensor::from_vector(std::vector<double>{0, 1, 1}, {3}, DType::f64)});
+  EXPECT_EQ(v.grad().to_vector(), (std::vector<double>{3, 3, 9}));
+}
+
+// A leaf as a repeated root: its grad is the sum of the root gradients and its hooks fire once.
+TEST(Engine, RepeatedLeafRootGradientsAddUp) {
+  Tensor w = leaf({1, 2});
+  int calls = 0;
+  w.register_grad_ready_hook([&](Tensor&) { ++calls; });
+  autograd::backward({w, w}, {Tensor::from_vector(std::vector<double>{1, 10}, {2}, DType::f64),
+                              Tensor::from_vector(std::vector<double>{2, 20}, {2}, DType::f64)});
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{3, 30}));
+  EXPECT_EQ(calls, 1);
+
+  Tensor s = Tensor::from_vector(std::vector<double>{4}, {1}, DType::f64).set_requires_grad(true);
+  autograd::backward({s}, {});  // a scalar leaf root alone: gradient one
+  EXPECT_EQ(s.grad().to_vector(), (std::vector<double>{1}));
+}
+
+// A root that is also reached through another root's graph waits for that gradient too.
+TEST(Engine, RootThatIsAlsoAnInnerNode) {
+  Tensor w = leaf({1, 2});
+  Tensor y = mul(w, w);
+  Tensor l = sum(y);
+  autograd::backward({l, y}, {Tensor(), Tensor::from_vector(std::vector<double>{1, 1}, {2}, DType::f64)});
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{4, 8}));  // 2w from l, 2w from y
+}
+
 }  // namespace
 }  // namespace minidl

@@ -13,16 +13,12 @@
 
 namespace minidl::testing {
 
-// tinyshakespeare.txt in $MINIDL_DATA_DIR (CTest sets it, see tests/CMakeLists.txt); "" when the variable is unset.
+// tinyshakespeare.txt in $MINIDL_DATA_DIR (CTest sets it, see tests/CMakeLists.txt), else in the configured
+// MINIDL_DATA_DIR (by default the repository's data/, where the corpus ships).
 inline std::string corpus_path() {
   const char* dir = std::getenv("MINIDL_DATA_DIR");
-  return dir ? std::string(dir) + "/tinyshakespeare.txt" : "";
+  return std::string(dir ? dir : MINIDL_TEST_DATA_DIR) + "/tinyshakespeare.txt";
 }
-
-#define MINIDL_REQUIRE_CORPUS(path)                                                  \
-  do {                                                                               \
-    if ((path).empty()) GTEST_SKIP() << "MINIDL_DATA_DIR is not set (run via ctest)"; \
-  } while (0)
 
 // A fresh directory under the system temp dir, removed with everything in it when the test ends.
 class TempDir {

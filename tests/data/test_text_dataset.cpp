@@ -8,7 +8,6 @@ using minidl::testing::expect_error_containing;
 
 TEST(TextDataset, TinyShakespeareSplit) {
   std::string path = minidl::testing::corpus_path();
-  MINIDL_REQUIRE_CORPUS(path);
   data::TextDataset ds(path);
   EXPECT_EQ(ds.tokenizer().size(), 65);
   EXPECT_EQ(ds.train().size(), 1003854u);  // floor(0.9 * 1,115,394)

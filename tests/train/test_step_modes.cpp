@@ -18,7 +18,7 @@ namespace {
 
 std::string corpus_path() {
   const char* dir = std::getenv("MINIDL_DATA_DIR");
-  return std::string(dir ? dir : "../shared/data") + "/tinyshakespeare.txt";
+  return std::string(dir ? dir : MINIDL_TEST_DATA_DIR) + "/tinyshakespeare.txt";
 }
 
 const data::TextDataset& dataset() {

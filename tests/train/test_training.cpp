@@ -17,7 +17,7 @@ namespace {
 
 std::string corpus_path() {
   const char* dir = std::getenv("MINIDL_DATA_DIR");
-  return std::string(dir ? dir : "../shared/data") + "/tinyshakespeare.txt";
+  return std::string(dir ? dir : MINIDL_TEST_DATA_DIR) + "/tinyshakespeare.txt";
 }
 
 std::vector<double> run_losses(const data::TextDataset& ds, int steps, int threads) {
