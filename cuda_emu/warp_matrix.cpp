@@ -36,7 +36,7 @@ float high_half(uint32_t r, MmaInput type) { return low_half(r >> 16, type); }
 template <MmaInput kType>
 void mma_compute(void* const* lanes, unsigned mask) {
   if (mask != kFullMask) fatal("mma.sync.aligned.m16n8k16 needs all 32 lanes of the warp, got mask 0x%08x", mask);
-  float A[16][16], B[16][8], C[16][8];
+  float A[16][16], Bt[8][16], C[16][8];  // B transposed so the inner product runs over contiguous memory
   for (int lane = 0; lane < 32; ++lane) {
     const MmaLane& l = *static_cast<const MmaLane*>(lanes[lane]);
     const int g = lane >> 2, t = lane & 3;
@@ -46,8 +46,8 @@ void mma_compute(void* const* lanes, unsigned mask) {
       A[row][col + 1] = high_half(l.a[i], kType);
     }
     for (int i = 0; i < 2; ++i) {
-      B[2 * t + 8 * i][g] = low_half(l.b[i], kType);
-      B[2 * t + 8 * i + 1][g] = high_half(l.b[i], kType);
+      Bt[g][2 * t + 8 * i] = low_half(l.b[i], kType);
+      Bt[g][2 * t + 8 * i + 1] = high_half(l.b[i], kType);
     }
     for (int i = 0; i < 4; ++i) C[g + 8 * (i >> 1)][2 * t + (i & 1)] = l.c[i];
   }
@@ -58,9 +58,9 @@ void mma_compute(void* const* lanes, unsigned mask) {
     const int g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; ++i) {
       const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-      float sum = C[row][col];
-      for (int k = 0; k < 16; ++k) sum = std::fma(A[row][k], B[k][col], sum);
-      l.d[i] = sum;
+      float sum = 0.0f;
+      for (int k = 0; k < 16; ++k) sum += A[row][k] * Bt[col][k];
+      l.d[i] = C[row][col] + sum;
     }
   }
 }
