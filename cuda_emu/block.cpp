@@ -36,6 +36,8 @@ struct Thread {
   unsigned mask = 0;
   int param = 0, width = 0;      // source lane / delta / xor mask, and segment width of a shuffle
   uint64_t value = 0, result = 0;  // the bits it deposited, and its result
+  const WarpExchange* exchange = nullptr;  // of a kExchange collective; value holds the lane's data pointer
+  AsyncCopies async_copies;               // its cp.async copies not yet waited for (warp_matrix.cpp)
 };
 
 struct FreeDeleter {
@@ -77,7 +79,8 @@ const char* barrier_name(BarrierOp op) {
 }
 const char* warp_name(WarpOp op) {
   static const char* const names[] = {"__syncwarp",  "__ballot_sync",  "__any_sync",       "__all_sync",
-                                      "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync"};
+                                      "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
+                                      "warp exchange"};
   return names[static_cast<int>(op)];
 }
 
@@ -89,7 +92,8 @@ std::string where(const std::source_location& site) {
 std::string collective(const Thread& t) {
   char mask[32];
   std::snprintf(mask, sizeof mask, "(mask 0x%08x)", t.mask);
-  return std::string(warp_name(t.warp_op)) + mask + " at " + where(t.site);
+  const char* name = t.warp_op == WarpOp::kExchange ? t.exchange->name : warp_name(t.warp_op);
+  return std::string(name) + mask + " at " + where(t.site);
 }
 
 std::string describe(const Thread& t) {
@@ -215,13 +219,19 @@ bool try_complete_warp(Worker& w, int warp, unsigned mask) {
   unsigned ballot = 0;
   for (int lane = 0; lane < warpSize; ++lane) {
     if (!(lanes >> lane & 1)) continue;
-    if (t[lane].warp_op != first.warp_op || t[lane].mask != first.mask) {
+    if (t[lane].warp_op != first.warp_op || t[lane].mask != first.mask || t[lane].exchange != first.exchange) {
       const std::string list = ranges(warp * warpSize, warp * warpSize + warpSize, "lanes", ", ", [&](int i) {
         return (lanes >> (i % warpSize) & 1) ? " in " + collective(w.threads[i]) : std::string();
       });
       fatal("mismatched warp collective in %s, warp %d: %s", block_name(w).c_str(), warp, list.c_str());
     }
     if (t[lane].value != 0) ballot |= 1u << lane;
+  }
+  if (first.warp_op == WarpOp::kExchange) {
+    void* data[warpSize] = {};
+    for (int lane = 0; lane < warpSize; ++lane)
+      if (lanes >> lane & 1) data[lane] = reinterpret_cast<void*>(static_cast<uintptr_t>(t[lane].value));
+    first.exchange->compute(data, lanes);
   }
   for (int lane = 0; lane < warpSize; ++lane) {
     if (!(lanes >> lane & 1)) continue;
@@ -231,6 +241,7 @@ bool try_complete_warp(Worker& w, int warp, unsigned mask) {
       case WarpOp::kBallot: me.result = ballot; break;
       case WarpOp::kAny: me.result = ballot != 0; break;
       case WarpOp::kAll: me.result = ballot == lanes; break;
+      case WarpOp::kExchange: me.result = 0; break;
       default: {
         const int src = shuffle_source(me.warp_op, lane, me.param, me.width);
         me.result = (lanes >> src & 1) ? t[src].value : ~uint64_t{0};  // a lane not taking part: all ones
@@ -388,19 +399,23 @@ int block_barrier(BarrierOp op, int predicate, const std::source_location& site)
   return self.barrier_result;
 }
 
-uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, int width,
-                         const std::source_location& site) {
-  Worker& w = running_worker(warp_name(op));
+namespace {
+
+uint64_t arrive_at_collective(WarpOp op, const WarpExchange* exchange, unsigned mask, uint64_t value, int param,
+                              int width, const std::source_location& site) {
+  const char* name = exchange != nullptr ? exchange->name : warp_name(op);
+  Worker& w = running_worker(name);
   const int lane = w.current % warpSize, warp = w.current / warpSize;
   Thread& self = w.threads[w.current];
   if (!(mask >> lane & 1))
-    fatal("%s at %s: thread %d calls it with mask 0x%08x, which leaves out its own lane %d", warp_name(op),
+    fatal("%s at %s: thread %d calls it with mask 0x%08x, which leaves out its own lane %d", name,
           where(site).c_str(), w.current, mask, lane);
   if (width < 1 || width > warpSize || (width & (width - 1)) != 0)
-    fatal("%s at %s: width %d is not a power of two in [1, 32]", warp_name(op), where(site).c_str(), width);
+    fatal("%s at %s: width %d is not a power of two in [1, 32]", name, where(site).c_str(), width);
   self.state = State::kInWarpOp;
   self.site = site;
   self.warp_op = op;
+  self.exchange = exchange;
   self.mask = mask;
   self.value = value;
   self.param = param;
@@ -408,6 +423,23 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, in
   w.warp_waiting[warp] |= 1u << lane;
   if (!try_complete_warp(w, warp, mask)) wait_until_released(w, self);
   return self.result;
+}
+
+}  // namespace
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, int width,
+                         const std::source_location& site) {
+  return arrive_at_collective(op, nullptr, mask, value, param, width, site);
+}
+
+void warp_exchange(const WarpExchange& exchange, unsigned mask, void* lane_data, const std::source_location& site) {
+  arrive_at_collective(WarpOp::kExchange, &exchange, mask, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(lane_data)),
+                       0, warpSize, site);
+}
+
+AsyncCopies& async_copies_of_current_thread() {
+  Worker& w = running_worker("cp.async");
+  return w.threads[w.current].async_copies;
 }
 
 unsigned live_lanes_of_current_warp() {

@@ -37,9 +37,10 @@
 //
 // Rules for code that must run in both worlds (what the emulator checks is in emulator.h):
 // every thread of a block reaches the same __syncthreads (guard work, don't return early before a barrier);
-// warp code uses *_sync intrinsics with explicit masks; no inline PTX, mma/wgmma, cp.async, TMA, clusters or
-// grid-wide sync in a kernel the emulator must run (a fast path like that lives in its own .cu file next to a
-// portable kernel for the same op).
+// warp code uses *_sync intrinsics with explicit masks; tensor-core mma (m16n8k16 f16/bf16), ldmatrix and
+// cp.async go through cuda_emu/tensor_core.h, which the emulator models; no other inline PTX, wgmma, TMA,
+// clusters or grid-wide sync in a kernel the emulator must run (a fast path like that lives in its own .cu file
+// next to a portable kernel for the same op).
 #pragma once
 
 #include <cstddef>

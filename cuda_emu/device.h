@@ -22,7 +22,7 @@ inline constexpr int warpSize = 32;
 namespace minidl::emu::detail {
 
 enum class BarrierOp : uint8_t { kSync, kCount, kAnd, kOr };
-enum class WarpOp : uint8_t { kSync, kBallot, kAny, kAll, kShflIdx, kShflUp, kShflDown, kShflXor };
+enum class WarpOp : uint8_t { kSync, kBallot, kAny, kAll, kShflIdx, kShflUp, kShflDown, kShflXor, kExchange };
 
 // Blocks the calling fiber until every thread of the block arrived; returns the predicate reduction for
 // kCount/kAnd/kOr.
@@ -32,6 +32,16 @@ int block_barrier(BarrierOp op, int predicate, const std::source_location& site)
 // `param` the source lane / delta / xor mask. Returns this lane's result bits.
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, int width,
                          const std::source_location& site);
+
+// A warp-wide instruction on data larger than a shuffle's (tensor-core mma, ldmatrix; warp_matrix.h): every lane
+// of `mask` deposits a pointer to its own operands and waits; the last to arrive calls compute(lanes, mask) once,
+// with lanes[i] the pointer of lane i (nullptr for lanes outside the mask), and compute writes each lane's
+// results through those pointers before any lane resumes. Lanes must agree on `exchange` (strict mode).
+struct WarpExchange {
+  const char* name;  // for reports: "mma.m16n8k16.bf16"
+  void (*compute)(void* const* lanes, unsigned mask);
+};
+void warp_exchange(const WarpExchange& exchange, unsigned mask, void* lane_data, const std::source_location& site);
 
 unsigned live_lanes_of_current_warp();
 

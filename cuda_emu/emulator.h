@@ -48,7 +48,8 @@
 // Not modelled: memory coalescing, bank conflicts, occupancy, timing, __activemask as a report of convergence
 // (it returns every live lane of the warp), spin-waiting on memory that another thread of the same block
 // writes (fibers switch only at barriers and collectives, so it hangs), dynamic parallelism, cooperative groups,
-// inline PTX, tensor-core instructions, cp.async/TMA, clusters, textures.
+// inline PTX in general, tensor-core instructions other than those of warp_matrix.h (mma m16n8k16 f16/bf16,
+// ldmatrix, cp.async.cg 16 bytes), wgmma, TMA, clusters, textures.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -70,3 +71,4 @@
 #include "cuda_emu/device.h"
 #include "cuda_emu/intrinsics.h"
 #include "cuda_emu/launch.h"
+#include "cuda_emu/warp_matrix.h"

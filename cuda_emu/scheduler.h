@@ -10,10 +10,25 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "cuda_emu/launch.h"
 
 namespace minidl::emu::detail {
+
+// One emulated thread's cp.async copies (warp_matrix.cpp): issued in order, each group closed by a commit. The
+// destination bytes were poisoned at issue; `bytes` are what lands there when a wait completes the copy's group.
+struct AsyncCopy {
+  unsigned char* dst;
+  unsigned char bytes[16];
+  int size;
+};
+struct AsyncCopies {
+  std::vector<AsyncCopy> pending;       // not yet landed, oldest first
+  std::vector<size_t> committed_ends;   // per committed group not yet waited for: its end in `pending`
+};
+// The calling emulated thread's (aborts outside a kernel).
+AsyncCopies& async_copies_of_current_thread();
 
 // Runs block `block_index` (linear, x fastest) of `launch` on the calling OS thread.
 void run_block(const KernelLaunch& launch, uint64_t block_index, const Options& options);

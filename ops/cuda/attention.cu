@@ -3,8 +3,8 @@
 // memory, each query row keeps an online softmax (kernels::OnlineSoftmax) and its output row in registers, and
 // only the output (B, T, C) and the logsumexp (B, H, T) reach global memory: nothing T x T is ever stored.
 //
-// Portable CUDA C++ (no mma, cp.async or TMA), so the emulator runs it; a tensor-core version would live in its
-// own file beside it. Work split: a warp owns kQueries / kWarps query rows. For a tile of kKeys = 32 keys, lane j
+// Scalar f32 CUDA C++: the path for f32 inputs; f16/bf16 inputs with head dimension 32, 64 or 128 take the
+// tensor-core kernels of flash_attention.cu. Work split: a warp owns kQueries / kWarps query rows. For a tile of kKeys = 32 keys, lane j
 // computes the score of key j (K is stored with a padded row, D + 1 floats, so the 32 lanes hit 32 banks), the
 // warp reduces the tile's max and sum with shuffles, and then each lane accumulates output dimensions lane,
 // lane + 32, ... (V rows read at consecutive addresses: no bank conflicts). The 32 probabilities of a row reach

@@ -1,12 +1,16 @@
 // The fused neural-network ops on CUDA devices: causal attention, cross-entropy, embedding, dropout, casts,
-// AdamW and unscale-and-check, each a thin call of its launcher in ops/cuda/kernels.h. The kernels compute in
-// f32; a 16-bit input of attention or dropout goes through f32 as on the CPU (ops/cast.h).
+// AdamW and unscale-and-check, each a thin call of its launcher in ops/cuda/kernels.h (attention's tensor-core
+// kernels: ops/cuda/flash_attention.h). The kernels compute in f32; 16-bit attention with head dimension 32, 64
+// or 128 runs on tensor cores (16-bit operands, f32 accumulation), any other 16-bit input of attention or dropout
+// goes through f32 as on the CPU (ops/cast.h).
+#include <type_traits>
 #include <vector>
 
 #include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cast.h"
 #include "ops/cross_entropy.h"
+#include "ops/cuda/flash_attention.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/dropout.h"
@@ -24,7 +28,65 @@ Tensor host_i64(const Tensor& t) { return cast(t.to(Device::cpu()).detach(), DTy
 Tensor device_i64(int64_t value, Device device) { return Tensor::full({1}, double(value), DType::i64, device); }
 
 // ---- attention ----
+// The device pointer of a contiguous f16/bf16 tensor as the toolkit's type.
+template <class Half>
+Half* half_data(const Tensor& t) {
+  if constexpr (std::is_same_v<Half, __half>) return reinterpret_cast<Half*>(t.device_data<f16>());
+  else return reinterpret_cast<Half*>(t.device_data<bf16>());
+}
+
+// Calls fn(Half{}) with Half the toolkit's type of 16-bit `dt`.
+template <class Fn>
+void dispatch_half(DType dt, Fn&& fn) {
+  if (dt == DType::f16) fn(__half{});
+  else fn(__nv_bfloat16{});
+}
+
+// 16-bit attention on tensor cores (flash_attention.h); other head dimensions take the f32 kernel on an f32 copy.
+AttentionForward attention_forward(const Tensor& qkv, int n_head);
+AttentionForward half_attention_forward(const Tensor& qkv16, const AttentionDims& d) {
+  const Tensor qkv = qkv16.contiguous();
+  AttentionForward f{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
+                     Tensor::empty({d.B, d.H, d.T}, DType::f32, qkv.device())};
+  if (!flash_attention_supports(int(d.D))) {
+    AttentionForward f32 = attention_forward(upcast(qkv), int(d.H));
+    cast_into(f32.out, f.out);
+    return {f.out, f32.lse};
+  }
+  OnDevice on(qkv);
+  dispatch_half(qkv.dtype(), [&](auto tag) {
+    using Half = decltype(tag);
+    MINIDL_CUDA_CHECK(flash_attention_forward(half_data<Half>(qkv), half_data<Half>(f.out), f.lse.device_data<float>(),
+                                              int(d.B), int(d.T), int(d.C), int(d.H), on.stream));
+  });
+  return f;
+}
+
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int n_head);
+Tensor half_attention_backward(const Tensor& dout16, const Tensor& qkv16, const Tensor& out16, const Tensor& lse,
+                               const AttentionDims& d) {
+  const Tensor qkv = qkv16.contiguous(), dout = dout16.contiguous(), out = out16.contiguous();
+  Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
+  if (!flash_attention_supports(int(d.D))) {
+    cast_into(attention_backward(upcast(dout), upcast(qkv), upcast(out), lse.contiguous(), int(d.H)), dqkv);
+    return dqkv;
+  }
+  OnDevice on(qkv);
+  Tensor scratch = Tensor::empty({int64_t(flash_attention_backward_scratch_floats(int(d.B), int(d.T), int(d.H)))},
+                                 DType::f32, qkv.device());
+  const Tensor l = lse.contiguous();
+  dispatch_half(qkv.dtype(), [&](auto tag) {
+    using Half = decltype(tag);
+    MINIDL_CUDA_CHECK(flash_attention_backward(half_data<Half>(dout), half_data<Half>(qkv), half_data<Half>(out),
+                                               l.device_data<float>(), half_data<Half>(dqkv),
+                                               scratch.device_data<float>(), int(d.B), int(d.T), int(d.C), int(d.H),
+                                               on.stream));
+  });
+  return dqkv;
+}
+
 AttentionForward attention_forward(const Tensor& qkv, int n_head) {
+  if (is_half(qkv.dtype())) return half_attention_forward(qkv, check_causal_attention(qkv, n_head));
   check_f32("causal_attention", "qkv", qkv);
   AttentionDims d = check_causal_attention(qkv, n_head);
   MINIDL_CHECK(d.D == 16 || d.D == 32 || d.D == 64, "causal_attention: the CUDA kernel takes head dimension 16, 32 "
@@ -39,6 +101,7 @@ AttentionForward attention_forward(const Tensor& qkv, int n_head) {
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int n_head) {
+  if (is_half(qkv.dtype())) return half_attention_backward(dout, qkv, out, lse, check_causal_attention(qkv, n_head));
   check_f32("causal_attention_backward", "qkv", qkv);
   AttentionDims d = check_causal_attention(qkv, n_head);
   OnDevice on(qkv);

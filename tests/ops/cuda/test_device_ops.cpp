@@ -107,6 +107,29 @@ TEST_F(DeviceOps, CausalAttentionForwardAndBackwardMatchTheCpu) {
                {"causal_attention", "head dimension 16, 32 or 64", "24"});
 }
 
+// 16-bit qkv reaching the CUDA entry (ops::causal_attention_forward_device): head dimension 32 runs the
+// tensor-core kernels, 16 the f32 kernel on an f32 copy; both against the CPU op in f32 on the same 16-bit values.
+TEST_F(DeviceOps, HalfAttentionOnTheDeviceMatchesTheCpuInF32) {
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int64_t D : {16, 32}) {
+      const int64_t B = 2, T = 21, H = 2, C = H * D;
+      const double rtol = dt == DType::bf16 ? 1.5e-2 : 3e-3;
+      const std::string what = std::string(dt == DType::bf16 ? "bf16" : "f16") + " D " + std::to_string(D) + " ";
+      const Tensor qkv16 = random_tensor({B, T, 3 * C}, 31, dt), dout16 = random_tensor({B, T, C}, 32, dt);
+      const Tensor qkv = ops::cast(qkv16, DType::f32), dout = ops::cast(dout16, DType::f32);
+      ops::AttentionForward want = ops::causal_attention_forward(qkv, int(H));
+      ops::AttentionForward got = ops::causal_attention_forward_device(kCuda)(on_cuda(qkv16), int(H));
+      EXPECT_EQ(got.out.dtype(), dt);
+      expect_close(back(got.out), want.out.to_vector(), rtol, what + "out");
+      expect_close(back(got.lse), want.lse.to_vector(), 1e-4, what + "lse");
+      Tensor dwant = ops::causal_attention_backward(dout, qkv, want.out, want.lse, int(H));
+      Tensor dgot = ops::causal_attention_backward_device(kCuda)(on_cuda(dout16), on_cuda(qkv16), got.out, got.lse,
+                                                                 int(H));
+      EXPECT_EQ(dgot.dtype(), dt);
+      expect_close(back(dgot), dwant.to_vector(), rtol, what + "dqkv");
+    }
+}
+
 TEST_F(DeviceOps, CrossEntropyForwardAndBackwardMatchTheCpuAndCheckTargets) {
   const int64_t N = 37, V = 65;
   Tensor logits = random_tensor({N, V}, 14, DType::f32, 3.0);
