@@ -107,6 +107,8 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
 
 AttentionForward causal_attention_forward(const Tensor& qkv, int n_head) {
   AttentionDims d = check_causal_attention(qkv, n_head);
+  // A device runs its own kernels for every dtype (16-bit inputs on tensor cores, ops/cuda/flash_attention.h).
+  if (!qkv.device().is_cpu()) return causal_attention_forward_device(qkv.device())(qkv, n_head);
   if (is_half(qkv.dtype())) {  // f32 a block of sequences at a time (ops/cast.h): sequences are independent
     Tensor q = qkv.contiguous().detach();
     AttentionForward f{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
@@ -120,7 +122,6 @@ AttentionForward causal_attention_forward(const Tensor& qkv, int n_head) {
     }
     return f;
   }
-  if (!qkv.device().is_cpu()) return causal_attention_forward_device(qkv.device())(qkv, n_head);
   AttentionForward f{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
                      Tensor::empty({d.B, d.H, d.T}, qkv.dtype(), qkv.device())};
   dispatch_float("causal_attention", qkv.dtype(), [&](auto tag) {
@@ -183,9 +184,15 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   AttentionDims d = check_causal_attention(qkv, n_head);
   check_shaped_like("causal_attention_backward", "dout", dout, Shape{d.B, d.T, d.C}, qkv);
   check_shaped_like("causal_attention_backward", "out", out, Shape{d.B, d.T, d.C}, qkv);
+  if (is_half(qkv.dtype())) {  // the forward saved an f32 logsumexp for 16-bit inputs
+    MINIDL_CHECK(lse.dtype() == DType::f32 && lse.device() == qkv.device() && lse.shape() == Shape({d.B, d.H, d.T}),
+                 "causal_attention_backward: expected lse of dtype f32 and shape ", Shape({d.B, d.H, d.T}), " on ",
+                 qkv.device(), ", got ", lse.dtype(), " ", lse.shape(), " on ", lse.device());
+  } else {
+    check_shaped_like("causal_attention_backward", "lse", lse, Shape{d.B, d.H, d.T}, qkv);
+  }
+  if (!qkv.device().is_cpu()) return causal_attention_backward_device(qkv.device())(dout, qkv, out, lse, n_head);
   if (is_half(qkv.dtype())) {
-    check_shaped_like("causal_attention_backward", "dout", dout, Shape{d.B, d.T, d.C}, qkv);
-    check_shaped_like("causal_attention_backward", "out", out, Shape{d.B, d.T, d.C}, qkv);
     Tensor q = qkv.contiguous().detach(), o = out.contiguous().detach(), g = dout.contiguous().detach();
     Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
     for (int64_t b = 0, block = half_block_rows(d.T * 3 * d.C); b < d.B; b += block) {
@@ -197,8 +204,6 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
     }
     return dqkv;
   }
-  check_shaped_like("causal_attention_backward", "lse", lse, Shape{d.B, d.H, d.T}, qkv);
-  if (!qkv.device().is_cpu()) return causal_attention_backward_device(qkv.device())(dout, qkv, out, lse, n_head);
   Tensor dqkv = Tensor::zeros(qkv.shape(), qkv.dtype(), qkv.device());  // gemms accumulate into it
   dispatch_float("causal_attention_backward", qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
