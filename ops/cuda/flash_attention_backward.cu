@@ -104,24 +104,7 @@ __global__ void __launch_bounds__(kThreads)
     const int key0 = j * kKeys;
     if (key0 <= warp_row0 + kRowsPerWarp - 1 && warp_row0 < T_len) {  // warp-uniform, as in the forward
       float s[kKeys / 8][4], dp[kKeys / 8][4];
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t qf[4], df[4];
-        load_a<D>(qf, q_tile, warp * kRowsPerWarp, ks * 16);
-        load_a<D>(df, do_tile, warp * kRowsPerWarp, ks * 16);
-#pragma unroll
-        for (int n = 0; n < kKeys / 8; n += 2) {
-          uint32_t kf[4], vf[4];
-          load_b_nk<D>(kf, k_tile, n * 8, ks * 16);
-          mma2<T>(s[n], s[n + 1], qf, kf);
-          load_b_nk<D>(vf, v_tile, n * 8, ks * 16);
-          mma2<T>(dp[n], dp[n + 1], df, vf);
-        }
-      }
+      two_products<D, kKeys>(s, dp, q_tile, do_tile, warp * kRowsPerWarp, k_tile, v_tile);  // S = Q Kᵀ, dP = dO Vᵀ
       // dS = P * (dP - Drow), in place of dp; element i of a tile is row rows[i / 2], key key0 + 8n + 2t + i % 2.
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
@@ -234,24 +217,7 @@ __global__ void __launch_bounds__(kThreads)
     // Warp-uniform: some query of the tile sees some key of the warp, and some key is a real one.
     if (q0 + kQueries - 1 >= warp_key0 && warp_key0 < T_len) {
       float s[kQueries / 8][4], dp[kQueries / 8][4];
-#pragma unroll
-      for (int n = 0; n < kQueries / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t kf[4], vf[4];
-        load_a<D>(kf, k_tile, warp * kRowsPerWarp, ks * 16);
-        load_a<D>(vf, v_tile, warp * kRowsPerWarp, ks * 16);
-#pragma unroll
-        for (int n = 0; n < kQueries / 8; n += 2) {
-          uint32_t qf[4], df[4];
-          load_b_nk<D>(qf, q_tile, n * 8, ks * 16);
-          mma2<T>(s[n], s[n + 1], kf, qf);
-          load_b_nk<D>(df, do_tile, n * 8, ks * 16);
-          mma2<T>(dp[n], dp[n + 1], vf, df);
-        }
-      }
+      two_products<D, kQueries>(s, dp, k_tile, v_tile, warp * kRowsPerWarp, q_tile, do_tile);  // Sᵀ, dPᵀ
       // P^T in s and dS^T in dp; element i of a tile is key keys[i / 2], query q0 + 8n + 2t + i % 2.
 #pragma unroll
       for (int n = 0; n < kQueries / 8; ++n)

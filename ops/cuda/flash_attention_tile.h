@@ -82,6 +82,32 @@ __device__ __forceinline__ void mma2(float (&d0)[4], float (&d1)[4], const uint3
 }
 
 // Max over the four lanes of a quad (the lanes holding one accumulator row).
+// Two products the backward needs side by side, for this warp's 16 rows of two (row, k) tiles and N rows of two
+// (n, k) tiles, over the head dimension: s = a · bᵀ and dp = c · dᵀ (dQ pass: S = Q Kᵀ, dP = dO Vᵀ; dK/dV pass:
+// Sᵀ = K Qᵀ, dPᵀ = V dOᵀ). Accumulators start at zero.
+template <int D, int N, class T>
+__device__ __forceinline__ void two_products(float (&s)[N / 8][4], float (&dp)[N / 8][4], const T* a, const T* c,
+                                             int row0, const T* b, const T* d) {
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t af[4], cf[4];
+    load_a<D>(af, a, row0, ks * 16);
+    load_a<D>(cf, c, row0, ks * 16);
+#pragma unroll
+    for (int n = 0; n < N / 8; n += 2) {
+      uint32_t bf[4], df[4];
+      load_b_nk<D>(bf, b, n * 8, ks * 16);
+      mma2<T>(s[n], s[n + 1], af, bf);
+      load_b_nk<D>(df, d, n * 8, ks * 16);
+      mma2<T>(dp[n], dp[n + 1], cf, df);
+    }
+  }
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, 1));
   return fmaxf(v, __shfl_xor_sync(kFullWarp, v, 2));
