@@ -57,6 +57,16 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
       ->capture_default_str();
   app.add_option("--save", o.save, "Write the trained model to this safetensors file (+ config.json beside it)");
   app.add_option("--init-from", o.init_from, "Start from this minidl safetensors checkpoint");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "Folder for training checkpoints (step-XXXXXXXX/: model, AdamW state, schedule, scaler, data "
+                 "position, manifest with checksums). With it, SIGTERM/SIGUSR1 finish the step, save and exit 0");
+  app.add_option("--save-every", o.save_every, "Write a training checkpoint every N steps and at the end (0: off)")
+      ->capture_default_str();
+  app.add_option("--keep-last", o.keep_last, "Keep only the newest K training checkpoints (0: all)")
+      ->capture_default_str();
+  app.add_option("--resume", o.resume,
+                 "Continue a run bit for bit from a checkpoint directory, or 'auto': the newest complete one in "
+                 "--checkpoint-dir (a fresh start when there is none), so the same command restarts a crashed job");
   app.add_option("--sample", o.sample, "After training, generate this many characters of text")->capture_default_str();
   app.add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
   app.add_option("--dp", o.dp,

@@ -57,6 +57,15 @@ Tensor Optimizer::slice(const Tensor& flat, const Slot& slot) {
   return flat.as_strided(shape, contiguous_strides(shape), slot.offset);
 }
 
+Tensor Optimizer::state_of(const Tensor& flat, const Tensor& param) const {
+  MINIDL_CHECK(flat.numel() == numel_, name_, "::state_of: expected a flat buffer of ", numel_, " elements, got ",
+               flat.numel());
+  for (const Slot& s : slots_)
+    if (s.param.same(param)) return slice(flat, s);
+  MINIDL_CHECK(false, name_, "::state_of: the tensor of shape ", param.shape(), " is not one of its parameters");
+  return {};
+}
+
 Tensor Optimizer::zeros_state() const {
   MemoryTagGuard tag(MemTag::kOptimizer);
   return Tensor::zeros({numel_}, DType::f32, slots_.front().param.device());

@@ -51,6 +51,9 @@ class Optimizer {
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   // Total elements over all parameters: the length of a flat state buffer.
   int64_t numel() const { return numel_; }
+  // The piece of a flat state buffer (numel() elements) that belongs to `param`, shaped like it; throws if `param`
+  // is not one of this optimizer's parameters. What checkpoints use to store state per logical parameter.
+  Tensor state_of(const Tensor& flat, const Tensor& param) const;
 
  protected:
   // A parameter with its group's weight decay and its offset (in elements) into flat state buffers, which hold

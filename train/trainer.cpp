@@ -15,6 +15,7 @@
 #include "nn/checkpoint.h"
 #include "ops/matmul.h"
 #include "optim/schedule.h"
+#include "train/checkpoint.h"
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/grad_sync.h"
@@ -88,6 +89,12 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(seq_or_default() >= 1, "--seq: expected at least 1, got ", seq_or_default());
   MINIDL_CHECK(steps >= 0, "--steps: expected 0 or more, got ", steps);
   MINIDL_CHECK(steps > 0 || !init_from.empty(), "--steps 0 only evaluates, which needs --init-from");
+  MINIDL_CHECK(save_every >= 0, "--save-every: expected 0 (off) or a positive number of steps, got ", save_every);
+  MINIDL_CHECK(keep_last >= 0, "--keep-last: expected 0 (all) or a positive count, got ", keep_last);
+  MINIDL_CHECK(!checkpoint_dir.empty() || (save_every == 0 && resume != "auto"),
+               save_every > 0 ? "--save-every" : "--resume auto", " needs --checkpoint-dir");
+  MINIDL_CHECK(resume.empty() || init_from.empty(), "--resume and --init-from exclude each other: --resume continues "
+               "a run (weights, optimizer, schedule, data position), --init-from starts a new one from weights");
   MINIDL_CHECK(lr > 0 && std::isfinite(lr), "--lr: expected a positive number, got ", lr);
   MINIDL_CHECK(!min_lr || (*min_lr >= 0 && *min_lr <= lr), "--min-lr: expected a value in [0, --lr = ", lr, "], got ",
                min_lr.value_or(0));
@@ -105,6 +112,9 @@ void TrainConfig::validate(int world) const {
   amp_dtype(amp);
   nn::parse_recompute(recompute);
   MINIDL_CHECK(temperature > 0, "--temperature: expected a positive number, got ", temperature);
+  if (!checkpoint_dir.empty() && std::filesystem::exists(checkpoint_dir))
+    MINIDL_CHECK(std::filesystem::is_directory(checkpoint_dir), "--checkpoint-dir: ", checkpoint_dir,
+                 " exists and is not a directory");
   if (!save.empty()) {
     auto dir = std::filesystem::absolute(save).parent_path();
     MINIDL_CHECK(std::filesystem::is_directory(dir), "--save: directory ", dir.string(), " does not exist");
@@ -117,7 +127,10 @@ struct Trainer::State {
   bool logger = false;  // the rank at grid coordinate (0, 0, 0) prints
   Device device;
   DType amp = DType::f32;
-  std::optional<nn::GPTCheckpoint> ckpt;
+  std::optional<nn::GPTCheckpoint> ckpt;  // --init-from's, or the resumed checkpoint's model file
+  std::string ckpt_source;                // what a mismatch message names
+  std::optional<Checkpoint> resume;
+  std::vector<std::string> notes;         // printed by the logger once it is known
   std::optional<data::TextDataset> ds;
   int64_t seq = 0, windows = 0, local_batch = 0, first_sample = 0;
   std::unique_ptr<nn::GPT> model;
@@ -128,6 +141,8 @@ struct Trainer::State {
   nn::GPTConfig model_config(int64_t vocab) const;
   std::vector<std::pair<std::string, std::string>> config_fields() const;
   void print_header() const;
+  // Collective: the logger writes checkpoint_dir/step-N, every rank waits for it.
+  std::string save_checkpoint(int64_t steps_done, int64_t schedule_step) const;
 };
 
 // The model configuration: from the flags, or from the checkpoint (flags given explicitly must agree with it).
@@ -137,14 +152,14 @@ nn::GPTConfig Trainer::State::model_config(int64_t vocab) const {
   if (!ckpt) return m;
   const nn::GPTConfig& c = ckpt->config;
   auto agree = [&](const char* flag, const std::optional<int64_t>& given, int64_t stored) {
-    MINIDL_CHECK(!given || *given == stored, flag, " ", *given, " does not match the checkpoint ", cfg.init_from,
+    MINIDL_CHECK(!given || *given == stored, flag, " ", *given, " does not match the checkpoint ", ckpt_source,
                  ", which has ", stored);
   };
   agree("--layers", cfg.layers, c.n_layer);
   agree("--heads", cfg.heads, c.n_head);
   agree("--embd", cfg.embd, c.n_embd);
   MINIDL_CHECK(!cfg.seq || *cfg.seq <= c.block_size, "--seq ", cfg.seq.value_or(0), " is longer than the checkpoint ",
-               cfg.init_from, "'s block size ", c.block_size);
+               ckpt_source, "'s block size ", c.block_size);
   m = c;
   m.dropout = cfg.dropout;
   return m;
@@ -161,11 +176,30 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
           {"grad_clip", str(o.grad_clip)}, {"seed", str(o.seed)}, {"init_from", o.init_from},
           {"backend", o.backend}, {"dp", str(o.dp)}, {"tp", str(o.tp)}, {"pp", str(o.pp)},
           {"grad_accum", str(o.grad_accum)}, {"amp", o.amp}, {"recompute", o.recompute},
-          {"device", o.device}, {"tf32", str(o.tf32)}, {"advance_lr_on_skip", str(o.advance_lr_on_skip)}};
+          {"device", o.device}, {"tf32", str(o.tf32)}, {"advance_lr_on_skip", str(o.advance_lr_on_skip)},
+          {"checkpoint_dir", o.checkpoint_dir}, {"save_every", str(o.save_every)}};
+}
+
+std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule_step) const {
+  const std::string dir = (std::filesystem::path(cfg.checkpoint_dir) / checkpoint_name(steps_done)).string();
+  if (logger && !std::filesystem::exists(dir)) {
+    std::filesystem::create_directories(cfg.checkpoint_dir);
+    nlohmann::json run = nlohmann::json::object();
+    for (const auto& [k, v] : config_fields()) run[k] = v;
+    TrainingState st{steps_done, schedule_step, std::nullopt, run.dump()};
+    if (scaler) st.scaler = scaler->state();
+    train::save_checkpoint(dir, *model, ds->tokenizer().to_json().dump(), *optimizer, st);
+    if (cfg.keep_last > 0) prune_checkpoints(cfg.checkpoint_dir, cfg.keep_last);
+  }
+  // Nobody goes on (or exits) before the checkpoint is complete.
+  topo->dp_group().barrier()->wait();
+  topo->model_parallel_group().barrier()->wait();
+  return dir;
 }
 
 void Trainer::State::print_header() const {
   if (!logger) return;
+  for (const std::string& n : notes) std::printf("%s\n", n.c_str());
   const nn::GPTConfig& c = model->config();
   const dist::Grid& g = topo->grid();
   std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
@@ -192,10 +226,26 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   const TrainConfig& o = s.cfg;
   set_num_threads(o.threads > 0 ? o.threads : ctx.threads_per_rank());
 
-  if (!o.init_from.empty()) {
+  std::string resume_dir = o.resume;
+  if (o.resume == "auto") {
+    auto latest = latest_checkpoint(o.checkpoint_dir, [&](const std::string& m) { s.notes.push_back(m); });
+    resume_dir = latest.value_or("");
+    s.notes.push_back(latest ? "resuming from " + *latest
+                             : "no complete checkpoint in " + o.checkpoint_dir + ": starting fresh");
+  } else if (!o.resume.empty()) {
+    s.notes.push_back("resuming from " + o.resume);
+  }
+  if (!resume_dir.empty()) {
+    s.resume = load_checkpoint(resume_dir);  // verified: sizes, checksums, DONE
+    s.ckpt_source = resume_dir;
+    s.ckpt = nn::load_gpt((std::filesystem::path(resume_dir) / "model.safetensors").string());
+  } else if (!o.init_from.empty()) {
+    s.ckpt_source = o.init_from;
     s.ckpt = nn::load_gpt(o.init_from);
+  }
+  if (s.ckpt) {
     auto it = s.ckpt->metadata.find("vocab");
-    MINIDL_CHECK(it != s.ckpt->metadata.end(), "--init-from ", o.init_from,
+    MINIDL_CHECK(it != s.ckpt->metadata.end(), "--init-from ", s.ckpt_source,
                  ": the checkpoint has no \"vocab\" metadata");
     s.ds.emplace(o.data, data::CharTokenizer::from_json(nlohmann::json::parse(it->second)));
   } else {
@@ -222,7 +272,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   s.logger = me == dist::GridCoord{};
 
   s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
-  if (s.ckpt) nn::load_into(*s.model, o.init_from);
+  if (s.ckpt && !s.resume) nn::load_into(*s.model, o.init_from);
   s.model->to(s.device);  // before DDP and the optimizer, whose buffers follow the parameters' device
   s.model->train();
   // Data parallelism: dp rank d takes samples [d * local, (d + 1) * local) of each global batch; its dropout masks
@@ -239,10 +289,21 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   if (s.amp == DType::f16) {
     s.scaler.emplace();
     auto it = s.ckpt ? s.ckpt->metadata.find("grad_scaler") : nn::Metadata::const_iterator{};
-    if (s.ckpt && it != s.ckpt->metadata.end()) s.scaler->load_state(scaler_state_from_json(it->second));
+    if (s.resume && s.resume->state.scaler)
+      s.scaler->load_state(*s.resume->state.scaler);
+    else if (s.ckpt && it != s.ckpt->metadata.end())
+      s.scaler->load_state(scaler_state_from_json(it->second));
   }
   s.optimizer = std::make_unique<optim::AdamW>(optim::decay_groups(s.model->named_parameters(), o.weight_decay),
                                                optim::AdamWOptions{o.lr});
+  if (s.resume) {
+    restore_checkpoint(*s.resume, *s.model, *s.optimizer);  // weights and AdamW's m, v, step
+    MINIDL_CHECK(s.resume->state.step <= o.steps, "--resume ", s.resume->dir, ": the checkpoint is at step ",
+                 s.resume->state.step, ", past --steps ", o.steps);
+    // The data sampler and the dropout masks are functions of (seed, step): the step is their whole position.
+    s.model->dropout_context().step = uint64_t(s.resume->state.step);
+  }
+  if (!o.checkpoint_dir.empty()) install_preemption_handlers();
   s.print_header();
 }
 
@@ -268,11 +329,13 @@ int Trainer::run() {
   step_options.scaler = s.scaler ? &*s.scaler : nullptr;
   step_options.grad_sync = s.sync.get();
   ProgressLine progress(parse_progress_mode(o.progress), o.log_every, s.logger);
-  int64_t schedule_step = 0;  // holds still on skipped steps unless --advance-lr-on-skip
+  const int64_t first_step = s.resume ? s.resume->state.step : 0;
+  int64_t schedule_step = s.resume ? s.resume->state.schedule_step : 0;  // holds still on skipped steps unless
+                                                                         // --advance-lr-on-skip
   int64_t skipped_in_a_row = 0;
   double timed_ms = 0, compute_ms = 0, comm_ms = 0, exposed_ms = 0, recent_loss = 0;
   int64_t timed_steps = 0, recent = 0;
-  for (int64_t step = 0; step < o.steps; ++step) {
+  for (int64_t step = first_step; step < o.steps; ++step) {
     double lr = schedule(schedule_step);
     auto t0 = std::chrono::steady_clock::now();
     data::Batch batch = sampler.batch(step, s.first_sample, s.local_batch);
@@ -294,7 +357,7 @@ int Trainer::run() {
       MINIDL_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step + 1,
                    "; try a lower --lr");
     }
-    if (step > 0 || o.steps == 1) {  // the first step warms caches and the allocator
+    if (step > first_step || o.steps == first_step + 1) {  // the first step warms caches and the allocator
       timed_ms += ms;
       compute_ms += ms - comm.exposed_comm_ms;
       comm_ms += comm.comm_ms;
@@ -322,8 +385,26 @@ int Trainer::run() {
       double v = evaluate(model, val, o.batch, &dp_group);  // collective: every rank takes part
       progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", v));
     }
+    if (!o.checkpoint_dir.empty()) {
+      // A stop asked of any rank (SIGTERM/SIGUSR1) stops every rank after this step, with a checkpoint.
+      bool stop = preemption_requested();
+      if (dp_group.size() > 1 || s.topo->model_parallel_group().size() > 1)
+        stop = max_over(s.topo->model_parallel_group(), max_over(dp_group, stop ? 1.0 : 0.0)) > 0;
+      if (stop || (o.save_every > 0 && (step + 1) % o.save_every == 0 && !last)) {
+        std::string dir = s.save_checkpoint(step + 1, schedule_step);
+        progress.print((stop ? "preempted: saved " : "saved ") + dir);
+      }
+      if (stop) {
+        progress.finish();
+        return 0;
+      }
+    }
   }
   progress.finish();
+  if (!o.checkpoint_dir.empty() && o.save_every > 0 && o.steps > first_step) {
+    std::string dir = s.save_checkpoint(o.steps, schedule_step);
+    if (s.logger) std::printf("saved %s\n", dir.c_str());
+  }
 
   const double val_loss = evaluate(model, val, o.batch, &dp_group);
   if (s.logger)

@@ -8,6 +8,9 @@
 //   cfg.validate(ctx.world_size());            // a clear error for any bad value, before anything is built
 //   return train::Trainer(cfg, ctx).run();     // collective: every rank calls it
 //
+// With cfg.checkpoint_dir set, SIGTERM or SIGUSR1 on any rank makes every rank finish the current step, write a
+// checkpoint and return 0; cfg.resume = "auto" continues from the newest one.
+//
 // Ranks come from one place, dist::Topology{dp, tp, pp}: the sampler slice and the dropout offsets use the dp
 // coordinate, DDP and the loss average the dp group, the gradient norm and the overflow flag the model-parallel
 // group. The rank at grid coordinate (0, 0, 0) prints.
@@ -41,6 +44,13 @@ struct TrainConfig {
   int64_t eval_every = 250, eval_windows = 256, log_every = 10, sample = 0;
   std::string progress = "auto";    // auto | redraw | lines (train/progress.h)
   std::string save, init_from;
+  // Training checkpoints (train/checkpoint.h): directories step-XXXXXXXX/ in checkpoint_dir, every save_every steps
+  // (0: none) and when SIGTERM/SIGUSR1 asks the run to stop (only with a checkpoint_dir); keep_last of them (0: all).
+  std::string checkpoint_dir;
+  int64_t save_every = 0, keep_last = 0;
+  // A checkpoint directory to continue from, bit for bit, or "auto": the newest complete one in checkpoint_dir
+  // (a fresh start when there is none), so the same command line restarts a job after any crash.
+  std::string resume;
   int dp = 0, tp = 1, pp = 1;       // dp 0: the world size / (tp · pp)
   std::string backend;              // empty: mpi on the CPU, nccl on CUDA devices
   int64_t grad_accum = 1;

@@ -1,0 +1,166 @@
+// Training checkpoints end to end (train/checkpoint.h): a run resumed from a checkpoint is bitwise the run that was
+// never interrupted; SIGTERM/SIGUSR1 stop every rank with a checkpoint; bad checkpoints are refused by name and
+// overwrite nothing; a checkpoint resumes at another data-parallel size.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include "support/run_program.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Result = minidl::testing::ProgramResult;
+
+std::string mpiexec(int n) {
+  return n == 1 ? "" : std::string(MPIEXEC) + " -n " + std::to_string(n) + " --oversubscribe --allow-run-as-root ";
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class Resume : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("minidl_resume_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += "the quick brown fox. ";
+    std::ofstream(dir_ / "tiny.txt") << text;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // Dropout and a warmup + cosine schedule: everything that has a position to resume.
+  std::string flags(int steps) const {
+    return std::string(TRAIN_GPT_BIN) + " --data " + path("tiny.txt") +
+           " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 --eval-windows 4 --eval-every 0 "
+           "--log-every 1000 --dropout 0.1 --lr 3e-3 --warmup 2 --min-lr 1e-4 --steps " +
+           std::to_string(steps);
+  }
+  Result run(int ranks, const std::string& args) { return minidl::testing::run_program(mpiexec(ranks) + args); }
+  fs::path dir_;
+};
+
+std::string summary(const std::string& out, const std::string& key) {
+  std::smatch m;
+  std::regex re("summary: .*" + key + "=([-0-9.e+naif]+)");
+  return std::regex_search(out, m, re) ? m[1].str() : "missing";
+}
+
+}  // namespace
+
+// Train 8 steps straight, or 4, stop, and 4 more from the step-4 checkpoint: the final checkpoints (weights, AdamW
+// moments, step counters, loss scaler) are byte for byte the same, in f32 with accumulation, bf16 and fp16, at 1
+// and 2 ranks.
+TEST_F(Resume, EightStepsStraightEqualFourPlusFour) {
+  struct Case {
+    int ranks;
+    const char* extra;
+  };
+  for (Case c : {Case{1, "--grad-accum 2"}, Case{1, "--amp bf16"}, Case{1, "--amp fp16"}, Case{2, "--grad-accum 2"},
+                 Case{2, "--amp fp16"}}) {
+    SCOPED_TRACE(std::to_string(c.ranks) + " rank(s) " + c.extra);
+    fs::remove_all(path("a"));
+    fs::remove_all(path("b"));
+    Result straight = run(c.ranks, flags(8) + " " + c.extra + " --checkpoint-dir " + path("a") + " --save-every 8");
+    ASSERT_EQ(straight.code, 0) << straight.out;
+    Result first = run(c.ranks, flags(8) + " " + c.extra + " --checkpoint-dir " + path("b") + " --save-every 4");
+    ASSERT_EQ(first.code, 0) << first.out;
+    fs::remove_all(path("b") + "/step-00000008");
+    Result second = run(c.ranks, flags(8) + " " + c.extra + " --checkpoint-dir " + path("b") + " --save-every 4 "
+                                 "--resume auto");
+    ASSERT_EQ(second.code, 0) << second.out;
+    EXPECT_NE(second.out.find("resuming from " + path("b") + "/step-00000004"), std::string::npos) << second.out;
+    for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+      EXPECT_TRUE(read_file(path("a") + "/step-00000008/" + f) == read_file(path("b") + "/step-00000008/" + f)) << f;
+    EXPECT_EQ(summary(second.out, "val_loss"), summary(straight.out, "val_loss"));
+    EXPECT_EQ(summary(second.out, "loss_scale"), summary(straight.out, "loss_scale"));
+  }
+}
+
+// SIGTERM to a process (SIGUSR1 to mpirun, which forwards it to every rank): the step finishes, a checkpoint is
+// written, exit 0; resuming it to step K + 3 equals a straight run of K + 3 steps (constant LR: --steps does not
+// change the schedule).
+TEST_F(Resume, PreemptionSavesAndResumesExactly) {
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
+    fs::remove_all(path("ck"));
+    const std::string constant = " --warmup 0 --min-lr 3e-3 --checkpoint-dir " + path("ck");
+    const char* signal = ranks == 1 ? "TERM" : "USR1";
+    Result pre = minidl::testing::run_program("( " + mpiexec(ranks) + flags(1000000) + constant +
+                                              " & pid=$!; sleep 2; kill -" + signal + " $pid; wait $pid; echo EXIT=$? )");
+    ASSERT_NE(pre.out.find("EXIT=0"), std::string::npos) << pre.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(pre.out, m, std::regex("preempted: saved .*step-0*([0-9]+)"))) << pre.out;
+    const int k = std::stoi(m[1]);
+    ASSERT_TRUE(fs::exists(path("ck") + "/" + m[0].str().substr(m[0].str().find("step-")) + "/DONE")) << pre.out;
+    Result resumed = run(ranks, flags(k + 3) + constant + " --resume auto --save " + path("resumed.safetensors"));
+    ASSERT_EQ(resumed.code, 0) << resumed.out;
+    Result straight = run(ranks, flags(k + 3) + " --warmup 0 --min-lr 3e-3 --save " + path("straight.safetensors"));
+    ASSERT_EQ(straight.code, 0) << straight.out;
+    EXPECT_TRUE(read_file(path("resumed.safetensors")) == read_file(path("straight.safetensors")));
+  }
+}
+
+// Truncated, corrupted, missing, incomplete and mismatched checkpoints: a message naming the file and the problem,
+// exit 2, and nothing written.
+TEST_F(Resume, BadCheckpointsAreRefusedByName) {
+  ASSERT_EQ(run(1, flags(2) + " --checkpoint-dir " + path("ck") + " --save-every 2").code, 0);
+  const std::string good = path("ck") + "/step-00000002";
+  auto refused = [&](const std::string& dir, const std::string& extra, std::initializer_list<const char*> parts) {
+    Result r = run(1, flags(4) + " --resume " + dir + " --save " + path("out.safetensors") + extra);
+    EXPECT_EQ(r.code, 2) << r.out;
+    for (const char* p : parts) EXPECT_NE(r.out.find(p), std::string::npos) << "missing '" << p << "' in " << r.out;
+    EXPECT_FALSE(fs::exists(path("out.safetensors")));
+  };
+  auto copy = [&](const std::string& name) {
+    fs::copy(good, path(name), fs::copy_options::recursive);
+    return path(name);
+  };
+  std::string t = copy("truncated");
+  fs::resize_file(t + "/model.safetensors", fs::file_size(t + "/model.safetensors") - 10);
+  refused(t, "", {"model.safetensors", "truncated"});
+  std::string c = copy("corrupted");
+  {
+    std::fstream f(c + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  refused(c, "", {"optimizer.safetensors", "corrupted"});
+  std::string missing = copy("missing");
+  fs::remove(missing + "/state.json");
+  refused(missing, "", {"missing file state.json"});
+  std::string incomplete = copy("incomplete");
+  fs::remove(incomplete + "/DONE");
+  refused(incomplete, "", {"incomplete"});
+  refused(good, " --layers 2", {"--layers 2 does not match the checkpoint"});
+  // The good checkpoint itself was never touched.
+  Result ok = run(1, flags(4) + " --resume " + good);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  // --resume auto skips a newer incomplete checkpoint with a message.
+  fs::copy(incomplete, path("ck") + "/step-00000003", fs::copy_options::recursive);
+  Result skip = run(1, flags(4) + " --checkpoint-dir " + path("ck") + " --resume auto");
+  EXPECT_EQ(skip.code, 0) << skip.out;
+  EXPECT_NE(skip.out.find("skipping " + path("ck") + "/step-00000003: incomplete"), std::string::npos) << skip.out;
+  EXPECT_NE(skip.out.find("resuming from " + good), std::string::npos) << skip.out;
+}
+
+// Resharding: a checkpoint written by one process continues at two data-parallel ranks (the optimizer state is
+// stored per logical parameter), close to the run that never stopped.
+TEST_F(Resume, CheckpointResumesAtAnotherDataParallelSize) {
+  Result straight = run(1, flags(8));
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  ASSERT_EQ(run(1, flags(8) + " --checkpoint-dir " + path("ck") + " --save-every 4").code, 0);
+  fs::remove_all(path("ck") + "/step-00000008");
+  Result two = run(2, flags(8) + " --checkpoint-dir " + path("ck") + " --resume auto");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NEAR(std::stod(summary(two.out, "val_loss")), std::stod(summary(straight.out, "val_loss")), 1e-3) << two.out;
+}

@@ -1,0 +1,221 @@
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "nn/atomic_file.h"
+#include "nn/checkpoint.h"
+#include "nn/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace minidl::train {
+
+namespace {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kManifestFile = "manifest.json";
+constexpr const char* kDoneFile = "DONE";
+
+// FNV-1a, 64-bit: enough to catch truncation and corruption (not an adversary), and a few lines of code.
+uint64_t fnv1a(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MINIDL_CHECK(in, "checkpoint: cannot read ", path);
+  uint64_t h = 1469598103934665603ull;
+  std::vector<char> buf(1 << 16);
+  while (in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ uint8_t(buf[size_t(i)])) * 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex(uint64_t v) {
+  char s[17];
+  std::snprintf(s, sizeof s, "%016llx", (unsigned long long)v);
+  return s;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MINIDL_CHECK(in, "checkpoint: cannot read ", path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+nlohmann::json parse_json(const std::string& path) {
+  try {
+    return nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    MINIDL_CHECK(false, "checkpoint ", path, ": not valid JSON (", e.what(), ")");
+  }
+  return {};
+}
+
+bool is_step_dir(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return name.rfind("step-", 0) == 0 && name.find('.') == std::string::npos && fs::is_directory(p);
+}
+
+std::atomic<bool> g_preempted{false};
+extern "C" void on_preemption_signal(int) { g_preempted.store(true); }
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char s[32];
+  std::snprintf(s, sizeof s, "step-%08lld", (long long)step);
+  return s;
+}
+
+void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
+                     const optim::AdamW& optimizer, const TrainingState& state) {
+  MINIDL_CHECK(!fs::exists(dir), "checkpoint: ", dir, " exists already");
+  const fs::path tmp = dir + ".tmp";
+  fs::remove_all(tmp);  // left by a crash during an earlier save of the same step
+  fs::create_directories(tmp);
+
+  nn::save_gpt((tmp / kModelFile).string(), model, vocab_json, {{"step", std::to_string(state.step)}});
+  optim::AdamWState opt = optimizer.state();
+  nn::NamedTensors moments;
+  for (const auto& [name, p] : model.named_parameters()) {
+    moments.emplace_back("exp_avg." + name, optimizer.state_of(opt.m, p));
+    moments.emplace_back("exp_avg_sq." + name, optimizer.state_of(opt.v, p));
+  }
+  nn::save_safetensors((tmp / kOptimizerFile).string(), moments, {{"format", "minidl-adamw"}});
+  nlohmann::json st = {{"step", state.step},
+                       {"schedule_step", state.schedule_step},
+                       {"optimizer_step", opt.step},
+                       {"model_config", nlohmann::json::parse(nn::gpt_config_to_json(model.config()))},
+                       {"run_config", nlohmann::json::parse(state.config)}};
+  if (state.scaler)
+    st["grad_scaler"] = {{"scale", state.scaler->scale},
+                         {"clean_steps", state.scaler->clean_steps},
+                         {"overflows_left", state.scaler->overflows_left},
+                         {"skipped_steps", state.scaler->skipped_steps}};
+  nn::write_text_file_atomically((tmp / kStateFile).string(), st.dump(2));
+
+  nlohmann::json manifest = nlohmann::json::object();
+  for (const char* f : {kModelFile, "config.json", kOptimizerFile, kStateFile})
+    manifest[f] = {{"bytes", fs::file_size(tmp / f)}, {"fnv1a64", hex(fnv1a((tmp / f).string()))}};
+  nn::write_text_file_atomically((tmp / kManifestFile).string(), manifest.dump(2));
+  nn::write_text_file_atomically((tmp / kDoneFile).string(), "complete\n");
+  fs::rename(tmp, dir);
+}
+
+Checkpoint load_checkpoint(const std::string& dir) {
+  MINIDL_CHECK(fs::is_directory(dir), "--resume: ", dir, " is not a checkpoint directory");
+  MINIDL_CHECK(fs::exists(fs::path(dir) / kDoneFile), "checkpoint ", dir,
+               ": incomplete (no DONE marker: the save did not finish)");
+  const std::string manifest_path = (fs::path(dir) / kManifestFile).string();
+  MINIDL_CHECK(fs::exists(manifest_path), "checkpoint ", dir, ": missing ", kManifestFile);
+  nlohmann::json manifest = parse_json(manifest_path);
+  MINIDL_CHECK(manifest.is_object(), "checkpoint ", manifest_path, ": expected a JSON object");
+  for (const char* f : {kModelFile, kOptimizerFile, kStateFile}) {
+    const fs::path p = fs::path(dir) / f;
+    MINIDL_CHECK(manifest.contains(f), "checkpoint ", manifest_path, ": no entry for ", f);
+    MINIDL_CHECK(fs::exists(p), "checkpoint ", dir, ": missing file ", f);
+    const auto& e = manifest[f];
+    MINIDL_CHECK(e.is_object() && e.contains("bytes") && e.contains("fnv1a64"), "checkpoint ", manifest_path,
+                 ": malformed entry for ", f);
+    const uint64_t bytes = fs::file_size(p), expected = e["bytes"].get<uint64_t>();
+    MINIDL_CHECK(bytes == expected, "checkpoint ", p.string(), ": ", bytes, " bytes where the manifest says ",
+                 expected, " (truncated or replaced)");
+    const std::string sum = hex(fnv1a(p.string()));
+    MINIDL_CHECK(sum == e["fnv1a64"].get<std::string>(), "checkpoint ", p.string(), ": checksum ", sum,
+                 " where the manifest says ", e["fnv1a64"].get<std::string>(), " (corrupted)");
+  }
+  Checkpoint c;
+  c.dir = dir;
+  nn::GPTCheckpoint model = nn::load_gpt((fs::path(dir) / kModelFile).string());
+  c.model_config = model.config;
+  c.vocab_json = model.metadata.at("vocab");
+  const std::string state_path = (fs::path(dir) / kStateFile).string();
+  nlohmann::json st = parse_json(state_path);
+  try {
+    c.state.step = st.at("step").get<int64_t>();
+    c.state.schedule_step = st.at("schedule_step").get<int64_t>();
+    c.optimizer_step = st.at("optimizer_step").get<int64_t>();
+    c.state.config = st.at("run_config").dump();
+    if (st.contains("grad_scaler")) {
+      const auto& g = st["grad_scaler"];
+      c.state.scaler = optim::GradScalerState{g.at("scale").get<double>(), g.at("clean_steps").get<int64_t>(),
+                                              g.at("overflows_left").get<int64_t>(),
+                                              g.at("skipped_steps").get<int64_t>()};
+    }
+  } catch (const nlohmann::json::exception& e) {
+    MINIDL_CHECK(false, "checkpoint ", state_path, ": missing or mistyped field (", e.what(), ")");
+  }
+  nn::SafetensorsFile opt = nn::load_safetensors((fs::path(dir) / kOptimizerFile).string());
+  for (auto& [name, t] : opt.tensors) {
+    if (name.rfind("exp_avg_sq.", 0) == 0)
+      c.exp_avg_sq[name.substr(11)] = t;
+    else if (name.rfind("exp_avg.", 0) == 0)
+      c.exp_avg[name.substr(8)] = t;
+  }
+  return c;
+}
+
+void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& optimizer) {
+  nn::GPTConfig want = model.config(), have = c.model_config;
+  want.dropout = have.dropout = 0;  // dropout is a training choice, not the model's shape
+  MINIDL_CHECK(want == have, "checkpoint ", c.dir, ": its model (", nn::gpt_config_to_json(c.model_config),
+               ") is not the one configured (", nn::gpt_config_to_json(model.config()), ")");
+  nn::load_into(model, (fs::path(c.dir) / kModelFile).string());
+  const Device device = model.parameters().front().device();
+  Tensor m = Tensor::zeros({optimizer.numel()}), v = Tensor::zeros({optimizer.numel()});
+  for (const auto& [name, p] : model.named_parameters()) {
+    auto im = c.exp_avg.find(name), iv = c.exp_avg_sq.find(name);
+    MINIDL_CHECK(im != c.exp_avg.end() && iv != c.exp_avg_sq.end(), "checkpoint ", c.dir, "/", kOptimizerFile,
+                 ": no optimizer state for ", name);
+    MINIDL_CHECK(im->second.shape() == p.shape() && iv->second.shape() == p.shape(), "checkpoint ", c.dir, "/",
+                 kOptimizerFile, ": optimizer state for ", name, " has shape ", im->second.shape(), ", expected ",
+                 p.shape());
+    optimizer.state_of(m, p).copy_(im->second);
+    optimizer.state_of(v, p).copy_(iv->second);
+  }
+  optimizer.load_state({c.optimizer_step, m.to(device), v.to(device)});
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& parent,
+                                             const std::function<void(const std::string&)>& log) {
+  if (!fs::is_directory(parent)) return std::nullopt;
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(parent))
+    if (is_step_dir(e.path())) dirs.push_back(e.path());
+  std::sort(dirs.begin(), dirs.end());
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    if (fs::exists(*it / kDoneFile)) return it->string();
+    log("skipping " + it->string() + ": incomplete (no DONE marker)");
+  }
+  return std::nullopt;
+}
+
+void prune_checkpoints(const std::string& parent, int64_t keep) {
+  std::vector<fs::path> complete;
+  for (const auto& e : fs::directory_iterator(parent)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp")
+      fs::remove_all(e.path());
+    else if (is_step_dir(e.path()) && fs::exists(e.path() / kDoneFile))
+      complete.push_back(e.path());
+  }
+  std::sort(complete.begin(), complete.end());
+  for (size_t i = 0; i + size_t(keep) < complete.size(); ++i) fs::remove_all(complete[i]);
+}
+
+void install_preemption_handlers() {
+  std::signal(SIGTERM, on_preemption_signal);
+  std::signal(SIGUSR1, on_preemption_signal);
+}
+
+bool preemption_requested() { return g_preempted.load(); }
+
+}  // namespace minidl::train

@@ -1,0 +1,75 @@
+// Training checkpoints that resume bit for bit: a directory holding everything a run's future depends on.
+//
+//   ckpt/step-00000020/
+//     model.safetensors      the model, Hugging Face GPT-2 names (what --init-from and PyTorch load), + config.json
+//     optimizer.safetensors  AdamW's m and v per logical parameter ("exp_avg.<name>", "exp_avg_sq.<name>"), so a
+//                            run with another data-parallel size (or, later, ZeRO stage / tp / pp) can reload it
+//     state.json             the optimizer step, the LR-schedule step, the training step (which is also the data
+//                            sampler's and the dropout masks' position: both are pure functions of (seed, step)),
+//                            the loss scaler, the model config and the run's configuration
+//     manifest.json          every file above with its size and FNV-1a 64 checksum
+//     DONE                   written last: a directory without it is incomplete and never resumed from
+//
+// The directory is written as step-XXXXXXXX.tmp and renamed into place only when complete (manifest and DONE
+// last), so a crash mid-save leaves the previous checkpoint intact. Loading verifies every size and checksum and
+// names the file and what is wrong (truncated, corrupted, missing), before anything is overwritten.
+//
+//   train::save_checkpoint(dir / "step-00000020", model, vocab_json, optimizer, state);
+//   train::Checkpoint c = train::load_checkpoint(dir / "step-00000020");   // verified
+//   std::optional<std::string> latest = train::latest_checkpoint(dir, log); // newest complete one
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+#include "optim/grad_scaler.h"
+
+namespace minidl::train {
+
+struct TrainingState {
+  int64_t step = 0;           // optimizer steps taken (training steps completed, skipped ones included)
+  int64_t schedule_step = 0;  // the LR schedule's position (holds still on skipped fp16 steps)
+  std::optional<optim::GradScalerState> scaler;
+  std::string config;         // the run's configuration as JSON (what a resumed run is checked against)
+};
+
+struct Checkpoint {
+  std::string dir;
+  nn::GPTConfig model_config;
+  std::string vocab_json;
+  TrainingState state;
+  int64_t optimizer_step = 0;
+  std::map<std::string, Tensor> exp_avg, exp_avg_sq;  // by parameter name
+};
+
+// Name of the checkpoint directory for a step: "step-00000020".
+std::string checkpoint_name(int64_t step);
+
+// Writes the checkpoint directory `dir` (which must not exist yet) atomically, as described above.
+void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
+                     const optim::AdamW& optimizer, const TrainingState& state);
+
+// Reads and verifies a checkpoint directory; throws naming the file and the problem.
+Checkpoint load_checkpoint(const std::string& dir);
+
+// Puts the checkpoint's weights and optimizer state into `model` and `optimizer` (built for the same config);
+// throws naming what does not match.
+void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& optimizer);
+
+// The newest complete checkpoint (step-* with DONE) in `parent`, or none. Incomplete ones are reported through
+// `log` and skipped.
+std::optional<std::string> latest_checkpoint(const std::string& parent, const std::function<void(const std::string&)>& log);
+
+// Deletes all but the newest `keep` complete checkpoints in `parent` (and any *.tmp left by a crash).
+void prune_checkpoints(const std::string& parent, int64_t keep);
+
+// SIGTERM or SIGUSR1 received since install_preemption_handlers() (async-signal-safe flag).
+void install_preemption_handlers();
+bool preemption_requested();
+
+}  // namespace minidl::train
