@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -52,6 +53,10 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
 // Reads and validates the header only (cheap: use it to inspect a checkpoint's config without its data).
 SafetensorsHeader read_safetensors_header(const std::string& path);
 
+// The parser read_safetensors_header runs: `head` is the file's first bytes (the 8-byte length and the JSON header
+// it announces), file_size the whole file's size; `path` only names the file in messages. Any input gives a
+// SafetensorsHeader or a minidl::Error (fuzzed: tests/fuzz/).
+SafetensorsHeader parse_safetensors_header(const std::string& path, std::string_view head, uint64_t file_size);
 // Reads the whole file into CPU tensors (allocated under the caller's current memory tag).
 SafetensorsFile load_safetensors(const std::string& path);
 

@@ -22,6 +22,7 @@ packages=(
   libgtest-dev
   libgmock-dev
   libboost-context-dev    # fibers for the CPU emulation of CUDA kernels
+  clang                   # libFuzzer for the checkpoint-reader fuzzer (scripts/fuzz.sh)
 )
 torch_packages=(python3-torch python3-numpy)
 

@@ -12,6 +12,7 @@
 #include "nn/atomic_file.h"
 #include "nn/checkpoint.h"
 #include "nn/safetensors.h"
+#include "train/manifest.h"
 
 namespace fs = std::filesystem;
 
@@ -25,38 +26,10 @@ constexpr const char* kStateFile = "state.json";
 constexpr const char* kManifestFile = "manifest.json";
 constexpr const char* kDoneFile = "DONE";
 
-// FNV-1a, 64-bit: enough to catch truncation and corruption (not an adversary), and a few lines of code.
-uint64_t fnv1a(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MINIDL_CHECK(in, "checkpoint: cannot read ", path);
-  uint64_t h = 1469598103934665603ull;
-  std::vector<char> buf(1 << 16);
-  while (in) {
-    in.read(buf.data(), std::streamsize(buf.size()));
-    for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ uint8_t(buf[size_t(i)])) * 1099511628211ull;
-  }
-  return h;
-}
-
-std::string hex(uint64_t v) {
-  char s[17];
-  std::snprintf(s, sizeof s, "%016llx", (unsigned long long)v);
-  return s;
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MINIDL_CHECK(in, "checkpoint: cannot read ", path);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-nlohmann::json parse_json(const std::string& path) {
-  try {
-    return nlohmann::json::parse(read_text(path));
-  } catch (const nlohmann::json::exception& e) {
-    MINIDL_CHECK(false, "checkpoint ", path, ": not valid JSON (", e.what(), ")");
-  }
-  return {};
 }
 
 bool is_step_dir(const fs::path& p) {
@@ -102,10 +75,10 @@ void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::st
                          {"skipped_steps", state.scaler->skipped_steps}};
   nn::write_text_file_atomically((tmp / kStateFile).string(), st.dump(2));
 
-  nlohmann::json manifest = nlohmann::json::object();
+  Manifest manifest;
   for (const char* f : {kModelFile, "config.json", kOptimizerFile, kStateFile})
-    manifest[f] = {{"bytes", fs::file_size(tmp / f)}, {"fnv1a64", hex(fnv1a((tmp / f).string()))}};
-  nn::write_text_file_atomically((tmp / kManifestFile).string(), manifest.dump(2));
+    manifest[f] = {uint64_t(fs::file_size(tmp / f)), fnv1a64_of_file((tmp / f).string())};
+  nn::write_text_file_atomically((tmp / kManifestFile).string(), manifest_json(manifest));
   nn::write_text_file_atomically((tmp / kDoneFile).string(), "complete\n");
   fs::rename(tmp, dir);
 }
@@ -116,21 +89,18 @@ Checkpoint load_checkpoint(const std::string& dir) {
                ": incomplete (no DONE marker: the save did not finish)");
   const std::string manifest_path = (fs::path(dir) / kManifestFile).string();
   MINIDL_CHECK(fs::exists(manifest_path), "checkpoint ", dir, ": missing ", kManifestFile);
-  nlohmann::json manifest = parse_json(manifest_path);
-  MINIDL_CHECK(manifest.is_object(), "checkpoint ", manifest_path, ": expected a JSON object");
+  const Manifest manifest = parse_manifest(manifest_path, read_text(manifest_path));
   for (const char* f : {kModelFile, kOptimizerFile, kStateFile}) {
     const fs::path p = fs::path(dir) / f;
-    MINIDL_CHECK(manifest.contains(f), "checkpoint ", manifest_path, ": no entry for ", f);
+    auto e = manifest.find(f);
+    MINIDL_CHECK(e != manifest.end(), "checkpoint ", manifest_path, ": no entry for ", f);
     MINIDL_CHECK(fs::exists(p), "checkpoint ", dir, ": missing file ", f);
-    const auto& e = manifest[f];
-    MINIDL_CHECK(e.is_object() && e.contains("bytes") && e.contains("fnv1a64"), "checkpoint ", manifest_path,
-                 ": malformed entry for ", f);
-    const uint64_t bytes = fs::file_size(p), expected = e["bytes"].get<uint64_t>();
-    MINIDL_CHECK(bytes == expected, "checkpoint ", p.string(), ": ", bytes, " bytes where the manifest says ",
-                 expected, " (truncated or replaced)");
-    const std::string sum = hex(fnv1a(p.string()));
-    MINIDL_CHECK(sum == e["fnv1a64"].get<std::string>(), "checkpoint ", p.string(), ": checksum ", sum,
-                 " where the manifest says ", e["fnv1a64"].get<std::string>(), " (corrupted)");
+    const uint64_t bytes = fs::file_size(p);
+    MINIDL_CHECK(bytes == e->second.bytes, "checkpoint ", p.string(), ": ", bytes, " bytes where the manifest says ",
+                 e->second.bytes, " (truncated or replaced)");
+    const std::string sum = fnv1a64_of_file(p.string());
+    MINIDL_CHECK(sum == e->second.fnv1a64, "checkpoint ", p.string(), ": checksum ", sum,
+                 " where the manifest says ", e->second.fnv1a64, " (corrupted)");
   }
   Checkpoint c;
   c.dir = dir;
@@ -138,7 +108,12 @@ Checkpoint load_checkpoint(const std::string& dir) {
   c.model_config = model.config;
   c.vocab_json = model.metadata.at("vocab");
   const std::string state_path = (fs::path(dir) / kStateFile).string();
-  nlohmann::json st = parse_json(state_path);
+  nlohmann::json st;
+  try {
+    st = nlohmann::json::parse(read_text(state_path));
+  } catch (const nlohmann::json::exception& e) {
+    MINIDL_CHECK(false, "checkpoint ", state_path, ": not valid JSON (", e.what(), ")");
+  }
   try {
     c.state.step = st.at("step").get<int64_t>();
     c.state.schedule_step = st.at("schedule_step").get<int64_t>();
