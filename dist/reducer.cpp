@@ -23,6 +23,7 @@ struct Reducer::Pass {
       reducer->drain();
     } catch (...) {  // the exception already unwinding is the one to report
     }
+    reducer->release_finished(/*all=*/true);
     reducer->reset();
   }
 };
@@ -44,15 +45,11 @@ Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params, Proc
   bucket_of_.assign(params_.size(), 0);
   slot_of_.assign(params_.size(), 0);
   state_.resize(buckets_.size());
-  {
-    MemoryTagGuard tag(MemTag::kGrads);  // the buckets are the gradients' storage
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      state_[b].buffer = Tensor::zeros({padded_numel(buckets_[b].numel, group.size())}, buckets_[b].dtype,
-                                       group.device());
-      for (size_t s = 0; s < buckets_[b].params.size(); ++s) {
-        bucket_of_[buckets_[b].params[s]] = b;
-        slot_of_[buckets_[b].params[s]] = s;
-      }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!options.release_buffers) allocate(b);
+    for (size_t s = 0; s < buckets_[b].params.size(); ++s) {
+      bucket_of_[buckets_[b].params[s]] = b;
+      slot_of_[buckets_[b].params[s]] = s;
     }
   }
   ready_.assign(params_.size(), false);
@@ -74,6 +71,27 @@ Reducer::~Reducer() {
   }
   cv_.notify_all();
   comm_thread_.join();
+}
+
+int64_t Reducer::padded_numel(size_t bucket) const {
+  return dist::padded_numel(buckets_[bucket].numel, group_.size());
+}
+
+void Reducer::allocate(size_t b) {
+  MemoryTagGuard tag(MemTag::kGrads);  // the buckets are the gradients' storage
+  state_[b].buffer = Tensor::zeros({padded_numel(b)}, buckets_[b].dtype, group_.device());
+}
+
+void Reducer::release_finished(bool all) {
+  if (!options_.release_buffers) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t b = 0; b < state_.size(); ++b) {
+    Bucket& s = state_[b];
+    if (!s.buffer.defined() || (!all && (!s.done || (s.work && !s.work->is_completed())))) continue;
+    if (auto w = std::exchange(s.work, nullptr)) w->wait();
+    for (size_t p : buckets_[b].params) params_[p].set_grad(Tensor());
+    s.buffer = Tensor();
+  }
 }
 
 Tensor Reducer::slot(size_t param) const {
@@ -114,10 +132,12 @@ void Reducer::on_grad_ready(size_t param, Tensor& grad) {
   MINIDL_ASSERT(grad.same(params_[param].grad()), "the hook's gradient is not ", names_[param], "'s .grad()");
   adopt(param);
   launch_ready_buckets();
+  release_finished(/*all=*/false);
 }
 
 void Reducer::adopt(size_t param) {
   Tensor& p = params_[param];
+  if (!state_[bucket_of_[param]].buffer.defined()) allocate(bucket_of_[param]);
   Tensor g = p.grad(), view = slot(param);
   const bool is_view = g.defined() && g.shares_storage(view) && g.raw_device_data() == view.raw_device_data();
   if (!is_view) {
@@ -218,6 +238,7 @@ void Reducer::finish_backward() {
       drain();
     } catch (...) {
     }
+    release_finished(/*all=*/true);
     reset();
     throw;
   }
@@ -231,6 +252,7 @@ void Reducer::finish_backward() {
     for (size_t i = 0; i < params_.size(); ++i)
       if (!used[i] && any[i] > 0) params_[i].set_grad(slot(i));  // another rank used it: the reduced value
   }
+  release_finished(/*all=*/true);
   reset();
 }
 

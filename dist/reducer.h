@@ -53,6 +53,13 @@ struct ReducerOptions {
   BucketCaps caps;
   // A parameter without any gradient in a synchronising backward is an error naming it, unless this is set.
   bool allow_unused_parameters = false;
+  // ZeRO-2: a bucket's buffer exists only while it is needed. It is allocated when the first gradient of a
+  // synchronising backward arrives for it and released (with the parameters' .grad() views, which become
+  // undefined) as soon as its collective has completed — checked at every later gradient hook and at the end of
+  // backward — so at most the buckets still waiting for gradients or in flight hold full gradients. The collective
+  // must therefore leave its result outside the buffer (a reduce-scatter into a separate shard). Under no_sync the
+  // gradients accumulate in ordinary tensors, copied into the bucket when the synchronising backward reaches them.
+  bool release_buffers = false;
 };
 
 // Time spent in the last synchronised backward, in milliseconds.
@@ -75,8 +82,9 @@ class Reducer {
   ProcessGroup& group() { return group_; }
   const std::vector<BucketSpec>& buckets() const { return buckets_; }
   // Bucket b's flat buffer: buckets()[b].numel elements of gradients, then zero padding up to a multiple of the
-  // group size.
+  // group size (undefined between backwards with release_buffers).
   Tensor& buffer(size_t bucket) { return state_[bucket].buffer; }
+  int64_t padded_numel(size_t bucket) const;
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<Tensor>& params() const { return params_; }
   const ReducerStats& last_step() const { return stats_; }
@@ -113,6 +121,9 @@ class Reducer {
   void adopt(size_t param);
   void launch_ready_buckets();
   void finish_backward();
+  void allocate(size_t bucket);
+  // release_buffers: drops the buffers whose collective has completed; all: every buffer (after drain()).
+  void release_finished(bool all);
   void drain();                 // waits for every launched collective (used on success and after an exception)
   void reset();
   void comm_loop();

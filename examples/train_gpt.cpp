@@ -81,6 +81,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--grad-accum", o.grad_accum,
                  "Split each step's --batch into this many micro-batches (gradient accumulation)")
       ->capture_default_str();
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (AdamW state sharded: 8/dp bytes per "
+                 "parameter), 2 (gradients sharded too: 4/dp); 3 is not implemented")
+      ->capture_default_str();
   app.add_option("--amp", o.amp, "Mixed precision: off, bf16 or fp16 (fp16 adds dynamic loss scaling)")
       ->capture_default_str();
   app.add_option("--recompute", o.recompute,

@@ -7,8 +7,8 @@
 //   o.grad_sync = &ddp;
 //   train::train_step(model, optimizer, batch, o);
 //
-// Strategies: none (one process: the defaults below), DDP (here); ZeRO-k (sharded gradients: the norm adds up
-// every shard once) plugs in the same way.
+// Strategies: none (one process: the defaults below), DDP (here), ZeRO-1/2 (train/zero_sync.h: the optimizer
+// steps on this rank's shard, the norm adds up every shard once).
 #pragma once
 
 #include <memory>
@@ -18,6 +18,7 @@
 #include "dist/ddp.h"
 #include "dist/topology.h"
 #include "nn/module.h"
+#include "optim/optimizer.h"
 
 namespace minidl::train {
 
@@ -30,8 +31,15 @@ class GradSync {
   virtual void before_backward(bool /*sync*/) {}
   // After the step's last backward.
   virtual void after_backward() {}
+  // The tensors whose .grad() this rank owns after the last backward: what the loss scaler unscales, clipping
+  // scales and the optimizer updates. Every parameter by default; ZeRO: this rank's shard.
+  virtual std::vector<Tensor> owned_params(const std::vector<Tensor>& params) { return params; }
+  // The optimizer's parameter groups given the model's (ZeRO: the same weight decays over the shard).
+  virtual std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) { return groups; }
+  // After the optimizer step or its skip, before zero_grad (ZeRO: all-gather the updated parameters).
+  virtual void after_step() {}
   // Sum of the squares of every gradient element of the logical model, each counted once: this rank's part of
-  // `params` combined with the parts other ranks hold. Identical on every rank.
+  // `params` (owned_params) combined with the parts other ranks hold. Identical on every rank.
   virtual double grad_norm_squared(const std::vector<Tensor>& params);
   // Whether any rank that holds gradients saw an inf/NaN (the loss scaler's step is skipped on every rank).
   virtual bool combine_overflow(bool local) { return local; }

@@ -25,7 +25,8 @@ Device model_device(const nn::GPT& model) { return model.parameters().front().de
 
 }  // namespace
 
-StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, const StepOptions& o) {
+StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch,
+                      const StepOptions& o) {
   const int64_t rows = batch.x.size(0), k = o.grad_accum;
   MINIDL_CHECK(k >= 1 && rows % k == 0, "train_step: a batch of ", rows, " sequences does not split into grad_accum = ",
                k, " equal micro-batches");
@@ -64,7 +65,8 @@ StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch
     dropout.step += 1;
     r.loss = loss_sum.item();
   }
-  std::vector<Tensor> params = model.parameters();
+  // The gradients this rank owns: every parameter's, or (ZeRO) its shard's.
+  std::vector<Tensor> params = o.grad_sync ? o.grad_sync->owned_params(model.parameters()) : model.parameters();
   if (o.scaler && o.grad_sync)  // every rank skips the step when any rank that holds gradients overflowed
     o.scaler->combine_overflow = [sync = o.grad_sync](bool local) { return sync->combine_overflow(local); };
   bool overflow = o.scaler && o.scaler->unscale_and_check(params);
@@ -83,11 +85,12 @@ StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch
   } else {
     optimizer.step();
   }
+  if (o.grad_sync) o.grad_sync->after_step();
   optimizer.zero_grad();
   return r;
 }
 
-StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, double lr,
+StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,
                       double grad_clip) {
   StepOptions o;
   o.lr = lr;

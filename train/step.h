@@ -41,15 +41,17 @@ struct StepResult {
 // One optimizer step over `batch`, split into options.grad_accum micro-batches of equal size:
 //   for each micro-batch: loss_m = sum of its token losses / (target tokens in the whole batch), backward
 //   (the gradients add up to those of the mean over the whole batch, exactly as one big batch would give);
-//   then unscale (with a scaler), clip, AdamW step at options.lr (or a skip), zero_grad.
+//   then unscale (with a scaler), clip, the optimizer's step at options.lr (or a skip), zero_grad; unscaling,
+//   clipping and the step work on the gradients this rank owns (GradSync::owned_params: ZeRO's shard).
 // A non-finite loss under a scaler is an overflow like any other: its gradients are non-finite, the scaler skips
 // the step and backs off (applied = false), as PyTorch's GradScaler does.
 // The dropout context advances by one step per call; micro-batch m sees first_sample + m * micro, so its masks are
 // those of the same samples in one big batch (nn::DropoutContext).
-StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, const StepOptions& options);
+StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch,
+                      const StepOptions& options);
 
 // The same with defaults: full precision, one micro-batch.
-StepResult train_step(nn::GPT& model, optim::AdamW& optimizer, const data::Batch& batch, double lr,
+StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,
                       double grad_clip);
 
 }  // namespace minidl::train

@@ -21,6 +21,7 @@
 #include "train/grad_sync.h"
 #include "train/progress.h"
 #include "train/step.h"
+#include "train/zero_sync.h"
 
 namespace minidl::train {
 
@@ -80,6 +81,8 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(batch % (d * grad_accum) == 0, "--batch ", batch, " does not split into ", d,
                " data-parallel rank(s) x --grad-accum ", grad_accum,
                " equal micro-batches: --batch must be a multiple of ", d * grad_accum);
+  MINIDL_CHECK(zero >= 0 && zero <= 3, "--zero: expected 0, 1, 2 or 3, got ", zero);
+  MINIDL_CHECK(zero != 3, "--zero 3: stage 3 (sharded parameters) is not implemented yet; use --zero 1 or 2");
   MINIDL_CHECK(backend.empty() || backend == "mpi" || backend == "ring" || backend == "nccl",
                "--backend: expected mpi, ring or nccl, got '", backend, "'");
   MINIDL_CHECK(layers_or_default() >= 1, "--layers: expected at least 1, got ", layers_or_default());
@@ -93,6 +96,9 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(keep_last >= 0, "--keep-last: expected 0 (all) or a positive count, got ", keep_last);
   MINIDL_CHECK(!checkpoint_dir.empty() || (save_every == 0 && resume != "auto"),
                save_every > 0 ? "--save-every" : "--resume auto", " needs --checkpoint-dir");
+  MINIDL_CHECK(zero == 0 || (checkpoint_dir.empty() && resume.empty()), "--zero ", zero, " with --checkpoint-dir "
+               "or --resume: training checkpoints of sharded optimizer state are not implemented yet (use --zero 0, "
+               "or --save for the weights)");
   MINIDL_CHECK(resume.empty() || init_from.empty(), "--resume and --init-from exclude each other: --resume continues "
                "a run (weights, optimizer, schedule, data position), --init-from starts a new one from weights");
   MINIDL_CHECK(lr > 0 && std::isfinite(lr), "--lr: expected a positive number, got ", lr);
@@ -143,7 +149,24 @@ struct Trainer::State {
   void print_header() const;
   // Collective: the logger writes checkpoint_dir/step-N, every rank waits for it.
   std::string save_checkpoint(int64_t steps_done, int64_t schedule_step) const;
+  void print_zero_memory() const;
 };
+
+// ZeRO's proof by ledger, on every rank after the first step: the live bytes by tag beside dist/zero.h's
+// prediction for Ψ f32 parameters over N dp ranks (stage 1: optimizer 8Ψ/N; stage 2: gradients 4Ψ/N too, the
+// buckets living only during backward). Padding adds at most N - 1 elements per bucket.
+void Trainer::State::print_zero_memory() const {
+  const MemoryLedger& mem = ledger(device);
+  const double psi = double(model->num_parameters()), n = topo->grid().dp, mib = double(1 << 20);
+  auto cur = [&](MemTag tag) { return double(mem.current(tag)) / mib; };
+  const double pred_grads = cfg.zero >= 2 ? 4 * psi / n : 4 * psi;
+  std::printf("zero-%d memory, dp rank %d of %d: params=%.3f grads=%.3f optimizer=%.3f activations=%.3f comm=%.3f "
+              "MiB; predicted params=%.3f grads=%.3f optimizer=%.3f MiB\n",
+              cfg.zero, topo->coord().dp, topo->grid().dp, cur(MemTag::kParams), cur(MemTag::kGrads),
+              cur(MemTag::kOptimizer), cur(MemTag::kActivations), cur(MemTag::kComm), 4 * psi / mib,
+              pred_grads / mib, 8 * psi / n / mib);
+  std::fflush(stdout);
+}
 
 // The model configuration: from the flags, or from the checkpoint (flags given explicitly must agree with it).
 nn::GPTConfig Trainer::State::model_config(int64_t vocab) const {
@@ -175,7 +198,7 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
           {"warmup", str(o.warmup)}, {"weight_decay", str(o.weight_decay)}, {"dropout", str(o.dropout)},
           {"grad_clip", str(o.grad_clip)}, {"seed", str(o.seed)}, {"init_from", o.init_from},
           {"backend", o.backend}, {"dp", str(o.dp)}, {"tp", str(o.tp)}, {"pp", str(o.pp)},
-          {"grad_accum", str(o.grad_accum)}, {"amp", o.amp}, {"recompute", o.recompute},
+          {"grad_accum", str(o.grad_accum)}, {"zero", str(o.zero)}, {"amp", o.amp}, {"recompute", o.recompute},
           {"device", o.device}, {"tf32", str(o.tf32)}, {"advance_lr_on_skip", str(o.advance_lr_on_skip)},
           {"checkpoint_dir", o.checkpoint_dir}, {"save_every", str(o.save_every)}};
 }
@@ -203,11 +226,11 @@ void Trainer::State::print_header() const {
   const nn::GPTConfig& c = model->config();
   const dist::Grid& g = topo->grid();
   std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
-              "threads=%d dp=%d tp=%d pp=%d grad_accum=%lld amp=%s recompute=%s device=%s data=%s "
+              "threads=%d dp=%d tp=%d pp=%d zero=%d grad_accum=%lld amp=%s recompute=%s device=%s data=%s "
               "(%zu train / %zu val tokens)\n",
               (long long)model->num_parameters(), (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd,
               (long long)seq, (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp,
-              (long long)cfg.grad_accum, cfg.amp.c_str(), cfg.recompute.c_str(),
+              cfg.zero, (long long)cfg.grad_accum, cfg.amp.c_str(), cfg.recompute.c_str(),
               device.is_cpu() ? "cpu" : (cfg.device + " (" + device_name(device) + ")").c_str(), cfg.data.c_str(),
               ds->train().size(), ds->val().size());
   if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
@@ -281,7 +304,9 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   s.first_sample = me.dp * s.local_batch;
   s.model->dropout_context().first_sample = s.first_sample;
   s.model->set_recompute(nn::parse_recompute(o.recompute));
-  if (grid.dp > 1)
+  if (o.zero > 0)  // at dp 1 too: the same code path, with shards of the whole bucket
+    s.sync = std::make_unique<ZeroSync>(*s.model, *s.topo, o.zero);
+  else if (grid.dp > 1)
     s.sync = std::make_unique<DDPSync>(*s.model, *s.topo);
   else
     s.sync = std::make_unique<GradSync>();
@@ -294,8 +319,9 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     else if (s.ckpt && it != s.ckpt->metadata.end())
       s.scaler->load_state(scaler_state_from_json(it->second));
   }
-  s.optimizer = std::make_unique<optim::AdamW>(optim::decay_groups(s.model->named_parameters(), o.weight_decay),
-                                               optim::AdamWOptions{o.lr});
+  s.optimizer = std::make_unique<optim::AdamW>(
+      s.sync->optimizer_groups(optim::decay_groups(s.model->named_parameters(), o.weight_decay)),
+      optim::AdamWOptions{o.lr});
   if (s.resume) {
     restore_checkpoint(*s.resume, *s.model, *s.optimizer);  // weights and AdamW's m, v, step
     MINIDL_CHECK(s.resume->state.step <= o.steps, "--resume ", s.resume->dir, ": the checkpoint is at step ",
@@ -342,6 +368,7 @@ int Trainer::run() {
     step_options.lr = lr;
     StepResult r = train_step(model, *s.optimizer, batch, step_options);
     if (r.applied || o.advance_lr_on_skip) ++schedule_step;
+    if (step == 0 && o.zero > 0) s.print_zero_memory();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     dist::ReducerStats comm = s.sync->comm_stats();
     // The global batch's loss: the mean of the dp ranks' (equal-sized) slices.

@@ -54,6 +54,8 @@ struct TrainConfig {
   int dp = 0, tp = 1, pp = 1;       // dp 0: the world size / (tp · pp)
   std::string backend;              // empty: mpi on the CPU, nccl on CUDA devices
   int64_t grad_accum = 1;
+  // ZeRO stage over the dp group (dist/zero.h): 0 = DDP, 1 = optimizer state sharded, 2 = gradients too.
+  int zero = 0;
   std::string amp = "off", recompute = "none";
   bool advance_lr_on_skip = false;
   // fp16: a run stops after this many consecutive steps the loss scaler skipped (the scale has then fallen by

@@ -1,0 +1,120 @@
+#include "dist/zero.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "core/memory.h"
+#include "dist/shard.h"
+
+namespace minidl::dist {
+
+namespace {
+
+ReducerOptions reducer_options(const ZeroOptions& o) {
+  ReducerOptions r;
+  r.caps = o.caps;
+  r.release_buffers = o.stage == 2;
+  return r;
+}
+
+// A flat view of `numel` elements of `flat` from `offset`: a leaf (as_strided is not recorded by autograd).
+Tensor flat_view(const Tensor& flat, int64_t offset, int64_t numel) { return flat.as_strided({numel}, {1}, offset); }
+
+}  // namespace
+
+ZeroDataParallel::ZeroDataParallel(nn::Module& module, ProcessGroup& group, ZeroOptions options)
+    : options_(options),
+      rank_(group.rank()),
+      world_(group.size()),
+      reducer_(module.named_parameters(), group,
+               // The average of the bucket over the group lands in this rank's gradient shard only.
+               [this](ProcessGroup& g, size_t b, Tensor& bucket) {
+                 return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
+               },
+               reducer_options(options)) {
+  MINIDL_CHECK(options.stage == 1 || options.stage == 2, "ZeRO: expected stage 1 or 2, got ", options.stage,
+               " (stage 3 is not implemented)");
+  if (options.broadcast_at_start) {
+    for (auto& [name, p] : module.named_parameters()) group.broadcast(p, 0)->wait();
+    for (auto& [name, t] : module.named_buffers()) group.broadcast(t, 0)->wait();
+  }
+  const std::vector<Tensor>& params = reducer_.params();
+  for (size_t b = 0; b < reducer_.buckets().size(); ++b) {
+    const BucketSpec& spec = reducer_.buckets()[b];
+    MINIDL_CHECK(spec.dtype == DType::f32, "ZeRO: expected f32 parameters (the optimizer's dtype), got ",
+                 spec.dtype, " for ", reducer_.names()[spec.params.front()]);
+    Tensor flat;
+    {
+      MemoryTagGuard tag(MemTag::kParams);
+      flat = Tensor::zeros({reducer_.padded_numel(b)}, spec.dtype, group.device());
+    }
+    for (size_t s = 0; s < spec.params.size(); ++s) {
+      Tensor p = params[spec.params[s]];  // a handle: set_data re-points every holder of this parameter
+      Tensor view = flat.as_strided(p.shape(), contiguous_strides(p.shape()), spec.offsets[s]);
+      view.copy_(p.detach());
+      p.set_data(view);
+    }
+    flat_params_.push_back(flat);
+    if (options.stage == 1) {
+      grad_shards_.push_back(shard_of(reducer_.buffer(b)));
+    } else {
+      MemoryTagGuard tag(MemTag::kGrads);
+      grad_shards_.push_back(Tensor::zeros({reducer_.padded_numel(b) / group.size()}, spec.dtype, group.device()));
+    }
+    // Cut the shard [first, first + P/N) at parameter boundaries; what lies past the last parameter is padding.
+    const int64_t shard = reducer_.padded_numel(b) / group.size(), first = group.rank() * shard;
+    for (size_t s = 0; s < spec.params.size(); ++s) {
+      const int64_t begin = std::max(first, spec.offsets[s]);
+      const int64_t end = std::min(first + shard, spec.offsets[s] + params[spec.params[s]].numel());
+      if (begin >= end) continue;
+      Tensor piece = flat_view(flat, begin, end - begin);
+      piece.set_requires_grad(true);
+      piece.set_grad(flat_view(grad_shards_[b], begin - first, end - begin));
+      shard_params_.push_back(piece);
+      shard_owner_.push_back(spec.params[s]);
+    }
+  }
+}
+
+Tensor ZeroDataParallel::shard_of(const Tensor& flat) const {
+  const int64_t shard = flat.numel() / world_;
+  return flat_view(flat, rank_ * shard, shard);
+}
+
+std::vector<optim::ParamGroup> ZeroDataParallel::shard_groups(const std::vector<optim::ParamGroup>& groups) const {
+  std::unordered_map<const TensorImpl*, size_t> group_of;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const Tensor& p : groups[g].params) group_of[p.impl()] = g;
+  std::vector<optim::ParamGroup> out(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) out[g].weight_decay = groups[g].weight_decay;
+  for (size_t i = 0; i < shard_params_.size(); ++i) {
+    const size_t owner = shard_owner_[i];
+    auto it = group_of.find(reducer_.params()[owner].impl());
+    MINIDL_CHECK(it != group_of.end(), "ZeRO: parameter ", reducer_.names()[owner],
+                 " is in no optimizer parameter group");
+    out[it->second].params.push_back(shard_params_[i]);
+  }
+  std::erase_if(out, [](const optim::ParamGroup& g) { return g.params.empty(); });
+  return out;
+}
+
+void ZeroDataParallel::gather_parameters() {
+  ProcessGroup& g = reducer_.group();
+  for (Tensor& flat : flat_params_) g.all_gather(flat, shard_of(flat))->wait();
+  if (options_.stage == 1)
+    for (size_t b = 0; b < flat_params_.size(); ++b) reducer_.buffer(b).zero_();
+}
+
+int64_t ZeroDataParallel::padded_numel() const {
+  int64_t n = 0;
+  for (const Tensor& flat : flat_params_) n += flat.numel();
+  return n;
+}
+
+int64_t ZeroDataParallel::shard_numel() const {
+  int64_t n = 0;
+  for (const Tensor& p : shard_params_) n += p.numel();
+  return n;
+}
+
+}  // namespace minidl::dist

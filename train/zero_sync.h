@@ -1,0 +1,42 @@
+// ZeroSync: ZeRO stage 1 or 2 as the gradient-synchronisation strategy of train_step (dist/zero.h has the
+// sharding, the memory and the communication arithmetic).
+//
+//   train::ZeroSync zero(model, topology, /*stage=*/2);
+//   optim::AdamW opt(zero.optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {.lr = 1e-3});
+//   train::StepOptions o;
+//   o.grad_sync = &zero;
+//   train::train_step(model, opt, batch, o);   // unscale, clip and AdamW on the shard; then the all-gather
+//
+// After the last backward each dp rank owns the averaged gradients of its shard only, so the gradient norm is the
+// sum of squares over the shard, summed over the dp group (the shards cut every bucket once; padding is zero and
+// in no shard) and over the model-parallel group; the fp16 overflow flag is the max over both.
+#pragma once
+
+#include <optional>
+
+#include "dist/zero.h"
+#include "train/grad_sync.h"
+
+namespace minidl::train {
+
+class ZeroSync : public GradSync {
+ public:
+  ZeroSync(nn::Module& model, const dist::Topology& topology, int stage, dist::ZeroOptions options = {});
+  const char* name() const override { return zero_.stage() == 1 ? "zero1" : "zero2"; }
+  void before_backward(bool sync) override;
+  void after_backward() override { no_sync_.reset(); }
+  std::vector<Tensor> owned_params(const std::vector<Tensor>& params) override;
+  std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) override;
+  void after_step() override { zero_.gather_parameters(); }
+  double grad_norm_squared(const std::vector<Tensor>& params) override;
+  bool combine_overflow(bool local) override;
+  dist::ReducerStats comm_stats() const override { return zero_.last_step(); }
+  dist::ZeroDataParallel& zero() { return zero_; }
+
+ private:
+  const dist::Topology& topology_;
+  dist::ZeroDataParallel zero_;
+  std::optional<dist::Reducer::NoSyncGuard> no_sync_;
+};
+
+}  // namespace minidl::train
