@@ -22,6 +22,7 @@ packages=(
   libgtest-dev
   libgmock-dev
   libboost-context-dev    # fibers for the CPU emulation of CUDA kernels
+  libhwy-dev              # Google Highway: portable SIMD, vector exp/tanh and runtime ISA dispatch (ops/cpu/simd/)
 )
 torch_packages=(python3-torch python3-numpy)
 
