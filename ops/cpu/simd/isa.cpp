@@ -4,6 +4,7 @@
 // the mask is unset, so it never overrides a choice made here.
 #include "ops/cpu/simd/isa.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -52,37 +53,58 @@ static std::string supported_list() {
   return s;
 }
 
-// The ISA set last; guarded by the call_once in ensure_isa_selected() for the first write.
+// The ISA set last; written by set_isa only (after MINIDL_CPU_ISA has been applied, so the variable never
+// overrides a later choice).
 static CpuIsa g_current = CpuIsa::kSse4;
 
-void set_isa(CpuIsa isa) {
+static void apply(CpuIsa isa) {
   MINIDL_CHECK(is_supported(isa), "MINIDL_CPU_ISA: this CPU or build does not support ", isa_name(isa),
                "; expected one of: ", supported_list());
   hwy::GetChosenTarget().Update(hwy_target(isa));
   g_current = isa;
 }
 
-void set_isa(std::string_view name) {
+static void apply(std::string_view name) {
   if (name == "best") {
     std::vector<CpuIsa> isas = supported_isas();
-    if (!isas.empty()) return set_isa(isas.front());
+    if (!isas.empty()) return apply(isas.front());
     // Below SSE4 (a pre-2008 CPU): Highway's portable fallback, chosen by its own initialisation.
     hwy::GetChosenTarget().Update(hwy::SupportedTargets());
     return;
   }
   for (CpuIsa isa : kAllIsas)
-    if (name == isa_name(isa)) return set_isa(isa);
+    if (name == isa_name(isa)) return apply(isa);
   MINIDL_CHECK(false, "MINIDL_CPU_ISA: expected one of best, avx512, avx2, sse4 (supported here: ",
                supported_list(), "), got '", name, "'");
 }
 
+void set_isa(CpuIsa isa) {
+  ensure_isa_selected();
+  apply(isa);
+}
+
+void set_isa(std::string_view name) {
+  ensure_isa_selected();
+  apply(name);
+}
+
+// A bad MINIDL_CPU_ISA is a usage error of the whole program: say so and exit 2, as programs do for bad flags.
+// (An exception here could surface inside a parallel region, where it would only terminate.)
 void ensure_isa_selected() {
   static std::once_flag once;
   std::call_once(once, [] {
     const char* env = std::getenv("MINIDL_CPU_ISA");
-    set_isa(std::string_view(env && *env ? env : "best"));
+    try {
+      apply(std::string_view(env && *env ? env : "best"));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "minidl: %s\n", e.what());
+      std::exit(2);
+    }
   });
 }
+
+// Applied when the program starts, so a bad value stops it before any work.
+static const bool g_env_applied = (ensure_isa_selected(), true);
 
 CpuIsa current_isa() {
   ensure_isa_selected();

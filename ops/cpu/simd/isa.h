@@ -9,8 +9,9 @@
 //
 //   for (CpuIsa isa : supported_isas()) { IsaGuard guard(isa); ... }       // tests: every ISA of this machine
 //
-// Values: best (the default), avx512, avx2, sse4. A value that is not one of these, or an ISA this CPU (or this
-// build) lacks, throws minidl::Error naming the values that would work here.
+// Values: best (the default), avx512, avx2, sse4. A MINIDL_CPU_ISA that is not one of these, or names an ISA this
+// CPU (or this build) lacks, stops the program at start with exit code 2 and a message naming the values that
+// work here; set_isa() with such a value throws minidl::Error with the same message.
 #pragma once
 
 #include <string>
@@ -26,7 +27,7 @@ const char* isa_name(CpuIsa isa);  // "sse4", "avx2", "avx512"
 // The ISAs that this CPU supports and this build compiled, best first.
 std::vector<CpuIsa> supported_isas();
 
-// The ISA the kernels run now. The first call applies MINIDL_CPU_ISA (throws on a bad value).
+// The ISA the kernels run now.
 CpuIsa current_isa();
 
 // Runs the kernels on `isa` from now on; throws if this CPU or build lacks it.
@@ -34,7 +35,7 @@ void set_isa(CpuIsa isa);
 // "best" selects supported_isas().front(); otherwise as set_isa(parse_isa(name)).
 void set_isa(std::string_view name);
 
-// Applies MINIDL_CPU_ISA once, before the first kernel call (cheap after the first time).
+// Applies MINIDL_CPU_ISA once (at program start; cheap after the first time).
 void ensure_isa_selected();
 
 // Sets an ISA for a scope and restores the previous one.
