@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
     std::printf("device: %s%s\n", name.c_str(),
                 device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str()
                                                     : "");
+    const double peak_rss = train::peak_rss_mb();  // before the ceiling's own matrices
     const double ceiling = device.is_cpu() && options.amp == DType::f32
                                ? bench::gpt_sgemm_ceiling_gflops({layers, embd, vocab, batch * seq}, num_threads())
                                : 0.0;
@@ -111,7 +112,7 @@ int main(int argc, char** argv) {
                   (long long)embd, (long long)seq, (long long)batch, amp.c_str(), recompute.c_str());
     std::string mfu_text = mfu > 0 ? std::to_string(mfu * 100).substr(0, 5) + "%" : "-";
     std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f %7s %9.1f %5.0f%%\n", cfg, num_threads(), median,
-                tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), mb(l.peak(MemTag::kActivations)),
+                tokens_per_step / median * 1e3, gflops, peak_rss, mb(l.peak(MemTag::kActivations)),
                 mfu_text.c_str(), ceiling, ceiling > 0 ? 100 * gflops / ceiling : 0.0);
     std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
                 mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
                   "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
                   "\"sgemm_ceiling_gflops\": %.2f}\n",
-                  median, tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), num_threads(),
+                  median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(),
                   mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt_step: error: %s\n", e.what());
