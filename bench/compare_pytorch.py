@@ -7,6 +7,7 @@ Usage (Debian's /usr/bin/python3 has PyTorch once `scripts/install-deps.sh --wit
     /usr/bin/python3 bench/compare_pytorch.py --config nanogpt --threads 2 --steps 10 --warmup 3
     /usr/bin/python3 bench/compare_pytorch.py --config custom --layers 2 --heads 2 --embd 64 --seq 32 --batch 4
     /usr/bin/python3 bench/compare_pytorch.py --json                  # one JSON object instead of the table
+    /usr/bin/python3 bench/compare_pytorch.py --isa avx2              # minidl's AVX2 kernels (MINIDL_CPU_ISA)
 
 Model and recipe (both sides): nanoGPT-style GPT-2 with learned position embeddings, pre-LayerNorm blocks,
 causal self-attention, GELU(tanh), biases everywhere except the output head, which shares its weight with the
@@ -28,6 +29,12 @@ FLOP count (nanoGPT's estimate_mfu, the formula minidl's bench_gpt_step also use
     flops_per_token = 6*N + 12*L*H*Q*T        L layers, H heads, Q = C/H head size, T sequence length
     flops_per_step  = flops_per_token * B*T   B batch size
     GFLOP/s         = flops_per_step / (ms_per_step / 1000) / 1e9
+
+Ceiling (minidl rows): the sgemm ceiling at the step's own shapes, which bench_gpt_step measures in the same run:
+the forward, input-gradient and weight-gradient products of every linear layer, each timed alone with
+single-threaded OpenBLAS, total FLOPs / total time, times the thread count (bench/sgemm_ceiling.h). %ceil is the
+step's GFLOP/s (the formula above) over it. --isa sets MINIDL_CPU_ISA for minidl; OpenBLAS (minidl's and, through
+its own build, PyTorch's) picks its kernels from the CPU or OPENBLAS_CORETYPE, which is passed through as set.
 
 Exit status: 0 on success (also when the minidl binary is missing: its rows are then left out), 1 when a run
 failed, 2 when PyTorch cannot be imported.
@@ -192,12 +199,14 @@ def run_pytorch(shape, threads, steps, warmup):
 
 # ---------------------------------------------------------------- minidl side
 
-def run_minidl(binary, shape, threads, steps, warmup):
+def run_minidl(binary, shape, threads, steps, warmup, isa):
     cmd = [binary, "--layers", shape["layers"], "--heads", shape["heads"], "--embd", shape["embd"],
            "--seq", shape["seq"], "--batch", shape["batch"], "--threads", threads,
            "--steps", steps, "--warmup", warmup, "--json"]
     cmd = [str(c) for c in cmd]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if isa:
+        env["MINIDL_CPU_ISA"] = isa
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         return None, f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{(proc.stderr or proc.stdout).strip()}"
@@ -206,7 +215,8 @@ def run_minidl(binary, shape, threads, steps, warmup):
         result = json.loads(lines[-1])
         row = dict(impl="minidl", threads=threads, ms_per_step=float(result["ms_per_step"]),
                    tokens_per_s=float(result["tokens_per_s"]), gflops=float(result["gflops"]),
-                   peak_mem_mb=float(result["peak_mem_mb"]))
+                   peak_mem_mb=float(result["peak_mem_mb"]),
+                   sgemm_ceiling_gflops=float(result.get("sgemm_ceiling_gflops", 0.0)))
     except (IndexError, ValueError, KeyError, TypeError) as e:
         return None, f"`{' '.join(cmd)}`: last stdout line is not the expected JSON object ({e!r})"
     return row, None
@@ -225,6 +235,8 @@ def parse_args():
     p.add_argument("--steps", type=int, default=20, help="timed steps (default: 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default: 5)")
     p.add_argument("--minidl-bin", default=os.path.join(REPO_ROOT, "build", "bin", "bench_gpt_step"))
+    p.add_argument("--isa", choices=["best", "avx512", "avx2", "sse4"],
+                   help="MINIDL_CPU_ISA for the minidl runs (default: the environment's, else best)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args()
 
@@ -259,13 +271,18 @@ def print_table(args, rows, notes, ratio):
           f"batch {s['batch']}; {count_params_no_wpe(s['layers'], s['embd'], s['seq']) / 1e6:.2f}M params "
           f"(excl. wpe), {flops / 1e9:.3f} GFLOP/step")
     print(f"# median of {args.steps} timed steps after {args.warmup} warmup; * = best thread count per impl")
-    print(f"{'impl':<8} {'threads':>7} {'ms/step':>10} {'tokens/s':>10} {'GFLOP/s':>9} {'peak_MB':>9}")
+    isa = args.isa or os.environ.get("MINIDL_CPU_ISA", "best")
+    print(f"# minidl ISA: {isa}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    print(f"{'impl':<8} {'threads':>7} {'ms/step':>10} {'tokens/s':>10} {'GFLOP/s':>9} {'peak_MB':>9} "
+          f"{'ceiling':>9} {'%ceil':>6}")
     for impl in ("pytorch", "minidl"):
         impl_rows = [r for r in rows if r["impl"] == impl]
         for r in impl_rows:
             mark = " *" if r is best(impl_rows) and len(impl_rows) > 1 else ""
+            ceiling = r.get("sgemm_ceiling_gflops", 0.0)
+            ceil_cols = f"{ceiling:>9.1f} {100 * r['gflops'] / ceiling:>5.0f}%" if ceiling else f"{'-':>9} {'-':>6}"
             print(f"{r['impl']:<8} {r['threads']:>7} {r['ms_per_step']:>10.2f} {r['tokens_per_s']:>10.0f} "
-                  f"{r['gflops']:>9.2f} {r['peak_mem_mb']:>9.1f}{mark}")
+                  f"{r['gflops']:>9.2f} {r['peak_mem_mb']:>9.1f} {ceil_cols}{mark}")
     print(f"minidl/pytorch ms/step at best thread counts: "
           + (f"{ratio:.2f}" if ratio is not None else "n/a (no minidl result)"))
     for note in notes:
@@ -305,7 +322,7 @@ def main():
         flops = flops_per_step(count_params_no_wpe(args.shape["layers"], args.shape["embd"], args.shape["seq"]),
                                **args.shape)
         for t in args.thread_counts:
-            row, err = run_minidl(args.minidl_bin, args.shape, t, args.steps, args.warmup)
+            row, err = run_minidl(args.minidl_bin, args.shape, t, args.steps, args.warmup, args.isa)
             if err:
                 notes.append(err)
                 failed = True

@@ -5,7 +5,9 @@
 //   build/bin/bench_gpt_step --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --threads 2
 //   build/bin/bench_gpt_step ... --recompute block --amp bf16 --grad-accum 2   # memory-saving modes
 //
-// act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce).
+// act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce). On the
+// CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (bench/sgemm_ceiling.h), measured in the
+// same run, and %ceil the step's GFLOP/s against it.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <optional>
 #include <string>
 
+#include "bench/sgemm_ceiling.h"
 #include "core/device_backend.h"
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -100,23 +103,28 @@ int main(int argc, char** argv) {
     std::printf("device: %s%s\n", name.c_str(),
                 device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str()
                                                     : "");
-    std::printf("%-40s %8s %10s %9s %9s %10s %10s %7s\n", "config", "threads", "ms/step", "tokens/s", "GFLOP/s",
-                "peak_MB", "act_MB", "MFU");
+    const double peak_rss = train::peak_rss_mb();  // before the ceiling's own matrices
+    const double ceiling = device.is_cpu() && options.amp == DType::f32
+                               ? bench::gpt_sgemm_ceiling_gflops({layers, embd, vocab, batch * seq}, num_threads())
+                               : 0.0;
+    std::printf("%-40s %8s %10s %9s %9s %10s %10s %7s %9s %6s\n", "config", "threads", "ms/step", "tokens/s",
+                "GFLOP/s", "peak_MB", "act_MB", "MFU", "ceiling", "%ceil");
     char cfg[96];
     std::snprintf(cfg, sizeof cfg, "L%lld H%lld C%lld T%lld B%lld %s %s", (long long)layers, (long long)heads,
                   (long long)embd, (long long)seq, (long long)batch, amp.c_str(), recompute.c_str());
     std::string mfu_text = mfu > 0 ? std::to_string(mfu * 100).substr(0, 5) + "%" : "-";
-    std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f %7s\n", cfg, num_threads(), median,
-                tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), mb(l.peak(MemTag::kActivations)),
-                mfu_text.c_str());
+    std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f %7s %9.1f %5.0f%%\n", cfg, num_threads(), median,
+                tokens_per_step / median * 1e3, gflops, peak_rss, mb(l.peak(MemTag::kActivations)),
+                mfu_text.c_str(), ceiling, ceiling > 0 ? 100 * gflops / ceiling : 0.0);
     std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
                 mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),
                 mb(l.peak(MemTag::kActivations)), mb(l.peak_total()));
     if (json)
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
-                  "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f}\n",
-                  median, tokens_per_step / median * 1e3, gflops, train::peak_rss_mb(), num_threads(),
-                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu);
+                  "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
+                  "\"sgemm_ceiling_gflops\": %.2f}\n",
+                  median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(),
+                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt_step: error: %s\n", e.what());
     return 2;

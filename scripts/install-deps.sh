@@ -23,6 +23,7 @@ packages=(
   libgmock-dev
   libboost-context-dev    # fibers for the CPU emulation of CUDA kernels
   clang                   # libFuzzer for the checkpoint-reader fuzzer (scripts/fuzz.sh)
+  libhwy-dev              # Google Highway: portable SIMD, vector exp/tanh and runtime ISA dispatch (ops/cpu/simd/)
 )
 torch_packages=(python3-torch python3-numpy)
 

@@ -1,6 +1,7 @@
 #include "ops/adamw.h"
 
 #include "core/parallel.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/kernels/adamw.h"
 
 namespace minidl::ops {
@@ -33,9 +34,9 @@ void fused_adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   const float* __restrict g = grad.data<float>();
   float* __restrict mp = m.data<float>();
   float* __restrict vp = v.data<float>();
+  // ops/cpu/simd's vector form of kernels::adamw_element, with the same bits.
   parallel_for(0, param.numel(), kAdamWGrain, [&](int64_t begin, int64_t end) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) kernels::adamw_element(p[i], g[i], mp[i], vp[i], c);
+    simd::adamw(p + begin, g + begin, mp + begin, vp + begin, c, end - begin);
   });
 }
 

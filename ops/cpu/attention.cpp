@@ -4,8 +4,8 @@
 // kBlock queries x kBlock keys. Tile products go to BLAS (single-threaded inside the parallel region): with
 // tight vectorised loops instead, forward + backward took 2.5x longer (5.1 vs 2.0 ms at B=12 T=64 C=128 H=4,
 // 72 vs 30 ms at B=8 T=256 C=384 H=6; 1 thread, bench/attention.cpp). The softmax work between the products is
-// vectorised too (omp simd reductions, exp_vectorizable): a tile has 64 x 64 exps for 64 x 64 x D multiply-adds,
-// and with scalar expf it all took 1.5-1.8x longer. kBlock = 64 measured faster than 32 and 128. Nothing T x T is ever
+// vectorised too (ops/cpu/simd's max, exp and row updates for f32): a tile has 64 x 64 exps for 64 x 64 x D
+// multiply-adds, and with scalar expf it all took 1.5-1.8x longer. kBlock = 64 measured faster than 32 and 128. Nothing T x T is ever
 // allocated: a tile of scores lives in a per-thread buffer.
 #include <cblas.h>
 
@@ -17,12 +17,45 @@
 #include "core/parallel.h"
 #include "ops/attention.h"
 #include "ops/cast.h"
-#include "ops/cpu/exp.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/kernels/softmax.h"
 
 namespace minidl::ops {
 
-using cpu::exp_vectorizable;
+// Row helpers: ops/cpu/simd's vector code for f32, scalar loops (the reference) for f64.
+static float row_max(const float* s, int64_t n) { return simd::max_row(s, n); }
+static double row_max(const double* s, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+// s = exp(s - m) in place; returns the sum.
+static float exp_sub_sum(float* s, float m, int64_t n) { return simd::exp_sub_sum(s, m, s, n); }
+static double exp_sub_sum(double* s, double m, int64_t n) {
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
+  return sum;
+}
+static void scale_row(float* y, float s, int64_t n) { simd::scale_row(y, s, n); }
+static void scale_row(double* y, double s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] *= s;
+}
+// p = exp(p - l) in place.
+static void exp_sub(float* p, float l, int64_t n) { simd::exp_sub_scale(p, l, 1.0f, p, n); }
+static void exp_sub(double* p, double l, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) p[j] = std::exp(p[j] - l);
+}
+static float dot(const float* a, const float* b, int64_t n) { return simd::dot_row(a, b, n); }
+static double dot(const double* a, const double* b, int64_t n) {
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+// dp = p * (dp - c) in place.
+static void mul_sub(const float* p, float* dp, float c, int64_t n) { simd::mul_sub_row(p, dp, c, dp, n); }
+static void mul_sub(const double* p, double* dp, double c, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - c);
+}
 
 // Queries and keys per tile: a 64 x 64 score tile (16 KiB in f32) and the Q, K, V, dO rows it touches stay in
 // L1/L2, and each tile product is large enough for BLAS to run near its peak.
@@ -77,29 +110,16 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
       for (int64_t i = 0; i < bq; ++i) {
         T* s = S + i * bk;
         int64_t n = visible_keys(i0 + i, j0, bk);
-        T block_max = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : block_max)
-        for (int64_t j = 0; j < n; ++j) block_max = std::max(block_max, s[j]);
-        T factor = rows[i].rescale_for(block_max);
-        if (factor != T(1)) {
-          T* orow = x.o + (i0 + i) * x.ld_o;
-          for (int64_t c = 0; c < d.D; ++c) orow[c] *= factor;
-        }
-        T m = rows[i].max, sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; ++j) {
-          s[j] = exp_vectorizable(s[j] - m);
-          sum += s[j];
-        }
+        T factor = rows[i].rescale_for(row_max(s, n));
+        if (factor != T(1)) scale_row(x.o + (i0 + i) * x.ld_o, factor, d.D);
+        T sum = exp_sub_sum(s, rows[i].max, n);
         std::fill(s + n, s + bk, T(0));
         rows[i].sum += sum;
       }
       gemm(false, false, bq, d.D, bk, T(1), S, bk, x.v + j0 * x.ld_qkv, x.ld_qkv, T(1), x.o + i0 * x.ld_o, x.ld_o);
     }
     for (int64_t i = 0; i < bq; ++i) {
-      T inv = T(1) / rows[i].sum;
-      T* orow = x.o + (i0 + i) * x.ld_o;
-      for (int64_t c = 0; c < d.D; ++c) orow[c] *= inv;
+      scale_row(x.o + (i0 + i) * x.ld_o, T(1) / rows[i].sum, d.D);
       L[i0 + i] = rows[i].logsumexp();
     }
   }
@@ -148,11 +168,7 @@ static void backward_head(const Head<const T, const T>& x, const Head<T, const T
   const T scale = T(1) / std::sqrt(T(d.D));
   scratch.resize(size_t(2 * kBlock * kBlock + d.T));
   T *P = scratch.data(), *dP = P + kBlock * kBlock, *Drow = dP + kBlock * kBlock;
-  for (int64_t i = 0; i < d.T; ++i) {
-    T s = 0;
-    for (int64_t c = 0; c < d.D; ++c) s += g.o[i * g.ld_o + c] * x.o[i * x.ld_o + c];
-    Drow[i] = s;
-  }
+  for (int64_t i = 0; i < d.T; ++i) Drow[i] = dot(g.o + i * g.ld_o, x.o + i * x.ld_o, d.D);
   for (int64_t j0 = 0; j0 < d.T; j0 += kBlock) {
     int64_t bk = std::min(kBlock, d.T - j0);
     for (int64_t i0 = j0; i0 < d.T; i0 += kBlock) {
@@ -162,17 +178,12 @@ static void backward_head(const Head<const T, const T>& x, const Head<T, const T
       for (int64_t i = 0; i < bq; ++i) {
         T *p = P + i * bk, l = L[i0 + i];
         int64_t n = visible_keys(i0 + i, j0, bk);
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) p[j] = exp_vectorizable(p[j] - l);
+        exp_sub(p, l, n);
         std::fill(p + n, p + bk, T(0));
       }
       gemm(true, false, bk, d.D, bq, T(1), P, bk, dO, g.ld_o, T(1), g.v + j0 * g.ld_qkv, g.ld_qkv);
       gemm(false, true, bq, bk, d.D, T(1), dO, g.ld_o, v, x.ld_qkv, T(0), dP, bk);
-      for (int64_t i = 0; i < bq; ++i) {
-        T D_i = Drow[i0 + i];
-#pragma omp simd
-        for (int64_t j = 0; j < bk; ++j) dP[i * bk + j] = P[i * bk + j] * (dP[i * bk + j] - D_i);
-      }
+      for (int64_t i = 0; i < bq; ++i) mul_sub(P + i * bk, dP + i * bk, Drow[i0 + i], bk);
       gemm(false, false, bq, d.D, bk, scale, dP, bk, k, x.ld_qkv, T(1), g.q + i0 * g.ld_qkv, g.ld_qkv);
       gemm(true, false, bk, d.D, bq, scale, dP, bk, q, x.ld_qkv, T(1), g.k + j0 * g.ld_qkv, g.ld_qkv);
     }

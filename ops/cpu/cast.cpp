@@ -1,48 +1,26 @@
 // Casts on the CPU: parallel conversion loops for the contiguous f32 <-> f16/bf16 cases that mixed precision
 // runs every step; other layouts and dtypes take Tensor::copy_'s general path.
 //
-// f16 conversions use the F16C instructions when the build targets them (-march=native on any x86-64 since
-// 2013): core/half.h's portable f16 conversion branches on subnormals and does not vectorise, and made f16 mixed
-// precision ~4x slower than bf16. The hardware rounds to nearest even like core/half.h (NaN payloads may differ).
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
+// The four conversions run ops/cpu/simd's vector code (F16C for f16 where the CPU has AVX2), with core/half.h's
+// rounding: core/half.h's portable f16 conversion branches on subnormals and does not vectorise, and made f16
+// mixed precision ~4x slower than bf16.
 #include <algorithm>
 
 #include "core/parallel.h"
 #include "ops/cast.h"
+#include "ops/cpu/simd/simd.h"
 
 namespace minidl::ops {
 
 // Elements per parallel chunk: a conversion is a few instructions per element.
 static constexpr int64_t kCastGrain = 1 << 15;
 
-template <class Src, class Dst, class Convert>
-static void convert(const Tensor& src, Tensor& dst, Convert convert) {
+// Runs a flat conversion kernel on contiguous chunks of the tensor.
+template <class Src, class Dst>
+static void convert(const Tensor& src, Tensor& dst, void (*kernel)(const Src*, Dst*, int64_t)) {
   const Src* s = src.data<Src>();
   Dst* d = dst.data<Dst>();
-  parallel_for(0, src.numel(), kCastGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) d[i] = convert(s[i]);
-  });
-}
-
-// 8 elements per F16C instruction, then the portable conversion for the tail.
-static void f32_to_f16(const float* s, f16* d, int64_t b, int64_t e) {
-#if defined(__F16C__)
-  for (; b + 8 <= e; b += 8) {
-    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(s + b), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + b), h);
-  }
-#endif
-  for (; b < e; ++b) d[b] = to_f16(s[b]);
-}
-static void f16_to_f32(const f16* s, float* d, int64_t b, int64_t e) {
-#if defined(__F16C__)
-  for (; b + 8 <= e; b += 8)
-    _mm256_storeu_ps(d + b, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + b))));
-#endif
-  for (; b < e; ++b) d[b] = to_float(s[b]);
+  parallel_for(0, src.numel(), kCastGrain, [&](int64_t b, int64_t e) { kernel(s + b, d + b, e - b); });
 }
 
 void cast_into(const Tensor& src, Tensor& dst) {
@@ -51,17 +29,13 @@ void cast_into(const Tensor& src, Tensor& dst) {
   if (!src.device().is_cpu()) return cast_into_device_kernel(src.device())(src, dst);
   DType from = src.dtype(), dt = dst.dtype();
   if (from == DType::f32 && dt == DType::bf16) {
-    convert<float, bf16>(src, dst, [](float v) { return to_bf16(v); });
+    convert(src, dst, &simd::f32_to_bf16);
   } else if (from == DType::f32 && dt == DType::f16) {
-    const float* s = src.data<float>();
-    f16* d = dst.data<f16>();
-    parallel_for(0, src.numel(), kCastGrain, [&](int64_t b, int64_t e) { f32_to_f16(s, d, b, e); });
+    convert(src, dst, &simd::f32_to_f16);
   } else if (from == DType::bf16 && dt == DType::f32) {
-    convert<bf16, float>(src, dst, [](bf16 v) { return to_float(v); });
+    convert(src, dst, &simd::bf16_to_f32);
   } else if (from == DType::f16 && dt == DType::f32) {
-    const f16* s = src.data<f16>();
-    float* d = dst.data<float>();
-    parallel_for(0, src.numel(), kCastGrain, [&](int64_t b, int64_t e) { f16_to_f32(s, d, b, e); });
+    convert(src, dst, &simd::f16_to_f32);
   } else {
     Tensor view = dst.detach().as_strided(src.shape(), contiguous_strides(src.shape()), 0);
     view.copy_(src);

@@ -1,12 +1,13 @@
 // Fused softmax + cross-entropy on the CPU, parallel over rows. Forward reads each row of logits once (an
 // online logsumexp over chunks: each chunk's max, then its exps against the running max, while the chunk is in
-// L1); backward reads it once more and writes dlogits.
+// L1); backward reads it once more and writes dlogits. f32 runs ops/cpu/simd's vector max and exp; f64 std::exp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "core/parallel.h"
-#include "ops/cpu/exp.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/cross_entropy.h"
 #include "ops/kernels/softmax.h"
 
@@ -63,13 +64,19 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
           for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
             int64_t j1 = std::min(V, j0 + kChunk);
             T chunk_max = -std::numeric_limits<T>::infinity(), sum = 0;
-#pragma omp simd reduction(max : chunk_max)
-            for (int64_t j = j0; j < j1; ++j) chunk_max = std::max(chunk_max, xr[j]);
+            if constexpr (std::is_same_v<T, float>) {
+              chunk_max = simd::max_row(xr + j0, j1 - j0);
+            } else {
+              for (int64_t j = j0; j < j1; ++j) chunk_max = std::max(chunk_max, xr[j]);
+            }
             if (chunk_max == -std::numeric_limits<T>::infinity()) continue;  // only masked logits: adds exp(-inf) = 0
             acc.rescale_for(chunk_max);
             T m = acc.max;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = j0; j < j1; ++j) sum += cpu::exp_vectorizable(xr[j] - m);
+            if constexpr (std::is_same_v<T, float>) {
+              sum = simd::exp_sub_sum(xr + j0, m, nullptr, j1 - j0);
+            } else {
+              for (int64_t j = j0; j < j1; ++j) sum += std::exp(xr[j] - m);
+            }
             acc.sum += sum;
           }
           lse[n] = acc.logsumexp();
@@ -115,8 +122,11 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
           }
           const T* xr = x + n * V;
           T l = plse[n];
-#pragma omp simd
-          for (int64_t j = 0; j < V; ++j) dr[j] = cpu::exp_vectorizable(xr[j] - l) * scale;
+          if constexpr (std::is_same_v<T, float>) {
+            simd::exp_sub_scale(xr, l, scale, dr, V);
+          } else {
+            for (int64_t j = 0; j < V; ++j) dr[j] = std::exp(xr[j] - l) * scale;
+          }
           dr[target] -= scale;
         }
       });

@@ -1,11 +1,13 @@
 // GELU and bias + GELU on the CPU: elementwise loops over contiguous memory, parallel over elements (gelu) or
-// rows (bias_gelu, whose bias gradient is a column sum).
+// rows (bias_gelu, whose bias gradient is a column sum). f32 runs ops/cpu/simd's vector code; f64 (the
+// gradient-check path) the scalar reference of ops/kernels/gelu.h with std::exp.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/parallel.h"
 #include "ops/cast.h"
 #include "ops/gelu.h"
-#include "ops/cpu/exp.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/kernels/gelu.h"
 
 namespace minidl::ops {
@@ -13,12 +15,6 @@ namespace minidl::ops {
 // Elements per parallel chunk: enough work to amortise waking a thread (a tanh is ~20 ns).
 static constexpr int64_t kElementGrain = 4096;
 
-// The vectorisable exp for f32 (exact std::exp for f64, the gradient-check path).
-struct VecExp {
-  float operator()(float x) const { return cpu::exp_vectorizable(x); }
-  double operator()(double x) const { return cpu::exp_vectorizable(x); }
-};
-static constexpr VecExp kExp{};
 // dbias partial sums cover this many rows each, then are added in order: thread-count independent bits.
 static constexpr int64_t kRowsPerPartial = 64;
 
@@ -37,7 +33,10 @@ Tensor gelu_forward(const Tensor& x) {
     const T* px = x.data<T>();
     T* py = y.data<T>();
     parallel_for(0, x.numel(), kElementGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) py[i] = kernels::gelu_tanh(px[i], kExp);
+      if constexpr (std::is_same_v<T, float>)
+        simd::gelu_row(px + b, nullptr, py + b, e - b);
+      else
+        for (int64_t i = b; i < e; ++i) py[i] = kernels::gelu_tanh(px[i]);
     });
   });
   return y;
@@ -54,7 +53,10 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x) {
     const T *px = x.data<T>(), *pdy = dy.data<T>();
     T* pdx = dx.data<T>();
     parallel_for(0, x.numel(), kElementGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) pdx[i] = pdy[i] * kernels::gelu_tanh_grad(px[i], kExp);
+      if constexpr (std::is_same_v<T, float>)
+        simd::gelu_backward_row(pdy + b, px + b, nullptr, pdx + b, nullptr, e - b);
+      else
+        for (int64_t i = b; i < e; ++i) pdx[i] = pdy[i] * kernels::gelu_tanh_grad(px[i]);
     });
   });
   return dx;
@@ -76,8 +78,12 @@ Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias) {
     T* py = y.data<T>();
     int64_t rows = C ? x.numel() / C : 0;
     parallel_for(0, rows, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(C, 1)), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = 0; c < C; ++c) py[r * C + c] = kernels::gelu_tanh(T(px[r * C + c] + b[c]), kExp);
+      for (int64_t r = r0; r < r1; ++r) {
+        if constexpr (std::is_same_v<T, float>)
+          simd::gelu_row(px + r * C, b, py + r * C, C);
+        else
+          for (int64_t c = 0; c < C; ++c) py[r * C + c] = kernels::gelu_tanh(T(px[r * C + c] + b[c]));
+      }
     });
   });
   return y;
@@ -117,12 +123,17 @@ BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Ten
     parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
         T* db = partial + k * C;
-        for (int64_t r = k * kRowsPerPartial, r1 = std::min(rows, r + kRowsPerPartial); r < r1; ++r)
+        for (int64_t r = k * kRowsPerPartial, r1 = std::min(rows, r + kRowsPerPartial); r < r1; ++r) {
+          if constexpr (std::is_same_v<T, float>) {
+            simd::gelu_backward_row(pdy + r * C, px + r * C, b, pdx + r * C, db, C);
+            continue;
+          }
           for (int64_t c = 0; c < C; ++c) {
-            T d = pdy[r * C + c] * kernels::gelu_tanh_grad(T(px[r * C + c] + b[c]), kExp);
+            T d = pdy[r * C + c] * kernels::gelu_tanh_grad(T(px[r * C + c] + b[c]));
             pdx[r * C + c] = d;
             db[c] += d;
           }
+        }
       }
     });
     T* db = g.dbias.data<T>();

@@ -1,9 +1,12 @@
 // Layer norm on the CPU, parallel over rows. Statistics are accumulated in double: a row of C floats summed in
 // float loses digits that the gradient check and long rows both notice, and it costs nothing measurable.
+// f32 rows run ops/cpu/simd's vector code; f64 (the gradient-check path) the scalar loops below, its reference.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/parallel.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/layernorm.h"
 
 namespace minidl::ops {
@@ -27,6 +30,10 @@ LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const 
     parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = px + r * C;
+        if constexpr (std::is_same_v<T, float>) {
+          simd::layernorm_forward_row(xr, w, b, py + r * C, mean + r, rstd + r, eps, C);
+          continue;
+        }
         double s = 0, ss = 0;
         for (int64_t c = 0; c < C; ++c) s += xr[c];
         double mu = s / C;
@@ -70,6 +77,10 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
         for (int64_t r = k * kRowsPerPartial, r1 = std::min(rows, r + kRowsPerPartial); r < r1; ++r) {
           const T *xr = px + r * C, *dyr = pdy + r * C;
           T m = pmean[r], rs = prstd[r];
+          if constexpr (std::is_same_v<T, float>) {
+            simd::layernorm_backward_row(dyr, xr, w, m, rs, pdx + r * C, dw, db, C);
+            continue;
+          }
           T sum_g = 0, sum_gx = 0;
           for (int64_t c = 0; c < C; ++c) {
             T xhat = (xr[c] - m) * rs, gc = dyr[c] * w[c];

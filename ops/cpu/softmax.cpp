@@ -1,7 +1,10 @@
-// Softmax over the last dimension on the CPU, parallel over rows. The reference path: clear over clever.
+// Softmax over the last dimension on the CPU, parallel over rows. f32 rows run ops/cpu/simd's vector code; f64
+// the scalar loops, which are its reference.
 #include <cmath>
+#include <type_traits>
 
 #include "core/parallel.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/softmax.h"
 
 namespace minidl::ops {
@@ -19,6 +22,11 @@ Tensor softmax_forward(const Tensor& x) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = px + r * V;
         T* yr = py + r * V;
+        if constexpr (std::is_same_v<T, float>) {
+          float m = simd::max_row(xr, V);
+          simd::scale_row(yr, 1.0f / simd::exp_sub_sum(xr, m, yr, V), V);
+          continue;
+        }
         // Subtracting the row max keeps exp() <= 1: no overflow for large logits, same result.
         T m = xr[0];
         for (int64_t j = 1; j < V; ++j) m = xr[j] > m ? xr[j] : m;
@@ -48,6 +56,10 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y) {
     parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T *yr = py + r * V, *dyr = pdy + r * V;
+        if constexpr (std::is_same_v<T, float>) {
+          simd::mul_sub_row(yr, dyr, simd::dot_row(dyr, yr, V), pdx + r * V, V);
+          continue;
+        }
         T dot = 0;
         for (int64_t j = 0; j < V; ++j) dot += dyr[j] * yr[j];
         for (int64_t j = 0; j < V; ++j) pdx[r * V + j] = yr[j] * (dyr[j] - dot);

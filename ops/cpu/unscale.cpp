@@ -1,9 +1,9 @@
-// Unscale-and-check on the CPU: parallel over fixed chunks, each a vectorised loop that ORs the per-element
-// overflow flags.
+// Unscale-and-check on the CPU: parallel over fixed chunks, each ops/cpu/simd's vector loop that ORs the
+// per-element overflow flags (the same test as ops/kernels/unscale.h's unscale_element).
 #include <vector>
 
 #include "core/parallel.h"
-#include "ops/kernels/unscale.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/nn_checks.h"
 #include "ops/unscale.h"
 
@@ -21,11 +21,8 @@ bool unscale_and_check_(const Tensor& grad, float inv_scale) {
   std::vector<char> overflow(size_t(chunks), 0);
   parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      int bad = 0;
-      const int64_t e = std::min(n, (c + 1) * kUnscaleGrain);
-#pragma omp simd reduction(| : bad)
-      for (int64_t i = c * kUnscaleGrain; i < e; ++i) bad |= int(kernels::unscale_element(g[i], inv_scale));
-      overflow[size_t(c)] = char(bad);
+      const int64_t b = c * kUnscaleGrain, e = std::min(n, b + kUnscaleGrain);
+      overflow[size_t(c)] = char(simd::unscale(g + b, inv_scale, e - b));
     }
   });
   for (char o : overflow)

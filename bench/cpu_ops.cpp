@@ -1,0 +1,186 @@
+// Speed of the CPU ops' vector kernels, per op and per instruction set (ops/cpu/simd/isa.h), against the machine's
+// own ceilings measured in the same run:
+//   memory-bound ops: GB/s (bytes the op must read and write / median time) against the copy bandwidth of a
+//     parallel copy of the same size (read + write bytes);
+//   GEMM-shaped work (flash attention): GFLOP/s against single-threaded OpenBLAS sgemm at the tile's shape times
+//     the number of threads.
+//
+//   build/bin/bench_cpu_ops [--numel 8388608] [--rows 4096] [--reps 9] [--isa all|best|avx2|...] [--json]
+//
+// With --isa all (the default) every ISA the CPU has is measured. OpenBLAS picks its kernels from the CPU (or
+// OPENBLAS_CORETYPE) once per process, so the sgemm columns do not change with --isa.
+#include <cblas.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "ops/adamw.h"
+#include "ops/attention.h"
+#include "ops/cast.h"
+#include "ops/cpu/simd/isa.h"
+#include "ops/cross_entropy.h"
+#include "ops/gelu.h"
+#include "ops/layernorm.h"
+#include "ops/softmax.h"
+#include "ops/unscale.h"
+
+using namespace minidl;
+namespace simd = minidl::ops::simd;
+
+namespace {
+
+Tensor random(const Shape& shape, uint64_t seed, float scale = 1.0f) {
+  Philox rng(seed);
+  std::vector<float> v(size_t(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * rng.normal(i);
+  return Tensor::from_vector(v, shape);
+}
+
+// Median seconds of fn over reps runs, after one warm-up run.
+double time_median(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// A memory-bound op: what it runs and how many bytes it must move.
+struct MemoryOp {
+  std::string name;
+  double bytes;
+  std::function<void()> run;
+};
+
+// Single-threaded sgemm GFLOP/s for C(M,N) = A(M,K) B(N,K)^T, the attention tiles' Q K^T shape.
+double sgemm_gflops(int M, int N, int K, int reps) {
+  std::vector<float> a(size_t(M) * K, 0.5f), b(size_t(N) * K, 0.25f), c(size_t(M) * N);
+  double best = 0;
+  openblas_set_num_threads(1);
+  double s = time_median(reps, [&] {
+    for (int i = 0; i < 32; ++i)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(),
+                  N);
+  });
+  best = 32 * 2.0 * M * N * K / s / 1e9;
+  openblas_set_num_threads(num_threads());
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"minidl CPU op benchmark: GB/s against copy bandwidth, GFLOP/s against sgemm, per ISA"};
+  int64_t numel = int64_t(1) << 23, rows = 4096;
+  int reps = 9, threads = default_num_threads();
+  std::string isa_arg = "all";
+  bool json = false;
+  app.add_option("--numel", numel, "elements of the flat ops (AdamW, unscale, casts, gelu)")->check(CLI::PositiveNumber);
+  app.add_option("--rows", rows, "rows of the row ops (C = 768 layer norm, V = 2048 softmax/cross-entropy)");
+  app.add_option("--reps", reps, "timed repetitions per op (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "CPU threads")->check(CLI::PositiveNumber);
+  app.add_option("--isa", isa_arg, "all (every ISA this CPU has), best, avx512, avx2 or sse4");
+  app.add_flag("--json", json, "print a JSON array instead of the table");
+  CLI11_PARSE(app, argc, argv);
+  set_num_threads(threads);
+
+  std::vector<simd::CpuIsa> isas;
+  if (isa_arg == "all") {
+    isas = simd::supported_isas();
+  } else {
+    simd::set_isa(isa_arg);  // throws naming the accepted values
+    isas = {simd::current_isa()};
+  }
+
+  // Copy bandwidth: a parallel copy of the flat ops' size, read + write bytes.
+  const int64_t n = numel;
+  Tensor src = random({n}, 1), dst = Tensor::empty({n});
+  const float* ps = src.data<float>();
+  float* pd = dst.data<float>();
+  const double copy_s = time_median(reps, [&] {
+    parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) { std::copy(ps + b, ps + e, pd + b); });
+  });
+  const double copy_gbs = 8.0 * n / copy_s / 1e9;
+
+  const int64_t C = 768, V = 2048, F = 3072;  // model width, vocabulary, MLP width: the row ops' shapes
+  Tensor x = random({n}, 2), dy = random({n}, 3), g = random({n}, 4), m = Tensor::zeros({n}), v = Tensor::zeros({n});
+  Tensor x16 = ops::cast(x, DType::bf16), xh = ops::cast(x, DType::f16);
+  Tensor hx = random({n / F, F}, 5), hdy = random({n / F, F}, 6), hb = random({F}, 7);
+  Tensor lx = random({rows, C}, 8), lw = random({C}, 9), lb = random({C}, 10), ldy = random({rows, C}, 11);
+  ops::LayerNormForward lf = ops::layernorm_forward(lx, lw, lb, 1e-5);
+  Tensor sx = random({rows, V}, 12, 3.0f), sdy = random({rows, V}, 13);
+  Tensor sy = ops::softmax_forward(sx);
+  std::vector<int64_t> tv(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) tv[size_t(r)] = (r * 7919) % V;
+  Tensor targets = Tensor::from_vector(tv, {rows});
+  ops::CrossEntropyForward cf = ops::cross_entropy_forward(sx, targets, -1);
+  ops::AdamWHyper hyper{3e-4, 0.9, 0.95, 1e-8, 0.1, 1};
+  const double f4 = 4.0, hn = double(hx.numel()), ln = double(rows * C), sn = double(rows * V);
+  std::vector<MemoryOp> mem_ops = {
+      {"gelu", 8.0 * n, [&] { ops::gelu_forward(x); }},
+      {"gelu_backward", 12.0 * n, [&] { ops::gelu_backward(dy, x); }},
+      {"bias_gelu", 2 * f4 * hn, [&] { ops::bias_gelu_forward(hx, hb); }},
+      {"bias_gelu_backward", 3 * f4 * hn, [&] { ops::bias_gelu_backward(hdy, hx, hb); }},
+      {"layernorm", 2 * f4 * ln, [&] { ops::layernorm_forward(lx, lw, lb, 1e-5); }},
+      {"layernorm_backward", 3 * f4 * ln, [&] { ops::layernorm_backward(ldy, lx, lw, lf.mean, lf.rstd); }},
+      {"softmax", 2 * f4 * sn, [&] { ops::softmax_forward(sx); }},
+      {"softmax_backward", 3 * f4 * sn, [&] { ops::softmax_backward(sdy, sy); }},
+      {"cross_entropy", f4 * sn, [&] { ops::cross_entropy_forward(sx, targets, -1); }},
+      {"cross_entropy_backward", 2 * f4 * sn,
+       [&] { ops::cross_entropy_backward(Tensor::scalar(1.0), sx, targets, cf.lse, rows, -1); }},
+      {"adamw", 7 * f4 * n, [&] { ops::fused_adamw_(x, g, m, v, hyper); }},
+      {"unscale", 2 * f4 * n, [&] { ops::unscale_and_check_(g, 1.0f); }},
+      {"cast_f32_bf16", 6.0 * n, [&] { ops::cast(x, DType::bf16); }},
+      {"cast_bf16_f32", 6.0 * n, [&] { ops::cast(x16, DType::f32); }},
+      {"cast_f32_f16", 6.0 * n, [&] { ops::cast(x, DType::f16); }},
+      {"cast_f16_f32", 6.0 * n, [&] { ops::cast(xh, DType::f32); }},
+  };
+
+  // Attention (B=8, T=256, H=6, D=64), forward + backward: GEMM-shaped tiles of 64 x 64 x D.
+  const int64_t B = 8, T = 256, H = 6, D = 64;
+  Tensor qkv = random({B, T, 3 * H * D}, 14, 0.5f), dout = random({B, T, H * D}, 15);
+  const double attn_flops = 2.0 * 7 * B * H * D * (T * T / 2.0);  // 7 causal tile products (bench/attention.cpp)
+  const double sgemm_ceiling = sgemm_gflops(64, 64, int(D), reps) * threads;
+
+  nlohmann::json out = nlohmann::json::array();
+  if (!json)
+    std::printf("# copy bandwidth %.1f GB/s (%lld floats, %d threads); attention ceiling: sgemm 64x64x%lld x %d "
+                "threads = %.1f GFLOP/s\n%-8s %-24s %10s %10s %8s\n",
+                copy_gbs, (long long)n, threads, (long long)D, threads, sgemm_ceiling, "isa", "op", "time_ms", "GB/s",
+                "%copy");
+  for (simd::CpuIsa isa : isas) {
+    simd::IsaGuard guard(isa);
+    for (const MemoryOp& op : mem_ops) {
+      double s = time_median(reps, op.run), gbs = op.bytes / s / 1e9;
+      out.push_back({{"isa", simd::isa_name(isa)}, {"op", op.name}, {"time_ms", s * 1e3}, {"GB/s", gbs},
+                     {"copy_GB/s", copy_gbs}, {"fraction_of_copy", gbs / copy_gbs}});
+      if (!json)
+        std::printf("%-8s %-24s %10.3f %10.1f %7.0f%%\n", simd::isa_name(isa), op.name.c_str(), s * 1e3, gbs,
+                    100 * gbs / copy_gbs);
+    }
+    double s = time_median(reps, [&] {
+      ops::AttentionForward f = ops::causal_attention_forward(qkv, int(H));
+      ops::causal_attention_backward(dout, qkv, f.out, f.lse, int(H));
+    });
+    double gflops = attn_flops / s / 1e9;
+    out.push_back({{"isa", simd::isa_name(isa)}, {"op", "attention_fwd_bwd"}, {"time_ms", s * 1e3},
+                   {"GFLOP/s", gflops}, {"sgemm_GFLOP/s", sgemm_ceiling}, {"fraction_of_sgemm", gflops / sgemm_ceiling}});
+    if (!json)
+      std::printf("%-8s %-24s %10.3f %10.1f %7.0f%%  (GFLOP/s, %% of sgemm)\n", simd::isa_name(isa),
+                  "attention_fwd_bwd", s * 1e3, gflops, 100 * gflops / sgemm_ceiling);
+  }
+  if (json) std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}

@@ -1,0 +1,114 @@
+// MINIDL_CPU_ISA on top of Highway's dynamic dispatch. Every HWY_DYNAMIC_DISPATCH call indexes a per-function
+// table with the bit mask held by hwy::GetChosenTarget(); setting that mask to one target before the first call
+// (Update) makes every kernel run that target's code. Highway's own first-call initialisation only runs while
+// the mask is unset, so it never overrides a choice made here.
+#include "ops/cpu/simd/isa.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "core/error.h"
+#include "hwy/highway.h"
+#include "hwy/targets.h"
+
+namespace minidl::ops::simd {
+
+static constexpr CpuIsa kAllIsas[] = {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kSse4};  // best first
+
+static int64_t hwy_target(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kSse4: return HWY_SSE4;
+    case CpuIsa::kAvx2: return HWY_AVX2;
+    case CpuIsa::kAvx512: return HWY_AVX3;
+  }
+  MINIDL_ASSERT(false);
+  return 0;
+}
+
+const char* isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kSse4: return "sse4";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+static bool is_supported(CpuIsa isa) {
+  // HWY_TARGETS: what this build compiled (a -march=native build drops the targets below its baseline).
+  return (hwy::SupportedTargets() & HWY_TARGETS & hwy_target(isa)) != 0;
+}
+
+std::vector<CpuIsa> supported_isas() {
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : kAllIsas)
+    if (is_supported(isa)) out.push_back(isa);
+  return out;
+}
+
+static std::string supported_list() {
+  std::string s = "best";
+  for (CpuIsa isa : supported_isas()) s += std::string(", ") + isa_name(isa);
+  return s;
+}
+
+// The ISA set last; written by set_isa only (after MINIDL_CPU_ISA has been applied, so the variable never
+// overrides a later choice).
+static CpuIsa g_current = CpuIsa::kSse4;
+
+static void apply(CpuIsa isa) {
+  MINIDL_CHECK(is_supported(isa), "MINIDL_CPU_ISA: this CPU or build does not support ", isa_name(isa),
+               "; expected one of: ", supported_list());
+  hwy::GetChosenTarget().Update(hwy_target(isa));
+  g_current = isa;
+}
+
+static void apply(std::string_view name) {
+  if (name == "best") {
+    std::vector<CpuIsa> isas = supported_isas();
+    if (!isas.empty()) return apply(isas.front());
+    // Below SSE4 (a pre-2008 CPU): Highway's portable fallback, chosen by its own initialisation.
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    return;
+  }
+  for (CpuIsa isa : kAllIsas)
+    if (name == isa_name(isa)) return apply(isa);
+  MINIDL_CHECK(false, "MINIDL_CPU_ISA: expected one of best, avx512, avx2, sse4 (supported here: ",
+               supported_list(), "), got '", name, "'");
+}
+
+void set_isa(CpuIsa isa) {
+  ensure_isa_selected();
+  apply(isa);
+}
+
+void set_isa(std::string_view name) {
+  ensure_isa_selected();
+  apply(name);
+}
+
+// A bad MINIDL_CPU_ISA is a usage error of the whole program: say so and exit 2, as programs do for bad flags.
+// (An exception here could surface inside a parallel region, where it would only terminate.)
+void ensure_isa_selected() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* env = std::getenv("MINIDL_CPU_ISA");
+    try {
+      apply(std::string_view(env && *env ? env : "best"));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "minidl: %s\n", e.what());
+      std::exit(2);
+    }
+  });
+}
+
+// Applied when the program starts, so a bad value stops it before any work.
+static const bool g_env_applied = (ensure_isa_selected(), true);
+
+CpuIsa current_isa() {
+  ensure_isa_selected();
+  return g_current;
+}
+
+}  // namespace minidl::ops::simd

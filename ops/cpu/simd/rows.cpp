@@ -1,0 +1,195 @@
+// Row kernels of softmax, cross-entropy, attention and layer norm: max, exp-and-sum, scale, dot, and the two
+// layer-norm passes. Each reduces in vector lanes and adds the lanes at the end, so a row's result depends on the
+// ISA's vector width but never on the thread count.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/cpu/simd/rows.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <cmath>
+#include <limits>
+
+#include "hwy/highway.h"
+#include "ops/cpu/simd/vec-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace minidl::ops::simd::HWY_NAMESPACE {
+
+float MaxRow(const float* x, size_t n) {
+  const hn::ScalableTag<float> d;
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  auto acc = neg_inf;
+  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+    using Part = decltype(part);
+    acc = hn::Max(acc, hn::IfThenElse(ValidLanes<Part>(d, count), LoadPart<Part>(d, x + i, count), neg_inf));
+  });
+  return hn::GetLane(hn::MaxOfLanes(d, acc));
+}
+
+float ExpSubSum(const float* x, float m, float* y, size_t n) {
+  const hn::ScalableTag<float> d;
+  const auto vm = hn::Set(d, m);
+  auto sum = hn::Zero(d);
+  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+    using Part = decltype(part);
+    const auto e = ExpIeee(d, hn::Sub(LoadPart<Part>(d, x + i, count), vm));
+    if (y) StorePart<Part>(e, d, y + i, count);
+    sum = hn::Add(sum, hn::IfThenElseZero(ValidLanes<Part>(d, count), e));
+  });
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+void ExpSubScale(const float* x, float m, float scale, float* y, size_t n) {
+  const hn::ScalableTag<float> d;
+  const auto vm = hn::Set(d, m), vs = hn::Set(d, scale);
+  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+    using Part = decltype(part);
+    const auto e = ExpIeee(d, hn::Sub(LoadPart<Part>(d, x + i, count), vm));
+    StorePart<Part>(hn::Mul(e, vs), d, y + i, count);
+  });
+}
+
+void ScaleRow(float* y, float s, size_t n) {
+  const hn::ScalableTag<float> d;
+  const auto vs = hn::Set(d, s);
+  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+    using Part = decltype(part);
+    StorePart<Part>(hn::Mul(LoadPart<Part>(d, y + i, count), vs), d, y + i, count);
+  });
+}
+
+float DotRow(const float* a, const float* b, size_t n) {
+  const hn::ScalableTag<float> d;
+  auto sum = hn::Zero(d);  // the zero padding of a tail adds 0 * 0
+  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+    using Part = decltype(part);
+    sum = hn::MulAdd(LoadPart<Part>(d, a + i, count), LoadPart<Part>(d, b + i, count), sum);
+  });
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+void MulSubRow(const float* y, const float* dy, float c, float* dx, size_t n) {
+  const hn::ScalableTag<float> d;
+  const auto vc = hn::Set(d, c);
+  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+    using Part = decltype(part);
+    const auto r = hn::Mul(LoadPart<Part>(d, y + i, count), hn::Sub(LoadPart<Part>(d, dy + i, count), vc));
+    StorePart<Part>(r, d, dx + i, count);
+  });
+}
+
+// Statistics in double, as the scalar reference: a float sum of a long row loses digits. Each load takes as many
+// floats as a vector holds doubles and widens them; the tail (fewer than one vector) is added in scalar double.
+void LayerNormForwardRow(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                         double eps, size_t n) {
+  const hn::ScalableTag<float> d;
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;  // floats widened one double vector at a time
+  const size_t N = hn::Lanes(dd), whole = n / N * N;
+  auto s = hn::Zero(dd);
+  for (size_t i = 0; i < whole; i += N) s = hn::Add(s, hn::PromoteTo(dd, hn::LoadU(df, x + i)));
+  double sum = hn::GetLane(hn::SumOfLanes(dd, s));
+  for (size_t i = whole; i < n; ++i) sum += x[i];
+  const double mu = sum / double(n);
+  const auto vmu = hn::Set(dd, mu);
+  auto ss = hn::Zero(dd);
+  for (size_t i = 0; i < whole; i += N) {
+    const auto dev = hn::Sub(hn::PromoteTo(dd, hn::LoadU(df, x + i)), vmu);
+    ss = hn::MulAdd(dev, dev, ss);
+  }
+  double sq = hn::GetLane(hn::SumOfLanes(dd, ss));
+  for (size_t i = whole; i < n; ++i) sq += (x[i] - mu) * (x[i] - mu);
+  const float m = float(mu), rs = float(1.0 / std::sqrt(sq / double(n) + eps));
+  const auto vm = hn::Set(d, m), vrs = hn::Set(d, rs);
+  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+    using Part = decltype(part);
+    const auto xhat = hn::Mul(hn::Sub(LoadPart<Part>(d, x + i, count), vm), vrs);
+    const auto r = hn::MulAdd(xhat, LoadPart<Part>(d, w + i, count), LoadPart<Part>(d, b + i, count));
+    StorePart<Part>(r, d, y + i, count);
+  });
+  *mean = m;
+  *rstd = rs;
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy w; dw += dy xhat; db += dy. Padding lanes hold
+// x = dy = 0, so they add nothing to the sums.
+void LayerNormBackwardRow(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
+                          float* dw, float* db, size_t n) {
+  const hn::ScalableTag<float> d;
+  const auto vm = hn::Set(d, mean), vrs = hn::Set(d, rstd);
+  auto sum_g = hn::Zero(d), sum_gx = hn::Zero(d);
+  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+    using Part = decltype(part);
+    const auto vdy = LoadPart<Part>(d, dy + i, count);
+    const auto xhat = hn::Mul(hn::Sub(LoadPart<Part>(d, x + i, count), vm), vrs);
+    const auto g = hn::Mul(vdy, LoadPart<Part>(d, w + i, count));
+    sum_g = hn::Add(sum_g, g);
+    sum_gx = hn::MulAdd(g, xhat, sum_gx);
+    StorePart<Part>(hn::MulAdd(vdy, xhat, LoadPart<Part>(d, dw + i, count)), d, dw + i, count);
+    StorePart<Part>(hn::Add(LoadPart<Part>(d, db + i, count), vdy), d, db + i, count);
+  });
+  const float mean_g = hn::GetLane(hn::SumOfLanes(d, sum_g)) / float(n);
+  const float mean_gx = hn::GetLane(hn::SumOfLanes(d, sum_gx)) / float(n);
+  const auto vmg = hn::Set(d, mean_g), vmgx = hn::Set(d, mean_gx);
+  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+    using Part = decltype(part);
+    const auto xhat = hn::Mul(hn::Sub(LoadPart<Part>(d, x + i, count), vm), vrs);
+    const auto g = hn::Mul(LoadPart<Part>(d, dy + i, count), LoadPart<Part>(d, w + i, count));
+    StorePart<Part>(hn::Mul(vrs, hn::NegMulAdd(xhat, vmgx, hn::Sub(g, vmg))), d, dx + i, count);
+  });
+}
+
+}  // namespace minidl::ops::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "ops/cpu/simd/isa.h"
+#include "ops/cpu/simd/simd.h"
+
+namespace minidl::ops::simd {
+
+HWY_EXPORT(MaxRow);
+HWY_EXPORT(ExpSubSum);
+HWY_EXPORT(ExpSubScale);
+HWY_EXPORT(ScaleRow);
+HWY_EXPORT(DotRow);
+HWY_EXPORT(MulSubRow);
+HWY_EXPORT(LayerNormForwardRow);
+HWY_EXPORT(LayerNormBackwardRow);
+
+float max_row(const float* x, int64_t n) {
+  ensure_isa_selected();
+  return HWY_DYNAMIC_DISPATCH(MaxRow)(x, size_t(n));
+}
+float exp_sub_sum(const float* x, float m, float* y, int64_t n) {
+  ensure_isa_selected();
+  return HWY_DYNAMIC_DISPATCH(ExpSubSum)(x, m, y, size_t(n));
+}
+void exp_sub_scale(const float* x, float m, float scale, float* y, int64_t n) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(ExpSubScale)(x, m, scale, y, size_t(n));
+}
+void scale_row(float* y, float s, int64_t n) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(ScaleRow)(y, s, size_t(n));
+}
+float dot_row(const float* a, const float* b, int64_t n) {
+  ensure_isa_selected();
+  return HWY_DYNAMIC_DISPATCH(DotRow)(a, b, size_t(n));
+}
+void mul_sub_row(const float* y, const float* dy, float c, float* dx, int64_t n) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(MulSubRow)(y, dy, c, dx, size_t(n));
+}
+void layernorm_forward_row(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                           double eps, int64_t n) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(LayerNormForwardRow)(x, w, b, y, mean, rstd, eps, size_t(n));
+}
+void layernorm_backward_row(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
+                            float* dw, float* db, int64_t n) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(LayerNormBackwardRow)(dy, x, w, mean, rstd, dx, dw, db, size_t(n));
+}
+
+}  // namespace minidl::ops::simd
+#endif  // HWY_ONCE

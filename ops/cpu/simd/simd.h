@@ -1,0 +1,59 @@
+// Explicit vector code for the CPU ops' hot loops, compiled for SSE4, AVX2 and AVX-512 with Google Highway and
+// dispatched at run time to the best one the CPU has (or to MINIDL_CPU_ISA: ops/cpu/simd/isa.h).
+//
+// Each function works on one contiguous f32 row (or a flat range) of n elements, any n including 0 and tails
+// shorter than a vector; the callers in ops/cpu/*.cpp split rows across threads, so nothing here depends on the
+// thread count. Results are the same on every run of one ISA; between ISAs only the sums differ (more lanes mean
+// a different summation order) and SSE4 rounds a*b+c twice where AVX2/AVX-512 fuse it (README "CPU ISAs").
+// exp is Highway's (hwy/contrib/math, 1 ulp), with IEEE edge cases restored: exp(-inf) = 0, overflow to +inf,
+// NaN in -> NaN out. The f64 paths of the ops stay scalar: they are the exact reference the tests compare with.
+//
+//   simd::gelu_row(x, bias, y, C);                 // y = gelu(x + bias), bias may be null
+//   float m = simd::max_row(s, n);
+//   float l = simd::exp_sub_sum(s, m, s, n);       // s = exp(s - m) in place, l = sum
+#pragma once
+
+#include <cstdint>
+
+#include "core/half.h"
+#include "ops/kernels/adamw.h"
+
+namespace minidl::ops::simd {
+
+// y = gelu_tanh(x + bias) (ops/kernels/gelu.h); bias null means 0.
+void gelu_row(const float* x, const float* bias, float* y, int64_t n);
+// dx = dy * gelu_tanh'(x + bias); when dbias is not null, also dbias += dx.
+void gelu_backward_row(const float* dy, const float* x, const float* bias, float* dx, float* dbias, int64_t n);
+
+// max of x (-inf for n = 0).
+float max_row(const float* x, int64_t n);
+// y = exp(x - m) (y may be x; null stores nothing); returns the sum of the exps.
+float exp_sub_sum(const float* x, float m, float* y, int64_t n);
+// y = exp(x - m) * scale (y may be x).
+void exp_sub_scale(const float* x, float m, float scale, float* y, int64_t n);
+// y *= s.
+void scale_row(float* y, float s, int64_t n);
+// sum a * b.
+float dot_row(const float* a, const float* b, int64_t n);
+// dx = y * (dy - c) (dx may be dy): softmax's backward and attention's dS = P * (dP - D).
+void mul_sub_row(const float* y, const float* dy, float c, float* dx, int64_t n);
+
+// Layer norm of one row: y = (x - mean) * rstd * w + b with statistics accumulated in double (two passes).
+void layernorm_forward_row(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                           double eps, int64_t n);
+// Layer norm backward of one row: dx, and dw += dy * xhat, db += dy.
+void layernorm_backward_row(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
+                            float* dw, float* db, int64_t n);
+
+// ops/kernels/adamw.h's update, operation for operation (no fused multiply-adds: same bits on every ISA).
+void adamw(float* p, const float* g, float* m, float* v, const minidl::kernels::AdamWConstants& c, int64_t n);
+// g *= inv_scale; returns true if any result is inf or NaN.
+bool unscale(float* g, float inv_scale, int64_t n);
+
+// Conversions with core/half.h's rounding (nearest even) and results (NaN payloads aside).
+void f32_to_bf16(const float* s, bf16* d, int64_t n);
+void bf16_to_f32(const bf16* s, float* d, int64_t n);
+void f32_to_f16(const float* s, f16* d, int64_t n);
+void f16_to_f32(const f16* s, float* d, int64_t n);
+
+}  // namespace minidl::ops::simd

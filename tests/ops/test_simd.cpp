@@ -1,0 +1,282 @@
+// ops/cpu/simd's vector kernels against double-precision scalar references, on every ISA this machine runs
+// (ops/cpu/simd/isa.h), for every length 1..67 (whole vectors and tails of each width) and inputs that include
+// zeros, denormals, +-inf and NaN.
+//
+// Bounds, in ulps of the float result (the distance to the double reference rounded to float):
+//   exp(x - m): 2 ulp (Highway's Exp is 1 ulp; the subtraction is exact or its rounding is part of the input).
+//   gelu: 4 ulp for x >= 0; for x < 0, 4 + 3|2u| ulp, u = sqrt(2/pi) (x + 0.044715 x^3). There the result is
+//     about x exp(2u), whose relative error is |2u| times that of the float argument 2u (its condition number):
+//     any float evaluation has it, the scalar float code included (x = -4: 37 ulp, x = -8: 150 ulp).
+//   gelu': the same plus an absolute 2^-22 |dy| (1 + x^2): s + 2x s (1 - s) u' cancels where gelu' crosses zero
+//     (x near -0.75), and 1 - s loses its digits as s -> 1.
+//   sums (exp sums, dots, layer norm): n * 2^-23 relative to the sum of magnitudes (any summation order).
+//   AdamW, unscale, casts: bitwise (no float reduction, no fused multiply-add: ops/CMakeLists.txt).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "ops/cpu/simd/isa.h"
+#include "ops/cpu/simd/simd.h"
+#include "ops/kernels/adamw.h"
+#include "ops/kernels/gelu.h"
+
+namespace simd = minidl::ops::simd;
+using minidl::bf16;
+using minidl::f16;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr int kMaxLen = 67;
+
+// Random values with special ones sprinkled in, so every position of a vector and of a tail sees each.
+std::vector<float> inputs(int n, unsigned seed, float spread = 3.0f, bool specials = true) {
+  static const float kSpecial[] = {0.0f, -0.0f, 1e-40f, -1e-40f, 1e-30f, -7.5f, 9.0f, 20.0f, -20.0f, 100.0f};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, spread);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) x[size_t(i)] = normal(rng);
+  if (specials)
+    for (int i = int(seed % 5); i < n; i += 7) x[size_t(i)] = kSpecial[(size_t(i) + seed) % std::size(kSpecial)];
+  return x;
+}
+
+// The distance from got to the double reference, in ulps of the reference rounded to float.
+double ulps(float got, double want) {
+  if (std::isnan(want)) return std::isnan(got) ? 0 : INFINITY;
+  float w = float(want);
+  if (std::isinf(w)) return w == got ? 0 : INFINITY;  // beyond FLT_MAX, float's answer is inf
+  double ulp = std::nextafter(std::fabs(w), kInf) - std::fabs(w);
+  return std::fabs(double(got) - want) / ulp;
+}
+
+// Runs body once per ISA of this machine, with the ISA named in failure messages.
+template <class Body>
+void for_each_isa(Body body) {
+  for (simd::CpuIsa isa : simd::supported_isas()) {
+    simd::IsaGuard guard(isa);
+    SCOPED_TRACE(simd::isa_name(isa));
+    body();
+  }
+}
+
+// absolute: the extra absolute error allowed (the gradient's cancellation), 0 for the forward.
+void expect_gelu_close(float got, double want, float x, int n, double absolute = 0) {
+  const double two_u = 2 * 0.7978845608028654 * (double(x) + 0.044715 * double(x) * x * x);
+  const double bound = !(x < 0) ? 4 : 4 + 3 * std::fabs(two_u);  // NaN and -inf: 4 (both give NaN)
+  if (absolute > 0 && std::fabs(double(got) - want) <= absolute) return;
+  EXPECT_LE(ulps(got, want), bound) << "x = " << x << ", n = " << n << ", got " << got << ", want " << want;
+}
+
+}  // namespace
+
+TEST(Simd, SupportedIsasAreListedAndUnknownNamesAreErrors) {
+  ASSERT_FALSE(simd::supported_isas().empty());  // every x86-64 CPU since 2008 has SSE4
+  EXPECT_THROW(simd::set_isa("avx3000"), minidl::Error);
+  for (simd::CpuIsa isa : {simd::CpuIsa::kSse4, simd::CpuIsa::kAvx2, simd::CpuIsa::kAvx512}) {
+    bool supported = false;
+    for (simd::CpuIsa s : simd::supported_isas()) supported |= s == isa;
+    if (!supported) EXPECT_THROW(simd::set_isa(isa), minidl::Error) << simd::isa_name(isa);
+  }
+  simd::set_isa("best");
+  EXPECT_EQ(simd::current_isa(), simd::supported_isas().front());
+}
+
+TEST(Simd, GeluAndBiasGeluForwardWithinUlpBound) {
+  for_each_isa([] {
+    for (int n = 1; n <= kMaxLen; ++n) {
+      std::vector<float> x = inputs(n, unsigned(n)), b = inputs(n, unsigned(n) + 100, 1.0f, false);
+      x[0] = n % 3 == 0 ? kInf : n % 3 == 1 ? -kInf : kNaN;
+      std::vector<float> y(static_cast<size_t>(n)), yb(static_cast<size_t>(n));
+      simd::gelu_row(x.data(), nullptr, y.data(), n);
+      simd::gelu_row(x.data(), b.data(), yb.data(), n);
+      for (int i = 0; i < n; ++i) {
+        expect_gelu_close(y[size_t(i)], minidl::ops::kernels::gelu_tanh(double(x[size_t(i)])), x[size_t(i)], n);
+        float xb = x[size_t(i)] + b[size_t(i)];  // the kernel adds the bias in float, as the scalar code did
+        expect_gelu_close(yb[size_t(i)], minidl::ops::kernels::gelu_tanh(double(xb)), xb, n);
+      }
+    }
+  });
+}
+
+TEST(Simd, GeluBackwardWithinUlpBoundAndAccumulatesBiasGradient) {
+  for_each_isa([] {
+    for (int n = 1; n <= kMaxLen; ++n) {
+      std::vector<float> x = inputs(n, unsigned(n) + 7), b = inputs(n, unsigned(n) + 200, 1.0f, false);
+      std::vector<float> dy = inputs(n, unsigned(n) + 300, 1.0f, false);
+      std::vector<float> dx(static_cast<size_t>(n)), db(static_cast<size_t>(n), 0.5f);
+      simd::gelu_backward_row(dy.data(), x.data(), b.data(), dx.data(), db.data(), n);
+      for (int i = 0; i < n; ++i) {
+        float xb = x[size_t(i)] + b[size_t(i)];
+        double want = double(dy[size_t(i)]) * minidl::ops::kernels::gelu_tanh_grad(double(xb));
+        const double absolute = std::ldexp(std::fabs(double(dy[size_t(i)])) * (1 + double(xb) * xb), -22);
+        expect_gelu_close(dx[size_t(i)], want, xb, n, std::isfinite(absolute) ? absolute : 0);
+        EXPECT_EQ(db[size_t(i)], 0.5f + dx[size_t(i)]) << "n = " << n << ", i = " << i;
+      }
+    }
+  });
+}
+
+TEST(Simd, ExpRowsWithinTwoUlpIncludingInfAndNaN) {
+  for_each_isa([] {
+    for (int n = 1; n <= kMaxLen; ++n) {
+      std::vector<float> x = inputs(n, unsigned(n) + 11, 30.0f);
+      x[size_t(n - 1)] = n % 2 ? -kInf : kNaN;
+      const float m = 5.0f;
+      std::vector<float> y(static_cast<size_t>(n)), z(static_cast<size_t>(n));
+      float sum = simd::exp_sub_sum(x.data(), m, y.data(), n);
+      simd::exp_sub_scale(x.data(), m, 0.25f, z.data(), n);
+      double want_sum = 0, magnitude = 0;
+      for (int i = 0; i < n; ++i) {
+        double want = std::exp(double(x[size_t(i)] - m));
+        EXPECT_LE(ulps(y[size_t(i)], want), 2) << "x = " << x[size_t(i)] << ", n = " << n;
+        EXPECT_LE(ulps(z[size_t(i)], want * 0.25), 2) << "x = " << x[size_t(i)] << ", n = " << n;
+        want_sum += want;
+        magnitude += std::fabs(want);
+      }
+      if (std::isnan(want_sum))
+        EXPECT_TRUE(std::isnan(sum));
+      else if (std::isinf(float(want_sum)))
+        EXPECT_EQ(sum, float(want_sum));
+      else
+        EXPECT_NEAR(sum, want_sum, n * std::ldexp(magnitude, -23) + 1e-37) << "n = " << n;
+      float sum_only = simd::exp_sub_sum(x.data(), m, nullptr, n);
+      EXPECT_TRUE(sum_only == sum || (std::isnan(sum_only) && std::isnan(sum))) << "storing or not, same sum";
+    }
+  });
+}
+
+TEST(Simd, MaxDotScaleAndMulSubRows) {
+  for_each_isa([] {
+    EXPECT_EQ(simd::max_row(nullptr, 0), -kInf);
+    for (int n = 1; n <= kMaxLen; ++n) {
+      std::vector<float> a = inputs(n, unsigned(n) + 21, 2.0f, false), b = inputs(n, unsigned(n) + 22, 2.0f, false);
+      a[size_t(n / 2)] = n % 2 ? -kInf : 1e-40f;
+      float want_max = -kInf;
+      double want_dot = 0, magnitude = 0;
+      for (int i = 0; i < n; ++i) want_max = std::max(want_max, a[size_t(i)]);
+      EXPECT_EQ(simd::max_row(a.data(), n), want_max) << "n = " << n;
+      a[size_t(n / 2)] = 1e-40f;
+      for (int i = 0; i < n; ++i) {
+        want_dot += double(a[size_t(i)]) * b[size_t(i)];
+        magnitude += std::fabs(double(a[size_t(i)]) * b[size_t(i)]);
+      }
+      EXPECT_NEAR(simd::dot_row(a.data(), b.data(), n), want_dot, n * std::ldexp(magnitude, -23) + 1e-37);
+      std::vector<float> s = a, dx(static_cast<size_t>(n));
+      simd::scale_row(s.data(), 3.0f, n);
+      simd::mul_sub_row(a.data(), b.data(), 0.75f, dx.data(), n);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(s[size_t(i)], a[size_t(i)] * 3.0f);
+        EXPECT_EQ(dx[size_t(i)], a[size_t(i)] * (b[size_t(i)] - 0.75f));
+      }
+    }
+  });
+}
+
+TEST(Simd, LayerNormRowsMatchDoubleReference) {
+  for_each_isa([] {
+    for (int n = 1; n <= kMaxLen; ++n) {
+      std::vector<float> x = inputs(n, unsigned(n) + 31, 2.0f, false), w = inputs(n, unsigned(n) + 32, 1.0f, false);
+      std::vector<float> b = inputs(n, unsigned(n) + 33, 1.0f, false), dy = inputs(n, unsigned(n) + 34, 1.0f, false);
+      for (float& v : x) v += 10.0f;  // |mean| >> std: the two-pass variance must not cancel
+      std::vector<float> y(static_cast<size_t>(n)), dx(static_cast<size_t>(n)), dw(static_cast<size_t>(n), 0.0f), db(static_cast<size_t>(n), 0.0f);
+      float mean = 0, rstd = 0;
+      simd::layernorm_forward_row(x.data(), w.data(), b.data(), y.data(), &mean, &rstd, 1e-5, n);
+      double mu = 0, var = 0;
+      for (float v : x) mu += v;
+      mu /= n;
+      for (float v : x) var += (v - mu) * (v - mu);
+      double rs = 1 / std::sqrt(var / n + 1e-5);
+      EXPECT_LE(ulps(mean, mu), 1);
+      EXPECT_LE(ulps(rstd, rs), 1);
+      double sum_g = 0, sum_gx = 0;
+      for (int i = 0; i < n; ++i) {
+        double xhat = (x[size_t(i)] - mu) * rs;
+        EXPECT_NEAR(y[size_t(i)], xhat * w[size_t(i)] + b[size_t(i)], 1e-5 * (1 + std::fabs(xhat)));
+        sum_g += double(dy[size_t(i)]) * w[size_t(i)];
+        sum_gx += double(dy[size_t(i)]) * w[size_t(i)] * xhat;
+      }
+      simd::layernorm_backward_row(dy.data(), x.data(), w.data(), mean, rstd, dx.data(), dw.data(), db.data(), n);
+      for (int i = 0; i < n; ++i) {
+        double xhat = (x[size_t(i)] - mu) * rs;
+        double want = rs * (double(dy[size_t(i)]) * w[size_t(i)] - sum_g / n - xhat * sum_gx / n);
+        EXPECT_NEAR(dx[size_t(i)], want, 1e-4 * rs * (1 + std::fabs(sum_g) + std::fabs(sum_gx))) << "n = " << n;
+        EXPECT_NEAR(dw[size_t(i)], dy[size_t(i)] * xhat, 1e-5 * (1 + std::fabs(dy[size_t(i)] * xhat)));
+        EXPECT_EQ(db[size_t(i)], dy[size_t(i)]);
+      }
+    }
+  });
+}
+
+TEST(Simd, AdamWIsBitwiseTheScalarUpdate) {
+  const minidl::kernels::AdamWConstants c = minidl::kernels::adamw_constants(3e-4, 0.9, 0.95, 1e-8, 0.1, 7);
+  for_each_isa([&] {
+    for (int n = 1; n <= kMaxLen; ++n) {
+      std::vector<float> p = inputs(n, unsigned(n) + 41, 1.0f), g = inputs(n, unsigned(n) + 42, 1.0f);
+      std::vector<float> m = inputs(n, unsigned(n) + 43, 0.1f, false), v = inputs(n, unsigned(n) + 44, 0.1f, false);
+      for (float& e : v) e = e * e;
+      std::vector<float> p2 = p, m2 = m, v2 = v;
+      simd::adamw(p.data(), g.data(), m.data(), v.data(), c, n);
+      for (int i = 0; i < n; ++i) minidl::kernels::adamw_element(p2[size_t(i)], g[size_t(i)], m2[size_t(i)], v2[size_t(i)], c);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(p[size_t(i)]), std::bit_cast<uint32_t>(p2[size_t(i)])) << "n " << n;
+        EXPECT_EQ(std::bit_cast<uint32_t>(m[size_t(i)]), std::bit_cast<uint32_t>(m2[size_t(i)]));
+        EXPECT_EQ(std::bit_cast<uint32_t>(v[size_t(i)]), std::bit_cast<uint32_t>(v2[size_t(i)]));
+      }
+    }
+  });
+}
+
+TEST(Simd, UnscaleFlagsInfAndNaNAtEveryPosition) {
+  for_each_isa([] {
+    for (int n = 1; n <= kMaxLen; ++n) {
+      std::vector<float> g = inputs(n, unsigned(n) + 51, 1.0f, false), want = g;
+      for (float& e : want) e *= 0.5f;
+      EXPECT_FALSE(simd::unscale(g.data(), 0.5f, n)) << "n = " << n;
+      EXPECT_EQ(g, want);
+      for (float bad : {kInf, -kInf, kNaN}) {
+        std::vector<float> h = inputs(n, unsigned(n) + 52, 1.0f, false);
+        h[size_t(n - 1)] = bad;
+        EXPECT_TRUE(simd::unscale(h.data(), 0.5f, n)) << "n = " << n << ", value " << bad;
+      }
+      std::vector<float> big(static_cast<size_t>(n), 3e38f);  // finite in, overflows to inf when scaled up
+      EXPECT_TRUE(simd::unscale(big.data(), 2.0f, n));
+    }
+  });
+}
+
+TEST(Simd, CastsAreBitwiseCoreHalf) {
+  std::vector<float> x = inputs(kMaxLen, 61, 1000.0f);
+  const float extra[] = {kInf, -kInf, 65504.0f, 65520.0f, 6e-8f, 3e-8f, 1e-45f, 1.00390625f, 1.01171875f};
+  x.insert(x.end(), std::begin(extra), std::end(extra));
+  for_each_isa([&] {
+    for (int n = 1; n <= int(x.size()); ++n) {
+      std::vector<bf16> b(static_cast<size_t>(n));
+      std::vector<f16> h(static_cast<size_t>(n));
+      std::vector<float> back_b(static_cast<size_t>(n)), back_h(static_cast<size_t>(n));
+      simd::f32_to_bf16(x.data(), b.data(), n);
+      simd::f32_to_f16(x.data(), h.data(), n);
+      simd::bf16_to_f32(b.data(), back_b.data(), n);
+      simd::f16_to_f32(h.data(), back_h.data(), n);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(b[size_t(i)].bits, minidl::to_bf16(x[size_t(i)]).bits) << "x = " << x[size_t(i)];
+        EXPECT_EQ(h[size_t(i)].bits, minidl::to_f16(x[size_t(i)]).bits) << "x = " << x[size_t(i)];
+        EXPECT_EQ(back_b[size_t(i)], minidl::to_float(b[size_t(i)]));
+        EXPECT_EQ(back_h[size_t(i)], minidl::to_float(h[size_t(i)]));
+      }
+    }
+    bf16 nb;
+    f16 nh;
+    float nan = kNaN;
+    simd::f32_to_bf16(&nan, &nb, 1);
+    simd::f32_to_f16(&nan, &nh, 1);
+    EXPECT_TRUE(std::isnan(minidl::to_float(nb)));
+    EXPECT_TRUE(std::isnan(minidl::to_float(nh)));
+  });
+}
