@@ -147,7 +147,8 @@ struct Trainer::State {
   nn::GPTConfig model_config(int64_t vocab) const;
   std::vector<std::pair<std::string, std::string>> config_fields() const;
   void print_header() const;
-  // Collective: the logger writes checkpoint_dir/step-N, every rank waits for it.
+  // Collective: the logger writes checkpoint_dir/step-N, every rank waits for it. Returns the directory, with its
+  // size and the time the write took when this rank wrote it.
   std::string save_checkpoint(int64_t steps_done, int64_t schedule_step) const;
   void print_zero_memory() const;
 };
@@ -205,19 +206,25 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
 
 std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule_step) const {
   const std::string dir = (std::filesystem::path(cfg.checkpoint_dir) / checkpoint_name(steps_done)).string();
+  std::string what = dir;
   if (logger && !std::filesystem::exists(dir)) {
+    auto t0 = std::chrono::steady_clock::now();
     std::filesystem::create_directories(cfg.checkpoint_dir);
     nlohmann::json run = nlohmann::json::object();
     for (const auto& [k, v] : config_fields()) run[k] = v;
     TrainingState st{steps_done, schedule_step, std::nullopt, run.dump()};
     if (scaler) st.scaler = scaler->state();
     train::save_checkpoint(dir, *model, ds->tokenizer().to_json().dump(), *optimizer, st);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    uint64_t bytes = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir)) bytes += std::filesystem::file_size(f.path());
+    what += " (" + fmt("%.1f", double(bytes) / double(1 << 20)) + " MiB in " + fmt("%.0f", ms) + " ms)";
     if (cfg.keep_last > 0) prune_checkpoints(cfg.checkpoint_dir, cfg.keep_last);
   }
   // Nobody goes on (or exits) before the checkpoint is complete.
   topo->dp_group().barrier()->wait();
   topo->model_parallel_group().barrier()->wait();
-  return dir;
+  return what;
 }
 
 void Trainer::State::print_header() const {
@@ -259,7 +266,11 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     s.notes.push_back("resuming from " + o.resume);
   }
   if (!resume_dir.empty()) {
+    auto t0 = std::chrono::steady_clock::now();
     s.resume = load_checkpoint(resume_dir);  // verified: sizes, checksums, DONE
+    s.notes.push_back("checkpoint read and verified in " +
+                      fmt("%.0f", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                                      .count()) + " ms");
     s.ckpt_source = resume_dir;
     s.ckpt = nn::load_gpt((std::filesystem::path(resume_dir) / "model.safetensors").string());
   } else if (!o.init_from.empty()) {
