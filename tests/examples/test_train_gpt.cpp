@@ -76,7 +76,9 @@ TEST_F(TrainGpt, HelpDescribesEveryFlag) {
   for (const char* flag : {"--data", "--layers", "--heads", "--embd", "--seq", "--batch", "--steps", "--lr", "--min-lr",
                            "--warmup", "--weight-decay", "--dropout", "--grad-clip", "--seed", "--threads",
                            "--eval-every", "--eval-windows", "--save", "--init-from", "--sample", "--log-every",
-                           "--grad-accum", "--zero", "--amp", "--recompute", "--advance-lr-on-skip", "--device", "--tf32"})
+                           "--grad-accum", "--zero", "--amp", "--recompute", "--advance-lr-on-skip", "--device", "--tf32",
+                           "--dp", "--tp", "--pp", "--backend", "--progress", "--max-skipped-steps",
+                           "--checkpoint-dir", "--save-every", "--keep-last", "--resume"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
