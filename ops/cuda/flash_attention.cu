@@ -34,14 +34,10 @@ __global__ void __launch_bounds__(kThreads)
   T* k_tiles = q_tile + kQueries * kLd;  // [2][kKeys][kLd]
   T* v_tiles = k_tiles + 2 * kKeys * kLd;
 
-  const int n_query_tiles = (T_len + kQueries - 1) / kQueries;
-  const int bh = int(blockIdx.x % unsigned(BH));
-  const int q0 = (n_query_tiles - 1 - int(blockIdx.x / unsigned(BH))) * kQueries;
-  const int b = bh / H, h = bh % H;
-  const int64_t ld = 3 * int64_t(C);
-  const T* q = qkv + int64_t(b) * T_len * ld + int64_t(h) * D;
-  const T* k = q + C;
-  const T* v = q + 2 * C;
+  const HeadTile<D, T> tile(qkv, BH, H, T_len, C, kQueries);
+  const int q0 = tile.row0, bh = tile.bh, b = tile.b, h = tile.h;
+  const int64_t ld = tile.ld;
+  const T *q = tile.q, *k = tile.k, *v = tile.v;
   const int warp = int(threadIdx.x) / kWarpSize, lane = int(threadIdx.x) % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int warp_row0 = q0 + warp * kRowsPerWarp;  // this warp's first query row

@@ -54,14 +54,10 @@ __global__ void __launch_bounds__(kThreads)
   T* k_tiles = do_tile + kBlockRows * kLd;  // [2][kKeys][kLd]
   T* v_tiles = k_tiles + 2 * kKeys * kLd;
 
-  const int n_query_tiles = (T_len + kBlockRows - 1) / kBlockRows;
-  const int bh = int(blockIdx.x % unsigned(BH));
-  const int q0 = (n_query_tiles - 1 - int(blockIdx.x / unsigned(BH))) * kBlockRows;
-  const int b = bh / H, h = bh % H;
-  const int64_t ld = 3 * int64_t(C);
-  const T* q = qkv + int64_t(b) * T_len * ld + int64_t(h) * D;
-  const T* k = q + C;
-  const T* v = q + 2 * C;
+  const HeadTile<D, T> tile(qkv, BH, H, T_len, C, kBlockRows);
+  const int q0 = tile.row0, bh = tile.bh, b = tile.b, h = tile.h;
+  const int64_t ld = tile.ld;
+  const T *q = tile.q, *k = tile.k, *v = tile.v;
   const T* dO = dout + int64_t(b) * T_len * C + int64_t(h) * D;
   const int warp = int(threadIdx.x) / kWarpSize, lane = int(threadIdx.x) % kWarpSize;
   const int g = lane / 4, t = lane % 4;

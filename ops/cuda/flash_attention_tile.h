@@ -82,6 +82,27 @@ __device__ __forceinline__ void mma2(float (&d0)[4], float (&d1)[4], const uint3
 }
 
 // Max over the four lanes of a quad (the lanes holding one accumulator row).
+// The (batch, head) and the tile of `rows` query rows a block works on — blocks are numbered heaviest tile first (the
+// causal tile with the most keys), every batch x head of one tile together — and that head's q, k and v columns
+// of the (B, T, 3C) input.
+template <int D, class T>
+struct HeadTile {
+  int row0, bh, b, h;
+  int64_t ld;  // elements between consecutive positions of q, k and v: 3C
+  const T *q, *k, *v;
+  __device__ HeadTile(const T* qkv, int BH, int H, int T_len, int C, int rows) {
+    const int n_tiles = (T_len + rows - 1) / rows;
+    bh = int(blockIdx.x % unsigned(BH));
+    row0 = (n_tiles - 1 - int(blockIdx.x / unsigned(BH))) * rows;
+    b = bh / H;
+    h = bh % H;
+    ld = 3 * int64_t(C);
+    q = qkv + int64_t(b) * T_len * ld + int64_t(h) * D;
+    k = q + C;
+    v = q + 2 * C;
+  }
+};
+
 // Two products the backward needs side by side, for this warp's 16 rows of two (row, k) tiles and N rows of two
 // (n, k) tiles, over the head dimension: s = a · bᵀ and dp = c · dᵀ (dQ pass: S = Q Kᵀ, dP = dO Vᵀ; dK/dV pass:
 // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ). Accumulators start at zero.
