@@ -37,6 +37,7 @@ void backend_copy(void* dst, Device dst_device, const void* src, Device src_devi
       ready.wait(stream);
     }
     MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    detail::count_copy(cudaMemcpyDefault, bytes);
     // The source's block goes back to the caching allocator for the source's stream only, and that stream may
     // overwrite the source as soon as the caller frees or writes it: order the source's stream after this read.
     Event copied(false);
@@ -45,15 +46,23 @@ void backend_copy(void* dst, Device dst_device, const void* src, Device src_devi
     return;
   }
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
-  if (kind != cudaMemcpyDeviceToDevice) MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  detail::count_copy(kind, bytes);
+  if (kind != cudaMemcpyDeviceToDevice) {
+    MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    detail::count_host_sync();
+  }
 }
 
 void backend_memset_zero(void* ptr, size_t bytes, int device) {
   DeviceGuard guard(device);
   MINIDL_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, current_stream(device)));
+  detail::count_memset();
 }
 
-void backend_synchronize(int device) { MINIDL_CUDA_CHECK(cudaStreamSynchronize(current_stream(device))); }
+void backend_synchronize(int device) {
+  MINIDL_CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));
+  detail::count_host_sync();
+}
 
 const DeviceBackend kBackend{backend_allocate, backend_free, backend_copy, backend_memset_zero,
                              backend_synchronize};
