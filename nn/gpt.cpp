@@ -175,8 +175,10 @@ Tensor GPT::embed(const Tensor& ids) const {
 }
 
 Tensor GPT::position_ids(int64_t T, Device device) const {
-  if (!positions_.defined() || positions_.device() != device)
+  if (!positions_.defined() || positions_.device() != device) {
+    MemoryTagGuard tag(MemTag::kOther);  // kept for the model's life, not one step's activations
     positions_ = Tensor::arange(cfg_.block_size, DType::i64).to(device);
+  }
   return positions_.narrow(0, 0, T);
 }
 
