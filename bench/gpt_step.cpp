@@ -7,7 +7,9 @@
 //
 // act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce). On the
 // CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (bench/sgemm_ceiling.h), measured in the
-// same run, and %ceil the step's GFLOP/s against it.
+// same run, and %ceil the step's GFLOP/s against it. With --device cuda it also prints the CUDA backend's counters
+// per timed step (cuda::counters()): kernel launches, host synchronisations, bytes copied each way and cudaMalloc
+// calls, the bench's own synchronize excluded.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -26,8 +28,56 @@
 #include "train/evaluate.h"
 #include "train/step.h"
 #include "ops/matmul.h"
+#if defined(MINIDL_HAVE_CUDA_BACKEND)
+#include "core/cuda/cuda.h"
+#endif
 
 using namespace minidl;
+
+namespace {
+
+// Sums the CUDA backend's counters over the timed steps (nothing in a build without a CUDA backend).
+struct StepCounters {
+#if defined(MINIDL_HAVE_CUDA_BACKEND)
+  cuda::Counters before, total;
+  void begin() { before = cuda::counters(); }
+  void end() {
+    const cuda::Counters d = cuda::counters() - before;
+    total = cuda::Counters{total.kernel_launches + d.kernel_launches, total.memsets + d.memsets,
+                           total.host_syncs + d.host_syncs, total.h2d_copies + d.h2d_copies,
+                           total.h2d_bytes + d.h2d_bytes, total.d2h_copies + d.d2h_copies,
+                           total.d2h_bytes + d.d2h_bytes, total.d2d_copies + d.d2d_copies,
+                           total.d2d_bytes + d.d2d_bytes, total.device_mallocs + d.device_mallocs,
+                           total.device_frees + d.device_frees};
+  }
+  void print(int64_t steps) const {
+    const double n = double(steps);
+    const cuda::Counters& t = total;
+    std::printf("per step: launches %.1f memsets %.1f syncs %.1f h2d %.1f (%.0f B) d2h %.1f (%.0f B) "
+                "d2d %.1f (%.0f B) cudaMalloc %.1f\n",
+                t.kernel_launches / n, t.memsets / n, t.host_syncs / n, t.h2d_copies / n, t.h2d_bytes / n,
+                t.d2h_copies / n, t.d2h_bytes / n, t.d2d_copies / n, t.d2d_bytes / n, t.device_mallocs / n);
+  }
+  // Fields for the --json object: ", \"launches_per_step\": ..." (empty without a CUDA backend).
+  std::string json_fields(int64_t steps) const {
+    const double n = double(steps);
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  ", \"launches_per_step\": %.1f, \"syncs_per_step\": %.1f, \"h2d_bytes_per_step\": %.0f, "
+                  "\"d2h_bytes_per_step\": %.0f, \"mallocs_per_step\": %.1f",
+                  total.kernel_launches / n, total.host_syncs / n, total.h2d_bytes / n, total.d2h_bytes / n,
+                  total.device_mallocs / n);
+    return text;
+  }
+#else
+  void begin() {}
+  void end() {}
+  void print(int64_t) const {}
+  std::string json_fields(int64_t) const { return {}; }
+#endif
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int64_t layers = 4, heads = 4, embd = 128, seq = 64, batch = 12, vocab = 65, steps = 20, warmup = 3;
@@ -81,11 +131,14 @@ int main(int argc, char** argv) {
     data::BatchSampler sampler(tokens, seq, batch, 1);
 
     std::vector<double> ms;
+    StepCounters counted;
     ledger(device).reset_peaks();
     for (int64_t s = 0; s < warmup + steps; ++s) {
       data::Batch b = sampler.batch(s);
       auto t0 = std::chrono::steady_clock::now();
+      if (s >= warmup) counted.begin();
       train::train_step(model, opt, b, options);
+      if (s >= warmup) counted.end();
       if (device.is_cuda()) device_backend(device, "synchronize").synchronize(device.index);  // the step's GPU work
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) ms.push_back(dt);
@@ -119,12 +172,14 @@ int main(int argc, char** argv) {
     std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
                 mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),
                 mb(l.peak(MemTag::kActivations)), mb(l.peak_total()));
+    if (device.is_cuda()) counted.print(steps);
     if (json)
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
                   "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
-                  "\"sgemm_ceiling_gflops\": %.2f}\n",
+                  "\"sgemm_ceiling_gflops\": %.2f%s}\n",
                   median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(),
-                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling);
+                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling,
+                  device.is_cuda() ? counted.json_fields(steps).c_str() : "");
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt_step: error: %s\n", e.what());
     return 2;

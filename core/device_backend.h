@@ -26,6 +26,9 @@ struct DeviceBackend {
   void (*copy)(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
   // Zeroes `bytes` at a device pointer, ordered on the device's compute stream.
   void (*memset_zero)(void* ptr, size_t bytes, int device);
+  // Sets `count` contiguous elements of `element_bytes` (1, 2, 4 or 8) bytes each to the value whose bytes are at
+  // `value` (host memory, read before returning), ordered on the device's compute stream: no host copy.
+  void (*fill)(void* ptr, int64_t count, const void* value, size_t element_bytes, int device);
   // Waits until all work queued on the device's compute stream has finished.
   void (*synchronize)(int device);
 };

@@ -238,6 +238,15 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(double value) {
+  if (!device().is_cpu() && is_contiguous()) {  // on the device, from the value's bytes: no copy of the tensor
+    if (numel() == 0) return *this;
+    dispatch_dtype(dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T v = from_double<T>(value);
+      device_backend(device(), "fill").fill(raw_device_data(), numel(), &v, sizeof v, device().index);
+    });
+    return *this;
+  }
   if (!device().is_cpu()) {
     Tensor host = host_mirror(*this, !is_contiguous());
     host.fill_(value);

@@ -21,7 +21,8 @@
 // name without commas, dims in brackets; namespace-scope __shared__ variables have no equivalent.
 //
 // launch_kernel returns the launch's error (cudaGetLastError() right after the launch, which also clears it),
-// so callers put it under their CUDA status check. Under nvcc that is a configuration error (too many threads,
+// so callers put it under their CUDA status check. Each call adds one to minidl_kernel_launches(), which the
+// CUDA backend reports in its counters (core/cuda/cuda.h: cuda::counters()), under nvcc and the emulator alike. Under nvcc that is a configuration error (too many threads,
 // too much dynamic shared memory); the kernel itself runs asynchronously. Under the emulator the kernel has
 // finished when it returns.
 //
@@ -47,6 +48,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda_emu/launch_count.h"
+
 #if defined(__CUDACC__)
 
 #include <cuda_bf16.h>
@@ -67,6 +70,7 @@ __device__ __forceinline__ T* dynamic_smem() {
 template <class... Params, class... Args>
 [[nodiscard]] cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
                                         cudaStream_t stream, Args&&... args) {
+  minidl_kernel_launches().fetch_add(1, std::memory_order_relaxed);
   kernel<<<grid, block, smem_bytes, stream>>>(std::forward<Args>(args)...);
   return cudaGetLastError();
 }
@@ -93,6 +97,7 @@ inline T* dynamic_smem() {
 template <class... Params, class... Args>
 [[nodiscard]] cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
                                         cudaStream_t stream, Args&&... args) {
+  minidl_kernel_launches().fetch_add(1, std::memory_order_relaxed);
   minidl::emu::launch(kernel, grid, block, smem_bytes, stream, std::forward<Args>(args)...);
   return cudaGetLastError();
 }

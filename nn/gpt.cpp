@@ -6,6 +6,8 @@
 #include "autograd/checkpoint.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "ops/cast.h"
+#include "ops/embedding.h"
 
 namespace minidl::nn {
 
@@ -139,6 +141,7 @@ void GPT::init_weights(uint64_t seed) {
 void GPT::check_ids(const Tensor& ids, const char* what, bool allow_ignore) const {
   MINIDL_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64, "GPT: expected ", what,
                " of dtype i32 or i64, got ", ids.dtype());
+  if (!ids.device().is_cpu() && ops::indices_checked_on_host()) return;  // loss() checked them before upload
   Tensor c = ids.to(Device::cpu()).contiguous();  // a device batch is checked on a host copy
   dispatch_dtype(c.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -162,9 +165,21 @@ Tensor GPT::embed(const Tensor& ids) const {
                "GPT::forward: sequence length must be in [1, block_size = ", cfg_.block_size, "], got T = ", T);
   check_ids(ids, "token ids", false);
 
-  Tensor pos = Tensor::arange(T, DType::i64).to(ids.device());
-  Tensor x = wte->forward(ids) + wpe->forward(pos);  // (B, T, C) + (T, C), broadcast over the batch
+  Tensor pos_emb;
+  {
+    ops::HostCheckedIndicesGuard in_range;  // [0, T) with T <= block_size: no device ids to check
+    pos_emb = wpe->forward(position_ids(T, ids.device()));
+  }
+  Tensor x = wte->forward(ids) + pos_emb;  // (B, T, C) + (T, C), broadcast over the batch
   return drop->forward(x);
+}
+
+Tensor GPT::position_ids(int64_t T, Device device) const {
+  if (!positions_.defined() || positions_.device() != device) {
+    MemoryTagGuard tag(MemTag::kOther);  // kept for the model's life, not one step's activations
+    positions_ = Tensor::arange(cfg_.block_size, DType::i64).to(device);
+  }
+  return positions_.narrow(0, 0, T);
 }
 
 Tensor GPT::blocks(int64_t a, int64_t b, const Tensor& x) const {
@@ -212,7 +227,17 @@ Tensor GPT::forward(const Tensor& ids) const { return head(blocks(0, cfg_.n_laye
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets, Reduction reduction) const {
   MINIDL_CHECK(targets.shape() == ids.shape(), "GPT::loss: expected targets of the ids' shape ", ids.shape(), ", got ",
                targets.shape());
-  return head_loss(blocks(0, cfg_.n_layer, embed(ids)), targets, reduction);
+  const Device device = wte->weight.device();
+  if (device.is_cpu() || !ids.device().is_cpu() || !targets.device().is_cpu())
+    return head_loss(blocks(0, cfg_.n_layer, embed(ids)), targets, reduction);
+  // A host batch for a model on a device: checked here, uploaded as i64 (the device kernels' index type, so no
+  // conversion through the host later), and the device ops told not to check it again on a host copy.
+  check_ids(ids, "token ids", false);
+  check_ids(targets, "targets", true);
+  const Tensor device_ids = ops::cast(ids.contiguous(), DType::i64).to(device);
+  const Tensor device_targets = ops::cast(targets.contiguous(), DType::i64).to(device);
+  ops::HostCheckedIndicesGuard checked;
+  return head_loss(blocks(0, cfg_.n_layer, embed(device_ids)), device_targets, reduction);
 }
 
 Recompute parse_recompute(const std::string& name) {

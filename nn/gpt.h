@@ -120,7 +120,10 @@ class GPT : public Module {
   Tensor forward(const Tensor& ids) const;
   // Mean (or, with Reduction::kSum, summed) cross-entropy of the next-token predictions (fused softmax +
   // cross-entropy over (B*T, V)). targets: same shape as ids, values in [0, vocab_size) or -1 (ignored).
-  // = head_loss(blocks(0, n_layer, embed(ids)), targets).
+  // = head_loss(blocks(0, n_layer, embed(ids)), targets). For a model on a device, ids and targets may be on the
+  // host: they are then range-checked there (the same messages) and uploaded once as i64, and no device op copies
+  // them back to check them again (ops::HostCheckedIndicesGuard), so a training step makes no host round trip
+  // for them.
   Tensor loss(const Tensor& ids, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
 
   // The pieces of forward; each throws if this stage does not hold the part it needs.
@@ -163,6 +166,8 @@ class GPT : public Module {
   // Position of the parameter `name` in the whole model's named_parameters() order.
   int64_t global_parameter_index(const std::string& name) const;
   void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
+  // Position ids [0, T) on `device`: built once per device (positions_[device] holds [0, block_size)).
+  Tensor position_ids(int64_t T, Device device) const;
   // x through global block i under the recompute setting.
   Tensor forward_block(int64_t i, const Tensor& x) const;
 
@@ -171,6 +176,7 @@ class GPT : public Module {
   std::shared_ptr<DropoutContext> dropout_ctx_;
   Recompute recompute_ = Recompute::kNone;
   BlockHooks* hooks_ = nullptr;
+  mutable Tensor positions_;  // [0, block_size) as i64 on the device of the last embed (not thread-safe)
 };
 
 }  // namespace minidl::nn

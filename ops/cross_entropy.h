@@ -26,7 +26,7 @@ enum class Reduction { kMean, kSum };
 struct CrossEntropyForward {
   Tensor loss;        // scalar (shape ()), logits' dtype; the mean is NaN if no row is counted (as PyTorch)
   Tensor lse;         // (N) logsumexp of each row, logits' dtype
-  int64_t count = 0;  // rows whose target != ignore_index
+  int64_t count = 0;  // rows whose target != ignore_index (not counted, 0, for a sum of host-checked device targets)
 };
 
 // logits: (N, V) f32/f64; targets: (N) i32/i64, each in [0, V) or equal to ignore_index.

@@ -31,6 +31,22 @@ inline DeviceKernel<Tensor(const Tensor&, const Tensor&, int64_t)> embedding_bac
 // Throws naming the first id of a CPU index tensor outside [0, vocab).
 void embedding_check_ids(const Tensor& ids, int64_t vocab);
 
+// Device ids and targets are range-checked on a host copy (a transfer that waits for the device). Within the scope
+// of this guard, on this thread, the caller vouches that the i64 ids and targets it hands to embedding and
+// cross_entropy (sum reduction) were checked on the host before upload, and their device entries skip that copy.
+// nn::GPT::loss sets it for a batch it receives on the host; wrong ids under it index out of bounds on the device.
+class HostCheckedIndicesGuard {
+ public:
+  HostCheckedIndicesGuard();
+  ~HostCheckedIndicesGuard();
+  HostCheckedIndicesGuard(const HostCheckedIndicesGuard&) = delete;
+  HostCheckedIndicesGuard& operator=(const HostCheckedIndicesGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+bool indices_checked_on_host();
+
 inline void check_embedding(const Tensor& weight, const Tensor& ids) {
   check_float("embedding", "weight", weight);
   MINIDL_CHECK(weight.dim() == 2, "embedding: expected weight of shape (V, C), got ", weight.shape());

@@ -20,9 +20,6 @@ int64_t count_targets(const Tensor& y) {
   return n;
 }
 
-// Where the model's parameters live: batches are built on the host and moved there a micro-batch at a time.
-Device model_device(const nn::GPT& model) { return model.parameters().front().device(); }
-
 }  // namespace
 
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch,
@@ -33,7 +30,6 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
   MINIDL_CHECK(o.amp == DType::f32 || ops::is_half(o.amp), "train_step: amp must be f32 (off), bf16 or f16, got ",
                o.amp);
   const int64_t micro = rows / k;
-  const Device device = model_device(model);
   // The normaliser of the whole step. Under DDP each rank divides by its own slice's count and DDP averages over
   // ranks: with equal-sized slices and no ignored targets that is the global mean exactly.
   const double inv_targets = 1.0 / double(std::max<int64_t>(1, count_targets(batch.y)));
@@ -50,7 +46,9 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
     const int64_t first = dropout.first_sample;
     Tensor loss_sum;
     for (int64_t m = 0; m < k; ++m) {
-      Tensor x = batch.x.narrow(0, m * micro, micro).to(device), y = batch.y.narrow(0, m * micro, micro).to(device);
+      // The host batch goes to the model as it is: GPT::loss checks ids and targets on the host and uploads them
+      // once (on a device no host copy is read back to check them).
+      Tensor x = batch.x.narrow(0, m * micro, micro), y = batch.y.narrow(0, m * micro, micro);
       dropout.first_sample = first + m * micro;
       Tensor loss = mul(model.loss(x, y, Reduction::kSum), inv_targets);
       // Summed where the loss lives and read once after the last micro-batch (on a GPU: one sync per step).

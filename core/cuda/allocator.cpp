@@ -43,10 +43,12 @@ void release_cached(DeviceCache& c, int device) {
   if (c.free_blocks.empty()) return;
   DeviceGuard guard(device);
   MINIDL_CUDA_CHECK(cudaDeviceSynchronize());  // queued work may still use a cached block
+  detail::count_host_sync();
   for (auto& [size, blocks] : c.free_blocks)
     for (const CachedBlock& b : blocks) {
       MINIDL_CUDA_CHECK(cudaFree(b.ptr));
       ++c.stats.cuda_frees;
+      detail::count_device_free();
       c.stats.cached_bytes -= int64_t(b.bytes);
     }
   c.free_blocks.clear();
@@ -81,6 +83,7 @@ void* allocate(size_t bytes, int device, size_t* rounded_bytes) {
     }
     MINIDL_CUDA_CHECK(status);
     ++c.stats.cuda_mallocs;
+    detail::count_device_malloc();
   }
   c.live.emplace(block.ptr, block);
   c.stats.allocated_bytes += int64_t(rounded);

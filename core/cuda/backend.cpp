@@ -1,7 +1,10 @@
 // The DeviceBackend that core's Storage and Tensor use for cuda devices: the caching allocator, copies and
 // memsets ordered on each device's compute stream.
+#include <cstring>
+
 #include "core/cuda/cuda.h"
 #include "core/device_backend.h"
+#include "ops/cuda/kernels.h"
 
 namespace minidl::cuda {
 
@@ -37,6 +40,7 @@ void backend_copy(void* dst, Device dst_device, const void* src, Device src_devi
       ready.wait(stream);
     }
     MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    detail::count_copy(cudaMemcpyDefault, bytes);
     // The source's block goes back to the caching allocator for the source's stream only, and that stream may
     // overwrite the source as soon as the caller frees or writes it: order the source's stream after this read.
     Event copied(false);
@@ -45,17 +49,42 @@ void backend_copy(void* dst, Device dst_device, const void* src, Device src_devi
     return;
   }
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
-  if (kind != cudaMemcpyDeviceToDevice) MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  detail::count_copy(kind, bytes);
+  if (kind != cudaMemcpyDeviceToDevice) {
+    MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    detail::count_host_sync();
+  }
 }
 
 void backend_memset_zero(void* ptr, size_t bytes, int device) {
   DeviceGuard guard(device);
   MINIDL_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, current_stream(device)));
+  detail::count_memset();
 }
 
-void backend_synchronize(int device) { MINIDL_CUDA_CHECK(cudaStreamSynchronize(current_stream(device))); }
+void backend_fill(void* ptr, int64_t count, const void* value, size_t element_bytes, int device) {
+  MINIDL_ASSERT(element_bytes == 1 || element_bytes == 2 || element_bytes == 4 || element_bytes == 8,
+                "device fill of ", element_bytes, "-byte elements");
+  const auto* bytes = static_cast<const unsigned char*>(value);
+  bool same_bytes = true;  // zero, or any value of one repeated byte: a memset
+  for (size_t i = 1; i < element_bytes; ++i) same_bytes = same_bytes && bytes[i] == bytes[0];
+  DeviceGuard guard(device);
+  if (same_bytes) {
+    MINIDL_CUDA_CHECK(cudaMemsetAsync(ptr, bytes[0], size_t(count) * element_bytes, current_stream(device)));
+    detail::count_memset();
+    return;
+  }
+  uint64_t pattern = 0;
+  std::memcpy(&pattern, value, element_bytes);
+  MINIDL_CUDA_CHECK(ops::cuda::fill_bytes(ptr, count, int(element_bytes), pattern, current_stream(device)));
+}
 
-const DeviceBackend kBackend{backend_allocate, backend_free, backend_copy, backend_memset_zero,
+void backend_synchronize(int device) {
+  MINIDL_CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));
+  detail::count_host_sync();
+}
+
+const DeviceBackend kBackend{backend_allocate, backend_free, backend_copy, backend_memset_zero, backend_fill,
                              backend_synchronize};
 
 // Registers at static-init time whenever this object file is linked (any use of minidl::cuda pulls it in via

@@ -59,6 +59,36 @@ struct AllocatorStats {
 };
 AllocatorStats allocator_stats(int device);
 
+// ---- counters: what the host asked of the devices ----
+// Process-wide totals over every device since the start or the last reset_counters(), counted in the host code
+// both runtimes share (launch_kernel, this library's copies and synchronizations, the allocator), so the real and
+// the emulated backend count the same things. A steady-state training step should show launches only:
+//
+//   cuda::reset_counters();  trainer.step();  cuda::Counters c = cuda::counters();  // c.host_syncs == 0 ?
+struct Counters {
+  int64_t kernel_launches = 0;  // launch_kernel calls, plus one per GEMM (cuBLAS/cuBLASLt or the emulated one)
+  int64_t memsets = 0;          // cudaMemsetAsync
+  int64_t host_syncs = 0;       // the host waited for a device: stream, device or event synchronizations
+  int64_t h2d_copies = 0, h2d_bytes = 0;  // host -> device
+  int64_t d2h_copies = 0, d2h_bytes = 0;  // device -> host
+  int64_t d2d_copies = 0, d2d_bytes = 0;  // device -> device (same or peer device)
+  int64_t device_mallocs = 0, device_frees = 0;  // cudaMalloc / cudaFree (the caching allocator's misses)
+};
+Counters counters();
+void reset_counters();
+// Field by field: the counts between two snapshots.
+Counters operator-(const Counters& after, const Counters& before);
+
+namespace detail {
+// Called by the backend's own code at each event it counts (launch_kernel counts itself, in cuda_compat.h).
+void count_library_launch();  // a library call that launches kernels (a GEMM)
+void count_memset();
+void count_host_sync();
+void count_copy(cudaMemcpyKind kind, size_t bytes);  // cudaMemcpyDefault: device to device
+void count_device_malloc();
+void count_device_free();
+}  // namespace detail
+
 // ---- RAII helpers ----
 
 // Makes `device` current for the calling thread in its scope, then restores the previous one.

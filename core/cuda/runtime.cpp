@@ -66,7 +66,10 @@ Event::~Event() {
 
 void Event::record(cudaStream_t stream) { MINIDL_CUDA_CHECK(cudaEventRecord(event_, stream)); }
 void Event::wait(cudaStream_t stream) const { MINIDL_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
-void Event::synchronize() const { MINIDL_CUDA_CHECK(cudaEventSynchronize(event_)); }
+void Event::synchronize() const {
+  MINIDL_CUDA_CHECK(cudaEventSynchronize(event_));
+  detail::count_host_sync();
+}
 
 float Event::elapsed_ms(const Event& end) const {
   float ms = 0.0f;

@@ -54,6 +54,7 @@ NcclTransport::~NcclTransport() {
   // Transfers never flushed had no matching partner yet; issuing them now could only hang.
   cuda::DeviceGuard guard(device_.index);
   cudaStreamSynchronize(stream_);
+  cuda::detail::count_host_sync();
   ncclCommDestroy(comm_);
   compute_ready_.reset();
   cudaStreamDestroy(stream_);

@@ -2,6 +2,7 @@
 // of vocabulary rows, so no two threads write one row and every row sums its positions in increasing order.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/parallel.h"
 #include "ops/embedding.h"
@@ -25,6 +26,11 @@ static Shape output_shape(const Tensor& ids, int64_t C) {
 static bool g_deterministic_embedding_backward = true;
 void set_deterministic_embedding_backward(bool deterministic) { g_deterministic_embedding_backward = deterministic; }
 bool deterministic_embedding_backward() { return g_deterministic_embedding_backward; }
+
+static thread_local bool t_indices_checked_on_host = false;
+HostCheckedIndicesGuard::HostCheckedIndicesGuard() : previous_(std::exchange(t_indices_checked_on_host, true)) {}
+HostCheckedIndicesGuard::~HostCheckedIndicesGuard() { t_indices_checked_on_host = previous_; }
+bool indices_checked_on_host() { return t_indices_checked_on_host; }
 
 void embedding_check_ids(const Tensor& ids, int64_t vocab) {
   check_index("embedding", "ids", ids);

@@ -89,6 +89,10 @@ cudaError_t embedding_forward(const float* weight, const int64_t* ids, float* ou
 cudaError_t embedding_backward(const float* grad_out, const int64_t* ids, float* dweight, int64_t n,
                                int64_t vocab, int C, bool deterministic, cudaStream_t stream);
 
+// ---- fill.cu: Tensor::fill_ on a device (core's DeviceBackend::fill) ----
+// dst[0..n) = the value whose bytes are the low element_bytes (1, 2, 4 or 8) bytes of `pattern`.
+cudaError_t fill_bytes(void* dst, int64_t n, int element_bytes, uint64_t pattern, cudaStream_t stream);
+
 // ---- cast.cu: ops::cast between f32 and f16/bf16 ----
 // n elements, round to nearest even to 16 bits (the CPU's bits for every non-NaN value), exact to f32.
 cudaError_t cast_f32_to_f16(const float* src, __half* dst, int64_t n, cudaStream_t stream);

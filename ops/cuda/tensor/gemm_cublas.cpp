@@ -12,6 +12,7 @@
 
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/cuda/cuda.h"
@@ -155,6 +156,33 @@ struct LtCall {
   }
 };
 
+// cuBLASLt's heuristic costs microseconds of host time per query, and a training step asks for the same few
+// shapes every time: its answer is cached per (device, shape, dtype, compute type, pointer alignments). The
+// epilogue is always CUBLASLT_EPILOGUE_BIAS here; were another added, it would join the key.
+struct LtKey {
+  int device;
+  DType dtype;
+  cublasComputeType_t compute;
+  int64_t rows, n, k;
+  uint32_t align_w, align_x, align_out;
+  bool operator==(const LtKey&) const = default;
+};
+
+struct LtKeyHash {
+  size_t operator()(const LtKey& key) const {
+    size_t h = 0;
+    for (int64_t v : {int64_t(key.device), int64_t(key.dtype), int64_t(key.compute), key.rows, key.n, key.k,
+                      int64_t(key.align_w), int64_t(key.align_x), int64_t(key.align_out)})
+      h = h * 1000003u ^ std::hash<int64_t>()(v);
+    return h;
+  }
+};
+
+struct LtChoice {
+  bool found = false;  // false: cuBLASLt has no fused algorithm for this key, the caller adds the bias
+  cublasLtMatmulAlgo_t algo{};
+};
+
 }  // namespace
 
 void load_gemm_library() { (void)cublas(); }
@@ -203,15 +231,30 @@ bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64
   // The bias has no alignment preference to declare; to be safe, a bias view that is not 16-byte aligned takes
   // the unfused path (the caller adds it).
   if (reinterpret_cast<uintptr_t>(bias) % 16 != 0) return false;
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  if (cublas().LtMatmulAlgoGetHeuristic(dev.handle, call.desc, call.a, call.b, call.d, call.d, call.pref, 1, &heuristic,
-                                     &found) != CUBLAS_STATUS_SUCCESS ||
-      found == 0)
-    return false;  // no fused algorithm for this shape: the caller adds the bias
+  static std::mutex cache_mutex;
+  static std::unordered_map<LtKey, LtChoice, LtKeyHash> cache;
+  const LtKey key{device, dtype, compute, rows, n, k, align_w, align_x, align_out};
+  LtChoice choice;
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      choice = it->second;
+    } else {
+      cublasLtMatmulHeuristicResult_t heuristic{};
+      int found = 0;
+      choice.found = cublas().LtMatmulAlgoGetHeuristic(dev.handle, call.desc, call.a, call.b, call.d, call.d,
+                                                       call.pref, 1, &heuristic, &found) == CUBLAS_STATUS_SUCCESS &&
+                     found > 0;
+      if (choice.found) choice.algo = heuristic.algo;
+      cache.emplace(key, choice);
+    }
+  }
+  if (!choice.found) return false;  // no fused algorithm for this shape: the caller adds the bias
   const float one = 1.0f, zero = 0.0f;
   MINIDL_CUBLAS_CHECK(cublas().LtMatmul(dev.handle, call.desc, &one, w, call.a, x, call.b, &zero, out, call.d, out,
-                                     call.d, &heuristic.algo, dev.workspace, kLtWorkspace, stream));
+                                     call.d, &choice.algo, dev.workspace, kLtWorkspace, stream));
+  minidl::cuda::detail::count_library_launch();
   return true;
 }
 
@@ -228,6 +271,7 @@ void gemm(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M
       h, op(B.trans), op(A.trans), int(N), int(M), int(K), &alpha, B.ptr, type, int(B.ld), B.batch_stride, A.ptr,
       type, int(A.ld), A.batch_stride, &beta, C, type, int(ldc), c_batch_stride, int(batch), compute,
       CUBLAS_GEMM_DEFAULT));
+  minidl::cuda::detail::count_library_launch();
 }
 
 }  // namespace minidl::ops::cuda

@@ -122,9 +122,12 @@ CrossEntropyForward cross_entropy_fwd(const Tensor& logits, const Tensor& target
                                       Reduction reduction) {
   check_f32("cross_entropy", "logits", logits);
   int64_t N = logits.size(0), V = logits.size(1);
-  Tensor host_targets = host_i64(targets);
+  // Targets the caller checked on the host before upload (HostCheckedIndicesGuard) need no copy for a sum: its
+  // backward divides by 1, not by the count.
+  const bool checked = indices_checked_on_host() && targets.dtype() == DType::i64 && reduction == Reduction::kSum;
+  Tensor host_targets = checked ? Tensor() : host_i64(targets);
   CrossEntropyForward f{Tensor::empty({}, DType::f32, logits.device()), Tensor::empty({N}, DType::f32, logits.device()),
-                        cross_entropy_count_targets(host_targets, V, ignore_index)};
+                        checked ? 0 : cross_entropy_count_targets(host_targets, V, ignore_index)};
   Tensor ids = targets.dtype() == DType::i64 ? targets : host_targets.to(logits.device());
   OnDevice on(logits);
   Tensor row_loss = Tensor::empty({N}, DType::f32, logits.device());
@@ -156,9 +159,12 @@ Tensor cross_entropy_bwd(const Tensor& dloss, const Tensor& logits, const Tensor
 Tensor embedding_fwd(const Tensor& weight, const Tensor& ids) {
   check_f32("embedding", "weight", weight);
   int64_t V = weight.size(0), C = weight.size(1), n = ids.numel();
-  Tensor host_ids = host_i64(ids);
-  embedding_check_ids(host_ids, V);
-  Tensor dev_ids = ids.dtype() == DType::i64 ? ids : host_ids.to(weight.device());
+  Tensor dev_ids = ids;
+  if (!indices_checked_on_host() || ids.dtype() != DType::i64) {  // otherwise checked before upload
+    Tensor host_ids = host_i64(ids);
+    embedding_check_ids(host_ids, V);
+    if (ids.dtype() != DType::i64) dev_ids = host_ids.to(weight.device());
+  }
   Shape shape = ids.shape();
   shape.push_back(C);
   OnDevice on(weight);

@@ -1,0 +1,120 @@
+// The roofline of one GPT training step (bench_gpu_roofline): for each kernel of the step, the FLOPs it does and
+// the bytes it must move through HBM at least (every input read once, every output written once), and its ideal
+// time on a named GPU, max(FLOPs / peak, bytes / bandwidth). Their sum is the step's lower bound; the model's
+// FLOPs over (lower bound x peak) is the MFU no implementation of this kernel list can beat.
+//
+//   RooflineConfig cfg{12, 12, 768, 1024, 16, 50257, DType::bf16};
+//   for (const KernelCost& k : step_kernels(cfg)) ... ideal_seconds(k, *find_gpu("H100"), cfg.amp) ...
+//
+// FLOPs follow nanoGPT's model-FLOP convention (nn::GPT::flops_per_token: 6 per parameter per token plus
+// 12·L·C·T for attention, causal masking not halved), attributed to the kernel that touches the parameter: a
+// linear layer's GEMMs carry its weight and bias, layernorm its gain and bias, the head the tied wte. Kernels
+// that the convention does not count (attention's softmax aside, the loss, AdamW, casts) show 0 FLOPs and only
+// bytes. Bytes: products and attention in the step's dtype (2 bytes with --amp, else 4), the residual stream,
+// layernorm statistics, the loss, gradients and optimizer state in f32 (minidl's mixed-precision policy).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace minidl::bench {
+
+// Dense peaks from NVIDIA's datasheets (H100 Tensor Core GPU datasheet, SXM5; A100 80GB datasheet, SXM4):
+// bf16/f16 tensor-core TFLOP/s without sparsity, FP32 (non-tensor) TFLOP/s, HBM bandwidth in GB/s.
+struct GpuPeak {
+  const char* name;
+  double half_tflops, f32_tflops, hbm_gbps;
+};
+inline constexpr GpuPeak kGpuPeaks[] = {
+    {"H100", 989.0, 67.0, 3350.0},  // H100 SXM5 80GB HBM3
+    {"A100", 312.0, 19.5, 2039.0},  // A100 SXM4 80GB HBM2e
+};
+
+inline const GpuPeak* find_gpu(const std::string& name) {
+  for (const GpuPeak& g : kGpuPeaks)
+    if (name == g.name) return &g;
+  return nullptr;
+}
+
+struct RooflineConfig {
+  int64_t layers = 12, heads = 12, embd = 768, seq = 1024, batch = 16, vocab = 50257;
+  DType amp = DType::bf16;  // f32 (off), bf16 or f16
+};
+
+// One kind of kernel of the step: `launches` launches, each doing `flops` and moving `bytes`.
+struct KernelCost {
+  std::string name;
+  int64_t launches = 0;
+  double flops = 0, bytes = 0;
+};
+
+inline double peak_flops(const GpuPeak& gpu, DType amp) {
+  return (amp == DType::f32 ? gpu.f32_tflops : gpu.half_tflops) * 1e12;
+}
+
+// max(FLOPs / peak, bytes / bandwidth) per launch, times the launches.
+inline double ideal_seconds(const KernelCost& k, const GpuPeak& gpu, DType amp) {
+  return double(k.launches) * std::max(k.flops / peak_flops(gpu, amp), k.bytes / (gpu.hbm_gbps * 1e9));
+}
+
+inline bool compute_bound(const KernelCost& k, const GpuPeak& gpu, DType amp) {
+  return k.flops / peak_flops(gpu, amp) > k.bytes / (gpu.hbm_gbps * 1e9);
+}
+
+// The kernels of one step (forward, backward, gradient clipping's norm, AdamW, zero_grad), per kind.
+inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
+  const double L = double(c.layers), C = double(c.embd), T = double(c.seq), V = double(c.vocab);
+  const double BT = double(c.batch) * T, s = double(dtype_size(c.amp)), f = 4.0;
+  const double params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;  // wpe sized for T = block size
+  std::vector<KernelCost> k;
+  auto add = [&](std::string name, double launches, double flops, double bytes) {
+    k.push_back({std::move(name), int64_t(launches), flops, bytes});
+  };
+  // A linear layer x (BT, in) -> (BT, out) with bias: forward, then the input's and the weight's gradients (the
+  // bias gradient, a column sum of dy, with the weight's; the convention's 6 FLOPs per bias element per token
+  // split 2 forward, 4 there).
+  auto linear = [&](const std::string& name, double in, double out, bool bias) {
+    const double b = bias ? out : 0;
+    add(name + " fwd", L, 2 * BT * (in * out + b), s * (BT * in + in * out + b + BT * out));
+    add(name + " bwd dx", L, 2 * BT * in * out, s * (BT * out + in * out + BT * in));
+    add(name + " bwd dw", L, 2 * BT * (in * out + 2 * b), s * (BT * in + BT * out) + f * (in * out + b));
+  };
+  add("embedding fwd (wte + wpe)", 1, 0, 8 * BT + f * (BT * C + T * C) + f * BT * C);
+  add("layernorm fwd", 2 * L + 1, 2 * BT * 2 * C, BT * C * (f + s) + 2 * C * f + 2 * BT * f);
+  linear("linear qkv", C, 3 * C, true);
+  add("attention fwd", L, 4 * BT * T * C, s * 4 * BT * C + f * BT * double(c.heads));
+  linear("linear attn proj", C, C, true);
+  add("residual add", 2 * L, 0, f * 3 * BT * C);
+  linear("linear fc", C, 4 * C, true);
+  add("gelu fwd (bias in the GEMM)", L, 0, s * 2 * 4 * BT * C);
+  linear("linear mlp proj", 4 * C, C, true);
+  // The tied head: logits = ln_f(x) wte^T, no bias; in linear()'s terms one "layer".
+  add("lm head fwd", 1, 2 * BT * C * V, s * (BT * C + V * C + BT * V));
+  add("lm head bwd dx", 1, 2 * BT * C * V, s * (BT * V + V * C + BT * C));
+  add("lm head bwd dw", 1, 2 * BT * C * V, s * (BT * C + BT * V) + f * V * C);
+  add("cross-entropy fwd", 1, 0, s * BT * V + 8 * BT + f * 2 * BT);
+  add("cross-entropy bwd", 1, 0, s * 2 * BT * V + 8 * BT + f * BT);
+  add("gelu bwd", L, 0, s * 3 * 4 * BT * C);
+  add("attention bwd", L, 8 * BT * T * C, s * 8 * BT * C + f * BT * double(c.heads));
+  add("layernorm bwd", 2 * L + 1, 4 * BT * 2 * C, BT * C * (s + 2 * f) + 2 * BT * f + 2 * C * f);
+  add("residual grad add", 2 * L, 0, f * 3 * BT * C);
+  add("embedding bwd", 1, 0, f * BT * C + 8 * BT + f * (V * C + T * C));
+  if (c.amp != DType::f32) add("weight cast to 16 bits", 1, 0, (f + s) * params);
+  add("grad norm (clip)", 1, 0, f * params);
+  add("AdamW", 1, 0, f * 7 * params);  // reads p, g, m, v; writes p, m, v
+  add("zero_grad", 1, 0, f * params);
+  return k;
+}
+
+// The model FLOPs of a step (equal to nn::GPT::flops_per_token(T) x B x T: tests/nn/test_roofline.cpp).
+inline double step_flops(const std::vector<KernelCost>& kernels) {
+  double total = 0;
+  for (const KernelCost& k : kernels) total += double(k.launches) * k.flops;
+  return total;
+}
+
+}  // namespace minidl::bench

@@ -1,0 +1,40 @@
+// bench_gpu_roofline's cost model (bench/roofline.h): the model FLOPs of its kernel list equal nanoGPT's
+// estimate that nn::GPT::flops_per_token implements (6N + 12·L·C·T per token), and a kernel's ideal time is the
+// larger of its compute and memory times.
+#include <gtest/gtest.h>
+
+#include "bench/roofline.h"
+#include "nn/gpt.h"
+
+namespace minidl {
+namespace {
+
+void expect_step_flops_match_the_model(const bench::RooflineConfig& c) {
+  nn::GPT model(nn::GPTConfig{c.vocab, c.seq, c.layers, c.heads, c.embd, 0.0, true}, 1);
+  const double expected = model.flops_per_token(c.seq) * double(c.batch * c.seq);
+  EXPECT_NEAR(bench::step_flops(bench::step_kernels(c)), expected, expected * 1e-12);
+}
+
+TEST(Roofline, StepFlopsAreTheModelsFlopsPerToken) {
+  expect_step_flops_match_the_model({4, 4, 128, 64, 12, 65, DType::f32});    // the baby config
+  expect_step_flops_match_the_model({6, 6, 384, 256, 8, 65, DType::bf16});   // nanoGPT's Shakespeare config
+  expect_step_flops_match_the_model({2, 3, 48, 17, 3, 101, DType::f16});     // ragged sizes
+}
+
+TEST(Roofline, Gpt2OnH100IsBoundedByTheTensorCoresAndItsLargestKernelsAreGemms) {
+  const bench::RooflineConfig c;  // GPT-2 124M, B 16, T 1024, bf16
+  const bench::GpuPeak& h100 = *bench::find_gpu("H100");
+  double seconds = 0;
+  for (const bench::KernelCost& k : bench::step_kernels(c)) {
+    seconds += bench::ideal_seconds(k, h100, c.amp);
+    if (k.name == "linear fc fwd") EXPECT_TRUE(bench::compute_bound(k, h100, c.amp));
+    if (k.name == "AdamW") EXPECT_FALSE(bench::compute_bound(k, h100, c.amp));
+  }
+  const double compute_only = bench::step_flops(bench::step_kernels(c)) / bench::peak_flops(h100, c.amp);
+  EXPECT_GT(seconds, compute_only);
+  EXPECT_LT(seconds, 2 * compute_only);
+  EXPECT_EQ(bench::find_gpu("V100"), nullptr);
+}
+
+}  // namespace
+}  // namespace minidl
