@@ -107,10 +107,10 @@ std::string memory_plan(const nn::GPTConfig& model, int dp, DType amp, int64_t g
                 (long long)global_batch, (long long)model.block_size);
   std::string out = line;
   if (rows.empty()) return out + "nothing fits: even ZeRO-3 with --recompute block and micro-batch 1 needs more\n";
-  out += "zero  recompute  micro_batch  grad_accum  peak_GiB  comm_Melems_per_step\n";
+  out += "zero  recompute  micro_batch  grad_accum  peak_MiB  comm_Melems_per_step\n";
   for (const Row& r : rows) {
     std::snprintf(line, sizeof line, "%4d  %9s  %11lld  %10lld  %8.3f  %20.3f\n", r.stage, nn::recompute_name(r.rc),
-                  (long long)r.micro, (long long)(per_rank / r.micro), r.peak / double(1ull << 30), r.comm / 1e6);
+                  (long long)r.micro, (long long)(per_rank / r.micro), r.peak / double(1 << 20), r.comm / 1e6);
     out += line;
   }
   return out;

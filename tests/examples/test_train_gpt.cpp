@@ -258,7 +258,7 @@ TEST_F(TrainGpt, ZeroMatchesOneProcess) {
 // recomputation first), a budget nothing fits says so, a negative budget is refused. (The formula itself is
 // checked against the ledger in test_zero.)
 TEST_F(TrainGpt, PlanMemoryListsWhatFitsCheapestFirst) {
-  Result plan = run(tiny_flags() + " --batch 8 --dp 1 --plan-memory 0.0003");  // 314,573 bytes
+  Result plan = run_with(mpiexec(2), tiny_flags() + " --batch 8 --plan-memory 0.0003");  // 322,122 bytes, dp 2
   ASSERT_EQ(plan.code, 0) << plan.out;
   EXPECT_NE(plan.out.find("zero  recompute  micro_batch"), std::string::npos) << plan.out;
   // The first row communicates least: stage 0-2 (DDP's volume), no recomputation, the largest micro-batch that fits.
