@@ -76,4 +76,12 @@ Tensor autocast_to_f32(const Tensor& t) {
 
 int64_t autocast_cached_weights() { return int64_t(t_state.cache.size()); }
 
+void autocast_provide(const Tensor& param, const Tensor& copy) {
+  MINIDL_ASSERT(t_state.depth > 0 && copy.shape() == param.shape(), "autocast_provide outside a guard or of shape ",
+                copy.shape(), " for ", param.shape());
+  t_state.cache[{param.impl(), copy.dtype()}] = CachedCast{param.impl_ptr(), copy};
+}
+
+void autocast_forget(const Tensor& param, DType dt) { t_state.cache.erase({param.impl(), dt}); }
+
 }  // namespace minidl::autograd

@@ -69,4 +69,10 @@ Tensor autocast_to_f32(const Tensor& t);
 // Number of 16-bit weight copies in this thread's cache (tests).
 int64_t autocast_cached_weights();
 
+// ZeRO-3 owns the 16-bit copies of its gathered parameters (dist/zero3.h): inside a guard, autocast_provide makes
+// `copy` (param's shape, dtype copy.dtype()) the cached cast of `param` until autocast_forget or the outermost
+// guard closes, so the copy lives in memory the owner frees with the block instead of in a whole-model cache.
+void autocast_provide(const Tensor& param, const Tensor& copy);
+void autocast_forget(const Tensor& param, DType dt);
+
 }  // namespace minidl::autograd

@@ -24,6 +24,25 @@ Storage::~Storage() {
   }
 }
 
+void Storage::release() {
+  if (backend_ == nullptr) {
+    cpu_free(alloc_);
+  } else if (alloc_.ptr != nullptr) {
+    backend_->free(alloc_, device_.index);
+  }
+  alloc_ = Allocation{};
+}
+
+void Storage::reallocate(size_t bytes) {
+  MINIDL_ASSERT(alloc_.ptr == nullptr && alloc_.bytes == 0, "Storage::reallocate: the storage still holds ",
+                alloc_.bytes, " bytes");
+  if (backend_ == nullptr) {
+    alloc_ = cpu_allocate(bytes);
+  } else if (bytes > 0) {
+    alloc_ = backend_->allocate(bytes, device_.index);
+  }
+}
+
 void check_cpu_op(const char* op, const char* name, const Tensor& t) {
   MINIDL_CHECK(!t.defined() || t.device().is_cpu(), op, ": no kernel for ", t.device(), " in this build (got ", name,
                " on ", t.device(), "; move it with to(Device::cpu()))");

@@ -49,6 +49,12 @@ class Storage {
   size_t bytes() const { return alloc_.bytes; }
   Device device() const { return device_; }
   MemTag tag() const { return alloc_.tag; }
+  // Frees the bytes but keeps the object, so every tensor viewing it stays a valid handle that must not be read
+  // until reallocate(). ZeRO-3 frees a gathered block's parameters this way: the views autograd saved for backward
+  // alias the storage, so dropping references alone would keep the bytes alive until backward.
+  void release();
+  // New bytes (contents undefined) under the current memory tag, for a released storage.
+  void reallocate(size_t bytes);
 
  private:
   Allocation alloc_;

@@ -4,7 +4,13 @@ namespace minidl::dist {
 
 namespace {
 
-ReducerOptions reducer_options(const DDPOptions& o) { return {o.caps, o.allow_unused_parameters}; }
+ReducerOptions reducer_options(const DDPOptions& o) {
+  ReducerOptions r;
+  r.caps = o.caps;
+  r.allow_unused_parameters = o.allow_unused_parameters;
+  r.buckets = o.buckets;
+  return r;
+}
 
 }  // namespace
 

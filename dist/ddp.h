@@ -37,6 +37,8 @@ struct DDPOptions {
   bool allow_unused_parameters = false;
   // Broadcast rank 0's parameters and buffers at construction (off only for tests that build identical models).
   bool broadcast_at_start = true;
+  // An explicit bucket assignment (ReducerOptions::buckets): the tests give DDP ZeRO-3's per-block buckets.
+  std::vector<BucketSpec> buckets;
 };
 
 using DDPStepStats = ReducerStats;

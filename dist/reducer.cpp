@@ -41,7 +41,13 @@ Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params, Proc
     params_.push_back(p);
     specs.push_back({p.numel(), p.dtype()});
   }
-  buckets_ = assign_buckets(specs, options.caps);
+  buckets_ = options.buckets.empty() ? assign_buckets(specs, options.caps) : options.buckets;
+  std::vector<int> seen(params_.size(), 0);
+  for (const BucketSpec& b : buckets_)
+    for (size_t p : b.params) MINIDL_CHECK(p < seen.size() && seen[p]++ == 0, "Reducer: parameter ", p,
+                                           " is out of range or in two of the explicit buckets");
+  for (size_t p = 0; p < seen.size(); ++p)
+    MINIDL_CHECK(seen[p] == 1, "Reducer: parameter ", names_[p], " is in none of the explicit buckets");
   bucket_of_.assign(params_.size(), 0);
   slot_of_.assign(params_.size(), 0);
   state_.resize(buckets_.size());
@@ -159,21 +165,26 @@ void Reducer::launch_ready_buckets() {
   if (next_launch_ == first) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t b = first; b < next_launch_; ++b) queue_.push_back(b);
+    for (size_t b = first; b < next_launch_; ++b) queue_.push_back({b, nullptr});
   }
   cv_.notify_all();
 }
 
 void Reducer::comm_loop() {
   for (;;) {
-    size_t b;
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stop_ and nothing left
-      b = queue_.front();
+      task = std::move(queue_.front());
       queue_.pop_front();
     }
+    if (task.fn) {
+      (*task.fn)();  // a packaged task: its exception goes to its future
+      continue;
+    }
+    const size_t b = task.bucket;
     auto t0 = Clock::now();
     std::shared_ptr<Work> work;
     std::exception_ptr error;
@@ -192,6 +203,17 @@ void Reducer::comm_loop() {
     }
     cv_.notify_all();
   }
+}
+
+std::shared_future<void> Reducer::run_on_comm_thread(std::function<void()> fn) {
+  auto task = std::make_shared<std::packaged_task<void()>>(std::move(fn));
+  std::shared_future<void> done = task->get_future().share();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({0, std::move(task)});
+  }
+  cv_.notify_all();
+  return done;
 }
 
 void Reducer::drain() {

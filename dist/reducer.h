@@ -33,6 +33,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,6 +61,9 @@ struct ReducerOptions {
   // must therefore leave its result outside the buffer (a reduce-scatter into a separate shard). Under no_sync the
   // gradients accumulate in ordinary tensors, copied into the bucket when the synchronising backward reaches them.
   bool release_buffers = false;
+  // An explicit bucket assignment (ZeRO-3: one bucket per transformer block, dist/zero3.h) over the parameters
+  // that require grad, in their order; empty: assign_buckets(caps).
+  std::vector<BucketSpec> buckets;
 };
 
 // Time spent in the last synchronised backward, in milliseconds.
@@ -105,6 +109,11 @@ class Reducer {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
   bool sync() const { return sync_; }
 
+  // Runs fn on the communication thread after everything queued before it. The collectives of one group must be
+  // issued in the same order on every rank, so ZeRO-3 queues its parameter all-gathers here, between the buckets'
+  // reduce-scatters, from the main thread's (rank-independent) order of hooks. The future rethrows fn's exception.
+  std::shared_future<void> run_on_comm_thread(std::function<void()> fn);
+
  private:
   struct Bucket {
     Tensor buffer;
@@ -147,7 +156,11 @@ class Reducer {
   // The communication thread and its queue.
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<size_t> queue_;
+  struct Task {
+    size_t bucket = 0;
+    std::shared_ptr<std::packaged_task<void()>> fn;  // set: run_on_comm_thread's task instead of a bucket
+  };
+  std::deque<Task> queue_;
   bool stop_ = false;
   double comm_ms_ = 0;
   std::exception_ptr comm_error_;

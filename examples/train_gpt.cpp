@@ -83,8 +83,12 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
       ->capture_default_str();
   app.add_option("--zero", o.zero,
                  "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (AdamW state sharded: 8/dp bytes per "
-                 "parameter), 2 (gradients sharded too: 4/dp); 3 is not implemented")
+                 "parameter), 2 (gradients sharded too: 4/dp), 3 (block parameters sharded too, gathered per block: "
+                 "1.5x DDP's communication)")
       ->capture_default_str();
+  app.add_flag("--memory-report", o.memory_report,
+               "After the first step every rank prints its memory by tag beside the predicted bytes (always on "
+               "with --zero 1-3)");
   app.add_option("--amp", o.amp, "Mixed precision: off, bf16 or fp16 (fp16 adds dynamic loss scaling)")
       ->capture_default_str();
   app.add_option("--recompute", o.recompute,
@@ -114,6 +118,10 @@ int main(int argc, char** argv) {
   train::TrainConfig config;
   config.data = MINIDL_DEFAULT_DATA;
   add_flags(app, config);
+  double plan_gib = 0;
+  app.add_option("--plan-memory", plan_gib,
+                 "Print which ZeRO stages, --recompute settings and micro-batches fit in this many GiB per rank for "
+                 "the model and world size given (cheapest communication first), and exit without training");
   // Flag errors are the same on every rank: each returns 2 and MPI finalises normally.
   try {
     app.parse(argc, argv);
@@ -138,6 +146,11 @@ int main(int argc, char** argv) {
     return 2;
   };
   try {
+    if (plan_gib != 0) {
+      const std::string plan = train::plan_memory(config, ctx.world_size(), plan_gib);
+      if (speaks) std::fputs(plan.c_str(), stdout);
+      return 0;
+    }
     return train::Trainer(config, ctx).run();
   } catch (const std::exception& e) {
     return fail(e.what());

@@ -45,6 +45,9 @@ class GradSync {
   virtual bool combine_overflow(bool local) { return local; }
   // Communication time of the last synchronising backward.
   virtual dist::ReducerStats comm_stats() const { return {}; }
+  // Collective over the dp group: every parameter whole on this rank (true) for evaluation, sampling or saving,
+  // or back to training's state (false). Only ZeRO-3 has something to do (train/zero3_sync.h).
+  virtual void hold_full_parameters(bool /*hold*/) {}
 };
 
 // Data parallelism: every rank holds the whole model; gradients are averaged over the dp group by DDP's bucketed

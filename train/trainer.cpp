@@ -21,6 +21,8 @@
 #include "train/grad_sync.h"
 #include "train/progress.h"
 #include "train/step.h"
+#include "train/zero3_sync.h"
+#include "train/zero_memory.h"
 #include "train/zero_sync.h"
 
 namespace minidl::train {
@@ -82,7 +84,6 @@ void TrainConfig::validate(int world) const {
                " data-parallel rank(s) x --grad-accum ", grad_accum,
                " equal micro-batches: --batch must be a multiple of ", d * grad_accum);
   MINIDL_CHECK(zero >= 0 && zero <= 3, "--zero: expected 0, 1, 2 or 3, got ", zero);
-  MINIDL_CHECK(zero != 3, "--zero 3: stage 3 (sharded parameters) is not implemented yet; use --zero 1 or 2");
   MINIDL_CHECK(backend.empty() || backend == "mpi" || backend == "ring" || backend == "nccl",
                "--backend: expected mpi, ring or nccl, got '", backend, "'");
   MINIDL_CHECK(layers_or_default() >= 1, "--layers: expected at least 1, got ", layers_or_default());
@@ -127,6 +128,14 @@ void TrainConfig::validate(int world) const {
   }
 }
 
+std::string plan_memory(const TrainConfig& o, int world, double gib) {
+  MINIDL_CHECK(gib > 0 && std::isfinite(gib), "--plan-memory: expected a positive number of GiB, got ", gib);
+  data::TextDataset ds(o.data);
+  nn::GPTConfig m{int64_t(ds.tokenizer().size()), o.seq_or_default(), o.layers_or_default(), o.heads_or_default(),
+                  o.embd_or_default(), o.dropout, true};
+  return memory_plan(m, dp_size(o, world), amp_dtype(o.amp), o.batch, gib * double(1ull << 30));
+}
+
 struct Trainer::State {
   TrainConfig cfg;
   std::unique_ptr<dist::Topology> topo;
@@ -153,19 +162,26 @@ struct Trainer::State {
   void print_zero_memory() const;
 };
 
-// ZeRO's proof by ledger, on every rank after the first step: the live bytes by tag beside dist/zero.h's
-// prediction for Ψ f32 parameters over N dp ranks (stage 1: optimizer 8Ψ/N; stage 2: gradients 4Ψ/N too, the
-// buckets living only during backward). Padding adds at most N - 1 elements per bucket.
+// ZeRO's proof by ledger, on every rank after the first step: the bytes held by tag beside train/zero_memory.h's
+// prediction for this stage, dp size, --amp, --recompute and micro-batch, and the difference. Parameters, gradients
+// and optimizer state are what is held between steps (padding: < N elements per bucket); activations the peak
+// (an estimate, the formula's known approximation).
 void Trainer::State::print_zero_memory() const {
   const MemoryLedger& mem = ledger(device);
-  const double psi = double(model->num_parameters()), n = topo->grid().dp, mib = double(1 << 20);
-  auto cur = [&](MemTag tag) { return double(mem.current(tag)) / mib; };
-  const double pred_grads = cfg.zero >= 2 ? 4 * psi / n : 4 * psi;
+  MemoryQuery q{model->config(), cfg.zero, topo->grid().dp, amp, model->recompute(), local_batch / cfg.grad_accum,
+                seq, cfg.grad_accum};
+  const MemoryPlan p = predict_memory(q);
+  const double mib = double(1 << 20);
+  auto pct = [](double measured, double predicted) { return predicted > 0 ? 100 * (measured / predicted - 1) : 0.0; };
+  const double params = double(mem.current(MemTag::kParams)), grads = double(mem.current(MemTag::kGrads)),
+               optimizer = double(mem.current(MemTag::kOptimizer)), acts = double(mem.peak(MemTag::kActivations));
   std::printf("zero-%d memory, dp rank %d of %d: params=%.3f grads=%.3f optimizer=%.3f activations=%.3f comm=%.3f "
-              "MiB; predicted params=%.3f grads=%.3f optimizer=%.3f MiB\n",
-              cfg.zero, topo->coord().dp, topo->grid().dp, cur(MemTag::kParams), cur(MemTag::kGrads),
-              cur(MemTag::kOptimizer), cur(MemTag::kActivations), cur(MemTag::kComm), 4 * psi / mib,
-              pred_grads / mib, 8 * psi / n / mib);
+              "MiB; predicted params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB; difference params=%+.1f%% "
+              "grads=%+.1f%% optimizer=%+.1f%% activations=%+.1f%%\n",
+              cfg.zero, topo->coord().dp, topo->grid().dp, params / mib, grads / mib, optimizer / mib, acts / mib,
+              double(mem.current(MemTag::kComm)) / mib, p.params_rest / mib, p.grads_rest / mib, p.optimizer / mib,
+              p.activations / mib, pct(params, p.params_rest), pct(grads, p.grads_rest), pct(optimizer, p.optimizer),
+              pct(acts, p.activations));
   std::fflush(stdout);
 }
 
@@ -315,7 +331,9 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   s.first_sample = me.dp * s.local_batch;
   s.model->dropout_context().first_sample = s.first_sample;
   s.model->set_recompute(nn::parse_recompute(o.recompute));
-  if (o.zero > 0)  // at dp 1 too: the same code path, with shards of the whole bucket
+  if (o.zero == 3)
+    s.sync = std::make_unique<Zero3Sync>(*s.model, *s.topo);
+  else if (o.zero > 0)  // at dp 1 too: the same code path, with shards of the whole bucket
     s.sync = std::make_unique<ZeroSync>(*s.model, *s.topo, o.zero);
   else if (grid.dp > 1)
     s.sync = std::make_unique<DDPSync>(*s.model, *s.topo);
@@ -379,7 +397,7 @@ int Trainer::run() {
     step_options.lr = lr;
     StepResult r = train_step(model, *s.optimizer, batch, step_options);
     if (r.applied || o.advance_lr_on_skip) ++schedule_step;
-    if (step == 0 && o.zero > 0) s.print_zero_memory();
+    if (step == first_step && (o.zero > 0 || o.memory_report)) s.print_zero_memory();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     dist::ReducerStats comm = s.sync->comm_stats();
     // The global batch's loss: the mean of the dp ranks' (equal-sized) slices.
@@ -420,7 +438,9 @@ int Trainer::run() {
     progress.update(step + 1, o.steps, line);
     bool last = step + 1 == o.steps;
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
+      s.sync->hold_full_parameters(true);  // ZeRO-3: the ranks evaluate different batches
       double v = evaluate(model, val, o.batch, &dp_group);  // collective: every rank takes part
+      s.sync->hold_full_parameters(false);
       progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", v));
     }
     if (!o.checkpoint_dir.empty()) {
@@ -444,6 +464,7 @@ int Trainer::run() {
     if (s.logger) std::printf("saved %s\n", dir.c_str());
   }
 
+  s.sync->hold_full_parameters(true);  // ZeRO-3: the whole model for evaluation, saving and sampling
   const double val_loss = evaluate(model, val, o.batch, &dp_group);
   if (s.logger)
     std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)s.windows,

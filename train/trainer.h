@@ -54,8 +54,11 @@ struct TrainConfig {
   int dp = 0, tp = 1, pp = 1;       // dp 0: the world size / (tp · pp)
   std::string backend;              // empty: mpi on the CPU, nccl on CUDA devices
   int64_t grad_accum = 1;
-  // ZeRO stage over the dp group (dist/zero.h): 0 = DDP, 1 = optimizer state sharded, 2 = gradients too.
+  // ZeRO stage over the dp group (dist/zero.h, dist/zero3.h): 0 = DDP, 1 = optimizer state sharded, 2 = gradients
+  // too, 3 = block parameters too.
   int zero = 0;
+  // After the first step every rank prints its ledger beside train/zero_memory.h's prediction (always with --zero).
+  bool memory_report = false;
   std::string amp = "off", recompute = "none";
   bool advance_lr_on_skip = false;
   // fp16: a run stops after this many consecutive steps the loss scaler skipped (the scale has then fallen by
@@ -88,5 +91,11 @@ class Trainer {
   struct State;
   std::unique_ptr<State> s_;
 };
+
+// --plan-memory: the configurations of ZeRO stage, --recompute and micro-batch whose predicted memory per rank
+// fits `gib` GiB for this config's model (the vocabulary read from --data) on `world` ranks, cheapest in
+// communication first (train::memory_plan in train/zero_memory.h).
+std::string plan_memory(const TrainConfig& config, int world, double gib);
+
 
 }  // namespace minidl::train

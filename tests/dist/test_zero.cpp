@@ -11,9 +11,11 @@
 #include "dist/shard.h"
 #include "dist/topology.h"
 #include "dist/zero.h"
+#include "dist/zero3.h"
 #include "optim/sgd.h"
 #include "support/mpi_test.h"
 #include "train/step.h"
+#include "train/zero3_sync.h"
 #include "train/zero_sync.h"
 
 using namespace minidl;
@@ -39,7 +41,8 @@ data::Batch global_batch(int step, int64_t rows) {
 }
 
 struct Case {
-  int zero = 0;         // 0: DDP; 1, 2: ZeRO stage
+  int zero = 0;         // 0: DDP; 1, 2, 3: ZeRO stage
+  bool block_buckets = false;  // DDP with ZeRO-3's buckets (one per block, then the persistent parameters)
   bool one_process = false;
   DType amp = DType::f32;
   nn::Recompute recompute = nn::Recompute::kNone;
@@ -64,8 +67,13 @@ RunResult run(const Case& c) {
   std::unique_ptr<train::GradSync> sync = std::make_unique<train::GradSync>();
   if (!c.one_process) {
     topo = std::make_unique<dist::Topology>(ctx().world(), dist::Grid{n, 1, 1}, "ring");
-    if (c.zero == 0)
+    if (c.zero == 0 && c.block_buckets)
+      sync = std::make_unique<train::DDPSync>(
+          model, *topo, dist::DDPOptions{.buckets = dist::block_buckets(model.named_parameters(), 0, 2)});
+    else if (c.zero == 0)
       sync = std::make_unique<train::DDPSync>(model, *topo, dist::DDPOptions{.caps = small_buckets()});
+    else if (c.zero == 3)
+      sync = std::make_unique<train::Zero3Sync>(model, *topo);
     else
       sync = std::make_unique<train::ZeroSync>(model, *topo, c.zero, dist::ZeroOptions{.caps = small_buckets()});
   }
@@ -91,6 +99,7 @@ RunResult run(const Case& c) {
     result.losses.push_back(topo ? train::sum_over(topo->dp_group(), r.loss) / n : r.loss);
     result.norms.push_back(r.grad_norm);
   }
+  sync->hold_full_parameters(true);  // ZeRO-3: the blocks' parameters are gathered only while they run
   for (const Tensor& p : model.parameters()) result.weights.push_back(p.to_vector());
   return result;
 }
@@ -154,7 +163,7 @@ TEST(Zero, EqualsOneProcessWithSGD) {
     c.one_process = true;
     const RunResult one = run(c);
     c.one_process = false;
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       SCOPED_TRACE("stage " + std::to_string(stage));
       c.zero = stage;
       expect_close(run(c), one, 1e-4);
@@ -169,7 +178,7 @@ TEST(Zero, GradientNormEqualsOneProcess) {
   c.one_process = true;
   const double one = run(c).norms[0];
   c.one_process = false;
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     c.zero = stage;
     const double norm = run(c).norms[0];
     EXPECT_NEAR(norm, one, 1e-6 * one) << "stage " << stage;
@@ -331,5 +340,133 @@ TEST(Zero, UnevenSizesArePaddedAndEveryRanksShardIsRight) {
       }
       for (size_t i = 0; i < ref.p.size(); ++i) EXPECT_EQ(sharded.p[i].to_vector(), ref.p[i].to_vector()) << "p" << i;
     }
+  }
+}
+
+// ---- Stage 3: parameters sharded too, gathered per block through nn::BlockHooks (dist/zero3.h) ----
+
+// 30 AdamW steps: stage 3 gives the losses and weights of DDP with the same buckets (one per block, then the
+// persistent parameters) bit for bit, in f32 and bf16 (stage 3's own 16-bit copies are autocast's casts), with
+// and without block recomputation (the recomputation runs on the block gathered for its backward).
+TEST(Zero3, EqualsDDPBitwiseOverRing) {
+  for (DType amp : {DType::f32, DType::bf16}) {
+    for (nn::Recompute rc : {nn::Recompute::kNone, nn::Recompute::kBlock}) {
+      SCOPED_TRACE(std::string(dtype_name(amp)) + " recompute " + nn::recompute_name(rc));
+      Case c{.block_buckets = true, .amp = amp, .recompute = rc};
+      const RunResult ddp = run(c);
+      c.zero = 3;
+      expect_bitwise(run(c), ddp);
+    }
+  }
+}
+
+// Accumulation (DeepSpeed #8443, #1488): the blocks are gathered in every micro-batch but the gradients
+// reduce-scatter once, after the last: each micro-batch counted once, in DDP's order, so bitwise DDP, and the
+// stages agree on the loss.
+TEST(Zero3, AccumulationCountsEveryMicroBatchOnceBitwise) {
+  Case c{.block_buckets = true, .recompute = nn::Recompute::kBlock, .grad_accum = 3, .global_batch = 36,
+         .steps = 10};
+  const RunResult ddp = run(c);
+  c.zero = 3;
+  expect_bitwise(run(c), ddp);
+}
+
+namespace {
+
+// ZeRO-3 with an inf planted in the last rank's shard after the last backward of the first step.
+class PlantingZero3Sync : public train::Zero3Sync {
+ public:
+  using Zero3Sync::Zero3Sync;
+  void after_backward() override {
+    Zero3Sync::after_backward();
+    if (planted_ || ctx().rank() != ctx().world_size() - 1) return;
+    zero().shard_params().front().grad().fill_(INFINITY);  // a block's shard
+    planted_ = true;
+  }
+
+ private:
+  bool planted_ = false;
+};
+
+}  // namespace
+
+// fp16: an overflow in one rank's shard of a block skips the step on every rank, and the next step applies.
+TEST(Zero3, OverflowInOneRanksShardSkipsTheStepOnEveryRank) {
+  const int n = ctx().world_size(), rank = ctx().rank();
+  nn::GPT model(nn::GPTConfig{kVocab, kSeq, 2, 2, 16, 0.0, true}, 1337);
+  model.train();
+  dist::Topology topo(ctx().world(), dist::Grid{n, 1, 1}, "ring");
+  PlantingZero3Sync sync(model, topo);
+  optim::AdamW opt(sync.optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {.lr = 1e-2});
+  optim::GradScaler scaler;
+  train::StepOptions o;
+  o.amp = DType::f16;
+  o.scaler = &scaler;
+  o.grad_sync = &sync;
+  auto weights = [&] {
+    sync.hold_full_parameters(true);
+    std::vector<std::vector<double>> w;
+    for (const Tensor& p : model.parameters()) w.push_back(p.to_vector());
+    sync.hold_full_parameters(false);
+    return w;
+  };
+  const auto before = weights();
+  const int64_t per_rank = 24 / n;
+  data::Batch g = global_batch(0, 24);
+  data::Batch mine{g.x.narrow(0, rank * per_rank, per_rank), g.y.narrow(0, rank * per_rank, per_rank)};
+  train::StepResult r = train::train_step(model, opt, mine, o);
+  EXPECT_FALSE(r.applied);
+  EXPECT_TRUE(std::isinf(r.grad_norm));
+  EXPECT_EQ(scaler.current_scale(), 32768.0);
+  EXPECT_EQ(weights(), before);
+  EXPECT_TRUE(train::train_step(model, opt, mine, o).applied);
+}
+
+// The ledger against dist/zero3.h's arithmetic, Ψ parameters of which Φ persistent, N ranks: at rest parameters
+// 4(Ψ−Φ)/N + 4Φ, gradients 4Ψ/N, optimizer 8Ψ/N (within 5%, plus padding); during a step at most two gathered
+// blocks more (DeepSpeed #1302, #3734: prefetch and buffers beyond the prediction); and a block is gathered once
+// per forward and once per backward, recomputed or not (DeepSpeed #4784: not twice for the recomputation).
+TEST(Zero3, LedgerMatchesThePredictionAndBlocksGatherTwicePerStep) {
+  const int n = ctx().world_size();
+  for (nn::Recompute rc : {nn::Recompute::kNone, nn::Recompute::kBlock}) {
+    SCOPED_TRACE(std::string("recompute ") + nn::recompute_name(rc));
+    MemoryLedger& mem = ledger();
+    const int64_t params0 = mem.current(MemTag::kParams), grads0 = mem.current(MemTag::kGrads),
+                  optim0 = mem.current(MemTag::kOptimizer);
+    nn::GPT model(nn::GPTConfig{kVocab, kSeq, 2, 2, 16, 0.0, true}, 1337);
+    model.train();
+    model.set_recompute(rc);
+    const double psi = double(model.num_parameters());
+    dist::Topology topo(ctx().world(), dist::Grid{n, 1, 1}, "ring");
+    train::Zero3Sync sync(model, topo);
+    optim::AdamW opt(sync.optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {.lr = 1e-2});
+    dist::ZeroStage3& z = sync.zero();
+    const double phi = double(z.persistent_numel()), padding = double(z.padded_numel()) - psi;
+    EXPECT_LT(padding, double(n * z.buckets().size()));
+    EXPECT_GT(phi, 0.0);
+    EXPECT_LT(phi, psi / 2);
+    auto expect_within = [&](const char* what, double measured, double predicted, double pad_bytes) {
+      EXPECT_LE(std::abs(measured - predicted), 0.05 * predicted + pad_bytes)
+          << what << ": measured " << measured << " bytes, predicted " << predicted;
+    };
+    const double params_at_rest = 4 * (psi - phi) / n + 4 * phi;
+    expect_within("params", double(mem.current(MemTag::kParams) - params0), params_at_rest, 4 * padding);
+    expect_within("grads", double(mem.current(MemTag::kGrads) - grads0), 4 * psi / n, 4 * padding);
+    expect_within("optimizer", double(mem.current(MemTag::kOptimizer) - optim0), 8 * psi / n, 8 * padding);
+
+    const int64_t rest = mem.current(MemTag::kParams);
+    mem.reset_peaks();
+    train::StepOptions o;
+    o.grad_sync = &sync;
+    const int64_t per_rank = 24 / n;
+    data::Batch g = global_batch(0, 24);
+    train::train_step(model, opt, {g.x.narrow(0, ctx().rank() * per_rank, per_rank),
+                                   g.y.narrow(0, ctx().rank() * per_rank, per_rank)}, o);
+    EXPECT_EQ(z.block_gathers(), 2 * 2) << "2 blocks, each gathered for its forward and its backward";
+    const double block_bytes = 4.0 * double(std::max(z.block_padded_numel(0), z.block_padded_numel(1)));
+    EXPECT_LE(double(mem.peak(MemTag::kParams) - rest), 2 * block_bytes + 2 * 64) << "more than two blocks live";
+    EXPECT_GE(double(mem.peak(MemTag::kParams) - rest), block_bytes) << "no block was gathered";
+    EXPECT_EQ(mem.current(MemTag::kParams), rest) << "a gathered block outlived the step";
+    expect_within("grads after a step", double(mem.current(MemTag::kGrads) - grads0), 4 * psi / n, 4 * padding);
   }
 }

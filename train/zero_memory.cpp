@@ -1,0 +1,119 @@
+#include "train/zero_memory.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace minidl::train {
+
+namespace {
+
+// Parameters of one block: ln_1, ln_2 (2C each with bias), c_attn (C·3C + 3C), attn.c_proj (C² + C), c_fc
+// (C·4C + 4C), mlp.c_proj (4C·C + C) = 12C² + 13C; without biases 12C² + 2C (the LayerNorm weights).
+double block_params(const nn::GPTConfig& m) {
+  const double c = double(m.n_embd);
+  return m.bias ? 12 * c * c + 13 * c : 12 * c * c + 2 * c;
+}
+
+// wte (V·C), wpe (T·C), ln_f (2C, or C without bias).
+double persistent_params(const nn::GPTConfig& m) {
+  const double c = double(m.n_embd);
+  return double(m.vocab_size) * c + double(m.block_size) * c + (m.bias ? 2 * c : c);
+}
+
+}  // namespace
+
+MemoryPlan predict_memory(const MemoryQuery& q) {
+  const nn::GPTConfig& m = q.model;
+  const double n = q.dp, blk = block_params(m), phi = persistent_params(m);
+  const double psi = phi + double(m.n_layer) * blk;
+  const bool half = q.amp != DType::f32;
+  MemoryPlan p;
+  p.persistent = phi;
+  p.block = blk;
+  p.params_rest = q.stage == 3 ? 4 * (psi - phi) / n + 4 * phi : 4 * psi;
+  p.grads_rest = q.stage >= 2 ? 4 * psi / n : 4 * psi;
+  p.optimizer = q.stage >= 1 ? 8 * psi / n : 8 * psi;
+  if (q.stage == 3) {
+    p.params_step = 2 * blk * (half ? 6 : 4) + (half ? 2 * phi : 0);  // two gathered blocks; wte/wpe/ln_f copies
+    // The bucket being filled and the one reduce-scattering, and the persistent unit's (filled from the head on).
+    p.grads_step = 4 * (blk + phi);
+  } else {
+    p.params_step = half ? 2 * psi : 0;
+    // Stage 2: the buckets between their first gradient and their reduce-scatter; at worst about two blocks'
+    // worth plus the persistent parameters' (the tied wte's gradient starts at the head and ends at the embedding).
+    p.grads_step = q.stage == 2 ? 4 * (2 * blk + phi) : 0;
+  }
+  if (q.grad_accum > 1 && q.stage >= 2) p.grads_step = 4 * psi - p.grads_rest + p.grads_step;
+
+  const double tokens = double(q.micro_batch) * double(q.seq > 0 ? q.seq : m.block_size);
+  const double act = half ? 2 : 4, c = double(m.n_embd);
+  const double full_block = 16 * c * act * tokens, input = c * act * tokens;
+  double blocks = 0;
+  switch (q.recompute) {
+    case nn::Recompute::kNone: blocks = double(m.n_layer) * full_block; break;
+    case nn::Recompute::kBlock: blocks = double(m.n_layer) * input + full_block; break;
+    case nn::Recompute::kAttn: blocks = double(m.n_layer) * (10 * c * act * tokens + input) + 6 * c * act * tokens; break;
+    case nn::Recompute::kMlp: blocks = double(m.n_layer) * (7 * c * act * tokens + input) + 10 * c * act * tokens; break;
+  }
+  // The head: ln_f input and output, f32 logits and their gradient.
+  p.activations = blocks + tokens * (2 * c * act + 2 * 4 * double(m.vocab_size));
+  return p;
+}
+
+double comm_elements_per_step(const MemoryQuery& q) {
+  const MemoryPlan p = predict_memory(q);
+  const double n = q.dp, psi = p.persistent + double(q.model.n_layer) * p.block, f = (n - 1) / n;
+  if (q.stage < 3) return 2 * f * psi;
+  return f * (2 * double(q.grad_accum) * (psi - p.persistent) + (psi - p.persistent) + 2 * p.persistent);
+}
+
+std::string memory_plan(const nn::GPTConfig& model, int dp, DType amp, int64_t global_batch, double budget_bytes) {
+  struct Row {
+    int stage;
+    nn::Recompute rc;
+    int64_t micro;
+    double peak, comm, recompute_cost;
+  };
+  auto recompute_cost = [](nn::Recompute r) {  // extra forward work per block, in sixths of a block's forward
+    switch (r) {
+      case nn::Recompute::kNone: return 0.0;
+      case nn::Recompute::kAttn: return 2.0;   // ln_1 + attention: 4C² of the block's 12C² multiply-adds
+      case nn::Recompute::kMlp: return 4.0;    // ln_2 + MLP: 8C²
+      case nn::Recompute::kBlock: return 6.0;
+    }
+    return 0.0;
+  };
+  std::vector<Row> rows;
+  const int64_t per_rank = std::max<int64_t>(1, global_batch / dp);
+  for (int stage = 0; stage <= 3; ++stage)
+    for (nn::Recompute rc : {nn::Recompute::kNone, nn::Recompute::kAttn, nn::Recompute::kMlp, nn::Recompute::kBlock})
+      for (int64_t micro = 1; micro <= per_rank; micro *= 2) {
+        if (per_rank % micro != 0) continue;
+        MemoryQuery q{model, stage, dp, amp, rc, micro, model.block_size, per_rank / micro};
+        const double peak = predict_memory(q).peak();
+        if (peak <= budget_bytes) rows.push_back({stage, rc, micro, peak, comm_elements_per_step(q), recompute_cost(rc)});
+      }
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    if (a.comm != b.comm) return a.comm < b.comm;
+    if (a.recompute_cost != b.recompute_cost) return a.recompute_cost < b.recompute_cost;
+    if (a.micro != b.micro) return a.micro > b.micro;
+    return a.stage < b.stage;
+  });
+  char line[256];
+  std::snprintf(line, sizeof line, "# plan for %.3f GiB per rank, dp %d, %s, global batch %lld, seq %lld\n",
+                budget_bytes / double(1ull << 30), dp, amp == DType::f32 ? "f32" : dtype_name(amp),
+                (long long)global_batch, (long long)model.block_size);
+  std::string out = line;
+  if (rows.empty()) return out + "nothing fits: even ZeRO-3 with --recompute block and micro-batch 1 needs more\n";
+  out += "zero  recompute  micro_batch  grad_accum  peak_MiB  comm_Melems_per_step\n";
+  for (const Row& r : rows) {
+    std::snprintf(line, sizeof line, "%4d  %9s  %11lld  %10lld  %8.3f  %20.3f\n", r.stage, nn::recompute_name(r.rc),
+                  (long long)r.micro, (long long)(per_rank / r.micro), r.peak / double(1 << 20), r.comm / 1e6);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace minidl::train

@@ -1,0 +1,69 @@
+// The memory a GPT training run needs per rank under ZeRO stage 0-3, from the model configuration alone: the
+// arithmetic of dist/zero.h and dist/zero3.h as a function, which the trainer prints beside the ledger after the
+// first step, bench/zero_memory tabulates, and --plan-memory searches.
+//
+//   train::MemoryPlan p = train::predict_memory({cfg, .stage = 3, .dp = 4, .micro_batch = 8});
+//   p.params_rest + p.grads_rest + p.optimizer   // bytes held between steps
+//   p.peak()                                     // plus what one step adds at its worst moment
+//
+// Ψ parameters (f32), Φ of them persistent under stage 3 (wte, wpe, ln_f: outside the blocks), N dp ranks,
+// AdamW (m and v, 8 bytes per parameter), per rank:
+//                 parameters            gradients      optimizer    added during a step
+//   stage 0 (DDP) 4Ψ                    4Ψ             8Ψ           the 16-bit copies (2Ψ, --amp)
+//   stage 1       4Ψ                    4Ψ             8Ψ/N         the 16-bit copies (2Ψ, --amp)
+//   stage 2       4Ψ                    4Ψ/N           8Ψ/N         16-bit copies; the gradient buckets in flight
+//   stage 3       4(Ψ−Φ)/N + 4Φ         4Ψ/N           8Ψ/N         two gathered blocks (4B or 6B per element
+//                                                                   with --amp); the buckets in flight
+// With --grad-accum k > 1 stages 2 and 3 hold full gradients (4Ψ) during the accumulating micro-batches (the
+// policy that keeps DDP's summation order, dist/zero.h). Padding (< N elements per bucket) is left out.
+//
+// Activations are an estimate, not the ledger's law: per block and token, the tensors minidl's backward keeps
+// (ln_1 input and output, qkv, attention output and its log-sum-exp, ln_2 input and output, the MLP's 4C input
+// and GELU output: 16·C values) in the activation dtype (4 bytes, 2 under --amp); with --recompute block only the
+// block's input (C values) plus one block's full set during its recomputation; attn and mlp recompute their half.
+// The head keeps ln_f's input and output and the logits (2C + 2V per token, f32 logits for the loss).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "nn/gpt.h"
+
+namespace minidl::train {
+
+struct MemoryQuery {
+  nn::GPTConfig model;
+  int stage = 0;           // ZeRO stage, 0 = DDP
+  int dp = 1;              // data-parallel ranks
+  DType amp = DType::f32;  // bf16 / f16: 16-bit activations and weight copies
+  nn::Recompute recompute = nn::Recompute::kNone;
+  int64_t micro_batch = 1; // sequences per rank per micro-batch
+  int64_t seq = 0;         // tokens per sequence; 0: model.block_size
+  int64_t grad_accum = 1;
+};
+
+// Bytes per rank.
+struct MemoryPlan {
+  double params_rest = 0, grads_rest = 0, optimizer = 0;  // held between steps
+  double params_step = 0;  // added to the parameters during a step (16-bit copies, gathered blocks)
+  double grads_step = 0;   // added to the gradients during a step (buckets in flight; full gradients under accum)
+  double activations = 0;  // estimate of the activation peak of one micro-batch
+  double persistent = 0, block = 0;  // Φ and one block's parameters, in elements
+  double peak() const { return params_rest + grads_rest + optimizer + params_step + grads_step + activations; }
+};
+
+MemoryPlan predict_memory(const MemoryQuery& q);
+
+// Elements per rank sent by one optimizer step's collectives over a ring: DDP 2(N−1)/N·Ψ, stages 1-2 the same,
+// stage 3 3(N−1)/N·(Ψ−Φ) + 2(N−1)/N·Φ (times k for the block gathers under accumulation).
+double comm_elements_per_step(const MemoryQuery& q);
+
+// --plan-memory: every combination of ZeRO stage (0-3), --recompute (none, attn, mlp, block) and micro-batch
+// (the powers of two up to global_batch / dp) whose predicted peak fits budget_bytes per rank, cheapest first:
+// by communication per step (DDP = stages 1-2 < stage 3; stage 3's gathers grow with the micro-batches), then by
+// recomputation (none < attn, mlp < block: extra forward FLOPs), then the larger micro-batch. One row per line, a
+// header first; a line saying nothing fits when nothing does.
+std::string memory_plan(const nn::GPTConfig& model, int dp, DType amp, int64_t global_batch, double budget_bytes);
+
+}  // namespace minidl::train
