@@ -1,0 +1,300 @@
+#include "dist/tensor_parallel.h"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/autocast.h"
+#include "autograd/node.h"
+#include "core/memory.h"
+#include "ops/embedding.h"
+
+namespace minidl::dist {
+
+namespace {
+
+// A fresh contiguous copy of t on its device: collectives work in place and must not write into a tensor that
+// autograd (or the caller) still holds.
+Tensor copy_of(const Tensor& t) {
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
+  c.copy_(t);
+  return c;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+Tensor copy_to_tensor_parallel(const Tensor& x, ProcessGroup& group) {
+  if (group.size() == 1) return x;
+  ProcessGroup* g = &group;
+  return autograd::record("TensorParallelCopy", {x}, x.detach(), [g](const Tensor& gy) {
+    Tensor sum = copy_of(gy);
+    g->all_reduce(sum, ReduceOp::kSum)->wait();
+    return std::vector<Tensor>{sum};
+  });
+}
+
+Tensor reduce_from_tensor_parallel(const Tensor& x, ProcessGroup& group) {
+  if (group.size() == 1) return x;
+  Tensor y = copy_of(x);
+  group.all_reduce(y, ReduceOp::kSum)->wait();
+  return autograd::record("TensorParallelReduce", {x}, y, [](const Tensor& gy) { return std::vector<Tensor>{gy}; });
+}
+
+Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group) {
+  const int n = group.size(), rank = group.rank();
+  if (n == 1) return x;
+  MINIDL_CHECK(x.dim() >= 1, "gather_from_tensor_parallel: expected at least one dimension, got ", x.shape());
+  const int64_t last = x.size(x.dim() - 1), rows = x.numel() / last;
+  Tensor out;
+  {
+    autograd::NoGradGuard no_grad;
+    Tensor flat = Tensor::empty({int64_t(n) * x.numel()}, x.dtype(), x.device());
+    group.all_gather(flat, copy_of(x))->wait();
+    // flat is (rank, rows, last); the result wants (rows, rank, last).
+    out = flat.reshape({int64_t(n), rows, last}).transpose(0, 1).contiguous();
+  }
+  Shape shape = x.shape();
+  shape[shape.size() - 1] = int64_t(n) * last;
+  out = out.reshape(shape);
+  const Shape x_shape = x.shape();
+  return autograd::record("TensorParallelGather", {x}, out, [=](const Tensor& gy) {
+    Tensor mine = gy.reshape({rows, int64_t(n), last}).narrow(1, rank, 1).contiguous().reshape(x_shape);
+    return std::vector<Tensor>{mine};
+  });
+}
+
+// ---- ShardLayout ----
+
+Shape ShardLayout::local_shape() const {
+  if (!is_split()) return full_shape;
+  Shape s = full_shape;
+  s[size_t(dim)] = parts * ceil_div(full_shape[size_t(dim)] / parts, ranks);
+  return s;
+}
+
+std::vector<ShardLayout::Piece> ShardLayout::pieces() const {
+  MINIDL_ASSERT(is_split(), "ShardLayout::pieces of a replicated layout");
+  const int64_t part = full_shape[size_t(dim)] / parts, slice = ceil_div(part, ranks);
+  MINIDL_ASSERT(part * parts == full_shape[size_t(dim)], "ShardLayout: ", full_shape[size_t(dim)],
+                " does not split into ", parts, " parts");
+  std::vector<Piece> out;
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t start = int64_t(rank) * slice, length = std::max<int64_t>(0, std::min(slice, part - start));
+    if (length > 0) out.push_back({p * part + start, p * slice, length});
+  }
+  return out;
+}
+
+Tensor ShardLayout::slice(const Tensor& full) const {
+  MINIDL_CHECK(full.shape() == full_shape, "tensor parallel: expected a whole parameter of shape ", full_shape,
+               ", got ", full.shape());
+  if (!is_split()) return copy_of(full.to(Device::cpu()));
+  Tensor local = Tensor::zeros(local_shape(), full.dtype());
+  const Tensor src = full.to(Device::cpu());
+  for (const Piece& p : pieces())
+    local.narrow(dim, p.local_start, p.length).copy_(src.narrow(dim, p.full_start, p.length));
+  return local;
+}
+
+void ShardLayout::scatter_into(Tensor& full, const Tensor& local) const {
+  MINIDL_ASSERT(local.shape() == local_shape(), "ShardLayout: local shape ", local.shape(), ", expected ",
+                local_shape());
+  if (!is_split()) {
+    full.copy_(local);
+    return;
+  }
+  for (const Piece& p : pieces()) {
+    Tensor dst = full.narrow(dim, p.full_start, p.length);
+    dst.copy_(local.narrow(dim, p.local_start, p.length));
+  }
+}
+
+void ShardLayout::init_normal(Tensor& local, double std, uint64_t seed, uint64_t stream) const {
+  if (!is_split()) {
+    nn::init_normal(local, std, seed, stream);
+    return;
+  }
+  for (const Piece& p : pieces()) {
+    Shape s = full_shape;
+    s[size_t(dim)] = p.length;
+    Tensor piece = Tensor::empty(s);
+    nn::init_normal_slice(piece, std, seed, stream, full_shape, dim, p.full_start);
+    local.narrow(dim, p.local_start, p.length).copy_(piece);
+  }
+}
+
+// ---- layers ----
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias,
+                                           int64_t parts)
+    : group_(group) {
+  const int n = group.size();
+  MINIDL_CHECK(in_features > 0 && out_features > 0 && out_features % (parts * n) == 0,
+               "ColumnParallelLinear: expected out_features (", out_features, ") to split into ", parts,
+               " part(s) x ", n, " tensor-parallel ranks, got in = ", in_features, ", out = ", out_features);
+  weight_layout = {{in_features, out_features}, 1, parts, n, group.rank()};
+  bias_layout = {{out_features}, 0, parts, n, group.rank()};
+  MemoryTagGuard tag(MemTag::kParams);
+  weight = register_parameter("weight", Tensor::zeros(weight_layout.local_shape()));
+  if (bias) this->bias = register_parameter("bias", Tensor::zeros(bias_layout.local_shape()));
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x) const {
+  return linear(copy_to_tensor_parallel(x, group_), weight, bias);
+}
+
+RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias)
+    : group_(group) {
+  const int n = group.size();
+  MINIDL_CHECK(in_features > 0 && out_features > 0 && in_features % n == 0, "RowParallelLinear: expected in_features (",
+               in_features, ") to split into ", n, " tensor-parallel ranks, got in = ", in_features,
+               ", out = ", out_features);
+  weight_layout = {{in_features, out_features}, 0, 1, n, group.rank()};
+  bias_layout = ShardLayout::replicated({out_features});
+  MemoryTagGuard tag(MemTag::kParams);
+  weight = register_parameter("weight", Tensor::zeros(weight_layout.local_shape()));
+  if (bias) this->bias = register_parameter("bias", Tensor::zeros({out_features}));
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x) const {
+  Tensor y = reduce_from_tensor_parallel(matmul(x, weight), group_);
+  // In the output's dtype, as linear() adds it under autocast.
+  return bias.defined() ? add(y, autograd::autocast_to(bias, y.dtype())) : y;
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t embedding_dim, ProcessGroup& group)
+    : vocab_size(vocab), group_(group) {
+  MINIDL_CHECK(vocab > 0 && embedding_dim > 0, "VocabParallelEmbedding: expected positive sizes, got ", vocab, " x ",
+               embedding_dim);
+  weight_layout = {{vocab, embedding_dim}, 0, 1, group.size(), group.rank()};
+  vocab_per_rank = weight_layout.local_shape()[0];
+  vocab_start = int64_t(group.rank()) * vocab_per_rank;
+  {
+    MemoryTagGuard tag(MemTag::kParams);
+    weight = register_parameter("weight", Tensor::zeros(weight_layout.local_shape()));
+  }
+  if (vocab_start + vocab_per_rank > vocab) {
+    std::vector<float> mask(size_t(vocab_per_rank), 0.0f);
+    for (int64_t j = 0; j < vocab_per_rank; ++j)
+      if (vocab_start + j >= vocab) mask[size_t(j)] = -std::numeric_limits<float>::infinity();
+    MemoryTagGuard tag(MemTag::kOther);
+    pad_mask_ = Tensor::from_vector(mask, {vocab_per_rank});
+  }
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
+  if (group_.size() == 1) return embedding(weight, ids);
+  // Ids outside this rank's range look up row 0 and are zeroed, so the all-reduce adds exactly one real row per
+  // id. The ids are rewritten on the host (one copy back from a device).
+  const std::vector<double> v = ids.to_vector();
+  std::vector<int64_t> local(v.size());
+  std::vector<float> keep(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int64_t id = int64_t(v[i]);
+    const bool mine = id >= vocab_start && id < vocab_start + vocab_per_rank;
+    local[i] = mine ? id - vocab_start : 0;
+    keep[i] = mine ? 1.0f : 0.0f;
+  }
+  Shape keep_shape = ids.shape();
+  keep_shape.push_back(1);
+  Tensor e;
+  {
+    ops::HostCheckedIndicesGuard in_range;  // [0, vocab_per_rank) by construction
+    e = embedding(weight, Tensor::from_vector(local, ids.shape()).to(ids.device()));
+  }
+  Tensor mask = Tensor::from_vector(keep, keep_shape, e.dtype()).to(e.device());
+  return reduce_from_tensor_parallel(mul(e, mask), group_);
+}
+
+Tensor VocabParallelEmbedding::logits(const Tensor& x) const {
+  Tensor z = matmul(copy_to_tensor_parallel(x, group_), weight, false, true);
+  if (!pad_mask_.defined()) return z;
+  if (pad_mask_.device() != z.device()) pad_mask_ = pad_mask_.to(z.device());
+  return add(z, pad_mask_);  // padded vocabulary rows: -inf
+}
+
+Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets, int64_t vocab_start,
+                                    ProcessGroup& group, int64_t ignore_index, Reduction reduction) {
+  MINIDL_CHECK(local_logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == local_logits.size(0),
+               "vocab_parallel_cross_entropy: expected logits (N, V / tp) and targets (N), got ", local_logits.shape(),
+               " and ", targets.shape());
+  autograd::AutocastGuard full_precision(DType::f32);
+  const Tensor z = local_logits.dtype() == DType::f32 ? local_logits : local_logits.to(DType::f32);
+  const int64_t N = z.size(0), V = z.size(1);
+  const Device device = z.device();
+
+  // Where each row's target logit is, if this rank holds it: flat index n * V + (t - vocab_start).
+  const std::vector<double> t = targets.to_vector();
+  std::vector<int64_t> where(size_t(N), 0);
+  std::vector<float> mine(size_t(N), 0.0f), counted(size_t(N), 0.0f);
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t target = int64_t(t[size_t(n)]);
+    if (target == ignore_index) continue;
+    counted[size_t(n)] = 1.0f;
+    ++count;
+    if (target >= vocab_start && target < vocab_start + V) {
+      where[size_t(n)] = n * V + (target - vocab_start);
+      mine[size_t(n)] = 1.0f;
+    }
+  }
+
+  // m: the row maxima over the whole vocabulary. A constant: log-sum-exp does not depend on the shift.
+  Tensor m;
+  {
+    autograd::NoGradGuard no_grad;
+    m = copy_of(max(z.detach(), 1, /*keepdim=*/true));  // (N, 1)
+    if (group.size() > 1) group.all_reduce(m, ReduceOp::kMax)->wait();
+  }
+  // S = sum over the vocabulary of exp(z - m); padded columns are exp(-inf) = 0.
+  Tensor S = reduce_from_tensor_parallel(sum(exp(sub(z, m)), 1), group);  // (N)
+  // z_t, read by a gather (an embedding lookup into z viewed as an (N * V, 1) table): its backward puts the
+  // gradient at the target column alone. Zero on the ranks that do not hold the target.
+  Tensor zt;
+  {
+    ops::HostCheckedIndicesGuard in_range;
+    zt = embedding(z.reshape({N * V, 1}), Tensor::from_vector(where, {N}).to(device)).reshape({N});
+  }
+  zt = reduce_from_tensor_parallel(mul(zt, Tensor::from_vector(mine, {N}).to(device)), group);
+  Tensor per_row = sub(add(log(S), m.reshape({N})), zt);
+  Tensor loss = sum(mul(per_row, Tensor::from_vector(counted, {N}).to(device)));
+  if (reduction == Reduction::kMean) loss = mul(loss, 1.0 / double(count));
+  return loss;
+}
+
+// ---- attention and MLP ----
+
+ParallelSelfAttention::ParallelSelfAttention(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
+                                             std::shared_ptr<const nn::DropoutContext> ctx) {
+  MINIDL_CHECK(cfg.n_head % group.size() == 0, "tensor parallelism: --tp ", group.size(), " must divide --heads ",
+               cfg.n_head, " (attention is split by heads)");
+  local_heads = cfg.n_head / group.size();
+  c_attn = register_module("c_attn",
+                           std::make_shared<ColumnParallelLinear>(cfg.n_embd, 3 * cfg.n_embd, group, cfg.bias, 3));
+  c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(cfg.n_embd, cfg.n_embd, group, cfg.bias));
+  resid_dropout = register_module("resid_dropout", std::make_shared<nn::Dropout>(cfg.dropout, dropout_stream, ctx));
+}
+
+Tensor ParallelSelfAttention::forward(const Tensor& x) const {
+  // c_attn's output is this rank's q, k and v heads, in that order: the layout causal_attention expects.
+  Tensor y = causal_attention(c_attn->forward(x), int(local_heads));
+  return resid_dropout->forward(c_proj->forward(y));
+}
+
+ParallelMLP::ParallelMLP(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
+                         std::shared_ptr<const nn::DropoutContext> ctx)
+    : group_(group) {
+  c_fc = register_module("c_fc", std::make_shared<ColumnParallelLinear>(cfg.n_embd, 4 * cfg.n_embd, group, cfg.bias));
+  c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(4 * cfg.n_embd, cfg.n_embd, group, cfg.bias));
+  dropout = register_module("dropout", std::make_shared<nn::Dropout>(cfg.dropout, dropout_stream, ctx));
+}
+
+Tensor ParallelMLP::forward(const Tensor& x) const {
+  // As nn::MLP: the bias inside the fused GELU. GELU is elementwise, so it runs on each rank's columns alone.
+  Tensor pre = matmul(copy_to_tensor_parallel(x, group_), c_fc->weight);
+  Tensor h = c_fc->bias.defined() ? bias_gelu(pre, c_fc->bias) : gelu(pre);
+  return dropout->forward(c_proj->forward(h));
+}
+
+}  // namespace minidl::dist
