@@ -72,7 +72,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--dp", o.dp,
                  "Data-parallel ranks (run under mpirun -n N); each takes batch/dp of every global batch. "
                  "dp x tp x pp must equal N. Default: N / (tp x pp)");
-  app.add_option("--tp", o.tp, "Tensor-parallel ranks (only 1 until tensor parallelism lands)")->capture_default_str();
+  app.add_option("--tp", o.tp, "Tensor-parallel ranks: each transformer block split Megatron-style (attention by heads, the MLP "
+                 "column then row) and the vocabulary split, over tp consecutive ranks; must divide --heads. "
+                 "Combines with --dp, --amp, --recompute, --grad-accum, --dropout and clipping; not with --zero or "
+                 "training checkpoints (--save writes one whole-model file at any --tp)")->capture_default_str();
   app.add_option("--pp", o.pp, "Pipeline stages (only 1 until pipeline parallelism lands)")->capture_default_str();
   app.add_option("--backend", o.backend,
                  "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "

@@ -21,6 +21,7 @@
 #include "train/grad_sync.h"
 #include "train/progress.h"
 #include "train/step.h"
+#include "train/tp_sync.h"
 #include "train/zero_sync.h"
 
 namespace minidl::train {
@@ -70,7 +71,13 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(tp >= 1, "--tp: expected at least 1, got ", tp);
   MINIDL_CHECK(pp >= 1, "--pp: expected at least 1, got ", pp);
   MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
-  MINIDL_CHECK(tp == 1, "--tp ", tp, ": tensor parallelism is not implemented yet; only --tp 1 is accepted");
+  MINIDL_CHECK(heads_or_default() % tp == 0, "--tp ", tp, " must divide --heads ", heads_or_default(),
+               " (attention is split by heads)");
+  MINIDL_CHECK(tp == 1 || zero == 0, "--tp ", tp, " with --zero ", zero, ": ZeRO over a tensor-parallel model is not "
+               "implemented yet; use --zero 0");
+  MINIDL_CHECK(tp == 1 || (checkpoint_dir.empty() && resume.empty()), "--tp ", tp, " with --checkpoint-dir or "
+               "--resume: training checkpoints of a tensor-parallel run are not implemented yet (--save and "
+               "--init-from work at any --tp)");
   MINIDL_CHECK(pp == 1, "--pp ", pp, ": pipeline parallelism is not implemented yet; only --pp 1 is accepted");
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
@@ -305,8 +312,14 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   const dist::GridCoord me = s.topo->coord();
   s.logger = me == dist::GridCoord{};
 
-  s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
-  if (s.ckpt && !s.resume) nn::load_into(*s.model, o.init_from);
+  if (grid.tp > 1) {  // the same weights, split over the tp group (dist/tp_gpt.h)
+    auto split = std::make_unique<dist::TensorParallelGPT>(model_cfg, o.seed, s.topo->tp_group());
+    if (s.ckpt && !s.resume) dist::load_tensor_parallel_gpt(*split, o.init_from);
+    s.model = std::move(split);
+  } else {
+    s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
+    if (s.ckpt && !s.resume) nn::load_into(*s.model, o.init_from);
+  }
   s.model->to(s.device);  // before DDP and the optimizer, whose buffers follow the parameters' device
   s.model->train();
   // Data parallelism: dp rank d takes samples [d * local, (d + 1) * local) of each global batch; its dropout masks
@@ -321,6 +334,9 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     s.sync = std::make_unique<DDPSync>(*s.model, *s.topo);
   else
     s.sync = std::make_unique<GradSync>();
+  if (grid.tp > 1)
+    s.sync = std::make_unique<TensorParallelSync>(std::move(s.sync),
+                                                  static_cast<const dist::TensorParallelGPT&>(*s.model), *s.topo);
   s.amp = amp_dtype(o.amp);
   if (s.amp == DType::f16) {
     s.scaler.emplace();
@@ -448,20 +464,25 @@ int Trainer::run() {
   if (s.logger)
     std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)s.windows,
                 (long long)s.seq);
-  // Every rank holds the whole model: the logging rank writes it (temporary name, then rename).
-  if (!o.save.empty() && s.logger) {
+  // Every rank holds the whole model: the logging rank writes it (temporary name, then rename). With tp > 1 the
+  // tp group of the logging rank gathers the whole parameters first (collective), and the logging rank writes.
+  const bool whole_model_here = s.logger || (s.topo->grid().tp > 1 && s.topo->coord().dp == 0);
+  if (!o.save.empty() && whole_model_here) {
     nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
     if (s.scaler) extras["grad_scaler"] = scaler_state_json(s.scaler->state());
-    nn::save_gpt(o.save, model, s.ds->tokenizer().to_json().dump(), extras);
-    std::printf("saved %s\n", o.save.c_str());
+    if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(&model))
+      dist::save_tensor_parallel_gpt(o.save, *split, s.ds->tokenizer().to_json().dump(), extras, s.logger);
+    else
+      nn::save_gpt(o.save, model, s.ds->tokenizer().to_json().dump(), extras);
+    if (s.logger) std::printf("saved %s\n", o.save.c_str());
   }
-  if (o.sample > 0 && s.logger) {
+  if (o.sample > 0 && whole_model_here) {  // with tp > 1 the tp group computes every token together
     // Start from a newline when the vocabulary has one (a fresh paragraph), else from token 0.
     const auto& v = s.ds->tokenizer().vocab();
     std::vector<int32_t> prompt{
         std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? s.ds->tokenizer().encode("\n")[0] : 0};
     std::vector<int32_t> out = train::sample(model, prompt, o.sample, o.temperature, o.seed);
-    std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
+    if (s.logger) std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
   }
   if (!s.logger) return 0;
   auto per_step = [&](double total) { return timed_steps ? total / double(timed_steps) : 0.0; };

@@ -254,6 +254,40 @@ TEST_F(TrainGpt, ZeroMatchesOneProcess) {
   EXPECT_NE(three.out.find("--zero 3"), std::string::npos) << three.out;
 }
 
+// Tensor parallelism over 2 ranks (ring and mpi; tp 2 x dp 2 on 4; bf16 with block recomputation and accumulation)
+// with AdamW, dropout and clipping: the summary of one process within 1e-3. A tp 2 run's --save is one whole-model
+// file that one process evaluates to the same validation loss.
+TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
+  std::string heads4 = tiny_flags();
+  heads4.replace(heads4.find("--heads 2"), 9, "--heads 4");
+  std::string flags = heads4 + " --steps 20 --lr 3e-3 --dropout 0.1 --batch 8";
+  Result one = run(flags);
+  ASSERT_EQ(one.code, 0) << one.out;
+  double saved_val = NAN;
+  for (const std::string& extra : {std::string(" --tp 2 --backend ring --save ") + path("tp.safetensors"),
+                                   std::string(" --tp 2 --backend mpi")}) {
+    Result two = run_with(mpiexec(2), flags + extra);
+    if (std::isnan(saved_val)) saved_val = summary_field(two.out, "val_loss");
+    ASSERT_EQ(two.code, 0) << extra << "\n" << two.out;
+    EXPECT_NE(two.out.find("tp=2"), std::string::npos) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << two.out;
+  }
+  Result four = run_with(mpiexec(4), flags + " --tp 2 --dp 2");
+  ASSERT_EQ(four.code, 0) << four.out;
+  EXPECT_NEAR(summary_field(four.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << four.out;
+  // The tp 2 file at tp 1: one process evaluates what tp 2 trained to its validation loss (printed to 4 decimals).
+  Result eval = run(heads4 + " --steps 0 --init-from " + path("tp.safetensors"));
+  ASSERT_EQ(eval.code, 0) << eval.out;
+  EXPECT_NEAR(summary_field(eval.out, "val_loss"), saved_val, 1.01e-4) << eval.out;
+
+  std::string amp = flags + " --amp bf16 --recompute block";
+  Result one_bf16 = run(amp);
+  Result two_bf16 = run_with(mpiexec(2), amp + " --tp 2 --grad-accum 2");
+  ASSERT_EQ(two_bf16.code, 0) << two_bf16.out;
+  EXPECT_NEAR(summary_field(two_bf16.out, "val_loss"), summary_field(one_bf16.out, "val_loss"), 1e-3) << two_bf16.out;
+}
+
 // DDP on the emulated CUDA device (2 ranks sharing it): the nccl backend (NCCL's calls over MPI in this build) and
 // minidl's ring over NCCL point-to-point, against one process on the same device.
 TEST_F(TrainGpt, DataParallelOnEmulatedCudaMatchesOneProcess) {
@@ -361,6 +395,7 @@ TEST_F(TrainGpt, MalformedCheckpointHeaderIsAnError) {
 
 TEST_F(TrainGpt, TopologyFlags) {
   expect_rejected(tiny_flags() + " --steps 2 --tp 2", {"--tp 2"});
+  expect_rejected(tiny_flags() + " --steps 2 --tp 3", {"--tp 3 must divide --heads 2"});
   expect_rejected(tiny_flags() + " --steps 2 --pp 2", {"--pp 2"});
   Result r = run_with(mpiexec(2), tiny_flags() + " --steps 2 --dp 1 --tp 1 --pp 1");
   EXPECT_EQ(r.code, 2) << r.out;
