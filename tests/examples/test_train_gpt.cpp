@@ -288,6 +288,23 @@ TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
   EXPECT_NEAR(summary_field(two_bf16.out, "val_loss"), summary_field(one_bf16.out, "val_loss"), 1e-3) << two_bf16.out;
 }
 
+// Tensor parallelism on the emulated CUDA device (2 ranks sharing it), over nccl and the device ring: one process's
+// summary on the same device.
+TEST_F(TrainGpt, TensorParallelOnEmulatedCudaMatchesOneProcess) {
+  if (std::string(TRAIN_GPT_CUDA) != "emulated") GTEST_SKIP() << "train_gpt is not built with MINIDL_CUDA_EMULATION";
+  std::string flags = tiny_flags();  // head dimension 16: the CUDA attention kernel's smallest
+  flags.replace(flags.find("--embd 16"), 9, "--embd 32");
+  flags += " --steps 5 --lr 3e-3 --dropout 0.1 --batch 8 --device cuda";
+  Result one = run(flags);
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (const char* backend : {"nccl", "ring"}) {
+    Result two = run_with(mpiexec(2), flags + " --tp 2 --backend " + backend);
+    ASSERT_EQ(two.code, 0) << backend << "\n" << two.out;
+    EXPECT_NEAR(summary_field(two.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << two.out;
+  }
+}
+
 // DDP on the emulated CUDA device (2 ranks sharing it): the nccl backend (NCCL's calls over MPI in this build) and
 // minidl's ring over NCCL point-to-point, against one process on the same device.
 TEST_F(TrainGpt, DataParallelOnEmulatedCudaMatchesOneProcess) {
