@@ -6,6 +6,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "core/memory.h"
+#include "ops/dropout.h"
 #include "ops/embedding.h"
 
 namespace minidl::dist {
@@ -61,6 +62,92 @@ Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group) {
   return autograd::record("TensorParallelGather", {x}, out, [=](const Tensor& gy) {
     Tensor mine = gy.reshape({rows, int64_t(n), last}).narrow(1, rank, 1).contiguous().reshape(x_shape);
     return std::vector<Tensor>{mine};
+  });
+}
+
+// ---- sequence parallelism ----
+
+namespace {
+
+// The collectives work on flat contiguous chunks; a chunk of the sequence of (B, T, C) is not one, of (T, B, C) it
+// is. Raw (no autograd): the autograd functions below call them forward and backward.
+Tensor sequence_all_gather(const Tensor& x, ProcessGroup& group) {
+  MINIDL_CHECK(x.dim() == 3, "sequence parallelism: expected (B, T, C), got ", x.shape());
+  const int64_t n = group.size(), B = x.size(0), Tr = x.size(1), C = x.size(2);
+  Tensor whole = Tensor::empty({n * Tr, B, C}, x.dtype(), x.device());
+  group.all_gather(whole, x.transpose(0, 1).contiguous())->wait();
+  return whole.transpose(0, 1).contiguous();
+}
+
+Tensor sequence_reduce_scatter(const Tensor& x, ProcessGroup& group) {
+  MINIDL_CHECK(x.dim() == 3, "sequence parallelism: expected (B, T, C), got ", x.shape());
+  const int64_t n = group.size(), B = x.size(0), T = x.size(1), C = x.size(2);
+  MINIDL_CHECK(T % n == 0, "sequence parallelism: the sequence length T = ", T, " must be a multiple of --tp ", n);
+  Tensor mine = Tensor::empty({T / n, B, C}, x.dtype(), x.device());
+  group.reduce_scatter(mine, x.transpose(0, 1).contiguous(), ReduceOp::kSum)->wait();
+  return mine.transpose(0, 1).contiguous();
+}
+
+}  // namespace
+
+Tensor reduce_scatter_to_sequence_parallel(const Tensor& x, ProcessGroup& group) {
+  if (group.size() == 1) return x;
+  ProcessGroup* g = &group;
+  Tensor y;
+  {
+    autograd::NoGradGuard raw;
+    y = sequence_reduce_scatter(x, group);
+  }
+  return autograd::record("SequenceParallelReduceScatter", {x}, y, [g](const Tensor& gy) {
+    return std::vector<Tensor>{sequence_all_gather(gy, *g)};
+  });
+}
+
+Tensor gather_from_sequence_parallel(const Tensor& x, ProcessGroup& group) {
+  if (group.size() == 1) return x;
+  ProcessGroup* g = &group;
+  Tensor y;
+  {
+    autograd::NoGradGuard raw;
+    y = sequence_all_gather(x, group);
+  }
+  return autograd::record("SequenceParallelAllGather", {x}, y, [g](const Tensor& gy) {
+    return std::vector<Tensor>{sequence_reduce_scatter(gy, *g)};
+  });
+}
+
+Tensor sequence_parallel_dropout(const nn::Dropout& dropout, const nn::DropoutContext& ctx, const Tensor& x,
+                                 ProcessGroup& group) {
+  if (!dropout.is_training() || dropout.p() == 0.0) return x;
+  MINIDL_CHECK(x.dim() == 3, "sequence_parallel_dropout: expected (B, T / tp, C), got ", x.shape());
+  const int64_t B = x.size(0), Tr = x.size(1), C = x.size(2), T = Tr * group.size();
+  const int64_t first_position = int64_t(group.rank()) * Tr;
+  // Sample b's positions are one contiguous run of Tr * C elements in x and in the one-process activation.
+  std::vector<uint64_t> offsets(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t first_element = ((ctx.first_sample + b) * T + first_position) * C;
+    MINIDL_CHECK(first_element % 4 == 0, "sequence parallel dropout: a sequence slice begins at element ",
+                 first_element, ", not a multiple of 4; use a model whose n_embd is a multiple of 4");
+    offsets[size_t(b)] = ctx.step * nn::DropoutContext::kOffsetsPerStep + uint64_t(first_element / 4);
+  }
+  const double p = dropout.p();
+  const uint64_t seed = ctx.seed, stream = dropout.stream();
+  // y = x * mask / (1 - p) is linear in x: backward applies the same masks to the gradient.
+  auto apply = [=](const Tensor& in) {
+    Tensor src = in.contiguous(), out = Tensor::empty(in.shape(), in.dtype(), in.device());
+    for (int64_t b = 0; b < B; ++b) {
+      Tensor dst = out.narrow(0, b, 1);
+      dst.copy_(ops::dropout(src.narrow(0, b, 1), p, seed, stream, offsets[size_t(b)]));
+    }
+    return out;
+  };
+  Tensor y;
+  {
+    autograd::NoGradGuard raw;
+    y = apply(x);
+  }
+  return autograd::record("SequenceParallelDropout", {x}, y, [apply](const Tensor& gy) {
+    return std::vector<Tensor>{apply(gy)};
   });
 }
 
@@ -140,9 +227,11 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_feat
   if (bias) this->bias = register_parameter("bias", Tensor::zeros(bias_layout.local_shape()));
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x) const {
-  return linear(copy_to_tensor_parallel(x, group_), weight, bias);
+Tensor ColumnParallelLinear::input(const Tensor& x) const {
+  return sequence_parallel ? gather_from_sequence_parallel(x, group_) : copy_to_tensor_parallel(x, group_);
 }
+
+Tensor ColumnParallelLinear::forward(const Tensor& x) const { return linear(input(x), weight, bias); }
 
 RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias)
     : group_(group) {
@@ -158,7 +247,9 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, 
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
-  Tensor y = reduce_from_tensor_parallel(matmul(x, weight), group_);
+  Tensor partial = matmul(x, weight);
+  Tensor y = sequence_parallel ? reduce_scatter_to_sequence_parallel(partial, group_)
+                               : reduce_from_tensor_parallel(partial, group_);
   // In the output's dtype, as linear() adds it under autocast.
   return bias.defined() ? add(y, autograd::autocast_to(bias, y.dtype())) : y;
 }
@@ -185,6 +276,9 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t embedding_
 
 Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
   if (group_.size() == 1) return embedding(weight, ids);
+  MINIDL_CHECK(!sequence_parallel || (ids.dim() == 2 && ids.size(1) % group_.size() == 0),
+               "sequence parallelism: the sequence length must be a multiple of --tp ", group_.size(), ", got ids of "
+               "shape ", ids.shape());
   // Ids outside this rank's range look up row 0 and are zeroed, so the all-reduce adds exactly one real row per
   // id. The ids are rewritten on the host (one copy back from a device).
   const std::vector<double> v = ids.to_vector();
@@ -204,11 +298,13 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
     e = embedding(weight, Tensor::from_vector(local, ids.shape()).to(ids.device()));
   }
   Tensor mask = Tensor::from_vector(keep, keep_shape, e.dtype()).to(e.device());
-  return reduce_from_tensor_parallel(mul(e, mask), group_);
+  e = mul(e, mask);
+  return sequence_parallel ? reduce_scatter_to_sequence_parallel(e, group_) : reduce_from_tensor_parallel(e, group_);
 }
 
 Tensor VocabParallelEmbedding::logits(const Tensor& x) const {
-  Tensor z = matmul(copy_to_tensor_parallel(x, group_), weight, false, true);
+  Tensor in = sequence_parallel ? gather_from_sequence_parallel(x, group_) : copy_to_tensor_parallel(x, group_);
+  Tensor z = matmul(in, weight, false, true);
   if (!pad_mask_.defined()) return z;
   if (pad_mask_.device() != z.device()) pad_mask_ = pad_mask_.to(z.device());
   return add(z, pad_mask_);  // padded vocabulary rows: -inf
@@ -266,7 +362,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
 // ---- attention and MLP ----
 
 ParallelSelfAttention::ParallelSelfAttention(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
-                                             std::shared_ptr<const nn::DropoutContext> ctx) {
+                                             std::shared_ptr<const nn::DropoutContext> ctx)
+    : group_(group), ctx_(ctx) {
   MINIDL_CHECK(cfg.n_head % group.size() == 0, "tensor parallelism: --tp ", group.size(), " must divide --heads ",
                cfg.n_head, " (attention is split by heads)");
   local_heads = cfg.n_head / group.size();
@@ -278,13 +375,17 @@ ParallelSelfAttention::ParallelSelfAttention(const nn::GPTConfig& cfg, ProcessGr
 
 Tensor ParallelSelfAttention::forward(const Tensor& x) const {
   // c_attn's output is this rank's q, k and v heads, in that order: the layout causal_attention expects.
-  Tensor y = causal_attention(c_attn->forward(x), int(local_heads));
-  return resid_dropout->forward(c_proj->forward(y));
+  Tensor y = c_proj->forward(causal_attention(c_attn->forward(x), int(local_heads)));
+  return sequence_parallel_ ? sequence_parallel_dropout(*resid_dropout, *ctx_, y, group_) : resid_dropout->forward(y);
+}
+
+void ParallelSelfAttention::set_sequence_parallel(bool on) {
+  sequence_parallel_ = c_attn->sequence_parallel = c_proj->sequence_parallel = on;
 }
 
 ParallelMLP::ParallelMLP(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
                          std::shared_ptr<const nn::DropoutContext> ctx)
-    : group_(group) {
+    : group_(group), ctx_(ctx) {
   c_fc = register_module("c_fc", std::make_shared<ColumnParallelLinear>(cfg.n_embd, 4 * cfg.n_embd, group, cfg.bias));
   c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(4 * cfg.n_embd, cfg.n_embd, group, cfg.bias));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(cfg.dropout, dropout_stream, ctx));
@@ -292,9 +393,14 @@ ParallelMLP::ParallelMLP(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t
 
 Tensor ParallelMLP::forward(const Tensor& x) const {
   // As nn::MLP: the bias inside the fused GELU. GELU is elementwise, so it runs on each rank's columns alone.
-  Tensor pre = matmul(copy_to_tensor_parallel(x, group_), c_fc->weight);
+  Tensor pre = matmul(c_fc->input(x), c_fc->weight);
   Tensor h = c_fc->bias.defined() ? bias_gelu(pre, c_fc->bias) : gelu(pre);
-  return dropout->forward(c_proj->forward(h));
+  Tensor y = c_proj->forward(h);
+  return sequence_parallel_ ? sequence_parallel_dropout(*dropout, *ctx_, y, group_) : dropout->forward(y);
+}
+
+void ParallelMLP::set_sequence_parallel(bool on) {
+  sequence_parallel_ = c_fc->sequence_parallel = c_proj->sequence_parallel = on;
 }
 
 }  // namespace minidl::dist

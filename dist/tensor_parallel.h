@@ -48,6 +48,24 @@ Tensor reduce_from_tensor_parallel(const Tensor& x, ProcessGroup& group);
 // sampler reads; training never gathers.)
 Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group);
 
+// Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"):
+// between the tensor-parallel regions the residual stream is split along the sequence, (B, T / tp, C) per rank,
+// so LayerNorm, dropout and the residual adds run on 1/tp of the positions and their activations take 1/tp of the
+// memory. An all-reduce is a reduce-scatter followed by an all-gather, so the same bytes move:
+//   before a column-parallel layer, the all-gather along T that rebuilds the whole sequence replaces f (backward:
+//   the gradients of the whole sequence are summed over ranks, each keeping its positions: a reduce-scatter);
+//   after a row-parallel layer, a reduce-scatter along T replaces g's all-reduce (backward: an all-gather).
+// Parameters used on the sequence slice (LayerNorms, wpe, the row-parallel biases) now see only this rank's
+// positions, so their gradients are partial sums that must be all-reduced over the group (TensorParallelSync).
+// x: (B, T, C), a partial sum on each rank -> (B, T / tp, C): positions [rank * T / tp, ...) of the sum.
+Tensor reduce_scatter_to_sequence_parallel(const Tensor& x, ProcessGroup& group);
+// x: (B, T / tp, C), this rank's positions -> (B, T, C), the whole sequence on every rank.
+Tensor gather_from_sequence_parallel(const Tensor& x, ProcessGroup& group);
+// Dropout of this rank's positions x: (B, T / tp, C) with exactly the masks one process draws for them (per
+// sample, the run of positions starts at Philox element ((first_sample + b) * T + rank * T / tp) * C of the step).
+Tensor sequence_parallel_dropout(const nn::Dropout& dropout, const nn::DropoutContext& ctx, const Tensor& x,
+                                 ProcessGroup& group);
+
 // Which part of a whole parameter of shape full_shape one rank holds. The split dimension `dim` is cut into
 // `parts` equal parts (c_attn: 3, for q, k and v), and each part into `ranks` slices of ceil(part / ranks); rank r
 // holds slice r of every part, concatenated. Where a slice runs past the end of its part (a vocabulary of 65 at
@@ -85,11 +103,14 @@ class ColumnParallelLinear : public nn::Module {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias = true,
                        int64_t parts = 1);
-  // x: (..., in), replicated -> (..., out / tp)
+  // x: (..., in), replicated (with sequence_parallel: (B, T / tp, in), this rank's positions) -> (..., out / tp)
   Tensor forward(const Tensor& x) const;
+  // What forward multiplies: f(x), or with sequence_parallel the whole sequence gathered.
+  Tensor input(const Tensor& x) const;
 
   Tensor weight, bias;
   ShardLayout weight_layout, bias_layout;
+  bool sequence_parallel = false;
 
  private:
   ProcessGroup& group_;
@@ -100,11 +121,13 @@ class ColumnParallelLinear : public nn::Module {
 class RowParallelLinear : public nn::Module {
  public:
   RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias = true);
-  // x: (..., in / tp), this rank's slice -> (..., out), replicated
+  // x: (..., in / tp), this rank's slice -> (..., out), replicated (with sequence_parallel: reduce-scattered to
+  // (B, T / tp, out), the bias added to this rank's positions)
   Tensor forward(const Tensor& x) const;
 
   Tensor weight, bias;
   ShardLayout weight_layout, bias_layout;
+  bool sequence_parallel = false;
 
  private:
   ProcessGroup& group_;
@@ -117,14 +140,17 @@ class RowParallelLinear : public nn::Module {
 class VocabParallelEmbedding : public nn::Module {
  public:
   VocabParallelEmbedding(int64_t vocab_size, int64_t embedding_dim, ProcessGroup& group);
-  // ids: integers in [0, V), any shape -> (*ids.shape, C), replicated
+  // ids: integers in [0, V), any shape -> (*ids.shape, C), replicated (with sequence_parallel, ids (B, T) ->
+  // (B, T / tp, C), this rank's positions: reduce-scattered instead of all-reduced)
   Tensor forward(const Tensor& ids) const;
-  // x: (..., C), replicated (passed through f) -> (..., Vr): x @ weight^T with padded columns at -inf
+  // x: (..., C), replicated (passed through f; with sequence_parallel (B, T / tp, C), gathered) -> (..., Vr):
+  // x @ weight^T with padded columns at -inf
   Tensor logits(const Tensor& x) const;
 
   Tensor weight;  // (Vr, C)
   ShardLayout weight_layout;
   int64_t vocab_size, vocab_start, vocab_per_rank;
+  bool sequence_parallel = false;
 
  private:
   ProcessGroup& group_;
@@ -150,13 +176,19 @@ class ParallelSelfAttention : public nn::Module {
  public:
   ParallelSelfAttention(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
                         std::shared_ptr<const nn::DropoutContext> ctx);
-  // x: (B, T, C), replicated -> (B, T, C), replicated
+  // x: (B, T, C), replicated -> (B, T, C), replicated; with sequence parallelism (B, T / tp, C) in and out
   Tensor forward(const Tensor& x) const;
+  void set_sequence_parallel(bool on);
 
   std::shared_ptr<ColumnParallelLinear> c_attn;
   std::shared_ptr<RowParallelLinear> c_proj;
   std::shared_ptr<nn::Dropout> resid_dropout;
   int64_t local_heads;
+
+ private:
+  ProcessGroup& group_;
+  std::shared_ptr<const nn::DropoutContext> ctx_;
+  bool sequence_parallel_ = false;
 };
 
 // The MLP column then row: c_fc (C, 4C) by columns (its bias inside the fused GELU, as the one-process MLP), c_proj
@@ -165,8 +197,9 @@ class ParallelMLP : public nn::Module {
  public:
   ParallelMLP(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
               std::shared_ptr<const nn::DropoutContext> ctx);
-  // x: (B, T, C), replicated -> (B, T, C), replicated
+  // x: (B, T, C), replicated -> (B, T, C), replicated; with sequence parallelism (B, T / tp, C) in and out
   Tensor forward(const Tensor& x) const;
+  void set_sequence_parallel(bool on);
 
   std::shared_ptr<ColumnParallelLinear> c_fc;
   std::shared_ptr<RowParallelLinear> c_proj;
@@ -174,6 +207,8 @@ class ParallelMLP : public nn::Module {
 
  private:
   ProcessGroup& group_;
+  std::shared_ptr<const nn::DropoutContext> ctx_;
+  bool sequence_parallel_ = false;
 };
 
 }  // namespace minidl::dist

@@ -35,8 +35,9 @@ std::vector<Tensor> concat(std::vector<Tensor> a, const std::vector<Tensor>& b) 
 
 }  // namespace
 
-TensorParallelGPT::TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, ProcessGroup& group)
-    : nn::GPT(cfg, seed, nn::GPTStage{}, NoModules{}), group_(group) {
+TensorParallelGPT::TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, ProcessGroup& group,
+                                     bool sequence_parallel)
+    : nn::GPT(cfg, seed, nn::GPTStage{}, NoModules{}), group_(group), sequence_parallel_(sequence_parallel) {
   MINIDL_CHECK(cfg.n_head % group.size() == 0, "tensor parallelism: --tp ", group.size(), " must divide --heads ",
                cfg.n_head, " (attention is split by heads)");
   const uint64_t base = nn::DropoutContext::kDropoutStreamBase;
@@ -51,6 +52,11 @@ TensorParallelGPT::TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, Pr
   for (int64_t i = 0; i < cfg.n_layer; ++i)
     parallel_blocks->push_back(std::make_shared<ParallelBlock>(cfg, group, base + 1 + 2 * uint64_t(i), ctx));
   ln_f = transformer->register_module("ln_f", std::make_shared<nn::LayerNorm>(cfg.n_embd, cfg.bias));
+  vocab_embedding->sequence_parallel = sequence_parallel;
+  for (const auto& block : *parallel_blocks) {
+    block->attn->set_sequence_parallel(sequence_parallel);
+    block->mlp->set_sequence_parallel(sequence_parallel);
+  }
 
   // Layouts by name: split where a parallel layer says so, replicated everywhere else.
   for (const auto& [name, p] : named_parameters()) layouts_[name] = ShardLayout::replicated(p.shape());
@@ -85,6 +91,18 @@ Tensor TensorParallelGPT::embed(const Tensor& ids) const {
   MINIDL_CHECK(T >= 1 && T <= config().block_size,
                "GPT::forward: sequence length must be in [1, block_size = ", config().block_size, "], got T = ", T);
   check_ids(ids, "token ids", false);
+  if (sequence_parallel_ && group_.size() > 1) {
+    // This rank's positions only: the token embeddings reduce-scattered along the sequence, its rows of wpe.
+    MINIDL_CHECK(T % group_.size() == 0, "--sequence-parallel: the sequence length T = ", T,
+                 " must be a multiple of --tp ", group_.size());
+    const int64_t Tr = T / group_.size();
+    Tensor pos_emb;
+    {
+      ops::HostCheckedIndicesGuard in_range;
+      pos_emb = wpe->forward(position_ids(T, ids.device()).narrow(0, int64_t(group_.rank()) * Tr, Tr));
+    }
+    return sequence_parallel_dropout(*drop, *dropout_context_ptr(), vocab_embedding->forward(ids) + pos_emb, group_);
+  }
   Tensor pos_emb;
   {
     ops::HostCheckedIndicesGuard in_range;
@@ -102,8 +120,10 @@ Tensor TensorParallelGPT::head(const Tensor& x) const {
 }
 
 Tensor TensorParallelGPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reduction) const {
-  MINIDL_CHECK(x.dim() == 3 && targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1),
-               "GPT::head_loss: expected targets of shape (B, T) matching x ", x.shape(), ", got ", targets.shape());
+  MINIDL_CHECK(x.dim() == 3 && targets.dim() == 2 && targets.size(0) == x.size(0) &&
+                   targets.size(1) == x.size(1) * (sequence_parallel_ ? group_.size() : 1),
+               "GPT::head_loss: expected targets (B, T) for x ", x.shape(),
+               sequence_parallel_ ? " (this rank's T / tp positions)" : "", ", got ", targets.shape());
   check_ids(targets, "targets", true);
   Tensor z = vocab_embedding->logits(ln_f->forward(x));  // (B, T, V / tp)
   const int64_t N = targets.numel();

@@ -43,7 +43,10 @@ class ParallelBlock : public nn::Module {
 class TensorParallelGPT : public nn::GPT {
  public:
   // The whole model (no pipeline stage), split over `group`. Throws unless group.size() divides n_head.
-  TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, ProcessGroup& group);
+  // sequence_parallel: the residual stream between the parallel layers is split along the sequence (see
+  // dist/tensor_parallel.h): blocks(), head() and head_loss() take (B, T / tp, C), embed() returns it, and the
+  // sequence length must be a multiple of the group size; loss() and forward() are unchanged.
+  TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, ProcessGroup& group, bool sequence_parallel = false);
 
   Tensor embed(const Tensor& ids) const override;
   // Whole logits (B, T, vocab_size), gathered from the ranks (sampling; training uses head_loss).
@@ -63,6 +66,7 @@ class TensorParallelGPT : public nn::GPT {
   // Loads this rank's slices from whole parameters (a one-process checkpoint). Missing or misshapen tensors throw.
   void load_whole_state_dict(const nn::StateDict& whole);
   ProcessGroup& group() const { return group_; }
+  bool sequence_parallel() const { return sequence_parallel_; }
 
   std::shared_ptr<VocabParallelEmbedding> vocab_embedding;  // transformer.wte
   std::shared_ptr<nn::ModuleList<ParallelBlock>> parallel_blocks;  // transformer.h
@@ -72,6 +76,7 @@ class TensorParallelGPT : public nn::GPT {
 
  private:
   ProcessGroup& group_;
+  bool sequence_parallel_;
   std::map<std::string, ShardLayout> layouts_;
 };
 

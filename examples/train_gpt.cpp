@@ -97,6 +97,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "Where to train: cpu, cuda (rank r of a host uses GPU r) or cuda:N. A -DMINIDL_CUDA_EMULATION=ON "
                  "build runs cuda on the CPU emulator of CUDA")
       ->capture_default_str();
+  app.add_flag("--sequence-parallel", o.sequence_parallel,
+               "With --tp N: split the residual stream (LayerNorm, dropout, residual adds) along the sequence over the "
+               "N ranks, all-gathering before and reduce-scattering after the tensor-parallel layers; --seq must be a "
+               "multiple of N");
   app.add_flag("--tf32", o.tf32, "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
                "error); off by default");
   app.add_option("--max-skipped-steps", o.max_skipped_steps,

@@ -1,7 +1,9 @@
 // TensorParallelSync: tensor parallelism around another gradient-synchronisation strategy (none or DDP over the dp
 // group). Inside a tp group the gradients need no synchronisation of their own: split parameters' gradients are
 // each rank's own, replicated parameters' are equal on every rank (the f/g operators of dist/tensor_parallel.h make
-// them so). What changes is the gradient norm: a replicated parameter is held tp times but must count once.
+// them so). What changes is the gradient norm: a replicated parameter is held tp times but must count once. With
+// sequence parallelism the replicated parameters (LayerNorms, wpe, row-parallel biases) act on this rank's
+// positions only, so after the last backward their gradients are all-reduced (sum) over the tp group.
 //
 //   dist::TensorParallelGPT model(cfg, seed, topology.tp_group());
 //   train::TensorParallelSync sync(std::make_unique<train::DDPSync>(model, topology), model, topology);
@@ -22,7 +24,7 @@ class TensorParallelSync final : public GradSync {
                      const dist::Topology& topology);
   const char* name() const override { return "tp"; }
   void before_backward(bool sync) override { inner_->before_backward(sync); }
-  void after_backward() override { inner_->after_backward(); }
+  void after_backward() override;
   std::vector<Tensor> owned_params(const std::vector<Tensor>& params) override { return inner_->owned_params(params); }
   std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) override {
     return inner_->optimizer_groups(std::move(groups));
@@ -39,6 +41,7 @@ class TensorParallelSync final : public GradSync {
   std::unique_ptr<GradSync> inner_;
   const dist::Topology& topology_;
   std::unordered_set<const TensorImpl*> replicated_;
+  std::vector<Tensor> sequence_parallel_params_;  // replicated parameters whose gradients are partial sums
 };
 
 }  // namespace minidl::train

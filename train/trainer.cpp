@@ -73,6 +73,10 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
   MINIDL_CHECK(heads_or_default() % tp == 0, "--tp ", tp, " must divide --heads ", heads_or_default(),
                " (attention is split by heads)");
+  MINIDL_CHECK(!sequence_parallel || tp > 1, "--sequence-parallel splits the sequence over the tensor-parallel "
+               "ranks: it needs --tp 2 or more, got --tp ", tp);
+  MINIDL_CHECK(!sequence_parallel || seq_or_default() % tp == 0, "--sequence-parallel: --seq ", seq_or_default(),
+               " must be a multiple of --tp ", tp);
   MINIDL_CHECK(tp == 1 || zero == 0, "--tp ", tp, " with --zero ", zero, ": ZeRO over a tensor-parallel model is not "
                "implemented yet; use --zero 0");
   MINIDL_CHECK(tp == 1 || (checkpoint_dir.empty() && resume.empty()), "--tp ", tp, " with --checkpoint-dir or "
@@ -206,6 +210,7 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
           {"warmup", str(o.warmup)}, {"weight_decay", str(o.weight_decay)}, {"dropout", str(o.dropout)},
           {"grad_clip", str(o.grad_clip)}, {"seed", str(o.seed)}, {"init_from", o.init_from},
           {"backend", o.backend}, {"dp", str(o.dp)}, {"tp", str(o.tp)}, {"pp", str(o.pp)},
+          {"sequence_parallel", str(o.sequence_parallel)},
           {"grad_accum", str(o.grad_accum)}, {"zero", str(o.zero)}, {"amp", o.amp}, {"recompute", o.recompute},
           {"device", o.device}, {"tf32", str(o.tf32)}, {"advance_lr_on_skip", str(o.advance_lr_on_skip)},
           {"checkpoint_dir", o.checkpoint_dir}, {"save_every", str(o.save_every)}};
@@ -313,7 +318,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   s.logger = me == dist::GridCoord{};
 
   if (grid.tp > 1) {  // the same weights, split over the tp group (dist/tp_gpt.h)
-    auto split = std::make_unique<dist::TensorParallelGPT>(model_cfg, o.seed, s.topo->tp_group());
+    auto split = std::make_unique<dist::TensorParallelGPT>(model_cfg, o.seed, s.topo->tp_group(), o.sequence_parallel);
+    if (o.sequence_parallel)
+      s.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
+                        std::to_string(s.seq / grid.tp) + " of " + std::to_string(s.seq) + " positions per rank");
     if (s.ckpt && !s.resume) dist::load_tensor_parallel_gpt(*split, o.init_from);
     s.model = std::move(split);
   } else {

@@ -77,7 +77,7 @@ TEST_F(TrainGpt, HelpDescribesEveryFlag) {
                            "--warmup", "--weight-decay", "--dropout", "--grad-clip", "--seed", "--threads",
                            "--eval-every", "--eval-windows", "--save", "--init-from", "--sample", "--log-every",
                            "--grad-accum", "--zero", "--amp", "--recompute", "--advance-lr-on-skip", "--device", "--tf32",
-                           "--dp", "--tp", "--pp", "--backend", "--progress", "--max-skipped-steps",
+                           "--dp", "--tp", "--sequence-parallel", "--pp", "--backend", "--progress", "--max-skipped-steps",
                            "--checkpoint-dir", "--save-every", "--keep-last", "--resume"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
@@ -265,7 +265,7 @@ TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
   ASSERT_EQ(one.code, 0) << one.out;
   double saved_val = NAN;
   for (const std::string& extra : {std::string(" --tp 2 --backend ring --save ") + path("tp.safetensors"),
-                                   std::string(" --tp 2 --backend mpi")}) {
+                                   std::string(" --tp 2 --backend mpi"), std::string(" --tp 2 --sequence-parallel")}) {
     Result two = run_with(mpiexec(2), flags + extra);
     if (std::isnan(saved_val)) saved_val = summary_field(two.out, "val_loss");
     ASSERT_EQ(two.code, 0) << extra << "\n" << two.out;
@@ -283,9 +283,11 @@ TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
 
   std::string amp = flags + " --amp bf16 --recompute block";
   Result one_bf16 = run(amp);
-  Result two_bf16 = run_with(mpiexec(2), amp + " --tp 2 --grad-accum 2");
-  ASSERT_EQ(two_bf16.code, 0) << two_bf16.out;
-  EXPECT_NEAR(summary_field(two_bf16.out, "val_loss"), summary_field(one_bf16.out, "val_loss"), 1e-3) << two_bf16.out;
+  for (const char* extra : {" --tp 2 --grad-accum 2", " --tp 2 --sequence-parallel"}) {
+    Result two_bf16 = run_with(mpiexec(2), amp + extra);
+    ASSERT_EQ(two_bf16.code, 0) << extra << "\n" << two_bf16.out;
+    EXPECT_NEAR(summary_field(two_bf16.out, "val_loss"), summary_field(one_bf16.out, "val_loss"), 1e-3) << two_bf16.out;
+  }
 }
 
 // Tensor parallelism on the emulated CUDA device (2 ranks sharing it), over nccl and the device ring: one process's
@@ -413,6 +415,7 @@ TEST_F(TrainGpt, MalformedCheckpointHeaderIsAnError) {
 TEST_F(TrainGpt, TopologyFlags) {
   expect_rejected(tiny_flags() + " --steps 2 --tp 2", {"--tp 2"});
   expect_rejected(tiny_flags() + " --steps 2 --tp 3", {"--tp 3 must divide --heads 2"});
+  expect_rejected(tiny_flags() + " --steps 2 --sequence-parallel", {"--sequence-parallel", "--tp 1"});
   expect_rejected(tiny_flags() + " --steps 2 --pp 2", {"--pp 2"});
   Result r = run_with(mpiexec(2), tiny_flags() + " --steps 2 --dp 1 --tp 1 --pp 1");
   EXPECT_EQ(r.code, 2) << r.out;
