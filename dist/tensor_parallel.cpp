@@ -8,6 +8,8 @@
 #include "core/memory.h"
 #include "ops/dropout.h"
 #include "ops/embedding.h"
+#include "ops/matmul.h"
+#include "ops/reduce.h"
 
 namespace minidl::dist {
 
@@ -113,6 +115,31 @@ Tensor gather_from_sequence_parallel(const Tensor& x, ProcessGroup& group) {
   }
   return autograd::record("SequenceParallelAllGather", {x}, y, [g](const Tensor& gy) {
     return std::vector<Tensor>{sequence_reduce_scatter(gy, *g)};
+  });
+}
+
+Tensor sequence_parallel_linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+                                ProcessGroup& group) {
+  if (group.size() == 1) return linear(x_in, weight_in, bias_in);
+  // The operands autocast would give linear(): their casts are recorded, so the gradients flow back through them.
+  const Tensor x = autograd::autocast_to_half(x_in), weight = autograd::autocast_to_half(weight_in);
+  const Tensor bias = bias_in.defined() ? autograd::autocast_to_half(bias_in) : Tensor();
+  const Tensor xd = x.detach(), wd = weight.detach();
+  Tensor out;
+  {
+    autograd::NoGradGuard raw;
+    out = ops::linear(sequence_all_gather(xd, group), wd, bias.defined() ? bias.detach() : Tensor());
+  }
+  ProcessGroup* g = &group;
+  const bool has_bias = bias.defined();
+  return autograd::record("SequenceParallelLinear", {x, weight, bias}, out, [=](const Tensor& gy) {
+    const int64_t in = wd.size(0), outs = wd.size(1);
+    Tensor g2 = gy.contiguous().reshape({-1, outs});
+    Tensor whole = sequence_all_gather(xd, *g);  // again: forward kept only this rank's positions
+    Tensor gw = ops::matmul(whole.reshape({-1, in}), g2, true, false);
+    Tensor gb = has_bias ? ops::sum(g2, 0) : Tensor();
+    Tensor gx = sequence_reduce_scatter(ops::matmul(g2, wd, false, true).reshape(whole.shape()), *g);
+    return std::vector<Tensor>{gx, gw, gb};
   });
 }
 
@@ -227,11 +254,15 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_feat
   if (bias) this->bias = register_parameter("bias", Tensor::zeros(bias_layout.local_shape()));
 }
 
-Tensor ColumnParallelLinear::input(const Tensor& x) const {
-  return sequence_parallel ? gather_from_sequence_parallel(x, group_) : copy_to_tensor_parallel(x, group_);
+Tensor ColumnParallelLinear::product(const Tensor& x) const {
+  return sequence_parallel ? sequence_parallel_linear(x, weight, Tensor(), group_)
+                           : matmul(copy_to_tensor_parallel(x, group_), weight);
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x) const { return linear(input(x), weight, bias); }
+Tensor ColumnParallelLinear::forward(const Tensor& x) const {
+  return sequence_parallel ? sequence_parallel_linear(x, weight, bias, group_)
+                           : linear(copy_to_tensor_parallel(x, group_), weight, bias);
+}
 
 RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias)
     : group_(group) {
@@ -393,7 +424,7 @@ ParallelMLP::ParallelMLP(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t
 
 Tensor ParallelMLP::forward(const Tensor& x) const {
   // As nn::MLP: the bias inside the fused GELU. GELU is elementwise, so it runs on each rank's columns alone.
-  Tensor pre = matmul(c_fc->input(x), c_fc->weight);
+  Tensor pre = c_fc->product(x);
   Tensor h = c_fc->bias.defined() ? bias_gelu(pre, c_fc->bias) : gelu(pre);
   Tensor y = c_proj->forward(h);
   return sequence_parallel_ ? sequence_parallel_dropout(*dropout, *ctx_, y, group_) : dropout->forward(y);

@@ -61,6 +61,12 @@ Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group);
 Tensor reduce_scatter_to_sequence_parallel(const Tensor& x, ProcessGroup& group);
 // x: (B, T / tp, C), this rank's positions -> (B, T, C), the whole sequence on every rank.
 Tensor gather_from_sequence_parallel(const Tensor& x, ProcessGroup& group);
+// x (B, T / tp, in) gathered along the sequence, then @ weight + bias: what a column-parallel layer computes under
+// sequence parallelism, as one autograd node that keeps only this rank's x (1/tp of the gathered input) and
+// gathers it again in backward, as Megatron-LM does: saving the gathered input would keep a whole-sequence
+// activation per column-parallel layer, most of what sequence parallelism saves. Backward: the weight's gradient
+// from the re-gathered input, the input's by a reduce-scatter of gy @ weight^T.
+Tensor sequence_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, ProcessGroup& group);
 // Dropout of this rank's positions x: (B, T / tp, C) with exactly the masks one process draws for them (per
 // sample, the run of positions starts at Philox element ((first_sample + b) * T + rank * T / tp) * C of the step).
 Tensor sequence_parallel_dropout(const nn::Dropout& dropout, const nn::DropoutContext& ctx, const Tensor& x,
@@ -105,8 +111,8 @@ class ColumnParallelLinear : public nn::Module {
                        int64_t parts = 1);
   // x: (..., in), replicated (with sequence_parallel: (B, T / tp, in), this rank's positions) -> (..., out / tp)
   Tensor forward(const Tensor& x) const;
-  // What forward multiplies: f(x), or with sequence_parallel the whole sequence gathered.
-  Tensor input(const Tensor& x) const;
+  // x @ weight without the bias (the MLP adds it inside the fused GELU).
+  Tensor product(const Tensor& x) const;
 
   Tensor weight, bias;
   ShardLayout weight_layout, bias_layout;
