@@ -1,5 +1,6 @@
 #include "dist/tensor_parallel.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -25,14 +26,56 @@ Tensor copy_of(const Tensor& t) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+std::atomic<int64_t> all_reduce_bytes{0}, all_gather_bytes{0}, reduce_scatter_bytes{0};
+
+void all_reduce(Tensor& t, ProcessGroup& group, ReduceOp op) {
+  all_reduce_bytes += int64_t(t.nbytes());
+  group.all_reduce(t, op)->wait();
+}
+
+void all_gather(Tensor& out, const Tensor& in, ProcessGroup& group) {
+  all_gather_bytes += int64_t(out.nbytes());
+  group.all_gather(out, in)->wait();
+}
+
+void reduce_scatter(Tensor& out, const Tensor& in, ProcessGroup& group) {
+  reduce_scatter_bytes += int64_t(in.nbytes());
+  group.reduce_scatter(out, in, ReduceOp::kSum)->wait();
+}
+
 }  // namespace
+
+TensorParallelTraffic tensor_parallel_traffic() {
+  return {all_reduce_bytes.load(), all_gather_bytes.load(), reduce_scatter_bytes.load()};
+}
+
+void reset_tensor_parallel_traffic() { all_reduce_bytes = all_gather_bytes = reduce_scatter_bytes = 0; }
+
+void all_reduce_sum(const std::vector<Tensor>& tensors, ProcessGroup& group) {
+  if (group.size() == 1 || tensors.empty()) return;
+  int64_t total = 0;
+  for (const Tensor& t : tensors) total += t.numel();
+  Tensor flat = Tensor::empty({total}, tensors.front().dtype(), tensors.front().device());
+  int64_t at = 0;
+  for (const Tensor& t : tensors) {
+    Tensor dst = flat.narrow(0, at, t.numel());
+    dst.copy_(t.reshape({t.numel()}));
+    at += t.numel();
+  }
+  all_reduce(flat, group, ReduceOp::kSum);
+  at = 0;
+  for (Tensor t : tensors) {
+    t.copy_(flat.narrow(0, at, t.numel()).reshape(t.shape()));
+    at += t.numel();
+  }
+}
 
 Tensor copy_to_tensor_parallel(const Tensor& x, ProcessGroup& group) {
   if (group.size() == 1) return x;
   ProcessGroup* g = &group;
   return autograd::record("TensorParallelCopy", {x}, x.detach(), [g](const Tensor& gy) {
     Tensor sum = copy_of(gy);
-    g->all_reduce(sum, ReduceOp::kSum)->wait();
+    all_reduce(sum, *g, ReduceOp::kSum);
     return std::vector<Tensor>{sum};
   });
 }
@@ -40,7 +83,7 @@ Tensor copy_to_tensor_parallel(const Tensor& x, ProcessGroup& group) {
 Tensor reduce_from_tensor_parallel(const Tensor& x, ProcessGroup& group) {
   if (group.size() == 1) return x;
   Tensor y = copy_of(x);
-  group.all_reduce(y, ReduceOp::kSum)->wait();
+  all_reduce(y, group, ReduceOp::kSum);
   return autograd::record("TensorParallelReduce", {x}, y, [](const Tensor& gy) { return std::vector<Tensor>{gy}; });
 }
 
@@ -53,7 +96,7 @@ Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group) {
   {
     autograd::NoGradGuard no_grad;
     Tensor flat = Tensor::empty({int64_t(n) * x.numel()}, x.dtype(), x.device());
-    group.all_gather(flat, copy_of(x))->wait();
+    all_gather(flat, copy_of(x), group);
     // flat is (rank, rows, last); the result wants (rows, rank, last).
     out = flat.reshape({int64_t(n), rows, last}).transpose(0, 1).contiguous();
   }
@@ -77,7 +120,7 @@ Tensor sequence_all_gather(const Tensor& x, ProcessGroup& group) {
   MINIDL_CHECK(x.dim() == 3, "sequence parallelism: expected (B, T, C), got ", x.shape());
   const int64_t n = group.size(), B = x.size(0), Tr = x.size(1), C = x.size(2);
   Tensor whole = Tensor::empty({n * Tr, B, C}, x.dtype(), x.device());
-  group.all_gather(whole, x.transpose(0, 1).contiguous())->wait();
+  all_gather(whole, x.transpose(0, 1).contiguous(), group);
   return whole.transpose(0, 1).contiguous();
 }
 
@@ -86,7 +129,7 @@ Tensor sequence_reduce_scatter(const Tensor& x, ProcessGroup& group) {
   const int64_t n = group.size(), B = x.size(0), T = x.size(1), C = x.size(2);
   MINIDL_CHECK(T % n == 0, "sequence parallelism: the sequence length T = ", T, " must be a multiple of --tp ", n);
   Tensor mine = Tensor::empty({T / n, B, C}, x.dtype(), x.device());
-  group.reduce_scatter(mine, x.transpose(0, 1).contiguous(), ReduceOp::kSum)->wait();
+  reduce_scatter(mine, x.transpose(0, 1).contiguous(), group);
   return mine.transpose(0, 1).contiguous();
 }
 
@@ -372,7 +415,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
   {
     autograd::NoGradGuard no_grad;
     m = copy_of(max(z.detach(), 1, /*keepdim=*/true));  // (N, 1)
-    if (group.size() > 1) group.all_reduce(m, ReduceOp::kMax)->wait();
+    if (group.size() > 1) all_reduce(m, group, ReduceOp::kMax);
   }
   // S = sum over the vocabulary of exp(z - m); padded columns are exp(-inf) = 0.
   Tensor S = reduce_from_tensor_parallel(sum(exp(sub(z, m)), 1), group);  // (N)

@@ -39,6 +39,19 @@
 
 namespace minidl::dist {
 
+// What tensor parallelism asked its groups to move since the last reset, process-wide, in payload bytes (the
+// tensor's dtype): the whole tensor of an all-reduce, the gathered output of an all-gather, the input of a
+// reduce-scatter. A ring sends 2(n-1)/n of an all-reduce's payload per rank and (n-1)/n of the others'.
+struct TensorParallelTraffic {
+  int64_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0;
+};
+TensorParallelTraffic tensor_parallel_traffic();
+void reset_tensor_parallel_traffic();
+
+// Sums every tensor over the group in place, through one flat buffer (the replicated parameters' partial gradients
+// under sequence parallelism). Tensors of one dtype and device.
+void all_reduce_sum(const std::vector<Tensor>& tensors, ProcessGroup& group);
+
 // f: identity forward, all-reduce (sum) of the gradient over `group` backward.
 Tensor copy_to_tensor_parallel(const Tensor& x, ProcessGroup& group);
 // g: all-reduce (sum) over `group` forward, identity backward.

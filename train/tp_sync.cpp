@@ -16,26 +16,9 @@ void TensorParallelSync::after_backward() {
   if (sequence_parallel_params_.empty()) return;
   // One all-reduce over a flat copy of every partial gradient (a few LayerNorm-sized vectors and wpe).
   std::vector<Tensor> grads;
-  int64_t total = 0;
   for (const Tensor& p : sequence_parallel_params_)
-    if (p.grad().defined()) {
-      grads.push_back(p.grad());
-      total += p.grad().numel();
-    }
-  if (grads.empty()) return;
-  Tensor flat = Tensor::empty({total}, grads.front().dtype(), grads.front().device());
-  int64_t at = 0;
-  for (const Tensor& g : grads) {
-    Tensor dst = flat.narrow(0, at, g.numel());
-    dst.copy_(g.reshape({g.numel()}));
-    at += g.numel();
-  }
-  topology_.tp_group().all_reduce(flat, dist::ReduceOp::kSum)->wait();
-  at = 0;
-  for (Tensor g : grads) {
-    g.copy_(flat.narrow(0, at, g.numel()).reshape(g.shape()));
-    at += g.numel();
-  }
+    if (p.grad().defined()) grads.push_back(p.grad());
+  dist::all_reduce_sum(grads, topology_.tp_group());
 }
 
 double TensorParallelSync::grad_norm_squared(const std::vector<Tensor>& params) {

@@ -162,6 +162,7 @@ struct Trainer::State {
   // size and the time the write took when this rank wrote it.
   std::string save_checkpoint(int64_t steps_done, int64_t schedule_step) const;
   void print_zero_memory() const;
+  void print_tensor_parallel_step() const;
 };
 
 // ZeRO's proof by ledger, on every rank after the first step: the live bytes by tag beside dist/zero.h's
@@ -177,6 +178,31 @@ void Trainer::State::print_zero_memory() const {
               cfg.zero, topo->coord().dp, topo->grid().dp, cur(MemTag::kParams), cur(MemTag::kGrads),
               cur(MemTag::kOptimizer), cur(MemTag::kActivations), cur(MemTag::kComm), 4 * psi / mib,
               pred_grads / mib, 8 * psi / n / mib);
+  std::fflush(stdout);
+}
+
+// Tensor parallelism's proof by ledger and counters, on every rank after the first step: this rank's live bytes
+// by tag beside the prediction (split parameters / tp + replicated ones, f32), and what the step asked the tp
+// group to move (dist::tensor_parallel_traffic: payload bytes; README has the formula).
+void Trainer::State::print_tensor_parallel_step() const {
+  const auto& split = static_cast<const dist::TensorParallelGPT&>(*model);
+  const MemoryLedger& mem = ledger(device);
+  const double mib = double(1 << 20), tp = topo->grid().tp;
+  double predicted = 0;
+  for (const auto& [name, p] : model->named_parameters()) {
+    const dist::ShardLayout& l = split.layout(name);
+    double whole = 4;
+    for (int64_t d : l.full_shape) whole *= double(d);
+    predicted += l.is_split() ? whole / tp : whole;
+  }
+  const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();
+  std::printf("tp memory, tp rank %d of %d (dp rank %d): params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB "
+              "(predicted params=%.3f MiB); tp traffic of step 1: all-reduce=%.3f all-gather=%.3f "
+              "reduce-scatter=%.3f MiB\n",
+              topo->coord().tp, topo->grid().tp, topo->coord().dp, double(mem.current(MemTag::kParams)) / mib,
+              double(mem.current(MemTag::kGrads)) / mib, double(mem.current(MemTag::kOptimizer)) / mib,
+              double(mem.peak(MemTag::kActivations)) / mib, predicted / mib, double(t.all_reduce_bytes) / mib,
+              double(t.all_gather_bytes) / mib, double(t.reduce_scatter_bytes) / mib);
   std::fflush(stdout);
 }
 
@@ -401,7 +427,9 @@ int Trainer::run() {
     auto t0 = std::chrono::steady_clock::now();
     data::Batch batch = sampler.batch(step, s.first_sample, s.local_batch);
     step_options.lr = lr;
+    if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
     StepResult r = train_step(model, *s.optimizer, batch, step_options);
+    if (step == first_step && o.tp > 1) s.print_tensor_parallel_step();
     if (r.applied || o.advance_lr_on_skip) ++schedule_step;
     if (step == 0 && o.zero > 0) s.print_zero_memory();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

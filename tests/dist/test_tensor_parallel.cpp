@@ -267,3 +267,38 @@ TEST(TensorParallel, SequenceParallelEqualsOneProcess) {
     expect_close(train_run(2, 2, 0.1, nn::Recompute::kNone, 2, 0.5, 20, true), one, 1e-4);
   }
 }
+
+// What one training forward + backward moves (dist::tensor_parallel_traffic), against the arithmetic of README's
+// "Tensor parallelism": L blocks, N = B·T tokens, C = n_embd, f32.
+//   tp:  all-reduces of (4L + 2)·N·C (two forward and two backward per block, the embedding's g, the head's f)
+//        plus 3·N for the loss (row max, sum of exponentials, target logit);
+//   sp:  all-gathers of (6L + 2)·N·C (per block: two before the column-parallel layers, again in backward, and the
+//        backward of the two reduce-scatters; the head's gather; the embedding's backward), reduce-scatters of
+//        (4L + 2)·N·C, all-reduces of 3·N and of the replicated parameters' gradients.
+TEST(TensorParallel, TrafficMatchesTheFormula) {
+  const int world = ctx().world_size();
+  dist::Topology topo(ctx().world(), {1, world, 1}, "ring");
+  const int64_t L = 2, B = 3, C = 32, N = B * kSeq;
+  data::Batch b = global_batch(0, B);
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    dist::TensorParallelGPT split(config(), 1337, topo.tp_group(), sp);
+    train::TensorParallelSync sync(std::make_unique<train::GradSync>(), split, topo);
+    int64_t replicated = 0;
+    for (const Tensor& p : split.replicated_parameters()) replicated += p.numel();
+    dist::reset_tensor_parallel_traffic();
+    sync.before_backward(true);
+    split.loss(b.x, b.y).backward();
+    sync.after_backward();
+    const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();
+    if (!sp) {
+      EXPECT_EQ(t.all_reduce_bytes, 4 * ((4 * L + 2) * N * C + 3 * N));
+      EXPECT_EQ(t.all_gather_bytes, 0);
+      EXPECT_EQ(t.reduce_scatter_bytes, 0);
+    } else {
+      EXPECT_EQ(t.all_reduce_bytes, 4 * (3 * N + replicated));
+      EXPECT_EQ(t.all_gather_bytes, 4 * (6 * L + 2) * N * C);
+      EXPECT_EQ(t.reduce_scatter_bytes, 4 * (4 * L + 2) * N * C);
+    }
+  }
+}

@@ -263,16 +263,20 @@ TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
   std::string flags = heads4 + " --steps 20 --lr 3e-3 --dropout 0.1 --batch 8";
   Result one = run(flags);
   ASSERT_EQ(one.code, 0) << one.out;
-  double saved_val = NAN;
+  double saved_val = NAN, act_peak[2] = {NAN, NAN};  // without, with sequence parallelism
   for (const std::string& extra : {std::string(" --tp 2 --backend ring --save ") + path("tp.safetensors"),
                                    std::string(" --tp 2 --backend mpi"), std::string(" --tp 2 --sequence-parallel")}) {
     Result two = run_with(mpiexec(2), flags + extra);
     if (std::isnan(saved_val)) saved_val = summary_field(two.out, "val_loss");
+    for (const char* rank : {"tp rank 0 of 2", "tp rank 1 of 2"})
+      EXPECT_NE(two.out.find(rank), std::string::npos) << "no ledger line for " << rank << ":\n" << two.out;
+    act_peak[extra.find("--sequence-parallel") != std::string::npos] = summary_field(two.out, "act_peak_mb");
     ASSERT_EQ(two.code, 0) << extra << "\n" << two.out;
     EXPECT_NE(two.out.find("tp=2"), std::string::npos) << two.out;
     EXPECT_NEAR(summary_field(two.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << two.out;
     EXPECT_NEAR(summary_field(two.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << two.out;
   }
+  EXPECT_LT(act_peak[1], act_peak[0]) << "sequence parallelism keeps 1/tp of the residual stream's activations";
   Result four = run_with(mpiexec(4), flags + " --tp 2 --dp 2");
   ASSERT_EQ(four.code, 0) << four.out;
   EXPECT_NEAR(summary_field(four.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << four.out;
