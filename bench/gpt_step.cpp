@@ -4,6 +4,7 @@
 //
 //   build/bin/bench_gpt_step --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --threads 2
 //   build/bin/bench_gpt_step ... --recompute block --amp bf16 --grad-accum 2   # memory-saving modes
+//   mpirun -n 2 build/bin/bench_gpt_step ... --tp 2 --sequence-parallel         # tensor parallel (rank 0 prints)
 //
 // act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce). On the
 // CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (bench/sgemm_ceiling.h), measured in the
@@ -27,6 +28,8 @@
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/step.h"
+#include "dist/init.h"
+#include "train/tp_sync.h"
 #include "ops/matmul.h"
 #if defined(MINIDL_HAVE_CUDA_BACKEND)
 #include "core/cuda/cuda.h"
@@ -87,6 +90,8 @@ int main(int argc, char** argv) {
   bool json = false, tf32 = false;
   std::string device_flag = "cpu";
   double peak_tflops = 0;
+  int tp = 1;
+  bool sequence_parallel = false;
   CLI::App app{"Time GPT training steps with minidl (median over --steps after --warmup steps)."};
   app.add_option("--layers", layers, "Transformer blocks")->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->capture_default_str();
@@ -106,21 +111,41 @@ int main(int argc, char** argv) {
   app.add_flag("--tf32", tf32, "f32 matrix products on TF32 tensor cores (GPU)");
   app.add_option("--peak-tflops", peak_tflops,
                  "The GPU's dense peak TFLOP/s for MFU; default: from a table of NVIDIA GPUs by name");
+  app.add_option("--tp", tp, "Tensor-parallel ranks (mpirun -n tp); must divide --heads")->capture_default_str();
+  app.add_flag("--sequence-parallel", sequence_parallel, "With --tp: sequence parallelism");
   app.add_flag("--json", json, "Also print one JSON object as the last line");
   CLI11_PARSE(app, argc, argv);
+  dist::Context ctx = dist::init(argc, argv);
   try {
+    MINIDL_CHECK(ctx.world_size() == tp, "--tp ", tp, " must equal the number of ranks (mpirun -n), got ",
+                 ctx.world_size());
+    MINIDL_CHECK(heads % tp == 0, "--tp ", tp, " must divide --heads ", heads);
     MINIDL_CHECK(steps >= 1 && warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ", steps, " and ", warmup);
     set_num_threads(threads > 0 ? threads : default_num_threads());
     MINIDL_CHECK(amp == "off" || amp == "bf16" || amp == "fp16", "--amp: expected off, bf16 or fp16, got '", amp,
                  "'");
     const Device device = train::select_device(device_flag);
     ops::set_allow_tf32(tf32);
-    nn::GPT model(nn::GPTConfig{vocab, seq, layers, heads, embd, 0.0, true}, 1337);
+    const nn::GPTConfig model_cfg{vocab, seq, layers, heads, embd, 0.0, true};
+    std::unique_ptr<dist::Topology> topo;
+    std::unique_ptr<nn::GPT> owned;
+    std::unique_ptr<train::GradSync> sync;
+    if (tp > 1) {
+      topo = std::make_unique<dist::Topology>(ctx.world(), dist::Grid{1, tp, 1}, device.is_cpu() ? "mpi" : "nccl",
+                                              device);
+      auto split = std::make_unique<dist::TensorParallelGPT>(model_cfg, 1337, topo->tp_group(), sequence_parallel);
+      sync = std::make_unique<train::TensorParallelSync>(std::make_unique<train::GradSync>(), *split, *topo);
+      owned = std::move(split);
+    } else {
+      owned = std::make_unique<nn::GPT>(model_cfg, 1337);
+    }
+    nn::GPT& model = *owned;
     model.to(device);
     model.train();
     model.set_recompute(nn::parse_recompute(recompute));
     std::optional<optim::GradScaler> scaler;
     train::StepOptions options;
+    options.grad_sync = sync.get();
     options.grad_accum = grad_accum;
     options.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;
     if (amp == "fp16") options.scaler = &scaler.emplace();
@@ -137,12 +162,14 @@ int main(int argc, char** argv) {
       data::Batch b = sampler.batch(s);
       auto t0 = std::chrono::steady_clock::now();
       if (s >= warmup) counted.begin();
+      dist::reset_tensor_parallel_traffic();
       train::train_step(model, opt, b, options);
       if (s >= warmup) counted.end();
       if (device.is_cuda()) device_backend(device, "synchronize").synchronize(device.index);  // the step's GPU work
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) ms.push_back(dt);
     }
+    if (ctx.rank() != 0) return 0;  // every rank timed the same steps; rank 0 reports
     std::sort(ms.begin(), ms.end());
     double median = ms[ms.size() / 2];
     double tokens_per_step = double(batch * seq);
@@ -163,8 +190,9 @@ int main(int argc, char** argv) {
     std::printf("%-40s %8s %10s %9s %9s %10s %10s %7s %9s %6s\n", "config", "threads", "ms/step", "tokens/s",
                 "GFLOP/s", "peak_MB", "act_MB", "MFU", "ceiling", "%ceil");
     char cfg[96];
-    std::snprintf(cfg, sizeof cfg, "L%lld H%lld C%lld T%lld B%lld %s %s", (long long)layers, (long long)heads,
-                  (long long)embd, (long long)seq, (long long)batch, amp.c_str(), recompute.c_str());
+    std::snprintf(cfg, sizeof cfg, "L%lld H%lld C%lld T%lld B%lld %s %s%s%s", (long long)layers, (long long)heads,
+                  (long long)embd, (long long)seq, (long long)batch, amp.c_str(), recompute.c_str(),
+                  tp > 1 ? (" tp" + std::to_string(tp)).c_str() : "", sequence_parallel ? " sp" : "");
     std::string mfu_text = mfu > 0 ? std::to_string(mfu * 100).substr(0, 5) + "%" : "-";
     std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f %7s %9.1f %5.0f%%\n", cfg, num_threads(), median,
                 tokens_per_step / median * 1e3, gflops, peak_rss, mb(l.peak(MemTag::kActivations)),
@@ -172,6 +200,11 @@ int main(int argc, char** argv) {
     std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
                 mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),
                 mb(l.peak(MemTag::kActivations)), mb(l.peak_total()));
+    if (tp > 1) {
+      const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();  // the last step's
+      std::printf("tp traffic per step (MiB of payload, per rank): all-reduce %.2f all-gather %.2f "
+                  "reduce-scatter %.2f\n", mb(t.all_reduce_bytes), mb(t.all_gather_bytes), mb(t.reduce_scatter_bytes));
+    }
     if (device.is_cuda()) counted.print(steps);
     if (json)
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "

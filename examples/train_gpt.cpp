@@ -72,7 +72,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--dp", o.dp,
                  "Data-parallel ranks (run under mpirun -n N); each takes batch/dp of every global batch. "
                  "dp x tp x pp must equal N. Default: N / (tp x pp)");
-  app.add_option("--tp", o.tp, "Tensor-parallel ranks (only 1 until tensor parallelism lands)")->capture_default_str();
+  app.add_option("--tp", o.tp, "Tensor-parallel ranks: each transformer block split Megatron-style (attention by heads, the MLP "
+                 "column then row) and the vocabulary split, over tp consecutive ranks; must divide --heads. "
+                 "Combines with --dp, --amp, --recompute, --grad-accum, --dropout and clipping; not with --zero or "
+                 "training checkpoints (--save writes one whole-model file at any --tp)")->capture_default_str();
   app.add_option("--pp", o.pp, "Pipeline stages (only 1 until pipeline parallelism lands)")->capture_default_str();
   app.add_option("--backend", o.backend,
                  "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "
@@ -98,6 +101,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "Where to train: cpu, cuda (rank r of a host uses GPU r) or cuda:N. A -DMINIDL_CUDA_EMULATION=ON "
                  "build runs cuda on the CPU emulator of CUDA")
       ->capture_default_str();
+  app.add_flag("--sequence-parallel", o.sequence_parallel,
+               "With --tp N: split the residual stream (LayerNorm, dropout, residual adds) along the sequence over the "
+               "N ranks, all-gathering before and reduce-scattering after the tensor-parallel layers; --seq must be a "
+               "multiple of N");
   app.add_flag("--tf32", o.tf32, "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
                "error); off by default");
   app.add_option("--max-skipped-steps", o.max_skipped_steps,

@@ -61,7 +61,7 @@ Tensor Block::forward(const Tensor& x) const {
 
 GPT::GPT(const GPTConfig& cfg, uint64_t seed) : GPT(cfg, seed, GPTStage{}) {}
 
-GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage)
+GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage, NoModules)
     : cfg_(cfg), stage_(stage), dropout_ctx_(std::make_shared<DropoutContext>()) {
   cfg.validate();
   if (stage_.last_block == -1) stage_.last_block = cfg.n_layer;
@@ -69,6 +69,9 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage)
                "GPT: expected a stage's blocks [first_block, last_block) inside [0, n_layer = ", cfg.n_layer,
                "], got [", stage.first_block, ", ", stage.last_block, ")");
   dropout_ctx_->seed = seed;
+}
+
+GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage) : GPT(cfg, seed, stage, NoModules{}) {
   const uint64_t base = DropoutContext::kDropoutStreamBase;
   // HF nests everything but the (tied) head under "transformer".
   auto transformer = register_module("transformer", std::make_shared<Module>());
@@ -227,7 +230,7 @@ Tensor GPT::forward(const Tensor& ids) const { return head(blocks(0, cfg_.n_laye
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets, Reduction reduction) const {
   MINIDL_CHECK(targets.shape() == ids.shape(), "GPT::loss: expected targets of the ids' shape ", ids.shape(), ", got ",
                targets.shape());
-  const Device device = wte->weight.device();
+  const Device device = parameters().front().device();
   if (device.is_cpu() || !ids.device().is_cpu() || !targets.device().is_cpu())
     return head_loss(blocks(0, cfg_.n_layer, embed(ids)), targets, reduction);
   // A host batch for a model on a device: checked here, uploaded as i64 (the device kernels' index type, so no
@@ -275,12 +278,21 @@ class PinnedDropout {
   DropoutContext previous_;
 };
 
+std::vector<Tensor> concat(std::vector<Tensor> a, const std::vector<Tensor>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
 // Runs part(x) as a checkpointed region whose recomputation sees the dropout position of this forward, even if the
 // training loop moved the context (next micro-batch, next step) before backward: the masks are a function of
 // (seed, stream, step, first sample) alone, so pinning those is all the "RNG state" there is to restore. The
 // recomputation (every run of part after the first) is wrapped in the hooks' before/after_block(block, true).
-Tensor checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,
-                    const std::shared_ptr<DropoutContext>& ctx, BlockHooks* hooks, int64_t block) {
+Tensor GPT::checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,
+                         int64_t block) const {
+  const std::shared_ptr<DropoutContext>& ctx = dropout_ctx_;
+  BlockHooks* hooks = hooks_;
   const DropoutContext at_forward = *ctx;
   auto forward_ran = std::make_shared<bool>(false);  // shared by the copies autograd::checkpoint makes
   auto pinned = [part = std::move(part), ctx, at_forward, hooks, block, forward_ran](const Tensor& in) {
@@ -298,13 +310,6 @@ Tensor checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, 
   return autograd::checkpoint(pinned, x, params);
 }
 
-std::vector<Tensor> concat(std::vector<Tensor> a, const std::vector<Tensor>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-}  // namespace
-
 Tensor GPT::forward_block(int64_t i, const Tensor& x) const {
   // The lambdas hold the block by shared_ptr: the recomputation may run after this call returns.
   const std::shared_ptr<Block> block = *(h->begin() + (i - stage_.first_block));
@@ -314,17 +319,14 @@ Tensor GPT::forward_block(int64_t i, const Tensor& x) const {
     case Recompute::kNone:
       return block->forward(x);
     case Recompute::kBlock:
-      return checkpointed([block](const Tensor& in) { return block->forward(in); }, x, block->parameters(),
-                          dropout_ctx_, hooks_, i);
+      return checkpointed([block](const Tensor& in) { return block->forward(in); }, x, block->parameters(), i);
     case Recompute::kAttn: {
-      Tensor y = x + checkpointed(attn_part, x, concat(block->ln_1->parameters(), block->attn->parameters()),
-                                  dropout_ctx_, hooks_, i);
+      Tensor y = x + checkpointed(attn_part, x, concat(block->ln_1->parameters(), block->attn->parameters()), i);
       return y + mlp_part(y);
     }
     case Recompute::kMlp: {
       Tensor y = x + attn_part(x);
-      return y + checkpointed(mlp_part, y, concat(block->ln_2->parameters(), block->mlp->parameters()),
-                              dropout_ctx_, hooks_, i);
+      return y + checkpointed(mlp_part, y, concat(block->ln_2->parameters(), block->mlp->parameters()), i);
     }
   }
   return block->forward(x);

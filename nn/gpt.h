@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -114,6 +115,7 @@ class GPT : public Module {
   explicit GPT(const GPTConfig& cfg, uint64_t seed = 0);
   // Only `stage`'s part of it (see GPTStage). Throws unless 0 <= first_block <= last_block <= n_layer.
   GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage);
+  virtual ~GPT() = default;
 
   // ids: (B, T) i32/i64 with T <= block_size and values in [0, vocab_size) -> logits (B, T, vocab_size)
   // = head(blocks(0, n_layer, embed(ids))).
@@ -128,13 +130,13 @@ class GPT : public Module {
 
   // The pieces of forward; each throws if this stage does not hold the part it needs.
   // ids: (B, T) as in forward -> drop(wte(ids) + wpe(0 .. T-1)): (B, T, C)
-  Tensor embed(const Tensor& ids) const;
+  virtual Tensor embed(const Tensor& ids) const;
   // x: (B, T, C) through global blocks [a, b) under the recompute setting, calling the block hooks -> (B, T, C)
   Tensor blocks(int64_t a, int64_t b, const Tensor& x) const;
   // x: (B, T, C) -> ln_f, then the tied head x @ wte^T: logits (B, T, vocab_size)
-  Tensor head(const Tensor& x) const;
+  virtual Tensor head(const Tensor& x) const;
   // x: (B, T, C) -> cross-entropy of head(x) against targets (B, T), as in loss
-  Tensor head_loss(const Tensor& x, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
+  virtual Tensor head_loss(const Tensor& x, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
 
   // Training FLOPs per token (forward + backward) at sequence length T, nanoGPT's estimate_mfu formula:
   //   6 * N + 12 * n_layer * n_embd * T
@@ -142,7 +144,7 @@ class GPT : public Module {
   // the output head, the position lookup does none): 2 FLOPs per multiply-add, times 3 for forward plus the two
   // backward matmuls; the second term is the attention scores and weighted sum (QK^T and AV), which use no
   // parameters. On a stage, N counts the parameters it holds.
-  double flops_per_token(int64_t T) const;
+  virtual double flops_per_token(int64_t T) const;
 
   const GPTConfig& config() const { return cfg_; }
   // Shared by every dropout in the model: set .step once per forward (see DropoutContext).
@@ -161,15 +163,28 @@ class GPT : public Module {
   std::shared_ptr<ModuleList<Block>> h;
   std::shared_ptr<LayerNorm> ln_f;
 
+ protected:
+  // For a subclass that registers and initialises its own modules under the same names (dist::TensorParallelGPT,
+  // whose layers are split across ranks and which overrides embed, head, head_loss and forward_block): the config,
+  // the stage and the dropout context only; every module pointer above stays null.
+  struct NoModules {};
+  GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage, NoModules);
+  // The context every Dropout of the model shares (what a subclass's dropouts are built with).
+  std::shared_ptr<DropoutContext> dropout_context_ptr() const { return dropout_ctx_; }
+  // x through global block i under the recompute setting.
+  virtual Tensor forward_block(int64_t i, const Tensor& x) const;
+  // part(x) as an activation-checkpointed region of global block `block` (autograd::checkpoint over `params`)
+  // whose recomputation draws this forward's dropout masks and is wrapped in the block hooks.
+  Tensor checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,
+                      int64_t block) const;
+  void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
+  // Position ids [0, T) on `device`: built once per device (positions_[device] holds [0, block_size)).
+  Tensor position_ids(int64_t T, Device device) const;
+
  private:
   void init_weights(uint64_t seed);
   // Position of the parameter `name` in the whole model's named_parameters() order.
   int64_t global_parameter_index(const std::string& name) const;
-  void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
-  // Position ids [0, T) on `device`: built once per device (positions_[device] holds [0, block_size)).
-  Tensor position_ids(int64_t T, Device device) const;
-  // x through global block i under the recompute setting.
-  Tensor forward_block(int64_t i, const Tensor& x) const;
 
   GPTConfig cfg_;
   GPTStage stage_;

@@ -23,6 +23,7 @@
 #include "train/step.h"
 #include "train/zero3_sync.h"
 #include "train/zero_memory.h"
+#include "train/tp_sync.h"
 #include "train/zero_sync.h"
 
 namespace minidl::train {
@@ -72,7 +73,17 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(tp >= 1, "--tp: expected at least 1, got ", tp);
   MINIDL_CHECK(pp >= 1, "--pp: expected at least 1, got ", pp);
   MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
-  MINIDL_CHECK(tp == 1, "--tp ", tp, ": tensor parallelism is not implemented yet; only --tp 1 is accepted");
+  MINIDL_CHECK(heads_or_default() % tp == 0, "--tp ", tp, " must divide --heads ", heads_or_default(),
+               " (attention is split by heads)");
+  MINIDL_CHECK(!sequence_parallel || tp > 1, "--sequence-parallel splits the sequence over the tensor-parallel "
+               "ranks: it needs --tp 2 or more, got --tp ", tp);
+  MINIDL_CHECK(!sequence_parallel || seq_or_default() % tp == 0, "--sequence-parallel: --seq ", seq_or_default(),
+               " must be a multiple of --tp ", tp);
+  MINIDL_CHECK(tp == 1 || zero == 0, "--tp ", tp, " with --zero ", zero, ": ZeRO over a tensor-parallel model is not "
+               "implemented yet; use --zero 0");
+  MINIDL_CHECK(tp == 1 || (checkpoint_dir.empty() && resume.empty()), "--tp ", tp, " with --checkpoint-dir or "
+               "--resume: training checkpoints of a tensor-parallel run are not implemented yet (--save and "
+               "--init-from work at any --tp)");
   MINIDL_CHECK(pp == 1, "--pp ", pp, ": pipeline parallelism is not implemented yet; only --pp 1 is accepted");
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
@@ -160,6 +171,7 @@ struct Trainer::State {
   // size and the time the write took when this rank wrote it.
   std::string save_checkpoint(int64_t steps_done, int64_t schedule_step) const;
   void print_zero_memory() const;
+  void print_tensor_parallel_step() const;
 };
 
 // ZeRO's proof by ledger, on every rank after the first step: the bytes held by tag beside train/zero_memory.h's
@@ -182,6 +194,31 @@ void Trainer::State::print_zero_memory() const {
               double(mem.current(MemTag::kComm)) / mib, p.params_rest / mib, p.grads_rest / mib, p.optimizer / mib,
               p.activations / mib, pct(params, p.params_rest), pct(grads, p.grads_rest), pct(optimizer, p.optimizer),
               pct(acts, p.activations));
+  std::fflush(stdout);
+}
+
+// Tensor parallelism's proof by ledger and counters, on every rank after the first step: this rank's live bytes
+// by tag beside the prediction (split parameters / tp + replicated ones, f32), and what the step asked the tp
+// group to move (dist::tensor_parallel_traffic: payload bytes; README has the formula).
+void Trainer::State::print_tensor_parallel_step() const {
+  const auto& split = static_cast<const dist::TensorParallelGPT&>(*model);
+  const MemoryLedger& mem = ledger(device);
+  const double mib = double(1 << 20), tp = topo->grid().tp;
+  double predicted = 0;
+  for (const auto& [name, p] : model->named_parameters()) {
+    const dist::ShardLayout& l = split.layout(name);
+    double whole = 4;
+    for (int64_t d : l.full_shape) whole *= double(d);
+    predicted += l.is_split() ? whole / tp : whole;
+  }
+  const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();
+  std::printf("tp memory, tp rank %d of %d (dp rank %d): params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB "
+              "(predicted params=%.3f MiB); tp traffic of step 1: all-reduce=%.3f all-gather=%.3f "
+              "reduce-scatter=%.3f MiB\n",
+              topo->coord().tp, topo->grid().tp, topo->coord().dp, double(mem.current(MemTag::kParams)) / mib,
+              double(mem.current(MemTag::kGrads)) / mib, double(mem.current(MemTag::kOptimizer)) / mib,
+              double(mem.peak(MemTag::kActivations)) / mib, predicted / mib, double(t.all_reduce_bytes) / mib,
+              double(t.all_gather_bytes) / mib, double(t.reduce_scatter_bytes) / mib);
   std::fflush(stdout);
 }
 
@@ -215,6 +252,7 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
           {"warmup", str(o.warmup)}, {"weight_decay", str(o.weight_decay)}, {"dropout", str(o.dropout)},
           {"grad_clip", str(o.grad_clip)}, {"seed", str(o.seed)}, {"init_from", o.init_from},
           {"backend", o.backend}, {"dp", str(o.dp)}, {"tp", str(o.tp)}, {"pp", str(o.pp)},
+          {"sequence_parallel", str(o.sequence_parallel)},
           {"grad_accum", str(o.grad_accum)}, {"zero", str(o.zero)}, {"amp", o.amp}, {"recompute", o.recompute},
           {"device", o.device}, {"tf32", str(o.tf32)}, {"advance_lr_on_skip", str(o.advance_lr_on_skip)},
           {"checkpoint_dir", o.checkpoint_dir}, {"save_every", str(o.save_every)}};
@@ -321,8 +359,17 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   const dist::GridCoord me = s.topo->coord();
   s.logger = me == dist::GridCoord{};
 
-  s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
-  if (s.ckpt && !s.resume) nn::load_into(*s.model, o.init_from);
+  if (grid.tp > 1) {  // the same weights, split over the tp group (dist/tp_gpt.h)
+    auto split = std::make_unique<dist::TensorParallelGPT>(model_cfg, o.seed, s.topo->tp_group(), o.sequence_parallel);
+    if (o.sequence_parallel)
+      s.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
+                        std::to_string(s.seq / grid.tp) + " of " + std::to_string(s.seq) + " positions per rank");
+    if (s.ckpt && !s.resume) dist::load_tensor_parallel_gpt(*split, o.init_from);
+    s.model = std::move(split);
+  } else {
+    s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
+    if (s.ckpt && !s.resume) nn::load_into(*s.model, o.init_from);
+  }
   s.model->to(s.device);  // before DDP and the optimizer, whose buffers follow the parameters' device
   s.model->train();
   // Data parallelism: dp rank d takes samples [d * local, (d + 1) * local) of each global batch; its dropout masks
@@ -339,6 +386,9 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     s.sync = std::make_unique<DDPSync>(*s.model, *s.topo);
   else
     s.sync = std::make_unique<GradSync>();
+  if (grid.tp > 1)
+    s.sync = std::make_unique<TensorParallelSync>(std::move(s.sync),
+                                                  static_cast<const dist::TensorParallelGPT&>(*s.model), *s.topo);
   s.amp = amp_dtype(o.amp);
   if (s.amp == DType::f16) {
     s.scaler.emplace();
@@ -395,7 +445,9 @@ int Trainer::run() {
     auto t0 = std::chrono::steady_clock::now();
     data::Batch batch = sampler.batch(step, s.first_sample, s.local_batch);
     step_options.lr = lr;
+    if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
     StepResult r = train_step(model, *s.optimizer, batch, step_options);
+    if (step == first_step && o.tp > 1) s.print_tensor_parallel_step();
     if (r.applied || o.advance_lr_on_skip) ++schedule_step;
     if (step == first_step && (o.zero > 0 || o.memory_report)) s.print_zero_memory();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -469,20 +521,25 @@ int Trainer::run() {
   if (s.logger)
     std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)s.windows,
                 (long long)s.seq);
-  // Every rank holds the whole model: the logging rank writes it (temporary name, then rename).
-  if (!o.save.empty() && s.logger) {
+  // Every rank holds the whole model: the logging rank writes it (temporary name, then rename). With tp > 1 the
+  // tp group of the logging rank gathers the whole parameters first (collective), and the logging rank writes.
+  const bool whole_model_here = s.logger || (s.topo->grid().tp > 1 && s.topo->coord().dp == 0);
+  if (!o.save.empty() && whole_model_here) {
     nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
     if (s.scaler) extras["grad_scaler"] = scaler_state_json(s.scaler->state());
-    nn::save_gpt(o.save, model, s.ds->tokenizer().to_json().dump(), extras);
-    std::printf("saved %s\n", o.save.c_str());
+    if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(&model))
+      dist::save_tensor_parallel_gpt(o.save, *split, s.ds->tokenizer().to_json().dump(), extras, s.logger);
+    else
+      nn::save_gpt(o.save, model, s.ds->tokenizer().to_json().dump(), extras);
+    if (s.logger) std::printf("saved %s\n", o.save.c_str());
   }
-  if (o.sample > 0 && s.logger) {
+  if (o.sample > 0 && whole_model_here) {  // with tp > 1 the tp group computes every token together
     // Start from a newline when the vocabulary has one (a fresh paragraph), else from token 0.
     const auto& v = s.ds->tokenizer().vocab();
     std::vector<int32_t> prompt{
         std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? s.ds->tokenizer().encode("\n")[0] : 0};
     std::vector<int32_t> out = train::sample(model, prompt, o.sample, o.temperature, o.seed);
-    std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
+    if (s.logger) std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
   }
   if (!s.logger) return 0;
   auto per_step = [&](double total) { return timed_steps ? total / double(timed_steps) : 0.0; };

@@ -78,8 +78,9 @@ TEST_F(TrainGpt, HelpDescribesEveryFlag) {
                            "--warmup", "--weight-decay", "--dropout", "--grad-clip", "--seed", "--threads",
                            "--eval-every", "--eval-windows", "--save", "--init-from", "--sample", "--log-every",
                            "--grad-accum", "--zero", "--amp", "--recompute", "--advance-lr-on-skip", "--device", "--tf32",
-                           "--dp", "--tp", "--pp", "--backend", "--progress", "--max-skipped-steps",
-                           "--checkpoint-dir", "--save-every", "--keep-last", "--resume", "--memory-report", "--plan-memory"})
+                           "--dp", "--tp", "--sequence-parallel", "--pp", "--backend", "--progress", "--max-skipped-steps",
+                           "--checkpoint-dir", "--save-every", "--keep-last", "--resume", "--memory-report",
+                           "--plan-memory"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -288,6 +289,63 @@ TEST_F(TrainGpt, PlanMemoryListsWhatFitsCheapestFirst) {
   EXPECT_EQ(bad.code, 2) << bad.out;
 }
 
+// Tensor parallelism over 2 ranks (ring and mpi; tp 2 x dp 2 on 4; bf16 with block recomputation and accumulation)
+// with AdamW, dropout and clipping: the summary of one process within 1e-3. A tp 2 run's --save is one whole-model
+// file that one process evaluates to the same validation loss.
+TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
+  std::string heads4 = tiny_flags();
+  heads4.replace(heads4.find("--heads 2"), 9, "--heads 4");
+  std::string flags = heads4 + " --steps 20 --lr 3e-3 --dropout 0.1 --batch 8";
+  Result one = run(flags);
+  ASSERT_EQ(one.code, 0) << one.out;
+  double saved_val = NAN, act_peak[2] = {NAN, NAN};  // without, with sequence parallelism
+  for (const std::string& extra : {std::string(" --tp 2 --backend ring --save ") + path("tp.safetensors"),
+                                   std::string(" --tp 2 --backend mpi"), std::string(" --tp 2 --sequence-parallel")}) {
+    Result two = run_with(mpiexec(2), flags + extra);
+    if (std::isnan(saved_val)) saved_val = summary_field(two.out, "val_loss");
+    for (const char* rank : {"tp rank 0 of 2", "tp rank 1 of 2"})
+      EXPECT_NE(two.out.find(rank), std::string::npos) << "no ledger line for " << rank << ":\n" << two.out;
+    act_peak[extra.find("--sequence-parallel") != std::string::npos] = summary_field(two.out, "act_peak_mb");
+    ASSERT_EQ(two.code, 0) << extra << "\n" << two.out;
+    EXPECT_NE(two.out.find("tp=2"), std::string::npos) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << two.out;
+  }
+  EXPECT_LT(act_peak[1], act_peak[0]) << "sequence parallelism keeps 1/tp of the residual stream's activations";
+  Result four = run_with(mpiexec(4), flags + " --tp 2 --dp 2");
+  ASSERT_EQ(four.code, 0) << four.out;
+  EXPECT_NEAR(summary_field(four.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << four.out;
+  // The tp 2 file at tp 1: one process evaluates what tp 2 trained to its validation loss (printed to 4 decimals).
+  Result eval = run(heads4 + " --steps 0 --init-from " + path("tp.safetensors"));
+  ASSERT_EQ(eval.code, 0) << eval.out;
+  EXPECT_NEAR(summary_field(eval.out, "val_loss"), saved_val, 1.01e-4) << eval.out;
+
+  std::string amp = flags + " --amp bf16 --recompute block";
+  Result one_bf16 = run(amp);
+  for (const char* extra : {" --tp 2 --grad-accum 2", " --tp 2 --sequence-parallel"}) {
+    Result two_bf16 = run_with(mpiexec(2), amp + extra);
+    ASSERT_EQ(two_bf16.code, 0) << extra << "\n" << two_bf16.out;
+    EXPECT_NEAR(summary_field(two_bf16.out, "val_loss"), summary_field(one_bf16.out, "val_loss"), 1e-3) << two_bf16.out;
+  }
+}
+
+// Tensor parallelism on the emulated CUDA device (2 ranks sharing it), over nccl and the device ring: one process's
+// summary on the same device.
+TEST_F(TrainGpt, TensorParallelOnEmulatedCudaMatchesOneProcess) {
+  if (std::string(TRAIN_GPT_CUDA) != "emulated") GTEST_SKIP() << "train_gpt is not built with MINIDL_CUDA_EMULATION";
+  std::string flags = tiny_flags();  // head dimension 16: the CUDA attention kernel's smallest
+  flags.replace(flags.find("--embd 16"), 9, "--embd 32");
+  flags += " --steps 5 --lr 3e-3 --dropout 0.1 --batch 8 --device cuda";
+  Result one = run(flags);
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (const char* backend : {"nccl", "ring"}) {
+    Result two = run_with(mpiexec(2), flags + " --tp 2 --backend " + backend);
+    ASSERT_EQ(two.code, 0) << backend << "\n" << two.out;
+    EXPECT_NEAR(summary_field(two.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << two.out;
+    EXPECT_NEAR(summary_field(two.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << two.out;
+  }
+}
+
 // DDP on the emulated CUDA device (2 ranks sharing it): the nccl backend (NCCL's calls over MPI in this build) and
 // minidl's ring over NCCL point-to-point, against one process on the same device.
 TEST_F(TrainGpt, DataParallelOnEmulatedCudaMatchesOneProcess) {
@@ -395,6 +453,8 @@ TEST_F(TrainGpt, MalformedCheckpointHeaderIsAnError) {
 
 TEST_F(TrainGpt, TopologyFlags) {
   expect_rejected(tiny_flags() + " --steps 2 --tp 2", {"--tp 2"});
+  expect_rejected(tiny_flags() + " --steps 2 --tp 3", {"--tp 3 must divide --heads 2"});
+  expect_rejected(tiny_flags() + " --steps 2 --sequence-parallel", {"--sequence-parallel", "--tp 1"});
   expect_rejected(tiny_flags() + " --steps 2 --pp 2", {"--pp 2"});
   Result r = run_with(mpiexec(2), tiny_flags() + " --steps 2 --dp 1 --tp 1 --pp 1");
   EXPECT_EQ(r.code, 2) << r.out;
