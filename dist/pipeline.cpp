@@ -393,7 +393,8 @@ std::string draw_schedule(const Schedule& s) {
   if (V > 1) os << " virtual-stages=" << V << " (letter = local chunk)";
   os << "; F = forward, B = backward (2 units), . = idle\n";
   for (size_t r = 0; r < s.ranks.size(); ++r) {
-    std::vector<std::string> row(size_t(cells), " . ");
+    const size_t width = V > 1 ? 4 : 3;
+    std::vector<std::string> row(size_t(cells), width == 4 ? " .  " : " . ");
     for (size_t i = 0; i < s.ranks[r].size(); ++i) {
       const Action& a = s.ranks[r][i];
       if (!is_compute(a.kind)) continue;
@@ -402,7 +403,7 @@ std::string draw_schedule(const Schedule& s) {
       std::snprintf(cell, sizeof cell, "%c%d%s", a.kind == ActionKind::kForward ? 'F' : 'B', a.micro,
                     V > 1 ? std::string(1, char('a' + a.chunk % 26)).c_str() : "");
       std::string text = cell;
-      text.resize(3, ' ');
+      text.resize(width, ' ');
       for (int c = int(std::lround(t0)); c < int(std::lround(t1)) && c < cells; ++c) row[size_t(c)] = text;
     }
     os << "rank " << r << " |";
