@@ -1,7 +1,7 @@
 // Pipeline parallelism against one process with gradient accumulation over the same M micro-batches, at 2 and 4
 // ranks: every gradient of a step bitwise equal except the tied wte (its embedding and head halves are added in
-// another order: 1e-6), dropout and recomputation included; AdamW losses over several steps within 1e-5 relative;
-// dp 2 x pp 2 within 1e-4.
+// another order: 1e-6), dropout and recomputation included; AdamW losses and clipping norms over several steps within
+// 1e-5 relative; dp 2 x pp 2 within 1e-4.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -120,11 +120,15 @@ void expect_losses_match(const Case& c, int dp, double tolerance, int steps) {
   o.grad_sync = &sync;
   for (int step = 0; step < steps; ++step) {
     data::Batch b = global_batch(step + 1, kRows);
-    double want = train::train_step(whole, ref_opt, b, ro).loss;
+    train::StepResult want = train::train_step(whole, ref_opt, b, ro);
     data::Batch mine{b.x.narrow(0, topo.coord().dp * local, local), b.y.narrow(0, topo.coord().dp * local, local)};
-    double got = train::pipeline_train_step(pipe, opt, mine, o).loss;
-    got = train::sum_over(topo.dp_group(), got) / dp;
-    EXPECT_LE(std::abs(got - want), tolerance * std::abs(want)) << "step " << step << ": " << got << " vs " << want;
+    train::StepResult got = train::pipeline_train_step(pipe, opt, mine, o);
+    got.loss = train::sum_over(topo.dp_group(), got.loss) / dp;
+    EXPECT_LE(std::abs(got.loss - want.loss), tolerance * std::abs(want.loss))
+        << "step " << step << ": " << got.loss << " vs " << want.loss;
+    // The clipping norm: every stage's squares, wte once (twice would be ~1e-2 off for this model).
+    EXPECT_LE(std::abs(got.grad_norm - want.grad_norm), tolerance * want.grad_norm)
+        << "step " << step << ": norm " << got.grad_norm << " vs " << want.grad_norm;
   }
 }
 
