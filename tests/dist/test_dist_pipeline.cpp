@@ -8,6 +8,7 @@
 #include <map>
 
 #include "autograd/functions.h"
+#include "core/memory.h"
 #include "core/rng.h"
 #include "dist/topology.h"
 #include "support/mpi_test.h"
@@ -154,4 +155,33 @@ TEST(Pipeline, AdamWLossesEqualOneProcess) {
 TEST(Pipeline, DataTimesPipelineEqualsOneProcess) {
   if (ctx().world_size() != 4) GTEST_SKIP() << "dp 2 x pp 2 needs 4 ranks";
   expect_losses_match({dist::ScheduleKind::k1F1B, 1, 2}, 2, 1e-4, 8);
+}
+
+// The memory ledger's activation peak on stage s under 1F1B with M micro-batches equals (within 10%) GPipe's with
+// min(M, p − s) micro-batches of the same size, which holds exactly that many in flight: 1F1B keeps min(M, p − s).
+TEST(Pipeline, ActivationPeakFollowsMicroBatchesInFlight) {
+  if (ctx().world_size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const int p = ctx().world_size(), M = 8;
+  const int64_t rows_per_micro = 2;
+  dist::Topology topo(ctx().world(), {1, 1, p}, "mpi");
+  auto peak_of = [&](dist::ScheduleKind kind, int micro_batches) {
+    dist::PipelineSpec spec{kind, p, micro_batches, 1};
+    train::PipelineModel pipe(config(0.0), 1337, spec, even_starts(p), topo);
+    train::StepOptions o;
+    const data::Batch batch = global_batch(0, rows_per_micro * micro_batches);
+    MemoryLedger& mem = ledger(Device::cpu());
+    mem.reset_peaks();
+    const int64_t before = mem.current(MemTag::kActivations);
+    train::pipeline_forward_backward(pipe, batch, o);
+    return double(mem.peak(MemTag::kActivations) - before);
+  };
+  const double one_f_one_b = peak_of(dist::ScheduleKind::k1F1B, M);
+  std::vector<double> gpipe;
+  for (int m = 1; m <= p; ++m) gpipe.push_back(peak_of(dist::ScheduleKind::kGPipe, m));
+  const int s = topo.coord().pp, in_flight = std::min(M, p - s);
+  EXPECT_NEAR(one_f_one_b, gpipe[size_t(in_flight - 1)], 0.1 * gpipe[size_t(in_flight - 1)])
+      << "stage " << s << ": 1F1B peak " << one_f_one_b << " bytes, GPipe with " << in_flight << " micro-batches "
+      << gpipe[size_t(in_flight - 1)];
+  const double all = peak_of(dist::ScheduleKind::kGPipe, M);
+  EXPECT_GT(all, 1.5 * one_f_one_b) << "stage " << s << ": GPipe keeps all " << M << " micro-batches";
 }
