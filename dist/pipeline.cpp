@@ -184,7 +184,8 @@ Schedule make_schedule(const PipelineSpec& spec) {
   // 2. Receives: before a compute that needs a message from rank a, post every receive from a up to that message,
   //    in the order a posts the sends (so the k-th receive matches the k-th send without tags).
   for (int b = 0; b < p; ++b) {
-    std::vector<std::vector<Message>> incoming(static_cast<size_t>(p));  // incoming[a]: messages a sends to b, in a's order
+    // incoming[a]: the messages a sends to b, in a's order.
+    std::vector<std::vector<Message>> incoming(static_cast<size_t>(p));
     for (int a = 0; a < p; ++a)
       for (const Action& s : with_sends[size_t(a)])
         if (is_send(s.kind) && s.peer == b) incoming[size_t(a)].push_back(message_of(spec, s, a));

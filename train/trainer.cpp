@@ -382,7 +382,9 @@ int Trainer::run() {
   auto run_step = [&](const data::Batch& b, const StepOptions& so) {
     return s.pipe ? pipeline_train_step(*s.pipe, *s.optimizer, b, so) : train_step(*s.model, *s.optimizer, b, so);
   };
-  auto run_eval = [&] { return s.pipe ? pipeline_evaluate(*s.pipe, val, o.batch) : evaluate(*s.model, val, o.batch, &dp_group); };
+  auto run_eval = [&] {
+    return s.pipe ? pipeline_evaluate(*s.pipe, val, o.batch) : evaluate(*s.model, val, o.batch, &dp_group);
+  };
   // MFU: achieved FLOP/s over the GPU's dense peak for the dtype the products run in (GPUs in the table only).
   const double peak_tflops = s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : 0.0;
   StepOptions step_options;

@@ -42,7 +42,8 @@ void validate_pipeline(const TrainConfig& c, int d) {
   pipeline_spec(c);
   const int64_t M = c.micro_batches_or_default();
   MINIDL_CHECK(c.batch % (int64_t(d) * M) == 0, "--batch ", c.batch, " does not split into ", d,
-               " data-parallel rank(s) x ", M, " micro-batches", c.micro_batches ? "" : " (--micro-batches default: --pp)",
+               " data-parallel rank(s) x ", M, " micro-batches",
+               c.micro_batches ? "" : " (--micro-batches default: --pp)",
                " of equal size: --batch must be a multiple of ", int64_t(d) * M);
   const int64_t layers = c.layers_or_default(), chunks = int64_t(c.pp) * c.virtual_stages;
   MINIDL_CHECK(layers >= chunks, "--pp ", c.pp, c.virtual_stages > 1 ? " x --virtual-stages " +
@@ -65,9 +66,11 @@ std::string pipeline_note(const TrainConfig& c, const std::vector<int64_t>& star
     blocks += std::to_string(starts[i + 1] - starts[i]);
   }
   char line[256];
-  std::snprintf(line, sizeof line, "pipeline: schedule %s, %d micro-batches, %d chunk(s) per rank, blocks per chunk %s; "
-                "simulated bubble %.1f%% (formula %.1f%%)", dist::schedule_kind_name(spec.kind), spec.micro_batches,
-                spec.virtual_stages, blocks.c_str(), 100 * sim.bubble_fraction(), 100 * dist::bubble_formula(spec));
+  std::snprintf(line, sizeof line,
+                "pipeline: schedule %s, %d micro-batches, %d chunk(s) per rank, blocks per chunk %s; "
+                "simulated bubble %.1f%% (formula %.1f%%)",
+                dist::schedule_kind_name(spec.kind), spec.micro_batches, spec.virtual_stages, blocks.c_str(),
+                100 * sim.bubble_fraction(), 100 * dist::bubble_formula(spec));
   return line;
 }
 
