@@ -500,7 +500,7 @@ int Trainer::run() {
     Tensor all = Tensor::from_vector(peaks, {int64_t(peaks.size())}, DType::f64).to(pp.device());
     pp.all_reduce(all, dist::ReduceOp::kSum)->wait();
     std::string line = "pipeline activation peak per stage (MiB):";
-    for (double v : all.to_vector()) line += " " + fmt("%.3f", v);
+    for (double v : all.to_vector()) line += fmt(" %.3f", v);
     if (s.logger) std::printf("%s\n", line.c_str());
   }
   if (!s.logger) return 0;
