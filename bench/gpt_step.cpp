@@ -5,6 +5,7 @@
 //   build/bin/bench_gpt_step --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --threads 2
 //   build/bin/bench_gpt_step ... --recompute block --amp bf16 --grad-accum 2   # memory-saving modes
 //   mpirun -n 2 build/bin/bench_gpt_step ... --tp 2 --sequence-parallel         # tensor parallel (rank 0 prints)
+//   mpirun -n 2 build/bin/bench_gpt_step --pp 2 --micro-batches 4 --schedule 1f1b   # pipeline (bench/pipeline_bench.h)
 //
 // act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce). On the
 // CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (bench/sgemm_ceiling.h), measured in the
@@ -21,6 +22,7 @@
 #include <optional>
 #include <string>
 
+#include "bench/pipeline_bench.h"
 #include "bench/sgemm_ceiling.h"
 #include "core/device_backend.h"
 #include "core/parallel.h"
@@ -92,6 +94,8 @@ int main(int argc, char** argv) {
   double peak_tflops = 0;
   int tp = 1;
   bool sequence_parallel = false;
+  int pp = 1, micro_batches = 0, virtual_stages = 1;
+  std::string schedule = "1f1b";
   CLI::App app{"Time GPT training steps with minidl (median over --steps after --warmup steps)."};
   app.add_option("--layers", layers, "Transformer blocks")->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->capture_default_str();
@@ -114,9 +118,30 @@ int main(int argc, char** argv) {
   app.add_option("--tp", tp, "Tensor-parallel ranks (mpirun -n tp); must divide --heads")->capture_default_str();
   app.add_flag("--sequence-parallel", sequence_parallel, "With --tp: sequence parallelism");
   app.add_flag("--json", json, "Also print one JSON object as the last line");
+  app.add_option("--pp", pp, "Pipeline stages (run under mpirun -n PP; CPU, f32/bf16)")->capture_default_str();
+  app.add_option("--micro-batches", micro_batches, "With --pp: micro-batches per step (default: --pp)");
+  app.add_option("--schedule", schedule, "With --pp: gpipe, 1f1b or interleaved")->capture_default_str();
+  app.add_option("--virtual-stages", virtual_stages, "With --schedule interleaved: chunks per rank")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   dist::Context ctx = dist::init(argc, argv);
   try {
+    if (pp > 1) {
+      MINIDL_CHECK(device_flag == "cpu" && amp != "fp16", "--pp: the pipeline bench runs on the CPU in f32 or bf16");
+      MINIDL_CHECK(ctx.world_size() == pp, "--pp ", pp, " needs mpirun -n ", pp, ", got ", ctx.world_size(),
+                   " rank(s)");
+      set_num_threads(threads > 0 ? threads : ctx.threads_per_rank());
+      bench::PipelineBench b;
+      b.model = nn::GPTConfig{vocab, seq, layers, heads, embd, 0.0, true};
+      b.batch = batch;
+      b.steps = steps;
+      b.warmup = warmup;
+      b.spec = {dist::parse_schedule_kind(schedule), pp, micro_batches > 0 ? micro_batches : pp, virtual_stages};
+      b.options.amp = amp == "bf16" ? DType::bf16 : DType::f32;
+      b.recompute = nn::parse_recompute(recompute);
+      b.json = json;
+      return bench::run_pipeline_bench(ctx, b);
+    }
     MINIDL_CHECK(ctx.world_size() == tp, "--tp ", tp, " must equal the number of ranks (mpirun -n), got ",
                  ctx.world_size());
     MINIDL_CHECK(heads % tp == 0, "--tp ", tp, " must divide --heads ", heads);

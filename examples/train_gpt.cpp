@@ -5,12 +5,15 @@
 //   build/bin/train_gpt --init-from ckpt.safetensors --steps 0          # evaluate only
 //   build/bin/train_gpt --amp bf16 --recompute block --grad-accum 4     # mixed precision, less memory
 //   mpirun -n 2 build/bin/train_gpt --threads 1                         # data parallel over two ranks
+//   mpirun -n 2 build/bin/train_gpt --pp 2 --micro-batches 4 --schedule 1f1b   # two pipeline stages
+//   build/bin/train_gpt --pp 4 --micro-batches 8 --print-schedule       # draw the schedule, no training
 //
 // Flags become a train::TrainConfig and train::Trainer does the rest (train/trainer.h, which documents the summary
 // line scripts parse). Bad input prints "train_gpt: error: ..." naming what was expected and what was found, exits
 // with 2, and writes no file.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -76,7 +79,25 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "column then row) and the vocabulary split, over tp consecutive ranks; must divide --heads. "
                  "Combines with --dp, --amp, --recompute, --grad-accum, --dropout and clipping; not with --zero or "
                  "training checkpoints (--save writes one whole-model file at any --tp)")->capture_default_str();
-  app.add_option("--pp", o.pp, "Pipeline stages (only 1 until pipeline parallelism lands)")->capture_default_str();
+  app.add_option("--pp", o.pp, "Pipeline stages: each rank holds a contiguous part of the blocks (the first also the "
+                 "embedding, the last ln_f, the tied head and the loss); activations move by send/recv")
+      ->capture_default_str();
+  app.add_option("--micro-batches", o.micro_batches,
+                 "With --pp > 1: micro-batches per step, the pipeline's gradient accumulation (default: --pp); "
+                 "--batch must be a multiple of dp x micro-batches");
+  app.add_option("--schedule", o.schedule,
+                 "With --pp > 1: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward: at most "
+                 "pp - s micro-batches of activations on stage s) or interleaved (1f1b over --virtual-stages chunks "
+                 "per rank: a bubble V times smaller; --micro-batches a multiple of --pp)")
+      ->capture_default_str();
+  app.add_option("--virtual-stages", o.virtual_stages, "With --schedule interleaved: model chunks per rank (V)")
+      ->capture_default_str();
+  app.add_option("--pp-layers", o.pp_layers,
+                 "With --pp > 1: blocks per chunk, comma-separated (pp x virtual-stages counts, e.g. 2,2); default: "
+                 "a split balancing the parameter count");
+  app.add_flag("--print-schedule", o.print_schedule,
+               "Draw the pipeline schedule (per-rank timeline of forwards, backwards and idle slots, with the "
+               "simulated bubble) for --pp, --micro-batches, --schedule, --virtual-stages and exit; needs no mpirun");
   app.add_option("--backend", o.backend,
                  "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "
                  "either device); default: mpi on the CPU, nccl with --device cuda")
@@ -132,6 +153,11 @@ int main(int argc, char** argv) {
   // Flag errors are the same on every rank: each returns 2 and MPI finalises normally.
   try {
     app.parse(argc, argv);
+    if (config.print_schedule) {  // a drawing of the flags' schedule, for any number of ranks
+      config.validate(std::max(config.dp, 1) * config.tp * config.pp);
+      if (speaks) std::printf("%s", train::describe_pipeline(config).c_str());
+      return 0;
+    }
     config.validate(ctx.world_size());
   } catch (const CLI::CallForHelp& e) {
     return speaks ? app.exit(e) : 0;

@@ -19,11 +19,13 @@
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/grad_sync.h"
+#include "train/pipeline_step.h"
 #include "train/progress.h"
 #include "train/step.h"
 #include "train/zero3_sync.h"
 #include "train/zero_memory.h"
 #include "train/tp_sync.h"
+#include "train/trainer_pipeline.h"
 #include "train/zero_sync.h"
 
 namespace minidl::train {
@@ -84,13 +86,13 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(tp == 1 || (checkpoint_dir.empty() && resume.empty()), "--tp ", tp, " with --checkpoint-dir or "
                "--resume: training checkpoints of a tensor-parallel run are not implemented yet (--save and "
                "--init-from work at any --tp)");
-  MINIDL_CHECK(pp == 1, "--pp ", pp, ": pipeline parallelism is not implemented yet; only --pp 1 is accepted");
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
                " does not match the ", world, " ranks this job runs on (mpirun -n)");
   // The global batch splits into dp ranks x grad_accum micro-batches of equal size.
   MINIDL_CHECK(batch >= 1, "--batch: expected at least 1, got ", batch);
   MINIDL_CHECK(grad_accum >= 1, "--grad-accum: expected at least 1, got ", grad_accum);
+  validate_pipeline(*this, d);
   MINIDL_CHECK(batch % (d * grad_accum) == 0, "--batch ", batch, " does not split into ", d,
                " data-parallel rank(s) x --grad-accum ", grad_accum,
                " equal micro-batches: --batch must be a multiple of ", d * grad_accum);
@@ -159,7 +161,9 @@ struct Trainer::State {
   std::vector<std::string> notes;         // printed by the logger once it is known
   std::optional<data::TextDataset> ds;
   int64_t seq = 0, windows = 0, local_batch = 0, first_sample = 0;
-  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<nn::GPT> model;          // pp = 1: the whole model
+  std::unique_ptr<PipelineModel> pipe;     // pp > 1: this stage's chunks (train/pipeline_step.h)
+  int64_t num_params = 0;                  // the whole model's (collective to count with pp > 1)
   std::unique_ptr<GradSync> sync;
   std::optional<optim::GradScaler> scaler;
   std::unique_ptr<optim::AdamW> optimizer;
@@ -255,7 +259,9 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
           {"sequence_parallel", str(o.sequence_parallel)},
           {"grad_accum", str(o.grad_accum)}, {"zero", str(o.zero)}, {"amp", o.amp}, {"recompute", o.recompute},
           {"device", o.device}, {"tf32", str(o.tf32)}, {"advance_lr_on_skip", str(o.advance_lr_on_skip)},
-          {"checkpoint_dir", o.checkpoint_dir}, {"save_every", str(o.save_every)}};
+          {"checkpoint_dir", o.checkpoint_dir}, {"save_every", str(o.save_every)},
+          {"micro_batches", str(o.micro_batches)}, {"schedule", o.schedule},
+          {"virtual_stages", str(o.virtual_stages)}, {"pp_layers", o.pp_layers}};
 }
 
 std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule_step) const {
@@ -284,12 +290,12 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
 void Trainer::State::print_header() const {
   if (!logger) return;
   for (const std::string& n : notes) std::printf("%s\n", n.c_str());
-  const nn::GPTConfig& c = model->config();
+  const nn::GPTConfig& c = pipe ? pipe->config() : model->config();
   const dist::Grid& g = topo->grid();
   std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
               "threads=%d dp=%d tp=%d pp=%d zero=%d grad_accum=%lld amp=%s recompute=%s device=%s data=%s "
               "(%zu train / %zu val tokens)\n",
-              (long long)model->num_parameters(), (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd,
+              (long long)num_params, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd,
               (long long)seq, (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp,
               cfg.zero, (long long)cfg.grad_accum, cfg.amp.c_str(), cfg.recompute.c_str(),
               device.is_cpu() ? "cpu" : (cfg.device + " (" + device_name(device) + ")").c_str(), cfg.data.c_str(),
@@ -359,36 +365,51 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   const dist::GridCoord me = s.topo->coord();
   s.logger = me == dist::GridCoord{};
 
-  if (grid.tp > 1) {  // the same weights, split over the tp group (dist/tp_gpt.h)
-    auto split = std::make_unique<dist::TensorParallelGPT>(model_cfg, o.seed, s.topo->tp_group(), o.sequence_parallel);
-    if (o.sequence_parallel)
-      s.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
-                        std::to_string(s.seq / grid.tp) + " of " + std::to_string(s.seq) + " positions per rank");
-    if (s.ckpt && !s.resume) dist::load_tensor_parallel_gpt(*split, o.init_from);
-    s.model = std::move(split);
-  } else {
-    s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
-    if (s.ckpt && !s.resume) nn::load_into(*s.model, o.init_from);
-  }
-  s.model->to(s.device);  // before DDP and the optimizer, whose buffers follow the parameters' device
-  s.model->train();
   // Data parallelism: dp rank d takes samples [d * local, (d + 1) * local) of each global batch; its dropout masks
   // are those of the same samples in one process.
   s.local_batch = o.batch / grid.dp;
   s.first_sample = me.dp * s.local_batch;
-  s.model->dropout_context().first_sample = s.first_sample;
-  s.model->set_recompute(nn::parse_recompute(o.recompute));
-  if (o.zero == 3)
-    s.sync = std::make_unique<Zero3Sync>(*s.model, *s.topo);
-  else if (o.zero > 0)  // at dp 1 too: the same code path, with shards of the whole bucket
-    s.sync = std::make_unique<ZeroSync>(*s.model, *s.topo, o.zero);
-  else if (grid.dp > 1)
-    s.sync = std::make_unique<DDPSync>(*s.model, *s.topo);
-  else
-    s.sync = std::make_unique<GradSync>();
-  if (grid.tp > 1)
-    s.sync = std::make_unique<TensorParallelSync>(std::move(s.sync),
-                                                  static_cast<const dist::TensorParallelGPT&>(*s.model), *s.topo);
+  if (grid.pp > 1) {
+    // This stage's chunks; the schedule is validated here, before anything is sent.
+    const std::vector<int64_t> starts = pipeline_starts(o, model_cfg);
+    s.pipe = std::make_unique<PipelineModel>(model_cfg, o.seed, pipeline_spec(o), starts, *s.topo);
+    s.pipe->to(s.device);
+    s.pipe->train();
+    s.pipe->set_dropout(0, s.first_sample);
+    s.pipe->set_recompute(nn::parse_recompute(o.recompute));
+    s.sync = std::make_unique<PipelineSync>(*s.pipe, *s.topo);
+    s.num_params = s.pipe->num_parameters();
+    s.notes.push_back(pipeline_note(o, starts));
+  } else {
+    if (grid.tp > 1) {  // the same weights, split over the tp group (dist/tp_gpt.h)
+      auto split =
+          std::make_unique<dist::TensorParallelGPT>(model_cfg, o.seed, s.topo->tp_group(), o.sequence_parallel);
+      if (o.sequence_parallel)
+        s.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
+                          std::to_string(s.seq / grid.tp) + " of " + std::to_string(s.seq) + " positions per rank");
+      if (s.ckpt && !s.resume) dist::load_tensor_parallel_gpt(*split, o.init_from);
+      s.model = std::move(split);
+    } else {
+      s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
+      if (s.ckpt && !s.resume) nn::load_into(*s.model, o.init_from);
+    }
+    s.model->to(s.device);  // before DDP and the optimizer, whose buffers follow the parameters' device
+    s.model->train();
+    s.num_params = s.model->num_parameters();
+    s.model->dropout_context().first_sample = s.first_sample;
+    s.model->set_recompute(nn::parse_recompute(o.recompute));
+    if (o.zero == 3)
+      s.sync = std::make_unique<Zero3Sync>(*s.model, *s.topo);
+    else if (o.zero > 0)  // at dp 1 too: the same code path, with shards of the whole bucket
+      s.sync = std::make_unique<ZeroSync>(*s.model, *s.topo, o.zero);
+    else if (grid.dp > 1)
+      s.sync = std::make_unique<DDPSync>(*s.model, *s.topo);
+    else
+      s.sync = std::make_unique<GradSync>();
+    if (grid.tp > 1)
+      s.sync = std::make_unique<TensorParallelSync>(std::move(s.sync),
+                                                    static_cast<const dist::TensorParallelGPT&>(*s.model), *s.topo);
+  }
   s.amp = amp_dtype(o.amp);
   if (s.amp == DType::f16) {
     s.scaler.emplace();
@@ -399,7 +420,8 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
       s.scaler->load_state(scaler_state_from_json(it->second));
   }
   s.optimizer = std::make_unique<optim::AdamW>(
-      s.sync->optimizer_groups(optim::decay_groups(s.model->named_parameters(), o.weight_decay)),
+      s.sync->optimizer_groups(
+          optim::decay_groups(s.pipe ? s.pipe->named_parameters() : s.model->named_parameters(), o.weight_decay)),
       optim::AdamWOptions{o.lr});
   if (s.resume) {
     restore_checkpoint(*s.resume, *s.model, *s.optimizer);  // weights and AdamW's m, v, step
@@ -417,14 +439,21 @@ Trainer::~Trainer() = default;
 int Trainer::run() {
   State& s = *s_;
   const TrainConfig& o = s.cfg;
-  nn::GPT& model = *s.model;
   dist::ProcessGroup& dp_group = s.topo->dp_group();
   optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
   data::BatchSampler sampler(s.ds->train(), s.seq, o.batch, o.seed);
   const data::Batch val = data::eval_windows(s.ds->val(), s.seq, s.windows);
 
   const double tokens_per_step = double(o.batch * s.seq);  // the global batch
-  const double flops_per_step = model.flops_per_token(s.seq) * tokens_per_step;
+  const double flops_per_step =
+      (s.pipe ? s.pipe->flops_per_token(s.seq) : s.model->flops_per_token(s.seq)) * tokens_per_step;
+  // One step and one evaluation, of the whole model or of this pipeline stage.
+  auto run_step = [&](const data::Batch& b, const StepOptions& so) {
+    return s.pipe ? pipeline_train_step(*s.pipe, *s.optimizer, b, so) : train_step(*s.model, *s.optimizer, b, so);
+  };
+  auto run_eval = [&] {
+    return s.pipe ? pipeline_evaluate(*s.pipe, val, o.batch) : evaluate(*s.model, val, o.batch, &dp_group);
+  };
   // MFU: achieved FLOP/s over the GPU's dense peak for the dtype the products run in (GPUs in the table only).
   const double peak_tflops = s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : 0.0;
   StepOptions step_options;
@@ -446,10 +475,10 @@ int Trainer::run() {
     data::Batch batch = sampler.batch(step, s.first_sample, s.local_batch);
     step_options.lr = lr;
     if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
-    StepResult r = train_step(model, *s.optimizer, batch, step_options);
+    StepResult r = run_step(batch, step_options);
     if (step == first_step && o.tp > 1) s.print_tensor_parallel_step();
     if (r.applied || o.advance_lr_on_skip) ++schedule_step;
-    if (step == first_step && (o.zero > 0 || o.memory_report)) s.print_zero_memory();
+    if (step == first_step && (o.zero > 0 || o.memory_report) && s.model) s.print_zero_memory();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     dist::ReducerStats comm = s.sync->comm_stats();
     // The global batch's loss: the mean of the dp ranks' (equal-sized) slices.
@@ -491,7 +520,7 @@ int Trainer::run() {
     bool last = step + 1 == o.steps;
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
       s.sync->hold_full_parameters(true);  // ZeRO-3: the ranks evaluate different batches
-      double v = evaluate(model, val, o.batch, &dp_group);  // collective: every rank takes part
+      double v = run_eval();  // collective: every rank takes part
       s.sync->hold_full_parameters(false);
       progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", v));
     }
@@ -517,7 +546,7 @@ int Trainer::run() {
   }
 
   s.sync->hold_full_parameters(true);  // ZeRO-3: the whole model for evaluation, saving and sampling
-  const double val_loss = evaluate(model, val, o.batch, &dp_group);
+  const double val_loss = run_eval();
   if (s.logger)
     std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)s.windows,
                 (long long)s.seq);
@@ -527,10 +556,10 @@ int Trainer::run() {
   if (!o.save.empty() && whole_model_here) {
     nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
     if (s.scaler) extras["grad_scaler"] = scaler_state_json(s.scaler->state());
-    if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(&model))
+    if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(s.model.get()))
       dist::save_tensor_parallel_gpt(o.save, *split, s.ds->tokenizer().to_json().dump(), extras, s.logger);
     else
-      nn::save_gpt(o.save, model, s.ds->tokenizer().to_json().dump(), extras);
+      nn::save_gpt(o.save, *s.model, s.ds->tokenizer().to_json().dump(), extras);
     if (s.logger) std::printf("saved %s\n", o.save.c_str());
   }
   if (o.sample > 0 && whole_model_here) {  // with tp > 1 the tp group computes every token together
@@ -538,8 +567,20 @@ int Trainer::run() {
     const auto& v = s.ds->tokenizer().vocab();
     std::vector<int32_t> prompt{
         std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? s.ds->tokenizer().encode("\n")[0] : 0};
-    std::vector<int32_t> out = train::sample(model, prompt, o.sample, o.temperature, o.seed);
+    std::vector<int32_t> out = train::sample(*s.model, prompt, o.sample, o.temperature, o.seed);
     if (s.logger) std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
+  }
+  if (s.pipe) {
+    // Every stage's activation peak (the logger's ledger has only the first stage's): 1F1B keeps about
+    // min(M, pp - s) micro-batches on stage s, GPipe all M (dist/pipeline.h).
+    dist::ProcessGroup& pp = s.topo->pp_group();
+    std::vector<double> peaks(size_t(pp.size()), 0.0);
+    peaks[size_t(pp.rank())] = double(ledger(s.device).peak(MemTag::kActivations)) / double(1 << 20);
+    Tensor all = Tensor::from_vector(peaks, {int64_t(peaks.size())}, DType::f64).to(pp.device());
+    pp.all_reduce(all, dist::ReduceOp::kSum)->wait();
+    std::string line = "pipeline activation peak per stage (MiB):";
+    for (double v : all.to_vector()) line += fmt(" %.3f", v);
+    if (s.logger) std::printf("%s\n", line.c_str());
   }
   if (!s.logger) return 0;
   auto per_step = [&](double total) { return timed_steps ? total / double(timed_steps) : 0.0; };

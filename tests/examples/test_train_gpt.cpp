@@ -80,7 +80,8 @@ TEST_F(TrainGpt, HelpDescribesEveryFlag) {
                            "--grad-accum", "--zero", "--amp", "--recompute", "--advance-lr-on-skip", "--device", "--tf32",
                            "--dp", "--tp", "--sequence-parallel", "--pp", "--backend", "--progress", "--max-skipped-steps",
                            "--checkpoint-dir", "--save-every", "--keep-last", "--resume", "--memory-report",
-                           "--plan-memory"})
+                           "--plan-memory", "--micro-batches", "--schedule", "--virtual-stages", "--pp-layers",
+                           "--print-schedule"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -472,4 +473,40 @@ TEST_F(TrainGpt, RanksThatDisagreeOnNumericsAllStop) {
     for (char& c : name) c = c == '-' ? '_' : c;
     EXPECT_NE(r.out.find("configuration differs across ranks: " + name), std::string::npos) << flag << ": " << r.out;
   }
+}
+
+// Pipeline parallelism: 2 stages with each schedule, and dp 2 x pp 2, against one process accumulating over the same
+// micro-batches (summary within 1e-3; dropout, clipping, recomputation and bf16 on); the schedule drawing without
+// mpirun; the per-stage activation peaks; what a pipeline cannot run, refused by name.
+TEST_F(TrainGpt, PipelineMatchesOneProcess) {
+  std::string flags = tiny_flags() + " --layers 4 --steps 10 --lr 3e-3 --dropout 0.1 --batch 8";
+  Result one = run(flags + " --grad-accum 4");
+  ASSERT_EQ(one.code, 0) << one.out;
+  Result one_bf16 = run(flags + " --grad-accum 4 --amp bf16");
+  ASSERT_EQ(one_bf16.code, 0) << one_bf16.out;
+  struct Pipe { int ranks; const char* extra; const Result* ref; };
+  for (const Pipe& c : {Pipe{2, " --pp 2 --micro-batches 4 --schedule gpipe", &one},
+                        Pipe{2, " --pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2 --amp bf16",
+                             &one_bf16},
+                        Pipe{4, " --pp 2 --dp 2 --micro-batches 2 --schedule 1f1b --recompute block", &one}}) {
+    Result r = run_with(mpiexec(c.ranks), flags + c.extra);
+    ASSERT_EQ(r.code, 0) << c.extra << "\n" << r.out;
+    EXPECT_NEAR(summary_field(r.out, "train_loss"), summary_field(c.ref->out, "train_loss"), 1e-3) << r.out;
+    EXPECT_NEAR(summary_field(r.out, "val_loss"), summary_field(c.ref->out, "val_loss"), 1e-3) << r.out;
+    EXPECT_NE(r.out.find("pipeline: schedule"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("pipeline activation peak per stage (MiB):"), std::string::npos) << r.out;
+  }
+  Result drawn = run("--pp 4 --micro-batches 8 --batch 8 --layers 4 --print-schedule");
+  EXPECT_EQ(drawn.code, 0) << drawn.out;
+  EXPECT_NE(drawn.out.find("rank 3 |"), std::string::npos) << drawn.out;
+  EXPECT_NE(drawn.out.find("bubble: 27.3% simulated"), std::string::npos) << drawn.out;
+
+  expect_rejected(tiny_flags() + " --layers 2 --pp 4 --print-schedule", {"--pp 4", "only 2 blocks"});
+  expect_rejected(tiny_flags() + " --layers 4 --pp 2 --micro-batches 3 --schedule interleaved --virtual-stages 2 "
+                  "--print-schedule", {"--micro-batches 3", "multiple of --pp 2"});
+  expect_rejected(tiny_flags() + " --layers 4 --pp 2 --micro-batches 3 --print-schedule",
+                  {"--batch 4", "1 data-parallel rank(s) x 3 micro-batches"});
+  expect_rejected(tiny_flags() + " --layers 4 --pp 2 --tp 2 --print-schedule", {"--tp"});
+  expect_rejected(tiny_flags() + " --layers 4 --pp 2 --pp-layers 3,2 --print-schedule", {"--pp-layers", "5"});
+  expect_rejected(tiny_flags() + " --micro-batches 2", {"--micro-batches needs --pp > 1"});
 }

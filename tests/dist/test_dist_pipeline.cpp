@@ -1,0 +1,187 @@
+// Pipeline parallelism against one process with gradient accumulation over the same M micro-batches, at 2 and 4
+// ranks: every gradient of a step bitwise equal except the tied wte (its embedding and head halves are added in
+// another order: 1e-6), dropout and recomputation included; AdamW losses and clipping norms over several steps within
+// 1e-5 relative; dp 2 x pp 2 within 1e-4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "autograd/functions.h"
+#include "core/memory.h"
+#include "core/rng.h"
+#include "dist/topology.h"
+#include "support/mpi_test.h"
+#include "train/pipeline_step.h"
+#include "train/step.h"
+
+using namespace minidl;
+
+namespace {
+
+constexpr int64_t kVocab = 13, kSeq = 8, kRows = 8, kLayers = 8;
+
+const dist::Context& ctx() { return minidl::testing::mpi_context(); }
+
+nn::GPTConfig config(double dropout) { return {kVocab, kSeq, kLayers, 2, 16, dropout, true}; }
+
+data::Batch global_batch(int step, int64_t rows) {
+  std::vector<int32_t> x(rows * kSeq), y(rows * kSeq);
+  Philox rng(7, uint64_t(step));
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = int32_t(rng.draw(i).x % kVocab);
+    y[i] = int32_t(rng.draw(i).y % kVocab);
+  }
+  return {Tensor::from_vector(x, {rows, kSeq}), Tensor::from_vector(y, {rows, kSeq})};
+}
+
+struct Case {
+  dist::ScheduleKind kind = dist::ScheduleKind::k1F1B;
+  int virtual_stages = 1;
+  int micro_batches = 4;
+  nn::Recompute recompute = nn::Recompute::kNone;
+  double dropout = 0.0;
+};
+
+std::string name(const Case& c) {
+  return std::string(dist::schedule_kind_name(c.kind)) + " V=" + std::to_string(c.virtual_stages) +
+         " M=" + std::to_string(c.micro_batches) + " recompute=" + nn::recompute_name(c.recompute);
+}
+
+// Blocks split evenly over p·V chunks.
+std::vector<int64_t> even_starts(int chunks) {
+  std::vector<int64_t> s;
+  for (int c = 0; c <= chunks; ++c) s.push_back(kLayers * c / chunks);
+  return s;
+}
+
+void expect_gradients_match(const Case& c) {
+  SCOPED_TRACE(name(c));
+  const int p = ctx().world_size();
+  const data::Batch batch = global_batch(0, kRows);
+  // One process: the whole model, grad accumulation over the same micro-batches (train_step's arithmetic).
+  nn::GPT whole(config(c.dropout), 1337);
+  whole.train();
+  whole.set_recompute(c.recompute);
+  const int64_t micro = kRows / c.micro_batches;
+  const double inv = 1.0 / double(kRows * kSeq);
+  for (int m = 0; m < c.micro_batches; ++m) {
+    whole.dropout_context().first_sample = m * micro;
+    mul(whole.loss(batch.x.narrow(0, m * micro, micro), batch.y.narrow(0, m * micro, micro), Reduction::kSum), inv)
+        .backward();
+  }
+  std::map<std::string, Tensor> ref;
+  for (auto& [n, t] : whole.named_parameters()) ref[n] = t;
+
+  dist::Topology topo(ctx().world(), {1, 1, p}, "mpi");
+  dist::PipelineSpec spec{c.kind, p, c.micro_batches, c.virtual_stages};
+  train::PipelineModel pipe(config(c.dropout), 1337, spec, even_starts(spec.chunks()), topo);
+  pipe.train();
+  pipe.set_recompute(c.recompute);
+  train::PipelineSync sync(pipe, topo);
+  train::StepOptions o;
+  o.grad_sync = &sync;
+  double loss = train::pipeline_forward_backward(pipe, batch, o);
+  if (pipe.last_stage()) EXPECT_GT(loss, 0.0);
+  int compared = 0;
+  for (auto& [n, t] : pipe.named_parameters()) {
+    ASSERT_TRUE(ref.count(n)) << n;
+    std::vector<double> a = t.grad().to_vector(), b = ref[n].grad().to_vector();
+    ASSERT_EQ(a.size(), b.size()) << n;
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+    if (n == "transformer.wte.weight") EXPECT_LE(worst, 1e-6) << n;
+    else EXPECT_EQ(worst, 0.0) << n << " differs from one process by up to " << worst;
+    ++compared;
+  }
+  EXPECT_GT(compared, 0);
+}
+
+// Several AdamW steps (clipping on) of the pipeline against one process accumulating over M micro-batches; dp > 1
+// splits the global batch as the trainer does.
+void expect_losses_match(const Case& c, int dp, double tolerance, int steps) {
+  SCOPED_TRACE(name(c) + " dp=" + std::to_string(dp));
+  const int p = ctx().world_size() / dp;
+  nn::GPT whole(config(c.dropout), 1337);
+  whole.train();
+  optim::AdamW ref_opt(optim::decay_groups(whole.named_parameters(), 0.1), optim::AdamWOptions{.lr = 1e-2});
+  train::StepOptions ro;
+  ro.grad_accum = c.micro_batches * dp;
+
+  dist::Topology topo(ctx().world(), {dp, 1, p}, "mpi");
+  dist::PipelineSpec spec{c.kind, p, c.micro_batches, c.virtual_stages};
+  train::PipelineModel pipe(config(c.dropout), 1337, spec, even_starts(spec.chunks()), topo);
+  pipe.train();
+  pipe.set_recompute(c.recompute);
+  const int64_t local = kRows / dp;
+  pipe.set_dropout(0, topo.coord().dp * local);
+  train::PipelineSync sync(pipe, topo);
+  optim::AdamW opt(optim::decay_groups(pipe.named_parameters(), 0.1), optim::AdamWOptions{.lr = 1e-2});
+  train::StepOptions o;
+  o.grad_sync = &sync;
+  for (int step = 0; step < steps; ++step) {
+    data::Batch b = global_batch(step + 1, kRows);
+    train::StepResult want = train::train_step(whole, ref_opt, b, ro);
+    data::Batch mine{b.x.narrow(0, topo.coord().dp * local, local), b.y.narrow(0, topo.coord().dp * local, local)};
+    train::StepResult got = train::pipeline_train_step(pipe, opt, mine, o);
+    got.loss = train::sum_over(topo.dp_group(), got.loss) / dp;
+    EXPECT_LE(std::abs(got.loss - want.loss), tolerance * std::abs(want.loss))
+        << "step " << step << ": " << got.loss << " vs " << want.loss;
+    // The clipping norm: every stage's squares, wte once (twice would be ~1e-2 off for this model).
+    EXPECT_LE(std::abs(got.grad_norm - want.grad_norm), tolerance * want.grad_norm)
+        << "step " << step << ": norm " << got.grad_norm << " vs " << want.grad_norm;
+  }
+}
+
+}  // namespace
+
+TEST(Pipeline, GradientsEqualOneProcessWithAccumulation) {
+  if (ctx().world_size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const int p = ctx().world_size();
+  expect_gradients_match({dist::ScheduleKind::kGPipe, 1, 4});
+  expect_gradients_match({dist::ScheduleKind::k1F1B, 1, 4, nn::Recompute::kNone, 0.1});
+  expect_gradients_match({dist::ScheduleKind::k1F1B, 1, 2 * p, nn::Recompute::kBlock, 0.1});
+  expect_gradients_match({dist::ScheduleKind::kInterleaved, 2, p, nn::Recompute::kNone, 0.1});
+}
+
+TEST(Pipeline, AdamWLossesEqualOneProcess) {
+  if (ctx().world_size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const int p = ctx().world_size();
+  expect_losses_match({dist::ScheduleKind::kGPipe, 1, 4}, 1, 1e-5, 12);
+  expect_losses_match({dist::ScheduleKind::k1F1B, 1, 4, nn::Recompute::kNone, 0.1}, 1, 1e-5, 12);
+  expect_losses_match({dist::ScheduleKind::kInterleaved, 2, p}, 1, 1e-5, 12);
+}
+
+TEST(Pipeline, DataTimesPipelineEqualsOneProcess) {
+  if (ctx().world_size() != 4) GTEST_SKIP() << "dp 2 x pp 2 needs 4 ranks";
+  expect_losses_match({dist::ScheduleKind::k1F1B, 1, 2}, 2, 1e-4, 8);
+}
+
+// The memory ledger's activation peak on stage s under 1F1B with M micro-batches equals (within 10%) GPipe's with
+// min(M, p − s) micro-batches of the same size, which holds exactly that many in flight: 1F1B keeps min(M, p − s).
+TEST(Pipeline, ActivationPeakFollowsMicroBatchesInFlight) {
+  if (ctx().world_size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const int p = ctx().world_size(), M = 8;
+  const int64_t rows_per_micro = 2;
+  dist::Topology topo(ctx().world(), {1, 1, p}, "mpi");
+  auto peak_of = [&](dist::ScheduleKind kind, int micro_batches) {
+    dist::PipelineSpec spec{kind, p, micro_batches, 1};
+    train::PipelineModel pipe(config(0.0), 1337, spec, even_starts(p), topo);
+    train::StepOptions o;
+    const data::Batch batch = global_batch(0, rows_per_micro * micro_batches);
+    MemoryLedger& mem = ledger(Device::cpu());
+    mem.reset_peaks();
+    const int64_t before = mem.current(MemTag::kActivations);
+    train::pipeline_forward_backward(pipe, batch, o);
+    return double(mem.peak(MemTag::kActivations) - before);
+  };
+  const double one_f_one_b = peak_of(dist::ScheduleKind::k1F1B, M);
+  std::vector<double> gpipe;
+  for (int m = 1; m <= p; ++m) gpipe.push_back(peak_of(dist::ScheduleKind::kGPipe, m));
+  const int s = topo.coord().pp, in_flight = std::min(M, p - s);
+  EXPECT_NEAR(one_f_one_b, gpipe[size_t(in_flight - 1)], 0.1 * gpipe[size_t(in_flight - 1)])
+      << "stage " << s << ": 1F1B peak " << one_f_one_b << " bytes, GPipe with " << in_flight << " micro-batches "
+      << gpipe[size_t(in_flight - 1)];
+  const double all = peak_of(dist::ScheduleKind::kGPipe, M);
+  EXPECT_GT(all, 1.5 * one_f_one_b) << "stage " << s << ": GPipe keeps all " << M << " micro-batches";
+}

@@ -1,0 +1,351 @@
+#include "train/pipeline_step.h"
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include "autograd/autocast.h"
+#include "autograd/node.h"
+#include "ops/cast.h"
+#include "optim/clip.h"
+
+namespace minidl::train {
+
+using dist::Action;
+using dist::ActionKind;
+
+namespace {
+
+int64_t count_targets(const Tensor& y) {
+  int64_t n = 0;
+  for (double v : y.to_vector()) n += v != -1.0;
+  return n;
+}
+
+double elapsed_ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+// ---- the stage's chunks ----
+
+PipelineModel::PipelineModel(const nn::GPTConfig& cfg, uint64_t seed, const dist::PipelineSpec& spec,
+                             const std::vector<int64_t>& starts, const dist::Topology& topology)
+    : topology_(topology), schedule_(dist::make_schedule(spec)), rank_(topology.coord().pp) {
+  MINIDL_CHECK(spec.stages == topology.grid().pp, "pipeline: the schedule has ", spec.stages,
+               " stages but the topology ", topology.grid().pp);
+  MINIDL_CHECK(spec.stages >= 2, "pipeline: expected at least 2 stages, got ", spec.stages);
+  MINIDL_CHECK(int64_t(starts.size()) == spec.chunks() + 1, "pipeline: expected ", spec.chunks() + 1,
+               " block boundaries, got ", starts.size());
+  dist::validate_schedule(schedule_);
+  const int C = spec.chunks();
+  for (int v = 0; v < spec.virtual_stages; ++v) {
+    const int64_t c = global_chunk(v);
+    chunks_.push_back(std::make_unique<nn::GPT>(
+        cfg, seed, nn::GPTStage{starts[size_t(c)], starts[size_t(c) + 1], c == 0, c == C - 1}));
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> PipelineModel::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& c : chunks_)
+    for (auto& np : c->named_parameters()) out.push_back(np);
+  return out;
+}
+
+std::vector<Tensor> PipelineModel::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& np : named_parameters()) out.push_back(np.second);
+  return out;
+}
+
+Tensor PipelineModel::head_wte() const {
+  const nn::GPT& last = *chunks_.back();
+  return last.stage().head ? last.wte->weight : Tensor();
+}
+
+void PipelineModel::to(Device device) { for (auto& c : chunks_) c->to(device); }
+void PipelineModel::train(bool on) { for (auto& c : chunks_) c->train(on); }
+void PipelineModel::set_recompute(nn::Recompute r) { for (auto& c : chunks_) c->set_recompute(r); }
+void PipelineModel::zero_grad() { for (auto& c : chunks_) c->zero_grad(); }
+
+void PipelineModel::set_dropout(uint64_t step, int64_t first_sample) {
+  for (auto& c : chunks_) {
+    c->dropout_context().step = step;
+    c->dropout_context().first_sample = first_sample;
+  }
+}
+
+int64_t PipelineModel::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& c : chunks_) n += c->num_parameters();
+  if (last_stage()) n -= head_wte().numel();  // the first stage counts wte
+  return int64_t(sum_over(pp_group(), double(n)));
+}
+
+double PipelineModel::flops_per_token(int64_t T) const {
+  // nanoGPT's 6·N + 12·L·C·T (nn::GPT::flops_per_token) with N the whole model's parameters without wpe.
+  const nn::GPTConfig& c = config();
+  const double n = double(num_parameters() - c.block_size * c.n_embd);
+  return 6.0 * n + 12.0 * double(c.n_layer) * double(c.n_embd) * double(T);
+}
+
+// ---- gradient synchronisation ----
+
+PipelineSync::PipelineSync(PipelineModel& pipe, const dist::Topology& topology) : pipe_(pipe), topology_(topology) {}
+
+void PipelineSync::after_backward() {
+  auto t0 = std::chrono::steady_clock::now();
+  if (dist::ProcessGroup* emb = topology_.embedding_group()) {
+    // The first stage's wte gradient comes from the embedding, the last stage's from the head: both need the sum.
+    Tensor wte = pipe_.first_stage() ? pipe_.chunks().front()->wte->weight : pipe_.head_wte();
+    Tensor g = wte.grad();
+    emb->all_reduce(g, dist::ReduceOp::kSum)->wait();
+  }
+  dist::ProcessGroup& dp = topology_.dp_group();
+  if (dp.size() > 1)
+    for (Tensor& p : pipe_.parameters()) {
+      Tensor g = p.grad();
+      dp.all_reduce(g, dist::ReduceOp::kAvg)->wait();
+    }
+  stats_.comm_ms = stats_.exposed_comm_ms = elapsed_ms(t0);
+}
+
+double PipelineSync::grad_norm_squared(const std::vector<Tensor>& params) {
+  std::vector<Tensor> counted;
+  Tensor skip = pipe_.last_stage() ? pipe_.head_wte() : Tensor();
+  for (const Tensor& p : params)
+    if (!skip.defined() || p.impl() != skip.impl()) counted.push_back(p);
+  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared(counted));
+}
+
+bool PipelineSync::combine_overflow(bool local) {
+  double any = max_over(topology_.dp_group(), local ? 1.0 : 0.0);
+  return max_over(topology_.model_parallel_group(), any) > 0;
+}
+
+// ---- the executor ----
+
+namespace {
+
+// One step's execution state on a rank: the tensors of every (micro, chunk) between its forward and its backward,
+// the posted receives and sends.
+struct Executor {
+  Executor(PipelineModel& p, const data::Batch& b, const StepOptions& opts) : pipe(p), batch(b), o(opts) {}
+  PipelineModel& pipe;
+  const data::Batch& batch;
+  const StepOptions& o;
+  int64_t micro = 0, T = 0;
+  double inv_targets = 1;
+  uint64_t step = 0;
+  int64_t first_sample = 0;
+  Device device;
+  // What crosses a stage boundary: a block's output, which under autocast is in the autocast dtype (as in one
+  // process, where the next block reads it), and its gradient in the same dtype.
+  DType wire = DType::f32;
+  struct Saved {
+    Tensor input;   // the received activation (a leaf requiring grad); undefined on chunk 0
+    Tensor output;  // the chunk's output, or the (scaled) loss on the last chunk
+  };
+  std::map<std::pair<int, int>, Saved> saved;  // (micro, chunk)
+  struct Posted {
+    Tensor buffer;
+    std::shared_ptr<dist::Work> work;
+  };
+  std::map<std::tuple<bool, int, int>, Posted> received;  // (gradient?, micro, chunk)
+  std::vector<std::pair<Tensor, std::shared_ptr<dist::Work>>> sends;
+  Tensor loss_sum;
+
+  const dist::PipelineSpec& spec() const { return pipe.spec(); }
+  bool is_last_chunk(int v) const { return pipe.global_chunk(v) == spec().chunks() - 1; }
+
+  Tensor take(bool grad, int m, int v) {
+    auto it = received.find({grad, m, v});
+    MINIDL_ASSERT(it != received.end(), "pipeline: no receive posted for ", grad ? "gradient" : "activation",
+                  " m=", m, " v=", v, " (the schedule was validated)");
+    it->second.work->wait();
+    Tensor t = it->second.buffer;
+    received.erase(it);
+    return t;
+  }
+
+  void select_micro_batch(int m) { pipe.set_dropout(step, first_sample + m * micro); }
+
+  void run(const Action& a) {
+    dist::ProcessGroup& pg = pipe.pp_group();
+    const int tag = a.peer >= 0 ? dist::message_tag(spec(), a, pipe.rank()) : 0;
+    const int64_t C = pipe.config().n_embd;
+    switch (a.kind) {
+      case ActionKind::kRecvActivation:
+      case ActionKind::kRecvGrad: {
+        Posted p{Tensor::empty({micro, T, C}, wire, device), nullptr};
+        p.work = pg.recv(p.buffer, a.peer, tag);
+        received[{a.kind == ActionKind::kRecvGrad, a.micro, a.chunk}] = p;
+        break;
+      }
+      case ActionKind::kForward: {
+        nn::GPT& chunk = *pipe.chunks()[size_t(a.chunk)];
+        // Micro-batch m's dropout masks are those of its samples in one big batch (a recomputation in backward
+        // pins the context it saw here: nn/gpt.cpp).
+        select_micro_batch(a.micro);
+        Saved s;
+        Tensor x;
+        if (pipe.global_chunk(a.chunk) == 0) {
+          x = chunk.embed(batch.x.narrow(0, a.micro * micro, micro).to(device));
+        } else {
+          s.input = take(false, a.micro, a.chunk);
+          s.input.set_requires_grad(true);
+          x = s.input;
+        }
+        Tensor y = chunk.blocks(chunk.stage().first_block, chunk.stage().last_block, x);
+        if (is_last_chunk(a.chunk)) {
+          Tensor targets = batch.y.narrow(0, a.micro * micro, micro).to(device);
+          Tensor loss = mul(chunk.head_loss(y, targets, Reduction::kSum), inv_targets);
+          loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
+          y = o.scaler ? o.scaler->scale(loss) : loss;
+        } else {
+          MINIDL_ASSERT(y.dtype() == wire, "pipeline: expected a ", wire, " activation between stages, got ",
+                        y.dtype());
+        }
+        s.output = y;
+        saved[{a.micro, a.chunk}] = s;
+        break;
+      }
+      case ActionKind::kSendActivation: {
+        Tensor y = saved.at({a.micro, a.chunk}).output.detach().contiguous();
+        sends.push_back({y, pg.send(y, a.peer, tag)});
+        break;
+      }
+      case ActionKind::kBackward: {
+        auto it = saved.find({a.micro, a.chunk});
+        Saved s = it->second;
+        saved.erase(it);
+        if (is_last_chunk(a.chunk)) s.output.backward();
+        else s.output.backward(take(true, a.micro, a.chunk));
+        if (s.input.defined()) saved[{a.micro, a.chunk}] = Saved{s.input, Tensor()};  // its gradient, to send
+        break;
+      }
+      case ActionKind::kSendGrad: {
+        auto it = saved.find({a.micro, a.chunk});
+        Tensor g = it->second.input.grad().contiguous();
+        MINIDL_ASSERT(g.dtype() == wire, "pipeline: expected a ", wire, " gradient between stages, got ", g.dtype());
+        saved.erase(it);
+        sends.push_back({g, pg.send(g, a.peer, tag)});
+        break;
+      }
+      case ActionKind::kOptimizerStep:
+        for (auto& s : sends) s.second->wait();
+        sends.clear();
+        break;
+    }
+  }
+};
+
+}  // namespace
+
+double pipeline_forward_backward(PipelineModel& pipe, const data::Batch& batch, const StepOptions& o) {
+  const dist::PipelineSpec& spec = pipe.spec();
+  const int64_t rows = batch.x.size(0), M = spec.micro_batches;
+  MINIDL_CHECK(rows % M == 0, "pipeline: a batch of ", rows, " sequences does not split into --micro-batches ", M,
+               " equal micro-batches");
+  MINIDL_CHECK(o.amp == DType::f32 || ops::is_half(o.amp), "pipeline: amp must be f32 (off), bf16 or f16, got ",
+               o.amp);
+  Executor ex(pipe, batch, o);
+  ex.micro = rows / M;
+  ex.T = batch.x.size(1);
+  ex.inv_targets = 1.0 / double(std::max<int64_t>(1, count_targets(batch.y)));
+  ex.step = pipe.dropout_step();
+  ex.first_sample = pipe.dropout_first_sample();
+  ex.device = pipe.parameters().front().device();
+  ex.wire = o.amp;
+  {
+    MemoryTagGuard tag(MemTag::kActivations);
+    // One guard over the whole schedule: the 16-bit weight copies are made once per step (autograd/autocast.h).
+    std::optional<autograd::AutocastGuard> autocast;
+    if (o.amp != DType::f32) autocast.emplace(o.amp);
+    for (const Action& a : pipe.schedule().ranks[size_t(pipe.rank())]) ex.run(a);
+    if (o.grad_sync) o.grad_sync->after_backward();
+  }
+  pipe.set_dropout(ex.step + 1, ex.first_sample);
+  return pipe.last_stage() ? ex.loss_sum.item() : 0.0;
+}
+
+StepResult pipeline_train_step(PipelineModel& pipe, optim::Optimizer& optimizer, const data::Batch& batch,
+                               const StepOptions& o) {
+  StepResult r;
+  r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
+  // The loss exists on the last stage: share it (zeros elsewhere, so the sum is exact).
+  r.loss = sum_over(pipe.pp_group(), pipeline_forward_backward(pipe, batch, o));
+
+  std::vector<Tensor> params = o.grad_sync ? o.grad_sync->owned_params(pipe.parameters()) : pipe.parameters();
+  if (o.scaler && o.grad_sync)
+    o.scaler->combine_overflow = [sync = o.grad_sync](bool local) { return sync->combine_overflow(local); };
+  bool overflow = o.scaler && o.scaler->unscale_and_check(params);
+  r.grad_norm = overflow ? INFINITY
+                         : std::sqrt(o.grad_sync ? o.grad_sync->grad_norm_squared(params)
+                                                 : optim::grad_norm_squared(params));
+  if (o.grad_clip > 0 && !overflow) {
+    double factor = optim::clip_factor(r.grad_norm, o.grad_clip);
+    if (factor < 1.0) optim::scale_grads(params, factor);
+  }
+  optimizer.set_lr(o.lr);
+  if (o.scaler) {
+    optim::ScalerStep s = o.scaler->step(optimizer);
+    r.applied = s.applied;
+    r.skip_reason = s.reason;
+  } else {
+    optimizer.step();
+  }
+  if (o.grad_sync) o.grad_sync->after_step();
+  optimizer.zero_grad();
+  return r;
+}
+
+double pipeline_evaluate(PipelineModel& pipe, const data::Batch& windows, int64_t batch) {
+  autograd::NoGradGuard no_grad;
+  MemoryTagGuard tag(MemTag::kActivations);
+  pipe.train(false);
+  const dist::Topology& topo = pipe.topology();
+  dist::ProcessGroup& pp = pipe.pp_group();
+  dist::ProcessGroup& dp = topo.dp_group();
+  const dist::PipelineSpec& spec = pipe.spec();
+  const int p = spec.stages, C = spec.chunks();
+  const Device device = pipe.parameters().front().device();
+  const int64_t n = windows.x.size(0), batches = (n + batch - 1) / batch, width = pipe.config().n_embd;
+  std::vector<double> sums(size_t(batches), 0.0);
+  for (int64_t i = dp.rank(); i < batches; i += dp.size()) {
+    const int64_t b = i * batch, m = std::min(batch, n - b), T = windows.x.size(1);
+    // The chunks in global order: a single chain, so blocking sends and receives cannot deadlock.
+    Tensor x;
+    for (int c = 0; c < C; ++c) {
+      if (c % p != pipe.rank()) continue;
+      nn::GPT& chunk = *pipe.chunks()[size_t(c / p)];
+      if (c == 0) {
+        x = chunk.embed(windows.x.narrow(0, b, m).to(device));
+      } else {
+        x = Tensor::empty({m, T, width}, DType::f32, device);
+        pp.recv(x, (c - 1) % p, 0)->wait();
+      }
+      x = chunk.blocks(chunk.stage().first_block, chunk.stage().last_block, x);
+      if (c == C - 1) {
+        Tensor loss = chunk.head_loss(x, windows.y.narrow(0, b, m).to(device));
+        sums[size_t(i)] = loss.item() * double(m);
+      } else {
+        x = x.contiguous();
+        pp.send(x, (c + 1) % p, 0)->wait();
+      }
+    }
+  }
+  // Batch i's sum on the one rank that computed it (last stage of dp rank i mod dp), zeros elsewhere: exact sums.
+  Tensor all = Tensor::from_vector(sums, {batches}, DType::f64).to(pp.device());
+  if (pp.size() > 1) pp.all_reduce(all, dist::ReduceOp::kSum)->wait();
+  if (dp.size() > 1) dp.all_reduce(all, dist::ReduceOp::kSum)->wait();
+  double total = 0;
+  for (double s : all.to_vector()) total += s;
+  pipe.train(true);
+  return total / double(n);
+}
+
+}  // namespace minidl::train

@@ -1,0 +1,89 @@
+#include "train/trainer_pipeline.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace minidl::train {
+
+dist::PipelineSpec pipeline_spec(const TrainConfig& c) {
+  dist::PipelineSpec spec{dist::parse_schedule_kind(c.schedule), c.pp, int(c.micro_batches_or_default()),
+                          c.virtual_stages};
+  spec.validate();
+  return spec;
+}
+
+std::vector<int64_t> pipeline_starts(const TrainConfig& c, const nn::GPTConfig& m) {
+  const int chunks = c.pp * c.virtual_stages;
+  if (!c.pp_layers.empty()) return dist::parse_layer_split(c.pp_layers, m.n_layer, chunks);
+  // Parameters of one block (c_attn, c_proj, c_fc, c_proj and two LayerNorms), of the embeddings (wte, wpe) on the
+  // first chunk and of ln_f plus the head (the tied wte again: the head's matmul is as much work) on the last.
+  const int64_t C = m.n_embd, block = 12 * C * C + (m.bias ? 13 : 2) * C;
+  return dist::split_layers(m.n_layer, chunks, block, m.vocab_size * C + m.block_size * C,
+                            (m.bias ? 2 : 1) * C + m.vocab_size * C);
+}
+
+void validate_pipeline(const TrainConfig& c, int d) {
+  if (c.pp == 1) {
+    MINIDL_CHECK(c.micro_batches == 0, "--micro-batches needs --pp > 1 (one stage accumulates with --grad-accum)");
+    MINIDL_CHECK(c.virtual_stages == 1, "--virtual-stages needs --pp > 1 and --schedule interleaved");
+    MINIDL_CHECK(c.pp_layers.empty(), "--pp-layers needs --pp > 1");
+    dist::parse_schedule_kind(c.schedule);
+    return;
+  }
+  MINIDL_CHECK(c.tp == 1, "--tp ", c.tp, " with --pp ", c.pp, ": tensor and pipeline parallelism together are not "
+               "implemented yet; use one of them");
+  MINIDL_CHECK(c.zero == 0, "--zero ", c.zero, " with --pp ", c.pp, ": ZeRO over a pipeline's data-parallel ranks is "
+               "not implemented yet; use --zero 0 (DDP)");
+  MINIDL_CHECK(c.grad_accum == 1, "--grad-accum ", c.grad_accum, " with --pp ", c.pp, ": a pipeline accumulates over "
+               "its micro-batches; use --micro-batches instead");
+  MINIDL_CHECK(c.micro_batches >= 0, "--micro-batches: expected a positive count, got ", c.micro_batches);
+  MINIDL_CHECK(c.virtual_stages >= 1, "--virtual-stages: expected at least 1, got ", c.virtual_stages);
+  pipeline_spec(c);
+  const int64_t M = c.micro_batches_or_default();
+  MINIDL_CHECK(c.batch % (int64_t(d) * M) == 0, "--batch ", c.batch, " does not split into ", d,
+               " data-parallel rank(s) x ", M, " micro-batches",
+               c.micro_batches ? "" : " (--micro-batches default: --pp)",
+               " of equal size: --batch must be a multiple of ", int64_t(d) * M);
+  const int64_t layers = c.layers_or_default(), chunks = int64_t(c.pp) * c.virtual_stages;
+  MINIDL_CHECK(layers >= chunks, "--pp ", c.pp, c.virtual_stages > 1 ? " x --virtual-stages " +
+               std::to_string(c.virtual_stages) : std::string(), " = ", chunks, " pipeline stages but the model has "
+               "only ", layers, " blocks (--layers): every stage needs at least one block");
+  if (!c.pp_layers.empty()) dist::parse_layer_split(c.pp_layers, layers, int(chunks));
+  const char* missing = !c.save.empty() ? "--save" : !c.init_from.empty() ? "--init-from"
+                        : !c.checkpoint_dir.empty() ? "--checkpoint-dir" : !c.resume.empty() ? "--resume"
+                        : c.sample > 0 ? "--sample" : nullptr;
+  MINIDL_CHECK(!missing, missing ? missing : "", " with --pp ", c.pp, ": saving, loading and sampling a model split "
+               "into pipeline stages are not implemented yet");
+}
+
+std::string pipeline_note(const TrainConfig& c, const std::vector<int64_t>& starts) {
+  dist::PipelineSpec spec = pipeline_spec(c);
+  dist::SimResult sim = dist::simulate(dist::make_schedule(spec));
+  std::string blocks;
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    if (i) blocks += ',';
+    blocks += std::to_string(starts[i + 1] - starts[i]);
+  }
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "pipeline: schedule %s, %d micro-batches, %d chunk(s) per rank, blocks per chunk %s; "
+                "simulated bubble %.1f%% (formula %.1f%%)",
+                dist::schedule_kind_name(spec.kind), spec.micro_batches, spec.virtual_stages, blocks.c_str(),
+                100 * sim.bubble_fraction(), 100 * dist::bubble_formula(spec));
+  return line;
+}
+
+}  // namespace minidl::train
+
+namespace minidl::train {
+
+std::string describe_pipeline(const TrainConfig& c) {
+  MINIDL_CHECK(c.pp > 1, "--print-schedule needs --pp > 1, got --pp ", c.pp);
+  nn::GPTConfig m{.vocab_size = 65, .block_size = c.seq_or_default(), .n_layer = c.layers_or_default(),
+                  .n_head = c.heads_or_default(), .n_embd = c.embd_or_default()};
+  return pipeline_note(c, pipeline_starts(c, m)) + " (vocab 65 assumed for the split)\n" +
+         dist::draw_schedule(dist::make_schedule(pipeline_spec(c)));
+}
+
+}  // namespace minidl::train
