@@ -7,7 +7,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "core/memory.h"
-#include "ops/dropout.h"
+#include "dist/sequence_parallel.h"
 #include "ops/embedding.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
@@ -28,21 +28,6 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::atomic<int64_t> all_reduce_bytes{0}, all_gather_bytes{0}, reduce_scatter_bytes{0};
 
-void all_reduce(Tensor& t, ProcessGroup& group, ReduceOp op) {
-  all_reduce_bytes += int64_t(t.nbytes());
-  group.all_reduce(t, op)->wait();
-}
-
-void all_gather(Tensor& out, const Tensor& in, ProcessGroup& group) {
-  all_gather_bytes += int64_t(out.nbytes());
-  group.all_gather(out, in)->wait();
-}
-
-void reduce_scatter(Tensor& out, const Tensor& in, ProcessGroup& group) {
-  reduce_scatter_bytes += int64_t(in.nbytes());
-  group.reduce_scatter(out, in, ReduceOp::kSum)->wait();
-}
-
 }  // namespace
 
 TensorParallelTraffic tensor_parallel_traffic() {
@@ -50,6 +35,21 @@ TensorParallelTraffic tensor_parallel_traffic() {
 }
 
 void reset_tensor_parallel_traffic() { all_reduce_bytes = all_gather_bytes = reduce_scatter_bytes = 0; }
+
+void counted_all_reduce(Tensor& tensor, ProcessGroup& group, ReduceOp op) {
+  all_reduce_bytes += int64_t(tensor.nbytes());
+  group.all_reduce(tensor, op)->wait();
+}
+
+void counted_all_gather(Tensor& output, const Tensor& input, ProcessGroup& group) {
+  all_gather_bytes += int64_t(output.nbytes());
+  group.all_gather(output, input)->wait();
+}
+
+void counted_reduce_scatter(Tensor& output, const Tensor& input, ProcessGroup& group) {
+  reduce_scatter_bytes += int64_t(input.nbytes());
+  group.reduce_scatter(output, input, ReduceOp::kSum)->wait();
+}
 
 void all_reduce_sum(const std::vector<Tensor>& tensors, ProcessGroup& group) {
   if (group.size() == 1 || tensors.empty()) return;
@@ -62,7 +62,7 @@ void all_reduce_sum(const std::vector<Tensor>& tensors, ProcessGroup& group) {
     dst.copy_(t.reshape({t.numel()}));
     at += t.numel();
   }
-  all_reduce(flat, group, ReduceOp::kSum);
+  counted_all_reduce(flat, group, ReduceOp::kSum);
   at = 0;
   for (Tensor t : tensors) {
     t.copy_(flat.narrow(0, at, t.numel()).reshape(t.shape()));
@@ -75,7 +75,7 @@ Tensor copy_to_tensor_parallel(const Tensor& x, ProcessGroup& group) {
   ProcessGroup* g = &group;
   return autograd::record("TensorParallelCopy", {x}, x.detach(), [g](const Tensor& gy) {
     Tensor sum = copy_of(gy);
-    all_reduce(sum, *g, ReduceOp::kSum);
+    counted_all_reduce(sum, *g, ReduceOp::kSum);
     return std::vector<Tensor>{sum};
   });
 }
@@ -83,7 +83,7 @@ Tensor copy_to_tensor_parallel(const Tensor& x, ProcessGroup& group) {
 Tensor reduce_from_tensor_parallel(const Tensor& x, ProcessGroup& group) {
   if (group.size() == 1) return x;
   Tensor y = copy_of(x);
-  all_reduce(y, group, ReduceOp::kSum);
+  counted_all_reduce(y, group, ReduceOp::kSum);
   return autograd::record("TensorParallelReduce", {x}, y, [](const Tensor& gy) { return std::vector<Tensor>{gy}; });
 }
 
@@ -96,7 +96,7 @@ Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group) {
   {
     autograd::NoGradGuard no_grad;
     Tensor flat = Tensor::empty({int64_t(n) * x.numel()}, x.dtype(), x.device());
-    all_gather(flat, copy_of(x), group);
+    counted_all_gather(flat, copy_of(x), group);
     // flat is (rank, rows, last); the result wants (rows, rank, last).
     out = flat.reshape({int64_t(n), rows, last}).transpose(0, 1).contiguous();
   }
@@ -107,117 +107,6 @@ Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group) {
   return autograd::record("TensorParallelGather", {x}, out, [=](const Tensor& gy) {
     Tensor mine = gy.reshape({rows, int64_t(n), last}).narrow(1, rank, 1).contiguous().reshape(x_shape);
     return std::vector<Tensor>{mine};
-  });
-}
-
-// ---- sequence parallelism ----
-
-namespace {
-
-// The collectives work on flat contiguous chunks; a chunk of the sequence of (B, T, C) is not one, of (T, B, C) it
-// is. Raw (no autograd): the autograd functions below call them forward and backward.
-Tensor sequence_all_gather(const Tensor& x, ProcessGroup& group) {
-  MINIDL_CHECK(x.dim() == 3, "sequence parallelism: expected (B, T, C), got ", x.shape());
-  const int64_t n = group.size(), B = x.size(0), Tr = x.size(1), C = x.size(2);
-  Tensor whole = Tensor::empty({n * Tr, B, C}, x.dtype(), x.device());
-  all_gather(whole, x.transpose(0, 1).contiguous(), group);
-  return whole.transpose(0, 1).contiguous();
-}
-
-Tensor sequence_reduce_scatter(const Tensor& x, ProcessGroup& group) {
-  MINIDL_CHECK(x.dim() == 3, "sequence parallelism: expected (B, T, C), got ", x.shape());
-  const int64_t n = group.size(), B = x.size(0), T = x.size(1), C = x.size(2);
-  MINIDL_CHECK(T % n == 0, "sequence parallelism: the sequence length T = ", T, " must be a multiple of --tp ", n);
-  Tensor mine = Tensor::empty({T / n, B, C}, x.dtype(), x.device());
-  reduce_scatter(mine, x.transpose(0, 1).contiguous(), group);
-  return mine.transpose(0, 1).contiguous();
-}
-
-}  // namespace
-
-Tensor reduce_scatter_to_sequence_parallel(const Tensor& x, ProcessGroup& group) {
-  if (group.size() == 1) return x;
-  ProcessGroup* g = &group;
-  Tensor y;
-  {
-    autograd::NoGradGuard raw;
-    y = sequence_reduce_scatter(x, group);
-  }
-  return autograd::record("SequenceParallelReduceScatter", {x}, y, [g](const Tensor& gy) {
-    return std::vector<Tensor>{sequence_all_gather(gy, *g)};
-  });
-}
-
-Tensor gather_from_sequence_parallel(const Tensor& x, ProcessGroup& group) {
-  if (group.size() == 1) return x;
-  ProcessGroup* g = &group;
-  Tensor y;
-  {
-    autograd::NoGradGuard raw;
-    y = sequence_all_gather(x, group);
-  }
-  return autograd::record("SequenceParallelAllGather", {x}, y, [g](const Tensor& gy) {
-    return std::vector<Tensor>{sequence_reduce_scatter(gy, *g)};
-  });
-}
-
-Tensor sequence_parallel_linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
-                                ProcessGroup& group) {
-  if (group.size() == 1) return linear(x_in, weight_in, bias_in);
-  // The operands autocast would give linear(): their casts are recorded, so the gradients flow back through them.
-  const Tensor x = autograd::autocast_to_half(x_in), weight = autograd::autocast_to_half(weight_in);
-  const Tensor bias = bias_in.defined() ? autograd::autocast_to_half(bias_in) : Tensor();
-  const Tensor xd = x.detach(), wd = weight.detach();
-  Tensor out;
-  {
-    autograd::NoGradGuard raw;
-    out = ops::linear(sequence_all_gather(xd, group), wd, bias.defined() ? bias.detach() : Tensor());
-  }
-  ProcessGroup* g = &group;
-  const bool has_bias = bias.defined();
-  return autograd::record("SequenceParallelLinear", {x, weight, bias}, out, [=](const Tensor& gy) {
-    const int64_t in = wd.size(0), outs = wd.size(1);
-    Tensor g2 = gy.contiguous().reshape({-1, outs});
-    Tensor whole = sequence_all_gather(xd, *g);  // again: forward kept only this rank's positions
-    Tensor gw = ops::matmul(whole.reshape({-1, in}), g2, true, false);
-    Tensor gb = has_bias ? ops::sum(g2, 0) : Tensor();
-    Tensor gx = sequence_reduce_scatter(ops::matmul(g2, wd, false, true).reshape(whole.shape()), *g);
-    return std::vector<Tensor>{gx, gw, gb};
-  });
-}
-
-Tensor sequence_parallel_dropout(const nn::Dropout& dropout, const nn::DropoutContext& ctx, const Tensor& x,
-                                 ProcessGroup& group) {
-  if (!dropout.is_training() || dropout.p() == 0.0) return x;
-  MINIDL_CHECK(x.dim() == 3, "sequence_parallel_dropout: expected (B, T / tp, C), got ", x.shape());
-  const int64_t B = x.size(0), Tr = x.size(1), C = x.size(2), T = Tr * group.size();
-  const int64_t first_position = int64_t(group.rank()) * Tr;
-  // Sample b's positions are one contiguous run of Tr * C elements in x and in the one-process activation.
-  std::vector<uint64_t> offsets(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t first_element = ((ctx.first_sample + b) * T + first_position) * C;
-    MINIDL_CHECK(first_element % 4 == 0, "sequence parallel dropout: a sequence slice begins at element ",
-                 first_element, ", not a multiple of 4; use a model whose n_embd is a multiple of 4");
-    offsets[size_t(b)] = ctx.step * nn::DropoutContext::kOffsetsPerStep + uint64_t(first_element / 4);
-  }
-  const double p = dropout.p();
-  const uint64_t seed = ctx.seed, stream = dropout.stream();
-  // y = x * mask / (1 - p) is linear in x: backward applies the same masks to the gradient.
-  auto apply = [=](const Tensor& in) {
-    Tensor src = in.contiguous(), out = Tensor::empty(in.shape(), in.dtype(), in.device());
-    for (int64_t b = 0; b < B; ++b) {
-      Tensor dst = out.narrow(0, b, 1);
-      dst.copy_(ops::dropout(src.narrow(0, b, 1), p, seed, stream, offsets[size_t(b)]));
-    }
-    return out;
-  };
-  Tensor y;
-  {
-    autograd::NoGradGuard raw;
-    y = apply(x);
-  }
-  return autograd::record("SequenceParallelDropout", {x}, y, [apply](const Tensor& gy) {
-    return std::vector<Tensor>{apply(gy)};
   });
 }
 
@@ -415,7 +304,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
   {
     autograd::NoGradGuard no_grad;
     m = copy_of(max(z.detach(), 1, /*keepdim=*/true));  // (N, 1)
-    if (group.size() > 1) all_reduce(m, group, ReduceOp::kMax);
+    if (group.size() > 1) counted_all_reduce(m, group, ReduceOp::kMax);
   }
   // S = sum over the vocabulary of exp(z - m); padded columns are exp(-inf) = 0.
   Tensor S = reduce_from_tensor_parallel(sum(exp(sub(z, m)), 1), group);  // (N)

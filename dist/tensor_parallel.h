@@ -21,6 +21,9 @@
 // before and one g after each pair, so a transformer block costs two all-reduces forward and two backward, and the
 // activation between the two layers (heads, the 4C hidden units) never moves.
 //
+// Sequence parallelism (the residual stream split along the sequence between these layers) is in
+// dist/sequence_parallel.h; the layers below switch to it with their sequence_parallel flags.
+//
 // Every rank starts from the one-process weights: ShardLayout says which part of a whole parameter a rank holds,
 // and is used for initialisation (by global element index, nn::init_normal_slice), for loading a whole checkpoint,
 // and for gathering the whole parameter back to save it.
@@ -48,6 +51,11 @@ struct TensorParallelTraffic {
 TensorParallelTraffic tensor_parallel_traffic();
 void reset_tensor_parallel_traffic();
 
+// The blocking collectives tensor and sequence parallelism issue, each counted in tensor_parallel_traffic().
+void counted_all_reduce(Tensor& tensor, ProcessGroup& group, ReduceOp op);
+void counted_all_gather(Tensor& output, const Tensor& input, ProcessGroup& group);
+void counted_reduce_scatter(Tensor& output, const Tensor& input, ProcessGroup& group);  // sum
+
 // Sums every tensor over the group in place, through one flat buffer (the replicated parameters' partial gradients
 // under sequence parallelism). Tensors of one dtype and device.
 void all_reduce_sum(const std::vector<Tensor>& tensors, ProcessGroup& group);
@@ -60,30 +68,6 @@ Tensor reduce_from_tensor_parallel(const Tensor& x, ProcessGroup& group);
 // Backward: each rank keeps its own slice of the gradient. (Only for outputs that must be whole, like the logits a
 // sampler reads; training never gathers.)
 Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group);
-
-// Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"):
-// between the tensor-parallel regions the residual stream is split along the sequence, (B, T / tp, C) per rank,
-// so LayerNorm, dropout and the residual adds run on 1/tp of the positions and their activations take 1/tp of the
-// memory. An all-reduce is a reduce-scatter followed by an all-gather, so the same bytes move:
-//   before a column-parallel layer, the all-gather along T that rebuilds the whole sequence replaces f (backward:
-//   the gradients of the whole sequence are summed over ranks, each keeping its positions: a reduce-scatter);
-//   after a row-parallel layer, a reduce-scatter along T replaces g's all-reduce (backward: an all-gather).
-// Parameters used on the sequence slice (LayerNorms, wpe, the row-parallel biases) now see only this rank's
-// positions, so their gradients are partial sums that must be all-reduced over the group (TensorParallelSync).
-// x: (B, T, C), a partial sum on each rank -> (B, T / tp, C): positions [rank * T / tp, ...) of the sum.
-Tensor reduce_scatter_to_sequence_parallel(const Tensor& x, ProcessGroup& group);
-// x: (B, T / tp, C), this rank's positions -> (B, T, C), the whole sequence on every rank.
-Tensor gather_from_sequence_parallel(const Tensor& x, ProcessGroup& group);
-// x (B, T / tp, in) gathered along the sequence, then @ weight + bias: what a column-parallel layer computes under
-// sequence parallelism, as one autograd node that keeps only this rank's x (1/tp of the gathered input) and
-// gathers it again in backward, as Megatron-LM does: saving the gathered input would keep a whole-sequence
-// activation per column-parallel layer, most of what sequence parallelism saves. Backward: the weight's gradient
-// from the re-gathered input, the input's by a reduce-scatter of gy @ weight^T.
-Tensor sequence_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, ProcessGroup& group);
-// Dropout of this rank's positions x: (B, T / tp, C) with exactly the masks one process draws for them (per
-// sample, the run of positions starts at Philox element ((first_sample + b) * T + rank * T / tp) * C of the step).
-Tensor sequence_parallel_dropout(const nn::Dropout& dropout, const nn::DropoutContext& ctx, const Tensor& x,
-                                 ProcessGroup& group);
 
 // Which part of a whole parameter of shape full_shape one rank holds. The split dimension `dim` is cut into
 // `parts` equal parts (c_attn: 3, for q, k and v), and each part into `ranks` slices of ceil(part / ranks); rank r

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/sequence_parallel.h"
 #include "dist/tensor_parallel.h"
 #include "nn/gpt.h"
 #include "nn/safetensors.h"
@@ -44,7 +45,7 @@ class TensorParallelGPT : public nn::GPT {
  public:
   // The whole model (no pipeline stage), split over `group`. Throws unless group.size() divides n_head.
   // sequence_parallel: the residual stream between the parallel layers is split along the sequence (see
-  // dist/tensor_parallel.h): blocks(), head() and head_loss() take (B, T / tp, C), embed() returns it, and the
+  // dist/sequence_parallel.h): blocks(), head() and head_loss() take (B, T / tp, C), embed() returns it, and the
   // sequence length must be a multiple of the group size; loss() and forward() are unchanged.
   TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, ProcessGroup& group, bool sequence_parallel = false);
 

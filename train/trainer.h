@@ -52,7 +52,7 @@ struct TrainConfig {
   // (a fresh start when there is none), so the same command line restarts a job after any crash.
   std::string resume;
   int dp = 0, tp = 1, pp = 1;       // dp 0: the world size / (tp · pp)
-  // tp > 1: the residual stream between the tensor-parallel layers split along the sequence (dist/tensor_parallel.h)
+  // tp > 1: the residual stream between the tensor-parallel layers split along the sequence (dist/sequence_parallel.h)
   bool sequence_parallel = false;
   // Pipeline parallelism (pp > 1; train/pipeline_step.h): micro-batches per step (0: pp), the schedule (gpipe,
   // 1f1b, interleaved), model chunks per rank (interleaved), blocks per chunk ("2,2,...", empty: split by parameter
