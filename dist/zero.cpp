@@ -72,6 +72,7 @@ ZeroDataParallel::ZeroDataParallel(nn::Module& module, ProcessGroup& group, Zero
       piece.set_grad(flat_view(grad_shards_[b], begin - first, end - begin));
       shard_params_.push_back(piece);
       shard_owner_.push_back(spec.params[s]);
+      shard_pieces_.push_back({b, s, begin, end - begin});
     }
   }
 }
