@@ -33,7 +33,7 @@ ZeroDataParallel::ZeroDataParallel(nn::Module& module, ProcessGroup& group, Zero
                },
                reducer_options(options)) {
   MINIDL_CHECK(options.stage == 1 || options.stage == 2, "ZeRO: expected stage 1 or 2, got ", options.stage,
-               " (stage 3 is not implemented)");
+               " (stage 3 is dist::ZeroStage3)");
   if (options.broadcast_at_start) {
     for (auto& [name, p] : module.named_parameters()) group.broadcast(p, 0)->wait();
     for (auto& [name, t] : module.named_buffers()) group.broadcast(t, 0)->wait();

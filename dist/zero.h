@@ -1,7 +1,7 @@
 // ZeRO stages 1 and 2 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 // Models", 2020): data parallelism in which each of the N ranks of the group keeps the optimizer state (stage 1)
 // and also the reduced gradients (stage 2) of only its 1/N of the parameters. Every rank still holds every
-// parameter (stage 3, which shards those too, is not implemented).
+// parameter (stage 3, which shards those too, is dist/zero3.h).
 //
 //   dist::ZeroDataParallel zero(model, topology.dp_group(), {.stage = 2});      // broadcasts rank 0's weights
 //   optim::AdamW opt(zero.shard_groups(optim::decay_groups(model.named_parameters(), 0.1)), {.lr = 1e-3});
