@@ -12,11 +12,16 @@
 // same run, and %ceil the step's GFLOP/s against it. With --device cuda it also prints the CUDA backend's counters
 // per timed step (cuda::counters()): kernel launches, host synchronisations, bytes copied each way and cudaMalloc
 // calls, the bench's own synchronize excluded.
+//
+// Data parallelism (weak scaling: --batch sequences on every rank), DDP or ZeRO over all ranks:
+//   mpirun -n 2 --bind-to none build/bin/bench_gpt_step ... --threads 1 --zero 2   # --zero 0 is DDP
+// Rank 0 prints its own ms/step, tokens/s and GFLOP/s (every step ends in collectives, so its times are the job's).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include <optional>
@@ -27,11 +32,14 @@
 #include "core/device_backend.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "dist/init.h"
+#include "dist/topology.h"
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/step.h"
-#include "dist/init.h"
 #include "train/tp_sync.h"
+#include "train/zero3_sync.h"
+#include "train/zero_sync.h"
 #include "ops/matmul.h"
 #if defined(MINIDL_HAVE_CUDA_BACKEND)
 #include "core/cuda/cuda.h"
@@ -85,6 +93,8 @@ struct StepCounters {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dist::Context ctx = dist::init(argc, argv);  // a plain process is a world of one
+  const bool speaks = ctx.rank() == 0;
   int64_t layers = 4, heads = 4, embd = 128, seq = 64, batch = 12, vocab = 65, steps = 20, warmup = 3;
   int threads = 0;
   int64_t grad_accum = 1;
@@ -96,12 +106,14 @@ int main(int argc, char** argv) {
   bool sequence_parallel = false;
   int pp = 1, micro_batches = 0, virtual_stages = 1;
   std::string schedule = "1f1b";
+  int zero = 0;
+  std::string backend = "mpi";
   CLI::App app{"Time GPT training steps with minidl (median over --steps after --warmup steps)."};
   app.add_option("--layers", layers, "Transformer blocks")->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->capture_default_str();
   app.add_option("--embd", embd, "Embedding width")->capture_default_str();
   app.add_option("--seq", seq, "Sequence length")->capture_default_str();
-  app.add_option("--batch", batch, "Sequences per step")->capture_default_str();
+  app.add_option("--batch", batch, "Sequences per step (per rank under mpirun)")->capture_default_str();
   app.add_option("--vocab", vocab, "Vocabulary size")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads; default: all cores");
   app.add_option("--steps", steps, "Timed steps")->capture_default_str();
@@ -117,6 +129,11 @@ int main(int argc, char** argv) {
                  "The GPU's dense peak TFLOP/s for MFU; default: from a table of NVIDIA GPUs by name");
   app.add_option("--tp", tp, "Tensor-parallel ranks (mpirun -n tp); must divide --heads")->capture_default_str();
   app.add_flag("--sequence-parallel", sequence_parallel, "With --tp: sequence parallelism");
+  app.add_option("--zero", zero, "Under mpirun: 0 (DDP), or ZeRO stage 1, 2 or 3 over all ranks; at one rank, 1-3 run "
+                 "the stage's code path with one shard")
+      ->capture_default_str();
+  app.add_option("--backend", backend, "Under mpirun: the collectives' backend, mpi or ring (CPU)")
+      ->capture_default_str();
   app.add_flag("--json", json, "Also print one JSON object as the last line");
   app.add_option("--pp", pp, "Pipeline stages (run under mpirun -n PP; CPU, f32/bf16)")->capture_default_str();
   app.add_option("--micro-batches", micro_batches, "With --pp: micro-batches per step (default: --pp)");
@@ -124,7 +141,6 @@ int main(int argc, char** argv) {
   app.add_option("--virtual-stages", virtual_stages, "With --schedule interleaved: chunks per rank")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  dist::Context ctx = dist::init(argc, argv);
   try {
     if (pp > 1) {
       MINIDL_CHECK(device_flag == "cpu" && amp != "fp16", "--pp: the pipeline bench runs on the CPU in f32 or bf16");
@@ -142,9 +158,10 @@ int main(int argc, char** argv) {
       b.json = json;
       return bench::run_pipeline_bench(ctx, b);
     }
-    MINIDL_CHECK(ctx.world_size() == tp, "--tp ", tp, " must equal the number of ranks (mpirun -n), got ",
-                 ctx.world_size());
+    MINIDL_CHECK(tp == 1 || (ctx.world_size() == tp && zero == 0), "--tp ", tp,
+                 " must equal the number of ranks (mpirun -n), got ", ctx.world_size(), ", and needs --zero 0");
     MINIDL_CHECK(heads % tp == 0, "--tp ", tp, " must divide --heads ", heads);
+    MINIDL_CHECK(zero >= 0 && zero <= 3, "--zero: expected 0, 1, 2 or 3, got ", zero);
     MINIDL_CHECK(steps >= 1 && warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ", steps, " and ", warmup);
     set_num_threads(threads > 0 ? threads : default_num_threads());
     MINIDL_CHECK(amp == "off" || amp == "bf16" || amp == "fp16", "--amp: expected off, bf16 or fp16, got '", amp,
@@ -152,14 +169,18 @@ int main(int argc, char** argv) {
     const Device device = train::select_device(device_flag);
     ops::set_allow_tf32(tf32);
     const nn::GPTConfig model_cfg{vocab, seq, layers, heads, embd, 0.0, true};
+    // --tp: every rank of the one tp group runs the same batch; otherwise each rank trains its own `batch`
+    // sequences (weak scaling) under DDP or ZeRO.
+    const int world = tp > 1 ? 1 : ctx.world_size();
+    const int data_rank = tp > 1 ? 0 : ctx.rank();
     std::unique_ptr<dist::Topology> topo;
     std::unique_ptr<nn::GPT> owned;
-    std::unique_ptr<train::GradSync> sync;
+    std::unique_ptr<train::GradSync> sync = std::make_unique<train::GradSync>();
     if (tp > 1) {
       topo = std::make_unique<dist::Topology>(ctx.world(), dist::Grid{1, tp, 1}, device.is_cpu() ? "mpi" : "nccl",
                                               device);
       auto split = std::make_unique<dist::TensorParallelGPT>(model_cfg, 1337, topo->tp_group(), sequence_parallel);
-      sync = std::make_unique<train::TensorParallelSync>(std::make_unique<train::GradSync>(), *split, *topo);
+      sync = std::make_unique<train::TensorParallelSync>(std::move(sync), *split, *topo);
       owned = std::move(split);
     } else {
       owned = std::make_unique<nn::GPT>(model_cfg, 1337);
@@ -170,21 +191,30 @@ int main(int argc, char** argv) {
     model.set_recompute(nn::parse_recompute(recompute));
     std::optional<optim::GradScaler> scaler;
     train::StepOptions options;
-    options.grad_sync = sync.get();
     options.grad_accum = grad_accum;
     options.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;
     if (amp == "fp16") options.scaler = &scaler.emplace();
-    optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-3});
-    std::vector<int32_t> tokens(size_t(batch * seq + 1) * 64);
+    if (tp == 1 && (world > 1 || zero > 0)) {
+      topo = std::make_unique<dist::Topology>(ctx.world(), dist::Grid{world, 1, 1}, backend, device);
+      if (zero == 3)
+        sync = std::make_unique<train::Zero3Sync>(model, *topo);
+      else if (zero > 0)
+        sync = std::make_unique<train::ZeroSync>(model, *topo, zero);
+      else
+        sync = std::make_unique<train::DDPSync>(model, *topo);
+    }
+    options.grad_sync = sync.get();
+    optim::AdamW opt(sync->optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {1e-3});
+    std::vector<int32_t> tokens(size_t(batch * world * seq + 1) * 64);
     Philox rng(7);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(rng.draw(i).x % uint32_t(vocab));
-    data::BatchSampler sampler(tokens, seq, batch, 1);
+    data::BatchSampler sampler(tokens, seq, batch * world, 1);
 
     std::vector<double> ms;
     StepCounters counted;
     ledger(device).reset_peaks();
     for (int64_t s = 0; s < warmup + steps; ++s) {
-      data::Batch b = sampler.batch(s);
+      data::Batch b = sampler.batch(s, data_rank * batch, batch);  // this rank's slice of the global batch
       auto t0 = std::chrono::steady_clock::now();
       if (s >= warmup) counted.begin();
       dist::reset_tensor_parallel_traffic();
@@ -194,7 +224,7 @@ int main(int argc, char** argv) {
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) ms.push_back(dt);
     }
-    if (ctx.rank() != 0) return 0;  // every rank timed the same steps; rank 0 reports
+    if (!speaks) return 0;
     std::sort(ms.begin(), ms.end());
     double median = ms[ms.size() / 2];
     double tokens_per_step = double(batch * seq);
@@ -205,11 +235,13 @@ int main(int argc, char** argv) {
     const std::string name = train::device_name(device);
     if (device.is_cuda() && peak_tflops <= 0) peak_tflops = train::gpu_peak_tflops(name, options.amp, tf32);
     const double mfu = peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0;
+    if (world > 1 || zero > 0) std::printf("ranks: %d, %s over %s\n", world, sync->name(), backend.c_str());
     std::printf("device: %s%s\n", name.c_str(),
                 device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str()
                                                     : "");
     const double peak_rss = train::peak_rss_mb();  // before the ceiling's own matrices
-    const double ceiling = device.is_cpu() && options.amp == DType::f32
+    // Not under mpirun: the other ranks, waiting in MPI_Finalize, would share the cores with the measurement.
+    const double ceiling = device.is_cpu() && options.amp == DType::f32 && ctx.world_size() == 1
                                ? bench::gpt_sgemm_ceiling_gflops({layers, embd, vocab, batch * seq}, num_threads())
                                : 0.0;
     std::printf("%-40s %8s %10s %9s %9s %10s %10s %7s %9s %6s\n", "config", "threads", "ms/step", "tokens/s",
@@ -234,12 +266,13 @@ int main(int argc, char** argv) {
     if (json)
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
                   "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
-                  "\"sgemm_ceiling_gflops\": %.2f%s}\n",
+                  "\"sgemm_ceiling_gflops\": %.2f, \"ranks\": %d, \"zero\": %d%s}\n",
                   median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(),
-                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling,
+                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling, world, zero,
                   device.is_cuda() ? counted.json_fields(steps).c_str() : "");
   } catch (const Error& e) {
-    std::fprintf(stderr, "bench_gpt_step: error: %s\n", e.what());
+    std::fprintf(stderr, "bench_gpt_step: error (rank %d): %s\n", ctx.rank(), e.what());
+    if (ctx.world_size() > 1) ctx.abort(2);  // the other ranks may wait in a collective
     return 2;
   }
   return 0;

@@ -33,7 +33,7 @@ ZeroDataParallel::ZeroDataParallel(nn::Module& module, ProcessGroup& group, Zero
                },
                reducer_options(options)) {
   MINIDL_CHECK(options.stage == 1 || options.stage == 2, "ZeRO: expected stage 1 or 2, got ", options.stage,
-               " (stage 3 is not implemented)");
+               " (stage 3 is dist::ZeroStage3)");
   if (options.broadcast_at_start) {
     for (auto& [name, p] : module.named_parameters()) group.broadcast(p, 0)->wait();
     for (auto& [name, t] : module.named_buffers()) group.broadcast(t, 0)->wait();
@@ -72,6 +72,7 @@ ZeroDataParallel::ZeroDataParallel(nn::Module& module, ProcessGroup& group, Zero
       piece.set_grad(flat_view(grad_shards_[b], begin - first, end - begin));
       shard_params_.push_back(piece);
       shard_owner_.push_back(spec.params[s]);
+      shard_pieces_.push_back({b, s, begin, end - begin});
     }
   }
 }

@@ -1,7 +1,7 @@
 // ZeRO stages 1 and 2 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 // Models", 2020): data parallelism in which each of the N ranks of the group keeps the optimizer state (stage 1)
 // and also the reduced gradients (stage 2) of only its 1/N of the parameters. Every rank still holds every
-// parameter (stage 3, which shards those too, is not implemented).
+// parameter (stage 3, which shards those too, is dist/zero3.h).
 //
 //   dist::ZeroDataParallel zero(model, topology.dp_group(), {.stage = 2});      // broadcasts rank 0's weights
 //   optim::AdamW opt(zero.shard_groups(optim::decay_groups(model.named_parameters(), 0.1)), {.lr = 1e-3});
@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "dist/reducer.h"
+#include "dist/zero_state.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 
@@ -73,6 +74,8 @@ class ZeroDataParallel {
   // This rank's shard of every bucket, cut at parameter boundaries (see above). Their .grad() hold the gradient
   // averaged over the group after a synchronising backward.
   const std::vector<Tensor>& shard_params() const { return shard_params_; }
+  // Where each shard parameter lies in its bucket (checkpoints: dist/zero_state.h).
+  const std::vector<ShardPiece>& shard_pieces() const { return shard_pieces_; }
   // `groups` (over the module's parameters) turned into groups over the shard parameters: each shard parameter
   // gets the weight decay of the parameter it is a piece of. Groups left empty on this rank are dropped.
   std::vector<optim::ParamGroup> shard_groups(const std::vector<optim::ParamGroup>& groups) const;
@@ -96,6 +99,7 @@ class ZeroDataParallel {
   std::vector<Tensor> grad_shards_;  // per bucket: P/N elements (stage 1: a view of the bucket buffer)
   std::vector<Tensor> shard_params_;
   std::vector<size_t> shard_owner_;  // shard parameter -> index into reducer_.params()
+  std::vector<ShardPiece> shard_pieces_;
   Reducer reducer_;
 };
 

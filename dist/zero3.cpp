@@ -124,6 +124,7 @@ ZeroStage3::ZeroStage3(nn::GPT& model, ProcessGroup& group, Zero3Options options
       piece.set_grad(flat_view(grad_shards_[b], begin - first, end - begin));
       shard_params_.push_back(piece);
       shard_owner_.push_back(spec.params[s]);
+      shard_pieces_.push_back({b, s, begin, end - begin});
     }
   }
   // Each block is freed once the last of its parameters' gradients is final.

@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "dist/reducer.h"
+#include "dist/zero_state.h"
 #include "nn/block_hooks.h"
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
@@ -94,6 +95,7 @@ class ZeroStage3 final : public nn::BlockHooks {
 
   // As ZeroDataParallel's: this rank's shard of every unit, cut at parameter boundaries.
   const std::vector<Tensor>& shard_params() const { return shard_params_; }
+  const std::vector<ShardPiece>& shard_pieces() const { return shard_pieces_; }
   std::vector<optim::ParamGroup> shard_groups(const std::vector<optim::ParamGroup>& groups) const;
   // After the optimizer step (or its skip): all-gathers the persistent unit. Blocks need nothing: their shards were
   // updated in place and are gathered when the blocks next run.
@@ -144,6 +146,7 @@ class ZeroStage3 final : public nn::BlockHooks {
   std::vector<Tensor> grad_shards_;  // per bucket: P/N elements
   std::vector<Tensor> shard_params_;
   std::vector<size_t> shard_owner_;  // shard parameter -> index into reducer_.params()
+  std::vector<ShardPiece> shard_pieces_;
   bool hold_ = false;
   int64_t block_gathers_ = 0;
   DType half_dtype_ = DType::f32;    // the 16-bit dtype of the half copies made so far

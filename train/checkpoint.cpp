@@ -48,19 +48,31 @@ std::string checkpoint_name(int64_t step) {
   return s;
 }
 
+OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradSync& sync, const nn::Module& model,
+                                            bool keep) {
+  const optim::AdamWState opt = optimizer.state();
+  return {opt.step, sync.logical_state(optimizer, opt.m, model, keep), sync.logical_state(optimizer, opt.v, model, keep)};
+}
+
 void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
                      const optim::AdamW& optimizer, const TrainingState& state) {
+  GradSync one_process;
+  save_checkpoint(dir, model, vocab_json, logical_optimizer_state(optimizer, one_process, model, true), state);
+}
+
+void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
+                     const OptimizerCheckpoint& opt, const TrainingState& state) {
   MINIDL_CHECK(!fs::exists(dir), "checkpoint: ", dir, " exists already");
   const fs::path tmp = dir + ".tmp";
   fs::remove_all(tmp);  // left by a crash during an earlier save of the same step
   fs::create_directories(tmp);
 
   nn::save_gpt((tmp / kModelFile).string(), model, vocab_json, {{"step", std::to_string(state.step)}});
-  optim::AdamWState opt = optimizer.state();
+  MINIDL_ASSERT(opt.exp_avg.size() == opt.exp_avg_sq.size(), "save_checkpoint: m and v of different parameters");
   nn::NamedTensors moments;
-  for (const auto& [name, p] : model.named_parameters()) {
-    moments.emplace_back("exp_avg." + name, optimizer.state_of(opt.m, p));
-    moments.emplace_back("exp_avg_sq." + name, optimizer.state_of(opt.v, p));
+  for (size_t i = 0; i < opt.exp_avg.size(); ++i) {
+    moments.emplace_back("exp_avg." + opt.exp_avg[i].first, opt.exp_avg[i].second);
+    moments.emplace_back("exp_avg_sq." + opt.exp_avg_sq[i].first, opt.exp_avg_sq[i].second);
   }
   nn::save_safetensors((tmp / kOptimizerFile).string(), moments, {{"format", "minidl-adamw"}});
   nlohmann::json st = {{"step", state.step},
@@ -139,13 +151,21 @@ Checkpoint load_checkpoint(const std::string& dir) {
 }
 
 void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& optimizer) {
+  GradSync one_process;
+  restore_model(c, model);
+  restore_optimizer(c, model, optimizer, one_process);
+}
+
+void restore_model(const Checkpoint& c, nn::GPT& model) {
   nn::GPTConfig want = model.config(), have = c.model_config;
   want.dropout = have.dropout = 0;  // dropout is a training choice, not the model's shape
   MINIDL_CHECK(want == have, "checkpoint ", c.dir, ": its model (", nn::gpt_config_to_json(c.model_config),
                ") is not the one configured (", nn::gpt_config_to_json(model.config()), ")");
   nn::load_into(model, (fs::path(c.dir) / kModelFile).string());
-  const Device device = model.parameters().front().device();
-  Tensor m = Tensor::zeros({optimizer.numel()}), v = Tensor::zeros({optimizer.numel()});
+}
+
+void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::AdamW& optimizer, GradSync& sync) {
+  std::map<std::string, Tensor> m_of, v_of;
   for (const auto& [name, p] : model.named_parameters()) {
     auto im = c.exp_avg.find(name), iv = c.exp_avg_sq.find(name);
     MINIDL_CHECK(im != c.exp_avg.end() && iv != c.exp_avg_sq.end(), "checkpoint ", c.dir, "/", kOptimizerFile,
@@ -153,9 +173,13 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& optim
     MINIDL_CHECK(im->second.shape() == p.shape() && iv->second.shape() == p.shape(), "checkpoint ", c.dir, "/",
                  kOptimizerFile, ": optimizer state for ", name, " has shape ", im->second.shape(), ", expected ",
                  p.shape());
-    optimizer.state_of(m, p).copy_(im->second);
-    optimizer.state_of(v, p).copy_(iv->second);
+    m_of[name] = im->second;
+    v_of[name] = iv->second;
   }
+  Tensor m = Tensor::zeros({optimizer.numel()}), v = Tensor::zeros({optimizer.numel()});
+  sync.load_logical_state(optimizer, m, model, m_of);
+  sync.load_logical_state(optimizer, v, model, v_of);
+  const Device device = optimizer.state().m.device();
   optimizer.load_state({c.optimizer_step, m.to(device), v.to(device)});
 }
 

@@ -3,7 +3,9 @@
 //   ckpt/step-00000020/
 //     model.safetensors      the model, Hugging Face GPT-2 names (what --init-from and PyTorch load), + config.json
 //     optimizer.safetensors  AdamW's m and v per logical parameter ("exp_avg.<name>", "exp_avg_sq.<name>"), so a
-//                            run with another data-parallel size (or, later, ZeRO stage / tp / pp) can reload it
+//                            run with another data-parallel size or ZeRO stage (later tp / pp) can reload it:
+//                            under ZeRO the shards are gathered to the writing rank, padding dropped, and each
+//                            rank of the resumed run slices its own shard out again (GradSync::logical_state)
 //     state.json             the optimizer step, the LR-schedule step, the training step (which is also the data
 //                            sampler's and the dropout masks' position: both are pure functions of (seed, step)),
 //                            the loss scaler, the model config and the run's configuration
@@ -15,7 +17,12 @@
 // names the file and what is wrong (truncated, corrupted, missing), before anything is overwritten.
 //
 //   train::save_checkpoint(dir / "step-00000020", model, vocab_json, optimizer, state);
+//   // under ZeRO (collective: every dp rank calls it; the weights whole, stage 3: GradSync::hold_full_parameters):
+//   train::OptimizerCheckpoint opt = train::logical_optimizer_state(optimizer, sync, model, /*keep=*/writer);
+//   if (writer) train::save_checkpoint(dir / "step-00000020", model, vocab_json, opt, state);
 //   train::Checkpoint c = train::load_checkpoint(dir / "step-00000020");   // verified
+//   train::restore_model(c, model);                   // before the GradSync shards the parameters
+//   train::restore_optimizer(c, model, optimizer, sync);
 //   std::optional<std::string> latest = train::latest_checkpoint(dir, log); // newest complete one
 #pragma once
 
@@ -28,6 +35,7 @@
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
+#include "train/grad_sync.h"
 
 namespace minidl::train {
 
@@ -47,19 +55,38 @@ struct Checkpoint {
   std::map<std::string, Tensor> exp_avg, exp_avg_sq;  // by parameter name
 };
 
+// AdamW's state per logical parameter (names and shapes of the model's parameters, whatever the sharding).
+struct OptimizerCheckpoint {
+  int64_t step = 0;
+  nn::NamedTensors exp_avg, exp_avg_sq;
+};
+
+// The optimizer's state per logical parameter. Collective over the dp group under ZeRO (every dp rank calls it);
+// the ranks with `keep` false get only the step.
+OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradSync& sync, const nn::Module& model,
+                                            bool keep);
+
 // Name of the checkpoint directory for a step: "step-00000020".
 std::string checkpoint_name(int64_t step);
 
 // Writes the checkpoint directory `dir` (which must not exist yet) atomically, as described above.
 void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
                      const optim::AdamW& optimizer, const TrainingState& state);
+// The same with the optimizer state already per logical parameter (a sharded run's, logical_optimizer_state).
+void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
+                     const OptimizerCheckpoint& optimizer, const TrainingState& state);
 
 // Reads and verifies a checkpoint directory; throws naming the file and the problem.
 Checkpoint load_checkpoint(const std::string& dir);
 
 // Puts the checkpoint's weights and optimizer state into `model` and `optimizer` (built for the same config);
-// throws naming what does not match.
+// throws naming what does not match. One process, or DDP.
 void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& optimizer);
+// The two halves, for any GradSync. restore_model: the weights (before a ZeRO GradSync shards them).
+// restore_optimizer: AdamW's m, v and step; each rank takes its owned pieces (ZeRO: its shard) of the logical
+// tensors, local.
+void restore_model(const Checkpoint& c, nn::GPT& model);
+void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::AdamW& optimizer, GradSync& sync);
 
 // The newest complete checkpoint (step-* with DONE) in `parent`, or none. Incomplete ones are reported through
 // `log` and skipped.

@@ -20,6 +20,19 @@ double max_over(dist::ProcessGroup& group, double value) { return reduce_one(gro
 
 double GradSync::grad_norm_squared(const std::vector<Tensor>& params) { return optim::grad_norm_squared(params); }
 
+nn::NamedTensors GradSync::logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
+                                         bool keep) {
+  nn::NamedTensors out;
+  if (!keep) return out;
+  for (const auto& [name, p] : model.named_parameters()) out.emplace_back(name, opt.state_of(flat, p));
+  return out;
+}
+
+void GradSync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
+                                  const std::map<std::string, Tensor>& logical) {
+  for (const auto& [name, p] : model.named_parameters()) opt.state_of(flat, p).copy_(logical.at(name));
+}
+
 DDPSync::DDPSync(nn::Module& model, const dist::Topology& topology, dist::DDPOptions options)
     : topology_(topology), ddp_(model, topology.dp_group(), options) {}
 

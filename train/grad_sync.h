@@ -11,8 +11,10 @@
 // steps on this rank's shard, the norm adds up every shard once).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "dist/ddp.h"
@@ -48,6 +50,15 @@ class GradSync {
   // Collective over the dp group: every parameter whole on this rank (true) for evaluation, sampling or saving,
   // or back to training's state (false). Only ZeRO-3 has something to do (train/zero3_sync.h).
   virtual void hold_full_parameters(bool /*hold*/) {}
+  // Checkpoints. An optimizer state buffer over owned_params (`flat`: Optimizer::numel() elements, e.g. AdamW's m)
+  // as one tensor per logical parameter of `model`, by name, in named_parameters() order. ZeRO: collective over the
+  // dp group (the shards are all-gathered, dist/zero_state.h); a rank with `keep` false takes part, gets nothing.
+  virtual nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
+                                         bool keep);
+  // The inverse, local: `flat`'s owned pieces copied from `logical` (by name, shaped like the parameters; ZeRO:
+  // this rank's slice of each, the padding left as it is).
+  virtual void load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
+                                  const std::map<std::string, Tensor>& logical);
 };
 
 // Data parallelism: every rank holds the whole model; gradients are averaged over the dp group by DDP's bucketed

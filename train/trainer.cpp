@@ -110,9 +110,6 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(keep_last >= 0, "--keep-last: expected 0 (all) or a positive count, got ", keep_last);
   MINIDL_CHECK(!checkpoint_dir.empty() || (save_every == 0 && resume != "auto"),
                save_every > 0 ? "--save-every" : "--resume auto", " needs --checkpoint-dir");
-  MINIDL_CHECK(zero == 0 || (checkpoint_dir.empty() && resume.empty()), "--zero ", zero, " with --checkpoint-dir "
-               "or --resume: training checkpoints of sharded optimizer state are not implemented yet (use --zero 0, "
-               "or --save for the weights)");
   MINIDL_CHECK(resume.empty() || init_from.empty(), "--resume and --init-from exclude each other: --resume continues "
                "a run (weights, optimizer, schedule, data position), --init-from starts a new one from weights");
   MINIDL_CHECK(lr > 0 && std::isfinite(lr), "--lr: expected a positive number, got ", lr);
@@ -267,20 +264,25 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
 std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule_step) const {
   const std::string dir = (std::filesystem::path(cfg.checkpoint_dir) / checkpoint_name(steps_done)).string();
   std::string what = dir;
-  if (logger && !std::filesystem::exists(dir)) {
-    auto t0 = std::chrono::steady_clock::now();
+  const bool write = logger && !std::filesystem::exists(dir);
+  auto t0 = std::chrono::steady_clock::now();
+  // ZeRO: every dp rank sends its shards of AdamW's state (and stage 3 its parameters) to the writer.
+  sync->hold_full_parameters(true);
+  const OptimizerCheckpoint opt = logical_optimizer_state(*optimizer, *sync, *model, write);
+  if (write) {
     std::filesystem::create_directories(cfg.checkpoint_dir);
     nlohmann::json run = nlohmann::json::object();
     for (const auto& [k, v] : config_fields()) run[k] = v;
     TrainingState st{steps_done, schedule_step, std::nullopt, run.dump()};
     if (scaler) st.scaler = scaler->state();
-    train::save_checkpoint(dir, *model, ds->tokenizer().to_json().dump(), *optimizer, st);
+    train::save_checkpoint(dir, *model, ds->tokenizer().to_json().dump(), opt, st);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     uint64_t bytes = 0;
     for (const auto& f : std::filesystem::directory_iterator(dir)) bytes += std::filesystem::file_size(f.path());
     what += " (" + fmt("%.1f", double(bytes) / double(1 << 20)) + " MiB in " + fmt("%.0f", ms) + " ms)";
     if (cfg.keep_last > 0) prune_checkpoints(cfg.checkpoint_dir, cfg.keep_last);
   }
+  sync->hold_full_parameters(false);
   // Nobody goes on (or exits) before the checkpoint is complete.
   topo->dp_group().barrier()->wait();
   topo->model_parallel_group().barrier()->wait();
@@ -391,7 +393,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
       s.model = std::move(split);
     } else {
       s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
-      if (s.ckpt && !s.resume) nn::load_into(*s.model, o.init_from);
+      if (s.resume)
+        restore_model(*s.resume, *s.model);  // before ZeRO shards the parameters
+      else if (s.ckpt)
+        nn::load_into(*s.model, o.init_from);
     }
     s.model->to(s.device);  // before DDP and the optimizer, whose buffers follow the parameters' device
     s.model->train();
@@ -424,7 +429,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
           optim::decay_groups(s.pipe ? s.pipe->named_parameters() : s.model->named_parameters(), o.weight_decay)),
       optim::AdamWOptions{o.lr});
   if (s.resume) {
-    restore_checkpoint(*s.resume, *s.model, *s.optimizer);  // weights and AdamW's m, v, step
+    restore_optimizer(*s.resume, *s.model, *s.optimizer, *s.sync);  // AdamW's m, v, step: this rank's shard
     MINIDL_CHECK(s.resume->state.step <= o.steps, "--resume ", s.resume->dir, ": the checkpoint is at step ",
                  s.resume->state.step, ", past --steps ", o.steps);
     // The data sampler and the dropout masks are functions of (seed, step): the step is their whole position.

@@ -1,6 +1,7 @@
 #include "train/zero3_sync.h"
 
 #include "optim/clip.h"
+#include "train/zero_sync.h"
 
 namespace minidl::train {
 
@@ -20,6 +21,16 @@ double Zero3Sync::grad_norm_squared(const std::vector<Tensor>& params) {
 bool Zero3Sync::combine_overflow(bool local) {
   double any = max_over(topology_.dp_group(), local ? 1.0 : 0.0);
   return max_over(topology_.model_parallel_group(), any) > 0;
+}
+
+nn::NamedTensors Zero3Sync::logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
+                                          bool keep) {
+  return gather_sharded_state(zero_.reducer(), zero_.shard_pieces(), zero_.shard_params(), opt, flat, model, keep);
+}
+
+void Zero3Sync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module&,
+                                   const std::map<std::string, Tensor>& logical) {
+  load_sharded_state(zero_.reducer(), zero_.shard_pieces(), zero_.shard_params(), opt, flat, logical);
 }
 
 }  // namespace minidl::train

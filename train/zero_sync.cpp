@@ -37,4 +37,41 @@ bool ZeroSync::combine_overflow(bool local) {
   return max_over(topology_.model_parallel_group(), any) > 0;
 }
 
+nn::NamedTensors ZeroSync::logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
+                                         bool keep) {
+  return gather_sharded_state(zero_.reducer(), zero_.shard_pieces(), zero_.shard_params(), opt, flat, model, keep);
+}
+
+void ZeroSync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module&,
+                                  const std::map<std::string, Tensor>& logical) {
+  load_sharded_state(zero_.reducer(), zero_.shard_pieces(), zero_.shard_params(), opt, flat, logical);
+}
+
+nn::NamedTensors gather_sharded_state(dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
+                                      const std::vector<Tensor>& shard_params, const optim::Optimizer& opt,
+                                      const Tensor& flat, const nn::Module& model, bool keep) {
+  std::vector<Tensor> values;
+  for (const Tensor& p : shard_params) values.push_back(opt.state_of(flat, p));
+  std::vector<Tensor> whole = dist::gather_logical(reducer, pieces, values, keep);
+  nn::NamedTensors out;
+  if (!keep) return out;
+  std::map<std::string, Tensor> by_name;
+  for (size_t i = 0; i < whole.size(); ++i) by_name[reducer.names()[i]] = whole[i];
+  for (const auto& [name, p] : model.named_parameters()) {
+    auto it = by_name.find(name);
+    MINIDL_ASSERT(it != by_name.end(), "ZeRO checkpoint: parameter ", name, " is in no bucket");
+    out.emplace_back(name, it->second);
+  }
+  return out;
+}
+
+void load_sharded_state(const dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
+                        const std::vector<Tensor>& shard_params, const optim::Optimizer& opt, Tensor& flat,
+                        const std::map<std::string, Tensor>& logical) {
+  std::vector<Tensor> whole;
+  for (const std::string& name : reducer.names()) whole.push_back(logical.at(name));
+  std::vector<Tensor> mine = dist::slice_logical(reducer, pieces, whole);
+  for (size_t i = 0; i < shard_params.size(); ++i) opt.state_of(flat, shard_params[i]).copy_(mine[i]);
+}
+
 }  // namespace minidl::train

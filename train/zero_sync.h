@@ -31,6 +31,10 @@ class ZeroSync : public GradSync {
   double grad_norm_squared(const std::vector<Tensor>& params) override;
   bool combine_overflow(bool local) override;
   dist::ReducerStats comm_stats() const override { return zero_.last_step(); }
+  nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
+                                 bool keep) override;
+  void load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
+                          const std::map<std::string, Tensor>& logical) override;
   dist::ZeroDataParallel& zero() { return zero_; }
 
  private:
@@ -38,5 +42,14 @@ class ZeroSync : public GradSync {
   dist::ZeroDataParallel zero_;
   std::optional<dist::Reducer::NoSyncGuard> no_sync_;
 };
+
+// ZeRO 1-3's checkpoint state (GradSync::logical_state and load_logical_state) over a reducer's buckets and the
+// shard parameters cut from them (dist/zero_state.h); ZeroSync's and Zero3Sync's.
+nn::NamedTensors gather_sharded_state(dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
+                                      const std::vector<Tensor>& shard_params, const optim::Optimizer& opt,
+                                      const Tensor& flat, const nn::Module& model, bool keep);
+void load_sharded_state(const dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
+                        const std::vector<Tensor>& shard_params, const optim::Optimizer& opt, Tensor& flat,
+                        const std::map<std::string, Tensor>& logical);
 
 }  // namespace minidl::train
