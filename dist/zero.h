@@ -53,6 +53,12 @@
 
 namespace minidl::dist {
 
+// The optimizer's parameter groups over shard parameters (stages 1-3): shard parameter i goes to the group (and
+// weight decay) of the parameter it was cut from, reducer.params()[shard_owner[i]]; empty groups are dropped.
+std::vector<optim::ParamGroup> shard_param_groups(const std::vector<optim::ParamGroup>& groups,
+                                                  const std::vector<Tensor>& shard_params,
+                                                  const std::vector<size_t>& shard_owner, const Reducer& reducer);
+
 struct ZeroOptions {
   int stage = 1;  // 1: optimizer state sharded; 2: gradients too
   BucketCaps caps;

@@ -237,20 +237,7 @@ void ZeroStage3::hold_full(bool hold) {
 }
 
 std::vector<optim::ParamGroup> ZeroStage3::shard_groups(const std::vector<optim::ParamGroup>& groups) const {
-  std::unordered_map<const TensorImpl*, size_t> group_of;
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (const Tensor& p : groups[g].params) group_of[p.impl()] = g;
-  std::vector<optim::ParamGroup> out(groups.size());
-  for (size_t g = 0; g < groups.size(); ++g) out[g].weight_decay = groups[g].weight_decay;
-  for (size_t i = 0; i < shard_params_.size(); ++i) {
-    const size_t owner = shard_owner_[i];
-    auto it = group_of.find(reducer_.params()[owner].impl());
-    MINIDL_CHECK(it != group_of.end(), "ZeRO-3: parameter ", reducer_.names()[owner],
-                 " is in no optimizer parameter group");
-    out[it->second].params.push_back(shard_params_[i]);
-  }
-  std::erase_if(out, [](const optim::ParamGroup& g) { return g.params.empty(); });
-  return out;
+  return shard_param_groups(groups, shard_params_, shard_owner_, reducer_);
 }
 
 void ZeroStage3::gather_parameters() {

@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "dist/reducer.h"
+#include "dist/zero.h"
 #include "dist/zero_state.h"
 #include "nn/block_hooks.h"
 #include "nn/gpt.h"

@@ -280,27 +280,7 @@ StepResult pipeline_train_step(PipelineModel& pipe, optim::Optimizer& optimizer,
   r.loss = sum_over(pipe.pp_group(), pipeline_forward_backward(pipe, batch, o));
 
   std::vector<Tensor> params = o.grad_sync ? o.grad_sync->owned_params(pipe.parameters()) : pipe.parameters();
-  if (o.scaler && o.grad_sync)
-    o.scaler->combine_overflow = [sync = o.grad_sync](bool local) { return sync->combine_overflow(local); };
-  bool overflow = o.scaler && o.scaler->unscale_and_check(params);
-  r.grad_norm = overflow ? INFINITY
-                         : std::sqrt(o.grad_sync ? o.grad_sync->grad_norm_squared(params)
-                                                 : optim::grad_norm_squared(params));
-  if (o.grad_clip > 0 && !overflow) {
-    double factor = optim::clip_factor(r.grad_norm, o.grad_clip);
-    if (factor < 1.0) optim::scale_grads(params, factor);
-  }
-  optimizer.set_lr(o.lr);
-  if (o.scaler) {
-    optim::ScalerStep s = o.scaler->step(optimizer);
-    r.applied = s.applied;
-    r.skip_reason = s.reason;
-  } else {
-    optimizer.step();
-  }
-  if (o.grad_sync) o.grad_sync->after_step();
-  optimizer.zero_grad();
-  return r;
+  return apply_step(optimizer, params, o, std::move(r));
 }
 
 double pipeline_evaluate(PipelineModel& pipe, const data::Batch& windows, int64_t batch) {

@@ -65,6 +65,11 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
   }
   // The gradients this rank owns: every parameter's, or (ZeRO) its shard's.
   std::vector<Tensor> params = o.grad_sync ? o.grad_sync->owned_params(model.parameters()) : model.parameters();
+  return apply_step(optimizer, params, o, std::move(r));
+}
+
+StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& params, const StepOptions& o,
+                      StepResult r) {
   if (o.scaler && o.grad_sync)  // every rank skips the step when any rank that holds gradients overflowed
     o.scaler->combine_overflow = [sync = o.grad_sync](bool local) { return sync->combine_overflow(local); };
   bool overflow = o.scaler && o.scaler->unscale_and_check(params);

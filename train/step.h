@@ -50,6 +50,13 @@ struct StepResult {
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch,
                       const StepOptions& options);
 
+// The second half of a step, after the backward passes (train_step's, or a pipeline schedule's): on `params`, the
+// gradients this rank owns (GradSync::owned_params), unscale and check for overflow (combined over the ranks by
+// the GradSync), the gradient norm into r.grad_norm, clipping, the optimizer's step at options.lr (or the
+// scaler's skip into r.applied / r.skip_reason), GradSync::after_step, zero_grad.
+StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& params, const StepOptions& options,
+                      StepResult r);
+
 // The same with defaults: full precision, one micro-batch.
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,
                       double grad_clip);
