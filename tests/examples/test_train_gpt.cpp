@@ -356,9 +356,12 @@ TEST_F(TrainGpt, DataParallelOnEmulatedCudaMatchesOneProcess) {
                       "--eval-windows 4 --log-every 1000 --steps 6 --lr 3e-3 --dropout 0.1 --batch 8 --device cuda";
   Result one = run(flags);
   ASSERT_EQ(one.code, 0) << one.out;
-  for (const char* backend : {"nccl", "ring"}) {
-    Result two = run_with(mpiexec(2), flags + " --backend " + backend);
-    ASSERT_EQ(two.code, 0) << two.out;
+  // DDP over both device backends, and ZeRO 1 and 3 over nccl (the shards, gathers and reduce-scatters on the
+  // device).
+  for (const char* extra :
+       {" --backend nccl", " --backend ring", " --backend nccl --zero 1", " --backend nccl --zero 3"}) {
+    Result two = run_with(mpiexec(2), flags + extra);
+    ASSERT_EQ(two.code, 0) << extra << "\n" << two.out;
     EXPECT_NEAR(summary_field(two.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << two.out;
     EXPECT_NEAR(summary_field(two.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << two.out;
   }
