@@ -45,7 +45,8 @@ def main():
     rows = []
     for dp in [int(x) for x in a.dps.split(",")]:
         for stage in [int(x) for x in a.stages.split(",")]:
-            cmd = ["mpirun", "-n", str(dp), "--oversubscribe", a.train_gpt, "--zero", str(stage), "--memory-report",
+            cmd = ["mpirun", "-n", str(dp), "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                   a.train_gpt, "--zero", str(stage), "--memory-report",
                    "--steps", "1", "--threads", "1", "--layers", str(a.layers), "--heads", str(a.heads),
                    "--embd", str(a.embd), "--seq", str(a.seq), "--batch", str(a.batch), "--amp", a.amp,
                    "--recompute", a.recompute, "--eval-windows", "1", "--progress", "lines", "--backend", "ring"]
