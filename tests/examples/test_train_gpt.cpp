@@ -330,6 +330,30 @@ TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
   }
 }
 
+// Sequence parallelism's activation saving against its formula (docs/decisions.md, "How much sequence parallelism
+// saves"). Per block, in units of B*T*C values, a rank keeps 4 + 12/tp without it (LayerNorm and linear inputs of
+// the residual stream are whole on every rank; q, k, v, the attention output and the MLP's 4C-wide pre-activation
+// and GELU output are split) and 16/tp with it: at most (tp + 3) / 4 = 1.25x less at tp 2 and 1.75x at tp 4.
+// Measured on the ledger's activation peak (which adds the embedding, the head and workspaces): at least 1.12x at
+// tp 2 and 1.5x at tp 4, and never more than the formula allows.
+TEST_F(TrainGpt, SequenceParallelActivationSavingFollowsItsFormula) {
+  std::string flags = tiny_flags() + " --steps 1 --warmup 0 --eval-windows 1";
+  for (auto [from, to] : {std::pair<std::string, std::string>{"--layers 1", "--layers 2"}, {"--heads 2", "--heads 4"},
+                          {"--embd 16", "--embd 64"}, {"--seq 16", "--seq 32"}, {"--batch 4", "--batch 8"}})
+    flags.replace(flags.find(from), from.size(), to);
+  for (int tp : {2, 4}) {
+    double peak[2];
+    for (int sp : {0, 1}) {
+      Result r = run_with(mpiexec(tp), flags + " --tp " + std::to_string(tp) + (sp ? " --sequence-parallel" : ""));
+      ASSERT_EQ(r.code, 0) << r.out;
+      peak[sp] = summary_field(r.out, "act_peak_mb");
+    }
+    const double ratio = peak[0] / peak[1], ceiling = (tp + 3) / 4.0;
+    EXPECT_GE(ratio, tp == 2 ? 1.12 : 1.5) << "tp " << tp << ": " << peak[0] << " MiB without, " << peak[1] << " with";
+    EXPECT_LE(ratio, ceiling * 1.02) << "tp " << tp << ": more saved than the formula allows";
+  }
+}
+
 // Tensor parallelism on the emulated CUDA device (2 ranks sharing it), over nccl and the device ring: one process's
 // summary on the same device.
 TEST_F(TrainGpt, TensorParallelOnEmulatedCudaMatchesOneProcess) {
