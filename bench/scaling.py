@@ -10,11 +10,12 @@ the speed and the memory differ.
 A sweep entry is dp,tp,pp[,zero]:schedule:micro_batches[:virtual_stages]; the single-rank baseline accumulates over
 the same micro-batches (--grad-accum M), so efficiency = tokens/s(N) / (N x tokens/s(1)) compares equal work. For
 each row: ms/step, tokens/s, efficiency, the schedule's bubble as simulated by dist/pipeline (unit costs; what an
-ideal machine would idle) beside the measured loss of efficiency, exposed communication (rank 0's), and the memory
+ideal machine would idle) beside the measured one (each stage's time blocked on a peer over its schedule time, the
+mean over stages) and the measured loss of efficiency, exposed communication (rank 0's), and the memory
 ledger's peaks (activations per pipeline stage; parameters, gradients and optimizer state of rank 0). More ranks
 than cores oversubscribe the machine: such rows are marked, and their efficiency says more about the machine than
 about minidl. --plot writes a PNG (efficiency and step-time breakdown) when matplotlib is installed
-(python3-matplotlib in Debian).
+(scripts/install-deps.sh --with-plot: Debian's python3-matplotlib, used through /usr/bin/python3 if need be).
 """
 import argparse
 import json
@@ -67,7 +68,9 @@ def run(e, args, cfg):
     s = {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
     b = re.search(r"simulated bubble ([0-9.]+)%", proc.stdout)
     a = re.search(r"^pipeline activation peak per stage \(MiB\): (.*)$", proc.stdout, re.M)
+    w = re.search(r"^pipeline measured bubble per stage \(%\):.*; mean ([0-9.]+)%", proc.stdout, re.M)
     s["bubble_sim_pct"] = float(b.group(1)) if b else 0.0
+    s["bubble_measured_pct"] = float(w.group(1)) if w else 0.0
     s["act_per_stage_mb"] = [float(x) for x in a.group(1).split()] if a else [s["act_peak_mb"]]
     return s
 
@@ -78,13 +81,20 @@ def plot(rows, path):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"# --plot {path}: matplotlib is not installed (apt-get install python3-matplotlib); no plot written")
+        # Debian's python3-matplotlib serves /usr/bin/python3, which may not be the python3 first on PATH.
+        system = "/usr/bin/python3"
+        if os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system):
+            done = subprocess.run([system, __file__, "--plot-rows", path], input=json.dumps(rows), text=True)
+            if done.returncode == 0:
+                return
+        print(f"# --plot {path}: matplotlib is not installed (scripts/install-deps.sh --with-plot); no plot written")
         return
     ok = [r for r in rows if "error" not in r]
     names = [r["name"] for r in ok]
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     a.bar(names, [100 * r["efficiency"] for r in ok], color="tab:blue", label="measured")
     a.plot(names, [100 - r["bubble_sim_pct"] for r in ok], "k_", markersize=30, label="100% - simulated bubble")
+    a.plot(names, [100 - r["bubble_measured_pct"] for r in ok], "r_", markersize=30, label="100% - measured bubble")
     a.set_ylabel("efficiency vs 1 rank (%)")
     a.legend()
     compute = [r["ms_per_step"] - r["exposed_comm_ms"] for r in ok]
@@ -109,7 +119,11 @@ def main():
     p.add_argument("--binary", default=os.path.join(ROOT, "build", "bin", "train_gpt"), help="train_gpt to run")
     p.add_argument("--json", action="store_true", help="print the rows as JSON as well")
     p.add_argument("--plot", help="write a PNG of efficiency and the step-time breakdown (needs matplotlib)")
+    p.add_argument("--plot-rows", help=argparse.SUPPRESS)  # internal: plot the JSON rows on stdin to this path
     args = p.parse_args()
+    if args.plot_rows:
+        plot(json.load(sys.stdin), args.plot_rows)
+        return
     if not os.path.exists(args.binary):
         sys.exit(f"scaling: {args.binary} does not exist; build first (scripts/build.sh)")
     cfg = CONFIGS[args.config]
@@ -127,7 +141,7 @@ def main():
     base = rows[0]
     print(f"# strong scaling, {args.config} config (global batch {cfg['batch']}, layers {cfg['layers']}, "
           f"embd {cfg['embd']}, seq {cfg['seq']}), 1 thread per rank, {args.steps} steps, {cores} cores")
-    print(f"{'configuration':<34} {'ranks':>5} {'ms/step':>9} {'tokens/s':>9} {'effic.':>7} {'bubble':>7} "
+    print(f"{'configuration':<34} {'ranks':>5} {'ms/step':>9} {'tokens/s':>9} {'effic.':>7} {'bubble':>7} {'meas.':>6} "
           f"{'exposed':>8} {'act MiB per stage':<24} {'param':>6} {'grad':>6} {'optim':>6}")
     for r in rows:
         if "error" in r:
@@ -138,10 +152,12 @@ def main():
         acts = " ".join(f"{x:.2f}" for x in r["act_per_stage_mb"])
         mark = "  (oversubscribed)" if r["oversubscribed"] else ""
         print(f"{r['name']:<34} {r['ranks']:>5} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>9.0f} "
-              f"{100 * r['efficiency']:>6.1f}% {r['bubble_sim_pct']:>6.1f}% {r['exposed_comm_ms']:>8.2f} "
+              f"{100 * r['efficiency']:>6.1f}% {r['bubble_sim_pct']:>6.1f}% {r['bubble_measured_pct']:>5.1f}% "
+              f"{r['exposed_comm_ms']:>8.2f} "
               f"{acts:<24} {r['param_mb']:>6.2f} {r['grad_mb']:>6.2f} {r['optim_mb']:>6.2f}{mark}")
-    print("# bubble: simulated idle fraction of the schedule (unit costs); effic. includes it, communication, "
-          "and on an oversubscribed machine the ranks' competition for cores")
+    print("# bubble: simulated idle fraction of the schedule (unit costs); meas.: the stages' mean time blocked on a "
+          "peer over their schedule time (timed steps); effic. includes it, communication, and on an oversubscribed "
+          "machine the ranks' competition for cores")
     if args.plot:
         plot(rows, args.plot)
     if args.json:

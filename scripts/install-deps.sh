@@ -3,6 +3,7 @@
 #
 #   scripts/install-deps.sh                # build + test dependencies
 #   scripts/install-deps.sh --with-torch   # also python3-torch and python3-numpy (bench/compare_pytorch.py only)
+#   scripts/install-deps.sh --with-plot    # also python3-matplotlib (the PNG of bench/scaling.py --plot only)
 #
 # Idempotent: every package is checked with dpkg first, and apt-get (update + install) runs only when something
 # is missing, so a second run is a no-op that takes a fraction of a second. Runs as root, or through sudo when
@@ -26,14 +27,16 @@ packages=(
   libhwy-dev              # Google Highway: portable SIMD, vector exp/tanh and runtime ISA dispatch (ops/cpu/simd/)
 )
 torch_packages=(python3-torch python3-numpy)
+plot_packages=(python3-matplotlib)
 
-usage() { sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 for arg in "$@"; do
   case "$arg" in
     --with-torch) packages+=("${torch_packages[@]}") ;;
+    --with-plot) packages+=("${plot_packages[@]}") ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "install-deps: unknown argument '$arg' (expected --with-torch or --help)" >&2; exit 2 ;;
+    *) echo "install-deps: unknown argument '$arg' (expected --with-torch, --with-plot or --help)" >&2; exit 2 ;;
   esac
 done
 

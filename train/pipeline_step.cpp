@@ -157,6 +157,13 @@ struct Executor {
   std::map<std::tuple<bool, int, int>, Posted> received;  // (gradient?, micro, chunk)
   std::vector<std::pair<Tensor, std::shared_ptr<dist::Work>>> sends;
   Tensor loss_sum;
+  double wait_ms = 0;  // idle: blocked on a peer
+
+  void wait_for(dist::Work& work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work.wait();
+    wait_ms += elapsed_ms(t0);
+  }
 
   const dist::PipelineSpec& spec() const { return pipe.spec(); }
   bool is_last_chunk(int v) const { return pipe.global_chunk(v) == spec().chunks() - 1; }
@@ -165,7 +172,7 @@ struct Executor {
     auto it = received.find({grad, m, v});
     MINIDL_ASSERT(it != received.end(), "pipeline: no receive posted for ", grad ? "gradient" : "activation",
                   " m=", m, " v=", v, " (the schedule was validated)");
-    it->second.work->wait();
+    wait_for(*it->second.work);
     Tensor t = it->second.buffer;
     received.erase(it);
     return t;
@@ -236,7 +243,7 @@ struct Executor {
         break;
       }
       case ActionKind::kOptimizerStep:
-        for (auto& s : sends) s.second->wait();
+        for (auto& s : sends) wait_for(*s.second);
         sends.clear();
         break;
     }
@@ -265,7 +272,12 @@ double pipeline_forward_backward(PipelineModel& pipe, const data::Batch& batch, 
     // One guard over the whole schedule: the 16-bit weight copies are made once per step (autograd/autocast.h).
     std::optional<autograd::AutocastGuard> autocast;
     if (o.amp != DType::f32) autocast.emplace(o.amp);
+    const auto t0 = std::chrono::steady_clock::now();
     for (const Action& a : pipe.schedule().ranks[size_t(pipe.rank())]) ex.run(a);
+    PipelineModel::Timing& timing = pipe.timing();
+    timing.schedule_ms += elapsed_ms(t0);
+    timing.wait_ms += ex.wait_ms;
+    timing.steps += 1;
     if (o.grad_sync) o.grad_sync->after_backward();
   }
   pipe.set_dropout(ex.step + 1, ex.first_sample);

@@ -68,11 +68,23 @@ class PipelineModel {
   int64_t num_parameters() const;
   double flops_per_token(int64_t T) const;
 
+  // The measured bubble: how long this rank's schedule ran, and how much of that it sat waiting for a peer (on a
+  // posted receive, or on its sends before the optimizer step), summed over the steps since reset_timing(). On an
+  // ideal machine wait_ms / schedule_ms is the simulated bubble, (p - 1) / (M + p - 1) under GPipe and 1F1B.
+  struct Timing {
+    double schedule_ms = 0, wait_ms = 0;
+    int64_t steps = 0;
+  };
+  const Timing& timing() const { return timing_; }
+  Timing& timing() { return timing_; }
+  void reset_timing() { timing_ = {}; }
+
  private:
   const dist::Topology& topology_;
   dist::Schedule schedule_;
   int rank_ = 0;
   std::vector<std::unique_ptr<nn::GPT>> chunks_;
+  Timing timing_;
 };
 
 // Gradient synchronisation of a pipeline stage, after the step's last backward: the tied wte's gradient summed over

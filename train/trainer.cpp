@@ -482,6 +482,7 @@ int Trainer::run() {
     if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
     StepResult r = run_step(batch, step_options);
     if (step == first_step && o.tp > 1) s.print_tensor_parallel_step();
+    if (step == first_step && s.pipe && o.steps > first_step + 1) s.pipe->reset_timing();  // time as timed_ms does
     if (r.applied || o.advance_lr_on_skip) ++schedule_step;
     if (step == first_step && (o.zero > 0 || o.memory_report) && s.model) s.print_zero_memory();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -578,14 +579,26 @@ int Trainer::run() {
   if (s.pipe) {
     // Every stage's activation peak (the logger's ledger has only the first stage's): 1F1B keeps about
     // min(M, pp - s) micro-batches on stage s, GPipe all M (dist/pipeline.h).
+    // And the measured bubble: each stage's time blocked on a peer over its schedule's time (timed steps).
     dist::ProcessGroup& pp = s.topo->pp_group();
-    std::vector<double> peaks(size_t(pp.size()), 0.0);
-    peaks[size_t(pp.rank())] = double(ledger(s.device).peak(MemTag::kActivations)) / double(1 << 20);
-    Tensor all = Tensor::from_vector(peaks, {int64_t(peaks.size())}, DType::f64).to(pp.device());
+    const int64_t n = pp.size();
+    std::vector<double> per_stage(size_t(2 * n), 0.0);
+    per_stage[size_t(pp.rank())] = double(ledger(s.device).peak(MemTag::kActivations)) / double(1 << 20);
+    const PipelineModel::Timing& t = s.pipe->timing();
+    per_stage[size_t(n + pp.rank())] = t.schedule_ms > 0 ? t.wait_ms / t.schedule_ms : 0.0;
+    Tensor all = Tensor::from_vector(per_stage, {2 * n}, DType::f64).to(pp.device());
     pp.all_reduce(all, dist::ReduceOp::kSum)->wait();
-    std::string line = "pipeline activation peak per stage (MiB):";
-    for (double v : all.to_vector()) line += fmt(" %.3f", v);
-    if (s.logger) std::printf("%s\n", line.c_str());
+    const std::vector<double> v = all.to_vector();
+    std::string peaks = "pipeline activation peak per stage (MiB):", waits = "pipeline measured bubble per stage (%):";
+    double mean_wait = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      peaks += fmt(" %.3f", v[size_t(i)]);
+      waits += fmt(" %.1f", 100 * v[size_t(n + i)]);
+      mean_wait += v[size_t(n + i)] / double(n);
+    }
+    if (s.logger)
+      std::printf("%s\n%s; mean %.1f%% (time blocked on a peer / schedule time, over %lld step(s))\n", peaks.c_str(),
+                  waits.c_str(), 100 * mean_wait, (long long)t.steps);
   }
   if (!s.logger) return 0;
   auto per_step = [&](double total) { return timed_steps ? total / double(timed_steps) : 0.0; };

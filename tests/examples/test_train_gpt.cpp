@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -522,6 +523,15 @@ TEST_F(TrainGpt, PipelineMatchesOneProcess) {
     EXPECT_NEAR(summary_field(r.out, "val_loss"), summary_field(c.ref->out, "val_loss"), 1e-3) << r.out;
     EXPECT_NE(r.out.find("pipeline: schedule"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("pipeline activation peak per stage (MiB):"), std::string::npos) << r.out;
+    // The measured bubble (its value depends on the machine: bench/scaling.py reports it): a fraction per stage.
+    const size_t at = r.out.find("pipeline measured bubble per stage (%):");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    std::istringstream waits(r.out.substr(at + std::strlen("pipeline measured bubble per stage (%):")));
+    for (int stage = 0; stage < 2; ++stage) {
+      double pct = -1;
+      waits >> pct;
+      EXPECT_TRUE(pct >= 0 && pct <= 100) << "stage " << stage << ": " << r.out.substr(at, 80);
+    }
   }
   Result drawn = run("--pp 4 --micro-batches 8 --batch 8 --layers 4 --print-schedule");
   EXPECT_EQ(drawn.code, 0) << drawn.out;
