@@ -1,5 +1,5 @@
 // bench_gpt_step --pp N (under mpirun -n N): times pipeline-parallel training steps of one model config on random
-// tokens, with the schedule's simulated bubble and the memory ledger's activation peak of every stage. Rank 0
+// tokens, with the schedule's simulated and measured bubble and the memory ledger's activation peak of every stage. Rank 0
 // prints; every rank takes part.
 //
 //   mpirun -n 2 build/bin/bench_gpt_step --pp 2 --micro-batches 4 --schedule 1f1b --threads 1
@@ -59,6 +59,7 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
     train::pipeline_train_step(pipe, opt, batch, o);
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= b.warmup) ms.push_back(train::max_over(topo.pp_group(), dt));  // the slowest stage's step
+    if (s + 1 == b.warmup) pipe.reset_timing();
   }
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2], tokens_per_step = double(b.batch * b.model.block_size);
@@ -67,9 +68,13 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
   act[size_t(pipe.rank())] = double(ledger(Device::cpu()).peak(MemTag::kActivations)) / double(1 << 20);
   for (double& a : act) a = train::sum_over(topo.pp_group(), a);
   const double bubble = dist::simulate(pipe.schedule()).bubble_fraction();
+  // Measured: the stages' mean time blocked on a peer over their schedule time (train/pipeline_step.h).
+  const train::PipelineModel::Timing& t = pipe.timing();
+  const double measured =
+      train::sum_over(topo.pp_group(), t.schedule_ms > 0 ? t.wait_ms / t.schedule_ms : 0.0) / b.spec.stages;
   if (ctx.rank() != 0) return 0;
-  std::printf("%-40s %6s %10s %9s %9s %8s  %s\n", "config", "ranks", "ms/step", "tokens/s", "GFLOP/s", "bubble",
-              "act_MB per stage");
+  std::printf("%-40s %6s %10s %9s %9s %8s %8s  %s\n", "config", "ranks", "ms/step", "tokens/s", "GFLOP/s", "bubble",
+              "measured", "act_MB per stage");
   char cfg[128];
   std::snprintf(cfg, sizeof cfg, "L%lld C%lld T%lld B%lld pp%d %s M%d V%d", (long long)b.model.n_layer,
                 (long long)C, (long long)b.model.block_size, (long long)b.batch, b.spec.stages,
@@ -80,8 +85,8 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
     std::snprintf(num, sizeof num, acts.empty() ? "%.2f" : " %.2f", a);
     acts += num;
   }
-  std::printf("%-40s %6d %10.2f %9.0f %9.1f %7.1f%%  %s\n", cfg, b.spec.stages, median,
-              tokens_per_step / median * 1e3, flops, 100 * bubble, acts.c_str());
+  std::printf("%-40s %6d %10.2f %9.0f %9.1f %7.1f%% %7.1f%%  %s\n", cfg, b.spec.stages, median,
+              tokens_per_step / median * 1e3, flops, 100 * bubble, 100 * measured, acts.c_str());
   if (b.json) {
     std::string list;
     for (double a : act) {
@@ -89,10 +94,10 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
       list += num;
     }
     std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"pp\": %d, \"schedule\": \"%s\", "
-                "\"micro_batches\": %d, \"virtual_stages\": %d, \"bubble_simulated\": %.4f, "
+                "\"micro_batches\": %d, \"virtual_stages\": %d, \"bubble_simulated\": %.4f, \"bubble_measured\": %.4f, "
                 "\"act_peak_mb_per_stage\": [%s]}\n",
                 median, tokens_per_step / median * 1e3, flops, b.spec.stages, dist::schedule_kind_name(b.spec.kind),
-                b.spec.micro_batches, b.spec.virtual_stages, bubble, list.c_str());
+                b.spec.micro_batches, b.spec.virtual_stages, bubble, measured, list.c_str());
   }
   return 0;
 }
