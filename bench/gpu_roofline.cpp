@@ -4,6 +4,7 @@
 // list and the cost model are in bench/roofline.h.
 //
 //   build/bin/bench_gpu_roofline                                   # GPT-2 124M, B 16, T 1024, bf16, on H100
+//   build/bin/bench_gpu_roofline --kernels before                  # the kernels before issue #15 (or target)
 //   build/bin/bench_gpu_roofline --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --vocab 65 --gpu A100 --json
 #include <CLI/CLI.hpp>
 
@@ -30,12 +31,23 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", cfg.vocab, "Vocabulary size")->capture_default_str();
   app.add_option("--amp", amp, "Precision of products and attention: off (f32), bf16 or fp16")->capture_default_str();
   app.add_option("--gpu", gpu_name, "H100 (SXM5) or A100 (SXM4 80GB)")->capture_default_str();
+  std::string kernel_set = "now";
+  app.add_option("--kernels", kernel_set, "Which kernels: now (today's: tensor-core flash attention; f32 copies around "
+                 "layernorm, bias+GELU and cross-entropy; 16-bit weight gradients cast to f32), before (issue #15's "
+                 "starting point: also f32 attention on the CUDA cores, one sequence per launch) or target (the "
+                 "16-bit-native path: no casts)")->capture_default_str();
   app.add_flag("--json", json, "Print one JSON object instead of the table");
   CLI11_PARSE(app, argc, argv);
   if (amp != "off" && amp != "bf16" && amp != "fp16") {
     std::fprintf(stderr, "bench_gpu_roofline: error: --amp: expected off, bf16 or fp16, got '%s'\n", amp.c_str());
     return 2;
   }
+  if (kernel_set != "now" && kernel_set != "before" && kernel_set != "target") {
+    std::fprintf(stderr, "bench_gpu_roofline: error: --kernels: expected now, before or target, got '%s'\n",
+                 kernel_set.c_str());
+    return 2;
+  }
+  cfg.kernels = kernel_set == "before" ? KernelSet::kBefore : kernel_set == "target" ? KernelSet::kTarget : KernelSet::kNow;
   const GpuPeak* gpu = find_gpu(gpu_name);
   if (gpu == nullptr) {
     std::fprintf(stderr, "bench_gpu_roofline: error: --gpu: expected H100 or A100, got '%s'\n", gpu_name.c_str());
@@ -61,7 +73,7 @@ int main(int argc, char** argv) {
   const double tokens = double(cfg.batch * cfg.seq);
 
   if (json) {
-    nlohmann::json out = {{"gpu", gpu->name},          {"amp", amp},
+    nlohmann::json out = {{"gpu", gpu->name},          {"amp", amp}, {"kernel_set", kernel_set},
                           {"peak_tflops", peak / 1e12}, {"hbm_gbps", gpu->hbm_gbps},
                           {"step_gflop", flops / 1e9},  {"step_gb", bytes / 1e9},
                           {"launches", launches},       {"lower_bound_ms", seconds * 1e3},
@@ -76,9 +88,10 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
-  std::printf("GPT L%lld H%lld C%lld T%lld B%lld V%lld %s on %s (%.0f TFLOP/s, %.0f GB/s)\n", (long long)cfg.layers,
+  std::printf("GPT L%lld H%lld C%lld T%lld B%lld V%lld %s on %s (%.0f TFLOP/s, %.0f GB/s)%s\n", (long long)cfg.layers,
               (long long)cfg.heads, (long long)cfg.embd, (long long)cfg.seq, (long long)cfg.batch,
-              (long long)cfg.vocab, amp.c_str(), gpu->name, peak / 1e12, gpu->hbm_gbps);
+              (long long)cfg.vocab, amp.c_str(), gpu->name, peak / 1e12, gpu->hbm_gbps,
+              (", kernels " + kernel_set).c_str());
   std::printf("%-30s %8s %12s %12s %12s %8s\n", "kernel", "launches", "GFLOP", "MB", "ideal_us", "bound");
   for (const KernelCost& k : kernels)
     std::printf("%-30s %8lld %12.1f %12.1f %12.1f %8s\n", k.name.c_str(), (long long)k.launches,

@@ -40,9 +40,21 @@ inline const GpuPeak* find_gpu(const std::string& name) {
   return nullptr;
 }
 
+// Which kernels step_kernels() lists, for the comparison issue #15 asks for. The arithmetic is the same in all
+// three; what differs is where it runs and what it moves. With 16-bit amp only (f32 runs the same kernels in all):
+//   kBefore: attention on the CUDA cores in f32 (the FP32 peak), one sequence per launch, its q, k, v, output and
+//            their gradients copied to f32 and back; plus everything kNow still does.
+//   kNow:    what the code does today: flash attention on the tensor cores (16-bit in and out, all B*H in one
+//            launch), but layernorm, bias + GELU (the bias not in the GEMM) and cross-entropy in f32 between casts
+//            of their 16-bit inputs and outputs, and weight gradients written by the GEMMs in 16 bits, then cast.
+//   kTarget: the 16-bit-native path of issue #15: no casts, the bias inside the GEMM's epilogue, weight gradients
+//            accumulated in f32 by the GEMM.
+enum class KernelSet { kBefore, kNow, kTarget };
+
 struct RooflineConfig {
   int64_t layers = 12, heads = 12, embd = 768, seq = 1024, batch = 16, vocab = 50257;
   DType amp = DType::bf16;  // f32 (off), bf16 or f16
+  KernelSet kernels = KernelSet::kNow;
 };
 
 // One kind of kernel of the step: `launches` launches, each doing `flops` and moving `bytes`.
@@ -50,6 +62,7 @@ struct KernelCost {
   std::string name;
   int64_t launches = 0;
   double flops = 0, bytes = 0;
+  bool cuda_cores = false;  // f32 arithmetic without tensor cores: bounded by the FP32 peak whatever the amp
 };
 
 inline double peak_flops(const GpuPeak& gpu, DType amp) {
@@ -58,11 +71,12 @@ inline double peak_flops(const GpuPeak& gpu, DType amp) {
 
 // max(FLOPs / peak, bytes / bandwidth) per launch, times the launches.
 inline double ideal_seconds(const KernelCost& k, const GpuPeak& gpu, DType amp) {
-  return double(k.launches) * std::max(k.flops / peak_flops(gpu, amp), k.bytes / (gpu.hbm_gbps * 1e9));
+  const double peak = peak_flops(gpu, k.cuda_cores ? DType::f32 : amp);
+  return double(k.launches) * std::max(k.flops / peak, k.bytes / (gpu.hbm_gbps * 1e9));
 }
 
 inline bool compute_bound(const KernelCost& k, const GpuPeak& gpu, DType amp) {
-  return k.flops / peak_flops(gpu, amp) > k.bytes / (gpu.hbm_gbps * 1e9);
+  return k.flops / peak_flops(gpu, k.cuda_cores ? DType::f32 : amp) > k.bytes / (gpu.hbm_gbps * 1e9);
 }
 
 // The kernels of one step (forward, backward, gradient clipping's norm, AdamW, zero_grad), per kind.
@@ -70,37 +84,66 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   const double L = double(c.layers), C = double(c.embd), T = double(c.seq), V = double(c.vocab);
   const double BT = double(c.batch) * T, s = double(dtype_size(c.amp)), f = 4.0;
   const double params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;  // wpe sized for T = block size
+  // before: 16-bit activations go through f32 copies around the non-GEMM kernels, which then move f32 (h);
+  // f32_attention: attention too, on the CUDA cores, one sequence per launch.
+  const bool half = c.amp != DType::f32;
+  const bool before = half && c.kernels != KernelSet::kTarget, f32_attention = half && c.kernels == KernelSet::kBefore;
+  const double h = before ? f : s, cast = s + f;  // a cast reads one dtype and writes the other
   std::vector<KernelCost> k;
-  auto add = [&](std::string name, double launches, double flops, double bytes) {
-    k.push_back({std::move(name), int64_t(launches), flops, bytes});
+  auto add = [&](std::string name, double launches, double flops, double bytes, bool cuda_cores = false) {
+    k.push_back({std::move(name), int64_t(launches), flops, bytes, cuda_cores});
   };
   // A linear layer x (BT, in) -> (BT, out) with bias: forward, then the input's and the weight's gradients (the
   // bias gradient, a column sum of dy, with the weight's; the convention's 6 FLOPs per bias element per token
-  // split 2 forward, 4 there).
+  // split 2 forward, 4 there). Before the target: the weight gradient written in 16 bits, then cast to f32.
   auto linear = [&](const std::string& name, double in, double out, bool bias) {
     const double b = bias ? out : 0;
     add(name + " fwd", L, 2 * BT * (in * out + b), s * (BT * in + in * out + b + BT * out));
     add(name + " bwd dx", L, 2 * BT * in * out, s * (BT * out + in * out + BT * in));
-    add(name + " bwd dw", L, 2 * BT * (in * out + 2 * b), s * (BT * in + BT * out) + f * (in * out + b));
+    add(name + " bwd dw", L, 2 * BT * (in * out + 2 * b), s * (BT * in + BT * out) + (before ? s : f) * (in * out + b));
+    if (before) add(name + " dw cast to f32", L, 0, cast * (in * out + b));
   };
   add("embedding fwd (wte + wpe)", 1, 0, 8 * BT + f * (BT * C + T * C) + f * BT * C);
-  add("layernorm fwd", 2 * L + 1, 2 * BT * 2 * C, BT * C * (f + s) + 2 * C * f + 2 * BT * f);
+  add("layernorm fwd", 2 * L + 1, 2 * BT * 2 * C, BT * C * (f + h) + 2 * C * f + 2 * BT * f);
+  if (before) add("layernorm fwd out cast", 2 * L + 1, 0, cast * BT * C);
   linear("linear qkv", C, 3 * C, true);
-  add("attention fwd", L, 4 * BT * T * C, s * 4 * BT * C + f * BT * double(c.heads));
+  if (f32_attention) {
+    // One sequence per launch, f32 on the CUDA cores; q, k, v cast to f32 before, the output back after.
+    add("attention fwd (f32, per sequence)", L * double(c.batch), 4 * T * T * C,
+        f * 4 * T * C + f * T * double(c.heads), true);
+    add("attention fwd casts", L, 0, cast * 4 * BT * C);
+  } else {
+    add("attention fwd", L, 4 * BT * T * C, s * 4 * BT * C + f * BT * double(c.heads));
+  }
   linear("linear attn proj", C, C, true);
   add("residual add", 2 * L, 0, f * 3 * BT * C);
   linear("linear fc", C, 4 * C, true);
-  add("gelu fwd (bias in the GEMM)", L, 0, s * 2 * 4 * BT * C);
+  if (before) {
+    add("bias + gelu fwd (f32)", L, 0, h * 2 * 4 * BT * C + f * 4 * C);
+    add("bias + gelu fwd casts", L, 0, cast * 2 * 4 * BT * C);
+  } else {
+    add("gelu fwd (bias in the GEMM)", L, 0, s * 2 * 4 * BT * C);
+  }
   linear("linear mlp proj", 4 * C, C, true);
   // The tied head: logits = ln_f(x) wte^T, no bias; in linear()'s terms one "layer".
   add("lm head fwd", 1, 2 * BT * C * V, s * (BT * C + V * C + BT * V));
   add("lm head bwd dx", 1, 2 * BT * C * V, s * (BT * V + V * C + BT * C));
-  add("lm head bwd dw", 1, 2 * BT * C * V, s * (BT * C + BT * V) + f * V * C);
-  add("cross-entropy fwd", 1, 0, s * BT * V + 8 * BT + f * 2 * BT);
-  add("cross-entropy bwd", 1, 0, s * 2 * BT * V + 8 * BT + f * BT);
-  add("gelu bwd", L, 0, s * 3 * 4 * BT * C);
-  add("attention bwd", L, 8 * BT * T * C, s * 8 * BT * C + f * BT * double(c.heads));
-  add("layernorm bwd", 2 * L + 1, 4 * BT * 2 * C, BT * C * (s + 2 * f) + 2 * BT * f + 2 * C * f);
+  add("lm head bwd dw", 1, 2 * BT * C * V, s * (BT * C + BT * V) + (before ? s : f) * V * C);
+  if (before) add("lm head dw cast to f32", 1, 0, cast * V * C);
+  add("cross-entropy fwd", 1, 0, h * BT * V + 8 * BT + f * 2 * BT);
+  add("cross-entropy bwd", 1, 0, h * 2 * BT * V + 8 * BT + f * BT);
+  if (before) add("cross-entropy casts (logits in, dlogits out)", 1, 0, cast * 2 * BT * V);
+  add("gelu bwd", L, 0, h * 3 * 4 * BT * C);
+  if (before) add("gelu bwd casts", L, 0, cast * 3 * 4 * BT * C);
+  if (f32_attention) {
+    add("attention bwd (f32, per sequence)", L * double(c.batch), 8 * T * T * C,
+        f * 8 * T * C + f * T * double(c.heads), true);
+    add("attention bwd casts", L, 0, cast * 8 * BT * C);
+  } else {
+    add("attention bwd", L, 8 * BT * T * C, s * 8 * BT * C + f * BT * double(c.heads));
+  }
+  add("layernorm bwd", 2 * L + 1, 4 * BT * 2 * C, BT * C * (h + 2 * f) + 2 * BT * f + 2 * C * f);
+  if (before) add("layernorm bwd dy cast", 2 * L + 1, 0, cast * BT * C);
   add("residual grad add", 2 * L, 0, f * 3 * BT * C);
   add("embedding bwd", 1, 0, f * BT * C + 8 * BT + f * (V * C + T * C));
   if (c.amp != DType::f32) add("weight cast to 16 bits", 1, 0, (f + s) * params);

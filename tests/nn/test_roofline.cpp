@@ -22,7 +22,8 @@ TEST(Roofline, StepFlopsAreTheModelsFlopsPerToken) {
 }
 
 TEST(Roofline, Gpt2OnH100IsBoundedByTheTensorCoresAndItsLargestKernelsAreGemms) {
-  const bench::RooflineConfig c;  // GPT-2 124M, B 16, T 1024, bf16
+  bench::RooflineConfig c;  // GPT-2 124M, B 16, T 1024, bf16
+  c.kernels = bench::KernelSet::kTarget;
   const bench::GpuPeak& h100 = *bench::find_gpu("H100");
   double seconds = 0;
   for (const bench::KernelCost& k : bench::step_kernels(c)) {
@@ -34,6 +35,35 @@ TEST(Roofline, Gpt2OnH100IsBoundedByTheTensorCoresAndItsLargestKernelsAreGemms) 
   EXPECT_GT(seconds, compute_only);
   EXPECT_LT(seconds, 2 * compute_only);
   EXPECT_EQ(bench::find_gpu("V100"), nullptr);
+}
+
+// The three kernel sets of issue #15 do the same arithmetic; each step towards the target moves fewer bytes and has
+// a lower bound no higher than the one before. f32 runs the same kernels in all three.
+TEST(Roofline, KernelSetsDoTheSameFlopsAndEachStepLowersTheBound) {
+  const bench::GpuPeak& h100 = *bench::find_gpu("H100");
+  auto bound = [&](bench::RooflineConfig c, bench::KernelSet set, double* flops) {
+    c.kernels = set;
+    double seconds = 0;
+    for (const bench::KernelCost& k : bench::step_kernels(c)) seconds += bench::ideal_seconds(k, h100, c.amp);
+    *flops = bench::step_flops(bench::step_kernels(c));
+    return seconds;
+  };
+  for (DType amp : {DType::bf16, DType::f16}) {
+    bench::RooflineConfig c;
+    c.amp = amp;
+    double f_before, f_now, f_target;
+    const double before = bound(c, bench::KernelSet::kBefore, &f_before);
+    const double now = bound(c, bench::KernelSet::kNow, &f_now);
+    const double target = bound(c, bench::KernelSet::kTarget, &f_target);
+    EXPECT_EQ(f_before, f_target);
+    EXPECT_EQ(f_now, f_target);
+    EXPECT_GT(before, now);
+    EXPECT_GT(now, target);
+  }
+  bench::RooflineConfig f32;
+  f32.amp = DType::f32;
+  double unused;
+  EXPECT_EQ(bound(f32, bench::KernelSet::kBefore, &unused), bound(f32, bench::KernelSet::kTarget, &unused));
 }
 
 }  // namespace
