@@ -27,6 +27,7 @@
 #include "ops/cast.h"
 #include "ops/cpu/simd/isa.h"
 #include "ops/cross_entropy.h"
+#include "ops/dropout.h"
 #include "ops/gelu.h"
 #include "ops/layernorm.h"
 #include "ops/softmax.h"
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
   int reps = 9, threads = default_num_threads();
   std::string isa_arg = "all";
   bool json = false;
-  app.add_option("--numel", numel, "elements of the flat ops (AdamW, unscale, casts, gelu)")->check(CLI::PositiveNumber);
+  app.add_option("--numel", numel, "elements of the flat ops (AdamW, unscale, casts, gelu, dropout)")->check(CLI::PositiveNumber);
   app.add_option("--rows", rows, "rows of the row ops (C = 768 layer norm, V = 2048 softmax/cross-entropy)");
   app.add_option("--reps", reps, "timed repetitions per op (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "CPU threads")->check(CLI::PositiveNumber);
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
        [&] { ops::cross_entropy_backward(Tensor::scalar(1.0), sx, targets, cf.lse, rows, -1); }},
       {"adamw", 7 * f4 * n, [&] { ops::fused_adamw_(x, g, m, v, hyper); }},
       {"unscale", 2 * f4 * n, [&] { ops::unscale_and_check_(g, 1.0f); }},
+      {"dropout", 8.0 * n, [&] { ops::dropout(x, 0.1, 1337, 3, 0); }},
       {"cast_f32_bf16", 6.0 * n, [&] { ops::cast(x, DType::bf16); }},
       {"cast_bf16_f32", 6.0 * n, [&] { ops::cast(x16, DType::f32); }},
       {"cast_f32_f16", 6.0 * n, [&] { ops::cast(x, DType::f16); }},

@@ -1,9 +1,12 @@
-// Dropout on the CPU: one Philox draw per four elements (ops/kernels/dropout.h), parallel over groups of four.
+// Dropout on the CPU: one Philox draw per four elements (ops/kernels/dropout.h), parallel over groups of four; f32
+// runs the draws as vector code (ops/cpu/simd/dropout.cpp), f64 the scalar reference.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/parallel.h"
 #include "ops/cast.h"
 #include "ops/dropout.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/kernels/dropout.h"
 
 namespace minidl::ops {
@@ -22,6 +25,10 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64
     float pf = float(p);
     T scale = T(1) / (T(1) - T(p));
     parallel_for(0, groups, 1024, [&](int64_t g0, int64_t g1) {
+      if constexpr (std::is_same_v<T, float>) {
+        simd::dropout_draws(px, py, n, uint64_t(g0), uint64_t(g1), seed, stream, offset, pf, scale);
+        return;
+      }
       for (int64_t g = g0; g < g1; ++g) {
         bool keep[4];
         kernels::dropout_keep4(rng, offset, uint64_t(g), pf, keep);

@@ -13,7 +13,9 @@
 //   AdamW, unscale, casts: bitwise (no float reduction, no fused multiply-add: ops/CMakeLists.txt).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -22,7 +24,9 @@
 #include "core/half.h"
 #include "ops/cpu/simd/isa.h"
 #include "ops/cpu/simd/simd.h"
+#include "core/rng.h"
 #include "ops/kernels/adamw.h"
+#include "ops/kernels/dropout.h"
 #include "ops/kernels/gelu.h"
 
 namespace simd = minidl::ops::simd;
@@ -278,5 +282,37 @@ TEST(Simd, CastsAreBitwiseCoreHalf) {
     simd::f32_to_f16(&nan, &nh, 1);
     EXPECT_TRUE(std::isnan(minidl::to_float(nb)));
     EXPECT_TRUE(std::isnan(minidl::to_float(nh)));
+  });
+}
+
+// The vector Philox draws equal the scalar mapping of ops/kernels/dropout.h bit for bit: every length (whole
+// vectors of draws, a last draw of 1-3 elements), a range of draws that starts mid-tensor, counters that carry
+// into their high word and wrap around 2^64, p from 0 to nearly 1, and inf, NaN, -0 and denormal inputs.
+TEST(Simd, DropoutDrawsAreBitwiseTheScalarMapping) {
+  std::vector<float> x = inputs(4 * kMaxLen + 3, 71, 5.0f);
+  x[5] = kInf, x[6] = -kInf, x[7] = kNaN, x[9] = -0.0f;
+  const uint64_t offsets[] = {0, 1000, 0xFFFFFFFFull - 5, ~0ull - 9};
+  for_each_isa([&] {
+    for (double p : {0.0, 0.1, 0.5, 0.999}) {
+      const float pf = float(p), scale = 1.0f / (1.0f - pf);
+      for (uint64_t offset : offsets) {
+        const minidl::Philox rng(0x1234567890abcdefull, 77);
+        for (int n : {1, 4, 7, 16, 33, 64, 130, int(x.size())}) {
+          const uint64_t draws = uint64_t(n + 3) / 4;
+          for (uint64_t first : {uint64_t(0), draws / 3}) {
+            std::vector<float> got(size_t(n), 42.0f), want(size_t(n), 42.0f);
+            simd::dropout_draws(x.data(), got.data(), n, first, draws, 0x1234567890abcdefull, 77, offset, pf, scale);
+            for (uint64_t g = first; g < draws; ++g) {
+              bool keep[4];
+              minidl::ops::kernels::dropout_keep4(rng, offset, g, pf, keep);
+              for (int64_t i = int64_t(4 * g); i < std::min<int64_t>(n, int64_t(4 * g) + 4); ++i)
+                want[size_t(i)] = keep[i - int64_t(4 * g)] ? x[size_t(i)] * scale : 0.0f;
+            }
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << "p = " << p << ", offset = " << offset << ", n = " << n << ", first draw " << first;
+          }
+        }
+      }
+    }
   });
 }

@@ -50,6 +50,11 @@ void adamw(float* p, const float* g, float* m, float* v, const minidl::kernels::
 // g *= inv_scale; returns true if any result is inf or NaN.
 bool unscale(float* g, float inv_scale, int64_t n);
 
+// Dropout of the elements of Philox draws [first_draw, end_draw) of x (n elements in all): y[i] = x[i] * scale if
+// kept, else 0, with ops/kernels/dropout.h's mapping bit for bit (ops/cpu/simd/dropout.cpp).
+void dropout_draws(const float* x, float* y, int64_t n, uint64_t first_draw, uint64_t end_draw, uint64_t seed,
+                   uint64_t stream, uint64_t offset, float p, float scale);
+
 // Conversions with core/half.h's rounding (nearest even) and results (NaN payloads aside).
 void f32_to_bf16(const float* s, bf16* d, int64_t n);
 void bf16_to_f32(const bf16* s, float* d, int64_t n);
