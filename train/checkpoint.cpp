@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "dist/tp_gpt.h"
 #include "nn/atomic_file.h"
 #include "nn/checkpoint.h"
 #include "nn/safetensors.h"
@@ -30,6 +31,12 @@ std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MINIDL_CHECK(in, "checkpoint: cannot read ", path);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The shape of parameter `name` in one process: a tensor-parallel rank holds a slice of it.
+Shape logical_shape(const nn::Module& model, const std::string& name, const Tensor& p) {
+  if (auto* split = dynamic_cast<const dist::TensorParallelGPT*>(&model)) return split->layout(name).full_shape;
+  return p.shape();
 }
 
 bool is_step_dir(const fs::path& p) {
@@ -161,7 +168,21 @@ void restore_model(const Checkpoint& c, nn::GPT& model) {
   want.dropout = have.dropout = 0;  // dropout is a training choice, not the model's shape
   MINIDL_CHECK(want == have, "checkpoint ", c.dir, ": its model (", nn::gpt_config_to_json(c.model_config),
                ") is not the one configured (", nn::gpt_config_to_json(model.config()), ")");
-  nn::load_into(model, (fs::path(c.dir) / kModelFile).string());
+  const std::string path = (fs::path(c.dir) / kModelFile).string();
+  if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(&model))
+    dist::load_tensor_parallel_gpt(*split, path);  // this rank's slices of the whole tensors
+  else
+    nn::load_into(model, path);
+}
+
+std::shared_ptr<const nn::GPT> consolidated_model(const nn::GPT& model, bool keep) {
+  auto* split = dynamic_cast<const dist::TensorParallelGPT*>(&model);
+  if (!split) return keep ? std::shared_ptr<const nn::GPT>(&model, [](const nn::GPT*) {}) : nullptr;
+  nn::StateDict whole = split->gather_state_dict();  // collective over the tp group
+  if (!keep) return nullptr;
+  auto one = std::make_shared<nn::GPT>(model.config());
+  one->load_state_dict(whole, /*strict=*/true);
+  return one;
 }
 
 void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::AdamW& optimizer, GradSync& sync) {
@@ -170,9 +191,10 @@ void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::Adam
     auto im = c.exp_avg.find(name), iv = c.exp_avg_sq.find(name);
     MINIDL_CHECK(im != c.exp_avg.end() && iv != c.exp_avg_sq.end(), "checkpoint ", c.dir, "/", kOptimizerFile,
                  ": no optimizer state for ", name);
-    MINIDL_CHECK(im->second.shape() == p.shape() && iv->second.shape() == p.shape(), "checkpoint ", c.dir, "/",
+    const Shape want = logical_shape(model, name, p);
+    MINIDL_CHECK(im->second.shape() == want && iv->second.shape() == want, "checkpoint ", c.dir, "/",
                  kOptimizerFile, ": optimizer state for ", name, " has shape ", im->second.shape(), ", expected ",
-                 p.shape());
+                 want);
     m_of[name] = im->second;
     v_of[name] = iv->second;
   }

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -76,6 +77,11 @@ void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::st
 void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
                      const OptimizerCheckpoint& optimizer, const TrainingState& state);
 
+// The model as one process holds it, for save_checkpoint: `model` itself, or for a dist::TensorParallelGPT its
+// parameters gathered over the tp group (collective there: every rank of the group calls it) into a one-process
+// GPT. Null where `keep` is false.
+std::shared_ptr<const nn::GPT> consolidated_model(const nn::GPT& model, bool keep);
+
 // Reads and verifies a checkpoint directory; throws naming the file and the problem.
 Checkpoint load_checkpoint(const std::string& dir);
 
@@ -84,7 +90,7 @@ Checkpoint load_checkpoint(const std::string& dir);
 void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& optimizer);
 // The two halves, for any GradSync. restore_model: the weights (before a ZeRO GradSync shards them).
 // restore_optimizer: AdamW's m, v and step; each rank takes its owned pieces (ZeRO: its shard) of the logical
-// tensors, local.
+// tensors, local. A dist::TensorParallelGPT takes its slices of the whole tensors (any tp, padding zero).
 void restore_model(const Checkpoint& c, nn::GPT& model);
 void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::AdamW& optimizer, GradSync& sync);
 

@@ -83,9 +83,6 @@ void TrainConfig::validate(int world) const {
                " must be a multiple of --tp ", tp);
   MINIDL_CHECK(tp == 1 || zero == 0, "--tp ", tp, " with --zero ", zero, ": ZeRO over a tensor-parallel model is not "
                "implemented yet; use --zero 0");
-  MINIDL_CHECK(tp == 1 || (checkpoint_dir.empty() && resume.empty()), "--tp ", tp, " with --checkpoint-dir or "
-               "--resume: training checkpoints of a tensor-parallel run are not implemented yet (--save and "
-               "--init-from work at any --tp)");
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
                " does not match the ", world, " ranks this job runs on (mpirun -n)");
@@ -269,13 +266,14 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
   // ZeRO: every dp rank sends its shards of AdamW's state (and stage 3 its parameters) to the writer.
   sync->hold_full_parameters(true);
   const OptimizerCheckpoint opt = logical_optimizer_state(*optimizer, *sync, *model, write);
+  const std::shared_ptr<const nn::GPT> whole = consolidated_model(*model, write);  // tp > 1: gathered (collective)
   if (write) {
     std::filesystem::create_directories(cfg.checkpoint_dir);
     nlohmann::json run = nlohmann::json::object();
     for (const auto& [k, v] : config_fields()) run[k] = v;
     TrainingState st{steps_done, schedule_step, std::nullopt, run.dump()};
     if (scaler) st.scaler = scaler->state();
-    train::save_checkpoint(dir, *model, ds->tokenizer().to_json().dump(), opt, st);
+    train::save_checkpoint(dir, *whole, ds->tokenizer().to_json().dump(), opt, st);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     uint64_t bytes = 0;
     for (const auto& f : std::filesystem::directory_iterator(dir)) bytes += std::filesystem::file_size(f.path());
@@ -389,7 +387,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
       if (o.sequence_parallel)
         s.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
                           std::to_string(s.seq / grid.tp) + " of " + std::to_string(s.seq) + " positions per rank");
-      if (s.ckpt && !s.resume) dist::load_tensor_parallel_gpt(*split, o.init_from);
+      if (s.resume)
+        restore_model(*s.resume, *split);  // this rank's slices of the checkpoint's whole tensors
+      else if (s.ckpt)
+        dist::load_tensor_parallel_gpt(*split, o.init_from);
       s.model = std::move(split);
     } else {
       s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
