@@ -19,6 +19,7 @@
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/grad_sync.h"
+#include "train/pipeline_checkpoint.h"
 #include "train/pipeline_step.h"
 #include "train/progress.h"
 #include "train/step.h"
@@ -265,8 +266,11 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
   auto t0 = std::chrono::steady_clock::now();
   // ZeRO: every dp rank sends its shards of AdamW's state (and stage 3 its parameters) to the writer.
   sync->hold_full_parameters(true);
-  const OptimizerCheckpoint opt = logical_optimizer_state(*optimizer, *sync, *model, write);
-  const std::shared_ptr<const nn::GPT> whole = consolidated_model(*model, write);  // tp > 1: gathered (collective)
+  // tp > 1 or pp > 1: the logical tensors gathered (collective over the tp or pp group).
+  const OptimizerCheckpoint opt = pipe ? pipeline_optimizer_state(*optimizer, *pipe, write)
+                                       : logical_optimizer_state(*optimizer, *sync, *model, write);
+  const std::shared_ptr<const nn::GPT> whole =
+      pipe ? consolidated_pipeline_model(*pipe, write) : consolidated_model(*model, write);
   if (write) {
     std::filesystem::create_directories(cfg.checkpoint_dir);
     nlohmann::json run = nlohmann::json::object();
@@ -373,6 +377,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     // This stage's chunks; the schedule is validated here, before anything is sent.
     const std::vector<int64_t> starts = pipeline_starts(o, model_cfg);
     s.pipe = std::make_unique<PipelineModel>(model_cfg, o.seed, pipeline_spec(o), starts, *s.topo);
+    if (s.resume)
+      restore_pipeline_model(*s.resume, *s.pipe);  // each chunk takes its tensors of the whole model
+    else if (s.ckpt)
+      load_pipeline_model(*s.pipe, nn::load_safetensors(o.init_from).tensors);
     s.pipe->to(s.device);
     s.pipe->train();
     s.pipe->set_dropout(0, s.first_sample);
@@ -430,11 +438,17 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
           optim::decay_groups(s.pipe ? s.pipe->named_parameters() : s.model->named_parameters(), o.weight_decay)),
       optim::AdamWOptions{o.lr});
   if (s.resume) {
-    restore_optimizer(*s.resume, *s.model, *s.optimizer, *s.sync);  // AdamW's m, v, step: this rank's shard
+    if (s.pipe)
+      restore_pipeline_optimizer(*s.resume, *s.pipe, *s.optimizer);  // this stage's parameters
+    else
+      restore_optimizer(*s.resume, *s.model, *s.optimizer, *s.sync);  // AdamW's m, v, step: this rank's shard
     MINIDL_CHECK(s.resume->state.step <= o.steps, "--resume ", s.resume->dir, ": the checkpoint is at step ",
                  s.resume->state.step, ", past --steps ", o.steps);
     // The data sampler and the dropout masks are functions of (seed, step): the step is their whole position.
-    s.model->dropout_context().step = uint64_t(s.resume->state.step);
+    if (s.pipe)
+      s.pipe->set_dropout(uint64_t(s.resume->state.step), s.first_sample);
+    else
+      s.model->dropout_context().step = uint64_t(s.resume->state.step);
   }
   if (!o.checkpoint_dir.empty()) install_preemption_handlers();
   s.print_header();
@@ -558,14 +572,19 @@ int Trainer::run() {
                 (long long)s.seq);
   // Every rank holds the whole model: the logging rank writes it (temporary name, then rename). With tp > 1 the
   // tp group of the logging rank gathers the whole parameters first (collective), and the logging rank writes.
-  const bool whole_model_here = s.logger || (s.topo->grid().tp > 1 && s.topo->coord().dp == 0);
+  // With pp > 1 the stages' weights are gathered on the first stage (collective over the pp group), which saves
+  // and samples alone.
+  const bool whole_model_here = s.logger || (!s.pipe && s.topo->grid().tp > 1 && s.topo->coord().dp == 0);
+  std::shared_ptr<nn::GPT> gathered;
+  if (s.pipe && (!o.save.empty() || o.sample > 0)) gathered = consolidated_pipeline_model(*s.pipe, s.logger);
+  nn::GPT* whole = s.pipe ? gathered.get() : s.model.get();
   if (!o.save.empty() && whole_model_here) {
     nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
     if (s.scaler) extras["grad_scaler"] = scaler_state_json(s.scaler->state());
     if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(s.model.get()))
       dist::save_tensor_parallel_gpt(o.save, *split, s.ds->tokenizer().to_json().dump(), extras, s.logger);
     else
-      nn::save_gpt(o.save, *s.model, s.ds->tokenizer().to_json().dump(), extras);
+      nn::save_gpt(o.save, *whole, s.ds->tokenizer().to_json().dump(), extras);
     if (s.logger) std::printf("saved %s\n", o.save.c_str());
   }
   if (o.sample > 0 && whole_model_here) {  // with tp > 1 the tp group computes every token together
@@ -573,7 +592,7 @@ int Trainer::run() {
     const auto& v = s.ds->tokenizer().vocab();
     std::vector<int32_t> prompt{
         std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? s.ds->tokenizer().encode("\n")[0] : 0};
-    std::vector<int32_t> out = train::sample(*s.model, prompt, o.sample, o.temperature, o.seed);
+    std::vector<int32_t> out = train::sample(*whole, prompt, o.sample, o.temperature, o.seed);
     if (s.logger) std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
   }
   if (s.pipe) {
