@@ -162,3 +162,83 @@ TEST_F(ResumeParallel, TensorParallelSaveLoadsAtTp4AndInPyTorch) {
   ASSERT_TRUE(std::regex_search(torch.out, m, std::regex("val_loss=([-0-9.e+naif]+)"))) << torch.out;
   EXPECT_NEAR(std::stod(m[1]), summary(two.out, "val_loss"), 1e-3) << torch.out;
 }
+
+// pp 2: 8 steps straight vs 4 + resume + 4 give byte-identical checkpoints (each stage's tensors gathered into the
+// one-process file, the tied wte once), with GPipe over 4 micro-batches, and at dp 2 x pp 2 with the fp16 scaler.
+TEST_F(ResumeParallel, PipelineStraightEqualsFourPlusFour) {
+  struct Case {
+    int ranks;
+    const char* extra;
+  };
+  for (Case c : {Case{2, " --pp 2 --micro-batches 4 --schedule gpipe"}, Case{4, " --pp 2 --dp 2 --amp fp16"}}) {
+    SCOPED_TRACE(c.extra);
+    fs::remove_all(path("a"));
+    fs::remove_all(path("b"));
+    Result straight = run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + path("a") + " --save-every 8");
+    ASSERT_EQ(straight.code, 0) << straight.out;
+    ASSERT_EQ(run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + path("b") + " --save-every 4").code, 0);
+    fs::remove_all(path("b") + "/step-00000008");
+    Result second =
+        run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + path("b") + " --save-every 4 --resume auto");
+    ASSERT_EQ(second.code, 0) << second.out;
+    EXPECT_NE(second.out.find("resuming from " + path("b") + "/step-00000004"), std::string::npos) << second.out;
+    for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+      EXPECT_TRUE(read_file(path("a") + "/step-00000008/" + f) == read_file(path("b") + "/step-00000008/" + f)) << f;
+    EXPECT_EQ(summary(second.out, "val_loss"), summary(straight.out, "val_loss"));
+    EXPECT_EQ(summary(second.out, "loss_scale"), summary(straight.out, "loss_scale"));
+  }
+}
+
+// Resharding across pipeline sizes: the pp 2 checkpoint holds what one process holds at the same step (within 1e-3
+// of each tensor's largest element; wte's two contributions are summed in another order), and it continues at pp 1,
+// at dp 2 x pp 2 and at tp 2 within 1e-3 of the run that never stopped; a one-process checkpoint continues at pp 2.
+TEST_F(ResumeParallel, PipelineCheckpointResumesAtAnotherPp) {
+  Result straight = run(1, flags(8) + " --checkpoint-dir " + path("one") + " --save-every 4");
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  ASSERT_EQ(run(2, flags(8) + " --pp 2 --checkpoint-dir " + path("pp2") + " --save-every 4").code, 0);
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_LT(max_relative_difference(path("pp2") + "/step-00000004/" + f, path("one") + "/step-00000004/" + f), 1e-3)
+        << f;
+  struct Case {
+    const char* from;
+    int ranks;
+    const char* extra;
+  };
+  for (Case c : {Case{"pp2", 1, ""}, Case{"pp2", 4, " --pp 2 --dp 2"}, Case{"pp2", 2, " --tp 2"},
+                 Case{"one", 2, " --pp 2"}}) {
+    SCOPED_TRACE(std::string(c.from) + " ->" + c.extra);
+    const std::string ck = path(std::string("resume_") + c.from);
+    fs::remove_all(ck);
+    fs::create_directories(ck);
+    fs::copy(path(c.from) + "/step-00000004", ck + "/step-00000004", fs::copy_options::recursive);
+    Result r = run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + ck + " --resume auto");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resuming from " + ck + "/step-00000004"), std::string::npos) << r.out;
+    EXPECT_NEAR(summary(r.out, "val_loss"), summary(straight.out, "val_loss"), 1e-3) << r.out;
+  }
+}
+
+// --save, --init-from and --sample at pp 2: the saved file is a one-process model (one process evaluates it to the
+// pp run's validation loss and samples the same text from it); --init-from at pp 2 (interleaved, 2 chunks per rank)
+// loads it back to the same loss.
+TEST_F(ResumeParallel, PipelineSaveInitFromAndSample) {
+  Result two = run(2, flags(8) + " --pp 2 --save " + path("pp2.safetensors") + " --sample 40");
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto sample_of = [](const std::string& out) {
+    const size_t a = out.find("---- sample ----\n"), b = out.find("\n----------------");
+    return a == std::string::npos || b == std::string::npos ? std::string("missing") : out.substr(a, b - a);
+  };
+  Result one = run(1, flags(0) + " --init-from " + path("pp2.safetensors") + " --sample 40");
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_NEAR(summary(one.out, "val_loss"), summary(two.out, "val_loss"), 1.01e-4) << one.out;
+  EXPECT_NE(sample_of(two.out), "missing") << two.out;
+  EXPECT_EQ(sample_of(one.out), sample_of(two.out));
+  // Interleaved: rank r holds chunks r and r + 2 of 4, each loading its blocks of a 4-layer model.
+  auto four_layers = [](std::string f) { return f.replace(f.find("--layers 2"), 10, "--layers 4"); };
+  Result saved = run(1, four_layers(flags(4)) + " --save " + path("l4.safetensors"));
+  ASSERT_EQ(saved.code, 0) << saved.out;
+  Result interleaved = run(2, four_layers(flags(0)) + " --init-from " + path("l4.safetensors") +
+                                  " --pp 2 --schedule interleaved --virtual-stages 2");
+  ASSERT_EQ(interleaved.code, 0) << interleaved.out;
+  EXPECT_NEAR(summary(interleaved.out, "val_loss"), summary(saved.out, "val_loss"), 1.01e-4) << interleaved.out;
+}
