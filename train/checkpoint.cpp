@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "dist/tp_gpt.h"
@@ -56,7 +57,7 @@ std::string checkpoint_name(int64_t step) {
 }
 
 OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradSync& sync, const nn::Module& model,
-                                            bool keep) {
+                                            const KeepTensors& keep) {
   const optim::AdamWState opt = optimizer.state();
   return {opt.step, sync.logical_state(optimizer, opt.m, model, keep), sync.logical_state(optimizer, opt.v, model, keep)};
 }
@@ -64,28 +65,68 @@ OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradS
 void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
                      const optim::AdamW& optimizer, const TrainingState& state) {
   GradSync one_process;
-  save_checkpoint(dir, model, vocab_json, logical_optimizer_state(optimizer, one_process, model, true), state);
+  save_checkpoint(dir, &model, vocab_json, logical_optimizer_state(optimizer, one_process, model, true), state, {});
 }
 
-void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
-                     const OptimizerCheckpoint& opt, const TrainingState& state) {
-  MINIDL_CHECK(!fs::exists(dir), "checkpoint: ", dir, " exists already");
-  const fs::path tmp = dir + ".tmp";
-  fs::remove_all(tmp);  // left by a crash during an earlier save of the same step
-  fs::create_directories(tmp);
+std::string optimizer_file_name(int index, int count) {
+  if (count == 1) return kOptimizerFile;
+  char s[64];
+  std::snprintf(s, sizeof s, "optimizer-%05d-of-%05d.safetensors", index, count);
+  return s;
+}
 
-  nn::save_gpt((tmp / kModelFile).string(), model, vocab_json, {{"step", std::to_string(state.step)}});
+KeepTensors checkpoint_share(const std::vector<std::pair<std::string, int64_t>>& logical, int writer, int writers) {
+  int64_t total = 0;
+  for (const auto& t : logical) total += t.second;
+  auto mine = std::make_shared<std::set<std::string>>();
+  int64_t first = 0;  // the tensor's first element in the concatenation of all of them
+  for (const auto& [name, numel] : logical) {
+    const int64_t owner = total > 0 ? first * writers / total : 0;
+    if (owner == writer) mine->insert(name);
+    first += numel;
+  }
+  return KeepTensors([mine](const std::string& name) { return mine->count(name) > 0; });
+}
+
+std::vector<std::pair<std::string, int64_t>> logical_sizes(const nn::Module& model) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& [name, p] : model.named_parameters()) {
+    int64_t n = 1;
+    for (int64_t d : logical_shape(model, name, p)) n *= d;
+    out.emplace_back(name, n);
+  }
+  return out;
+}
+
+void save_checkpoint(const std::string& dir, const nn::GPT* model, const std::string& vocab_json,
+                     const OptimizerCheckpoint& opt, const TrainingState& state, const CheckpointWriter& writer) {
+  const fs::path tmp = dir + ".tmp";
+  if (writer.leader) {
+    MINIDL_CHECK(!fs::exists(dir), "checkpoint: ", dir, " exists already");
+    fs::remove_all(tmp);  // left by a crash during an earlier save of the same step
+    fs::create_directories(tmp);
+  }
+  writer.barrier();  // the directory exists for every writer
+
+  // Every rank: its share of AdamW's moments.
   MINIDL_ASSERT(opt.exp_avg.size() == opt.exp_avg_sq.size(), "save_checkpoint: m and v of different parameters");
   nn::NamedTensors moments;
   for (size_t i = 0; i < opt.exp_avg.size(); ++i) {
     moments.emplace_back("exp_avg." + opt.exp_avg[i].first, opt.exp_avg[i].second);
     moments.emplace_back("exp_avg_sq." + opt.exp_avg_sq[i].first, opt.exp_avg_sq[i].second);
   }
-  nn::save_safetensors((tmp / kOptimizerFile).string(), moments, {{"format", "minidl-adamw"}});
+  nn::save_safetensors((tmp / optimizer_file_name(writer.index, writer.count)).string(), moments,
+                       {{"format", "minidl-adamw"}});
+  if (writer.leader) {
+    MINIDL_ASSERT(model != nullptr, "save_checkpoint: the leader needs the whole model");
+    nn::save_gpt((tmp / kModelFile).string(), *model, vocab_json, {{"step", std::to_string(state.step)}});
+  }
+  writer.barrier();  // every file is complete: the leader seals the directory
+  if (!writer.leader) return;
   nlohmann::json st = {{"step", state.step},
                        {"schedule_step", state.schedule_step},
                        {"optimizer_step", opt.step},
-                       {"model_config", nlohmann::json::parse(nn::gpt_config_to_json(model.config()))},
+                       {"model_config", nlohmann::json::parse(nn::gpt_config_to_json(model->config()))},
                        {"run_config", nlohmann::json::parse(state.config)}};
   if (state.scaler)
     st["grad_scaler"] = {{"scale", state.scaler->scale},
@@ -95,8 +136,12 @@ void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::st
   nn::write_text_file_atomically((tmp / kStateFile).string(), st.dump(2));
 
   Manifest manifest;
-  for (const char* f : {kModelFile, "config.json", kOptimizerFile, kStateFile})
+  std::vector<std::string> files{kModelFile, "config.json", kStateFile};
+  for (int i = 0; i < writer.count; ++i) files.push_back(optimizer_file_name(i, writer.count));
+  for (const std::string& f : files) {
+    MINIDL_CHECK(fs::exists(tmp / f), "checkpoint ", tmp.string(), ": ", f, " was not written");
     manifest[f] = {uint64_t(fs::file_size(tmp / f)), fnv1a64_of_file((tmp / f).string())};
+  }
   nn::write_text_file_atomically((tmp / kManifestFile).string(), manifest_json(manifest));
   nn::write_text_file_atomically((tmp / kDoneFile).string(), "complete\n");
   fs::rename(tmp, dir);
@@ -109,7 +154,21 @@ Checkpoint load_checkpoint(const std::string& dir) {
   const std::string manifest_path = (fs::path(dir) / kManifestFile).string();
   MINIDL_CHECK(fs::exists(manifest_path), "checkpoint ", dir, ": missing ", kManifestFile);
   const Manifest manifest = parse_manifest(manifest_path, read_text(manifest_path));
-  for (const char* f : {kModelFile, kOptimizerFile, kStateFile}) {
+  // The optimizer files: one, or count of them, each named with its index and the count.
+  std::vector<std::string> optimizer_files;
+  if (manifest.count(kOptimizerFile)) {
+    optimizer_files.push_back(kOptimizerFile);
+  } else {
+    int index = -1, count = 0;
+    for (const auto& [f, e] : manifest)
+      if (std::sscanf(f.c_str(), "optimizer-%d-of-%d.safetensors", &index, &count) == 2) break;
+    MINIDL_CHECK(count > 0, "checkpoint ", manifest_path, ": no entry for ", kOptimizerFile, " or its shards (",
+                 optimizer_file_name(0, 2), ", ...)");
+    for (int i = 0; i < count; ++i) optimizer_files.push_back(optimizer_file_name(i, count));
+  }
+  std::vector<std::string> files{kModelFile, kStateFile};
+  files.insert(files.end(), optimizer_files.begin(), optimizer_files.end());
+  for (const std::string& f : files) {
     const fs::path p = fs::path(dir) / f;
     auto e = manifest.find(f);
     MINIDL_CHECK(e != manifest.end(), "checkpoint ", manifest_path, ": no entry for ", f);
@@ -147,12 +206,15 @@ Checkpoint load_checkpoint(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     MINIDL_CHECK(false, "checkpoint ", state_path, ": missing or mistyped field (", e.what(), ")");
   }
-  nn::SafetensorsFile opt = nn::load_safetensors((fs::path(dir) / kOptimizerFile).string());
-  for (auto& [name, t] : opt.tensors) {
-    if (name.rfind("exp_avg_sq.", 0) == 0)
-      c.exp_avg_sq[name.substr(11)] = t;
-    else if (name.rfind("exp_avg.", 0) == 0)
-      c.exp_avg[name.substr(8)] = t;
+  for (const std::string& f : optimizer_files) {
+    nn::SafetensorsFile opt = nn::load_safetensors((fs::path(dir) / f).string());
+    for (auto& [name, t] : opt.tensors) {
+      const bool v = name.rfind("exp_avg_sq.", 0) == 0, m = !v && name.rfind("exp_avg.", 0) == 0;
+      if (!m && !v) continue;
+      auto& into = v ? c.exp_avg_sq : c.exp_avg;
+      MINIDL_CHECK(into.emplace(name.substr(v ? 11 : 8), t).second, "checkpoint ", dir, "/", f, ": ", name,
+                   " is also in another optimizer file");
+    }
   }
   return c;
 }

@@ -62,10 +62,29 @@ struct OptimizerCheckpoint {
   nn::NamedTensors exp_avg, exp_avg_sq;
 };
 
-// The optimizer's state per logical parameter. Collective over the dp group under ZeRO (every dp rank calls it);
-// the ranks with `keep` false get only the step.
+// The optimizer's state per logical parameter, of the tensors `keep` names. Collective over the dp group under ZeRO
+// and over the tp group at tp > 1 (every rank calls it, whatever it keeps).
 OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradSync& sync, const nn::Module& model,
-                                            bool keep);
+                                            const KeepTensors& keep);
+
+// Who writes what. Every rank writes one optimizer file holding its share of the logical tensors (`index` of
+// `count` files: "optimizer.safetensors" when count is 1, else "optimizer-00001-of-00004.safetensors"); the leader
+// also writes the model, state.json, and, after every file is written, manifest.json and DONE, then renames the
+// directory into place. `barrier` synchronises every rank taking part (a no-op for one process).
+struct CheckpointWriter {
+  int index = 0, count = 1;
+  bool leader = true;
+  std::function<void()> barrier = [] {};
+};
+// The optimizer file of writer `index` of `count`.
+std::string optimizer_file_name(int index, int count);
+// The logical tensors (name, element count, in a fixed order) split into `writers` contiguous runs of about equal
+// size, tensor i going to the writer whose share holds its first element: which of them writer `writer` keeps.
+// Pure, so every rank (and every parallel layout of the same tensors) agrees.
+KeepTensors checkpoint_share(const std::vector<std::pair<std::string, int64_t>>& logical, int writer, int writers);
+// The model's logical tensors in named_parameters() order with their one-process element counts (a
+// TensorParallelGPT's whole shapes).
+std::vector<std::pair<std::string, int64_t>> logical_sizes(const nn::Module& model);
 
 // Name of the checkpoint directory for a step: "step-00000020".
 std::string checkpoint_name(int64_t step);
@@ -73,9 +92,10 @@ std::string checkpoint_name(int64_t step);
 // Writes the checkpoint directory `dir` (which must not exist yet) atomically, as described above.
 void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
                      const optim::AdamW& optimizer, const TrainingState& state);
-// The same with the optimizer state already per logical parameter (a sharded run's, logical_optimizer_state).
-void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
-                     const OptimizerCheckpoint& optimizer, const TrainingState& state);
+// Collective over the writers: this rank's part of the checkpoint (`model`, whole, is read on the leader only and
+// may be null elsewhere; `optimizer` holds this rank's share of the logical tensors).
+void save_checkpoint(const std::string& dir, const nn::GPT* model, const std::string& vocab_json,
+                     const OptimizerCheckpoint& optimizer, const TrainingState& state, const CheckpointWriter& writer);
 
 // The model as one process holds it, for save_checkpoint: `model` itself, or for a dist::TensorParallelGPT its
 // parameters gathered over the tp group (collective there: every rank of the group calls it) into a one-process

@@ -92,14 +92,34 @@ std::shared_ptr<nn::GPT> consolidated_pipeline_model(const PipelineModel& pipe, 
   return one;
 }
 
-OptimizerCheckpoint pipeline_optimizer_state(const optim::AdamW& optimizer, const PipelineModel& pipe, bool keep) {
+namespace {
+
+// This stage's parameters that are logical tensors of its own: all but the last stage's copy of wte.
+nn::NamedTensors owned_parameters(const PipelineModel& pipe) {
+  nn::NamedTensors out;
+  for (auto& [name, p] : pipe.named_parameters())
+    if (name != kWte || pipe.first_stage()) out.emplace_back(name, p);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, int64_t>> pipeline_logical_sizes(const PipelineModel& pipe) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& [name, p] : owned_parameters(pipe)) out.emplace_back(name, p.numel());
+  return out;
+}
+
+OptimizerCheckpoint pipeline_optimizer_state(const optim::AdamW& optimizer, const PipelineModel& pipe,
+                                            const KeepTensors& keep) {
   const optim::AdamWState opt = optimizer.state();
-  nn::NamedTensors m, v;
-  for (const auto& [name, p] : pipe.named_parameters()) {
-    m.emplace_back(name, optimizer.state_of(opt.m, p));
-    v.emplace_back(name, optimizer.state_of(opt.v, p));
+  OptimizerCheckpoint out{opt.step, {}, {}};
+  for (const auto& [name, p] : owned_parameters(pipe)) {
+    if (!keep(name)) continue;
+    out.exp_avg.emplace_back(name, optimizer.state_of(opt.m, p));
+    out.exp_avg_sq.emplace_back(name, optimizer.state_of(opt.v, p));
   }
-  return {opt.step, gather_pipeline(pipe, m, keep), gather_pipeline(pipe, v, keep)};
+  return out;
 }
 
 void load_pipeline_model(PipelineModel& pipe, const nn::StateDict& whole) {

@@ -5,7 +5,9 @@
 // A stage holds a subset of the logical tensors (its chunks' blocks; wte and wpe on the first stage, ln_f on the
 // last; the tied wte also on the last stage, identical to the first stage's copy). Saving sends each chunk's tensors
 // to pp rank 0, chunk by chunk in global order (so the concatenation is nn::GPT's named_parameters() order), wte
-// once; loading lets every chunk take its tensors out of the whole file, both copies of wte included.
+// once; AdamW's moments need no gather: each stage's ranks write the stage's own (pipeline_optimizer_state), the
+// files together holding every logical tensor once. Loading lets every chunk take its tensors out of the whole
+// files, both copies of wte included.
 //
 //   std::shared_ptr<const nn::GPT> whole = train::consolidated_pipeline_model(pipe, logger);  // collective (pp)
 //   if (logger) nn::save_gpt(path, *whole, vocab_json);
@@ -30,8 +32,12 @@ nn::NamedTensors gather_pipeline(const PipelineModel& pipe, const nn::NamedTenso
 // The whole model as a one-process GPT on the CPU where `keep` (null elsewhere). Collective as gather_pipeline.
 std::shared_ptr<nn::GPT> consolidated_pipeline_model(const PipelineModel& pipe, bool keep);
 
-// AdamW's m and v per logical parameter (train/checkpoint.h's OptimizerCheckpoint). Collective as gather_pipeline.
-OptimizerCheckpoint pipeline_optimizer_state(const optim::AdamW& optimizer, const PipelineModel& pipe, bool keep);
+// The logical tensors this stage owns (its chunks' parameters, wte only on the first stage), in order, with their
+// element counts: what its dp ranks share out when they write a checkpoint (train/checkpoint.h's checkpoint_share).
+std::vector<std::pair<std::string, int64_t>> pipeline_logical_sizes(const PipelineModel& pipe);
+// AdamW's m and v of the logical tensors of this stage that `keep` names. Local: a stage writes its own.
+OptimizerCheckpoint pipeline_optimizer_state(const optim::AdamW& optimizer, const PipelineModel& pipe,
+                                            const KeepTensors& keep);
 
 // Every chunk's parameters from the whole model's tensors (by name; both copies of wte). Local. Throws naming a
 // missing or misshapen tensor.

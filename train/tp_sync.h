@@ -42,7 +42,7 @@ class TensorParallelSync final : public GradSync {
   // gather_whole). Collective over the tp group (and whatever the inner strategy needs). Loading slices each
   // logical tensor back (padding zero) and hands the slices to the inner strategy; local.
   nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
-                                 bool keep) override;
+                                 const KeepTensors& keep) override;
   void load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
                           const std::map<std::string, Tensor>& logical) override;
 

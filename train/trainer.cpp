@@ -169,6 +169,7 @@ struct Trainer::State {
   // Collective: the logger writes checkpoint_dir/step-N, every rank waits for it. Returns the directory, with its
   // size and the time the write took when this rank wrote it.
   std::string save_checkpoint(int64_t steps_done, int64_t schedule_step) const;
+  CheckpointWriter checkpoint_writer() const;
   void print_zero_memory() const;
   void print_tensor_parallel_step() const;
 };
@@ -259,25 +260,47 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
           {"virtual_stages", str(o.virtual_stages)}, {"pp_layers", o.pp_layers}};
 }
 
+// Every rank writes one optimizer file: rank (pp s, dp d, tp t) writes file (s·dp + d)·tp + t of all ranks' (with
+// pp = 1 a share of the whole model's tensors, with pp > 1 its dp rank's share of the stage's). The logging rank
+// leads. The two barriers together wait for every rank: each dp group, then each replica.
+CheckpointWriter Trainer::State::checkpoint_writer() const {
+  const dist::Grid& g = topo->grid();
+  const dist::GridCoord me = topo->coord();
+  CheckpointWriter w;
+  w.index = (me.pp * g.dp + me.dp) * g.tp + me.tp;
+  w.count = g.pp * g.dp * g.tp;
+  w.leader = logger;
+  w.barrier = [this] {
+    topo->dp_group().barrier()->wait();
+    topo->model_parallel_group().barrier()->wait();
+  };
+  return w;
+}
+
 std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule_step) const {
   const std::string dir = (std::filesystem::path(cfg.checkpoint_dir) / checkpoint_name(steps_done)).string();
   std::string what = dir;
-  const bool write = logger && !std::filesystem::exists(dir);
+  if (std::filesystem::exists(dir)) return what;  // every rank sees it (one shared directory): none writes
   auto t0 = std::chrono::steady_clock::now();
-  // ZeRO: every dp rank sends its shards of AdamW's state (and stage 3 its parameters) to the writer.
+  const CheckpointWriter writer = checkpoint_writer();
+  // Every rank writes AdamW's state of its share of the logical tensors (ZeRO: all-gathered bucket by bucket, tp:
+  // all-gathered tensor by tensor, pp: this stage's own); the leader also writes the whole model (ZeRO-3: gathered,
+  // tp and pp: gathered into a one-process GPT).
   sync->hold_full_parameters(true);
-  // tp > 1 or pp > 1: the logical tensors gathered (collective over the tp or pp group).
-  const OptimizerCheckpoint opt = pipe ? pipeline_optimizer_state(*optimizer, *pipe, write)
-                                       : logical_optimizer_state(*optimizer, *sync, *model, write);
+  const OptimizerCheckpoint opt =
+      pipe ? pipeline_optimizer_state(*optimizer, *pipe, checkpoint_share(pipeline_logical_sizes(*pipe),
+                                                                          topo->coord().dp, topo->grid().dp))
+           : logical_optimizer_state(*optimizer, *sync, *model,
+                                     checkpoint_share(logical_sizes(*model), writer.index, writer.count));
   const std::shared_ptr<const nn::GPT> whole =
-      pipe ? consolidated_pipeline_model(*pipe, write) : consolidated_model(*model, write);
-  if (write) {
-    std::filesystem::create_directories(cfg.checkpoint_dir);
-    nlohmann::json run = nlohmann::json::object();
-    for (const auto& [k, v] : config_fields()) run[k] = v;
-    TrainingState st{steps_done, schedule_step, std::nullopt, run.dump()};
-    if (scaler) st.scaler = scaler->state();
-    train::save_checkpoint(dir, *whole, ds->tokenizer().to_json().dump(), opt, st);
+      pipe ? consolidated_pipeline_model(*pipe, logger) : consolidated_model(*model, logger);
+  if (logger) std::filesystem::create_directories(cfg.checkpoint_dir);
+  nlohmann::json run = nlohmann::json::object();
+  for (const auto& [k, v] : config_fields()) run[k] = v;
+  TrainingState st{steps_done, schedule_step, std::nullopt, run.dump()};
+  if (scaler) st.scaler = scaler->state();
+  train::save_checkpoint(dir, whole.get(), ds->tokenizer().to_json().dump(), opt, st, writer);
+  if (logger) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     uint64_t bytes = 0;
     for (const auto& f : std::filesystem::directory_iterator(dir)) bytes += std::filesystem::file_size(f.path());

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 
@@ -31,20 +32,49 @@ std::string read_file(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// Every safetensors file of a checkpoint directory by name: the model and the optimizer's files (one per writing
+// rank: optimizer.safetensors, or optimizer-00000-of-00002.safetensors, ...).
+std::map<std::string, std::string> safetensors_files(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") files[e.path().filename().string()] = read_file(e.path());
+  return files;
+}
+
+// Byte for byte the same model and optimizer files (the same names too); false when there is no model file.
+bool same_files(const std::string& a, const std::string& b) {
+  const auto fa = safetensors_files(a);
+  return fa.count("model.safetensors") && fa.size() >= 2 && fa == safetensors_files(b);
+}
+
 double summary(const std::string& out, const std::string& key) {
   std::smatch m;
   return std::regex_search(out, m, std::regex("summary: .*" + key + "=([-0-9.e+naif]+)")) ? std::stod(m[1]) : NAN;
 }
 
-// The largest |a - b| over every tensor of two safetensors files with the same names and shapes, relative to the
-// largest |b| of the tensor; fails the test on a missing name or another shape.
-double max_relative_difference(const std::string& a_path, const std::string& b_path) {
-  minidl::nn::SafetensorsFile a = minidl::nn::load_safetensors(a_path), b = minidl::nn::load_safetensors(b_path);
-  EXPECT_EQ(a.tensors.size(), b.tensors.size()) << a_path << " vs " << b_path;
+// The tensors of the files in `dir` whose names start with `prefix` (the optimizer's files: each rank writes its own
+// share of the logical tensors), by name; fails the test on a name in two files.
+std::map<std::string, minidl::Tensor> tensors_of(const std::string& dir, const std::string& prefix) {
+  std::map<std::string, minidl::Tensor> all;
+  for (const auto& [name, bytes] : safetensors_files(dir)) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    for (auto& [t, value] : minidl::nn::load_safetensors(dir + "/" + name).tensors)
+      EXPECT_TRUE(all.emplace(t, value).second) << t << " is in two files of " << dir;
+  }
+  EXPECT_FALSE(all.empty()) << "no " << prefix << "* file in " << dir;
+  return all;
+}
+
+// The largest |a - b| over every tensor of the `prefix` files of two checkpoint directories (the same names and
+// shapes), relative to the largest |b| of the tensor; fails the test on a missing name or another shape.
+double max_relative_difference(const std::string& a_dir, const std::string& b_dir, const std::string& prefix) {
+  const std::map<std::string, minidl::Tensor> a = tensors_of(a_dir, prefix), b = tensors_of(b_dir, prefix);
+  const std::string a_path = a_dir + "/" + prefix, b_path = b_dir + "/" + prefix;
+  EXPECT_EQ(a.size(), b.size()) << a_path << " vs " << b_path;
   double worst = 0;
-  for (const auto& [name, ta] : a.tensors) {
-    auto it = b.tensors.find(name);
-    if (it == b.tensors.end()) {
+  for (const auto& [name, ta] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) {
       ADD_FAILURE() << name << " is in " << a_path << " but not in " << b_path;
       continue;
     }
@@ -104,8 +134,7 @@ TEST_F(ResumeParallel, TensorParallelStraightEqualsFourPlusFour) {
     Result second = run(2, flags(8) + extra + " --checkpoint-dir " + path("b") + " --save-every 4 --resume auto");
     ASSERT_EQ(second.code, 0) << second.out;
     EXPECT_NE(second.out.find("resuming from " + path("b") + "/step-00000004"), std::string::npos) << second.out;
-    for (const char* f : {"model.safetensors", "optimizer.safetensors"})
-      EXPECT_TRUE(read_file(path("a") + "/step-00000008/" + f) == read_file(path("b") + "/step-00000008/" + f)) << f;
+    EXPECT_TRUE(same_files(path("a") + "/step-00000008", path("b") + "/step-00000008"));
     EXPECT_EQ(summary(second.out, "val_loss"), summary(straight.out, "val_loss"));
     EXPECT_EQ(summary(second.out, "loss_scale"), summary(straight.out, "loss_scale"));
   }
@@ -119,9 +148,17 @@ TEST_F(ResumeParallel, TensorParallelCheckpointResumesAtAnotherTp) {
   Result straight = run(1, flags(8) + " --checkpoint-dir " + path("one") + " --save-every 4");
   ASSERT_EQ(straight.code, 0) << straight.out;
   ASSERT_EQ(run(2, flags(8) + " --tp 2 --checkpoint-dir " + path("tp2") + " --save-every 4").code, 0);
-  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
-    EXPECT_LT(max_relative_difference(path("tp2") + "/step-00000004/" + f, path("one") + "/step-00000004/" + f), 1e-3)
-        << f;
+  for (const char* f : {"model", "optimizer"})
+    EXPECT_LT(max_relative_difference(path("tp2") + "/step-00000004", path("one") + "/step-00000004", f), 1e-3) << f;
+  // Each rank wrote its own share of AdamW's state (tensors_of checked that no tensor is in both; the comparison
+  // above, that together they hold every one); a missing share is refused by name.
+  const auto files = safetensors_files(path("tp2") + "/step-00000004");
+  EXPECT_TRUE(files.count("optimizer-00000-of-00002.safetensors") && files.count("optimizer-00001-of-00002.safetensors"));
+  fs::copy(path("tp2") + "/step-00000004", path("missing"), fs::copy_options::recursive);
+  fs::remove(path("missing") + "/optimizer-00001-of-00002.safetensors");
+  Result missing = run(2, flags(8) + " --tp 2 --resume " + path("missing"));
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_NE(missing.out.find("missing file optimizer-00001-of-00002.safetensors"), std::string::npos) << missing.out;
   struct Case {
     const char* from;
     int ranks;
@@ -182,8 +219,7 @@ TEST_F(ResumeParallel, PipelineStraightEqualsFourPlusFour) {
         run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + path("b") + " --save-every 4 --resume auto");
     ASSERT_EQ(second.code, 0) << second.out;
     EXPECT_NE(second.out.find("resuming from " + path("b") + "/step-00000004"), std::string::npos) << second.out;
-    for (const char* f : {"model.safetensors", "optimizer.safetensors"})
-      EXPECT_TRUE(read_file(path("a") + "/step-00000008/" + f) == read_file(path("b") + "/step-00000008/" + f)) << f;
+    EXPECT_TRUE(same_files(path("a") + "/step-00000008", path("b") + "/step-00000008"));
     EXPECT_EQ(summary(second.out, "val_loss"), summary(straight.out, "val_loss"));
     EXPECT_EQ(summary(second.out, "loss_scale"), summary(straight.out, "loss_scale"));
   }
@@ -196,9 +232,8 @@ TEST_F(ResumeParallel, PipelineCheckpointResumesAtAnotherPp) {
   Result straight = run(1, flags(8) + " --checkpoint-dir " + path("one") + " --save-every 4");
   ASSERT_EQ(straight.code, 0) << straight.out;
   ASSERT_EQ(run(2, flags(8) + " --pp 2 --checkpoint-dir " + path("pp2") + " --save-every 4").code, 0);
-  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
-    EXPECT_LT(max_relative_difference(path("pp2") + "/step-00000004/" + f, path("one") + "/step-00000004/" + f), 1e-3)
-        << f;
+  for (const char* f : {"model", "optimizer"})
+    EXPECT_LT(max_relative_difference(path("pp2") + "/step-00000004", path("one") + "/step-00000004", f), 1e-3) << f;
   struct Case {
     const char* from;
     int ranks;
