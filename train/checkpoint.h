@@ -3,23 +3,27 @@
 //   ckpt/step-00000020/
 //     model.safetensors      the model, Hugging Face GPT-2 names (what --init-from and PyTorch load), + config.json
 //     optimizer.safetensors  AdamW's m and v per logical parameter ("exp_avg.<name>", "exp_avg_sq.<name>"), so a
-//                            run with another data-parallel size or ZeRO stage (later tp / pp) can reload it:
-//                            under ZeRO the shards are gathered to the writing rank, padding dropped, and each
-//                            rank of the resumed run slices its own shard out again (GradSync::logical_state)
+//                            run with another data-parallel size, ZeRO stage, tp or pp can reload it; at N ranks
+//                            optimizer-00000-of-0000N.safetensors ...: each rank writes its share of the logical
+//                            tensors (checkpoint_share; under ZeRO and tp gathered from the shards, padding
+//                            dropped), and each rank of the resumed run slices its own part out again
+//                            (GradSync::logical_state / load_logical_state)
 //     state.json             the optimizer step, the LR-schedule step, the training step (which is also the data
 //                            sampler's and the dropout masks' position: both are pure functions of (seed, step)),
 //                            the loss scaler, the model config and the run's configuration
 //     manifest.json          every file above with its size and FNV-1a 64 checksum
 //     DONE                   written last: a directory without it is incomplete and never resumed from
 //
-// The directory is written as step-XXXXXXXX.tmp and renamed into place only when complete (manifest and DONE
-// last), so a crash mid-save leaves the previous checkpoint intact. Loading verifies every size and checksum and
+// The directory is written as step-XXXXXXXX.tmp and renamed into place only when complete (every rank's file, a
+// barrier, then the leader's manifest and DONE), so a crash mid-save leaves the previous checkpoint intact. Loading verifies every size and checksum and
 // names the file and what is wrong (truncated, corrupted, missing), before anything is overwritten.
 //
 //   train::save_checkpoint(dir / "step-00000020", model, vocab_json, optimizer, state);
-//   // under ZeRO (collective: every dp rank calls it; the weights whole, stage 3: GradSync::hold_full_parameters):
-//   train::OptimizerCheckpoint opt = train::logical_optimizer_state(optimizer, sync, model, /*keep=*/writer);
-//   if (writer) train::save_checkpoint(dir / "step-00000020", model, vocab_json, opt, state);
+//   // at N ranks (collective: every rank calls both; the weights whole on the leader: consolidated_model):
+//   train::OptimizerCheckpoint opt = train::logical_optimizer_state(optimizer, sync, model,
+//                                       train::checkpoint_share(train::logical_sizes(model), rank, N));
+//   train::save_checkpoint(dir / "step-00000020", leader ? &whole : nullptr, vocab_json, opt, state,
+//                          {rank, N, leader, barrier});
 //   train::Checkpoint c = train::load_checkpoint(dir / "step-00000020");   // verified
 //   train::restore_model(c, model);                   // before the GradSync shards the parameters
 //   train::restore_optimizer(c, model, optimizer, sync);
