@@ -183,7 +183,8 @@ nn::StateDict TensorParallelGPT::gather_state_dict() const {
   return whole;
 }
 
-nn::NamedTensors TensorParallelGPT::gather_whole(const nn::NamedTensors& local) const {
+nn::NamedTensors TensorParallelGPT::gather_whole(const nn::NamedTensors& local,
+                                                 const std::function<bool(const std::string&)>& keep) const {
   autograd::NoGradGuard no_grad;
   nn::NamedTensors whole;
   const int n = group_.size();
@@ -191,12 +192,14 @@ nn::NamedTensors TensorParallelGPT::gather_whole(const nn::NamedTensors& local) 
     const ShardLayout& mine = layout(name);
     MINIDL_ASSERT(p.shape() == mine.local_shape(), "gather_whole: ", name, " has shape ", p.shape(), ", expected ",
                   mine.local_shape());
+    const bool kept = !keep || keep(name);
     if (!mine.is_split()) {
-      whole.emplace_back(name, p.to(Device::cpu()).clone());
+      if (kept) whole.emplace_back(name, p.to(Device::cpu()).clone());
       continue;
     }
     Tensor all = Tensor::empty({int64_t(n) * p.numel()}, p.dtype(), p.device());
     group_.all_gather(all, p.contiguous())->wait();
+    if (!kept) continue;
     all = all.to(Device::cpu());
     Tensor full = Tensor::zeros(mine.full_shape, p.dtype());
     for (int r = 0; r < n; ++r) {

@@ -36,10 +36,8 @@ bool TensorParallelSync::combine_overflow(bool local) {
 nn::NamedTensors TensorParallelSync::logical_state(const optim::Optimizer& opt, const Tensor& flat,
                                                   const nn::Module& model, const KeepTensors& keep) {
   // Every rank of the tp group needs its slices for the all-gathers, whatever it keeps.
-  nn::NamedTensors kept;
-  for (auto& [name, t] : model_.gather_whole(inner_->logical_state(opt, flat, model, /*keep=*/true)))
-    if (keep(name)) kept.emplace_back(name, t);
-  return kept;
+  return model_.gather_whole(inner_->logical_state(opt, flat, model, /*keep=*/true),
+                             [&keep](const std::string& name) { return keep(name); });
 }
 
 void TensorParallelSync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
