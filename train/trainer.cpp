@@ -166,8 +166,8 @@ struct Trainer::State {
   nn::GPTConfig model_config(int64_t vocab) const;
   std::vector<std::pair<std::string, std::string>> config_fields() const;
   void print_header() const;
-  // Collective: the logger writes checkpoint_dir/step-N, every rank waits for it. Returns the directory, with its
-  // size and the time the write took when this rank wrote it.
+  // Collective: checkpoint_dir/step-N, every rank writing its share (checkpoint_writer), the logger the rest; every
+  // rank waits for it. Returns the directory, with its size and the time the write took on the logger.
   std::string save_checkpoint(int64_t steps_done, int64_t schedule_step) const;
   CheckpointWriter checkpoint_writer() const;
   void print_zero_memory() const;
