@@ -178,17 +178,28 @@ std::vector<Tensor> TensorParallelGPT::replicated_parameters() const {
 }
 
 nn::StateDict TensorParallelGPT::gather_state_dict() const {
-  autograd::NoGradGuard no_grad;
   nn::StateDict whole;
+  for (auto& [name, t] : gather_whole(named_parameters())) whole[name] = t;
+  return whole;
+}
+
+nn::NamedTensors TensorParallelGPT::gather_whole(const nn::NamedTensors& local,
+                                                 const std::function<bool(const std::string&)>& keep) const {
+  autograd::NoGradGuard no_grad;
+  nn::NamedTensors whole;
   const int n = group_.size();
-  for (const auto& [name, p] : named_parameters()) {
+  for (const auto& [name, p] : local) {
     const ShardLayout& mine = layout(name);
+    MINIDL_ASSERT(p.shape() == mine.local_shape(), "gather_whole: ", name, " has shape ", p.shape(), ", expected ",
+                  mine.local_shape());
+    const bool kept = !keep || keep(name);
     if (!mine.is_split()) {
-      whole[name] = p.to(Device::cpu()).clone();
+      if (kept) whole.emplace_back(name, p.to(Device::cpu()).clone());
       continue;
     }
     Tensor all = Tensor::empty({int64_t(n) * p.numel()}, p.dtype(), p.device());
     group_.all_gather(all, p.contiguous())->wait();
+    if (!kept) continue;
     all = all.to(Device::cpu());
     Tensor full = Tensor::zeros(mine.full_shape, p.dtype());
     for (int r = 0; r < n; ++r) {
@@ -196,7 +207,7 @@ nn::StateDict TensorParallelGPT::gather_state_dict() const {
       theirs.rank = r;  // every rank's layout is the same function of its rank
       theirs.scatter_into(full, all.narrow(0, int64_t(r) * p.numel(), p.numel()).reshape(p.shape()));
     }
-    whole[name] = full;
+    whole.emplace_back(name, full);
   }
   return whole;
 }

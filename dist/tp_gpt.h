@@ -16,6 +16,7 @@
 // sampling reads) gathers them, padding dropped.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -64,6 +65,12 @@ class TensorParallelGPT : public nn::GPT {
   // Collective over the group: every parameter whole, with Hugging Face GPT-2 names and layouts (q, k, v back in
   // their ranges, vocabulary padding dropped), on the CPU.
   nn::StateDict gather_state_dict() const;
+  // Collective over the group: any per-parameter tensors shaped like this rank's parameters (`local`, in
+  // named_parameters() order on every rank: e.g. AdamW's m) as whole tensors, with the same names, the same
+  // re-interleaving and padding dropped as gather_state_dict, on the CPU. What a training checkpoint stores. Only
+  // the tensors `keep` names are returned (every rank takes part in every all-gather); none given: all.
+  nn::NamedTensors gather_whole(const nn::NamedTensors& local,
+                                const std::function<bool(const std::string&)>& keep = {}) const;
   // Loads this rank's slices from whole parameters (a one-process checkpoint). Missing or misshapen tensors throw.
   void load_whole_state_dict(const nn::StateDict& whole);
   ProcessGroup& group() const { return group_; }

@@ -3,12 +3,14 @@
 namespace minidl::dist {
 
 std::vector<Tensor> gather_logical(Reducer& reducer, const std::vector<ShardPiece>& pieces,
-                                   const std::vector<Tensor>& values, bool keep) {
+                                   const std::vector<Tensor>& values, const std::vector<bool>& keep) {
   MINIDL_ASSERT(values.size() == pieces.size(), "gather_logical: ", values.size(), " values for ", pieces.size(),
                 " pieces");
   ProcessGroup& group = reducer.group();
   const std::vector<Tensor>& params = reducer.params();
-  std::vector<Tensor> logical(keep ? params.size() : 0);
+  MINIDL_ASSERT(keep.size() == params.size(), "gather_logical: ", keep.size(), " flags for ", params.size(),
+                " parameters");
+  std::vector<Tensor> logical(params.size());
   for (size_t b = 0; b < reducer.buckets().size(); ++b) {
     const BucketSpec& spec = reducer.buckets()[b];
     const int64_t padded = reducer.padded_numel(b), shard = padded / group.size(), first = group.rank() * shard;
@@ -21,8 +23,8 @@ std::vector<Tensor> gather_logical(Reducer& reducer, const std::vector<ShardPiec
     }
     Tensor whole = Tensor::zeros({padded}, spec.dtype, group.device());
     group.all_gather(whole, mine)->wait();
-    if (!keep) continue;
     for (size_t s = 0; s < spec.params.size(); ++s) {
+      if (!keep[spec.params[s]]) continue;
       const Tensor& p = params[spec.params[s]];
       logical[spec.params[s]] = whole.narrow(0, spec.offsets[s], p.numel()).reshape(p.shape()).clone();
     }

@@ -5,13 +5,13 @@
 // elements. A checkpoint stores AdamW's m and v per logical parameter instead (the names and shapes of a --zero 0
 // checkpoint), so that any ZeRO stage at any dp size can load it:
 //
-//   // save, collective over the group: every rank sends its shard, `keep` ranks get the whole tensors
-//   std::vector<Tensor> m = dist::gather_logical(zero.reducer(), zero.shard_pieces(), m_of_each_shard_param, keep);
+//   // save, collective over the group: every rank sends its shard and keeps the whole tensors it writes
+//   std::vector<Tensor> m = dist::gather_logical(zero.reducer(), zero.shard_pieces(), m_of_each_shard_param, mine);
 //   // load, local: this rank's pieces sliced out of the whole tensors (padding belongs to no piece: it stays zero)
 //   std::vector<Tensor> mine = dist::slice_logical(zero.reducer(), zero.shard_pieces(), m_by_reducer_param);
 //
-// The gather is one all-gather of P elements per bucket (padding included, then dropped): a rank that does not
-// keep the result holds one bucket at a time. An all-gather rather than a gather to one rank because the process
+// The gather is one all-gather of P elements per bucket (padding included, then dropped): a rank holds one bucket
+// at a time beside the tensors it keeps (in a checkpoint, those it writes: about 1/N of them). An all-gather rather than a gather to one rank because the process
 // group has no gather; the bytes on the wire are those of one parameter all-gather, once per save.
 #pragma once
 
@@ -31,11 +31,11 @@ struct ShardPiece {
   int64_t numel = 0;
 };
 
-// Collective over reducer.group(). values[i]: piece i's state (numel elements, any shape, on any device). Returns,
-// when `keep`, one tensor per reducer.params() (same order and shape, contiguous, on the group's device);
-// otherwise an empty vector.
+// Collective over reducer.group(). values[i]: piece i's state (numel elements, any shape, on any device). Returns
+// one tensor per reducer.params() (same order and shape, contiguous, on the group's device) for those with
+// keep[i] true, undefined tensors for the others (keep: one flag per reducer.params()).
 std::vector<Tensor> gather_logical(Reducer& reducer, const std::vector<ShardPiece>& pieces,
-                                   const std::vector<Tensor>& values, bool keep);
+                                   const std::vector<Tensor>& values, const std::vector<bool>& keep);
 
 // Local. logical: one tensor per reducer.params() (their shapes). Returns piece i's elements for each piece, 1-D.
 std::vector<Tensor> slice_logical(const Reducer& reducer, const std::vector<ShardPiece>& pieces,

@@ -77,8 +77,9 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "dp x tp x pp must equal N. Default: N / (tp x pp)");
   app.add_option("--tp", o.tp, "Tensor-parallel ranks: each transformer block split Megatron-style (attention by heads, the MLP "
                  "column then row) and the vocabulary split, over tp consecutive ranks; must divide --heads. "
-                 "Combines with --dp, --amp, --recompute, --grad-accum, --dropout and clipping; not with --zero or "
-                 "training checkpoints (--save writes one whole-model file at any --tp)")->capture_default_str();
+                 "Combines with --dp, --amp, --recompute, --grad-accum, --dropout, clipping and training checkpoints "
+                 "(stored as whole tensors: they resume at any --tp); not with --zero. --save writes one whole-model "
+                 "file at any --tp")->capture_default_str();
   app.add_option("--pp", o.pp, "Pipeline stages: each rank holds a contiguous part of the blocks (the first also the "
                  "embedding, the last ln_f, the tied head and the loss); activations move by send/recv")
       ->capture_default_str();

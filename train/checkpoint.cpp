@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
+#include "dist/tp_gpt.h"
 #include "nn/atomic_file.h"
 #include "nn/checkpoint.h"
 #include "nn/safetensors.h"
@@ -32,6 +34,12 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// The shape of parameter `name` in one process: a tensor-parallel rank holds a slice of it.
+Shape logical_shape(const nn::Module& model, const std::string& name, const Tensor& p) {
+  if (auto* split = dynamic_cast<const dist::TensorParallelGPT*>(&model)) return split->layout(name).full_shape;
+  return p.shape();
+}
+
 bool is_step_dir(const fs::path& p) {
   const std::string name = p.filename().string();
   return name.rfind("step-", 0) == 0 && name.find('.') == std::string::npos && fs::is_directory(p);
@@ -49,7 +57,7 @@ std::string checkpoint_name(int64_t step) {
 }
 
 OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradSync& sync, const nn::Module& model,
-                                            bool keep) {
+                                            const KeepTensors& keep) {
   const optim::AdamWState opt = optimizer.state();
   return {opt.step, sync.logical_state(optimizer, opt.m, model, keep), sync.logical_state(optimizer, opt.v, model, keep)};
 }
@@ -57,28 +65,68 @@ OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradS
 void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
                      const optim::AdamW& optimizer, const TrainingState& state) {
   GradSync one_process;
-  save_checkpoint(dir, model, vocab_json, logical_optimizer_state(optimizer, one_process, model, true), state);
+  save_checkpoint(dir, &model, vocab_json, logical_optimizer_state(optimizer, one_process, model, true), state, {});
 }
 
-void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
-                     const OptimizerCheckpoint& opt, const TrainingState& state) {
-  MINIDL_CHECK(!fs::exists(dir), "checkpoint: ", dir, " exists already");
-  const fs::path tmp = dir + ".tmp";
-  fs::remove_all(tmp);  // left by a crash during an earlier save of the same step
-  fs::create_directories(tmp);
+std::string optimizer_file_name(int index, int count) {
+  if (count == 1) return kOptimizerFile;
+  char s[64];
+  std::snprintf(s, sizeof s, "optimizer-%05d-of-%05d.safetensors", index, count);
+  return s;
+}
 
-  nn::save_gpt((tmp / kModelFile).string(), model, vocab_json, {{"step", std::to_string(state.step)}});
+KeepTensors checkpoint_share(const std::vector<std::pair<std::string, int64_t>>& logical, int writer, int writers) {
+  int64_t total = 0;
+  for (const auto& t : logical) total += t.second;
+  auto mine = std::make_shared<std::set<std::string>>();
+  int64_t first = 0;  // the tensor's first element in the concatenation of all of them
+  for (const auto& [name, numel] : logical) {
+    const int64_t owner = total > 0 ? first * writers / total : 0;
+    if (owner == writer) mine->insert(name);
+    first += numel;
+  }
+  return KeepTensors([mine](const std::string& name) { return mine->count(name) > 0; });
+}
+
+std::vector<std::pair<std::string, int64_t>> logical_sizes(const nn::Module& model) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& [name, p] : model.named_parameters()) {
+    int64_t n = 1;
+    for (int64_t d : logical_shape(model, name, p)) n *= d;
+    out.emplace_back(name, n);
+  }
+  return out;
+}
+
+void save_checkpoint(const std::string& dir, const nn::GPT* model, const std::string& vocab_json,
+                     const OptimizerCheckpoint& opt, const TrainingState& state, const CheckpointWriter& writer) {
+  const fs::path tmp = dir + ".tmp";
+  if (writer.leader) {
+    MINIDL_CHECK(!fs::exists(dir), "checkpoint: ", dir, " exists already");
+    fs::remove_all(tmp);  // left by a crash during an earlier save of the same step
+    fs::create_directories(tmp);
+  }
+  writer.barrier();  // the directory exists for every writer
+
+  // Every rank: its share of AdamW's moments.
   MINIDL_ASSERT(opt.exp_avg.size() == opt.exp_avg_sq.size(), "save_checkpoint: m and v of different parameters");
   nn::NamedTensors moments;
   for (size_t i = 0; i < opt.exp_avg.size(); ++i) {
     moments.emplace_back("exp_avg." + opt.exp_avg[i].first, opt.exp_avg[i].second);
     moments.emplace_back("exp_avg_sq." + opt.exp_avg_sq[i].first, opt.exp_avg_sq[i].second);
   }
-  nn::save_safetensors((tmp / kOptimizerFile).string(), moments, {{"format", "minidl-adamw"}});
+  nn::save_safetensors((tmp / optimizer_file_name(writer.index, writer.count)).string(), moments,
+                       {{"format", "minidl-adamw"}});
+  if (writer.leader) {
+    MINIDL_ASSERT(model != nullptr, "save_checkpoint: the leader needs the whole model");
+    nn::save_gpt((tmp / kModelFile).string(), *model, vocab_json, {{"step", std::to_string(state.step)}});
+  }
+  writer.barrier();  // every file is complete: the leader seals the directory
+  if (!writer.leader) return;
   nlohmann::json st = {{"step", state.step},
                        {"schedule_step", state.schedule_step},
                        {"optimizer_step", opt.step},
-                       {"model_config", nlohmann::json::parse(nn::gpt_config_to_json(model.config()))},
+                       {"model_config", nlohmann::json::parse(nn::gpt_config_to_json(model->config()))},
                        {"run_config", nlohmann::json::parse(state.config)}};
   if (state.scaler)
     st["grad_scaler"] = {{"scale", state.scaler->scale},
@@ -88,8 +136,12 @@ void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::st
   nn::write_text_file_atomically((tmp / kStateFile).string(), st.dump(2));
 
   Manifest manifest;
-  for (const char* f : {kModelFile, "config.json", kOptimizerFile, kStateFile})
+  std::vector<std::string> files{kModelFile, "config.json", kStateFile};
+  for (int i = 0; i < writer.count; ++i) files.push_back(optimizer_file_name(i, writer.count));
+  for (const std::string& f : files) {
+    MINIDL_CHECK(fs::exists(tmp / f), "checkpoint ", tmp.string(), ": ", f, " was not written");
     manifest[f] = {uint64_t(fs::file_size(tmp / f)), fnv1a64_of_file((tmp / f).string())};
+  }
   nn::write_text_file_atomically((tmp / kManifestFile).string(), manifest_json(manifest));
   nn::write_text_file_atomically((tmp / kDoneFile).string(), "complete\n");
   fs::rename(tmp, dir);
@@ -102,7 +154,21 @@ Checkpoint load_checkpoint(const std::string& dir) {
   const std::string manifest_path = (fs::path(dir) / kManifestFile).string();
   MINIDL_CHECK(fs::exists(manifest_path), "checkpoint ", dir, ": missing ", kManifestFile);
   const Manifest manifest = parse_manifest(manifest_path, read_text(manifest_path));
-  for (const char* f : {kModelFile, kOptimizerFile, kStateFile}) {
+  // The optimizer files: one, or count of them, each named with its index and the count.
+  std::vector<std::string> optimizer_files;
+  if (manifest.count(kOptimizerFile)) {
+    optimizer_files.push_back(kOptimizerFile);
+  } else {
+    int index = -1, count = 0;
+    for (const auto& [f, e] : manifest)
+      if (std::sscanf(f.c_str(), "optimizer-%d-of-%d.safetensors", &index, &count) == 2) break;
+    MINIDL_CHECK(count > 0, "checkpoint ", manifest_path, ": no entry for ", kOptimizerFile, " or its shards (",
+                 optimizer_file_name(0, 2), ", ...)");
+    for (int i = 0; i < count; ++i) optimizer_files.push_back(optimizer_file_name(i, count));
+  }
+  std::vector<std::string> files{kModelFile, kStateFile};
+  files.insert(files.end(), optimizer_files.begin(), optimizer_files.end());
+  for (const std::string& f : files) {
     const fs::path p = fs::path(dir) / f;
     auto e = manifest.find(f);
     MINIDL_CHECK(e != manifest.end(), "checkpoint ", manifest_path, ": no entry for ", f);
@@ -140,12 +206,15 @@ Checkpoint load_checkpoint(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     MINIDL_CHECK(false, "checkpoint ", state_path, ": missing or mistyped field (", e.what(), ")");
   }
-  nn::SafetensorsFile opt = nn::load_safetensors((fs::path(dir) / kOptimizerFile).string());
-  for (auto& [name, t] : opt.tensors) {
-    if (name.rfind("exp_avg_sq.", 0) == 0)
-      c.exp_avg_sq[name.substr(11)] = t;
-    else if (name.rfind("exp_avg.", 0) == 0)
-      c.exp_avg[name.substr(8)] = t;
+  for (const std::string& f : optimizer_files) {
+    nn::SafetensorsFile opt = nn::load_safetensors((fs::path(dir) / f).string());
+    for (auto& [name, t] : opt.tensors) {
+      const bool v = name.rfind("exp_avg_sq.", 0) == 0, m = !v && name.rfind("exp_avg.", 0) == 0;
+      if (!m && !v) continue;
+      auto& into = v ? c.exp_avg_sq : c.exp_avg;
+      MINIDL_CHECK(into.emplace(name.substr(v ? 11 : 8), t).second, "checkpoint ", dir, "/", f, ": ", name,
+                   " is also in another optimizer file");
+    }
   }
   return c;
 }
@@ -161,7 +230,21 @@ void restore_model(const Checkpoint& c, nn::GPT& model) {
   want.dropout = have.dropout = 0;  // dropout is a training choice, not the model's shape
   MINIDL_CHECK(want == have, "checkpoint ", c.dir, ": its model (", nn::gpt_config_to_json(c.model_config),
                ") is not the one configured (", nn::gpt_config_to_json(model.config()), ")");
-  nn::load_into(model, (fs::path(c.dir) / kModelFile).string());
+  const std::string path = (fs::path(c.dir) / kModelFile).string();
+  if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(&model))
+    dist::load_tensor_parallel_gpt(*split, path);  // this rank's slices of the whole tensors
+  else
+    nn::load_into(model, path);
+}
+
+std::shared_ptr<const nn::GPT> consolidated_model(const nn::GPT& model, bool keep) {
+  auto* split = dynamic_cast<const dist::TensorParallelGPT*>(&model);
+  if (!split) return keep ? std::shared_ptr<const nn::GPT>(&model, [](const nn::GPT*) {}) : nullptr;
+  nn::StateDict whole = split->gather_state_dict();  // collective over the tp group
+  if (!keep) return nullptr;
+  auto one = std::make_shared<nn::GPT>(model.config());
+  one->load_state_dict(whole, /*strict=*/true);
+  return one;
 }
 
 void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::AdamW& optimizer, GradSync& sync) {
@@ -170,9 +253,10 @@ void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::Adam
     auto im = c.exp_avg.find(name), iv = c.exp_avg_sq.find(name);
     MINIDL_CHECK(im != c.exp_avg.end() && iv != c.exp_avg_sq.end(), "checkpoint ", c.dir, "/", kOptimizerFile,
                  ": no optimizer state for ", name);
-    MINIDL_CHECK(im->second.shape() == p.shape() && iv->second.shape() == p.shape(), "checkpoint ", c.dir, "/",
+    const Shape want = logical_shape(model, name, p);
+    MINIDL_CHECK(im->second.shape() == want && iv->second.shape() == want, "checkpoint ", c.dir, "/",
                  kOptimizerFile, ": optimizer state for ", name, " has shape ", im->second.shape(), ", expected ",
-                 p.shape());
+                 want);
     m_of[name] = im->second;
     v_of[name] = iv->second;
   }

@@ -3,23 +3,27 @@
 //   ckpt/step-00000020/
 //     model.safetensors      the model, Hugging Face GPT-2 names (what --init-from and PyTorch load), + config.json
 //     optimizer.safetensors  AdamW's m and v per logical parameter ("exp_avg.<name>", "exp_avg_sq.<name>"), so a
-//                            run with another data-parallel size or ZeRO stage (later tp / pp) can reload it:
-//                            under ZeRO the shards are gathered to the writing rank, padding dropped, and each
-//                            rank of the resumed run slices its own shard out again (GradSync::logical_state)
+//                            run with another data-parallel size, ZeRO stage, tp or pp can reload it; at N ranks
+//                            optimizer-00000-of-0000N.safetensors ...: each rank writes its share of the logical
+//                            tensors (checkpoint_share; under ZeRO and tp gathered from the shards, padding
+//                            dropped), and each rank of the resumed run slices its own part out again
+//                            (GradSync::logical_state / load_logical_state)
 //     state.json             the optimizer step, the LR-schedule step, the training step (which is also the data
 //                            sampler's and the dropout masks' position: both are pure functions of (seed, step)),
 //                            the loss scaler, the model config and the run's configuration
 //     manifest.json          every file above with its size and FNV-1a 64 checksum
 //     DONE                   written last: a directory without it is incomplete and never resumed from
 //
-// The directory is written as step-XXXXXXXX.tmp and renamed into place only when complete (manifest and DONE
-// last), so a crash mid-save leaves the previous checkpoint intact. Loading verifies every size and checksum and
+// The directory is written as step-XXXXXXXX.tmp and renamed into place only when complete (every rank's file, a
+// barrier, then the leader's manifest and DONE), so a crash mid-save leaves the previous checkpoint intact. Loading verifies every size and checksum and
 // names the file and what is wrong (truncated, corrupted, missing), before anything is overwritten.
 //
 //   train::save_checkpoint(dir / "step-00000020", model, vocab_json, optimizer, state);
-//   // under ZeRO (collective: every dp rank calls it; the weights whole, stage 3: GradSync::hold_full_parameters):
-//   train::OptimizerCheckpoint opt = train::logical_optimizer_state(optimizer, sync, model, /*keep=*/writer);
-//   if (writer) train::save_checkpoint(dir / "step-00000020", model, vocab_json, opt, state);
+//   // at N ranks (collective: every rank calls both; the weights whole on the leader: consolidated_model):
+//   train::OptimizerCheckpoint opt = train::logical_optimizer_state(optimizer, sync, model,
+//                                       train::checkpoint_share(train::logical_sizes(model), rank, N));
+//   train::save_checkpoint(dir / "step-00000020", leader ? &whole : nullptr, vocab_json, opt, state,
+//                          {rank, N, leader, barrier});
 //   train::Checkpoint c = train::load_checkpoint(dir / "step-00000020");   // verified
 //   train::restore_model(c, model);                   // before the GradSync shards the parameters
 //   train::restore_optimizer(c, model, optimizer, sync);
@@ -29,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -61,10 +66,29 @@ struct OptimizerCheckpoint {
   nn::NamedTensors exp_avg, exp_avg_sq;
 };
 
-// The optimizer's state per logical parameter. Collective over the dp group under ZeRO (every dp rank calls it);
-// the ranks with `keep` false get only the step.
+// The optimizer's state per logical parameter, of the tensors `keep` names. Collective over the dp group under ZeRO
+// and over the tp group at tp > 1 (every rank calls it, whatever it keeps).
 OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradSync& sync, const nn::Module& model,
-                                            bool keep);
+                                            const KeepTensors& keep);
+
+// Who writes what. Every rank writes one optimizer file holding its share of the logical tensors (`index` of
+// `count` files: "optimizer.safetensors" when count is 1, else "optimizer-00001-of-00004.safetensors"); the leader
+// also writes the model, state.json, and, after every file is written, manifest.json and DONE, then renames the
+// directory into place. `barrier` synchronises every rank taking part (a no-op for one process).
+struct CheckpointWriter {
+  int index = 0, count = 1;
+  bool leader = true;
+  std::function<void()> barrier = [] {};
+};
+// The optimizer file of writer `index` of `count`.
+std::string optimizer_file_name(int index, int count);
+// The logical tensors (name, element count, in a fixed order) split into `writers` contiguous runs of about equal
+// size, tensor i going to the writer whose share holds its first element: which of them writer `writer` keeps.
+// Pure, so every rank (and every parallel layout of the same tensors) agrees.
+KeepTensors checkpoint_share(const std::vector<std::pair<std::string, int64_t>>& logical, int writer, int writers);
+// The model's logical tensors in named_parameters() order with their one-process element counts (a
+// TensorParallelGPT's whole shapes).
+std::vector<std::pair<std::string, int64_t>> logical_sizes(const nn::Module& model);
 
 // Name of the checkpoint directory for a step: "step-00000020".
 std::string checkpoint_name(int64_t step);
@@ -72,9 +96,15 @@ std::string checkpoint_name(int64_t step);
 // Writes the checkpoint directory `dir` (which must not exist yet) atomically, as described above.
 void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
                      const optim::AdamW& optimizer, const TrainingState& state);
-// The same with the optimizer state already per logical parameter (a sharded run's, logical_optimizer_state).
-void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
-                     const OptimizerCheckpoint& optimizer, const TrainingState& state);
+// Collective over the writers: this rank's part of the checkpoint (`model`, whole, is read on the leader only and
+// may be null elsewhere; `optimizer` holds this rank's share of the logical tensors).
+void save_checkpoint(const std::string& dir, const nn::GPT* model, const std::string& vocab_json,
+                     const OptimizerCheckpoint& optimizer, const TrainingState& state, const CheckpointWriter& writer);
+
+// The model as one process holds it, for save_checkpoint: `model` itself, or for a dist::TensorParallelGPT its
+// parameters gathered over the tp group (collective there: every rank of the group calls it) into a one-process
+// GPT. Null where `keep` is false.
+std::shared_ptr<const nn::GPT> consolidated_model(const nn::GPT& model, bool keep);
 
 // Reads and verifies a checkpoint directory; throws naming the file and the problem.
 Checkpoint load_checkpoint(const std::string& dir);
@@ -84,7 +114,7 @@ Checkpoint load_checkpoint(const std::string& dir);
 void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& optimizer);
 // The two halves, for any GradSync. restore_model: the weights (before a ZeRO GradSync shards them).
 // restore_optimizer: AdamW's m, v and step; each rank takes its owned pieces (ZeRO: its shard) of the logical
-// tensors, local.
+// tensors, local. A dist::TensorParallelGPT takes its slices of the whole tensors (any tp, padding zero).
 void restore_model(const Checkpoint& c, nn::GPT& model);
 void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::AdamW& optimizer, GradSync& sync);
 

@@ -21,10 +21,10 @@ double max_over(dist::ProcessGroup& group, double value) { return reduce_one(gro
 double GradSync::grad_norm_squared(const std::vector<Tensor>& params) { return optim::grad_norm_squared(params); }
 
 nn::NamedTensors GradSync::logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
-                                         bool keep) {
+                                         const KeepTensors& keep) {
   nn::NamedTensors out;
-  if (!keep) return out;
-  for (const auto& [name, p] : model.named_parameters()) out.emplace_back(name, opt.state_of(flat, p));
+  for (const auto& [name, p] : model.named_parameters())
+    if (keep(name)) out.emplace_back(name, opt.state_of(flat, p));
   return out;
 }
 

@@ -11,6 +11,7 @@
 // steps on this rank's shard, the norm adds up every shard once).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,6 +24,20 @@
 #include "optim/optimizer.h"
 
 namespace minidl::train {
+
+// Which logical tensors (by parameter name) a rank keeps of a collective checkpoint gather: all (true), none
+// (false), or those a predicate names (the tensors this rank writes: train/checkpoint.h's checkpoint_owner).
+class KeepTensors {
+ public:
+  KeepTensors(bool all) : all_(all) {}  // NOLINT: implicit, so `keep` may stay a bool where it is all or nothing
+  explicit KeepTensors(std::function<bool(const std::string&)> owns) : owns_(std::move(owns)) {}
+  bool operator()(const std::string& name) const { return owns_ ? owns_(name) : all_; }
+  bool none() const { return !owns_ && !all_; }
+
+ private:
+  bool all_ = false;
+  std::function<bool(const std::string&)> owns_;
+};
 
 class GradSync {
  public:
@@ -52,9 +67,10 @@ class GradSync {
   virtual void hold_full_parameters(bool /*hold*/) {}
   // Checkpoints. An optimizer state buffer over owned_params (`flat`: Optimizer::numel() elements, e.g. AdamW's m)
   // as one tensor per logical parameter of `model`, by name, in named_parameters() order. ZeRO: collective over the
-  // dp group (the shards are all-gathered, dist/zero_state.h); a rank with `keep` false takes part, gets nothing.
+  // dp group (the shards are all-gathered, dist/zero_state.h); a rank takes part whatever it keeps, and gets the
+  // tensors `keep` names (in named_parameters() order).
   virtual nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
-                                         bool keep);
+                                         const KeepTensors& keep);
   // The inverse, local: `flat`'s owned pieces copied from `logical` (by name, shaped like the parameters; ZeRO:
   // this rank's slice of each, the padding left as it is).
   virtual void load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,

@@ -47,6 +47,7 @@ class PipelineModel {
   bool last_stage() const { return rank_ == spec().stages - 1; }
   int64_t global_chunk(int v) const { return int64_t(v) * spec().stages + rank_; }
   std::vector<std::unique_ptr<nn::GPT>>& chunks() { return chunks_; }
+  const std::vector<std::unique_ptr<nn::GPT>>& chunks() const { return chunks_; }
   const nn::GPTConfig& config() const { return chunks_.front()->config(); }
   dist::ProcessGroup& pp_group() const { return topology_.pp_group(); }
   const dist::Topology& topology() const { return topology_; }

@@ -6,7 +6,7 @@ namespace minidl::train {
 
 TensorParallelSync::TensorParallelSync(std::unique_ptr<GradSync> inner, const dist::TensorParallelGPT& model,
                                        const dist::Topology& topology)
-    : inner_(std::move(inner)), topology_(topology) {
+    : inner_(std::move(inner)), model_(model), topology_(topology) {
   for (const Tensor& p : model.replicated_parameters()) replicated_.insert(p.impl());
   if (model.sequence_parallel() && topology.tp_group().size() > 1) sequence_parallel_params_ = model.replicated_parameters();
 }
@@ -31,6 +31,20 @@ double TensorParallelSync::grad_norm_squared(const std::vector<Tensor>& params) 
 
 bool TensorParallelSync::combine_overflow(bool local) {
   return max_over(topology_.model_parallel_group(), inner_->combine_overflow(local) ? 1.0 : 0.0) > 0;
+}
+
+nn::NamedTensors TensorParallelSync::logical_state(const optim::Optimizer& opt, const Tensor& flat,
+                                                  const nn::Module& model, const KeepTensors& keep) {
+  // Every rank of the tp group needs its slices for the all-gathers, whatever it keeps.
+  return model_.gather_whole(inner_->logical_state(opt, flat, model, /*keep=*/true),
+                             [&keep](const std::string& name) { return keep(name); });
+}
+
+void TensorParallelSync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
+                                            const std::map<std::string, Tensor>& logical) {
+  std::map<std::string, Tensor> mine;
+  for (const auto& [name, p] : model.named_parameters()) mine[name] = model_.layout(name).slice(logical.at(name));
+  inner_->load_logical_state(opt, flat, model, mine);
 }
 
 }  // namespace minidl::train

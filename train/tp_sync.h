@@ -36,9 +36,19 @@ class TensorParallelSync final : public GradSync {
   // Over the dp group (the inner strategy) and the model-parallel group: every rank skips the same steps.
   bool combine_overflow(bool local) override;
   dist::ReducerStats comm_stats() const override { return inner_->comm_stats(); }
+  void hold_full_parameters(bool hold) override { inner_->hold_full_parameters(hold); }
+  // Checkpoints store the logical (one-process) tensors: the inner strategy's per-parameter state of this rank's
+  // slices, gathered over the tp group (q/k/v re-interleaved, vocabulary padding dropped: TensorParallelGPT::
+  // gather_whole). Collective over the tp group (and whatever the inner strategy needs). Loading slices each
+  // logical tensor back (padding zero) and hands the slices to the inner strategy; local.
+  nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
+                                 const KeepTensors& keep) override;
+  void load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
+                          const std::map<std::string, Tensor>& logical) override;
 
  private:
   std::unique_ptr<GradSync> inner_;
+  const dist::TensorParallelGPT& model_;
   const dist::Topology& topology_;
   std::unordered_set<const TensorImpl*> replicated_;
   std::vector<Tensor> sequence_parallel_params_;  // replicated parameters whose gradients are partial sums

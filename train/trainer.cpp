@@ -19,6 +19,7 @@
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/grad_sync.h"
+#include "train/pipeline_checkpoint.h"
 #include "train/pipeline_step.h"
 #include "train/progress.h"
 #include "train/step.h"
@@ -83,9 +84,6 @@ void TrainConfig::validate(int world) const {
                " must be a multiple of --tp ", tp);
   MINIDL_CHECK(tp == 1 || zero == 0, "--tp ", tp, " with --zero ", zero, ": ZeRO over a tensor-parallel model is not "
                "implemented yet; use --zero 0");
-  MINIDL_CHECK(tp == 1 || (checkpoint_dir.empty() && resume.empty()), "--tp ", tp, " with --checkpoint-dir or "
-               "--resume: training checkpoints of a tensor-parallel run are not implemented yet (--save and "
-               "--init-from work at any --tp)");
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
                " does not match the ", world, " ranks this job runs on (mpirun -n)");
@@ -168,9 +166,10 @@ struct Trainer::State {
   nn::GPTConfig model_config(int64_t vocab) const;
   std::vector<std::pair<std::string, std::string>> config_fields() const;
   void print_header() const;
-  // Collective: the logger writes checkpoint_dir/step-N, every rank waits for it. Returns the directory, with its
-  // size and the time the write took when this rank wrote it.
+  // Collective: checkpoint_dir/step-N, every rank writing its share (checkpoint_writer), the logger the rest; every
+  // rank waits for it. Returns the directory, with its size and the time the write took on the logger.
   std::string save_checkpoint(int64_t steps_done, int64_t schedule_step) const;
+  CheckpointWriter checkpoint_writer() const;
   void print_zero_memory() const;
   void print_tensor_parallel_step() const;
 };
@@ -261,21 +260,47 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
           {"virtual_stages", str(o.virtual_stages)}, {"pp_layers", o.pp_layers}};
 }
 
+// Every rank writes one optimizer file: rank (pp s, dp d, tp t) writes file (s·dp + d)·tp + t of all ranks' (with
+// pp = 1 a share of the whole model's tensors, with pp > 1 its dp rank's share of the stage's). The logging rank
+// leads. The two barriers together wait for every rank: each dp group, then each replica.
+CheckpointWriter Trainer::State::checkpoint_writer() const {
+  const dist::Grid& g = topo->grid();
+  const dist::GridCoord me = topo->coord();
+  CheckpointWriter w;
+  w.index = (me.pp * g.dp + me.dp) * g.tp + me.tp;
+  w.count = g.pp * g.dp * g.tp;
+  w.leader = logger;
+  w.barrier = [this] {
+    topo->dp_group().barrier()->wait();
+    topo->model_parallel_group().barrier()->wait();
+  };
+  return w;
+}
+
 std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule_step) const {
   const std::string dir = (std::filesystem::path(cfg.checkpoint_dir) / checkpoint_name(steps_done)).string();
   std::string what = dir;
-  const bool write = logger && !std::filesystem::exists(dir);
+  if (std::filesystem::exists(dir)) return what;  // every rank sees it (one shared directory): none writes
   auto t0 = std::chrono::steady_clock::now();
-  // ZeRO: every dp rank sends its shards of AdamW's state (and stage 3 its parameters) to the writer.
+  const CheckpointWriter writer = checkpoint_writer();
+  // Every rank writes AdamW's state of its share of the logical tensors (ZeRO: all-gathered bucket by bucket, tp:
+  // all-gathered tensor by tensor, pp: this stage's own); the leader also writes the whole model (ZeRO-3: gathered,
+  // tp and pp: gathered into a one-process GPT).
   sync->hold_full_parameters(true);
-  const OptimizerCheckpoint opt = logical_optimizer_state(*optimizer, *sync, *model, write);
-  if (write) {
-    std::filesystem::create_directories(cfg.checkpoint_dir);
-    nlohmann::json run = nlohmann::json::object();
-    for (const auto& [k, v] : config_fields()) run[k] = v;
-    TrainingState st{steps_done, schedule_step, std::nullopt, run.dump()};
-    if (scaler) st.scaler = scaler->state();
-    train::save_checkpoint(dir, *model, ds->tokenizer().to_json().dump(), opt, st);
+  const OptimizerCheckpoint opt =
+      pipe ? pipeline_optimizer_state(*optimizer, *pipe, checkpoint_share(pipeline_logical_sizes(*pipe),
+                                                                          topo->coord().dp, topo->grid().dp))
+           : logical_optimizer_state(*optimizer, *sync, *model,
+                                     checkpoint_share(logical_sizes(*model), writer.index, writer.count));
+  const std::shared_ptr<const nn::GPT> whole =
+      pipe ? consolidated_pipeline_model(*pipe, logger) : consolidated_model(*model, logger);
+  if (logger) std::filesystem::create_directories(cfg.checkpoint_dir);
+  nlohmann::json run = nlohmann::json::object();
+  for (const auto& [k, v] : config_fields()) run[k] = v;
+  TrainingState st{steps_done, schedule_step, std::nullopt, run.dump()};
+  if (scaler) st.scaler = scaler->state();
+  train::save_checkpoint(dir, whole.get(), ds->tokenizer().to_json().dump(), opt, st, writer);
+  if (logger) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     uint64_t bytes = 0;
     for (const auto& f : std::filesystem::directory_iterator(dir)) bytes += std::filesystem::file_size(f.path());
@@ -375,6 +400,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     // This stage's chunks; the schedule is validated here, before anything is sent.
     const std::vector<int64_t> starts = pipeline_starts(o, model_cfg);
     s.pipe = std::make_unique<PipelineModel>(model_cfg, o.seed, pipeline_spec(o), starts, *s.topo);
+    if (s.resume)
+      restore_pipeline_model(*s.resume, *s.pipe);  // each chunk takes its tensors of the whole model
+    else if (s.ckpt)
+      load_pipeline_model(*s.pipe, nn::load_safetensors(o.init_from).tensors);
     s.pipe->to(s.device);
     s.pipe->train();
     s.pipe->set_dropout(0, s.first_sample);
@@ -389,7 +418,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
       if (o.sequence_parallel)
         s.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
                           std::to_string(s.seq / grid.tp) + " of " + std::to_string(s.seq) + " positions per rank");
-      if (s.ckpt && !s.resume) dist::load_tensor_parallel_gpt(*split, o.init_from);
+      if (s.resume)
+        restore_model(*s.resume, *split);  // this rank's slices of the checkpoint's whole tensors
+      else if (s.ckpt)
+        dist::load_tensor_parallel_gpt(*split, o.init_from);
       s.model = std::move(split);
     } else {
       s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
@@ -429,11 +461,17 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
           optim::decay_groups(s.pipe ? s.pipe->named_parameters() : s.model->named_parameters(), o.weight_decay)),
       optim::AdamWOptions{o.lr});
   if (s.resume) {
-    restore_optimizer(*s.resume, *s.model, *s.optimizer, *s.sync);  // AdamW's m, v, step: this rank's shard
+    if (s.pipe)
+      restore_pipeline_optimizer(*s.resume, *s.pipe, *s.optimizer);  // this stage's parameters
+    else
+      restore_optimizer(*s.resume, *s.model, *s.optimizer, *s.sync);  // AdamW's m, v, step: this rank's shard
     MINIDL_CHECK(s.resume->state.step <= o.steps, "--resume ", s.resume->dir, ": the checkpoint is at step ",
                  s.resume->state.step, ", past --steps ", o.steps);
     // The data sampler and the dropout masks are functions of (seed, step): the step is their whole position.
-    s.model->dropout_context().step = uint64_t(s.resume->state.step);
+    if (s.pipe)
+      s.pipe->set_dropout(uint64_t(s.resume->state.step), s.first_sample);
+    else
+      s.model->dropout_context().step = uint64_t(s.resume->state.step);
   }
   if (!o.checkpoint_dir.empty()) install_preemption_handlers();
   s.print_header();
@@ -558,14 +596,19 @@ int Trainer::run() {
                 (long long)s.seq);
   // Every rank holds the whole model: the logging rank writes it (temporary name, then rename). With tp > 1 the
   // tp group of the logging rank gathers the whole parameters first (collective), and the logging rank writes.
-  const bool whole_model_here = s.logger || (s.topo->grid().tp > 1 && s.topo->coord().dp == 0);
+  // With pp > 1 the stages' weights are gathered on the first stage (collective over the pp group), which saves
+  // and samples alone.
+  const bool whole_model_here = s.logger || (!s.pipe && s.topo->grid().tp > 1 && s.topo->coord().dp == 0);
+  std::shared_ptr<nn::GPT> gathered;
+  if (s.pipe && (!o.save.empty() || o.sample > 0)) gathered = consolidated_pipeline_model(*s.pipe, s.logger);
+  nn::GPT* whole = s.pipe ? gathered.get() : s.model.get();
   if (!o.save.empty() && whole_model_here) {
     nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
     if (s.scaler) extras["grad_scaler"] = scaler_state_json(s.scaler->state());
     if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(s.model.get()))
       dist::save_tensor_parallel_gpt(o.save, *split, s.ds->tokenizer().to_json().dump(), extras, s.logger);
     else
-      nn::save_gpt(o.save, *s.model, s.ds->tokenizer().to_json().dump(), extras);
+      nn::save_gpt(o.save, *whole, s.ds->tokenizer().to_json().dump(), extras);
     if (s.logger) std::printf("saved %s\n", o.save.c_str());
   }
   if (o.sample > 0 && whole_model_here) {  // with tp > 1 the tp group computes every token together
@@ -573,7 +616,7 @@ int Trainer::run() {
     const auto& v = s.ds->tokenizer().vocab();
     std::vector<int32_t> prompt{
         std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? s.ds->tokenizer().encode("\n")[0] : 0};
-    std::vector<int32_t> out = train::sample(*s.model, prompt, o.sample, o.temperature, o.seed);
+    std::vector<int32_t> out = train::sample(*whole, prompt, o.sample, o.temperature, o.seed);
     if (s.logger) std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
   }
   if (s.pipe) {

@@ -50,11 +50,6 @@ void validate_pipeline(const TrainConfig& c, int d) {
                std::to_string(c.virtual_stages) : std::string(), " = ", chunks, " pipeline stages but the model has "
                "only ", layers, " blocks (--layers): every stage needs at least one block");
   if (!c.pp_layers.empty()) dist::parse_layer_split(c.pp_layers, layers, int(chunks));
-  const char* missing = !c.save.empty() ? "--save" : !c.init_from.empty() ? "--init-from"
-                        : !c.checkpoint_dir.empty() ? "--checkpoint-dir" : !c.resume.empty() ? "--resume"
-                        : c.sample > 0 ? "--sample" : nullptr;
-  MINIDL_CHECK(!missing, missing ? missing : "", " with --pp ", c.pp, ": saving, loading and sampling a model split "
-               "into pipeline stages are not implemented yet");
 }
 
 std::string pipeline_note(const TrainConfig& c, const std::vector<int64_t>& starts) {

@@ -24,7 +24,7 @@ bool Zero3Sync::combine_overflow(bool local) {
 }
 
 nn::NamedTensors Zero3Sync::logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
-                                          bool keep) {
+                                          const KeepTensors& keep) {
   return gather_sharded_state(zero_.reducer(), zero_.shard_pieces(), zero_.shard_params(), opt, flat, model, keep);
 }
 

@@ -34,7 +34,7 @@ class Zero3Sync : public GradSync {
   dist::ReducerStats comm_stats() const override { return zero_.last_step(); }
   void hold_full_parameters(bool hold) override { zero_.hold_full(hold); }
   nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
-                                 bool keep) override;
+                                 const KeepTensors& keep) override;
   void load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
                           const std::map<std::string, Tensor>& logical) override;
   dist::ZeroStage3& zero() { return zero_; }

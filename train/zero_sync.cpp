@@ -38,7 +38,7 @@ bool ZeroSync::combine_overflow(bool local) {
 }
 
 nn::NamedTensors ZeroSync::logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
-                                         bool keep) {
+                                         const KeepTensors& keep) {
   return gather_sharded_state(zero_.reducer(), zero_.shard_pieces(), zero_.shard_params(), opt, flat, model, keep);
 }
 
@@ -49,15 +49,19 @@ void ZeroSync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, con
 
 nn::NamedTensors gather_sharded_state(dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
                                       const std::vector<Tensor>& shard_params, const optim::Optimizer& opt,
-                                      const Tensor& flat, const nn::Module& model, bool keep) {
+                                      const Tensor& flat, const nn::Module& model, const KeepTensors& keep) {
   std::vector<Tensor> values;
   for (const Tensor& p : shard_params) values.push_back(opt.state_of(flat, p));
-  std::vector<Tensor> whole = dist::gather_logical(reducer, pieces, values, keep);
+  std::vector<bool> kept(reducer.params().size());
+  for (size_t i = 0; i < kept.size(); ++i) kept[i] = keep(reducer.names()[i]);
+  std::vector<Tensor> whole = dist::gather_logical(reducer, pieces, values, kept);
   nn::NamedTensors out;
-  if (!keep) return out;
+  if (keep.none()) return out;
   std::map<std::string, Tensor> by_name;
-  for (size_t i = 0; i < whole.size(); ++i) by_name[reducer.names()[i]] = whole[i];
+  for (size_t i = 0; i < whole.size(); ++i)
+    if (kept[i]) by_name[reducer.names()[i]] = whole[i];
   for (const auto& [name, p] : model.named_parameters()) {
+    if (!keep(name)) continue;
     auto it = by_name.find(name);
     MINIDL_ASSERT(it != by_name.end(), "ZeRO checkpoint: parameter ", name, " is in no bucket");
     out.emplace_back(name, it->second);

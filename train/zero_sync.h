@@ -32,7 +32,7 @@ class ZeroSync : public GradSync {
   bool combine_overflow(bool local) override;
   dist::ReducerStats comm_stats() const override { return zero_.last_step(); }
   nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
-                                 bool keep) override;
+                                 const KeepTensors& keep) override;
   void load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
                           const std::map<std::string, Tensor>& logical) override;
   dist::ZeroDataParallel& zero() { return zero_; }
@@ -47,7 +47,7 @@ class ZeroSync : public GradSync {
 // shard parameters cut from them (dist/zero_state.h); ZeroSync's and Zero3Sync's.
 nn::NamedTensors gather_sharded_state(dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
                                       const std::vector<Tensor>& shard_params, const optim::Optimizer& opt,
-                                      const Tensor& flat, const nn::Module& model, bool keep);
+                                      const Tensor& flat, const nn::Module& model, const KeepTensors& keep);
 void load_sharded_state(const dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
                         const std::vector<Tensor>& shard_params, const optim::Optimizer& opt, Tensor& flat,
                         const std::map<std::string, Tensor>& logical);
