@@ -19,6 +19,7 @@
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/grad_sync.h"
+#include "train/parallel_model.h"
 #include "train/pipeline_step.h"
 #include "train/progress.h"
 #include "train/step.h"
@@ -81,8 +82,6 @@ void TrainConfig::validate(int world) const {
                "ranks: it needs --tp 2 or more, got --tp ", tp);
   MINIDL_CHECK(!sequence_parallel || seq_or_default() % tp == 0, "--sequence-parallel: --seq ", seq_or_default(),
                " must be a multiple of --tp ", tp);
-  MINIDL_CHECK(tp == 1 || zero == 0, "--tp ", tp, " with --zero ", zero, ": ZeRO over a tensor-parallel model is not "
-               "implemented yet; use --zero 0");
   MINIDL_CHECK(tp == 1 || (checkpoint_dir.empty() && resume.empty()), "--tp ", tp, " with --checkpoint-dir or "
                "--resume: training checkpoints of a tensor-parallel run are not implemented yet (--save and "
                "--init-from work at any --tp)");
@@ -202,16 +201,21 @@ void Trainer::State::print_zero_memory() const {
 // by tag beside the prediction (split parameters / tp + replicated ones, f32), and what the step asked the tp
 // group to move (dist::tensor_parallel_traffic: payload bytes; README has the formula).
 void Trainer::State::print_tensor_parallel_step() const {
-  const auto& split = static_cast<const dist::TensorParallelGPT&>(*model);
+  std::vector<const dist::TensorParallelGPT*> parts;  // the whole model's split, or this pipeline stage's chunks
+  if (pipe)
+    for (const auto& chunk : pipe->chunks()) parts.push_back(static_cast<const dist::TensorParallelGPT*>(chunk.get()));
+  else
+    parts.push_back(static_cast<const dist::TensorParallelGPT*>(model.get()));
   const MemoryLedger& mem = ledger(device);
   const double mib = double(1 << 20), tp = topo->grid().tp;
   double predicted = 0;
-  for (const auto& [name, p] : model->named_parameters()) {
-    const dist::ShardLayout& l = split.layout(name);
-    double whole = 4;
-    for (int64_t d : l.full_shape) whole *= double(d);
-    predicted += l.is_split() ? whole / tp : whole;
-  }
+  for (const dist::TensorParallelGPT* split : parts)
+    for (const auto& [name, p] : split->named_parameters()) {
+      const dist::ShardLayout& l = split->layout(name);
+      double whole = 4;
+      for (int64_t d : l.full_shape) whole *= double(d);
+      predicted += l.is_split() ? whole / tp : whole;
+    }
   const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();
   std::printf("tp memory, tp rank %d of %d (dp rank %d): params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB "
               "(predicted params=%.3f MiB); tp traffic of step 1: all-reduce=%.3f all-gather=%.3f "
@@ -371,50 +375,21 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   // are those of the same samples in one process.
   s.local_batch = o.batch / grid.dp;
   s.first_sample = me.dp * s.local_batch;
-  if (grid.pp > 1) {
-    // This stage's chunks; the schedule is validated here, before anything is sent.
-    const std::vector<int64_t> starts = pipeline_starts(o, model_cfg);
-    s.pipe = std::make_unique<PipelineModel>(model_cfg, o.seed, pipeline_spec(o), starts, *s.topo);
-    s.pipe->to(s.device);
-    s.pipe->train();
-    s.pipe->set_dropout(0, s.first_sample);
-    s.pipe->set_recompute(nn::parse_recompute(o.recompute));
-    s.sync = std::make_unique<PipelineSync>(*s.pipe, *s.topo);
-    s.num_params = s.pipe->num_parameters();
-    s.notes.push_back(pipeline_note(o, starts));
-  } else {
-    if (grid.tp > 1) {  // the same weights, split over the tp group (dist/tp_gpt.h)
-      auto split =
-          std::make_unique<dist::TensorParallelGPT>(model_cfg, o.seed, s.topo->tp_group(), o.sequence_parallel);
-      if (o.sequence_parallel)
-        s.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
-                          std::to_string(s.seq / grid.tp) + " of " + std::to_string(s.seq) + " positions per rank");
+  // The model (whole, split over tp, or this pipeline stage's chunks) and its GradSync (train/parallel_model.h).
+  ParallelModel built = build_model_and_sync(o, model_cfg, *s.topo, s.device, s.first_sample, [&](nn::GPT& m) {
+    if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(&m)) {
       if (s.ckpt && !s.resume) dist::load_tensor_parallel_gpt(*split, o.init_from);
-      s.model = std::move(split);
-    } else {
-      s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
-      if (s.resume)
-        restore_model(*s.resume, *s.model);  // before ZeRO shards the parameters
-      else if (s.ckpt)
-        nn::load_into(*s.model, o.init_from);
+    } else if (s.resume) {
+      restore_model(*s.resume, m);
+    } else if (s.ckpt) {
+      nn::load_into(m, o.init_from);
     }
-    s.model->to(s.device);  // before DDP and the optimizer, whose buffers follow the parameters' device
-    s.model->train();
-    s.num_params = s.model->num_parameters();
-    s.model->dropout_context().first_sample = s.first_sample;
-    s.model->set_recompute(nn::parse_recompute(o.recompute));
-    if (o.zero == 3)
-      s.sync = std::make_unique<Zero3Sync>(*s.model, *s.topo);
-    else if (o.zero > 0)  // at dp 1 too: the same code path, with shards of the whole bucket
-      s.sync = std::make_unique<ZeroSync>(*s.model, *s.topo, o.zero);
-    else if (grid.dp > 1)
-      s.sync = std::make_unique<DDPSync>(*s.model, *s.topo);
-    else
-      s.sync = std::make_unique<GradSync>();
-    if (grid.tp > 1)
-      s.sync = std::make_unique<TensorParallelSync>(std::move(s.sync),
-                                                    static_cast<const dist::TensorParallelGPT&>(*s.model), *s.topo);
-  }
+  });
+  s.model = std::move(built.model);
+  s.pipe = std::move(built.pipe);
+  s.sync = std::move(built.sync);
+  s.num_params = built.num_params;
+  s.notes.insert(s.notes.end(), built.notes.begin(), built.notes.end());
   s.amp = amp_dtype(o.amp);
   if (s.amp == DType::f16) {
     s.scaler.emplace();

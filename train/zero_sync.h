@@ -13,6 +13,7 @@
 #pragma once
 
 #include <optional>
+#include <unordered_map>
 
 #include "dist/zero.h"
 #include "train/grad_sync.h"
@@ -26,6 +27,7 @@ class ZeroSync : public GradSync {
   void before_backward(bool sync) override;
   void after_backward() override { no_sync_.reset(); }
   std::vector<Tensor> owned_params(const std::vector<Tensor>& params) override;
+  Tensor origin(const Tensor& owned) const override;
   std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) override;
   void after_step() override { zero_.gather_parameters(); }
   double grad_norm_squared(const std::vector<Tensor>& params) override;
@@ -41,7 +43,11 @@ class ZeroSync : public GradSync {
   const dist::Topology& topology_;
   dist::ZeroDataParallel zero_;
   std::optional<dist::Reducer::NoSyncGuard> no_sync_;
+  std::unordered_map<const TensorImpl*, Tensor> origin_;  // shard parameter -> the parameter it is a piece of
 };
+
+// Shard parameter -> the parameter it was cut from (GradSync::origin) of a ZeRO 1-2 sharding.
+std::unordered_map<const TensorImpl*, Tensor> shard_origins(const dist::ZeroDataParallel& zero);
 
 // ZeRO 1-3's checkpoint state (GradSync::logical_state and load_logical_state) over a reducer's buckets and the
 // shard parameters cut from them (dist/zero_state.h); ZeroSync's and Zero3Sync's.
