@@ -150,7 +150,7 @@ struct PipelineSync::Zero {
   Zero(PipelineModel& pipe, dist::ProcessGroup& dp, int stage)
       : zero(pipe.named_parameters(), dp, zero_options(stage)),
         no_sync(zero.reducer()),
-        origin(shard_origins(zero)) {}
+        origin(shard_origins(zero.shard_params(), zero.shard_owners(), zero.reducer().params())) {}
   dist::ZeroDataParallel zero;
   dist::Reducer::NoSyncGuard no_sync;  // for good: the hooks only accumulate, after_backward reduce-scatters
   std::unordered_map<const TensorImpl*, Tensor> origin;
@@ -194,10 +194,7 @@ std::vector<Tensor> PipelineSync::owned_params(const std::vector<Tensor>& params
 }
 
 Tensor PipelineSync::origin(const Tensor& owned) const {
-  if (!zero_) return owned;
-  auto it = zero_->origin.find(owned.impl());
-  MINIDL_ASSERT(it != zero_->origin.end(), "PipelineSync: a tensor that is not one of this rank's shard parameters");
-  return it->second;
+  return zero_ ? origin_in(zero_->origin, owned) : owned;
 }
 
 std::vector<optim::ParamGroup> PipelineSync::optimizer_groups(std::vector<optim::ParamGroup> groups) {

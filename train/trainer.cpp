@@ -85,6 +85,9 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(tp == 1 || (checkpoint_dir.empty() && resume.empty()), "--tp ", tp, " with --checkpoint-dir or "
                "--resume: training checkpoints of a tensor-parallel run are not implemented yet (--save and "
                "--init-from work at any --tp)");
+  MINIDL_CHECK(!memory_report || pp == 1, "--memory-report with --pp ", pp, ": the prediction is per whole model "
+               "(or its tensor-parallel split), not per pipeline stage; the summary's act_peak_mb, param_mb, "
+               "grad_mb and optim_mb and the per-stage activation peaks are measured");
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
                " does not match the ", world, " ranks this job runs on (mpirun -n)");
@@ -181,7 +184,7 @@ struct Trainer::State {
 void Trainer::State::print_zero_memory() const {
   const MemoryLedger& mem = ledger(device);
   MemoryQuery q{model->config(), cfg.zero, topo->grid().dp, amp, model->recompute(), local_batch / cfg.grad_accum,
-                seq, cfg.grad_accum};
+                seq, cfg.grad_accum, topo->grid().tp, cfg.sequence_parallel};
   const MemoryPlan p = predict_memory(q);
   const double mib = double(1 << 20);
   auto pct = [](double measured, double predicted) { return predicted > 0 ? 100 * (measured / predicted - 1) : 0.0; };

@@ -46,8 +46,13 @@ class ZeroSync : public GradSync {
   std::unordered_map<const TensorImpl*, Tensor> origin_;  // shard parameter -> the parameter it is a piece of
 };
 
-// Shard parameter -> the parameter it was cut from (GradSync::origin) of a ZeRO 1-2 sharding.
-std::unordered_map<const TensorImpl*, Tensor> shard_origins(const dist::ZeroDataParallel& zero);
+// Shard parameter -> the parameter it was cut from (GradSync::origin): shard_params[i] is a piece of
+// params[owners[i]] (ZeRO 1-3's shard_params(), shard_owners() and reducer().params()).
+std::unordered_map<const TensorImpl*, Tensor> shard_origins(const std::vector<Tensor>& shard_params,
+                                                            const std::vector<size_t>& owners,
+                                                            const std::vector<Tensor>& params);
+// A shard parameter's origin in such a map; an internal error for any other tensor.
+Tensor origin_in(const std::unordered_map<const TensorImpl*, Tensor>& origins, const Tensor& owned);
 
 // ZeRO 1-3's checkpoint state (GradSync::logical_state and load_logical_state) over a reducer's buckets and the
 // shard parameters cut from them (dist/zero_state.h); ZeroSync's and Zero3Sync's.
