@@ -1,5 +1,7 @@
 #include "train/tp_sync.h"
 
+#include <typeinfo>
+
 #include "optim/clip.h"
 
 namespace minidl::train {
@@ -17,6 +19,9 @@ TensorParallelSync::TensorParallelSync(std::unique_ptr<GradSync> inner, std::vec
       params_(std::move(params)),
       sequence_parallel_(sequence_parallel && topology.tp_group().size() > 1) {
   for (const Tensor& p : replicated) replicated_.insert(p.impl());
+  // The norm below adds the inner strategy's sums, which must span the tp group: a plain GradSync (one process's)
+  // spans nothing, so the tp-only case gets ModelParallelSync's sum over the model-parallel group.
+  if (typeid(*inner_) == typeid(GradSync)) inner_ = std::make_unique<ModelParallelSync>(topology);
 }
 
 void TensorParallelSync::after_backward() {
