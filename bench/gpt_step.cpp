@@ -15,6 +15,7 @@
 //
 // Data parallelism (weak scaling: --batch sequences on every rank), DDP or ZeRO over all ranks:
 //   mpirun -n 2 --bind-to none build/bin/bench_gpt_step ... --threads 1 --zero 2   # --zero 0 is DDP
+//   mpirun -n 4 --bind-to none build/bin/bench_gpt_step ... --threads 1 --tp 2 --zero 1   # dp 2 x tp 2
 // Rank 0 prints its own ms/step, tokens/s and GFLOP/s (every step ends in collectives, so its times are the job's).
 #include <CLI/CLI.hpp>
 
@@ -33,13 +34,12 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "dist/init.h"
+#include "dist/tensor_parallel.h"
 #include "dist/topology.h"
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/step.h"
-#include "train/tp_sync.h"
-#include "train/zero3_sync.h"
-#include "train/zero_sync.h"
+#include "train/parallel_model.h"
 #include "ops/matmul.h"
 #if defined(MINIDL_HAVE_CUDA_BACKEND)
 #include "core/cuda/cuda.h"
@@ -127,10 +127,11 @@ int main(int argc, char** argv) {
   app.add_flag("--tf32", tf32, "f32 matrix products on TF32 tensor cores (GPU)");
   app.add_option("--peak-tflops", peak_tflops,
                  "The GPU's dense peak TFLOP/s for MFU; default: from a table of NVIDIA GPUs by name");
-  app.add_option("--tp", tp, "Tensor-parallel ranks (mpirun -n tp); must divide --heads")->capture_default_str();
+  app.add_option("--tp", tp, "Tensor-parallel ranks; must divide --heads and the number of ranks (mpirun -n N: "
+                 "N / tp data-parallel groups, with --zero)")->capture_default_str();
   app.add_flag("--sequence-parallel", sequence_parallel, "With --tp: sequence parallelism");
-  app.add_option("--zero", zero, "Under mpirun: 0 (DDP), or ZeRO stage 1, 2 or 3 over all ranks; at one rank, 1-3 run "
-                 "the stage's code path with one shard")
+  app.add_option("--zero", zero, "Under mpirun: 0 (DDP), or ZeRO stage 1, 2 or 3 over the data-parallel ranks (all "
+                 "ranks / --tp); at one rank, 1-3 run the stage's code path with one shard")
       ->capture_default_str();
   app.add_option("--backend", backend, "Under mpirun: the collectives' backend, mpi or ring (CPU)")
       ->capture_default_str();
@@ -158,8 +159,8 @@ int main(int argc, char** argv) {
       b.json = json;
       return bench::run_pipeline_bench(ctx, b);
     }
-    MINIDL_CHECK(tp == 1 || (ctx.world_size() == tp && zero == 0), "--tp ", tp,
-                 " must equal the number of ranks (mpirun -n), got ", ctx.world_size(), ", and needs --zero 0");
+    MINIDL_CHECK(tp >= 1 && ctx.world_size() % tp == 0, "--tp ", tp, " must divide the number of ranks (mpirun -n), "
+                 "got ", ctx.world_size());
     MINIDL_CHECK(heads % tp == 0, "--tp ", tp, " must divide --heads ", heads);
     MINIDL_CHECK(zero >= 0 && zero <= 3, "--zero: expected 0, 1, 2 or 3, got ", zero);
     MINIDL_CHECK(steps >= 1 && warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ", steps, " and ", warmup);
@@ -169,40 +170,33 @@ int main(int argc, char** argv) {
     const Device device = train::select_device(device_flag);
     ops::set_allow_tf32(tf32);
     const nn::GPTConfig model_cfg{vocab, seq, layers, heads, embd, 0.0, true};
-    // --tp: every rank of the one tp group runs the same batch; otherwise each rank trains its own `batch`
-    // sequences (weak scaling) under DDP or ZeRO.
-    const int world = tp > 1 ? 1 : ctx.world_size();
-    const int data_rank = tp > 1 ? 0 : ctx.rank();
-    std::unique_ptr<dist::Topology> topo;
-    std::unique_ptr<nn::GPT> owned;
-    std::unique_ptr<train::GradSync> sync = std::make_unique<train::GradSync>();
-    if (tp > 1) {
-      topo = std::make_unique<dist::Topology>(ctx.world(), dist::Grid{1, tp, 1}, device.is_cpu() ? "mpi" : "nccl",
-                                              device);
-      auto split = std::make_unique<dist::TensorParallelGPT>(model_cfg, 1337, topo->tp_group(), sequence_parallel);
-      sync = std::make_unique<train::TensorParallelSync>(std::move(sync), *split, *topo);
-      owned = std::move(split);
-    } else {
-      owned = std::make_unique<nn::GPT>(model_cfg, 1337);
-    }
-    nn::GPT& model = *owned;
-    model.to(device);
-    model.train();
-    model.set_recompute(nn::parse_recompute(recompute));
+    // The ranks form dp = N / tp groups of tp ranks: every rank of a tp group runs the same batch, and each dp rank
+    // trains its own `batch` sequences (weak scaling) under DDP or ZeRO (train/parallel_model.h picks the model and
+    // composes the gradient synchronisation, as train_gpt does).
+    const int world = ctx.world_size() / tp;
+    train::TrainConfig tc;
+    tc.layers = layers;
+    tc.heads = heads;
+    tc.embd = embd;
+    tc.seq = seq;
+    tc.batch = batch * world;
+    tc.dp = world;
+    tc.tp = tp;
+    tc.zero = zero;
+    tc.sequence_parallel = sequence_parallel;
+    tc.recompute = recompute;
+    tc.seed = 1337;
+    const dist::Topology topo(ctx.world(), dist::Grid{world, tp, 1},
+                              tp > 1 && !device.is_cpu() ? std::string("nccl") : backend, device);
+    const int data_rank = topo.coord().dp;
+    train::ParallelModel built = train::build_model_and_sync(tc, model_cfg, topo, device, data_rank * batch, {});
+    nn::GPT& model = *built.model;
+    std::unique_ptr<train::GradSync> sync = std::move(built.sync);
     std::optional<optim::GradScaler> scaler;
     train::StepOptions options;
     options.grad_accum = grad_accum;
     options.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;
     if (amp == "fp16") options.scaler = &scaler.emplace();
-    if (tp == 1 && (world > 1 || zero > 0)) {
-      topo = std::make_unique<dist::Topology>(ctx.world(), dist::Grid{world, 1, 1}, backend, device);
-      if (zero == 3)
-        sync = std::make_unique<train::Zero3Sync>(model, *topo);
-      else if (zero > 0)
-        sync = std::make_unique<train::ZeroSync>(model, *topo, zero);
-      else
-        sync = std::make_unique<train::DDPSync>(model, *topo);
-    }
     options.grad_sync = sync.get();
     optim::AdamW opt(sync->optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {1e-3});
     std::vector<int32_t> tokens(size_t(batch * world * seq + 1) * 64);
@@ -235,7 +229,9 @@ int main(int argc, char** argv) {
     const std::string name = train::device_name(device);
     if (device.is_cuda() && peak_tflops <= 0) peak_tflops = train::gpu_peak_tflops(name, options.amp, tf32);
     const double mfu = peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0;
-    if (world > 1 || zero > 0) std::printf("ranks: %d, %s over %s\n", world, sync->name(), backend.c_str());
+    if (ctx.world_size() > 1 || zero > 0)
+      std::printf("ranks: %d (dp %d x tp %d), %s over %s\n", ctx.world_size(), world, tp, sync->name(),
+                  topo.backend().c_str());
     std::printf("device: %s%s\n", name.c_str(),
                 device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str()
                                                     : "");

@@ -33,26 +33,61 @@ std::vector<Tensor> concat(std::vector<Tensor> a, const std::vector<Tensor>& b) 
   return a;
 }
 
+// Position of `name` in the whole model's named_parameters() order (nn::GPT's initialisation streams): wte, wpe,
+// then each block's parameters in the order a block registers them (`block_names`), then ln_f's (`ln_f_names`).
+int64_t whole_model_index(const std::string& name, const nn::GPTConfig& cfg,
+                               const std::vector<std::string>& block_names,
+                               const std::vector<std::string>& ln_f_names) {
+  if (name == "transformer.wte.weight") return 0;
+  if (name == "transformer.wpe.weight") return 1;
+  auto position = [&](const std::vector<std::string>& names, const std::string& n) {
+    for (size_t j = 0; j < names.size(); ++j)
+      if (names[j] == n) return int64_t(j);
+    MINIDL_ASSERT(false, "TensorParallelGPT: no parameter named ", name);
+    return int64_t(-1);
+  };
+  const int64_t per_block = cfg.bias ? 12 : 6;
+  const std::string blocks = "transformer.h.", ln_f = "transformer.ln_f.";
+  if (name.rfind(blocks, 0) == 0) {
+    const size_t dot = name.find('.', blocks.size());
+    const int64_t i = std::stoll(name.substr(blocks.size(), dot - blocks.size()));
+    return 2 + i * per_block + position(block_names, name.substr(dot + 1));
+  }
+  MINIDL_ASSERT(name.rfind(ln_f, 0) == 0, "TensorParallelGPT: unexpected parameter ", name);
+  return 2 + cfg.n_layer * per_block + position(ln_f_names, name.substr(ln_f.size()));
+}
+
+std::vector<std::string> names_of(const nn::Module& m) {
+  std::vector<std::string> out;
+  for (const auto& np : m.named_parameters()) out.push_back(np.first);
+  return out;
+}
+
 }  // namespace
 
 TensorParallelGPT::TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, ProcessGroup& group,
-                                     bool sequence_parallel)
-    : nn::GPT(cfg, seed, nn::GPTStage{}, NoModules{}), group_(group), sequence_parallel_(sequence_parallel) {
+                                     bool sequence_parallel, nn::GPTStage stage_part)
+    : nn::GPT(cfg, seed, stage_part, NoModules{}), group_(group), sequence_parallel_(sequence_parallel) {
   MINIDL_CHECK(cfg.n_head % group.size() == 0, "tensor parallelism: --tp ", group.size(), " must divide --heads ",
                cfg.n_head, " (attention is split by heads)");
+  const nn::GPTStage& part = stage();
   const uint64_t base = nn::DropoutContext::kDropoutStreamBase;
   std::shared_ptr<nn::DropoutContext> ctx = dropout_context_ptr();
   // The whole model's module tree and names (nn::GPT's constructor), with parallel layers in place of the split ones.
   auto transformer = register_module("transformer", std::make_shared<nn::Module>());
-  vocab_embedding =
-      transformer->register_module("wte", std::make_shared<VocabParallelEmbedding>(cfg.vocab_size, cfg.n_embd, group));
-  wpe = transformer->register_module("wpe", std::make_shared<nn::Embedding>(cfg.block_size, cfg.n_embd));
-  drop = transformer->register_module("drop", std::make_shared<nn::Dropout>(cfg.dropout, base, ctx));
-  parallel_blocks = transformer->register_module("h", std::make_shared<nn::ModuleList<ParallelBlock>>());
-  for (int64_t i = 0; i < cfg.n_layer; ++i)
+  if (part.embedding || part.head)
+    vocab_embedding = transformer->register_module(
+        "wte", std::make_shared<VocabParallelEmbedding>(cfg.vocab_size, cfg.n_embd, group));
+  if (part.embedding) {
+    wpe = transformer->register_module("wpe", std::make_shared<nn::Embedding>(cfg.block_size, cfg.n_embd));
+    drop = transformer->register_module("drop", std::make_shared<nn::Dropout>(cfg.dropout, base, ctx));
+  }
+  parallel_blocks =
+      transformer->register_module("h", std::make_shared<nn::ModuleList<ParallelBlock>>(part.first_block));
+  for (int64_t i = part.first_block; i < part.last_block; ++i)
     parallel_blocks->push_back(std::make_shared<ParallelBlock>(cfg, group, base + 1 + 2 * uint64_t(i), ctx));
-  ln_f = transformer->register_module("ln_f", std::make_shared<nn::LayerNorm>(cfg.n_embd, cfg.bias));
-  vocab_embedding->sequence_parallel = sequence_parallel;
+  if (part.head) ln_f = transformer->register_module("ln_f", std::make_shared<nn::LayerNorm>(cfg.n_embd, cfg.bias));
+  if (vocab_embedding) vocab_embedding->sequence_parallel = sequence_parallel;
   for (const auto& block : *parallel_blocks) {
     block->attn->set_sequence_parallel(sequence_parallel);
     block->mlp->set_sequence_parallel(sequence_parallel);
@@ -60,9 +95,9 @@ TensorParallelGPT::TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, Pr
 
   // Layouts by name: split where a parallel layer says so, replicated everywhere else.
   for (const auto& [name, p] : named_parameters()) layouts_[name] = ShardLayout::replicated(p.shape());
-  layouts_["transformer.wte.weight"] = vocab_embedding->weight_layout;
-  for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    const ParallelBlock& b = (*parallel_blocks)[size_t(i)];
+  if (vocab_embedding) layouts_["transformer.wte.weight"] = vocab_embedding->weight_layout;
+  for (int64_t i = part.first_block; i < part.last_block; ++i) {
+    const ParallelBlock& b = (*parallel_blocks)[size_t(i - part.first_block)];
     const std::string h = "transformer.h." + std::to_string(i) + ".";
     layouts_[h + "attn.c_attn.weight"] = b.attn->c_attn->weight_layout;
     layouts_[h + "attn.c_proj.weight"] = b.attn->c_proj->weight_layout;
@@ -76,16 +111,30 @@ TensorParallelGPT::TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, Pr
   // nn::GPT's initialisation, slice by slice: parameter k of the whole model (this model registers the same names
   // in the same order) draws from Philox(seed, stream k) at its whole-parameter element indices.
   const double residual_std = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
-  nn::NamedTensors params = named_parameters();
-  for (size_t k = 0; k < params.size(); ++k) {
-    auto& [name, p] = params[k];
+  const std::vector<std::string> block_names =
+      parallel_blocks->size() ? names_of((*parallel_blocks)[0]) : std::vector<std::string>{};
+  const std::vector<std::string> ln_f_names = ln_f ? names_of(*ln_f) : std::vector<std::string>{};
+  for (auto& [name, p] : named_parameters()) {
     if (p.dim() != 2) continue;
     const bool residual = ends_with(name, ".attn.c_proj.weight") || ends_with(name, ".mlp.c_proj.weight");
+    const int64_t k = whole_model_index(name, cfg, block_names, ln_f_names);
     layouts_.at(name).init_normal(p, residual ? residual_std : 0.02, seed, uint64_t(k));
   }
 }
 
+int64_t TensorParallelGPT::logical_num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [name, p] : named_parameters()) {
+    int64_t e = 1;
+    for (int64_t d : layout(name).full_shape) e *= d;
+    n += e;
+  }
+  return n;
+}
+
 Tensor TensorParallelGPT::embed(const Tensor& ids) const {
+  MINIDL_CHECK(stage().embedding, "GPT::embed: this stage (blocks [", stage().first_block, ", ", stage().last_block,
+               ")) does not hold the embedding");
   MINIDL_CHECK(ids.dim() == 2, "GPT::forward: expected ids of shape (B, T), got ", ids.shape());
   const int64_t T = ids.size(1);
   MINIDL_CHECK(T >= 1 && T <= config().block_size,
@@ -112,6 +161,8 @@ Tensor TensorParallelGPT::embed(const Tensor& ids) const {
 }
 
 Tensor TensorParallelGPT::head(const Tensor& x) const {
+  MINIDL_CHECK(stage().head, "GPT::head: this stage (blocks [", stage().first_block, ", ", stage().last_block,
+               ")) does not hold the head");
   MINIDL_CHECK(x.dim() == 3 && x.size(2) == config().n_embd, "GPT::head: expected x of shape (B, T, n_embd = ",
                config().n_embd, "), got ", x.shape());
   Tensor whole = gather_from_tensor_parallel(vocab_embedding->logits(ln_f->forward(x)), group_);
@@ -120,6 +171,8 @@ Tensor TensorParallelGPT::head(const Tensor& x) const {
 }
 
 Tensor TensorParallelGPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reduction) const {
+  MINIDL_CHECK(stage().head, "GPT::head_loss: this stage (blocks [", stage().first_block, ", ", stage().last_block,
+               ")) does not hold the head");
   MINIDL_CHECK(x.dim() == 3 && targets.dim() == 2 && targets.size(0) == x.size(0) &&
                    targets.size(1) == x.size(1) * (sequence_parallel_ ? group_.size() : 1),
                "GPT::head_loss: expected targets (B, T) for x ", x.shape(),
@@ -133,7 +186,7 @@ Tensor TensorParallelGPT::head_loss(const Tensor& x, const Tensor& targets, Redu
 
 Tensor TensorParallelGPT::forward_block(int64_t i, const Tensor& x) const {
   // As nn::GPT::forward_block; the lambdas hold the block by shared_ptr for a recomputation after this returns.
-  const std::shared_ptr<ParallelBlock> block = *(parallel_blocks->begin() + i);
+  const std::shared_ptr<ParallelBlock> block = *(parallel_blocks->begin() + (i - stage().first_block));
   auto attn_part = [block](const Tensor& in) { return block->attn->forward(block->ln_1->forward(in)); };
   auto mlp_part = [block](const Tensor& in) { return block->mlp->forward(block->ln_2->forward(in)); };
   switch (recompute()) {

@@ -44,11 +44,13 @@ class ParallelBlock : public nn::Module {
 
 class TensorParallelGPT : public nn::GPT {
  public:
-  // The whole model (no pipeline stage), split over `group`. Throws unless group.size() divides n_head.
+  // The whole model, or only `stage`'s part of it (a pipeline stage: nn::GPTStage, whole-model names and initial
+  // values), split over `group`. Throws unless group.size() divides n_head.
   // sequence_parallel: the residual stream between the parallel layers is split along the sequence (see
   // dist/sequence_parallel.h): blocks(), head() and head_loss() take (B, T / tp, C), embed() returns it, and the
   // sequence length must be a multiple of the group size; loss() and forward() are unchanged.
-  TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, ProcessGroup& group, bool sequence_parallel = false);
+  TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, ProcessGroup& group, bool sequence_parallel = false,
+                    nn::GPTStage stage = {});
 
   Tensor embed(const Tensor& ids) const override;
   // Whole logits (B, T, vocab_size), gathered from the ranks (sampling; training uses head_loss).
@@ -76,8 +78,12 @@ class TensorParallelGPT : public nn::GPT {
   ProcessGroup& group() const { return group_; }
   bool sequence_parallel() const { return sequence_parallel_; }
 
-  std::shared_ptr<VocabParallelEmbedding> vocab_embedding;  // transformer.wte
-  std::shared_ptr<nn::ModuleList<ParallelBlock>> parallel_blocks;  // transformer.h
+  // Of the whole model's parameters this GPT holds, the element count of the whole (unsplit) tensors: what one
+  // process's num_parameters() counts for the same stage.
+  int64_t logical_num_parameters() const;
+
+  std::shared_ptr<VocabParallelEmbedding> vocab_embedding;  // transformer.wte (null on a stage without it)
+  std::shared_ptr<nn::ModuleList<ParallelBlock>> parallel_blocks;  // transformer.h: global blocks of the stage
 
  protected:
   Tensor forward_block(int64_t i, const Tensor& x) const override;

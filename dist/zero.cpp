@@ -23,10 +23,17 @@ Tensor flat_view(const Tensor& flat, int64_t offset, int64_t numel) { return fla
 }  // namespace
 
 ZeroDataParallel::ZeroDataParallel(nn::Module& module, ProcessGroup& group, ZeroOptions options)
+    : ZeroDataParallel(module.named_parameters(), group, options) {
+  if (options.broadcast_at_start)
+    for (auto& [name, t] : module.named_buffers()) group.broadcast(t, 0)->wait();
+}
+
+ZeroDataParallel::ZeroDataParallel(const std::vector<std::pair<std::string, Tensor>>& named_params,
+                                   ProcessGroup& group, ZeroOptions options)
     : options_(options),
       rank_(group.rank()),
       world_(group.size()),
-      reducer_(module.named_parameters(), group,
+      reducer_(named_params, group,
                // The average of the bucket over the group lands in this rank's gradient shard only.
                [this](ProcessGroup& g, size_t b, Tensor& bucket) {
                  return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
@@ -34,10 +41,11 @@ ZeroDataParallel::ZeroDataParallel(nn::Module& module, ProcessGroup& group, Zero
                reducer_options(options)) {
   MINIDL_CHECK(options.stage == 1 || options.stage == 2, "ZeRO: expected stage 1 or 2, got ", options.stage,
                " (stage 3 is dist::ZeroStage3)");
-  if (options.broadcast_at_start) {
-    for (auto& [name, p] : module.named_parameters()) group.broadcast(p, 0)->wait();
-    for (auto& [name, t] : module.named_buffers()) group.broadcast(t, 0)->wait();
-  }
+  if (options.broadcast_at_start)
+    for (const auto& [name, p] : named_params) {
+      Tensor handle = p;
+      group.broadcast(handle, 0)->wait();
+    }
   const std::vector<Tensor>& params = reducer_.params();
   for (size_t b = 0; b < reducer_.buckets().size(); ++b) {
     const BucketSpec& spec = reducer_.buckets()[b];
@@ -103,6 +111,31 @@ std::vector<optim::ParamGroup> shard_param_groups(const std::vector<optim::Param
 
 std::vector<optim::ParamGroup> ZeroDataParallel::shard_groups(const std::vector<optim::ParamGroup>& groups) const {
   return shard_param_groups(groups, shard_params_, shard_owner_, reducer_);
+}
+
+void ZeroDataParallel::reduce_scatter_gradients() {
+  MINIDL_ASSERT(!reducer_.sync(), "ZeRO: reduce_scatter_gradients() needs every backward under no_sync");
+  const std::vector<Tensor>& params = reducer_.params();
+  for (size_t b = 0; b < reducer_.buckets().size(); ++b) {
+    const BucketSpec& spec = reducer_.buckets()[b];
+    Tensor bucket;
+    if (options_.stage == 1) {
+      bucket = reducer_.buffer(b);  // persistent; this rank's shard of it is grad_shards_[b]
+    } else {
+      MemoryTagGuard tag(MemTag::kGrads);
+      bucket = Tensor::zeros({reducer_.padded_numel(b)}, spec.dtype, reducer_.group().device());
+    }
+    for (size_t s = 0; s < spec.params.size(); ++s) {
+      Tensor p = params[spec.params[s]];  // a handle: set_grad below drops the parameter's own gradient
+      Tensor slot = flat_view(bucket, spec.offsets[s], p.numel());
+      if (p.grad().defined())
+        slot.copy_(p.grad().contiguous().reshape({p.numel()}));
+      else
+        slot.zero_();
+      p.set_grad(Tensor());
+    }
+    reducer_.group().reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg)->wait();
+  }
 }
 
 void ZeroDataParallel::gather_parameters() {

@@ -70,10 +70,14 @@ class ZeroDataParallel {
  public:
   // All parameters that require grad must be contiguous f32 on the group's device.
   ZeroDataParallel(nn::Module& module, ProcessGroup& group, ZeroOptions options = {});
+  // The same over (name, parameter) pairs that no one module holds (a pipeline stage's chunks); no buffers.
+  ZeroDataParallel(const std::vector<std::pair<std::string, Tensor>>& params, ProcessGroup& group,
+                   ZeroOptions options = {});
 
   int stage() const { return options_.stage; }
   ProcessGroup& group() { return reducer_.group(); }
   Reducer& reducer() { return reducer_; }
+  const Reducer& reducer() const { return reducer_; }
   const std::vector<BucketSpec>& buckets() const { return reducer_.buckets(); }
   const ReducerStats& last_step() const { return reducer_.last_step(); }
 
@@ -82,12 +86,21 @@ class ZeroDataParallel {
   const std::vector<Tensor>& shard_params() const { return shard_params_; }
   // Where each shard parameter lies in its bucket (checkpoints: dist/zero_state.h).
   const std::vector<ShardPiece>& shard_pieces() const { return shard_pieces_; }
+  // Shard parameter i is a piece of reducer().params()[shard_owners()[i]].
+  const std::vector<size_t>& shard_owners() const { return shard_owner_; }
   // `groups` (over the module's parameters) turned into groups over the shard parameters: each shard parameter
   // gets the weight decay of the parameter it is a piece of. Groups left empty on this rank are dropped.
   std::vector<optim::ParamGroup> shard_groups(const std::vector<optim::ParamGroup>& groups) const;
   // After the optimizer step (or its skip): all-gathers every bucket's parameters from their owners, in place;
   // stage 1 also zeroes the gradient buckets (their non-shard part holds this rank's unreduced gradients).
   void gather_parameters();
+
+  // For a caller that synchronises after backward rather than during it (a pipeline stage, whose backward is one
+  // autograd call per micro-batch and chunk): with every backward run under no_sync, copies each parameter's
+  // accumulated .grad() into its bucket, reduce-scatters (average) the buckets into this rank's gradient shards in
+  // bucket order, and drops the full gradients (.grad() undefined until the next backward). No overlap with
+  // backward; the same shards, the same optimizer and the same gather_parameters() as the hooked path.
+  void reduce_scatter_gradients();
 
   using NoSyncGuard = Reducer::NoSyncGuard;
   [[nodiscard]] NoSyncGuard no_sync() { return reducer_.no_sync(); }

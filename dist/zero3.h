@@ -91,11 +91,14 @@ class ZeroStage3 final : public nn::BlockHooks {
 
   ProcessGroup& group() { return reducer_.group(); }
   Reducer& reducer() { return reducer_; }
+  const Reducer& reducer() const { return reducer_; }
   const std::vector<BucketSpec>& buckets() const { return reducer_.buckets(); }
   const ReducerStats& last_step() const { return reducer_.last_step(); }
 
   // As ZeroDataParallel's: this rank's shard of every unit, cut at parameter boundaries.
   const std::vector<Tensor>& shard_params() const { return shard_params_; }
+  // Shard parameter i is a piece of reducer().params()[shard_owners()[i]].
+  const std::vector<size_t>& shard_owners() const { return shard_owner_; }
   const std::vector<ShardPiece>& shard_pieces() const { return shard_pieces_; }
   std::vector<optim::ParamGroup> shard_groups(const std::vector<optim::ParamGroup>& groups) const;
   // After the optimizer step (or its skip): all-gathers the persistent unit. Blocks need nothing: their shards were

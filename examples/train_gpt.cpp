@@ -77,11 +77,14 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "dp x tp x pp must equal N. Default: N / (tp x pp)");
   app.add_option("--tp", o.tp, "Tensor-parallel ranks: each transformer block split Megatron-style (attention by heads, the MLP "
                  "column then row) and the vocabulary split, over tp consecutive ranks; must divide --heads. "
-                 "Combines with --dp, --amp, --recompute, --grad-accum, --dropout, clipping and training checkpoints "
-                 "(stored as whole tensors: they resume at any --tp); not with --zero. --save writes one whole-model "
-                 "file at any --tp")->capture_default_str();
+                 "Combines with --dp, --pp, --zero, --amp, --recompute, --grad-accum, --dropout, clipping and "
+                 "training checkpoints (stored as whole tensors: they resume at any --tp). --save writes one "
+                 "whole-model file at any --tp; saving, loading and sampling with --tp and --pp together are not "
+                 "implemented yet")->capture_default_str();
   app.add_option("--pp", o.pp, "Pipeline stages: each rank holds a contiguous part of the blocks (the first also the "
-                 "embedding, the last ln_f, the tied head and the loss); activations move by send/recv")
+                 "embedding, the last ln_f, the tied head and the loss); activations move by send/recv. Combines with "
+                 "--dp, --tp (stages of tensor-parallel blocks), --zero 0-2, --save, --init-from, --sample and "
+                 "training checkpoints (not with --zero > 0: checkpoints of sharded stages are not implemented)")
       ->capture_default_str();
   app.add_option("--micro-batches", o.micro_batches,
                  "With --pp > 1: micro-batches per step, the pipeline's gradient accumulation (default: --pp); "
@@ -109,11 +112,12 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--zero", o.zero,
                  "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (AdamW state sharded: 8/dp bytes per "
                  "parameter), 2 (gradients sharded too: 4/dp), 3 (block parameters sharded too, gathered per block: "
-                 "1.5x DDP's communication)")
+                 "1.5x DDP's communication). With --tp: of the rank's split of the model (0-3); with --pp: of each "
+                 "stage's parameters over its dp ranks (0-2)")
       ->capture_default_str();
   app.add_flag("--memory-report", o.memory_report,
                "After the first step every rank prints its memory by tag beside the predicted bytes (always on "
-               "with --zero 1-3)");
+               "with --zero 1-3); with --tp the prediction is the rank's split; not with --pp");
   app.add_option("--amp", o.amp, "Mixed precision: off, bf16 or fp16 (fp16 adds dynamic loss scaling)")
       ->capture_default_str();
   app.add_option("--recompute", o.recompute,

@@ -50,4 +50,12 @@ bool DDPSync::combine_overflow(bool local) {
   return max_over(topology_.model_parallel_group(), any) > 0;
 }
 
+double ModelParallelSync::grad_norm_squared(const std::vector<Tensor>& params) {
+  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared(params));
+}
+
+bool ModelParallelSync::combine_overflow(bool local) {
+  return max_over(topology_.model_parallel_group(), local ? 1.0 : 0.0) > 0;
+}
+
 }  // namespace minidl::train

@@ -51,6 +51,9 @@ class GradSync {
   // The tensors whose .grad() this rank owns after the last backward: what the loss scaler unscales, clipping
   // scales and the optimizer updates. Every parameter by default; ZeRO: this rank's shard.
   virtual std::vector<Tensor> owned_params(const std::vector<Tensor>& params) { return params; }
+  // The model parameter an element of owned_params is (by default), or is a piece of (ZeRO: the parameter its
+  // shard was cut from): what a decorator such as TensorParallelSync classifies owned gradients by.
+  virtual Tensor origin(const Tensor& owned) const { return owned; }
   // The optimizer's parameter groups given the model's (ZeRO: the same weight decays over the shard).
   virtual std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) { return groups; }
   // After the optimizer step or its skip, before zero_grad (ZeRO: all-gather the updated parameters).
@@ -96,6 +99,19 @@ class DDPSync final : public GradSync {
   const dist::Topology& topology_;
   dist::DistributedDataParallel ddp_;
   std::optional<dist::Reducer::NoSyncGuard> no_sync_;
+};
+
+// No data parallelism (dp 1) but model parallelism (tp · pp ranks hold different parts of the model): nothing to
+// synchronise, the norm is summed and the overflow flag combined over the model-parallel group.
+class ModelParallelSync final : public GradSync {
+ public:
+  explicit ModelParallelSync(const dist::Topology& topology) : topology_(topology) {}
+  const char* name() const override { return "model-parallel"; }
+  double grad_norm_squared(const std::vector<Tensor>& params) override;
+  bool combine_overflow(bool local) override;
+
+ private:
+  const dist::Topology& topology_;
 };
 
 // Sum (resp. max) of one number over a group, on the group's device; the value itself when the group has one rank.

@@ -7,8 +7,11 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "dist/tp_gpt.h"
+#include "dist/zero.h"
 #include "ops/cast.h"
 #include "optim/clip.h"
+#include "train/zero_sync.h"
 
 namespace minidl::train {
 
@@ -32,8 +35,11 @@ double elapsed_ms(std::chrono::steady_clock::time_point t0) {
 // ---- the stage's chunks ----
 
 PipelineModel::PipelineModel(const nn::GPTConfig& cfg, uint64_t seed, const dist::PipelineSpec& spec,
-                             const std::vector<int64_t>& starts, const dist::Topology& topology)
-    : topology_(topology), schedule_(dist::make_schedule(spec)), rank_(topology.coord().pp) {
+                             const std::vector<int64_t>& starts, const dist::Topology& topology, bool sequence_parallel)
+    : topology_(topology),
+      schedule_(dist::make_schedule(spec)),
+      rank_(topology.coord().pp),
+      sequence_parallel_(sequence_parallel && topology.grid().tp > 1) {
   MINIDL_CHECK(spec.stages == topology.grid().pp, "pipeline: the schedule has ", spec.stages,
                " stages but the topology ", topology.grid().pp);
   MINIDL_CHECK(spec.stages >= 2, "pipeline: expected at least 2 stages, got ", spec.stages);
@@ -43,9 +49,45 @@ PipelineModel::PipelineModel(const nn::GPTConfig& cfg, uint64_t seed, const dist
   const int C = spec.chunks();
   for (int v = 0; v < spec.virtual_stages; ++v) {
     const int64_t c = global_chunk(v);
-    chunks_.push_back(std::make_unique<nn::GPT>(
-        cfg, seed, nn::GPTStage{starts[size_t(c)], starts[size_t(c) + 1], c == 0, c == C - 1}));
+    const nn::GPTStage part{starts[size_t(c)], starts[size_t(c) + 1], c == 0, c == C - 1};
+    if (topology.grid().tp > 1)
+      chunks_.push_back(
+          std::make_unique<dist::TensorParallelGPT>(cfg, seed, topology.tp_group(), sequence_parallel_, part));
+    else
+      chunks_.push_back(std::make_unique<nn::GPT>(cfg, seed, part));
   }
+}
+
+namespace {
+
+// A stage's tied wte: nn::GPT's, or the vocabulary-parallel slice of a tensor-parallel stage.
+Tensor tied_wte(const nn::GPT& chunk) {
+  if (auto* split = dynamic_cast<const dist::TensorParallelGPT*>(&chunk)) return split->vocab_embedding->weight;
+  return chunk.wte->weight;
+}
+
+// The whole (unsplit) parameter count of a chunk: what one process holds for the same blocks.
+int64_t logical_parameters(const nn::GPT& chunk) {
+  if (auto* split = dynamic_cast<const dist::TensorParallelGPT*>(&chunk)) return split->logical_num_parameters();
+  return chunk.num_parameters();
+}
+
+}  // namespace
+
+Tensor PipelineModel::embedding_wte() const {
+  return chunks_.front()->stage().embedding ? tied_wte(*chunks_.front()) : Tensor();
+}
+
+int64_t PipelineModel::positions_per_rank(int64_t T) const {
+  return sequence_parallel_ ? T / topology_.grid().tp : T;
+}
+
+std::vector<Tensor> PipelineModel::replicated_parameters() const {
+  std::vector<Tensor> out;
+  for (const auto& c : chunks_)
+    if (auto* split = dynamic_cast<const dist::TensorParallelGPT*>(c.get()))
+      for (const Tensor& p : split->replicated_parameters()) out.push_back(p);
+  return out;
 }
 
 std::vector<std::pair<std::string, Tensor>> PipelineModel::named_parameters() const {
@@ -63,7 +105,7 @@ std::vector<Tensor> PipelineModel::parameters() const {
 
 Tensor PipelineModel::head_wte() const {
   const nn::GPT& last = *chunks_.back();
-  return last.stage().head ? last.wte->weight : Tensor();
+  return last.stage().head ? tied_wte(last) : Tensor();
 }
 
 void PipelineModel::to(Device device) { for (auto& c : chunks_) c->to(device); }
@@ -80,8 +122,8 @@ void PipelineModel::set_dropout(uint64_t step, int64_t first_sample) {
 
 int64_t PipelineModel::num_parameters() const {
   int64_t n = 0;
-  for (const auto& c : chunks_) n += c->num_parameters();
-  if (last_stage()) n -= head_wte().numel();  // the first stage counts wte
+  for (const auto& c : chunks_) n += logical_parameters(*c);
+  if (last_stage()) n -= config().vocab_size * config().n_embd;  // the first stage counts wte
   return int64_t(sum_over(pp_group(), double(n)));
 }
 
@@ -94,31 +136,83 @@ double PipelineModel::flops_per_token(int64_t T) const {
 
 // ---- gradient synchronisation ----
 
-PipelineSync::PipelineSync(PipelineModel& pipe, const dist::Topology& topology) : pipe_(pipe), topology_(topology) {}
+namespace {
+
+dist::ZeroOptions zero_options(int stage) {
+  dist::ZeroOptions o;
+  o.stage = stage;
+  return o;
+}
+
+}  // namespace
+
+struct PipelineSync::Zero {
+  Zero(PipelineModel& pipe, dist::ProcessGroup& dp, int stage)
+      : zero(pipe.named_parameters(), dp, zero_options(stage)),
+        no_sync(zero.reducer()),
+        origin(shard_origins(zero.shard_params(), zero.shard_owners(), zero.reducer().params())) {}
+  dist::ZeroDataParallel zero;
+  dist::Reducer::NoSyncGuard no_sync;  // for good: the hooks only accumulate, after_backward reduce-scatters
+  std::unordered_map<const TensorImpl*, Tensor> origin;
+};
+
+PipelineSync::PipelineSync(PipelineModel& pipe, const dist::Topology& topology, int zero_stage)
+    : pipe_(pipe), topology_(topology) {
+  MINIDL_CHECK(zero_stage >= 0 && zero_stage <= 2, "pipeline: ZeRO stage ", zero_stage,
+               " is not supported with pipeline parallelism (expected 0, 1 or 2)");
+  if (zero_stage > 0) zero_ = std::make_unique<Zero>(pipe, topology.dp_group(), zero_stage);
+}
+
+PipelineSync::~PipelineSync() = default;
+
+const char* PipelineSync::name() const {
+  return !zero_ ? "pipeline" : zero_->zero.stage() == 1 ? "pipeline+zero1" : "pipeline+zero2";
+}
 
 void PipelineSync::after_backward() {
   auto t0 = std::chrono::steady_clock::now();
   if (dist::ProcessGroup* emb = topology_.embedding_group()) {
     // The first stage's wte gradient comes from the embedding, the last stage's from the head: both need the sum.
-    Tensor wte = pipe_.first_stage() ? pipe_.chunks().front()->wte->weight : pipe_.head_wte();
+    Tensor wte = pipe_.first_stage() ? pipe_.embedding_wte() : pipe_.head_wte();
     Tensor g = wte.grad();
     emb->all_reduce(g, dist::ReduceOp::kSum)->wait();
   }
   dist::ProcessGroup& dp = topology_.dp_group();
-  if (dp.size() > 1)
+  if (zero_) {
+    zero_->zero.reduce_scatter_gradients();
+  } else if (dp.size() > 1) {
     for (Tensor& p : pipe_.parameters()) {
       Tensor g = p.grad();
       dp.all_reduce(g, dist::ReduceOp::kAvg)->wait();
     }
+  }
   stats_.comm_ms = stats_.exposed_comm_ms = elapsed_ms(t0);
+}
+
+std::vector<Tensor> PipelineSync::owned_params(const std::vector<Tensor>& params) {
+  return zero_ ? zero_->zero.shard_params() : params;
+}
+
+Tensor PipelineSync::origin(const Tensor& owned) const {
+  return zero_ ? origin_in(zero_->origin, owned) : owned;
+}
+
+std::vector<optim::ParamGroup> PipelineSync::optimizer_groups(std::vector<optim::ParamGroup> groups) {
+  return zero_ ? zero_->zero.shard_groups(groups) : groups;
+}
+
+void PipelineSync::after_step() {
+  if (zero_) zero_->zero.gather_parameters();
 }
 
 double PipelineSync::grad_norm_squared(const std::vector<Tensor>& params) {
   std::vector<Tensor> counted;
   Tensor skip = pipe_.last_stage() ? pipe_.head_wte() : Tensor();
   for (const Tensor& p : params)
-    if (!skip.defined() || p.impl() != skip.impl()) counted.push_back(p);
-  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared(counted));
+    if (!skip.defined() || origin(p).impl() != skip.impl()) counted.push_back(p);
+  double mine = optim::grad_norm_squared(counted);
+  if (zero_) mine = sum_over(topology_.dp_group(), mine);  // each dp rank holds its shard
+  return sum_over(topology_.model_parallel_group(), mine);
 }
 
 bool PipelineSync::combine_overflow(bool local) {
@@ -187,7 +281,7 @@ struct Executor {
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGrad: {
-        Posted p{Tensor::empty({micro, T, C}, wire, device), nullptr};
+        Posted p{Tensor::empty({micro, pipe.positions_per_rank(T), C}, wire, device), nullptr};
         p.work = pg.recv(p.buffer, a.peer, tag);
         received[{a.kind == ActionKind::kRecvGrad, a.micro, a.chunk}] = p;
         break;
@@ -317,7 +411,7 @@ double pipeline_evaluate(PipelineModel& pipe, const data::Batch& windows, int64_
       if (c == 0) {
         x = chunk.embed(windows.x.narrow(0, b, m).to(device));
       } else {
-        x = Tensor::empty({m, T, width}, DType::f32, device);
+        x = Tensor::empty({m, pipe.positions_per_rank(T), width}, DType::f32, device);
         pp.recv(x, (c - 1) % p, 0)->wait();
       }
       x = chunk.blocks(chunk.stage().first_block, chunk.stage().last_block, x);

@@ -36,9 +36,11 @@ class PipelineModel {
  public:
   // Builds this rank's chunks of the whole model (cfg, seed) and the schedule, and validates it (throws naming the
   // ranks and the action on a bad schedule, before anything is sent). starts: chunks + 1 block boundaries
-  // (dist::split_layers). Needs pp >= 2.
+  // (dist::split_layers). Needs pp >= 2. With tp > 1 in the topology every chunk is a dist::TensorParallelGPT
+  // stage split over the tp group (tensor-parallel blocks, the vocabulary-parallel embedding and head), and
+  // sequence_parallel splits what crosses a stage boundary along the sequence too: (micro, T / tp, C).
   PipelineModel(const nn::GPTConfig& cfg, uint64_t seed, const dist::PipelineSpec& spec,
-                const std::vector<int64_t>& starts, const dist::Topology& topology);
+                const std::vector<int64_t>& starts, const dist::Topology& topology, bool sequence_parallel = false);
 
   const dist::Schedule& schedule() const { return schedule_; }
   const dist::PipelineSpec& spec() const { return schedule_.spec; }
@@ -57,6 +59,14 @@ class PipelineModel {
   std::vector<Tensor> parameters() const;
   // The tied wte held by the last stage's head (the first stage holds the other copy); undefined elsewhere.
   Tensor head_wte() const;
+  // The tied wte of the first stage's embedding; undefined elsewhere.
+  Tensor embedding_wte() const;
+  // Positions of a sequence of T tokens that one rank of this stage holds between blocks (T / tp with sequence
+  // parallelism): the second dimension of what crosses a stage boundary.
+  int64_t positions_per_rank(int64_t T) const;
+  // The parameters a tensor-parallel group holds whole on every rank (LayerNorms, wpe, row-parallel biases); empty
+  // at tp 1.
+  std::vector<Tensor> replicated_parameters() const;
   void to(Device device);
   void train(bool on = true);
   void set_recompute(nn::Recompute r);
@@ -84,6 +94,7 @@ class PipelineModel {
   const dist::Topology& topology_;
   dist::Schedule schedule_;
   int rank_ = 0;
+  bool sequence_parallel_ = false;
   std::vector<std::unique_ptr<nn::GPT>> chunks_;
   Timing timing_;
 };
@@ -93,19 +104,33 @@ class PipelineModel {
 // all-reduce per parameter, after the last micro-batch only). The gradient norm sums every stage's squares over
 // the model-parallel group with wte counted once (the last stage leaves its copy out); the overflow flag is the
 // max over the dp and model-parallel groups.
+//
+// zero_stage 1 or 2: ZeRO over the stage's dp group (dist::ZeroDataParallel over the stage's chunks, its reducer
+// kept under no_sync): instead of the all-reduce, the summed gradients are reduce-scattered (average) into this
+// rank's shard (ZeroDataParallel::reduce_scatter_gradients) and the full gradients dropped; unscale, clip and the
+// optimizer see the shard (owned_params), after_step all-gathers the updated parameters. The norm adds the shards
+// over the dp group. Stage 1 and 2 differ only in where the reduced gradients live (a persistent bucket or a
+// shard); neither overlaps with backward, which a pipeline's many backward calls per step would make unsafe.
 class PipelineSync final : public GradSync {
  public:
-  PipelineSync(PipelineModel& pipe, const dist::Topology& topology);
-  const char* name() const override { return "pipeline"; }
+  PipelineSync(PipelineModel& pipe, const dist::Topology& topology, int zero_stage = 0);
+  ~PipelineSync() override;
+  const char* name() const override;
   void after_backward() override;
+  std::vector<Tensor> owned_params(const std::vector<Tensor>& params) override;
+  Tensor origin(const Tensor& owned) const override;
+  std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) override;
+  void after_step() override;
   double grad_norm_squared(const std::vector<Tensor>& params) override;
   bool combine_overflow(bool local) override;
   dist::ReducerStats comm_stats() const override { return stats_; }
 
  private:
+  struct Zero;  // the sharding, with zero_stage > 0
   PipelineModel& pipe_;
   const dist::Topology& topology_;
   dist::ReducerStats stats_;
+  std::unique_ptr<Zero> zero_;
 };
 
 // The forward and backward half of pipeline_train_step: runs this rank's action list over `batch` (split into the

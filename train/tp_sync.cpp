@@ -1,32 +1,49 @@
 #include "train/tp_sync.h"
 
+#include <typeinfo>
+
 #include "optim/clip.h"
 
 namespace minidl::train {
 
 TensorParallelSync::TensorParallelSync(std::unique_ptr<GradSync> inner, const dist::TensorParallelGPT& model,
                                        const dist::Topology& topology)
-    : inner_(std::move(inner)), model_(model), topology_(topology) {
-  for (const Tensor& p : model.replicated_parameters()) replicated_.insert(p.impl());
-  if (model.sequence_parallel() && topology.tp_group().size() > 1) sequence_parallel_params_ = model.replicated_parameters();
+    : TensorParallelSync(std::move(inner), model.parameters(), model.replicated_parameters(), model.sequence_parallel(),
+                         topology) {
+  model_ = &model;
+}
+
+TensorParallelSync::TensorParallelSync(std::unique_ptr<GradSync> inner, std::vector<Tensor> params,
+                                       const std::vector<Tensor>& replicated, bool sequence_parallel,
+                                       const dist::Topology& topology)
+    : inner_(std::move(inner)),
+      topology_(topology),
+      params_(std::move(params)),
+      sequence_parallel_(sequence_parallel && topology.tp_group().size() > 1) {
+  for (const Tensor& p : replicated) replicated_.insert(p.impl());
+  // The norm below adds the inner strategy's sums, which must span the tp group: a plain GradSync (one process's)
+  // spans nothing, so the tp-only case gets ModelParallelSync's sum over the model-parallel group.
+  if (typeid(*inner_) == typeid(GradSync)) inner_ = std::make_unique<ModelParallelSync>(topology);
 }
 
 void TensorParallelSync::after_backward() {
   inner_->after_backward();
-  if (sequence_parallel_params_.empty()) return;
-  // One all-reduce over a flat copy of every partial gradient (a few LayerNorm-sized vectors and wpe).
+  if (!sequence_parallel_) return;
+  // One all-reduce over a flat copy of every partial gradient (a few LayerNorm-sized vectors and wpe), or of
+  // their ZeRO shards: the sum over tp of the average over dp is the average of the sums.
   std::vector<Tensor> grads;
-  for (const Tensor& p : sequence_parallel_params_)
-    if (p.grad().defined()) grads.push_back(p.grad());
+  for (const Tensor& p : inner_->owned_params(params_))
+    if (replicated_.count(inner_->origin(p).impl()) && p.grad().defined()) grads.push_back(p.grad());
   dist::all_reduce_sum(grads, topology_.tp_group());
 }
 
 double TensorParallelSync::grad_norm_squared(const std::vector<Tensor>& params) {
   std::vector<Tensor> split, replicated;
-  for (const Tensor& p : params) (replicated_.count(p.impl()) ? replicated : split).push_back(p);
+  for (const Tensor& p : params) (replicated_.count(inner_->origin(p).impl()) ? replicated : split).push_back(p);
   const double tp = topology_.grid().tp;
-  return sum_over(topology_.model_parallel_group(),
-                  optim::grad_norm_squared(split) + optim::grad_norm_squared(replicated) / tp);
+  // Two collectives of one number each, in the same order on every rank.
+  const double split_sq = inner_->grad_norm_squared(split);
+  return split_sq + inner_->grad_norm_squared(replicated) / tp;
 }
 
 bool TensorParallelSync::combine_overflow(bool local) {
@@ -35,15 +52,17 @@ bool TensorParallelSync::combine_overflow(bool local) {
 
 nn::NamedTensors TensorParallelSync::logical_state(const optim::Optimizer& opt, const Tensor& flat,
                                                   const nn::Module& model, const KeepTensors& keep) {
+  MINIDL_CHECK(model_, "checkpoints of tensor-parallel pipeline stages are not implemented");
   // Every rank of the tp group needs its slices for the all-gathers, whatever it keeps.
-  return model_.gather_whole(inner_->logical_state(opt, flat, model, /*keep=*/true),
+  return model_->gather_whole(inner_->logical_state(opt, flat, model, /*keep=*/true),
                              [&keep](const std::string& name) { return keep(name); });
 }
 
 void TensorParallelSync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
                                             const std::map<std::string, Tensor>& logical) {
+  MINIDL_CHECK(model_, "checkpoints of tensor-parallel pipeline stages are not implemented");
   std::map<std::string, Tensor> mine;
-  for (const auto& [name, p] : model.named_parameters()) mine[name] = model_.layout(name).slice(logical.at(name));
+  for (const auto& [name, p] : model.named_parameters()) mine[name] = model_->layout(name).slice(logical.at(name));
   inner_->load_logical_state(opt, flat, model, mine);
 }
 

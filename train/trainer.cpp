@@ -19,6 +19,7 @@
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/grad_sync.h"
+#include "train/parallel_model.h"
 #include "train/pipeline_checkpoint.h"
 #include "train/pipeline_step.h"
 #include "train/progress.h"
@@ -82,8 +83,18 @@ void TrainConfig::validate(int world) const {
                "ranks: it needs --tp 2 or more, got --tp ", tp);
   MINIDL_CHECK(!sequence_parallel || seq_or_default() % tp == 0, "--sequence-parallel: --seq ", seq_or_default(),
                " must be a multiple of --tp ", tp);
-  MINIDL_CHECK(tp == 1 || zero == 0, "--tp ", tp, " with --zero ", zero, ": ZeRO over a tensor-parallel model is not "
-               "implemented yet; use --zero 0");
+  MINIDL_CHECK(!memory_report || pp == 1, "--memory-report with --pp ", pp, ": the prediction is per whole model "
+               "(or its tensor-parallel split), not per pipeline stage; the summary's act_peak_mb, param_mb, "
+               "grad_mb and optim_mb and the per-stage activation peaks are measured");
+  if (tp > 1 && pp > 1) {  // the pipeline's gathers (train/pipeline_checkpoint.h) take whole-width chunks
+    const char* io = !save.empty() ? "--save" : !init_from.empty() ? "--init-from" : !checkpoint_dir.empty()
+                     ? "--checkpoint-dir" : !resume.empty() ? "--resume" : sample > 0 ? "--sample" : nullptr;
+    MINIDL_CHECK(!io, io ? io : "", " with --tp ", tp, " and --pp ", pp, ": saving, loading and sampling a model "
+                 "split both ways are not implemented yet (each works with --tp or --pp alone)");
+  }
+  MINIDL_CHECK(pp == 1 || zero == 0 || (checkpoint_dir.empty() && resume.empty()), "--checkpoint-dir/--resume with "
+               "--pp ", pp, " and --zero ", zero, ": checkpoints of ZeRO-sharded pipeline stages are not implemented "
+               "yet (use --zero 0 with --pp, or --zero without --pp)");
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
                " does not match the ", world, " ranks this job runs on (mpirun -n)");
@@ -181,7 +192,7 @@ struct Trainer::State {
 void Trainer::State::print_zero_memory() const {
   const MemoryLedger& mem = ledger(device);
   MemoryQuery q{model->config(), cfg.zero, topo->grid().dp, amp, model->recompute(), local_batch / cfg.grad_accum,
-                seq, cfg.grad_accum};
+                seq, cfg.grad_accum, topo->grid().tp, cfg.sequence_parallel};
   const MemoryPlan p = predict_memory(q);
   const double mib = double(1 << 20);
   auto pct = [](double measured, double predicted) { return predicted > 0 ? 100 * (measured / predicted - 1) : 0.0; };
@@ -201,16 +212,21 @@ void Trainer::State::print_zero_memory() const {
 // by tag beside the prediction (split parameters / tp + replicated ones, f32), and what the step asked the tp
 // group to move (dist::tensor_parallel_traffic: payload bytes; README has the formula).
 void Trainer::State::print_tensor_parallel_step() const {
-  const auto& split = static_cast<const dist::TensorParallelGPT&>(*model);
+  std::vector<const dist::TensorParallelGPT*> parts;  // the whole model's split, or this pipeline stage's chunks
+  if (pipe)
+    for (const auto& chunk : pipe->chunks()) parts.push_back(static_cast<const dist::TensorParallelGPT*>(chunk.get()));
+  else
+    parts.push_back(static_cast<const dist::TensorParallelGPT*>(model.get()));
   const MemoryLedger& mem = ledger(device);
   const double mib = double(1 << 20), tp = topo->grid().tp;
   double predicted = 0;
-  for (const auto& [name, p] : model->named_parameters()) {
-    const dist::ShardLayout& l = split.layout(name);
-    double whole = 4;
-    for (int64_t d : l.full_shape) whole *= double(d);
-    predicted += l.is_split() ? whole / tp : whole;
-  }
+  for (const dist::TensorParallelGPT* split : parts)
+    for (const auto& [name, p] : split->named_parameters()) {
+      const dist::ShardLayout& l = split->layout(name);
+      double whole = 4;
+      for (int64_t d : l.full_shape) whole *= double(d);
+      predicted += l.is_split() ? whole / tp : whole;
+    }
   const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();
   std::printf("tp memory, tp rank %d of %d (dp rank %d): params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB "
               "(predicted params=%.3f MiB); tp traffic of step 1: all-reduce=%.3f all-gather=%.3f "
@@ -396,57 +412,30 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   // are those of the same samples in one process.
   s.local_batch = o.batch / grid.dp;
   s.first_sample = me.dp * s.local_batch;
-  if (grid.pp > 1) {
-    // This stage's chunks; the schedule is validated here, before anything is sent.
-    const std::vector<int64_t> starts = pipeline_starts(o, model_cfg);
-    s.pipe = std::make_unique<PipelineModel>(model_cfg, o.seed, pipeline_spec(o), starts, *s.topo);
+  // The model (whole, split over tp, or this pipeline stage's chunks) and its GradSync (train/parallel_model.h);
+  // checkpoint weights go in before anything moves or is sharded.
+  auto load_whole = [&](nn::GPT& m) {
     if (s.resume)
-      restore_pipeline_model(*s.resume, *s.pipe);  // each chunk takes its tensors of the whole model
+      restore_model(*s.resume, m);  // with tp > 1: this rank's slices of the checkpoint's whole tensors
+    else if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(&m); split && s.ckpt)
+      dist::load_tensor_parallel_gpt(*split, o.init_from);
     else if (s.ckpt)
-      load_pipeline_model(*s.pipe, nn::load_safetensors(o.init_from).tensors);
-    s.pipe->to(s.device);
-    s.pipe->train();
-    s.pipe->set_dropout(0, s.first_sample);
-    s.pipe->set_recompute(nn::parse_recompute(o.recompute));
-    s.sync = std::make_unique<PipelineSync>(*s.pipe, *s.topo);
-    s.num_params = s.pipe->num_parameters();
-    s.notes.push_back(pipeline_note(o, starts));
-  } else {
-    if (grid.tp > 1) {  // the same weights, split over the tp group (dist/tp_gpt.h)
-      auto split =
-          std::make_unique<dist::TensorParallelGPT>(model_cfg, o.seed, s.topo->tp_group(), o.sequence_parallel);
-      if (o.sequence_parallel)
-        s.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
-                          std::to_string(s.seq / grid.tp) + " of " + std::to_string(s.seq) + " positions per rank");
-      if (s.resume)
-        restore_model(*s.resume, *split);  // this rank's slices of the checkpoint's whole tensors
-      else if (s.ckpt)
-        dist::load_tensor_parallel_gpt(*split, o.init_from);
-      s.model = std::move(split);
-    } else {
-      s.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
-      if (s.resume)
-        restore_model(*s.resume, *s.model);  // before ZeRO shards the parameters
-      else if (s.ckpt)
-        nn::load_into(*s.model, o.init_from);
+      nn::load_into(m, o.init_from);
+  };
+  auto load_stage = [&](PipelineModel& pipe) {
+    if (s.resume)
+      restore_pipeline_model(*s.resume, pipe);  // each chunk takes its tensors of the whole model
+    else if (s.ckpt)
+      load_pipeline_model(pipe, nn::load_safetensors(o.init_from).tensors);
+  };
+  ParallelModel built = build_model_and_sync(o, model_cfg, *s.topo, s.device, s.first_sample, load_whole, load_stage);
     }
-    s.model->to(s.device);  // before DDP and the optimizer, whose buffers follow the parameters' device
-    s.model->train();
-    s.num_params = s.model->num_parameters();
-    s.model->dropout_context().first_sample = s.first_sample;
-    s.model->set_recompute(nn::parse_recompute(o.recompute));
-    if (o.zero == 3)
-      s.sync = std::make_unique<Zero3Sync>(*s.model, *s.topo);
-    else if (o.zero > 0)  // at dp 1 too: the same code path, with shards of the whole bucket
-      s.sync = std::make_unique<ZeroSync>(*s.model, *s.topo, o.zero);
-    else if (grid.dp > 1)
-      s.sync = std::make_unique<DDPSync>(*s.model, *s.topo);
-    else
-      s.sync = std::make_unique<GradSync>();
-    if (grid.tp > 1)
-      s.sync = std::make_unique<TensorParallelSync>(std::move(s.sync),
-                                                    static_cast<const dist::TensorParallelGPT&>(*s.model), *s.topo);
-  }
+  });
+  s.model = std::move(built.model);
+  s.pipe = std::move(built.pipe);
+  s.sync = std::move(built.sync);
+  s.num_params = built.num_params;
+  s.notes.insert(s.notes.end(), built.notes.begin(), built.notes.end());
   s.amp = amp_dtype(o.amp);
   if (s.amp == DType::f16) {
     s.scaler.emplace();

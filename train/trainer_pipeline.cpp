@@ -31,10 +31,9 @@ void validate_pipeline(const TrainConfig& c, int d) {
     dist::parse_schedule_kind(c.schedule);
     return;
   }
-  MINIDL_CHECK(c.tp == 1, "--tp ", c.tp, " with --pp ", c.pp, ": tensor and pipeline parallelism together are not "
-               "implemented yet; use one of them");
-  MINIDL_CHECK(c.zero == 0, "--zero ", c.zero, " with --pp ", c.pp, ": ZeRO over a pipeline's data-parallel ranks is "
-               "not implemented yet; use --zero 0 (DDP)");
+  MINIDL_CHECK(c.zero <= 2, "--zero ", c.zero, " with --pp ", c.pp, ": ZeRO-3 shards the parameters each block "
+               "gathers just before use, which a pipeline stage's interleaved micro-batches would gather and free "
+               "again and again (DeepSpeed refuses it too); use --zero 1 or 2 with --pp");
   MINIDL_CHECK(c.grad_accum == 1, "--grad-accum ", c.grad_accum, " with --pp ", c.pp, ": a pipeline accumulates over "
                "its micro-batches; use --micro-batches instead");
   MINIDL_CHECK(c.micro_batches >= 0, "--micro-batches: expected a positive count, got ", c.micro_batches);

@@ -6,7 +6,11 @@
 namespace minidl::train {
 
 Zero3Sync::Zero3Sync(nn::GPT& model, const dist::Topology& topology, dist::Zero3Options options)
-    : topology_(topology), zero_(model, topology.dp_group(), options) {}
+    : topology_(topology),
+      zero_(model, topology.dp_group(), options),
+      origin_(shard_origins(zero_.shard_params(), zero_.shard_owners(), zero_.reducer().params())) {}
+
+Tensor Zero3Sync::origin(const Tensor& owned) const { return origin_in(origin_, owned); }
 
 void Zero3Sync::before_backward(bool sync) {
   no_sync_.reset();

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <optional>
+#include <unordered_map>
 
 #include "dist/zero3.h"
 #include "train/grad_sync.h"
@@ -25,6 +26,7 @@ class Zero3Sync : public GradSync {
   void before_backward(bool sync) override;
   void after_backward() override { no_sync_.reset(); }
   std::vector<Tensor> owned_params(const std::vector<Tensor>&) override { return zero_.shard_params(); }
+  Tensor origin(const Tensor& owned) const override;
   std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) override {
     return zero_.shard_groups(groups);
   }
@@ -43,6 +45,7 @@ class Zero3Sync : public GradSync {
   const dist::Topology& topology_;
   dist::ZeroStage3 zero_;
   std::optional<dist::Reducer::NoSyncGuard> no_sync_;
+  std::unordered_map<const TensorImpl*, Tensor> origin_;  // shard parameter -> the parameter it is a piece of
 };
 
 }  // namespace minidl::train

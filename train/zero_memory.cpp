@@ -9,24 +9,27 @@ namespace minidl::train {
 
 namespace {
 
-// Parameters of one block: ln_1, ln_2 (2C each with bias), c_attn (C·3C + 3C), attn.c_proj (C² + C), c_fc
-// (C·4C + 4C), mlp.c_proj (4C·C + C) = 12C² + 13C; without biases 12C² + 2C (the LayerNorm weights).
-double block_params(const nn::GPTConfig& m) {
+// Parameters of one block on one of tp ranks: ln_1, ln_2 (2C each with bias, replicated), c_attn (C·3C + 3C),
+// attn.c_proj (C² + C, its bias replicated), c_fc (C·4C + 4C), mlp.c_proj (4C·C + C, its bias replicated)
+// = (12C² + 7C) / tp + 6C, at tp 1 12C² + 13C; without biases 12C² / tp + 2C (the LayerNorm weights).
+double block_params(const nn::GPTConfig& m, int tp) {
   const double c = double(m.n_embd);
-  return m.bias ? 12 * c * c + 13 * c : 12 * c * c + 2 * c;
+  return m.bias ? (12 * c * c + 7 * c) / tp + 6 * c : 12 * c * c / tp + 2 * c;
 }
 
-// wte (V·C), wpe (T·C), ln_f (2C, or C without bias).
-double persistent_params(const nn::GPTConfig& m) {
-  const double c = double(m.n_embd);
-  return double(m.vocab_size) * c + double(m.block_size) * c + (m.bias ? 2 * c : c);
+// wte (V·C, its rows split over tp ranks, the vocabulary padded to a multiple of tp), wpe (T·C), ln_f (2C, or C
+// without bias).
+double persistent_params(const nn::GPTConfig& m, int tp) {
+  const double c = double(m.n_embd), rows = double((m.vocab_size + tp - 1) / tp);
+  return rows * c + double(m.block_size) * c + (m.bias ? 2 * c : c);
 }
 
 }  // namespace
 
 MemoryPlan predict_memory(const MemoryQuery& q) {
   const nn::GPTConfig& m = q.model;
-  const double n = q.dp, blk = block_params(m), phi = persistent_params(m);
+  const int tp = std::max(1, q.tp);
+  const double n = q.dp, blk = block_params(m, tp), phi = persistent_params(m, tp);
   const double psi = phi + double(m.n_layer) * blk;
   const bool half = q.amp != DType::f32;
   MemoryPlan p;
@@ -49,16 +52,24 @@ MemoryPlan predict_memory(const MemoryQuery& q) {
 
   const double tokens = double(q.micro_batch) * double(q.seq > 0 ? q.seq : m.block_size);
   const double act = half ? 2 : 4, c = double(m.n_embd);
-  const double full_block = 16 * c * act * tokens, input = c * act * tokens;
+  // The part of a block's activations one of tp ranks keeps (see MemoryQuery::tp), and of what lies between the
+  // parallel layers (the residual stream, the LayerNorms): all of it, or 1/tp under sequence parallelism.
+  const bool sp = q.sequence_parallel && tp > 1;
+  const double share = sp ? 1.0 / tp : (4 + 12.0 / tp) / 16, stream = sp ? 1.0 / tp : 1.0;
+  const double full_block = share * 16 * c * act * tokens, input = stream * c * act * tokens;
   double blocks = 0;
   switch (q.recompute) {
     case nn::Recompute::kNone: blocks = double(m.n_layer) * full_block; break;
     case nn::Recompute::kBlock: blocks = double(m.n_layer) * input + full_block; break;
-    case nn::Recompute::kAttn: blocks = double(m.n_layer) * (10 * c * act * tokens + input) + 6 * c * act * tokens; break;
-    case nn::Recompute::kMlp: blocks = double(m.n_layer) * (7 * c * act * tokens + input) + 10 * c * act * tokens; break;
+    case nn::Recompute::kAttn:
+      blocks = double(m.n_layer) * (share * 10 * c * act * tokens + input) + share * 6 * c * act * tokens;
+      break;
+    case nn::Recompute::kMlp:
+      blocks = double(m.n_layer) * (share * 7 * c * act * tokens + input) + share * 10 * c * act * tokens;
+      break;
   }
-  // The head: ln_f input and output, f32 logits and their gradient.
-  p.activations = blocks + tokens * (2 * c * act + 2 * 4 * double(m.vocab_size));
+  // The head: ln_f input and output, f32 logits and their gradient (this rank's vocabulary slice).
+  p.activations = blocks + tokens * (stream * 2 * c * act + 2 * 4 * double((m.vocab_size + tp - 1) / tp));
   return p;
 }
 

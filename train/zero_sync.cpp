@@ -14,7 +14,23 @@ dist::ZeroOptions with_stage(dist::ZeroOptions o, int stage) {
 }  // namespace
 
 ZeroSync::ZeroSync(nn::Module& model, const dist::Topology& topology, int stage, dist::ZeroOptions options)
-    : topology_(topology), zero_(model, topology.dp_group(), with_stage(options, stage)) {}
+    : topology_(topology), zero_(model, topology.dp_group(), with_stage(options, stage)), origin_(shard_origins(zero_.shard_params(), zero_.shard_owners(), zero_.reducer().params())) {}
+
+std::unordered_map<const TensorImpl*, Tensor> shard_origins(const std::vector<Tensor>& shard_params,
+                                                            const std::vector<size_t>& owners,
+                                                            const std::vector<Tensor>& params) {
+  std::unordered_map<const TensorImpl*, Tensor> out;
+  for (size_t i = 0; i < shard_params.size(); ++i) out[shard_params[i].impl()] = params[owners[i]];
+  return out;
+}
+
+Tensor origin_in(const std::unordered_map<const TensorImpl*, Tensor>& origins, const Tensor& owned) {
+  auto it = origins.find(owned.impl());
+  MINIDL_ASSERT(it != origins.end(), "ZeRO: a tensor that is not one of this rank's shard parameters");
+  return it->second;
+}
+
+Tensor ZeroSync::origin(const Tensor& owned) const { return origin_in(origin_, owned); }
 
 void ZeroSync::before_backward(bool sync) {
   no_sync_.reset();

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <optional>
+#include <unordered_map>
 
 #include "dist/zero.h"
 #include "train/grad_sync.h"
@@ -26,6 +27,7 @@ class ZeroSync : public GradSync {
   void before_backward(bool sync) override;
   void after_backward() override { no_sync_.reset(); }
   std::vector<Tensor> owned_params(const std::vector<Tensor>& params) override;
+  Tensor origin(const Tensor& owned) const override;
   std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) override;
   void after_step() override { zero_.gather_parameters(); }
   double grad_norm_squared(const std::vector<Tensor>& params) override;
@@ -41,7 +43,16 @@ class ZeroSync : public GradSync {
   const dist::Topology& topology_;
   dist::ZeroDataParallel zero_;
   std::optional<dist::Reducer::NoSyncGuard> no_sync_;
+  std::unordered_map<const TensorImpl*, Tensor> origin_;  // shard parameter -> the parameter it is a piece of
 };
+
+// Shard parameter -> the parameter it was cut from (GradSync::origin): shard_params[i] is a piece of
+// params[owners[i]] (ZeRO 1-3's shard_params(), shard_owners() and reducer().params()).
+std::unordered_map<const TensorImpl*, Tensor> shard_origins(const std::vector<Tensor>& shard_params,
+                                                            const std::vector<size_t>& owners,
+                                                            const std::vector<Tensor>& params);
+// A shard parameter's origin in such a map; an internal error for any other tensor.
+Tensor origin_in(const std::unordered_map<const TensorImpl*, Tensor>& origins, const Tensor& owned);
 
 // ZeRO 1-3's checkpoint state (GradSync::logical_state and load_logical_state) over a reducer's buckets and the
 // shard parameters cut from them (dist/zero_state.h); ZeroSync's and Zero3Sync's.

@@ -543,7 +543,40 @@ TEST_F(TrainGpt, PipelineMatchesOneProcess) {
                   "--print-schedule", {"--micro-batches 3", "multiple of --pp 2"});
   expect_rejected(tiny_flags() + " --layers 4 --pp 2 --micro-batches 3 --print-schedule",
                   {"--batch 4", "1 data-parallel rank(s) x 3 micro-batches"});
-  expect_rejected(tiny_flags() + " --layers 4 --pp 2 --tp 2 --print-schedule", {"--tp"});
+  expect_rejected(tiny_flags() + " --layers 4 --pp 2 --zero 3 --print-schedule", {"--zero 3 with --pp 2", "ZeRO-3"});
   expect_rejected(tiny_flags() + " --layers 4 --pp 2 --pp-layers 3,2 --print-schedule", {"--pp-layers", "5"});
   expect_rejected(tiny_flags() + " --micro-batches 2", {"--micro-batches needs --pp > 1"});
+}
+
+// dp x tp x pp x ZeRO together (train/parallel_model.h), at 2, 4 and 8 ranks (8 oversubscribed): the summary of one
+// process accumulating over the same micro-batches within 1e-3, with dropout and clipping on everywhere, --amp bf16
+// and --recompute block somewhere; --memory-report predicts a tensor-parallel rank's parameters, gradients and
+// optimizer state exactly. (The clipping norm itself is compared step by step in test_dist_3d.)
+TEST_F(TrainGpt, ThreeDMatchesOneProcess) {
+  std::string flags = tiny_flags();
+  flags.replace(flags.find("--layers 1"), 10, "--layers 4");
+  flags.replace(flags.find("--embd 16"), 9, "--embd 32");
+  flags += " --steps 5 --lr 3e-3 --grad-clip 0.1 --dropout 0.1 --batch 8 --grad-accum 4";
+  Result one = run(flags);
+  ASSERT_EQ(one.code, 0) << one.out;
+  Result one_bf16 = run(flags + " --amp bf16");
+  ASSERT_EQ(one_bf16.code, 0) << one_bf16.out;
+  const std::string without_accum = " --grad-accum 1";  // the pipelines accumulate over their micro-batches
+  struct Grid { int ranks; std::string extra; const Result* ref; };
+  for (const Grid& c : {Grid{8, without_accum + " --dp 2 --tp 2 --pp 2", &one},
+                        Grid{8, without_accum + " --tp 2 --pp 4 --recompute block", &one},
+                        Grid{8, without_accum + " --dp 2 --pp 4 --zero 1 --amp bf16", &one_bf16},
+                        Grid{4, " --grad-accum 2 --dp 2 --tp 2 --zero 1 --memory-report", &one},
+                        Grid{4, without_accum + " --dp 2 --pp 2 --zero 2 --schedule interleaved --virtual-stages 2",
+                             &one},
+                        Grid{4, without_accum + " --tp 2 --pp 2 --sequence-parallel --zero 2 --amp bf16", &one_bf16},
+                        Grid{2, " --tp 2 --zero 3", &one}}) {
+    Result r = run_with(mpiexec(c.ranks), flags + c.extra);
+    ASSERT_EQ(r.code, 0) << c.extra << "\n" << r.out;
+    EXPECT_NEAR(summary_field(r.out, "train_loss"), summary_field(c.ref->out, "train_loss"), 1e-3) << c.extra << r.out;
+    EXPECT_NEAR(summary_field(r.out, "val_loss"), summary_field(c.ref->out, "val_loss"), 1e-3) << c.extra << r.out;
+    if (c.extra.find("--memory-report") != std::string::npos)
+      EXPECT_NE(r.out.find("difference params=+0.0% grads=+0.0% optimizer=+0.0%"), std::string::npos) << r.out;
+  }
+  expect_rejected(flags + " --memory-report --pp 2 --print-schedule", {"--memory-report with --pp 2"});
 }
