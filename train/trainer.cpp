@@ -429,8 +429,6 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
       load_pipeline_model(pipe, nn::load_safetensors(o.init_from).tensors);
   };
   ParallelModel built = build_model_and_sync(o, model_cfg, *s.topo, s.device, s.first_sample, load_whole, load_stage);
-    }
-  });
   s.model = std::move(built.model);
   s.pipe = std::move(built.pipe);
   s.sync = std::move(built.sync);
