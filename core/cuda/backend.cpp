@@ -4,7 +4,7 @@
 
 #include "core/cuda/cuda.h"
 #include "core/device_backend.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/fill.h"
 
 namespace minidl::cuda {
 

@@ -1,10 +1,12 @@
 // ops/elementwise.h on CUDA devices: ops/cuda/elementwise.cu (and reduce.cu for sum_to_shape) through
-// ops/cuda/kernels.h. f32, f16 and bf16 storage, computed in f32 like the CPU ops; f64 stays a CPU dtype (gradient
+// ops/cuda/elementwise.h. f32, f16 and bf16 storage, computed in f32 like the CPU ops; f64 stays a CPU dtype (gradient
 // checks). Inputs may be any views: the kernels read them through their strides, so nothing is copied first.
 #include "ops/cuda/tensor/elementwise.h"
 
 #include <vector>
 
+#include "ops/cuda/cast.h"
+#include "ops/cuda/reduce.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/elementwise.h"
 

@@ -2,6 +2,7 @@
 // read and written directly); bias + GELU runs ops/cuda/bias_gelu.cu, f32, with 16-bit tensors converted to f32
 // copies first and the results rounded back (dbias too), as the CPU op computes them.
 #include "ops/cuda/tensor/elementwise.h"
+#include "ops/cuda/bias_gelu.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/gelu.h"
 

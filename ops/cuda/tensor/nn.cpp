@@ -1,5 +1,5 @@
 // The fused neural-network ops on CUDA devices: causal attention, cross-entropy, embedding, dropout, casts,
-// AdamW and unscale-and-check, each a thin call of its launcher in ops/cuda/kernels.h (attention's tensor-core
+// AdamW and unscale-and-check, each a thin call of its launcher in ops/cuda/<kernel>.h (attention's tensor-core
 // kernels: ops/cuda/flash_attention.h). The kernels compute in f32; 16-bit attention with head dimension 32, 64
 // or 128 runs on tensor cores (16-bit operands, f32 accumulation), any other 16-bit input of attention or dropout
 // goes through f32 as on the CPU (ops/cast.h).
@@ -10,9 +10,15 @@
 #include "ops/attention.h"
 #include "ops/cast.h"
 #include "ops/cross_entropy.h"
+#include "ops/cuda/adamw.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/cast.h"
+#include "ops/cuda/cross_entropy.h"
+#include "ops/cuda/dropout.h"
+#include "ops/cuda/embedding.h"
 #include "ops/cuda/flash_attention.h"
-#include "ops/cuda/kernels.h"
 #include "ops/cuda/tensor/register.h"
+#include "ops/cuda/unscale.h"
 #include "ops/dropout.h"
 #include "ops/embedding.h"
 #include "ops/kernels/adamw.h"

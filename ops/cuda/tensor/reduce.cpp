@@ -1,7 +1,8 @@
-// ops/reduce.h on CUDA devices: ops/cuda/reduce.cu through ops/cuda/kernels.h. f32; sums and means also take
+// ops/reduce.h on CUDA devices: ops/cuda/reduce.cu through ops/cuda/reduce.h. f32; sums and means also take
 // f16/bf16 (summed in f32, rounded once, as on the CPU); f64 stays a CPU dtype. Strided views are made contiguous
 // first, on the device.
 #include "ops/cuda/tensor/elementwise.h"
+#include "ops/cuda/reduce.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/reduce.h"
 

@@ -1,6 +1,6 @@
 // The ops' CUDA entries on Tensors (one file per op family in ops/cuda/tensor/), built into the CUDA backend
 // libraries: each file validates nothing (the op's entry in ops/ did), allocates outputs and scratch on the
-// device through the caching allocator, and calls the launchers of ops/cuda/kernels.h on the device's compute
+// device through the caching allocator, and calls the launchers of ops/cuda/<kernel>.h on the device's compute
 // stream. Each file has one register_* function that fills its ops' DeviceKernel tables; register_ops()
 // (core/cuda/cuda.h) calls them all.
 #pragma once
