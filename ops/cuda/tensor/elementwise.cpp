@@ -214,6 +214,8 @@ Tensor downcast_on_device(const Tensor& t32, DType dtype) {
   return out;
 }
 
+namespace {
+
 void register_elementwise() {
   add_device.set(DeviceKind::kCUDA, &binary<BinaryOp::kAdd>);
   sub_device.set(DeviceKind::kCUDA, &binary<BinaryOp::kSub>);
@@ -232,5 +234,9 @@ void register_elementwise() {
   broadcast_to_device.set(DeviceKind::kCUDA, &broadcast_to);
   sum_to_shape_device.set(DeviceKind::kCUDA, &sum_to_shape);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_elementwise);
 
 }  // namespace minidl::ops::cuda

@@ -44,13 +44,15 @@ BiasGeluBackward bias_gelu_grad(const Tensor& dy, const Tensor& x, const Tensor&
   return g;
 }
 
-}  // namespace
-
 void register_gelu() {
   gelu_forward_device.set(DeviceKind::kCUDA, &gelu);
   gelu_backward_device.set(DeviceKind::kCUDA, &gelu_grad);
   bias_gelu_forward_device.set(DeviceKind::kCUDA, &bias_gelu);
   bias_gelu_backward_device.set(DeviceKind::kCUDA, &bias_gelu_grad);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_gelu);
 
 }  // namespace minidl::ops::cuda

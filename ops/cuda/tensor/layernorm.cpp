@@ -35,11 +35,13 @@ LayerNormBackward backward(const Tensor& dy, const Tensor& x, const Tensor& weig
   return g;
 }
 
-}  // namespace
-
 void register_layernorm() {
   layernorm_forward_device.set(DeviceKind::kCUDA, &forward);
   layernorm_backward_device.set(DeviceKind::kCUDA, &backward);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_layernorm);
 
 }  // namespace minidl::ops::cuda

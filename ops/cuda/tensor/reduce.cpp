@@ -81,8 +81,6 @@ Tensor max_backward_dim(const Tensor& grad, const Tensor& indices, const Shape& 
   return dx;
 }
 
-}  // namespace
-
 void register_reduce() {
   sum_device.set(DeviceKind::kCUDA, &sum_all);
   mean_device.set(DeviceKind::kCUDA, &mean_all);
@@ -92,5 +90,9 @@ void register_reduce() {
   max_dim_device.set(DeviceKind::kCUDA, &max_dim);
   max_backward_device.set(DeviceKind::kCUDA, &max_backward_dim);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_reduce);
 
 }  // namespace minidl::ops::cuda

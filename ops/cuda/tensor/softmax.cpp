@@ -27,11 +27,13 @@ Tensor backward(const Tensor& dy, const Tensor& y) {
   return dx;
 }
 
-}  // namespace
-
 void register_softmax() {
   softmax_forward_device.set(DeviceKind::kCUDA, &forward);
   softmax_backward_device.set(DeviceKind::kCUDA, &backward);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_softmax);
 
 }  // namespace minidl::ops::cuda
