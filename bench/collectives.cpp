@@ -25,6 +25,7 @@
 #include "dist/process_group.h"
 #ifdef MINIDL_HAVE_CUDA_BACKEND
 #include "core/cuda/cuda.h"
+#include "dist/cuda/backend.h"
 #endif
 
 namespace {

@@ -2,7 +2,7 @@
 // runtime. A backend library (minidl_cuda_backend, or its emulated twin minidl_cuda_backend_emu) fills a DeviceBackend
 // and registers it; Storage, Tensor::zeros/copy_/to and the host reads of device tensors go through it.
 //
-//   minidl::cuda::register_backend();                  // from core/cuda/cuda.h, in a program that links it
+//   // a program that links minidl_cuda_backend has it registered before main() (core/cuda/cuda.h)
 //   Tensor x = Tensor::zeros({4, 8}, DType::f32, Device::cuda(0));
 //
 // Without a registered backend, allocating on the device throws

@@ -110,7 +110,7 @@ class ProcessGroup {
 //   "nccl"  a CUDA device; by default this rank's local rank on the host, modulo the number of devices.
 // Collective over `comm`. Destroy the group before MPI is finalised.
 //
-//   minidl::cuda::register_backend();       // core/cuda/cuda.h: also registers "nccl" and the device ring
+//   minidl::cuda::register_backend();       // dist/cuda/backend.h: also registers "nccl" and the device ring
 //   auto pg = dist::make_process_group("nccl", ctx.world(), Device::cuda(ctx.device_index()));
 std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI_Comm comm,
                                                  std::optional<Device> device = std::nullopt);

@@ -31,7 +31,7 @@ struct AdamWHyper {
 void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h);
 
-// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+// The CUDA kernels (ops/cuda/tensor/adamw.cpp), filled by minidl::cuda::register_backend().
 inline DeviceKernel<void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&)>
     fused_adamw_device{"fused_adamw_"};
 inline DeviceKernel<void(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,

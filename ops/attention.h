@@ -30,7 +30,7 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
                                  int n_head);
 
 // ---- argument checks, shared by every backend's entry ----
-// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+// The CUDA kernels (ops/cuda/tensor/attention.cpp), filled by minidl::cuda::register_backend().
 inline DeviceKernel<AttentionForward(const Tensor&, int)> causal_attention_forward_device{"causal_attention"};
 inline DeviceKernel<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int)>
     causal_attention_backward_device{"causal_attention_backward"};

@@ -24,7 +24,7 @@ inline bool is_half(DType dt) { return dt == DType::f16 || dt == DType::bf16; }
 // Float <-> float conversions (f32, f64, f16, bf16); anything else goes through Tensor::copy_.
 Tensor cast(const Tensor& t, DType dt);
 
-// The CUDA kernels of cast_into (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+// The CUDA kernels of cast_into (ops/cuda/tensor/cast.cpp), filled by minidl::cuda::register_backend().
 inline DeviceKernel<void(const Tensor&, Tensor&)> cast_into_device_kernel{"cast"};
 
 // dst = src converted to dst's dtype; both contiguous with the same number of elements (float dtypes).

@@ -39,7 +39,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
                               int64_t divisor, int64_t ignore_index);
 
 // ---- argument checks, shared by every backend's entry (target values are checked by the kernel, on the data) ----
-// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+// The CUDA kernels (ops/cuda/tensor/cross_entropy.cpp), filled by minidl::cuda::register_backend().
 inline DeviceKernel<CrossEntropyForward(const Tensor&, const Tensor&, int64_t, Reduction)> cross_entropy_forward_device{
     "cross_entropy"};
 inline DeviceKernel<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t)>

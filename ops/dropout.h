@@ -21,7 +21,7 @@ namespace minidl::ops {
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset);
 
 // ---- argument checks, shared by every backend's entry ----
-// The CUDA kernel (ops/cuda/tensor/nn.cpp; f32, the CPU's mask bit for bit), filled by
+// The CUDA kernel (ops/cuda/tensor/dropout.cpp; f32, the CPU's mask bit for bit), filled by
 // minidl::cuda::register_backend().
 inline DeviceKernel<Tensor(const Tensor&, double, uint64_t, uint64_t, uint64_t)> dropout_device{"dropout"};
 

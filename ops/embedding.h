@@ -24,7 +24,7 @@ void set_deterministic_embedding_backward(bool deterministic);
 bool deterministic_embedding_backward();
 
 // ---- argument checks, shared by every backend's entry (the id range is checked by the kernel, on the data) ----
-// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+// The CUDA kernels (ops/cuda/tensor/embedding.cpp), filled by minidl::cuda::register_backend().
 inline DeviceKernel<Tensor(const Tensor&, const Tensor&)> embedding_forward_device{"embedding"};
 inline DeviceKernel<Tensor(const Tensor&, const Tensor&, int64_t)> embedding_backward_device{"embedding_backward"};
 

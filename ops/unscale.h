@@ -21,7 +21,7 @@ namespace minidl::ops {
 // flag on the device collects them all and is read back once.
 bool unscale_and_check_multi_(const std::vector<Tensor>& grads, float inv_scale);
 
-// The CUDA kernels (ops/cuda/tensor/nn.cpp), filled by minidl::cuda::register_backend().
+// The CUDA kernels (ops/cuda/tensor/unscale.cpp), filled by minidl::cuda::register_backend().
 inline DeviceKernel<bool(const Tensor&, float)> unscale_and_check_device{"unscale_and_check_"};
 inline DeviceKernel<bool(const std::vector<Tensor>&, float)> unscale_and_check_multi_device{"unscale_and_check_multi_"};
 

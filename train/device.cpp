@@ -7,6 +7,7 @@
 
 #if defined(MINIDL_HAVE_CUDA_BACKEND)
 #include "core/cuda/cuda.h"
+#include "dist/cuda/backend.h"
 #endif
 
 #include "core/error.h"

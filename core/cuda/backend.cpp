@@ -4,11 +4,13 @@
 
 #include "core/cuda/cuda.h"
 #include "core/device_backend.h"
-#include "ops/cuda/kernels.h"
 
 namespace minidl::cuda {
 
 namespace {
+
+// Constant-initialised, so ops/cuda's registrar may set it during static initialisation in any file order.
+FillKernel fill_kernel = nullptr;
 
 Allocation backend_allocate(size_t bytes, int device) {
   Allocation a;
@@ -76,7 +78,9 @@ void backend_fill(void* ptr, int64_t count, const void* value, size_t element_by
   }
   uint64_t pattern = 0;
   std::memcpy(&pattern, value, element_bytes);
-  MINIDL_CUDA_CHECK(ops::cuda::fill_bytes(ptr, count, int(element_bytes), pattern, current_stream(device)));
+  MINIDL_ASSERT(fill_kernel != nullptr, "no device fill kernel registered (ops/cuda/tensor/fill.cpp is linked with the "
+                "backend)");
+  MINIDL_CUDA_CHECK(fill_kernel(ptr, count, int(element_bytes), pattern, current_stream(device)));
 }
 
 void backend_synchronize(int device) {
@@ -87,16 +91,14 @@ void backend_synchronize(int device) {
 const DeviceBackend kBackend{backend_allocate, backend_free, backend_copy, backend_memset_zero, backend_fill,
                              backend_synchronize};
 
-// Registers at static-init time whenever this object file is linked (any use of minidl::cuda pulls it in via
-// register_backend(); a program that only uses Tensor calls register_backend() itself).
+// Registers at static-init time: the backend library is linked whole (core/cuda/CMakeLists.txt), so this object
+// is in every program that links it, whether or not the program names anything of it.
 [[maybe_unused]] const bool registered = (register_device_backend(DeviceKind::kCUDA, &kBackend), true);
 
 }  // namespace
 
-void register_backend() {
-  register_device_backend(DeviceKind::kCUDA, &kBackend);
-  register_ops();
-  register_dist();
-}
+void install_backend() { register_device_backend(DeviceKind::kCUDA, &kBackend); }
+
+void set_fill_kernel(FillKernel kernel) { fill_kernel = kernel; }
 
 }  // namespace minidl::cuda

@@ -3,7 +3,6 @@
 // stream per device, events, a device guard and pinned host buffers. Core itself never includes this file or
 // links a CUDA runtime; it reaches the device through the hook table in core/device_backend.h.
 //
-//   minidl::cuda::register_backend();                 // once, before the first device tensor
 //   Tensor x = Tensor::randn({B, T, C}, rng).to(Device::cuda(0));
 //   cuda::Event done;  done.record(cuda::current_stream(0));  ...  done.synchronize();
 //
@@ -24,14 +23,17 @@
 
 namespace minidl::cuda {
 
-// Registers this library's backend for DeviceKind::kCUDA and fills every layer's CUDA kernel tables
-// (idempotent). Call it once at program start, before the first device tensor or device op; without it device
-// ops fail naming the op ("no kernel for cuda:0 in this build").
-void register_backend();
+// Registers this library's DeviceBackend for DeviceKind::kCUDA (idempotent). It runs at static initialisation in
+// any program that links the backend library; call it again only to restore it. The layers above register
+// their own CUDA code (ops/cuda/tensor/register.h); minidl::cuda::register_backend() (dist/cuda/backend.h) does
+// every layer at once.
+void install_backend();
 
-// What register_backend() calls, one function per layer that has CUDA code working on Tensors.
-void register_ops();  // ops/cuda/tensor/: the ops' DeviceKernel entries (ops/device_kernel.h)
-void register_dist();  // dist/cuda/: the "nccl" backend, the ring's NCCL transport, dist's device kernels
+// The kernel behind DeviceBackend::fill for values that are not one repeated byte (those are a memset):
+// dst[0..n) = the low element_bytes (2, 4 or 8) bytes of `pattern`. Core has no kernels of its own: ops/cuda
+// (tensor/fill.cpp) provides it when it registers.
+using FillKernel = cudaError_t (*)(void* dst, int64_t n, int element_bytes, uint64_t pattern, cudaStream_t stream);
+void set_fill_kernel(FillKernel kernel);
 
 // Number of devices the runtime sees (0 when there is none).
 int device_count();

@@ -1,7 +1,7 @@
 // minidl::cuda::register_dist(): plugs dist's CUDA code into the minidl library, which does not link it — the
 // "nccl" process-group backend, the NCCL transport of the ring on CUDA devices, and the device kernels of
 // dist/reduce.h.
-#include "core/cuda/cuda.h"
+#include "dist/cuda/backend.h"
 #include "dist/cuda/nccl_backend.h"
 #include "dist/cuda/tensor_kernels.h"
 

@@ -2,7 +2,7 @@
 
 #include "core/cuda/cuda.h"
 #include "dist/reduce.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/cast.h"
 
 namespace minidl::dist {
 

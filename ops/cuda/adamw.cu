@@ -4,7 +4,7 @@
 // chunk of any tensor, as apex's multi_tensor_apply does. The per-element update is kernels::adamw_element, the
 // function the CPU loop calls, so both compute the same thing operation for operation.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/adamw.h"
 
 namespace minidl::ops::cuda {
 namespace {

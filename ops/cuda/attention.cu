@@ -14,7 +14,7 @@
 #include <cmath>
 
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/attention.h"
 #include "ops/kernels/softmax.h"
 
 namespace minidl::ops::cuda {

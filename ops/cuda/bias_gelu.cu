@@ -1,7 +1,7 @@
 // Fused bias + GELU forward and backward on the GPU (ops/gelu.h; CPU reference ops/cpu/gelu.cpp). The per-element
 // math is ops/kernels/gelu.h, the same function the CPU loop calls.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/bias_gelu.h"
 #include "ops/cuda/partial_sums.h"
 #include "ops/kernels/gelu.h"
 

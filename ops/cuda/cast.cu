@@ -2,7 +2,7 @@
 // round to nearest even both ways (__float2half_rn, __float2bfloat16_rn), the same bits as the CPU's conversions
 // for every non-NaN value; to f32 is exact.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/cast.h"
 
 namespace minidl::ops::cuda {
 namespace {

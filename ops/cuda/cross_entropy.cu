@@ -10,7 +10,7 @@
 #include <cmath>
 
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/cross_entropy.h"
 #include "ops/kernels/softmax.h"
 
 namespace minidl::ops::cuda {

@@ -3,7 +3,7 @@
 // CPU loop calls), so both devices drop exactly the same elements and keep the same values (one f32 multiply by
 // the same scale). Backward is the same call on the gradient: the mask is recomputed, never stored.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/dropout.h"
 #include "ops/kernels/dropout.h"
 
 namespace minidl::ops::cuda {

@@ -8,7 +8,7 @@
 // aligned; anything else (views, broadcasts) takes the strided path, which turns each output index into one offset
 // per input. Consecutive threads write consecutive outputs, so stores are always coalesced.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/elementwise.h"
 #include "ops/kernels/gelu.h"
 
 namespace minidl::ops::cuda {

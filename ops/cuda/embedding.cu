@@ -12,7 +12,7 @@
 //   - atomic: one warp per position adds its row with float atomicAdd. Faster for skewed ids, but the order of
 //     the adds to a row (and so its last bits) changes from run to run.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/embedding.h"
 
 namespace minidl::ops::cuda {
 namespace {

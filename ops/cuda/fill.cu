@@ -1,7 +1,7 @@
 // Tensor::fill_ / full / ones on a device (core's DeviceBackend::fill, core/cuda/backend.cpp): every element set to
 // one value given as its bytes, so one kernel serves every dtype without a host copy of the tensor.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/fill.h"
 
 namespace minidl::ops::cuda {
 namespace {

@@ -48,8 +48,7 @@ __global__ void __launch_bounds__(kThreads)
   const int n_key_tiles = last_key / kKeys + 1;  // tiles past the diagonal are never loaded
 
   load_tile_async<D, kQueries>(q_tile, q, ld, q0, T_len);
-  load_tile_async<D, kKeys>(k_tiles, k, ld, 0, T_len);
-  load_tile_async<D, kKeys>(v_tiles, v, ld, 0, T_len);
+  load_kv_tiles_async<D, kKeys>(k_tiles, v_tiles, k, v, ld, 0, T_len);
   cp_async_commit();
 
   uint32_t qf[D / 16][4];
@@ -61,15 +60,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < n_key_tiles; ++j) {
     const T* k_tile = k_tiles + (j % 2) * kKeys * kLd;
     const T* v_tile = v_tiles + (j % 2) * kKeys * kLd;
-    if (j + 1 < n_key_tiles) {
-      load_tile_async<D, kKeys>(k_tiles + ((j + 1) % 2) * kKeys * kLd, k, ld, (j + 1) * kKeys, T_len);
-      load_tile_async<D, kKeys>(v_tiles + ((j + 1) % 2) * kKeys * kLd, v, ld, (j + 1) * kKeys, T_len);
-      cp_async_commit();
-      cp_async_wait<1>();  // tile j (and Q) landed; tile j + 1 stays in flight
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // every thread's copies of tile j are visible
+    prefetch_next_tile_and_wait(j, n_key_tiles, [&](int next) {  // tile j and Q are then in shared memory
+      load_kv_tiles_async<D, kKeys>(k_tiles, v_tiles, k, v, ld, next, T_len);
+    });
     if (j == 0) {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) load_a<D>(qf[ks], q_tile, warp * kRowsPerWarp, ks * 16);

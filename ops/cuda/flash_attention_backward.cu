@@ -77,8 +77,7 @@ __global__ void __launch_bounds__(kThreads)
 
   load_tile_async<D, kBlockRows>(q_tile, q, ld, q0, T_len);
   load_tile_async<D, kBlockRows>(do_tile, dO, C, q0, T_len);
-  load_tile_async<D, kKeys>(k_tiles, k, ld, 0, T_len);
-  load_tile_async<D, kKeys>(v_tiles, v, ld, 0, T_len);
+  load_kv_tiles_async<D, kKeys>(k_tiles, v_tiles, k, v, ld, 0, T_len);
   cp_async_commit();
 
   float dq[D / 8][4];
@@ -88,15 +87,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < n_key_tiles; ++j) {
     const T* k_tile = k_tiles + (j % 2) * kKeys * kLd;
     const T* v_tile = v_tiles + (j % 2) * kKeys * kLd;
-    if (j + 1 < n_key_tiles) {
-      load_tile_async<D, kKeys>(k_tiles + ((j + 1) % 2) * kKeys * kLd, k, ld, (j + 1) * kKeys, T_len);
-      load_tile_async<D, kKeys>(v_tiles + ((j + 1) % 2) * kKeys * kLd, v, ld, (j + 1) * kKeys, T_len);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    prefetch_next_tile_and_wait(j, n_key_tiles, [&](int next) {
+      load_kv_tiles_async<D, kKeys>(k_tiles, v_tiles, k, v, ld, next, T_len);
+    });
     const int key0 = j * kKeys;
     if (key0 <= warp_row0 + kRowsPerWarp - 1 && warp_row0 < T_len) {  // warp-uniform, as in the forward
       float s[kKeys / 8][4], dp[kKeys / 8][4];
@@ -202,14 +195,7 @@ __global__ void __launch_bounds__(kThreads)
     const T* do_tile = do_tiles + buf * kQueries * kLd;
     const float* tile_lse = lse_tiles + buf * kQueries;
     const float* tile_drow = drow_tiles + buf * kQueries;
-    if (it + 1 < n_tiles) {
-      load_queries(it + 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    prefetch_next_tile_and_wait(it, n_tiles, load_queries);
     // Warp-uniform: some query of the tile sees some key of the warp, and some key is a real one.
     if (q0 + kQueries - 1 >= warp_key0 && warp_key0 < T_len) {
       float s[kQueries / 8][4], dp[kQueries / 8][4];

@@ -46,6 +46,32 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* src, int64_t l
   }
 }
 
+// The K and V tiles of key tile j (keys [j * kKeys, (j + 1) * kKeys)) into buffer j % 2 of k_tiles and v_tiles,
+// each [2][kKeys][kPadded<D>]: the forward's and the dQ kernel's double-buffered operands.
+template <int D, int kKeys, class T>
+__device__ __forceinline__ void load_kv_tiles_async(T* k_tiles, T* v_tiles, const T* k, const T* v, int64_t ld, int j,
+                                                    int T_len) {
+  const int buffer = (j % 2) * kKeys * kPadded<D>;
+  load_tile_async<D, kKeys>(k_tiles + buffer, k, ld, j * kKeys, T_len);
+  load_tile_async<D, kKeys>(v_tiles + buffer, v, ld, j * kKeys, T_len);
+}
+
+// The double-buffering step at the top of iteration j of a loop over n_tiles tiles, whose tile 0 was loaded and
+// committed before the loop: queues tile j + 1's copies (load(j + 1), into the other buffer) as a new group, then
+// waits until every group but that one has landed and every thread's copies are visible. The last iteration
+// queues nothing and waits for all.
+template <class Load>
+__device__ __forceinline__ void prefetch_next_tile_and_wait(int j, int n_tiles, Load&& load) {
+  if (j + 1 < n_tiles) {
+    load(j + 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // tile j (and what was committed with tile 0) landed; tile j + 1 stays in flight
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 template <int D, class T>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int r0, int c0) {
   const int lane = int(threadIdx.x) % kWarpSize;

@@ -5,7 +5,7 @@
 // shared memory or block barrier is needed and short rows (GPT's C = 768) keep every lane busy. Statistics are
 // f32 in a fixed butterfly order; the CPU accumulates in f64, so the two agree to ~1e-6 relative.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/layernorm.h"
 #include "ops/cuda/partial_sums.h"
 
 namespace minidl::ops::cuda {

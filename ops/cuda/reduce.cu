@@ -10,7 +10,7 @@
 //     chunks whose partial sums a second kernel adds in order.
 // max keeps the first maximum, and a NaN wins over any number (the first NaN), as the CPU's loop does.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/reduce.h"
 
 namespace minidl::ops::cuda {
 namespace {

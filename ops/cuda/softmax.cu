@@ -5,7 +5,7 @@
 // and its sum of exp(x - max) in one pass (the online softmax: a lane rescales its running sum whenever its max
 // grows), then writes exp(x - max) / sum in a second; the CPU needs three passes for the same result.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/softmax.h"
 
 namespace minidl::ops::cuda {
 namespace {

@@ -2,7 +2,7 @@
 // multiplies a gradient by 1/scale in place and raises a device flag if any result is inf or NaN. The
 // per-element math is kernels::unscale_element, the function the CPU loop calls.
 #include "ops/cuda/device_utils.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/unscale.h"
 #include "ops/kernels/unscale.h"
 
 namespace minidl::ops::cuda {

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/cuda/cuda.h"
+#include "dist/cuda/backend.h"
 #include "dist_test_util.h"
 
 namespace minidl::testing {

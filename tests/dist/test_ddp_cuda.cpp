@@ -6,6 +6,7 @@
 
 #include "autograd/functions.h"
 #include "core/cuda/cuda.h"
+#include "dist/cuda/backend.h"
 #include "dist/ddp.h"
 #include "dist_test_util.h"
 

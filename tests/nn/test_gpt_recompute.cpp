@@ -11,6 +11,7 @@
 #if defined(MINIDL_TEST_EMULATED_CUDA) || defined(MINIDL_TEST_GPU)
 #define MINIDL_TEST_CUDA 1
 #include "core/cuda/cuda.h"
+#include "dist/cuda/backend.h"
 #define GPT_RECOMPUTE_SUITE GPTRecomputeCuda
 #else
 #define GPT_RECOMPUTE_SUITE GPTRecompute

@@ -46,13 +46,15 @@ Tensor pool_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const P
   return dx;
 }
 
-}  // namespace
-
 void register_conv() {
   conv2d_forward_device.set(DeviceKind::kCUDA, &conv_forward);
   conv2d_backward_device.set(DeviceKind::kCUDA, &conv_backward);
   max_pool2d_forward_device.set(DeviceKind::kCUDA, &pool_forward);
   max_pool2d_backward_device.set(DeviceKind::kCUDA, &pool_backward);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_conv);
 
 }  // namespace minidl::ops::cuda

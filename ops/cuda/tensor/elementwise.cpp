@@ -1,10 +1,12 @@
 // ops/elementwise.h on CUDA devices: ops/cuda/elementwise.cu (and reduce.cu for sum_to_shape) through
-// ops/cuda/kernels.h. f32, f16 and bf16 storage, computed in f32 like the CPU ops; f64 stays a CPU dtype (gradient
+// ops/cuda/elementwise.h. f32, f16 and bf16 storage, computed in f32 like the CPU ops; f64 stays a CPU dtype (gradient
 // checks). Inputs may be any views: the kernels read them through their strides, so nothing is copied first.
 #include "ops/cuda/tensor/elementwise.h"
 
 #include <vector>
 
+#include "ops/cuda/cast.h"
+#include "ops/cuda/reduce.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/elementwise.h"
 
@@ -212,6 +214,8 @@ Tensor downcast_on_device(const Tensor& t32, DType dtype) {
   return out;
 }
 
+namespace {
+
 void register_elementwise() {
   add_device.set(DeviceKind::kCUDA, &binary<BinaryOp::kAdd>);
   sub_device.set(DeviceKind::kCUDA, &binary<BinaryOp::kSub>);
@@ -230,5 +234,9 @@ void register_elementwise() {
   broadcast_to_device.set(DeviceKind::kCUDA, &broadcast_to);
   sum_to_shape_device.set(DeviceKind::kCUDA, &sum_to_shape);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_elementwise);
 
 }  // namespace minidl::ops::cuda

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/elementwise.h"
 
 namespace minidl::ops::cuda {
 

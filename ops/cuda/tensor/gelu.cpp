@@ -2,6 +2,7 @@
 // read and written directly); bias + GELU runs ops/cuda/bias_gelu.cu, f32, with 16-bit tensors converted to f32
 // copies first and the results rounded back (dbias too), as the CPU op computes them.
 #include "ops/cuda/tensor/elementwise.h"
+#include "ops/cuda/bias_gelu.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/gelu.h"
 
@@ -43,13 +44,15 @@ BiasGeluBackward bias_gelu_grad(const Tensor& dy, const Tensor& x, const Tensor&
   return g;
 }
 
-}  // namespace
-
 void register_gelu() {
   gelu_forward_device.set(DeviceKind::kCUDA, &gelu);
   gelu_backward_device.set(DeviceKind::kCUDA, &gelu_grad);
   bias_gelu_forward_device.set(DeviceKind::kCUDA, &bias_gelu);
   bias_gelu_backward_device.set(DeviceKind::kCUDA, &bias_gelu_grad);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_gelu);
 
 }  // namespace minidl::ops::cuda

@@ -1,6 +1,6 @@
-// layernorm on CUDA devices: ops/cuda/layernorm.cu through ops/cuda/kernels.h. f32 only (f64 stays a CPU dtype
+// layernorm on CUDA devices: ops/cuda/layernorm.cu through ops/cuda/layernorm.h. f32 only (f64 stays a CPU dtype
 // for gradient checks; 16-bit activations are normalised in f32 under autocast).
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/layernorm.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/layernorm.h"
 
@@ -35,11 +35,13 @@ LayerNormBackward backward(const Tensor& dy, const Tensor& x, const Tensor& weig
   return g;
 }
 
-}  // namespace
-
 void register_layernorm() {
   layernorm_forward_device.set(DeviceKind::kCUDA, &forward);
   layernorm_backward_device.set(DeviceKind::kCUDA, &backward);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_layernorm);
 
 }  // namespace minidl::ops::cuda

@@ -64,11 +64,13 @@ Tensor linear_cuda(const Tensor& x2_in, const Tensor& weight_in, const Tensor& b
   return out;
 }
 
-}  // namespace
-
 void register_matmul() {
   matmul_device.set(DeviceKind::kCUDA, &matmul_cuda);
   linear_device.set(DeviceKind::kCUDA, &linear_cuda);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_matmul);
 
 }  // namespace minidl::ops::cuda

@@ -1,7 +1,8 @@
-// ops/reduce.h on CUDA devices: ops/cuda/reduce.cu through ops/cuda/kernels.h. f32; sums and means also take
+// ops/reduce.h on CUDA devices: ops/cuda/reduce.cu through ops/cuda/reduce.h. f32; sums and means also take
 // f16/bf16 (summed in f32, rounded once, as on the CPU); f64 stays a CPU dtype. Strided views are made contiguous
 // first, on the device.
 #include "ops/cuda/tensor/elementwise.h"
+#include "ops/cuda/reduce.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/reduce.h"
 
@@ -80,8 +81,6 @@ Tensor max_backward_dim(const Tensor& grad, const Tensor& indices, const Shape& 
   return dx;
 }
 
-}  // namespace
-
 void register_reduce() {
   sum_device.set(DeviceKind::kCUDA, &sum_all);
   mean_device.set(DeviceKind::kCUDA, &mean_all);
@@ -91,5 +90,9 @@ void register_reduce() {
   max_dim_device.set(DeviceKind::kCUDA, &max_dim);
   max_backward_device.set(DeviceKind::kCUDA, &max_backward_dim);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_reduce);
 
 }  // namespace minidl::ops::cuda

@@ -1,16 +1,28 @@
 #include "ops/cuda/tensor/register.h"
 
-namespace minidl::cuda {
+#include <vector>
 
-void register_ops() {
-  ops::cuda::register_layernorm();
-  ops::cuda::register_nn();
-  ops::cuda::register_matmul();
-  ops::cuda::register_elementwise();
-  ops::cuda::register_reduce();
-  ops::cuda::register_softmax();
-  ops::cuda::register_gelu();
-  ops::cuda::register_conv();
+namespace minidl::ops::cuda {
+namespace {
+
+// A function-local static: registrars run during static initialisation, in any order of the files.
+std::vector<void (*)()>& registrars() {
+  static std::vector<void (*)()> list;
+  return list;
 }
 
-}  // namespace minidl::cuda
+}  // namespace
+
+namespace detail {
+bool add_registrar(void (*registrar)()) {
+  registrars().push_back(registrar);
+  registrar();
+  return true;
+}
+}  // namespace detail
+
+void register_kernels() {
+  for (auto* registrar : registrars()) registrar();
+}
+
+}  // namespace minidl::ops::cuda

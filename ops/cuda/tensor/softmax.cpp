@@ -1,6 +1,7 @@
-// ops/softmax.h on CUDA devices: ops/cuda/softmax.cu through ops/cuda/kernels.h. f32 only (f64 stays a CPU dtype
+// ops/softmax.h on CUDA devices: ops/cuda/softmax.cu through ops/cuda/softmax.h. f32 only (f64 stays a CPU dtype
 // for gradient checks).
 #include "ops/cuda/tensor/elementwise.h"
+#include "ops/cuda/softmax.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/softmax.h"
 
@@ -26,11 +27,13 @@ Tensor backward(const Tensor& dy, const Tensor& y) {
   return dx;
 }
 
-}  // namespace
-
 void register_softmax() {
   softmax_forward_device.set(DeviceKind::kCUDA, &forward);
   softmax_backward_device.set(DeviceKind::kCUDA, &backward);
 }
+
+}  // namespace
+
+MINIDL_REGISTER_CUDA_KERNELS(register_softmax);
 
 }  // namespace minidl::ops::cuda

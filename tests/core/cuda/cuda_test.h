@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cuda/cuda.h"
+#include "dist/cuda/backend.h"
 
 namespace minidl::testing {
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "core/cuda/cuda.h"
+#include "ops/cuda/tensor/register.h"
 #include "nn_test_util.h"
 
 namespace minidl::testing {
@@ -16,7 +16,7 @@ inline const Device kCuda = Device::cuda(0);
 
 class CudaTensorOps : public ::testing::Test {
  protected:
-  void SetUp() override { cuda::register_backend(); }
+  void SetUp() override { ops::cuda::register_kernels(); }
 };
 
 // got: the device result; want: the CPU op's result. Same shape and dtype, got on the device, values within

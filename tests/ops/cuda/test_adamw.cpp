@@ -4,7 +4,7 @@
 #include "device_buffer.h"
 #include "nn_test_util.h"
 #include "ops/adamw.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/adamw.h"
 
 namespace minidl::testing {
 namespace {

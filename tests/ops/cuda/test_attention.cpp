@@ -5,7 +5,7 @@
 #include "device_buffer.h"
 #include "nn_test_util.h"
 #include "ops/attention.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/attention.h"
 
 namespace minidl::testing {
 namespace {

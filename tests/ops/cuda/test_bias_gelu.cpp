@@ -2,7 +2,7 @@
 // bias_gelu_backward: widths around the warp and the vector width, row counts around the 32-row partials.
 #include "device_buffer.h"
 #include "nn_test_util.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/bias_gelu.h"
 #include "ops/gelu.h"
 
 namespace minidl::testing {

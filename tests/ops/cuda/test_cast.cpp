@@ -9,7 +9,7 @@
 #include "device_buffer.h"
 #include "nn_test_util.h"
 #include "ops/cast.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/cast.h"
 
 namespace minidl::testing {
 namespace {

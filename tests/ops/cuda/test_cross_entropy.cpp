@@ -7,7 +7,7 @@
 #include "device_buffer.h"
 #include "nn_test_util.h"
 #include "ops/cross_entropy.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/cross_entropy.h"
 
 namespace minidl::testing {
 namespace {

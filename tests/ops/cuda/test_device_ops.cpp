@@ -6,7 +6,7 @@
 // without a GPU.
 #include <gtest/gtest.h>
 
-#include "core/cuda/cuda.h"
+#include "ops/cuda/tensor/register.h"
 #include "nn_test_util.h"
 #include "ops/adamw.h"
 #include "ops/attention.h"
@@ -26,7 +26,7 @@ const Device kCuda = Device::cuda(0);
 
 class DeviceOps : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { cuda::register_backend(); }
+  static void SetUpTestSuite() { ops::cuda::register_kernels(); }
   void SetUp() override {
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   }

@@ -3,7 +3,7 @@
 // and unaligned pointers, nonzero offsets and streams.
 #include "device_buffer.h"
 #include "nn_test_util.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/dropout.h"
 #include "ops/dropout.h"
 
 namespace minidl::testing {

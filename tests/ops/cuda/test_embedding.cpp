@@ -4,7 +4,7 @@
 // give the CPU op's bits and the same bits again; the atomic one matches within f32 tolerance.
 #include "device_buffer.h"
 #include "nn_test_util.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/embedding.h"
 #include "ops/embedding.h"
 
 namespace minidl::testing {

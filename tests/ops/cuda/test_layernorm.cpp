@@ -6,7 +6,7 @@
 
 #include "device_buffer.h"
 #include "nn_test_util.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/layernorm.h"
 #include "ops/layernorm.h"
 
 namespace minidl::testing {

@@ -223,11 +223,11 @@ TEST_F(CudaTensorOps, WhatTheKernelsDoNotTakeNamesOpDtypeAndDevice) {
   expect_error([&] { ops::softmax_forward(h); }, {"softmax", "bf16"});  // the CPU op refuses it too
   const Tensor x = random_tensor({4}, 27, DType::f32);
   expect_error([&] { ops::add(x, x.to(kCuda)); }, {"add", "cpu", "cuda:0"});
-  // An op whose table has no CUDA kernel (removed here) names the op and the device; register_backend() restores.
+  // An op whose table has no CUDA kernel (removed here) names the op and the device; register_kernels() restores.
   ops::exp_device.set(DeviceKind::kCUDA, nullptr);
   expect_error([&] { ops::exp(x.to(kCuda)); }, {"exp", "no kernel for cuda:0"});
-  cuda::register_backend();
-  expect_device_matches(ops::exp(x.to(kCuda)), ops::exp(x), 1e-6, "exp after register_backend()");
+  ops::cuda::register_kernels();
+  expect_device_matches(ops::exp(x.to(kCuda)), ops::exp(x), 1e-6, "exp after register_kernels()");
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 
 #include "device_buffer.h"
 #include "nn_test_util.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/unscale.h"
 #include "ops/unscale.h"
 
 namespace minidl::testing {
