@@ -121,6 +121,18 @@ double PipelineSync::grad_norm_squared(const std::vector<Tensor>& params) {
   return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared(counted));
 }
 
+Tensor PipelineSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
+  std::vector<Tensor> counted;
+  Tensor skip = pipe_.last_stage() ? pipe_.head_wte() : Tensor();
+  for (const Tensor& p : params)
+    if (!skip.defined() || p.impl() != skip.impl()) counted.push_back(p);
+  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared_tensor(counted, device));
+}
+
+void PipelineSync::combine_overflow_on_device(const Tensor& found_inf) {
+  max_over(topology_.model_parallel_group(), max_over(topology_.dp_group(), found_inf));
+}
+
 bool PipelineSync::combine_overflow(bool local) {
   double any = max_over(topology_.dp_group(), local ? 1.0 : 0.0);
   return max_over(topology_.model_parallel_group(), any) > 0;

@@ -1,5 +1,6 @@
 #include "train/tp_sync.h"
 
+#include "ops/elementwise.h"
 #include "optim/clip.h"
 
 namespace minidl::train {
@@ -27,6 +28,20 @@ double TensorParallelSync::grad_norm_squared(const std::vector<Tensor>& params) 
   const double tp = topology_.grid().tp;
   return sum_over(topology_.model_parallel_group(),
                   optim::grad_norm_squared(split) + optim::grad_norm_squared(replicated) / tp);
+}
+
+Tensor TensorParallelSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
+  std::vector<Tensor> split, replicated;
+  for (const Tensor& p : params) (replicated_.count(p.impl()) ? replicated : split).push_back(p);
+  const double tp = topology_.grid().tp;
+  const Tensor local = ops::add(optim::grad_norm_squared_tensor(split, device),
+                                ops::mul(optim::grad_norm_squared_tensor(replicated, device), 1.0 / tp));
+  return sum_over(topology_.model_parallel_group(), local);
+}
+
+void TensorParallelSync::combine_overflow_on_device(const Tensor& found_inf) {
+  inner_->combine_overflow_on_device(found_inf);
+  max_over(topology_.model_parallel_group(), found_inf);
 }
 
 bool TensorParallelSync::combine_overflow(bool local) {

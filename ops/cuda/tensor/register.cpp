@@ -11,6 +11,7 @@ void register_ops() {
   ops::cuda::register_softmax();
   ops::cuda::register_gelu();
   ops::cuda::register_conv();
+  ops::cuda::register_device_step();
 }
 
 }  // namespace minidl::cuda

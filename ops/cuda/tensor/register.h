@@ -18,6 +18,7 @@ void register_reduce();
 void register_softmax();
 void register_gelu();
 void register_conv();  // conv2d, max_pool2d: cuDNN (conv_cudnn.cpp), or the CPU kernels when emulated
+void register_device_step();  // ops/cuda/tensor/device_step.cpp: clip, loss scale and AdamW without round trips
 
 // Most kernels compute in f32 only (f64 stays a CPU dtype for gradient checks): other dtypes get an error naming
 // the op, the argument, the dtype and the device.
