@@ -33,7 +33,8 @@ void clip_grads_multi_(const std::vector<Tensor>& grads, const Tensor& norm_squa
                norm_squared.defined() ? norm_squared.shape() : Shape{}, " ",
                norm_squared.defined() ? norm_squared.dtype() : DType::f32);
   check_grads("clip_grads_multi_", grads, norm_squared.device());
-  if (!norm_squared.device().is_cpu()) return clip_grads_multi_device(norm_squared.device())(grads, norm_squared, max_norm);
+  if (!norm_squared.device().is_cpu())
+    return clip_grads_multi_device(norm_squared.device())(grads, norm_squared, max_norm);
   const double factor = max_norm / (std::sqrt(double(norm_squared.data<float>()[0])) + 1e-6);
   if (!(factor < 1.0)) return;
   const float f = float(factor);
