@@ -18,6 +18,7 @@
 #include "nn/gpt.h"
 #include "ops/adamw.h"
 #include "ops/grad_norm.h"
+#include "ops/unscale.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/grad_scaler.h"
@@ -311,6 +312,37 @@ TEST_F(DeviceStep, AdamWUnlessFoundInf) {
     EXPECT_EQ(p.to_vector(), rp.to_vector());
     EXPECT_EQ(m.to_vector(), rm.to_vector());
     EXPECT_EQ(skipped.to_vector(), std::vector<double>{1});
+  }
+}
+
+// The scaler's rules on the device against GradScaler on the host, over a pattern of clean and overflowing steps
+// that grows, backs off with hysteresis and hits both bounds.
+TEST_F(DeviceStep, LossScaleRulesOnTheDeviceMatchTheHost) {
+  optim::GradScalerOptions opt;
+  opt.init_scale = 8;
+  opt.growth_interval = 2;
+  opt.hysteresis = 2;
+  opt.min_scale = 1;
+  opt.max_scale = 32;
+  optim::GradScaler host(opt);
+  Recorder none({Tensor::zeros({1}).set_requires_grad(true)});
+  const std::vector<double> init{opt.init_scale, 0, double(opt.hysteresis), 0};
+  Tensor state = Tensor::from_vector(init, {4}, DType::f64).to(kCuda);
+  Tensor scale = Tensor::full({1}, opt.init_scale, DType::f32, kCuda);
+  const ops::LossScaleRules rules{opt.growth_factor, opt.backoff_factor, opt.min_scale, opt.max_scale,
+                                  opt.growth_interval, opt.hysteresis};
+  const char* pattern = "cccccccxcxxxxxxxccxcccc";
+  for (const char* c = pattern; *c; ++c) {
+    const bool overflow = *c == 'x';
+    Tensor g = none.param_groups()[0].params[0];
+    g.set_grad(Tensor::full({1}, overflow ? INFINITY : 1.0));
+    host.step(none);
+    ops::update_loss_scale_(state, scale, Tensor::full({1}, overflow ? 1 : 0, DType::i32, kCuda), rules);
+    const optim::GradScalerState want = host.state();
+    EXPECT_EQ(state.to_vector(), (std::vector<double>{want.scale, double(want.clean_steps), double(want.overflows_left),
+                                                      double(want.skipped_steps)}))
+        << "after step " << c - pattern;
+    EXPECT_EQ(scale.to_vector()[0], want.scale);
   }
 }
 
