@@ -134,7 +134,8 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_flag("--tf32", o.tf32, "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
                "error); off by default");
   app.add_option("--max-skipped-steps", o.max_skipped_steps,
-                 "fp16: stop after this many consecutive steps the loss scaler skipped (inf/NaN loss or gradients)")
+                 "fp16: stop after this many consecutive steps the loss scaler skipped (inf/NaN loss or gradients; "
+                 "on a CUDA device checked on the steps it prints)")
       ->capture_default_str();
   app.add_flag("--advance-lr-on-skip", o.advance_lr_on_skip,
                "fp16: advance the LR schedule on steps the loss scaler skips (default: hold it)");

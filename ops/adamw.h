@@ -31,7 +31,20 @@ struct AdamWHyper {
 void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h);
 
-// The CUDA kernels (ops/cuda/tensor/adamw.cpp), filled by minidl::cuda::register_backend().
+// The same step unless found_inf (an i32 {1} flag on the parameters' device, e.g. GradScaler's) is set, as PyTorch's
+// fused optimizers skip on found_inf: on a CUDA device the kernel reads the flag itself, so the host never learns
+// whether the step ran. The bias correction then uses h.step - skipped (skipped: an i64 {1} count of the steps
+// skipped so far on that device; h.step counts the calls, this one included). count_skip: a skipped step adds 1
+// to skipped (true on the last of a step's calls, one per parameter group, so that each call reads the same count).
+void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                               const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h,
+                               const Tensor& found_inf, const Tensor& skipped, bool count_skip);
+
+// The CUDA kernels (ops/cuda/tensor/adamw.cpp; the flagged one ops/cuda/tensor/device_step.cpp), filled by
+// minidl::cuda::register_backend().
+inline DeviceKernel<void(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                         const std::vector<Tensor>&, const AdamWHyper&, const Tensor&, const Tensor&, bool)>
+    fused_adamw_multi_unless_device{"fused_adamw_multi_unless_"};
 inline DeviceKernel<void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&)>
     fused_adamw_device{"fused_adamw_"};
 inline DeviceKernel<void(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,

@@ -13,9 +13,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
   v_ = zeros_state();
 }
 
-void AdamW::step() {
-  ++step_;
-  ops::AdamWHyper h{lr(), options_.beta1, options_.beta2, options_.eps, 0.0, step_};
+void AdamW::for_each_group(const GroupFn& fn) {
   // One multi-tensor call per run of parameters with the same weight decay (a group): one launch on a GPU.
   const std::vector<Slot>& all = slots();
   for (size_t begin = 0; begin < all.size();) {
@@ -29,10 +27,40 @@ void AdamW::step() {
       m.push_back(slice(m_, all[end]));
       v.push_back(slice(v_, all[end]));
     }
-    h.weight_decay = all[begin].weight_decay;
-    if (!params.empty()) ops::fused_adamw_multi_(params, grads, m, v, h);
+    if (!params.empty()) fn(params, grads, m, v, all[begin].weight_decay);
     begin = end;
   }
+}
+
+void AdamW::step() {
+  ++step_;
+  ops::AdamWHyper h{lr(), options_.beta1, options_.beta2, options_.eps, 0.0, step_};
+  // After a step_unless on the device the count of steps taken lives there too: a flag that is never set.
+  const Tensor never = skipped_.defined() ? Tensor::zeros({1}, DType::i32, skipped_.device()) : Tensor();
+  for_each_group([&](auto& params, auto& grads, auto& m, auto& v, double wd) {
+    h.weight_decay = wd;
+    if (never.defined()) ops::fused_adamw_multi_unless_(params, grads, m, v, h, never, skipped_, false);
+    else ops::fused_adamw_multi_(params, grads, m, v, h);
+  });
+}
+
+void AdamW::step_unless(const Tensor& found_inf) {
+  if (found_inf.device().is_cpu()) return Optimizer::step_unless(found_inf);
+  if (!skipped_.defined()) skipped_ = Tensor::zeros({1}, DType::i64, found_inf.device());
+  ++step_;
+  ops::AdamWHyper h{lr(), options_.beta1, options_.beta2, options_.eps, 0.0, step_};
+  // Each group's call reads the skipped count; only the last one adds this step to it.
+  int groups = 0, done = 0;
+  for_each_group([&](auto&&...) { ++groups; });
+  for_each_group([&](auto& params, auto& grads, auto& m, auto& v, double wd) {
+    h.weight_decay = wd;
+    ops::fused_adamw_multi_unless_(params, grads, m, v, h, found_inf, skipped_, ++done == groups);
+  });
+}
+
+AdamWState AdamW::state() const {
+  const int64_t skipped = skipped_.defined() ? int64_t(skipped_.item()) : 0;
+  return {step_ - skipped, m_, v_};
 }
 
 void AdamW::load_state(const AdamWState& state) {
@@ -44,6 +72,7 @@ void AdamW::load_state(const AdamWState& state) {
   m_.copy_(state.m.reshape({numel()}));
   v_.copy_(state.v.reshape({numel()}));
   step_ = state.step;
+  if (skipped_.defined()) skipped_.zero_();
 }
 
 }  // namespace minidl::optim

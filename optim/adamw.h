@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "optim/optimizer.h"
 
@@ -37,16 +39,26 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options = {});
   void step() override;
+  // On a CUDA device the kernel skips on the flag itself (nothing read back); the step count then lives partly on
+  // the device (skipped steps), and state() reads it. On the CPU: Optimizer::step_unless.
+  void step_unless(const Tensor& found_inf) override;
   const AdamWOptions& options() const { return options_; }
 
   // The live state (m and v share storage with the optimizer: copy them before changing them).
-  AdamWState state() const { return {step_, m_, v_}; }
+  // With steps skipped on the device (step_unless), reading the step count synchronises.
+  AdamWState state() const;
   // Copies a saved state in; m and v must have numel() elements.
   void load_state(const AdamWState& state);
 
  private:
+  using GroupFn = std::function<void(std::vector<Tensor>& params, std::vector<Tensor>& grads, std::vector<Tensor>& m,
+                                     std::vector<Tensor>& v, double weight_decay)>;
+  // fn once per run of parameters with the same weight decay (a group) that have gradients.
+  void for_each_group(const GroupFn& fn);
+
   AdamWOptions options_;
-  int64_t step_ = 0;
+  int64_t step_ = 0;      // steps taken, or with skipped_ defined, step_unless calls on the device
+  Tensor skipped_;        // i64 {1} on the device: the calls of step_unless that skipped
   Tensor m_, v_;
 };
 

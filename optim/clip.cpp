@@ -6,6 +6,7 @@
 
 #include "core/parallel.h"
 #include "ops/elementwise.h"
+#include "ops/grad_norm.h"
 #include "ops/reduce.h"
 
 namespace minidl::optim {
@@ -74,6 +75,24 @@ void scale_grads(const std::vector<Tensor>& params, double factor) {
       });
     });
   }
+}
+
+static std::vector<Tensor> defined_grads(const std::vector<Tensor>& params) {
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor g = checked_grad(params[i], i);
+    if (g.defined()) grads.push_back(g);
+  }
+  return grads;
+}
+
+Tensor grad_norm_squared_tensor(const std::vector<Tensor>& params, Device device) {
+  return ops::grad_norm_squared_multi(defined_grads(params), device);
+}
+
+void clip_grads_by(const std::vector<Tensor>& params, const Tensor& norm_squared, double max_norm) {
+  MINIDL_CHECK(max_norm > 0.0, "clip_grads_by: expected max_norm > 0, got ", max_norm);
+  ops::clip_grads_multi_(defined_grads(params), norm_squared, max_norm);
 }
 
 double clip_factor(double norm, double max_norm) { return max_norm / (norm + 1e-6); }

@@ -25,6 +25,13 @@
 // unscale_and_check passes its local flag through `combine_overflow`, identity by default; a distributed
 // wrapper sets it to an OR all-reduce over the group that shares the step (e.g. MAX of 0/1 over the DP x TP x PP
 // ranks), so all of them skip or apply together.
+//
+// On a CUDA device (keep_state_on(device), what train::train_step does for a model on a device) the state lives
+// there and nothing is read back in a step, as PyTorch's GradScaler with fused optimizers: unscale_ writes a
+// found-inf flag on the device (combined over ranks by combine_overflow_on_device), the optimizer skips on it
+// (Optimizer::step_unless: AdamW's kernel reads it), and one kernel applies the rules above to the device state.
+// The host learns the scale and the skipped steps when it asks (current_scale(), skipped_steps(), state(): one
+// synchronisation each), e.g. when it logs.
 #pragma once
 
 #include <cstdint>
@@ -60,29 +67,42 @@ struct ScalerStep {
   std::string reason;      // why it was skipped ("inf/nan in gradients"); empty when applied
   double scale = 0;        // the scale this step's gradients were computed with
   double next_scale = 0;   // the scale for the next step
+  // With the state on a device: the step's overflow flag there (i32 {1}); the fields above are then not known
+  // (applied true, scales NaN) until the caller reads it.
+  Tensor found_inf;
 };
 
 class GradScaler {
  public:
   explicit GradScaler(const GradScalerOptions& options = {});
 
-  // loss * scale (differentiable).
+  // loss * scale (differentiable); with the state on a device, by the device's scale.
   Tensor scale(const Tensor& loss) const;
+  // Moves the state to `device` (a CUDA device) for good: no step reads anything back from then on.
+  void keep_state_on(Device device);
+  bool state_on_device() const { return device_state_.defined(); }
+  // With the state on a device: unscales like unscale_and_check and returns the device's overflow flag (i32 {1}),
+  // without reading it. At most once per step; step() calls it if not done.
+  Tensor unscale_(const std::vector<Tensor>& params);
   // One fused pass per gradient (ops/unscale.h): divides every gradient of `params` by the scale and detects inf/
   // NaN. Returns the overflow flag after combine_overflow. At most once per step; step() calls it if not done.
   bool unscale_and_check(const std::vector<Tensor>& params);
   // Steps the optimizer unless the gradients overflowed, then updates the scale (rules above).
   ScalerStep step(Optimizer& optimizer);
 
-  double current_scale() const { return state_.scale; }
-  int64_t skipped_steps() const { return state_.skipped_steps; }
+  // With the state on a device each of these reads it (one synchronisation).
+  double current_scale() const { return state().scale; }
+  int64_t skipped_steps() const { return state().skipped_steps; }
   const GradScalerOptions& options() const { return options_; }
-  GradScalerState state() const { return state_; }
+  GradScalerState state() const;
   // Checks the values (scale within [min_scale, max_scale], counters >= 0) and replaces the state.
   void load_state(const GradScalerState& state);
 
   // Combines this rank's overflow flag with the other ranks' (see above). Identity by default.
   std::function<bool(bool local_overflow)> combine_overflow = [](bool local) { return local; };
+  // The same with the state on a device: ORs the other ranks' flags into `found_inf` in place (an all-reduce MAX),
+  // without reading it. Identity by default.
+  std::function<void(const Tensor& found_inf)> combine_overflow_on_device = [](const Tensor&) {};
 
  private:
   void update(bool overflow);
@@ -91,6 +111,9 @@ class GradScaler {
   GradScalerState state_;
   bool unscaled_ = false;  // unscale_and_check ran for the current step
   bool overflow_ = false;  // its result
+  // The state on a device: {scale, clean_steps, overflows_left, skipped_steps} (f64), the scale as f32 (what the
+  // loss is multiplied by) and this step's overflow flag.
+  Tensor device_state_, device_scale_, found_inf_;
 };
 
 }  // namespace minidl::optim

@@ -36,6 +36,10 @@ void Optimizer::set_lr(double lr) {
   lr_ = lr;
 }
 
+void Optimizer::step_unless(const Tensor& found_inf) {
+  if (found_inf.item() == 0) step();
+}
+
 void Optimizer::zero_grad() {
   for (const Slot& s : slots_) {
     Tensor g = s.param.grad();

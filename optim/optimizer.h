@@ -43,6 +43,9 @@ class Optimizer {
 
   // Applies one update using the current gradients.
   virtual void step() = 0;
+  // step() unless found_inf (an i32 {1} flag, e.g. GradScaler::found_inf()) is set. This base reads the flag;
+  // AdamW on a CUDA device decides in its kernel, without a host round trip (ops::fused_adamw_multi_unless_).
+  virtual void step_unless(const Tensor& found_inf);
   // Sets every defined gradient to zero in place.
   void zero_grad();
 

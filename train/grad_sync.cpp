@@ -18,7 +18,23 @@ double reduce_one(dist::ProcessGroup& group, double value, dist::ReduceOp op) {
 double sum_over(dist::ProcessGroup& group, double value) { return reduce_one(group, value, dist::ReduceOp::kSum); }
 double max_over(dist::ProcessGroup& group, double value) { return reduce_one(group, value, dist::ReduceOp::kMax); }
 
+const Tensor& sum_over(dist::ProcessGroup& group, const Tensor& t) {
+  Tensor shared = t;  // a handle on the same data
+  if (group.size() > 1) group.all_reduce(shared, dist::ReduceOp::kSum)->wait();
+  return t;
+}
+
+const Tensor& max_over(dist::ProcessGroup& group, const Tensor& t) {
+  Tensor shared = t;
+  if (group.size() > 1) group.all_reduce(shared, dist::ReduceOp::kMax)->wait();
+  return t;
+}
+
 double GradSync::grad_norm_squared(const std::vector<Tensor>& params) { return optim::grad_norm_squared(params); }
+
+Tensor GradSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
+  return optim::grad_norm_squared_tensor(params, device);
+}
 
 nn::NamedTensors GradSync::logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
                                          const KeepTensors& keep) {
@@ -45,6 +61,14 @@ double DDPSync::grad_norm_squared(const std::vector<Tensor>& params) {
   return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared(params));
 }
 
+Tensor DDPSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
+  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared_tensor(params, device));
+}
+
+void DDPSync::combine_overflow_on_device(const Tensor& found_inf) {
+  max_over(topology_.model_parallel_group(), max_over(topology_.dp_group(), found_inf));
+}
+
 bool DDPSync::combine_overflow(bool local) {
   double any = max_over(topology_.dp_group(), local ? 1.0 : 0.0);
   return max_over(topology_.model_parallel_group(), any) > 0;
@@ -56,6 +80,14 @@ double ModelParallelSync::grad_norm_squared(const std::vector<Tensor>& params) {
 
 bool ModelParallelSync::combine_overflow(bool local) {
   return max_over(topology_.model_parallel_group(), local ? 1.0 : 0.0) > 0;
+}
+
+Tensor ModelParallelSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
+  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared_tensor(params, device));
+}
+
+void ModelParallelSync::combine_overflow_on_device(const Tensor& found_inf) {
+  max_over(topology_.model_parallel_group(), found_inf);
 }
 
 }  // namespace minidl::train

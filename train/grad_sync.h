@@ -63,6 +63,11 @@ class GradSync {
   virtual double grad_norm_squared(const std::vector<Tensor>& params);
   // Whether any rank that holds gradients saw an inf/NaN (the loss scaler's step is skipped on every rank).
   virtual bool combine_overflow(bool local) { return local; }
+  // The same two on a CUDA device, without a host round trip (train::apply_step on a device): the sum of squares
+  // as an f32 {1} tensor on `device`, combined over the same groups by all-reduces of that tensor; the overflow
+  // flag (i32 {1}) ORed in place over the same ranks as combine_overflow.
+  virtual Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device);
+  virtual void combine_overflow_on_device(const Tensor& /*found_inf*/) {}
   // Communication time of the last synchronising backward.
   virtual dist::ReducerStats comm_stats() const { return {}; }
   // Collective over the dp group: every parameter whole on this rank (true) for evaluation, sampling or saving,
@@ -92,6 +97,8 @@ class DDPSync final : public GradSync {
   void after_backward() override { no_sync_.reset(); }
   double grad_norm_squared(const std::vector<Tensor>& params) override;
   bool combine_overflow(bool local) override;
+  Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) override;
+  void combine_overflow_on_device(const Tensor& found_inf) override;
   dist::ReducerStats comm_stats() const override { return ddp_.last_step(); }
   dist::DistributedDataParallel& ddp() { return ddp_; }
 
@@ -109,6 +116,8 @@ class ModelParallelSync final : public GradSync {
   const char* name() const override { return "model-parallel"; }
   double grad_norm_squared(const std::vector<Tensor>& params) override;
   bool combine_overflow(bool local) override;
+  Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) override;
+  void combine_overflow_on_device(const Tensor& found_inf) override;
 
  private:
   const dist::Topology& topology_;
@@ -117,5 +126,9 @@ class ModelParallelSync final : public GradSync {
 // Sum (resp. max) of one number over a group, on the group's device; the value itself when the group has one rank.
 double sum_over(dist::ProcessGroup& group, double value);
 double max_over(dist::ProcessGroup& group, double value);
+// The same for a device tensor, in place and without reading it (nothing to do when the group has one rank);
+// returns `t`.
+const Tensor& sum_over(dist::ProcessGroup& group, const Tensor& t);
+const Tensor& max_over(dist::ProcessGroup& group, const Tensor& t);
 
 }  // namespace minidl::train

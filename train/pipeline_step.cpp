@@ -215,6 +215,20 @@ double PipelineSync::grad_norm_squared(const std::vector<Tensor>& params) {
   return sum_over(topology_.model_parallel_group(), mine);
 }
 
+Tensor PipelineSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
+  std::vector<Tensor> counted;  // as grad_norm_squared
+  Tensor skip = pipe_.last_stage() ? pipe_.head_wte() : Tensor();
+  for (const Tensor& p : params)
+    if (!skip.defined() || origin(p).impl() != skip.impl()) counted.push_back(p);
+  Tensor mine = optim::grad_norm_squared_tensor(counted, device);
+  if (zero_) mine = sum_over(topology_.dp_group(), mine);  // each dp rank holds its shard
+  return sum_over(topology_.model_parallel_group(), mine);
+}
+
+void PipelineSync::combine_overflow_on_device(const Tensor& found_inf) {
+  max_over(topology_.model_parallel_group(), max_over(topology_.dp_group(), found_inf));
+}
+
 bool PipelineSync::combine_overflow(bool local) {
   double any = max_over(topology_.dp_group(), local ? 1.0 : 0.0);
   return max_over(topology_.model_parallel_group(), any) > 0;

@@ -123,6 +123,8 @@ class PipelineSync final : public GradSync {
   void after_step() override;
   double grad_norm_squared(const std::vector<Tensor>& params) override;
   bool combine_overflow(bool local) override;
+  Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) override;
+  void combine_overflow_on_device(const Tensor& found_inf) override;
   dist::ReducerStats comm_stats() const override { return stats_; }
 
  private:

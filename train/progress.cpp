@@ -28,6 +28,10 @@ ProgressLine::ProgressLine(ProgressMode mode, int64_t log_every, bool enabled)
               (mode == ProgressMode::kAuto && isatty(STDOUT_FILENO) && !under_mpi_launcher())),
       log_every_(log_every) {}
 
+bool ProgressLine::shows(int64_t step, int64_t total) const {
+  return redraw_ || step % log_every_ == 0 || step == total || step == 1;
+}
+
 void ProgressLine::update(int64_t step, int64_t total, const std::string& text) {
   if (!enabled_) return;
   if (redraw_) {

@@ -33,6 +33,8 @@ class ProgressLine {
   // Ends the progress line (before the summary).
   void finish();
   bool redraws() const { return redraw_; }
+  // Whether update(step, total, ...) shows a line, on any rank (the same answer on every rank of a run).
+  bool shows(int64_t step, int64_t total) const;
 
  private:
   bool enabled_;

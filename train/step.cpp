@@ -34,7 +34,14 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
   // ranks: with equal-sized slices and no ignored targets that is the global mean exactly.
   const double inv_targets = 1.0 / double(std::max<int64_t>(1, count_targets(batch.y)));
   StepResult r;
-  r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
+  const Device device = model.parameters().front().device();
+  if (o.scaler && device.is_cuda()) {
+    o.scaler->keep_state_on(device);  // the scale stays there (apply_step)
+    r.loss_scale = NAN;
+    r.on_device.loss_scale = o.scaler->scale(Tensor::ones({}, DType::f32, device)).detach();
+  } else {
+    r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
+  }
   {
     MemoryTagGuard tag(MemTag::kActivations);
     // One guard over every micro-batch: the 16-bit weight copies are made once per step (autograd/autocast.h).
@@ -61,15 +68,62 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
     if (o.grad_sync) o.grad_sync->after_backward();
     dropout.first_sample = first;
     dropout.step += 1;
-    r.loss = loss_sum.item();
+    if (device.is_cuda()) {
+      r.loss = NAN;
+      r.on_device.loss = loss_sum;
+    } else {
+      r.loss = loss_sum.item();
+    }
   }
   // The gradients this rank owns: every parameter's, or (ZeRO) its shard's.
   std::vector<Tensor> params = o.grad_sync ? o.grad_sync->owned_params(model.parameters()) : model.parameters();
   return apply_step(optimizer, params, o, std::move(r));
 }
 
+void StepResult::read() {
+  if (!pending()) return;
+  if (on_device.loss.defined()) loss = on_device.loss.item();
+  const bool overflow = on_device.found_inf.defined() && on_device.found_inf.item() != 0;
+  grad_norm = overflow ? INFINITY : std::sqrt(on_device.grad_norm_squared.item());
+  applied = !overflow;
+  skip_reason = overflow ? "inf/nan in gradients" : "";
+  if (on_device.loss_scale.defined()) loss_scale = on_device.loss_scale.item();
+  on_device = {};
+}
+
+namespace {
+
+// apply_step on a CUDA device: the same steps with every decision taken on the device (optim/clip.h,
+// optim/grad_scaler.h, Optimizer::step_unless), so nothing is read back.
+StepResult apply_step_on_device(optim::Optimizer& optimizer, const std::vector<Tensor>& params, const StepOptions& o,
+                                StepResult r, Device device) {
+  if (o.scaler) {
+    o.scaler->keep_state_on(device);
+    if (o.grad_sync)
+      o.scaler->combine_overflow_on_device = [sync = o.grad_sync](const Tensor& f) {
+        sync->combine_overflow_on_device(f);
+      };
+    r.on_device.found_inf = o.scaler->unscale_(params);
+  }
+  // With an overflow the norm is inf or NaN and the clip multiplies by 0 or nothing: the step is skipped anyway.
+  r.on_device.grad_norm_squared = o.grad_sync ? o.grad_sync->grad_norm_squared_on_device(params, device)
+                                              : optim::grad_norm_squared_tensor(params, device);
+  if (o.grad_clip > 0) optim::clip_grads_by(params, r.on_device.grad_norm_squared, o.grad_clip);
+  optimizer.set_lr(o.lr);
+  if (o.scaler) o.scaler->step(optimizer);
+  else optimizer.step();
+  if (o.grad_sync) o.grad_sync->after_step();
+  optimizer.zero_grad();
+  if (o.read_back) r.read();
+  return r;
+}
+
+}  // namespace
+
 StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& params, const StepOptions& o,
                       StepResult r) {
+  if (!params.empty() && params.front().device().is_cuda())
+    return apply_step_on_device(optimizer, params, o, std::move(r), params.front().device());
   if (o.scaler && o.grad_sync)  // every rank skips the step when any rank that holds gradients overflowed
     o.scaler->combine_overflow = [sync = o.grad_sync](bool local) { return sync->combine_overflow(local); };
   bool overflow = o.scaler && o.scaler->unscale_and_check(params);

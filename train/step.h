@@ -28,6 +28,12 @@ struct StepOptions {
   // How gradients are synchronised across ranks (train/grad_sync.h); null: one process, nothing to synchronise.
   // It also combines the gradient norm and the fp16 overflow flag over the ranks that hold gradients.
   GradSync* grad_sync = nullptr;
+  // On a CUDA device the step's second half never reads anything back: the gradient norm, the clip, the overflow
+  // flag, the loss scale and the optimizer's skip stay on the device (apply_step). read_back: fill the StepResult's
+  // numbers at the end of the step (one synchronisation); false leaves them in StepResult::on_device until
+  // StepResult::read(), for steps whose numbers nobody looks at (train::Trainer reads on the steps it logs).
+  // Ignored on the CPU, where everything is read as it is computed.
+  bool read_back = true;
 };
 
 struct StepResult {
@@ -36,6 +42,16 @@ struct StepResult {
   bool applied = true;     // false: the scaler skipped the update (inf/NaN gradients)
   std::string skip_reason;
   double loss_scale = 1;   // the scale this step used (1 without a scaler)
+
+  // With StepOptions::read_back false on a device: the fields above are not filled in yet (NaN; applied true) and
+  // their values wait here: the loss (f32), the gradients' sum of squares combined over the ranks (f32), the
+  // overflow flag (i32; undefined without a scaler) and the scale the step used (f32; undefined without a scaler).
+  struct OnDevice {
+    Tensor loss, grad_norm_squared, found_inf, loss_scale;
+  } on_device;
+  bool pending() const { return on_device.grad_norm_squared.defined(); }
+  // Reads on_device into the fields above (a few synchronisations) and clears it; nothing when not pending.
+  void read();
 };
 
 // One optimizer step over `batch`, split into options.grad_accum micro-batches of equal size:

@@ -2,6 +2,7 @@
 
 #include <typeinfo>
 
+#include "ops/elementwise.h"
 #include "optim/clip.h"
 
 namespace minidl::train {
@@ -44,6 +45,19 @@ double TensorParallelSync::grad_norm_squared(const std::vector<Tensor>& params) 
   // Two collectives of one number each, in the same order on every rank.
   const double split_sq = inner_->grad_norm_squared(split);
   return split_sq + inner_->grad_norm_squared(replicated) / tp;
+}
+
+Tensor TensorParallelSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
+  std::vector<Tensor> split, replicated;  // as grad_norm_squared, the sums staying on the device
+  for (const Tensor& p : params) (replicated_.count(inner_->origin(p).impl()) ? replicated : split).push_back(p);
+  const double tp = topology_.grid().tp;
+  const Tensor split_sq = inner_->grad_norm_squared_on_device(split, device);
+  return ops::add(split_sq, ops::mul(inner_->grad_norm_squared_on_device(replicated, device), 1.0 / tp));
+}
+
+void TensorParallelSync::combine_overflow_on_device(const Tensor& found_inf) {
+  inner_->combine_overflow_on_device(found_inf);
+  max_over(topology_.model_parallel_group(), found_inf);
 }
 
 bool TensorParallelSync::combine_overflow(bool local) {

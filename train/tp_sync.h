@@ -46,6 +46,8 @@ class TensorParallelSync final : public GradSync {
   double grad_norm_squared(const std::vector<Tensor>& params) override;
   // Over the dp group (the inner strategy) and the model-parallel group: every rank skips the same steps.
   bool combine_overflow(bool local) override;
+  Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) override;
+  void combine_overflow_on_device(const Tensor& found_inf) override;
   dist::ReducerStats comm_stats() const override { return inner_->comm_stats(); }
   // Checkpoints store the logical (one-process) tensors: the inner strategy's per-parameter state of this rank's
   // slices, gathered over the tp group (q/k/v re-interleaved, vocabulary padding dropped: TensorParallelGPT::

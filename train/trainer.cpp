@@ -499,25 +499,28 @@ int Trainer::run() {
   int64_t skipped_in_a_row = 0;
   double timed_ms = 0, compute_ms = 0, comm_ms = 0, exposed_ms = 0, recent_loss = 0;
   int64_t timed_steps = 0, recent = 0;
-  for (int64_t step = first_step; step < o.steps; ++step) {
-    double lr = schedule(schedule_step);
-    auto t0 = std::chrono::steady_clock::now();
-    data::Batch batch = sampler.batch(step, s.first_sample, s.local_batch);
-    step_options.lr = lr;
-    if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
-    StepResult r = run_step(batch, step_options);
-    if (step == first_step && o.tp > 1) s.print_tensor_parallel_step();
-    if (step == first_step && s.pipe && o.steps > first_step + 1) s.pipe->reset_timing();  // time as timed_ms does
-    if (r.applied || o.advance_lr_on_skip) ++schedule_step;
-    if (step == first_step && (o.zero > 0 || o.memory_report) && s.model) s.print_zero_memory();
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    dist::ReducerStats comm = s.sync->comm_stats();
+  // On a CUDA device a step's loss, norm and overflow flag stay there (StepResult::read) until the loop needs them:
+  // on the steps it prints, evaluates, saves or stops at and the summary's last 10; every step on the CPU, and
+  // every step with fp16 when the learning rate holds on skipped steps and is not constant (it needs each skip).
+  const bool holds_on_skip = s.scaler && !o.advance_lr_on_skip;
+  const bool reads_every_step =
+      !s.device.is_cuda() || (holds_on_skip && !(o.warmup == 0 && schedule.min_lr() == schedule.lr()));
+  double window_ms = 0;
+  int64_t window_steps = 0, unread_steps = 0, skipped_seen = s.scaler ? s.scaler->skipped_steps() : 0;
+  // Reads the last step's numbers and settles what the steps since the last read decided (the held schedule, the
+  // run of skipped steps; --max-skipped-steps and the divergence check run here). Collective over the dp group.
+  auto settle = [&](StepResult& r, int64_t step) {
+    if (unread_steps == 0) return;
+    r.read();
     // The global batch's loss: the mean of the dp ranks' (equal-sized) slices.
     if (dp_group.size() > 1) r.loss = sum_over(dp_group, r.loss) / dp_group.size();
     if (s.scaler) {
+      const int64_t skipped = s.scaler->skipped_steps(), new_skips = skipped - skipped_seen;
+      skipped_seen = skipped;
+      if (holds_on_skip) schedule_step += unread_steps - new_skips;
       // A non-finite loss or gradient is an overflow the scaler skipped and backed off from; only a long run of
-      // them means the model itself is broken.
-      skipped_in_a_row = r.applied ? 0 : skipped_in_a_row + 1;
+      // them means the model itself is broken. Between reads a run counts only the skips known to be in a row.
+      skipped_in_a_row = new_skips == unread_steps ? skipped_in_a_row + new_skips : (r.applied ? 0 : 1);
       MINIDL_CHECK(skipped_in_a_row < o.max_skipped_steps, "training diverged: the fp16 loss scaler skipped ",
                    skipped_in_a_row, " steps in a row (loss ", r.loss, ", scale now ", s.scaler->current_scale(),
                    ") at step ", step + 1, "; try a lower --lr or --amp bf16");
@@ -525,6 +528,37 @@ int Trainer::run() {
       MINIDL_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step + 1,
                    "; try a lower --lr");
     }
+    unread_steps = 0;
+  };
+  for (int64_t step = first_step; step < o.steps; ++step) {
+    double lr = schedule(schedule_step);
+    auto t0 = std::chrono::steady_clock::now();
+    data::Batch batch = sampler.batch(step, s.first_sample, s.local_batch);
+    step_options.lr = lr;
+    if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
+    step_options.read_back = false;
+    StepResult r = run_step(batch, step_options);
+    if (step == first_step && o.tp > 1) s.print_tensor_parallel_step();
+    if (step == first_step && s.pipe && o.steps > first_step + 1) s.pipe->reset_timing();  // time as timed_ms does
+    if (!holds_on_skip) ++schedule_step;
+    ++unread_steps;
+    if (step == first_step && (o.zero > 0 || o.memory_report) && s.model) s.print_zero_memory();
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    dist::ReducerStats comm = s.sync->comm_stats();
+    const bool last = step + 1 == o.steps;
+    const bool evaluates = o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last;
+    const bool shows = progress.shows(step + 1, o.steps);
+    if (reads_every_step || evaluates || shows || step >= o.steps - 10) {
+      settle(r, step);
+      if (s.device.is_cuda())  // the read drained the device's queue
+        ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    // On a device the queue drains only when a step is read: a printed line shows the mean over the steps since
+    // the last one (the summary's ms_per_step is exact either way).
+    window_ms += ms;
+    ++window_steps;
+    const double shown_ms = s.device.is_cuda() ? window_ms / double(window_steps) : ms;
+    if (shows) window_ms = 0, window_steps = 0;
     if (step > first_step || o.steps == first_step + 1) {  // the first step warms caches and the allocator
       timed_ms += ms;
       compute_ms += ms - comm.exposed_comm_ms;
@@ -536,20 +570,21 @@ int Trainer::run() {
       recent_loss += r.loss;
       ++recent;
     }
-    const double gflops = flops_per_step / ms / 1e6;
-    std::string line = "step " + std::to_string(step + 1) + "/" + std::to_string(o.steps) + " | loss " +
-                       fmt("%.4f", r.loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", ms) + " ms | " +
-                       fmt("%.0f", tokens_per_step / ms * 1e3) + " tok/s | " + fmt("%.1f", gflops) + " GFLOP/s";
-    if (peak_tflops > 0) line += " | MFU " + fmt("%.1f", 100 * gflops / (peak_tflops * 1e3)) + "%";
-    line += " | peak " + fmt("%.0f", peak_rss_mb()) + " MB";
-    if (s.scaler)
-      line += " | scale " + fmt("%g", s.scaler->current_scale()) + " | skipped " +
-              std::to_string(s.scaler->skipped_steps());
-    if (dp_group.size() > 1)
-      line += " | comm " + fmt("%.1f", comm.comm_ms) + " ms, exposed " + fmt("%.1f", comm.exposed_comm_ms) + " ms";
-    progress.update(step + 1, o.steps, line);
-    bool last = step + 1 == o.steps;
-    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
+    if (shows) {  // the line reads the scaler's state (on a device: a synchronisation)
+      const double gflops = flops_per_step / shown_ms / 1e6;
+      std::string line = "step " + std::to_string(step + 1) + "/" + std::to_string(o.steps) + " | loss " +
+                         fmt("%.4f", r.loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", shown_ms) + " ms | " +
+                         fmt("%.0f", tokens_per_step / shown_ms * 1e3) + " tok/s | " + fmt("%.1f", gflops) + " GFLOP/s";
+      if (peak_tflops > 0) line += " | MFU " + fmt("%.1f", 100 * gflops / (peak_tflops * 1e3)) + "%";
+      line += " | peak " + fmt("%.0f", peak_rss_mb()) + " MB";
+      if (s.scaler)
+        line += " | scale " + fmt("%g", s.scaler->current_scale()) + " | skipped " +
+                std::to_string(s.scaler->skipped_steps());
+      if (dp_group.size() > 1)
+        line += " | comm " + fmt("%.1f", comm.comm_ms) + " ms, exposed " + fmt("%.1f", comm.exposed_comm_ms) + " ms";
+      progress.update(step + 1, o.steps, line);
+    }
+    if (evaluates) {
       s.sync->hold_full_parameters(true);  // ZeRO-3: the ranks evaluate different batches
       double v = run_eval();  // collective: every rank takes part
       s.sync->hold_full_parameters(false);
@@ -561,6 +596,7 @@ int Trainer::run() {
       if (dp_group.size() > 1 || s.topo->model_parallel_group().size() > 1)
         stop = max_over(s.topo->model_parallel_group(), max_over(dp_group, stop ? 1.0 : 0.0)) > 0;
       if (stop || (o.save_every > 0 && (step + 1) % o.save_every == 0 && !last)) {
+        settle(r, step);  // the schedule step and the scaler's state a checkpoint saves
         std::string dir = s.save_checkpoint(step + 1, schedule_step);
         progress.print((stop ? "preempted: saved " : "saved ") + dir);
       }

@@ -22,6 +22,15 @@ double Zero3Sync::grad_norm_squared(const std::vector<Tensor>& params) {
   return sum_over(topology_.model_parallel_group(), sum_over(topology_.dp_group(), mine));
 }
 
+Tensor Zero3Sync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
+  const Tensor mine = optim::grad_norm_squared_tensor(params, device);
+  return sum_over(topology_.model_parallel_group(), sum_over(topology_.dp_group(), mine));
+}
+
+void Zero3Sync::combine_overflow_on_device(const Tensor& found_inf) {
+  max_over(topology_.model_parallel_group(), max_over(topology_.dp_group(), found_inf));
+}
+
 bool Zero3Sync::combine_overflow(bool local) {
   double any = max_over(topology_.dp_group(), local ? 1.0 : 0.0);
   return max_over(topology_.model_parallel_group(), any) > 0;

@@ -33,6 +33,8 @@ class Zero3Sync : public GradSync {
   void after_step() override { zero_.gather_parameters(); }
   double grad_norm_squared(const std::vector<Tensor>& params) override;
   bool combine_overflow(bool local) override;
+  Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) override;
+  void combine_overflow_on_device(const Tensor& found_inf) override;
   dist::ReducerStats comm_stats() const override { return zero_.last_step(); }
   void hold_full_parameters(bool hold) override { zero_.hold_full(hold); }
   nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,

@@ -60,4 +60,40 @@ void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Ten
   for (size_t i = 0; i < params.size(); ++i) fused_adamw_(params[i], grads[i], m[i], v[i], h);
 }
 
+void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                               const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h,
+                               const Tensor& found_inf, const Tensor& skipped, bool count_skip) {
+  MINIDL_CHECK(found_inf.defined() && found_inf.numel() == 1 && found_inf.dtype() == DType::i32,
+               "fused_adamw_multi_unless_: expected found_inf as one i32 flag");
+  MINIDL_CHECK(skipped.defined() && skipped.numel() == 1 && skipped.dtype() == DType::i64,
+               "fused_adamw_multi_unless_: expected skipped as one i64 count");
+  const Device device = found_inf.device();
+  MINIDL_CHECK(skipped.device() == device, "fused_adamw_multi_unless_: found_inf is on ", device, ", skipped on ",
+               skipped.device());
+  for (const Tensor& p : params)
+    MINIDL_CHECK(p.device() == device, "fused_adamw_multi_unless_: found_inf is on ", device, ", a param on ",
+                 p.device());
+  if (!device.is_cpu()) {
+    MINIDL_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
+                 "fused_adamw_multi_unless_: expected lists of equal length, got ", params.size(), " params, ",
+                 grads.size(), " grads, ", m.size(), " m and ", v.size(), " v");
+    for (size_t i = 0; i < params.size(); ++i) {
+      check_buffer(params[i], "param", params[i]);
+      check_buffer(grads[i], "grad", params[i]);
+      check_buffer(m[i], "m", params[i]);
+      check_buffer(v[i], "v", params[i]);
+    }
+    MINIDL_CHECK(h.step >= 1, "fused_adamw_multi_unless_: expected step >= 1 (1-based), got ", h.step);
+    return fused_adamw_multi_unless_device(device)(params, grads, m, v, h, found_inf, skipped, count_skip);
+  }
+  int64_t& count = skipped.data<int64_t>()[0];
+  if (found_inf.data<int32_t>()[0] != 0) {
+    if (count_skip) ++count;
+    return;
+  }
+  AdamWHyper stepped = h;
+  stepped.step = h.step - count;
+  fused_adamw_multi_(params, grads, m, v, stepped);
+}
+
 }  // namespace minidl::ops

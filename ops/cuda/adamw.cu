@@ -3,6 +3,7 @@
 // idle blocks. Instead every tensor is cut into chunks of kChunk elements, and one launch's blocks each take one
 // chunk of any tensor, as apex's multi_tensor_apply does. The per-element update is kernels::adamw_element, the
 // function the CPU loop calls, so both compute the same thing operation for operation.
+#include "ops/cuda/adamw_found_inf.h"
 #include "ops/cuda/device_utils.h"
 #include "ops/cuda/adamw.h"
 
@@ -25,12 +26,19 @@ struct TensorList {
   unsigned char tensor[kMaxBlocks];  // block b updates chunk[b] of tensor[b]
   int chunk[kMaxBlocks];
 };
-static_assert(sizeof(TensorList) + sizeof(minidl::kernels::AdamWConstants) <= 4096,
+static_assert(sizeof(TensorList) + sizeof(minidl::kernels::AdamWConstants) + sizeof(AdamWDeviceStep) <= 4096,
               "fused_adamw: kernel parameters over 4 KiB");
 
 // Four floats of each buffer at a time when all four are 16-byte aligned (chunk starts are multiples of 4), the
 // chunk's last n % 4 elements one at a time.
-__global__ void __launch_bounds__(kThreads) fused_adamw_kernel(TensorList list, minidl::kernels::AdamWConstants c) {
+// With d.found_inf set, the step is skipped when *d.found_inf != 0 and its constants come from the device's step
+// count (d.step - *d.skipped) instead of `c`.
+__global__ void __launch_bounds__(kThreads) fused_adamw_kernel(TensorList list, minidl::kernels::AdamWConstants c,
+                                                              AdamWDeviceStep d) {
+  if (d.found_inf != nullptr) {
+    if (*d.found_inf) return;
+    c = minidl::kernels::adamw_constants(d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, d.step - *d.skipped);
+  }
   const int t = list.tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(list.chunk[blockIdx.x]) * kChunk;
   const int64_t size = list.n[t] - begin < kChunk ? list.n[t] - begin : kChunk;
@@ -54,10 +62,13 @@ __global__ void __launch_bounds__(kThreads) fused_adamw_kernel(TensorList list, 
     minidl::kernels::adamw_element(p[i], g[i], m[i], v[i], c);
 }
 
-}  // namespace
+// One thread counts the skipped step after the update kernels read the count.
+__global__ void count_skipped_kernel(const int* found_inf, int64_t* skipped) {
+  if (threadIdx.x == 0 && *found_inf) *skipped += 1;
+}
 
-cudaError_t fused_adamw(const AdamWTensor* tensors, int count, const minidl::kernels::AdamWConstants& constants,
-                        cudaStream_t stream) {
+cudaError_t launch_adamw(const AdamWTensor* tensors, int count, const minidl::kernels::AdamWConstants& constants,
+                         const AdamWDeviceStep& device_step, cudaStream_t stream) {
   TensorList list{};
   int listed = 0, blocks = 0;
   for (int i = 0; i < count; ++i) {
@@ -78,7 +89,7 @@ cudaError_t fused_adamw(const AdamWTensor* tensors, int count, const minidl::ker
       if (blocks < kMaxBlocks && !(listed == kMaxTensors && last_chunk)) continue;
       // The list is full: launch it, then start the next one, with this tensor in slot 0 if chunks remain.
       const cudaError_t launched =
-          launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants);
+          launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants, device_step);
       if (launched != cudaSuccess) return launched;
       blocks = 0;
       if (last_chunk) {
@@ -94,7 +105,21 @@ cudaError_t fused_adamw(const AdamWTensor* tensors, int count, const minidl::ker
     }
   }
   if (blocks == 0) return cudaSuccess;
-  return launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants);
+  return launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants, device_step);
+}
+
+}  // namespace
+
+cudaError_t fused_adamw(const AdamWTensor* tensors, int count, const minidl::kernels::AdamWConstants& constants,
+                        cudaStream_t stream) {
+  return launch_adamw(tensors, count, constants, AdamWDeviceStep{}, stream);
+}
+
+cudaError_t fused_adamw_unless_found_inf(const AdamWTensor* tensors, int count, const AdamWDeviceStep& step,
+                                         cudaStream_t stream) {
+  const cudaError_t launched = launch_adamw(tensors, count, minidl::kernels::AdamWConstants{}, step, stream);
+  if (launched != cudaSuccess || !step.count_skip) return launched;
+  return launch_kernel(count_skipped_kernel, dim3(1), dim3(kWarpSize), 0, stream, step.found_inf, step.skipped);
 }
 
 }  // namespace minidl::ops::cuda

@@ -19,7 +19,8 @@
 
 namespace minidl::kernels {
 
-// What one step needs per element, precomputed once per step on the host (in double, then rounded to float).
+// What one step needs per element, precomputed once per step on the host (in double, then rounded to float), or
+// on the device when the step count lives there (a step skipped on the device's overflow flag, ops/adamw.h).
 // 1 - beta is computed in double too: in float, 1 - 0.999f is off by 1.3e-5 relative, a bias PyTorch does not have.
 struct AdamWConstants {
   float beta1, beta2, eps;
@@ -30,10 +31,10 @@ struct AdamWConstants {
 };
 
 // t is the 1-based step count after this step (the first step uses t = 1).
-inline AdamWConstants adamw_constants(double lr, double beta1, double beta2, double eps, double weight_decay,
-                                      int64_t t) {
-  double bias_correction1 = 1.0 - std::pow(beta1, double(t));
-  double bias_correction2 = 1.0 - std::pow(beta2, double(t));
+MINIDL_HD AdamWConstants adamw_constants(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                         int64_t t) {
+  double bias_correction1 = 1.0 - pow(beta1, double(t));
+  double bias_correction2 = 1.0 - pow(beta2, double(t));
   return {float(beta1),
           float(beta2),
           float(eps),
@@ -41,7 +42,7 @@ inline AdamWConstants adamw_constants(double lr, double beta1, double beta2, dou
           float(1.0 - beta2),
           float(1.0 - lr * weight_decay),
           float(lr / bias_correction1),
-          float(std::sqrt(bias_correction2))};
+          float(sqrt(bias_correction2))};
 }
 
 MINIDL_HD void adamw_element(float& p, float g, float& m, float& v, const AdamWConstants& c) {

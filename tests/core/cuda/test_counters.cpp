@@ -83,10 +83,9 @@ TEST_F(CudaCounters, FillOnTheDeviceCopiesNothing) {
 
 // A steady-state training step on the device (forward from a host batch, backward, AdamW, zero_grad, no loss read):
 // no cudaMalloc, nothing read back, and only the batch's upload (ids and targets, each copy waited for by the
-// backend) crosses to the device. train::train_step adds, per step, what train/ does on top: the loss read on
-// the host (one sync, one 4-byte copy), the clipping norm (one of each) and with fp16 the scaler's overflow flag
-// (one of each); today it also uploads the batch itself, so the device ops check the ids on a host copy
-// (docs/decisions.md, "device round trips per step").
+// backend) crosses to the device. train::train_step with clipping and fp16 loss scaling adds nothing to that when
+// its numbers are not read back (tests/train/test_device_step.cpp; docs/decisions.md, "Device round trips per
+// step").
 TEST_F(CudaCounters, SteadyStateTrainingStepMakesNoRoundTrip) {
   nn::GPT model(nn::GPTConfig{17, 8, 2, 2, 32, 0.0, true}, 1337);
   model.to(kCuda);

@@ -15,6 +15,7 @@
 #include "core/device_backend.h"
 #include "core/tensor.h"
 #include "ops/adamw.h"
+#include "ops/grad_norm.h"
 #include "ops/attention.h"
 #include "ops/cast.h"
 #include "ops/conv.h"
@@ -38,6 +39,9 @@ const Device kCuda = Device::cuda(0);
 #define MINIDL_TABLE(t) {#t, ops::t.has(kCuda)}
 std::vector<std::pair<std::string, bool>> tables() {
   return {MINIDL_TABLE(fused_adamw_device), MINIDL_TABLE(fused_adamw_multi_device),
+          MINIDL_TABLE(fused_adamw_multi_unless_device), MINIDL_TABLE(grad_norm_squared_multi_device),
+          MINIDL_TABLE(clip_grads_multi_device), MINIDL_TABLE(unscale_and_check_by_device),
+          MINIDL_TABLE(update_loss_scale_device),
           MINIDL_TABLE(causal_attention_forward_device), MINIDL_TABLE(causal_attention_backward_device),
           MINIDL_TABLE(cast_into_device_kernel),
           MINIDL_TABLE(conv2d_forward_device), MINIDL_TABLE(conv2d_backward_device),
