@@ -3,7 +3,8 @@
 # (default: 80 90, CI's Ampere and Hopper targets), must contain tensor-core MMAs (HMMA), shared-memory matrix loads
 # (LDSM, from ldmatrix) and asynchronous global-to-shared copies (LDGSTS, from cp.async). Exit status 1 otherwise:
 # a refactoring that silently falls back to scalar code, or a build that drops the inline PTX, fails here rather
-# than only in a benchmark. Register spills are bench/cuda_resources.sh's check.
+# than only in a benchmark. These kernels must not spill registers either (ptxas's report of the same compile; for
+# every kernel of the tree, bench/cuda_resources.sh).
 #
 #   bench/cuda_sass_check.sh            # sm_80 and sm_90
 #   bench/cuda_sass_check.sh 86         # other architectures
@@ -37,7 +38,12 @@ printf '%-30s %-40s %-6s %6s %6s %7s\n' file kernel arch HMMA LDSM LDGSTS
 for arch in "${archs[@]}"; do
   for source in "${sources[@]}"; do
     cubin="$tmp/$(basename "$source" .cu)_sm$arch.cubin"
-    "$nvcc" -std=c++20 -I"$root" -arch=sm_"$arch" -cubin -o "$cubin" "$root/$source"
+    "$nvcc" -std=c++20 -I"$root" -arch=sm_"$arch" -Xptxas -v -cubin -o "$cubin" "$root/$source" 2>"$cubin.ptxas"
+    if grep -E 'bytes spill (stores|loads)' "$cubin.ptxas" | grep -qvE ' 0 bytes spill stores, 0 bytes spill loads'; then
+      echo "cuda_sass_check: a kernel of $source spills registers on sm_$arch:" >&2
+      grep -B1 -E '[1-9][0-9]* bytes spill' "$cubin.ptxas" >&2
+      failed=1
+    fi
     PATH="$(dirname "$cuobjdump"):$PATH" "$cuobjdump" -sass "$cubin" >"$cubin.sass"
     grep -q 'Function : ' "$cubin.sass" || { echo "cuda_sass_check: no kernel in $source (sm_$arch)" >&2; exit 1; }
     # cuobjdump -sass prints "Function : NAME" before each kernel's instructions.

@@ -26,8 +26,12 @@ constexpr size_t forward_smem_bytes() {
   return size_t(kQueries + 4 * kScoreColumns<D>) * kPadded<D> * 2;  // Q, K[2], V[2]
 }
 
+// D = 32: without a minimum of blocks ptxas aims at a higher occupancy and caps the kernel at 128 registers on
+// sm_90, spilling 16 bytes; asking for 1 block lets it take the 132 it needs. The other head sizes keep ptxas's own
+// choice (0: no minimum given): a minimum of 1 would raise D = 64 from 148 to 177 registers and D = 128 from 168 to
+// 209, an occupancy trade only a GPU run can judge (bench/cuda_sass_check.sh fails on any spill).
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, D == 32 ? 1 : 0)
     flash_forward_kernel(const T* qkv, T* out, float* lse, int BH, int H, int T_len, int C, float scale) {
   constexpr int kKeys = kScoreColumns<D>, kLd = kPadded<D>;
   T* q_tile = dynamic_smem<T>();
