@@ -1,10 +1,10 @@
 // Dynamic loss scaling on the GPU with the scaler's state on the device (ops/cuda/loss_scale.h). The unscale is
-// unscale.cu's kernel with the scale read from device memory; the update is GradScaler::update (optim/
-// grad_scaler.cpp) rule for rule, in one thread.
+// unscale.cu's pass (ops/cuda/unscale_grid.h) with the scale read from device memory; the update is
+// GradScaler::update (optim/grad_scaler.cpp) rule for rule, in one thread.
 #include "ops/cuda/loss_scale.h"
 
 #include "ops/cuda/device_utils.h"
-#include "ops/kernels/unscale.h"
+#include "ops/cuda/unscale_grid.h"
 
 namespace minidl::ops::cuda {
 namespace {
@@ -13,18 +13,7 @@ constexpr int kThreads = 256;
 
 template <int V>
 __global__ void unscale_by_kernel(float* grad, int64_t n, const double* scale, int* found_inf) {
-  const float inv_scale = static_cast<float>(1.0 / *scale);
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t groups = n / V;
-  bool bad = false;
-  for (int64_t i = first; i < groups; i += stride) {
-    FloatVec<V> g = load_vec<V>(grad + i * V);
-    for (int k = 0; k < V; ++k) bad |= kernels::unscale_element(g.v[k], inv_scale);
-    store_vec<V>(grad + i * V, g);
-  }
-  for (int64_t i = groups * V + first; i < n; i += stride) bad |= kernels::unscale_element(grad[i], inv_scale);
-  if (__any_sync(kFullWarp, bad) && threadIdx.x % kWarpSize == 0) atomicOr(found_inf, 1);
+  unscale_grid<V>(grad, n, static_cast<float>(1.0 / *scale), found_inf);
 }
 
 __global__ void update_kernel(double* state, float* scale_f32, const int* found_inf, LossScaleRules r) {

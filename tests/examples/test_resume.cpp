@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/run_program.h"
+#include "tests/examples/checkpoint_files.h"
 
 namespace fs = std::filesystem;
 
@@ -18,29 +19,10 @@ namespace {
 
 using Result = minidl::testing::ProgramResult;
 
-std::string mpiexec(int n) {
-  return n == 1 ? "" : std::string(MPIEXEC) + " -n " + std::to_string(n) + " --oversubscribe --allow-run-as-root ";
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// Every safetensors file of a checkpoint directory by name: the model and the optimizer's files (one per writing
-// rank: optimizer.safetensors, or optimizer-00000-of-00002.safetensors, ...).
-std::map<std::string, std::string> safetensors_files(const std::string& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".safetensors") files[e.path().filename().string()] = read_file(e.path());
-  return files;
-}
-
-// Byte for byte the same model and optimizer files (the same names too); false when there is no model file.
-bool same_files(const std::string& a, const std::string& b) {
-  const auto fa = safetensors_files(a);
-  return fa.count("model.safetensors") && fa.size() >= 2 && fa == safetensors_files(b);
-}
+using minidl::testing::mpiexec;
+using minidl::testing::read_file;
+using minidl::testing::safetensors_files;
+using minidl::testing::same_files;
 
 class Resume : public ::testing::Test {
  protected:
