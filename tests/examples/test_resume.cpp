@@ -23,6 +23,7 @@ using minidl::testing::mpiexec;
 using minidl::testing::read_file;
 using minidl::testing::safetensors_files;
 using minidl::testing::same_files;
+using minidl::testing::summary_text;
 
 class Resume : public ::testing::Test {
  protected:
@@ -56,12 +57,6 @@ class Resume : public ::testing::Test {
   fs::path dir_;
 };
 
-std::string summary(const std::string& out, const std::string& key) {
-  std::smatch m;
-  std::regex re("summary: .*" + key + "=([-0-9.e+naif]+)");
-  return std::regex_search(out, m, re) ? m[1].str() : "missing";
-}
-
 }  // namespace
 
 // Train 8 steps straight, or 4, stop, and 4 more from the step-4 checkpoint: the final checkpoints (weights, AdamW
@@ -75,20 +70,9 @@ TEST_F(Resume, EightStepsStraightEqualFourPlusFour) {
   for (Case c : {Case{1, "--grad-accum 2"}, Case{1, "--amp bf16"}, Case{1, "--amp fp16"}, Case{2, "--grad-accum 2"},
                  Case{2, "--amp fp16"}}) {
     SCOPED_TRACE(std::to_string(c.ranks) + " rank(s) " + c.extra);
-    fs::remove_all(path("a"));
-    fs::remove_all(path("b"));
-    Result straight = run(c.ranks, flags(8) + " " + c.extra + " --checkpoint-dir " + path("a") + " --save-every 8");
-    ASSERT_EQ(straight.code, 0) << straight.out;
-    Result first = run(c.ranks, flags(8) + " " + c.extra + " --checkpoint-dir " + path("b") + " --save-every 4");
-    ASSERT_EQ(first.code, 0) << first.out;
-    fs::remove_all(path("b") + "/step-00000008");
-    Result second = run(c.ranks, flags(8) + " " + c.extra + " --checkpoint-dir " + path("b") + " --save-every 4 "
-                                 "--resume auto");
-    ASSERT_EQ(second.code, 0) << second.out;
-    EXPECT_NE(second.out.find("resuming from " + path("b") + "/step-00000004"), std::string::npos) << second.out;
-    EXPECT_TRUE(same_files(path("a") + "/step-00000008", path("b") + "/step-00000008"));
-    EXPECT_EQ(summary(second.out, "val_loss"), summary(straight.out, "val_loss"));
-    EXPECT_EQ(summary(second.out, "loss_scale"), summary(straight.out, "loss_scale"));
+    minidl::testing::expect_straight_equals_four_plus_four(
+        [&](int steps, const std::string& args) { return run(c.ranks, flags(steps) + " " + c.extra + args); },
+        path("a"), path("b"));
   }
 }
 
@@ -168,7 +152,7 @@ TEST_F(Resume, CheckpointResumesAtAnotherDataParallelSize) {
   fs::remove_all(path("ck") + "/step-00000008");
   Result two = run(2, flags(8) + " --checkpoint-dir " + path("ck") + " --resume auto");
   ASSERT_EQ(two.code, 0) << two.out;
-  EXPECT_NEAR(std::stod(summary(two.out, "val_loss")), std::stod(summary(straight.out, "val_loss")), 1e-3) << two.out;
+  EXPECT_NEAR(std::stod(summary_text(two.out, "val_loss")), std::stod(summary_text(straight.out, "val_loss")), 1e-3) << two.out;
 }
 
 namespace {
@@ -214,8 +198,8 @@ TEST_F(Resume, ZeroStagesResumeBitwiseAndWriteDDPsCheckpoint) {
     EXPECT_TRUE(same_files(a + "/step-00000008", b + "/step-00000008"));
     EXPECT_EQ(step_losses(second.out, 5), step_losses(straight.out, 5)) << second.out;
     EXPECT_EQ(step_losses(second.out, 5).size(), 4u) << second.out;
-    EXPECT_EQ(summary(second.out, "val_loss"), summary(straight.out, "val_loss"));
-    EXPECT_EQ(summary(second.out, "loss_scale"), summary(straight.out, "loss_scale"));
+    EXPECT_EQ(summary_text(second.out, "val_loss"), summary_text(straight.out, "val_loss"));
+    EXPECT_EQ(summary_text(second.out, "loss_scale"), summary_text(straight.out, "loss_scale"));
     if (*c.extra == 0) EXPECT_TRUE(same_files(a + "/step-00000008", path("ddp") + "/step-00000008"));
   }
 }
@@ -248,7 +232,7 @@ TEST_F(Resume, ZeroCheckpointsReshardAcrossStagesAndDataParallelSizes) {
     const std::vector<double> losses = step_losses(r.out, 5);
     ASSERT_EQ(losses.size(), reference.size()) << r.out;
     for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], reference[i], 1e-3) << "step " << i + 5;
-    EXPECT_NEAR(std::stod(summary(r.out, "val_loss")), std::stod(summary(ddp.out, "val_loss")), 1e-3);
+    EXPECT_NEAR(std::stod(summary_text(r.out, "val_loss")), std::stod(summary_text(ddp.out, "val_loss")), 1e-3);
     if (c.bitwise) EXPECT_TRUE(same_files(out + "/step-00000008", path("src0") + "/step-00000008"));
   }
 }

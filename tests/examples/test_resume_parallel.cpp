@@ -25,9 +25,7 @@ namespace {
 using Result = minidl::testing::ProgramResult;
 
 using minidl::testing::mpiexec;
-using minidl::testing::read_file;
 using minidl::testing::safetensors_files;
-using minidl::testing::same_files;
 
 double summary(const std::string& out, const std::string& key) {
   std::smatch m;
@@ -96,6 +94,24 @@ class ResumeParallel : public ::testing::Test {
            (steps > 0 ? " --warmup 2" : "");
   }
   Result run(int ranks, const std::string& args) { return minidl::testing::run_program(mpiexec(ranks) + args); }
+  // The step-4 checkpoint of run `from` (a directory under the test's), resumed on `ranks` ranks with `extra` flags.
+  struct Resharded {
+    const char* from;
+    int ranks;
+    const char* extra;
+  };
+  // Resumes it to step 8: within 1e-3 of the validation loss of `straight`, the run that never stopped.
+  void expect_resumes_close_to(const Resharded& c, const Result& straight) {
+    SCOPED_TRACE(std::string(c.from) + " ->" + c.extra);
+    const std::string ck = path(std::string("resume_") + c.from);
+    fs::remove_all(ck);
+    fs::create_directories(ck);
+    fs::copy(path(c.from) + "/step-00000004", ck + "/step-00000004", fs::copy_options::recursive);
+    Result r = run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + ck + " --resume auto");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resuming from " + ck + "/step-00000004"), std::string::npos) << r.out;
+    EXPECT_NEAR(summary(r.out, "val_loss"), summary(straight.out, "val_loss"), 1e-3) << r.out;
+  }
   fs::path dir_;
 };
 
@@ -107,18 +123,8 @@ class ResumeParallel : public ::testing::Test {
 TEST_F(ResumeParallel, TensorParallelStraightEqualsFourPlusFour) {
   for (const char* extra : {" --tp 2 --backend ring --grad-accum 2", " --tp 2 --sequence-parallel --amp fp16"}) {
     SCOPED_TRACE(extra);
-    fs::remove_all(path("a"));
-    fs::remove_all(path("b"));
-    Result straight = run(2, flags(8) + extra + " --checkpoint-dir " + path("a") + " --save-every 8");
-    ASSERT_EQ(straight.code, 0) << straight.out;
-    ASSERT_EQ(run(2, flags(8) + extra + " --checkpoint-dir " + path("b") + " --save-every 4").code, 0);
-    fs::remove_all(path("b") + "/step-00000008");
-    Result second = run(2, flags(8) + extra + " --checkpoint-dir " + path("b") + " --save-every 4 --resume auto");
-    ASSERT_EQ(second.code, 0) << second.out;
-    EXPECT_NE(second.out.find("resuming from " + path("b") + "/step-00000004"), std::string::npos) << second.out;
-    EXPECT_TRUE(same_files(path("a") + "/step-00000008", path("b") + "/step-00000008"));
-    EXPECT_EQ(summary(second.out, "val_loss"), summary(straight.out, "val_loss"));
-    EXPECT_EQ(summary(second.out, "loss_scale"), summary(straight.out, "loss_scale"));
+    minidl::testing::expect_straight_equals_four_plus_four(
+        [&](int steps, const std::string& args) { return run(2, flags(steps) + extra + args); }, path("a"), path("b"));
   }
 }
 
@@ -141,23 +147,9 @@ TEST_F(ResumeParallel, TensorParallelCheckpointResumesAtAnotherTp) {
   Result missing = run(2, flags(8) + " --tp 2 --resume " + path("missing"));
   EXPECT_EQ(missing.code, 2) << missing.out;
   EXPECT_NE(missing.out.find("missing file optimizer-00001-of-00002.safetensors"), std::string::npos) << missing.out;
-  struct Case {
-    const char* from;
-    int ranks;
-    const char* extra;
-  };
-  for (Case c : {Case{"tp2", 1, ""}, Case{"tp2", 4, " --tp 4"}, Case{"tp2", 4, " --tp 2 --dp 2"},
-                 Case{"one", 2, " --tp 2"}}) {
-    SCOPED_TRACE(std::string(c.from) + " ->" + c.extra);
-    const std::string ck = path(std::string("resume_") + c.from);
-    fs::remove_all(ck);
-    fs::create_directories(ck);
-    fs::copy(path(c.from) + "/step-00000004", ck + "/step-00000004", fs::copy_options::recursive);
-    Result r = run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + ck + " --resume auto");
-    ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("resuming from " + ck + "/step-00000004"), std::string::npos) << r.out;
-    EXPECT_NEAR(summary(r.out, "val_loss"), summary(straight.out, "val_loss"), 1e-3) << r.out;
-  }
+  for (Resharded c : {Resharded{"tp2", 1, ""}, Resharded{"tp2", 4, " --tp 4"}, Resharded{"tp2", 4, " --tp 2 --dp 2"},
+                      Resharded{"one", 2, " --tp 2"}})
+    expect_resumes_close_to(c, straight);
 }
 
 // The consolidated --save of a tp 2 run is a one-process file: tp 4 evaluates it (--init-from, --steps 0) to the
@@ -191,19 +183,9 @@ TEST_F(ResumeParallel, PipelineStraightEqualsFourPlusFour) {
   };
   for (Case c : {Case{2, " --pp 2 --micro-batches 4 --schedule gpipe"}, Case{4, " --pp 2 --dp 2 --amp fp16"}}) {
     SCOPED_TRACE(c.extra);
-    fs::remove_all(path("a"));
-    fs::remove_all(path("b"));
-    Result straight = run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + path("a") + " --save-every 8");
-    ASSERT_EQ(straight.code, 0) << straight.out;
-    ASSERT_EQ(run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + path("b") + " --save-every 4").code, 0);
-    fs::remove_all(path("b") + "/step-00000008");
-    Result second =
-        run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + path("b") + " --save-every 4 --resume auto");
-    ASSERT_EQ(second.code, 0) << second.out;
-    EXPECT_NE(second.out.find("resuming from " + path("b") + "/step-00000004"), std::string::npos) << second.out;
-    EXPECT_TRUE(same_files(path("a") + "/step-00000008", path("b") + "/step-00000008"));
-    EXPECT_EQ(summary(second.out, "val_loss"), summary(straight.out, "val_loss"));
-    EXPECT_EQ(summary(second.out, "loss_scale"), summary(straight.out, "loss_scale"));
+    minidl::testing::expect_straight_equals_four_plus_four(
+        [&](int steps, const std::string& args) { return run(c.ranks, flags(steps) + c.extra + args); }, path("a"),
+        path("b"));
   }
 }
 
@@ -216,23 +198,9 @@ TEST_F(ResumeParallel, PipelineCheckpointResumesAtAnotherPp) {
   ASSERT_EQ(run(2, flags(8) + " --pp 2 --checkpoint-dir " + path("pp2") + " --save-every 4").code, 0);
   for (const char* f : {"model", "optimizer"})
     EXPECT_LT(max_relative_difference(path("pp2") + "/step-00000004", path("one") + "/step-00000004", f), 1e-3) << f;
-  struct Case {
-    const char* from;
-    int ranks;
-    const char* extra;
-  };
-  for (Case c : {Case{"pp2", 1, ""}, Case{"pp2", 4, " --pp 2 --dp 2"}, Case{"pp2", 2, " --tp 2"},
-                 Case{"one", 2, " --pp 2"}}) {
-    SCOPED_TRACE(std::string(c.from) + " ->" + c.extra);
-    const std::string ck = path(std::string("resume_") + c.from);
-    fs::remove_all(ck);
-    fs::create_directories(ck);
-    fs::copy(path(c.from) + "/step-00000004", ck + "/step-00000004", fs::copy_options::recursive);
-    Result r = run(c.ranks, flags(8) + c.extra + " --checkpoint-dir " + ck + " --resume auto");
-    ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("resuming from " + ck + "/step-00000004"), std::string::npos) << r.out;
-    EXPECT_NEAR(summary(r.out, "val_loss"), summary(straight.out, "val_loss"), 1e-3) << r.out;
-  }
+  for (Resharded c : {Resharded{"pp2", 1, ""}, Resharded{"pp2", 4, " --pp 2 --dp 2"}, Resharded{"pp2", 2, " --tp 2"},
+                      Resharded{"one", 2, " --pp 2"}})
+    expect_resumes_close_to(c, straight);
 }
 
 // --save, --init-from and --sample at pp 2: the saved file is a one-process model (one process evaluates it to the
