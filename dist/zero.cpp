@@ -90,27 +90,21 @@ Tensor ZeroDataParallel::shard_of(const Tensor& flat) const {
   return flat_view(flat, rank_ * shard, shard);
 }
 
-std::vector<optim::ParamGroup> shard_param_groups(const std::vector<optim::ParamGroup>& groups,
-                                                  const std::vector<Tensor>& shard_params,
-                                                  const std::vector<size_t>& shard_owner, const Reducer& reducer) {
+std::vector<optim::ParamGroup> ZeroShards::shard_groups(const std::vector<optim::ParamGroup>& groups) const {
+  const Reducer& r = reducer();
   std::unordered_map<const TensorImpl*, size_t> group_of;
   for (size_t g = 0; g < groups.size(); ++g)
     for (const Tensor& p : groups[g].params) group_of[p.impl()] = g;
   std::vector<optim::ParamGroup> out(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) out[g].weight_decay = groups[g].weight_decay;
-  for (size_t i = 0; i < shard_params.size(); ++i) {
-    const size_t owner = shard_owner[i];
-    auto it = group_of.find(reducer.params()[owner].impl());
-    MINIDL_CHECK(it != group_of.end(), "ZeRO: parameter ", reducer.names()[owner],
-                 " is in no optimizer parameter group");
-    out[it->second].params.push_back(shard_params[i]);
+  for (size_t i = 0; i < shard_params_.size(); ++i) {
+    const size_t owner = shard_owner_[i];
+    auto it = group_of.find(r.params()[owner].impl());
+    MINIDL_CHECK(it != group_of.end(), "ZeRO: parameter ", r.names()[owner], " is in no optimizer parameter group");
+    out[it->second].params.push_back(shard_params_[i]);
   }
   std::erase_if(out, [](const optim::ParamGroup& g) { return g.params.empty(); });
   return out;
-}
-
-std::vector<optim::ParamGroup> ZeroDataParallel::shard_groups(const std::vector<optim::ParamGroup>& groups) const {
-  return shard_param_groups(groups, shard_params_, shard_owner_, reducer_);
 }
 
 void ZeroDataParallel::reduce_scatter_gradients() {
@@ -151,7 +145,7 @@ int64_t ZeroDataParallel::padded_numel() const {
   return n;
 }
 
-int64_t ZeroDataParallel::shard_numel() const {
+int64_t ZeroShards::shard_numel() const {
   int64_t n = 0;
   for (const Tensor& p : shard_params_) n += p.numel();
   return n;

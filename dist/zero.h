@@ -53,11 +53,41 @@
 
 namespace minidl::dist {
 
-// The optimizer's parameter groups over shard parameters (stages 1-3): shard parameter i goes to the group (and
-// weight decay) of the parameter it was cut from, reducer.params()[shard_owner[i]]; empty groups are dropped.
-std::vector<optim::ParamGroup> shard_param_groups(const std::vector<optim::ParamGroup>& groups,
-                                                  const std::vector<Tensor>& shard_params,
-                                                  const std::vector<size_t>& shard_owner, const Reducer& reducer);
+// What ZeRO's stages (ZeroDataParallel: 1-2, ZeroStage3: 3) share: this rank's shard parameters and the reducer
+// that reduce-scatters each bucket into them. The reducer itself stays a member of each stage, declared last so
+// that it (and its communication thread) goes first when a stage is destroyed.
+class ZeroShards {
+ public:
+  virtual ~ZeroShards() = default;
+  virtual Reducer& reducer() = 0;
+  virtual const Reducer& reducer() const = 0;
+
+  ProcessGroup& group() { return reducer().group(); }
+  const std::vector<BucketSpec>& buckets() const { return reducer().buckets(); }
+  const ReducerStats& last_step() const { return reducer().last_step(); }
+
+  // This rank's shard of every bucket, cut at parameter boundaries. Their .grad() hold the gradient averaged over
+  // the group after a synchronising backward.
+  const std::vector<Tensor>& shard_params() const { return shard_params_; }
+  // Where each shard parameter lies in its bucket (checkpoints: dist/zero_state.h).
+  const std::vector<ShardPiece>& shard_pieces() const { return shard_pieces_; }
+  // Shard parameter i is a piece of reducer().params()[shard_owners()[i]].
+  const std::vector<size_t>& shard_owners() const { return shard_owner_; }
+  // `groups` (over the module's parameters) turned into groups over the shard parameters: each shard parameter
+  // gets the group (and weight decay) of the parameter it is a piece of. Groups left empty on this rank are dropped.
+  std::vector<optim::ParamGroup> shard_groups(const std::vector<optim::ParamGroup>& groups) const;
+  // Elements of this rank's shard parameters (its share of Ψ).
+  int64_t shard_numel() const;
+
+  using NoSyncGuard = Reducer::NoSyncGuard;
+  [[nodiscard]] NoSyncGuard no_sync() { return reducer().no_sync(); }
+
+ protected:
+  std::vector<Tensor> grad_shards_;  // per bucket: P/N elements (stage 1: a view of the bucket buffer)
+  std::vector<Tensor> shard_params_;
+  std::vector<size_t> shard_owner_;  // shard parameter -> index into reducer().params()
+  std::vector<ShardPiece> shard_pieces_;
+};
 
 struct ZeroOptions {
   int stage = 1;  // 1: optimizer state sharded; 2: gradients too
@@ -66,7 +96,7 @@ struct ZeroOptions {
   bool broadcast_at_start = true;
 };
 
-class ZeroDataParallel {
+class ZeroDataParallel final : public ZeroShards {
  public:
   // All parameters that require grad must be contiguous f32 on the group's device.
   ZeroDataParallel(nn::Module& module, ProcessGroup& group, ZeroOptions options = {});
@@ -75,22 +105,9 @@ class ZeroDataParallel {
                    ZeroOptions options = {});
 
   int stage() const { return options_.stage; }
-  ProcessGroup& group() { return reducer_.group(); }
-  Reducer& reducer() { return reducer_; }
-  const Reducer& reducer() const { return reducer_; }
-  const std::vector<BucketSpec>& buckets() const { return reducer_.buckets(); }
-  const ReducerStats& last_step() const { return reducer_.last_step(); }
+  Reducer& reducer() override { return reducer_; }
+  const Reducer& reducer() const override { return reducer_; }
 
-  // This rank's shard of every bucket, cut at parameter boundaries (see above). Their .grad() hold the gradient
-  // averaged over the group after a synchronising backward.
-  const std::vector<Tensor>& shard_params() const { return shard_params_; }
-  // Where each shard parameter lies in its bucket (checkpoints: dist/zero_state.h).
-  const std::vector<ShardPiece>& shard_pieces() const { return shard_pieces_; }
-  // Shard parameter i is a piece of reducer().params()[shard_owners()[i]].
-  const std::vector<size_t>& shard_owners() const { return shard_owner_; }
-  // `groups` (over the module's parameters) turned into groups over the shard parameters: each shard parameter
-  // gets the weight decay of the parameter it is a piece of. Groups left empty on this rank are dropped.
-  std::vector<optim::ParamGroup> shard_groups(const std::vector<optim::ParamGroup>& groups) const;
   // After the optimizer step (or its skip): all-gathers every bucket's parameters from their owners, in place;
   // stage 1 also zeroes the gradient buckets (their non-shard part holds this rank's unreduced gradients).
   void gather_parameters();
@@ -102,12 +119,8 @@ class ZeroDataParallel {
   // backward; the same shards, the same optimizer and the same gather_parameters() as the hooked path.
   void reduce_scatter_gradients();
 
-  using NoSyncGuard = Reducer::NoSyncGuard;
-  [[nodiscard]] NoSyncGuard no_sync() { return reducer_.no_sync(); }
-
-  // Elements: of every padded bucket (Ψ plus padding), and of this rank's shard parameters (its share of Ψ).
+  // Elements of every padded bucket (Ψ plus padding).
   int64_t padded_numel() const;
-  int64_t shard_numel() const;
 
  private:
   Tensor shard_of(const Tensor& flat) const;  // this rank's P/N elements of a flat bucket-sized buffer
@@ -115,11 +128,7 @@ class ZeroDataParallel {
   ZeroOptions options_;
   int rank_, world_;  // in the group
   std::vector<Tensor> flat_params_;  // per bucket: P elements, the parameters are views of it
-  std::vector<Tensor> grad_shards_;  // per bucket: P/N elements (stage 1: a view of the bucket buffer)
-  std::vector<Tensor> shard_params_;
-  std::vector<size_t> shard_owner_;  // shard parameter -> index into reducer_.params()
-  std::vector<ShardPiece> shard_pieces_;
-  Reducer reducer_;
+  Reducer reducer_;  // last: destroyed first
 };
 
 }  // namespace minidl::dist

@@ -236,10 +236,6 @@ void ZeroStage3::hold_full(bool hold) {
   }
 }
 
-std::vector<optim::ParamGroup> ZeroStage3::shard_groups(const std::vector<optim::ParamGroup>& groups) const {
-  return shard_param_groups(groups, shard_params_, shard_owner_, reducer_);
-}
-
 void ZeroStage3::gather_parameters() {
   for (Unit& u : units_) {
     if (size_t(&u - units_.data()) < size_t(last_block_ - first_block_)) {
@@ -254,12 +250,6 @@ void ZeroStage3::gather_parameters() {
 int64_t ZeroStage3::padded_numel() const {
   int64_t n = 0;
   for (const Unit& u : units_) n += u.flat.numel();
-  return n;
-}
-
-int64_t ZeroStage3::shard_numel() const {
-  int64_t n = 0;
-  for (const Tensor& p : shard_params_) n += p.numel();
   return n;
 }
 

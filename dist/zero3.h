@@ -82,31 +82,19 @@ struct Zero3Options {
   bool broadcast_at_start = true;
 };
 
-class ZeroStage3 final : public nn::BlockHooks {
+class ZeroStage3 final : public nn::BlockHooks, public ZeroShards {
  public:
   // All parameters that require grad must be contiguous f32 on the group's device. Installs itself as the
   // model's block hooks (and removes them in its destructor).
   ZeroStage3(nn::GPT& model, ProcessGroup& group, Zero3Options options = {});
   ~ZeroStage3() override;
 
-  ProcessGroup& group() { return reducer_.group(); }
-  Reducer& reducer() { return reducer_; }
-  const Reducer& reducer() const { return reducer_; }
-  const std::vector<BucketSpec>& buckets() const { return reducer_.buckets(); }
-  const ReducerStats& last_step() const { return reducer_.last_step(); }
+  Reducer& reducer() override { return reducer_; }
+  const Reducer& reducer() const override { return reducer_; }
 
-  // As ZeroDataParallel's: this rank's shard of every unit, cut at parameter boundaries.
-  const std::vector<Tensor>& shard_params() const { return shard_params_; }
-  // Shard parameter i is a piece of reducer().params()[shard_owners()[i]].
-  const std::vector<size_t>& shard_owners() const { return shard_owner_; }
-  const std::vector<ShardPiece>& shard_pieces() const { return shard_pieces_; }
-  std::vector<optim::ParamGroup> shard_groups(const std::vector<optim::ParamGroup>& groups) const;
   // After the optimizer step (or its skip): all-gathers the persistent unit. Blocks need nothing: their shards were
   // updated in place and are gathered when the blocks next run.
   void gather_parameters();
-
-  using NoSyncGuard = Reducer::NoSyncGuard;
-  [[nodiscard]] NoSyncGuard no_sync() { return reducer_.no_sync(); }
 
   // Collective: gathers every block and keeps them (hooks do nothing) until hold_full(false), for what must see
   // the whole model on ranks that may run different work: evaluation, sampling, saving.
@@ -117,10 +105,8 @@ class ZeroStage3 final : public nn::BlockHooks {
   void after_block(int64_t block, bool recompute) override;
   void before_block_backward(int64_t block) override;
 
-  // Elements: padded units (Ψ plus padding), this rank's shard, the persistent parameters (Φ), block i's padded
-  // flat buffer (P_i).
+  // Elements: padded units (Ψ plus padding), the persistent parameters (Φ), block i's padded flat buffer (P_i).
   int64_t padded_numel() const;
-  int64_t shard_numel() const;
   int64_t persistent_numel() const;
   int64_t block_padded_numel(int64_t block) const;
   // All-gathers of blocks since construction (tests: one per block per forward and per backward).
@@ -147,10 +133,6 @@ class ZeroStage3 final : public nn::BlockHooks {
   int rank_, world_;
   int64_t first_block_, last_block_;
   std::vector<Unit> units_;  // blocks first_block_ .. last_block_-1, then the persistent unit
-  std::vector<Tensor> grad_shards_;  // per bucket: P/N elements
-  std::vector<Tensor> shard_params_;
-  std::vector<size_t> shard_owner_;  // shard parameter -> index into reducer_.params()
-  std::vector<ShardPiece> shard_pieces_;
   bool hold_ = false;
   int64_t block_gathers_ = 0;
   DType half_dtype_ = DType::f32;    // the 16-bit dtype of the half copies made so far

@@ -11,6 +11,7 @@
 #include "dist/zero.h"
 #include "ops/cast.h"
 #include "optim/clip.h"
+#include "train/step.h"
 #include "train/zero_sync.h"
 
 namespace minidl::train {
@@ -19,12 +20,6 @@ using dist::Action;
 using dist::ActionKind;
 
 namespace {
-
-int64_t count_targets(const Tensor& y) {
-  int64_t n = 0;
-  for (double v : y.to_vector()) n += v != -1.0;
-  return n;
-}
 
 double elapsed_ms(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -11,16 +11,11 @@
 
 namespace minidl::train {
 
-namespace {
-
-// Targets that count towards the loss (not the ignore index -1).
 int64_t count_targets(const Tensor& y) {
   int64_t n = 0;
   for (double v : y.to_vector()) n += v != -1.0;
   return n;
 }
-
-}  // namespace
 
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch,
                       const StepOptions& o) {

@@ -54,6 +54,10 @@ struct StepResult {
   void read();
 };
 
+// The targets of a host batch that count towards the loss (all but the ignore index -1): the divisor of the
+// step's mean loss, for train_step and the pipeline step alike.
+int64_t count_targets(const Tensor& y);
+
 // One optimizer step over `batch`, split into options.grad_accum micro-batches of equal size:
 //   for each micro-batch: loss_m = sum of its token losses / (target tokens in the whole batch), backward
 //   (the gradients add up to those of the mean over the whole batch, exactly as one big batch would give);

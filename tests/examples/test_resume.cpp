@@ -85,8 +85,14 @@ TEST_F(Resume, PreemptionSavesAndResumesExactly) {
     fs::remove_all(path("ck"));
     const std::string constant = " --warmup 0 --min-lr 3e-3 --checkpoint-dir " + path("ck");
     const char* signal = ranks == 1 ? "TERM" : "USR1";
-    Result pre = minidl::testing::run_program("( " + mpiexec(ranks) + flags(1000000) + constant +
-                                              " & pid=$!; sleep 2; kill -" + signal + " $pid; wait $pid; echo EXIT=$? )");
+    // The signal goes out once step 20 is logged, not after a fixed time: a tiny step takes 0.3 ms, so a timer
+    // would make the straight run below thousands of steps long on a quiet machine and few on a loaded one.
+    const std::string log = path("pre.log");
+    Result pre = minidl::testing::run_program(
+        "( " + mpiexec(ranks) + flags(1000000) + constant + " --progress lines --log-every 10 > " + log +
+        " 2>&1 & pid=$!; for i in $(seq 1200); do grep -q '^step 20/' " + log +
+        " && break; kill -0 $pid 2>/dev/null || break; sleep 0.05; done; kill -" + signal +
+        " $pid; wait $pid; echo EXIT=$?; cat " + log + " )");
     ASSERT_NE(pre.out.find("EXIT=0"), std::string::npos) << pre.out;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(pre.out, m, std::regex("preempted: saved .*step-0*([0-9]+)"))) << pre.out;
