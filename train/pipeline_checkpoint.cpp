@@ -1,8 +1,9 @@
 #include "train/pipeline_checkpoint.h"
 
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "autograd/node.h"
 #include "dist/tp_gpt.h"

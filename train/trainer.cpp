@@ -291,7 +291,7 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
   auto t0 = std::chrono::steady_clock::now();
   const CheckpointWriter writer = checkpoint_writer();
   // Every rank writes AdamW's state of its share of the logical tensors (ZeRO: all-gathered bucket by bucket, tp:
-  // all-gathered tensor by tensor, pp: this stage's own, gathered so); the leader also writes the whole model
+  // all-gathered tensor by tensor, pp: this stage's own, gathered so too); the leader also writes the whole model
   // (ZeRO-3: gathered, tp and pp: gathered into a one-process GPT).
   sync->hold_full_parameters(true);
   const OptimizerCheckpoint opt =
