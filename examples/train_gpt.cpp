@@ -79,12 +79,11 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "column then row) and the vocabulary split, over tp consecutive ranks; must divide --heads. "
                  "Combines with --dp, --pp, --zero, --amp, --recompute, --grad-accum, --dropout, clipping and "
                  "training checkpoints (stored as whole tensors: they resume at any --tp). --save writes one "
-                 "whole-model file at any --tp; saving, loading and sampling with --tp and --pp together are not "
-                 "implemented yet")->capture_default_str();
+                 "whole-model file at any --tp, with or without --pp")->capture_default_str();
   app.add_option("--pp", o.pp, "Pipeline stages: each rank holds a contiguous part of the blocks (the first also the "
                  "embedding, the last ln_f, the tied head and the loss); activations move by send/recv. Combines with "
                  "--dp, --tp (stages of tensor-parallel blocks), --zero 0-2, --save, --init-from, --sample and "
-                 "training checkpoints (not with --zero > 0: checkpoints of sharded stages are not implemented)")
+                 "training checkpoints (whole tensors: they resume at any --pp, --tp, --dp and --zero)")
       ->capture_default_str();
   app.add_option("--micro-batches", o.micro_batches,
                  "With --pp > 1: micro-batches per step, the pipeline's gradient accumulation (default: --pp); "

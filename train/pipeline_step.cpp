@@ -196,6 +196,8 @@ std::vector<optim::ParamGroup> PipelineSync::optimizer_groups(std::vector<optim:
   return zero_ ? zero_->zero.shard_groups(groups) : groups;
 }
 
+dist::ZeroDataParallel* PipelineSync::zero() { return zero_ ? &zero_->zero : nullptr; }
+
 void PipelineSync::after_step() {
   if (zero_) zero_->zero.gather_parameters();
 }

@@ -30,6 +30,10 @@
 #include "train/grad_sync.h"
 #include "train/step.h"
 
+namespace minidl::dist {
+class ZeroDataParallel;
+}  // namespace minidl::dist
+
 namespace minidl::train {
 
 class PipelineModel {
@@ -126,6 +130,9 @@ class PipelineSync final : public GradSync {
   Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) override;
   void combine_overflow_on_device(const Tensor& found_inf) override;
   dist::ReducerStats comm_stats() const override { return stats_; }
+  // ZeRO over the stage's dp group (zero_stage 1 or 2), or null: where a checkpoint finds the optimizer's shards
+  // (train/pipeline_checkpoint.h).
+  dist::ZeroDataParallel* zero();
 
  private:
   struct Zero;  // the sharding, with zero_stage > 0

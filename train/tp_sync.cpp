@@ -66,7 +66,8 @@ bool TensorParallelSync::combine_overflow(bool local) {
 
 nn::NamedTensors TensorParallelSync::logical_state(const optim::Optimizer& opt, const Tensor& flat,
                                                   const nn::Module& model, const KeepTensors& keep) {
-  MINIDL_CHECK(model_, "checkpoints of tensor-parallel pipeline stages are not implemented");
+  MINIDL_ASSERT(model_, "TensorParallelSync: a pipeline stage's checkpoint state goes through "
+                "train/pipeline_checkpoint.h");
   // Every rank of the tp group needs its slices for the all-gathers, whatever it keeps.
   return model_->gather_whole(inner_->logical_state(opt, flat, model, /*keep=*/true),
                              [&keep](const std::string& name) { return keep(name); });
@@ -74,7 +75,8 @@ nn::NamedTensors TensorParallelSync::logical_state(const optim::Optimizer& opt, 
 
 void TensorParallelSync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
                                             const std::map<std::string, Tensor>& logical) {
-  MINIDL_CHECK(model_, "checkpoints of tensor-parallel pipeline stages are not implemented");
+  MINIDL_ASSERT(model_, "TensorParallelSync: a pipeline stage's checkpoint state goes through "
+                "train/pipeline_checkpoint.h");
   std::map<std::string, Tensor> mine;
   for (const auto& [name, p] : model.named_parameters()) mine[name] = model_->layout(name).slice(logical.at(name));
   inner_->load_logical_state(opt, flat, model, mine);

@@ -49,11 +49,14 @@ class TensorParallelSync final : public GradSync {
   Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) override;
   void combine_overflow_on_device(const Tensor& found_inf) override;
   dist::ReducerStats comm_stats() const override { return inner_->comm_stats(); }
+  // The strategy this one decorates.
+  GradSync& inner() { return *inner_; }
   // Checkpoints store the logical (one-process) tensors: the inner strategy's per-parameter state of this rank's
   // slices, gathered over the tp group (q/k/v re-interleaved, vocabulary padding dropped: TensorParallelGPT::
   // gather_whole). Collective over the tp group (and whatever the inner strategy needs). Loading slices each
   // logical tensor back (padding zero) and hands the slices to the inner strategy; local. Needs the whole-model
-  // constructor: a pipeline stage's tensor-parallel chunks have no checkpoints yet (refused by TrainConfig).
+  // constructor: a pipeline stage's tensor-parallel chunks are checkpointed by train/pipeline_checkpoint.h, which
+  // gathers over the tp group chunk by chunk and reads the inner PipelineSync's state (inner()).
   nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
                                  const KeepTensors& keep) override;
   void load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,

@@ -86,15 +86,6 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(!memory_report || pp == 1, "--memory-report with --pp ", pp, ": the prediction is per whole model "
                "(or its tensor-parallel split), not per pipeline stage; the summary's act_peak_mb, param_mb, "
                "grad_mb and optim_mb and the per-stage activation peaks are measured");
-  if (tp > 1 && pp > 1) {  // the pipeline's gathers (train/pipeline_checkpoint.h) take whole-width chunks
-    const char* io = !save.empty() ? "--save" : !init_from.empty() ? "--init-from" : !checkpoint_dir.empty()
-                     ? "--checkpoint-dir" : !resume.empty() ? "--resume" : sample > 0 ? "--sample" : nullptr;
-    MINIDL_CHECK(!io, io ? io : "", " with --tp ", tp, " and --pp ", pp, ": saving, loading and sampling a model "
-                 "split both ways are not implemented yet (each works with --tp or --pp alone)");
-  }
-  MINIDL_CHECK(pp == 1 || zero == 0 || (checkpoint_dir.empty() && resume.empty()), "--checkpoint-dir/--resume with "
-               "--pp ", pp, " and --zero ", zero, ": checkpoints of ZeRO-sharded pipeline stages are not implemented "
-               "yet (use --zero 0 with --pp, or --zero without --pp)");
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
                " does not match the ", world, " ranks this job runs on (mpirun -n)");
@@ -277,7 +268,7 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
 }
 
 // Every rank writes one optimizer file: rank (pp s, dp d, tp t) writes file (s·dp + d)·tp + t of all ranks' (with
-// pp = 1 a share of the whole model's tensors, with pp > 1 its dp rank's share of the stage's). The logging rank
+// pp = 1 a share of the whole model's tensors, with pp > 1 its (dp, tp) share of the stage's). The logging rank
 // leads. The two barriers together wait for every rank: each dp group, then each replica.
 CheckpointWriter Trainer::State::checkpoint_writer() const {
   const dist::Grid& g = topo->grid();
@@ -300,12 +291,11 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
   auto t0 = std::chrono::steady_clock::now();
   const CheckpointWriter writer = checkpoint_writer();
   // Every rank writes AdamW's state of its share of the logical tensors (ZeRO: all-gathered bucket by bucket, tp:
-  // all-gathered tensor by tensor, pp: this stage's own); the leader also writes the whole model (ZeRO-3: gathered,
-  // tp and pp: gathered into a one-process GPT).
+  // all-gathered tensor by tensor, pp: this stage's own, gathered so too); the leader also writes the whole model
+  // (ZeRO-3: gathered, tp and pp: gathered into a one-process GPT).
   sync->hold_full_parameters(true);
   const OptimizerCheckpoint opt =
-      pipe ? pipeline_optimizer_state(*optimizer, *pipe, checkpoint_share(pipeline_logical_sizes(*pipe),
-                                                                          topo->coord().dp, topo->grid().dp))
+      pipe ? pipeline_optimizer_state(*optimizer, *pipe, *sync, pipeline_checkpoint_share(*pipe))
            : logical_optimizer_state(*optimizer, *sync, *model,
                                      checkpoint_share(logical_sizes(*model), writer.index, writer.count));
   const std::shared_ptr<const nn::GPT> whole =
@@ -426,7 +416,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     if (s.resume)
       restore_pipeline_model(*s.resume, pipe);  // each chunk takes its tensors of the whole model
     else if (s.ckpt)
-      load_pipeline_model(pipe, nn::load_safetensors(o.init_from).tensors);
+      load_pipeline_model(pipe, o.init_from);
   };
   ParallelModel built = build_model_and_sync(o, model_cfg, *s.topo, s.device, s.first_sample, load_whole, load_stage);
   s.model = std::move(built.model);
@@ -449,7 +439,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
       optim::AdamWOptions{o.lr});
   if (s.resume) {
     if (s.pipe)
-      restore_pipeline_optimizer(*s.resume, *s.pipe, *s.optimizer);  // this stage's parameters
+      restore_pipeline_optimizer(*s.resume, *s.pipe, *s.sync, *s.optimizer);  // this stage's: slices, shard
     else
       restore_optimizer(*s.resume, *s.model, *s.optimizer, *s.sync);  // AdamW's m, v, step: this rank's shard
     MINIDL_CHECK(s.resume->state.step <= o.steps, "--resume ", s.resume->dir, ": the checkpoint is at step ",
@@ -619,8 +609,8 @@ int Trainer::run() {
                 (long long)s.seq);
   // Every rank holds the whole model: the logging rank writes it (temporary name, then rename). With tp > 1 the
   // tp group of the logging rank gathers the whole parameters first (collective), and the logging rank writes.
-  // With pp > 1 the stages' weights are gathered on the first stage (collective over the pp group), which saves
-  // and samples alone.
+  // With pp > 1 the stages' weights are gathered on the first stage (collective over the pp and tp groups), which
+  // saves and samples alone.
   const bool whole_model_here = s.logger || (!s.pipe && s.topo->grid().tp > 1 && s.topo->coord().dp == 0);
   std::shared_ptr<nn::GPT> gathered;
   if (s.pipe && (!o.save.empty() || o.sample > 0)) gathered = consolidated_pipeline_model(*s.pipe, s.logger);

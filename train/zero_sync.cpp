@@ -75,6 +75,15 @@ void ZeroSync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, con
 nn::NamedTensors gather_sharded_state(dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
                                       const std::vector<Tensor>& shard_params, const optim::Optimizer& opt,
                                       const Tensor& flat, const nn::Module& model, const KeepTensors& keep) {
+  std::vector<std::string> names;
+  for (const auto& [name, p] : model.named_parameters()) names.push_back(name);
+  return gather_sharded_state(reducer, pieces, shard_params, opt, flat, names, keep);
+}
+
+nn::NamedTensors gather_sharded_state(dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
+                                      const std::vector<Tensor>& shard_params, const optim::Optimizer& opt,
+                                      const Tensor& flat, const std::vector<std::string>& names,
+                                      const KeepTensors& keep) {
   std::vector<Tensor> values;
   for (const Tensor& p : shard_params) values.push_back(opt.state_of(flat, p));
   std::vector<bool> kept(reducer.params().size());
@@ -85,7 +94,7 @@ nn::NamedTensors gather_sharded_state(dist::Reducer& reducer, const std::vector<
   std::map<std::string, Tensor> by_name;
   for (size_t i = 0; i < whole.size(); ++i)
     if (kept[i]) by_name[reducer.names()[i]] = whole[i];
-  for (const auto& [name, p] : model.named_parameters()) {
+  for (const std::string& name : names) {
     if (!keep(name)) continue;
     auto it = by_name.find(name);
     MINIDL_ASSERT(it != by_name.end(), "ZeRO checkpoint: parameter ", name, " is in no bucket");

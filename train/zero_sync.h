@@ -61,6 +61,12 @@ Tensor origin_in(const std::unordered_map<const TensorImpl*, Tensor>& origins, c
 nn::NamedTensors gather_sharded_state(dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
                                       const std::vector<Tensor>& shard_params, const optim::Optimizer& opt,
                                       const Tensor& flat, const nn::Module& model, const KeepTensors& keep);
+// The same in the order of `names` (the parameters of something that is not one nn::Module: a pipeline stage's
+// chunks, train/pipeline_checkpoint.h).
+nn::NamedTensors gather_sharded_state(dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
+                                      const std::vector<Tensor>& shard_params, const optim::Optimizer& opt,
+                                      const Tensor& flat, const std::vector<std::string>& names,
+                                      const KeepTensors& keep);
 void load_sharded_state(const dist::Reducer& reducer, const std::vector<dist::ShardPiece>& pieces,
                         const std::vector<Tensor>& shard_params, const optim::Optimizer& opt, Tensor& flat,
                         const std::map<std::string, Tensor>& logical);

@@ -544,11 +544,6 @@ TEST_F(TrainGpt, PipelineMatchesOneProcess) {
   expect_rejected(tiny_flags() + " --layers 4 --pp 2 --micro-batches 3 --print-schedule",
                   {"--batch 4", "1 data-parallel rank(s) x 3 micro-batches"});
   expect_rejected(tiny_flags() + " --layers 4 --pp 2 --zero 3 --print-schedule", {"--zero 3 with --pp 2", "ZeRO-3"});
-  // What 3D does not save yet: named, before any rank starts.
-  expect_rejected(tiny_flags() + " --layers 4 --heads 4 --steps 2 --tp 2 --pp 2 --sample 5",
-                  {"with --tp 2 and --pp 2", "not implemented"});
-  expect_rejected(tiny_flags() + " --layers 4 --steps 2 --pp 2 --zero 1 --checkpoint-dir " + path("ck"),
-                  {"--pp 2 and --zero 1", "not implemented"});
   expect_rejected(tiny_flags() + " --layers 4 --pp 2 --pp-layers 3,2 --print-schedule", {"--pp-layers", "5"});
   expect_rejected(tiny_flags() + " --micro-batches 2", {"--micro-batches needs --pp > 1"});
 }
