@@ -137,6 +137,10 @@ class GPT : public Module {
   virtual Tensor head(const Tensor& x) const;
   // x: (B, T, C) -> cross-entropy of head(x) against targets (B, T), as in loss
   virtual Tensor head_loss(const Tensor& x, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
+  // Throws unless every value of ids (i32/i64, (B, T)) lies in [0, vocab_size), or is -1 with allow_ignore; `what`
+  // names them in the message ("token ids", "targets"). A device tensor is checked on a host copy unless
+  // ops::HostCheckedIndicesGuard vouches for it: loss() and the pipeline step check a host batch before upload.
+  void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
 
   // Training FLOPs per token (forward + backward) at sequence length T, nanoGPT's estimate_mfu formula:
   //   6 * N + 12 * n_layer * n_embd * T
@@ -177,7 +181,6 @@ class GPT : public Module {
   // whose recomputation draws this forward's dropout masks and is wrapped in the block hooks.
   Tensor checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,
                       int64_t block) const;
-  void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
   // Position ids [0, T) on `device`: built once per device (positions_[device] holds [0, block_size)).
   Tensor position_ids(int64_t T, Device device) const;
 

@@ -10,6 +10,7 @@
 #include "dist/tp_gpt.h"
 #include "dist/zero.h"
 #include "ops/cast.h"
+#include "ops/embedding.h"
 #include "optim/clip.h"
 #include "train/step.h"
 #include "train/zero_sync.h"
@@ -242,6 +243,9 @@ struct Executor {
   PipelineModel& pipe;
   const data::Batch& batch;
   const StepOptions& o;
+  // The ids (first stage) and targets (last stage) of the whole batch where the chunks read them: the host batch
+  // on the CPU; on a device, checked on the host and uploaded once per step (select_inputs).
+  Tensor ids, targets;
   int64_t micro = 0, T = 0;
   double inv_targets = 1;
   uint64_t step = 0;
@@ -305,7 +309,7 @@ struct Executor {
         Saved s;
         Tensor x;
         if (pipe.global_chunk(a.chunk) == 0) {
-          x = chunk.embed(batch.x.narrow(0, a.micro * micro, micro).to(device));
+          x = chunk.embed(ids.narrow(0, a.micro * micro, micro).to(device));
         } else {
           s.input = take(false, a.micro, a.chunk);
           s.input.set_requires_grad(true);
@@ -313,8 +317,8 @@ struct Executor {
         }
         Tensor y = chunk.blocks(chunk.stage().first_block, chunk.stage().last_block, x);
         if (is_last_chunk(a.chunk)) {
-          Tensor targets = batch.y.narrow(0, a.micro * micro, micro).to(device);
-          Tensor loss = mul(chunk.head_loss(y, targets, Reduction::kSum), inv_targets);
+          Tensor loss = mul(chunk.head_loss(y, targets.narrow(0, a.micro * micro, micro).to(device), Reduction::kSum),
+                            inv_targets);
           loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
           y = o.scaler ? o.scaler->scale(loss) : loss;
         } else {
@@ -357,7 +361,31 @@ struct Executor {
 
 }  // namespace
 
-double pipeline_forward_backward(PipelineModel& pipe, const data::Batch& batch, const StepOptions& o) {
+namespace {
+
+// On a device, a host batch is range-checked on the host (GPT::check_ids: the same messages) and uploaded once as
+// i64, the device kernels' index type, as GPT::loss does; returns whether the ids and targets the executor reads
+// were checked that way (then ops::HostCheckedIndicesGuard spares the device ops a copy back per micro-batch).
+bool select_inputs(Executor& ex) {
+  ex.ids = ex.batch.x;
+  ex.targets = ex.batch.y;
+  if (!ex.device.is_cuda() || !ex.batch.x.device().is_cpu() || !ex.batch.y.device().is_cpu()) return false;
+  const nn::GPT& first = *ex.pipe.chunks().front();
+  if (first.stage().embedding) {
+    first.check_ids(ex.batch.x, "token ids", false);
+    ex.ids = ops::cast(ex.batch.x.contiguous(), DType::i64).to(ex.device);
+  }
+  const nn::GPT& last = *ex.pipe.chunks().back();
+  if (last.stage().head) {
+    last.check_ids(ex.batch.y, "targets", true);
+    ex.targets = ops::cast(ex.batch.y.contiguous(), DType::i64).to(ex.device);
+  }
+  return true;
+}
+
+// pipeline_forward_backward without reading anything: the loss sum where it was computed (last stage), else
+// undefined.
+Tensor forward_backward(PipelineModel& pipe, const data::Batch& batch, const StepOptions& o) {
   const dist::PipelineSpec& spec = pipe.spec();
   const int64_t rows = batch.x.size(0), M = spec.micro_batches;
   MINIDL_CHECK(rows % M == 0, "pipeline: a batch of ", rows, " sequences does not split into --micro-batches ", M,
@@ -372,6 +400,8 @@ double pipeline_forward_backward(PipelineModel& pipe, const data::Batch& batch, 
   ex.first_sample = pipe.dropout_first_sample();
   ex.device = pipe.parameters().front().device();
   ex.wire = o.amp;
+  std::optional<ops::HostCheckedIndicesGuard> checked;
+  if (select_inputs(ex)) checked.emplace();
   {
     MemoryTagGuard tag(MemTag::kActivations);
     // One guard over the whole schedule: the 16-bit weight copies are made once per step (autograd/autocast.h).
@@ -386,15 +416,39 @@ double pipeline_forward_backward(PipelineModel& pipe, const data::Batch& batch, 
     if (o.grad_sync) o.grad_sync->after_backward();
   }
   pipe.set_dropout(ex.step + 1, ex.first_sample);
-  return pipe.last_stage() ? ex.loss_sum.item() : 0.0;
+  return pipe.last_stage() ? ex.loss_sum : Tensor();
+}
+
+}  // namespace
+
+double pipeline_forward_backward(PipelineModel& pipe, const data::Batch& batch, const StepOptions& o) {
+  Tensor loss_sum = forward_backward(pipe, batch, o);
+  return loss_sum.defined() ? loss_sum.item() : 0.0;
 }
 
 StepResult pipeline_train_step(PipelineModel& pipe, optim::Optimizer& optimizer, const data::Batch& batch,
                                const StepOptions& o) {
   StepResult r;
-  r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
-  // The loss exists on the last stage: share it (zeros elsewhere, so the sum is exact).
-  r.loss = sum_over(pipe.pp_group(), pipeline_forward_backward(pipe, batch, o));
+  const Device device = pipe.parameters().front().device();
+  if (!device.is_cuda()) {
+    r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
+    // The loss exists on the last stage: share it (zeros elsewhere, so the sum is exact).
+    r.loss = sum_over(pipe.pp_group(), pipeline_forward_backward(pipe, batch, o));
+  } else {
+    // As train_step on a device: the scale and the loss stay there (apply_step reads them only with read_back).
+    if (o.scaler) {
+      o.scaler->keep_state_on(device);
+      r.loss_scale = NAN;
+      r.on_device.loss_scale = o.scaler->scale(Tensor::ones({}, DType::f32, device)).detach();
+    }
+    Tensor loss_sum = forward_backward(pipe, batch, o);
+    // Shared by an all-reduce on the device, zeros on the stages without the loss: x + 0 is x, so the value read
+    // back is the last stage's f32 sum, as the host sum of that value and zeros was.
+    Tensor shared = loss_sum.defined() ? ops::cast(loss_sum, DType::f32).reshape({}).contiguous()
+                                       : Tensor::zeros({}, DType::f32, device);
+    r.loss = NAN;
+    r.on_device.loss = sum_over(pipe.pp_group(), shared);
+  }
 
   std::vector<Tensor> params = o.grad_sync ? o.grad_sync->owned_params(pipe.parameters()) : pipe.parameters();
   return apply_step(optimizer, params, o, std::move(r));

@@ -152,6 +152,9 @@ double pipeline_forward_backward(PipelineModel& pipe, const data::Batch& batch, 
 // one), split into the schedule's M micro-batches: forwards, backwards, sends and receives; then GradSync's
 // after_backward, unscale, clip, the optimizer step and zero_grad as train_step does. r.loss is the batch's mean
 // loss on every pp rank (computed on the last stage, shared over the pp group). Collective over the pp group.
+// On a CUDA device nothing is read back, as in train_step: a host batch is checked on the host and uploaded once
+// (ids to the first stage, targets to the last), the loss is shared by an all-reduce of a device scalar (zeros on
+// the other stages) and, with options.read_back false, waits in r.on_device.loss until StepResult::read().
 StepResult pipeline_train_step(PipelineModel& pipe, optim::Optimizer& optimizer, const data::Batch& batch,
                                const StepOptions& options);
 

@@ -1,0 +1,199 @@
+// A pipeline-parallel step (pp 2, 1F1B, "nccl") on the emulated CUDA device without host round trips (issue #15):
+// train::pipeline_train_step with StepOptions::read_back false leaves the loss, shared over the pp group by a
+// device all-reduce, in StepResult::on_device like train_step. Oracles: the backend's counters (nothing read back,
+// the batch uploaded once), the same steps with read_back true (bit for bit) and one process accumulating over the
+// same micro-batches on the same device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/cuda/cuda_test.h"
+#include "dist/topology.h"
+#include "optim/adamw.h"
+#include "optim/grad_scaler.h"
+#include "support/mpi_test.h"
+#include "train/grad_sync.h"
+#include "train/pipeline_step.h"
+#include "train/step.h"
+
+namespace minidl {
+namespace {
+
+const nn::GPTConfig kConfig{17, 8, 2, 2, 32, 0.0, true};  // head dimension 16: the CUDA attention's smallest
+constexpr int kMicroBatches = 2;
+constexpr int64_t kRows = 4;
+
+data::Batch tiny_batch(int shift) {
+  std::vector<int32_t> ids(size_t(kRows * 8)), targets(size_t(kRows * 8));
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = int32_t((i * 7 + size_t(shift)) % 17), targets[i] = int32_t((i * 5 + size_t(shift)) % 17);
+  return {Tensor::from_vector(ids, {kRows, 8}), Tensor::from_vector(targets, {kRows, 8})};
+}
+
+train::StepOptions options(bool fp16, bool read_back, optim::GradScaler& scaler) {
+  train::StepOptions o;
+  o.lr = 1e-2;
+  o.grad_clip = 0.05;  // below the norm: the clip is applied
+  o.read_back = read_back;
+  if (fp16) {
+    o.amp = DType::f16;
+    o.scaler = &scaler;
+  }
+  return o;
+}
+
+// How a run's steps are made: read_back false or true, or the host-side reference (what pipeline_train_step did
+// before: the last stage's loss read by pipeline_forward_backward, summed over the pp group on the host, then
+// apply_step).
+enum class Mode { kUnread, kRead, kHostReference };
+
+struct Outcome {
+  std::vector<double> losses, norms, scales, weights;
+  cuda::Counters last_step;  // the counters of the last step, before its numbers are read
+};
+
+class PipelineOnDevice : public testing::CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    const dist::Context& ctx = testing::mpi_context();
+    if (ctx.world_size() != 2) GTEST_SKIP() << "pp 2: runs at 2 ranks";
+    device_ = Device::cuda(ctx.rank() % cuda::device_count());  // on the emulator both ranks share device 0
+    topo_ = std::make_unique<dist::Topology>(ctx.world(), dist::Grid{1, 1, 2}, "nccl", device_);
+  }
+
+  Outcome pipeline(bool fp16, Mode mode, int steps) {
+    const bool read_back = mode != Mode::kUnread;
+    dist::PipelineSpec spec{dist::ScheduleKind::k1F1B, 2, kMicroBatches};
+    train::PipelineModel pipe(kConfig, 1337, spec, {0, 1, 2}, *topo_);
+    pipe.to(device_);
+    pipe.train();
+    train::PipelineSync sync(pipe, *topo_);
+    optim::AdamW opt(optim::decay_groups(pipe.named_parameters(), 0.1), {1e-2});
+    optim::GradScaler scaler;
+    train::StepOptions o = options(fp16, read_back, scaler);
+    o.grad_sync = &sync;
+    Outcome run;
+    for (int s = 0; s < steps; ++s) {
+      const data::Batch batch = tiny_batch(s);
+      const cuda::Counters before = cuda::counters();
+      train::StepResult r;
+      if (mode == Mode::kHostReference) {
+        r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
+        r.loss = train::sum_over(pipe.pp_group(), train::pipeline_forward_backward(pipe, batch, o));
+        r = train::apply_step(opt, sync.owned_params(pipe.parameters()), o, std::move(r));
+      } else {
+        r = train::pipeline_train_step(pipe, opt, batch, o);
+      }
+      run.last_step = cuda::counters() - before;
+      EXPECT_EQ(r.pending(), !read_back) << "step " << s;
+      if (!read_back) EXPECT_TRUE(std::isnan(r.loss)) << "step " << s;
+      r.read();
+      run.losses.push_back(r.loss);
+      run.norms.push_back(r.grad_norm);
+      run.scales.push_back(r.loss_scale);
+    }
+    for (const Tensor& p : pipe.parameters()) {
+      const std::vector<double> v = p.detach().to(Device::cpu()).to_vector();
+      run.weights.insert(run.weights.end(), v.begin(), v.end());
+    }
+    return run;
+  }
+
+  // One process, the whole model on the same device, accumulating over the same micro-batches.
+  std::vector<double> one_process(bool fp16, int steps) {
+    nn::GPT model(kConfig, 1337);
+    model.to(device_);
+    model.train();
+    optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-2});
+    optim::GradScaler scaler;
+    train::StepOptions o = options(fp16, true, scaler);
+    o.grad_accum = kMicroBatches;
+    std::vector<double> losses;
+    for (int s = 0; s < steps; ++s) losses.push_back(train::train_step(model, opt, tiny_batch(s), o).loss);
+    return losses;
+  }
+
+  Device device_;
+  std::unique_ptr<dist::Topology> topo_;
+};
+
+// A steady-state step (the third: the allocator's cache and AdamW's moments are warm) whose numbers are not read
+// back: no cudaMalloc, nothing copied to the host, and the only host work is the batch's one upload per stage (ids
+// to the first, targets to the last), which the backend waits for because it comes from pageable host memory
+// (as in test_device_step). The pipeline's sends and receives and the all-reduces of the loss, the norm and the
+// overflow flag are NCCL calls on the device's streams, ordered by events: none of them waits on the host.
+TEST_F(PipelineOnDevice, SteadyStateStepMakesNoRoundTrip) {
+  for (const bool fp16 : {false, true}) {
+    SCOPED_TRACE(fp16 ? "fp16 with a loss scaler" : "f32");
+    const Outcome run = pipeline(fp16, Mode::kUnread, 3);
+    const cuda::Counters& c = run.last_step;
+    EXPECT_EQ(c.device_mallocs, 0);
+    EXPECT_EQ(c.d2h_copies, 0);
+    EXPECT_EQ(c.d2h_bytes, 0);
+    EXPECT_EQ(c.h2d_copies, 1);                // ids (first stage) or targets (last stage) of the whole batch
+    EXPECT_EQ(c.h2d_bytes, kRows * 8 * 8);     // as i64
+    EXPECT_LE(c.host_syncs, 1);                // the upload's wait (1 on the emulator)
+    EXPECT_GT(c.kernel_launches, 0);
+    for (double loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
+    if (fp16) EXPECT_EQ(run.scales.back(), 65536.0);
+  }
+}
+
+// Four steps with read_back false equal the same steps read back at once and the host-side reference, bit for bit
+// (losses on both stages, norms, scales, weights), and the losses of one process with grad_accum 2 within 1e-5
+// (only the tied wte's gradient is added in another order).
+TEST_F(PipelineOnDevice, UnreadStepsEqualReadStepsAndOneProcess) {
+  constexpr int kSteps = 4;
+  for (const bool fp16 : {false, true}) {
+    SCOPED_TRACE(fp16 ? "fp16 with a loss scaler" : "f32");
+    const Outcome unread = pipeline(fp16, Mode::kUnread, kSteps);
+    for (const Mode mode : {Mode::kRead, Mode::kHostReference}) {
+      SCOPED_TRACE(mode == Mode::kRead ? "read_back true" : "host-side reference");
+      const Outcome read = pipeline(fp16, mode, kSteps);
+      EXPECT_EQ(unread.losses, read.losses);
+      EXPECT_EQ(unread.norms, read.norms);
+      EXPECT_EQ(unread.scales, read.scales);
+      EXPECT_EQ(unread.weights, read.weights);
+    }
+    const std::vector<double> ref = one_process(fp16, kSteps);
+    for (int s = 0; s < kSteps; ++s) {
+      EXPECT_NEAR(unread.losses[size_t(s)], ref[size_t(s)], 1e-5 * std::abs(ref[size_t(s)])) << "step " << s;
+      EXPECT_GT(unread.norms[size_t(s)], 0.05) << "step " << s;  // the clip was active
+    }
+  }
+}
+
+// A bad host batch is refused on the host with GPT's messages before anything is uploaded or sent (so both ranks
+// throw here, none waits on the other): the first stage names a token id, the last a target.
+TEST_F(PipelineOnDevice, BadHostBatchIsRefusedBeforeUpload) {
+  dist::PipelineSpec spec{dist::ScheduleKind::k1F1B, 2, kMicroBatches};
+  train::PipelineModel pipe(kConfig, 1337, spec, {0, 1, 2}, *topo_);
+  pipe.to(device_);
+  train::PipelineSync sync(pipe, *topo_);
+  optim::AdamW opt(optim::decay_groups(pipe.named_parameters(), 0.1), {1e-2});
+  optim::GradScaler scaler;
+  train::StepOptions o = options(false, false, scaler);
+  o.grad_sync = &sync;
+  std::vector<int32_t> ids(size_t(kRows * 8), 1), targets(size_t(kRows * 8), 2);
+  ids[5] = 17;
+  targets[3] = -2;
+  const data::Batch bad{Tensor::from_vector(ids, {kRows, 8}), Tensor::from_vector(targets, {kRows, 8})};
+  const cuda::Counters before = cuda::counters();
+  try {
+    train::pipeline_train_step(pipe, opt, bad, o);
+    ADD_FAILURE() << "a bad batch was accepted";
+  } catch (const Error& e) {
+    const std::string expected = pipe.first_stage() ? "token ids must lie in [0, vocab_size = 17), got 17 at flat index 5"
+                                                    : "targets must lie in [0, vocab_size = 17), got -2 at flat index 3";
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+  }
+  EXPECT_EQ((cuda::counters() - before).h2d_copies, 0);
+}
+
+}  // namespace
+}  // namespace minidl
