@@ -145,7 +145,8 @@ class PipelineSync final : public GradSync {
 // The forward and backward half of pipeline_train_step: runs this rank's action list over `batch` (split into the
 // schedule's M micro-batches) and then options.grad_sync->after_backward(), leaving the gradients (scaled by the
 // scaler, if any) in .grad(); advances the chunks' dropout step. Returns the batch's mean loss on the last stage, 0
-// on the others (no communication beyond the pipeline's own). Collective over the pp group.
+// on the others (no communication beyond the pipeline's own; on a device the last stage reads it back, which
+// pipeline_train_step does not). Collective over the pp group.
 double pipeline_forward_backward(PipelineModel& pipe, const data::Batch& batch, const StepOptions& options);
 
 // Runs this rank's action list for one step over `batch` (this dp rank's slice, every pp rank passing the same

@@ -395,22 +395,20 @@ TEST_F(TrainGpt, DataParallelOnEmulatedCudaMatchesOneProcess) {
   EXPECT_NE(wrong.out.find("--backend mpi does not serve --device cuda"), std::string::npos) << wrong.out;
 }
 
-// Pipeline parallelism on the emulated CUDA device (2 ranks sharing it) over nccl against one process on the same
-// device. The loop reads a pipeline step's loss only on the steps it prints (issue #15): printing every step
-// changes no number.
-TEST_F(TrainGpt, PipelineOnEmulatedCudaMatchesOneProcess) {
+// Pipeline parallelism on the emulated CUDA device (2 ranks sharing it) over nccl: the loop reads a pipeline step's
+// loss only on the steps it prints (issue #15), and printing every step changes no number. (The pipeline against
+// one process on the device: test_dist_pipeline_device.)
+TEST_F(TrainGpt, PipelineOnEmulatedCudaReadsOnlyWhatItPrints) {
   if (std::string(TRAIN_GPT_CUDA) != "emulated") GTEST_SKIP() << "train_gpt is not built with MINIDL_CUDA_EMULATION";
   std::string flags = tiny_flags();  // head dimension 16: the CUDA attention kernel's smallest
   flags.replace(flags.find("--layers 1"), 10, "--layers 2");
   flags.replace(flags.find("--embd 16"), 9, "--embd 32");
-  flags += " --steps 4 --lr 3e-3 --batch 8 --device cuda";
-  Result one = run(flags);
-  ASSERT_EQ(one.code, 0) << one.out;
-  Result quiet = run_with(mpiexec(2), flags + " --pp 2 --backend nccl");
+  flags += " --steps 4 --lr 3e-3 --batch 8 --device cuda --pp 2 --backend nccl";
+  Result quiet = run_with(mpiexec(2), flags);
   ASSERT_EQ(quiet.code, 0) << quiet.out;
-  EXPECT_NEAR(summary_field(quiet.out, "train_loss"), summary_field(one.out, "train_loss"), 1e-3) << quiet.out;
-  EXPECT_NEAR(summary_field(quiet.out, "val_loss"), summary_field(one.out, "val_loss"), 1e-3) << quiet.out;
-  std::string every_step = flags + " --pp 2 --backend nccl";
+  EXPECT_EQ(quiet.out.find("step 3/4 | loss "), std::string::npos) << quiet.out;
+  EXPECT_TRUE(std::isfinite(summary_field(quiet.out, "train_loss"))) << quiet.out;
+  std::string every_step = flags;
   every_step.replace(every_step.find("--log-every 1000"), 16, "--log-every 1");
   Result loud = run_with(mpiexec(2), every_step);
   ASSERT_EQ(loud.code, 0) << loud.out;

@@ -95,7 +95,9 @@ class PipelineOnDevice : public testing::CudaTest {
       }
       run.last_step = cuda::counters() - before;
       EXPECT_EQ(r.pending(), !read_back) << "step " << s;
-      if (!read_back) EXPECT_TRUE(std::isnan(r.loss)) << "step " << s;
+      if (!read_back) {
+        EXPECT_TRUE(std::isnan(r.loss)) << "step " << s;
+      }
       r.read();
       run.losses.push_back(r.loss);
       run.norms.push_back(r.grad_norm);
@@ -146,16 +148,18 @@ TEST_F(PipelineOnDevice, SteadyStateStepMakesNoRoundTrip) {
     EXPECT_LE(c.host_syncs, 1);                // the upload's wait (1 on the emulator)
     EXPECT_GT(c.kernel_launches, 0);
     for (double loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
-    if (fp16) EXPECT_EQ(run.scales.back(), 65536.0);
+    if (fp16) {
+      EXPECT_EQ(run.scales.back(), 65536.0);
+    }
   }
 }
 
-// Four steps with read_back false equal the same steps read back at once and the host-side reference, bit for bit
+// Three steps with read_back false equal the same steps read back at once and the host-side reference, bit for bit
 // (losses on both stages, norms, scales, weights), and the losses of one process with grad_accum 2 within 1e-5
 // (only the tied wte's gradient is added in another order).
 TEST_F(PipelineOnDevice, UnreadStepsEqualReadStepsAndOneProcess) {
   if (!pp_only()) GTEST_SKIP() << "runs at pp 2 alone";
-  constexpr int kSteps = 4;
+  constexpr int kSteps = 3;
   for (const bool fp16 : {false, true}) {
     SCOPED_TRACE(fp16 ? "fp16 with a loss scaler" : "f32");
     const Outcome unread = pipeline(fp16, Mode::kUnread, kSteps);
