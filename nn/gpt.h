@@ -52,7 +52,9 @@ struct GPTConfig {
   // compared by ==. 1: no padding. (A tensor-parallel model pads to a multiple of tp instead: dist/tp_gpt.h.)
   int64_t vocab_pad = 64;
 
-  int64_t padded_vocab() const { return (vocab_size + vocab_pad - 1) / vocab_pad * vocab_pad; }
+  int64_t padded_vocab() const {
+    return vocab_pad > 1 ? (vocab_size + vocab_pad - 1) / vocab_pad * vocab_pad : vocab_size;
+  }
   // Throws naming the field, what was expected and what was given.
   void validate() const;
   // Equal as models: every field but vocab_pad (a layout choice; the padded and the unpadded model compute the same

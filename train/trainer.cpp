@@ -152,6 +152,7 @@ std::string plan_memory(const TrainConfig& o, int world, double gib) {
   data::TextDataset ds(o.data);
   nn::GPTConfig m{int64_t(ds.tokenizer().size()), o.seq_or_default(), o.layers_or_default(), o.heads_or_default(),
                   o.embd_or_default(), o.dropout, true, o.vocab_pad};
+  m.validate();
   return memory_plan(m, dp_size(o, world), amp_dtype(o.amp), o.batch, gib * double(1ull << 30));
 }
 
