@@ -82,14 +82,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   // storage (no caller variable, view or other node can read them afterwards). The backward runs once (the graph is
   // not retained), so its own handle is not read again either.
   auto saved = std::make_shared<Tensor>(x.detach());
-  return record("cross_entropy", {x, t}, f.loss, [saved, t, lse = f.lse, divisor, ignore_index, classes](const Tensor& g) {
+  auto backward = [saved, t, lse = f.lse, divisor, ignore_index, classes](const Tensor& g) {
     MINIDL_CHECK(saved->defined(), "cross_entropy: a second backward through a node whose logits the first one "
                  "overwrote with their gradient");
     const bool last = saved->impl_ptr().use_count() == 1 && saved->impl()->storage.use_count() == 1;
     Tensor dlogits = ops::cross_entropy_backward(g, *saved, t, lse, divisor, ignore_index, classes, last);
     if (last) *saved = Tensor();
     return Grads{dlogits, Tensor()};
-  });
+  };
+  return record("cross_entropy", {x, t}, f.loss, backward);
 }
 
 Tensor causal_attention(const Tensor& qkv, int n_head) {
