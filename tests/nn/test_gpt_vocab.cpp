@@ -186,26 +186,38 @@ TEST(GPT_VOCAB_SUITE, PaddingIsInvisibleOutsideTheModel) {
   EXPECT_NEAR(loaded.loss(cpu_ids, tokens(2, 16, 7)).item(), want_loss, 1e-6 * want_loss);
 }
 
-// dlogits are written over the logits only when nothing else holds them; the gradient is the same either way.
+// dlogits are written over the logits only when nothing else holds them (then the backward allocates no (N, Vp)
+// buffer for them: its activation peak is lower); the gradient is the same either way.
 TEST(GPT_VOCAB_SUITE, CrossEntropyOverwritesOnlyDeadLogits) {
   SKIP_WITHOUT_DEVICE();
   const Device device = test_device();
-  const Tensor targets = Tensor::from_vector(std::vector<int64_t>{1, 2, -1}, {3}).to(device);
-  const Tensor rows = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3, 1}).to(device);
+  const int64_t N = 64, Vp = 128, V = 65;
+  std::vector<int64_t> t(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) t[size_t(i)] = i % 9 == 4 ? -1 : (i * 7) % V;
+  const Tensor targets = Tensor::from_vector(t, {N}).to(device);
+  Tensor rows = Tensor::arange(N).reshape({N, 1});
+  rows = (rows * Tensor::scalar(0.01)).to(device);
   std::vector<std::vector<double>> grads;
+  std::vector<int64_t> backward_peaks;
   for (bool keep : {true, false}) {
-    Tensor w = Tensor::from_vector(std::vector<float>{0.5f, -1.0f, 2.0f, 0.25f}, {1, 4}).to(device);
+    MemoryTagGuard tag(MemTag::kActivations);
+    Tensor w = Tensor::ones({1, Vp}).to(device);
     w.set_requires_grad(true);
-    Tensor logits = matmul(rows, w);  // (3, 4), the padded column 3 outside the 3 classes
+    Tensor logits = matmul(rows, w);  // (N, Vp), columns [V, Vp) padding
     const std::vector<double> before = logits.to_vector();
-    Tensor loss = cross_entropy(logits, targets.narrow(0, 0, 3), -1, Reduction::kMean, 3);
+    Tensor loss = cross_entropy(logits, targets, -1, Reduction::kMean, V);
     Tensor kept = keep ? logits : Tensor();
     logits = Tensor();
+    MemoryLedger& mem = ledger(device);
+    mem.reset_peaks();
+    const int64_t at_start = mem.current(MemTag::kActivations);
     loss.backward();
+    backward_peaks.push_back(mem.peak(MemTag::kActivations) - at_start);
     if (keep) EXPECT_EQ(kept.to_vector(), before) << "logits someone holds are never overwritten";
     grads.push_back(w.grad().to_vector());
   }
   EXPECT_EQ(grads[0], grads[1]);
+  EXPECT_LE(backward_peaks[1] + N * Vp * 4, backward_peaks[0]) << "no dlogits buffer when the logits are dead";
 }
 
 #if defined(MINIDL_TEST_CUDA)
