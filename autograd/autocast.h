@@ -18,7 +18,8 @@
 //   | add/sub/mul/div of mixed dtypes      | 16-bit operand cast to f32         | f32             |
 //   | layernorm                            | 16-bit x kept (saved) as is, math  | f32             |
 //   |                                      | in f32; weight, bias f32           |                 |
-//   | softmax, cross_entropy, sum/mean/max | 16-bit inputs cast to f32          | f32             |
+//   | softmax, sum/mean/max                | 16-bit inputs cast to f32          | f32             |
+//   | cross_entropy                        | 16-bit logits read as is, f32 math | f32             |
 //
 // So the residual stream and every saved activation but layernorm statistics and the f32 loss inputs are 16-bit:
 // activation memory halves. Gradients flow back in each tensor's own dtype; the cast of an f32 tensor returns an

@@ -62,10 +62,14 @@ Tensor gelu(const Tensor& x);
 Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 // Softmax over the last dimension (the unfused reference path; the model uses the fused ops below).
 Tensor softmax(const Tensor& x);
-// Fused softmax + cross-entropy. logits: (N, V); targets: (N) integer. Mean (or sum) over targets != ignore_index.
+// Fused softmax + cross-entropy. logits: (N, Vp); targets: (N) integer. Mean (or sum) over targets != ignore_index.
+// classes: the real V <= Vp (columns [V, Vp) are padding: outside the softmax, zero gradient); -1: all columns.
+// 16-bit logits are read as they are (f32 math, f32 loss; on the CPU through an f32 copy inside the op). Backward
+// writes dlogits over the logits when nothing but this node holds them (e.g. the head's matmul output, dropped by
+// the caller): nothing can read the overwritten values.
 using ops::Reduction;
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -1,
-                     Reduction reduction = Reduction::kMean);
+                     Reduction reduction = Reduction::kMean, int64_t classes = -1);
 // Fused causal self-attention, flash style (blocked, online softmax, no T x T matrix kept for backward).
 // qkv: (B, T, 3C) with q, k, v in that order along the last dimension; heads split C -> (n_head, C / n_head).
 // Returns (B, T, C) with heads merged.

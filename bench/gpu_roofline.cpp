@@ -61,11 +61,12 @@ int main(int argc, char** argv) {
   cfg.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;
 
   const std::vector<KernelCost> kernels = step_kernels(cfg);
-  double seconds = 0, bytes = 0;
+  double seconds = 0, bytes = 0, padding_flops = 0;
   int64_t launches = 0;
   for (const KernelCost& k : kernels) {
     seconds += ideal_seconds(k, *gpu, cfg.amp);
     bytes += double(k.launches) * k.bytes;
+    padding_flops += double(k.launches) * k.padding_flops;
     launches += k.launches;
   }
   const double flops = step_flops(kernels), peak = peak_flops(*gpu, cfg.amp);
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
     nlohmann::json out = {{"gpu", gpu->name},          {"amp", amp}, {"kernel_set", kernel_set},
                           {"peak_tflops", peak / 1e12}, {"hbm_gbps", gpu->hbm_gbps},
                           {"step_gflop", flops / 1e9},  {"step_gb", bytes / 1e9},
+                          {"padding_gflop", padding_flops / 1e9},
                           {"launches", launches},       {"lower_bound_ms", seconds * 1e3},
                           {"tokens_per_s_ceiling", tokens / seconds}, {"mfu_ceiling", mfu_ceiling}};
     for (const KernelCost& k : kernels)
@@ -99,6 +101,10 @@ int main(int argc, char** argv) {
                 ideal_seconds(k, *gpu, cfg.amp) * 1e6, compute_bound(k, *gpu, cfg.amp) ? "compute" : "memory");
   std::printf("%-30s %8lld %12.1f %12.1f %12.1f\n", "step", (long long)launches, flops / 1e9, bytes / 1e6,
               seconds * 1e6);
+  if (padding_flops > 0)
+    std::printf("GFLOP are the model's; the head's GEMMs also multiply the vocabulary's padding rows: %.1f GFLOP more, "
+                "in ideal_us\n",
+                padding_flops / 1e9);
   std::printf("lower bound %.2f ms/step, %.0f tokens/s; MFU ceiling %.1f%%\n", seconds * 1e3, tokens / seconds,
               mfu_ceiling * 100);
   return 0;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,12 +42,16 @@ inline const GpuPeak* find_gpu(const std::string& name) {
 }
 
 // Which kernels step_kernels() lists, for the comparison issue #15 asks for. The arithmetic is the same in all
-// three; what differs is where it runs and what it moves. With 16-bit amp only (f32 runs the same kernels in all):
+// three; what differs is where it runs and what it moves. With 16-bit amp only (f32 runs the same kernels in all,
+// but over the padded vocabulary from kNow on: a padding whose gain, aligned rows, a roofline does not see):
 //   kBefore: attention on the CUDA cores in f32 (the FP32 peak), one sequence per launch, its q, k, v, output and
 //            their gradients copied to f32 and back; plus everything kNow still does.
 //   kNow:    what the code does today: flash attention on the tensor cores (16-bit in and out, all B*H in one
-//            launch), but layernorm, bias + GELU (the bias not in the GEMM) and cross-entropy in f32 between casts
-//            of their 16-bit inputs and outputs, and weight gradients written by the GEMMs in 16 bits, then cast.
+//            launch), the vocabulary padded to a multiple of 64 (Vp: the head's GEMMs run over Vp rows) and the
+//            fused classifier reading the 16-bit logits as they are (dlogits written over them, no casts), but
+//            layernorm and bias + GELU (the bias not in the GEMM) in f32 between casts of their 16-bit inputs and
+//            outputs, and weight gradients written by the GEMMs in 16 bits, then cast. (kBefore: V rows, and the
+//            cross-entropy in f32 between casts.)
 //   kTarget: the 16-bit-native path of issue #15: no casts, the bias inside the GEMM's epilogue, weight gradients
 //            accumulated in f32 by the GEMM.
 enum class KernelSet { kBefore, kNow, kTarget };
@@ -63,6 +68,7 @@ struct KernelCost {
   int64_t launches = 0;
   double flops = 0, bytes = 0;
   bool cuda_cores = false;  // f32 arithmetic without tensor cores: bounded by the FP32 peak whatever the amp
+  double padding_flops = 0;  // done on padding (the vocabulary's): in the kernel's time, not in the model's FLOPs
 };
 
 inline double peak_flops(const GpuPeak& gpu, DType amp) {
@@ -72,11 +78,12 @@ inline double peak_flops(const GpuPeak& gpu, DType amp) {
 // max(FLOPs / peak, bytes / bandwidth) per launch, times the launches.
 inline double ideal_seconds(const KernelCost& k, const GpuPeak& gpu, DType amp) {
   const double peak = peak_flops(gpu, k.cuda_cores ? DType::f32 : amp);
-  return double(k.launches) * std::max(k.flops / peak, k.bytes / (gpu.hbm_gbps * 1e9));
+  return double(k.launches) * std::max((k.flops + k.padding_flops) / peak, k.bytes / (gpu.hbm_gbps * 1e9));
 }
 
 inline bool compute_bound(const KernelCost& k, const GpuPeak& gpu, DType amp) {
-  return k.flops / peak_flops(gpu, k.cuda_cores ? DType::f32 : amp) > k.bytes / (gpu.hbm_gbps * 1e9);
+  return (k.flops + k.padding_flops) / peak_flops(gpu, k.cuda_cores ? DType::f32 : amp) >
+         k.bytes / (gpu.hbm_gbps * 1e9);
 }
 
 // The kernels of one step (forward, backward, gradient clipping's norm, AdamW, zero_grad), per kind.
@@ -89,9 +96,15 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   const bool half = c.amp != DType::f32;
   const bool before = half && c.kernels != KernelSet::kTarget, f32_attention = half && c.kernels == KernelSet::kBefore;
   const double h = before ? f : s, cast = s + f;  // a cast reads one dtype and writes the other
+  // The head's table has Vp rows (nn::GPTConfig::vocab_pad's default 64) since kNow; the classifier reads 16-bit
+  // logits as they are (V of each row of Vp) and writes dlogits over them (Vp), with amp, since kNow.
+  const double Vp = c.kernels == KernelSet::kBefore ? V : std::ceil(V / 64) * 64;
+  const bool classifier_f32 = half && c.kernels == KernelSet::kBefore;
+  const double ce = classifier_f32 ? f : s;
   std::vector<KernelCost> k;
-  auto add = [&](std::string name, double launches, double flops, double bytes, bool cuda_cores = false) {
-    k.push_back({std::move(name), int64_t(launches), flops, bytes, cuda_cores});
+  auto add = [&](std::string name, double launches, double flops, double bytes, bool cuda_cores = false,
+                 double padding_flops = 0) {
+    k.push_back({std::move(name), int64_t(launches), flops, bytes, cuda_cores, padding_flops});
   };
   // A linear layer x (BT, in) -> (BT, out) with bias: forward, then the input's and the weight's gradients (the
   // bias gradient, a column sum of dy, with the weight's; the convention's 6 FLOPs per bias element per token
@@ -126,13 +139,15 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   }
   linear("linear mlp proj", 4 * C, C, true);
   // The tied head: logits = ln_f(x) wte^T, no bias; in linear()'s terms one "layer".
-  add("lm head fwd", 1, 2 * BT * C * V, s * (BT * C + V * C + BT * V));
-  add("lm head bwd dx", 1, 2 * BT * C * V, s * (BT * V + V * C + BT * C));
-  add("lm head bwd dw", 1, 2 * BT * C * V, s * (BT * C + BT * V) + (before ? s : f) * V * C);
-  if (before) add("lm head dw cast to f32", 1, 0, cast * V * C);
-  add("cross-entropy fwd", 1, 0, h * BT * V + 8 * BT + f * 2 * BT);
-  add("cross-entropy bwd", 1, 0, h * 2 * BT * V + 8 * BT + f * BT);
-  if (before) add("cross-entropy casts (logits in, dlogits out)", 1, 0, cast * 2 * BT * V);
+  // The padded rows' products are work the GEMMs do but not model FLOPs (MFU counts the model's).
+  const double pad = 2 * BT * C * (Vp - V);
+  add("lm head fwd", 1, 2 * BT * C * V, s * (BT * C + Vp * C + BT * Vp), false, pad);
+  add("lm head bwd dx", 1, 2 * BT * C * V, s * (BT * Vp + Vp * C + BT * C), false, pad);
+  add("lm head bwd dw", 1, 2 * BT * C * V, s * (BT * C + BT * Vp) + (before ? s : f) * Vp * C, false, pad);
+  if (before) add("lm head dw cast to f32", 1, 0, cast * Vp * C);
+  add("cross-entropy fwd", 1, 0, ce * BT * V + 8 * BT + f * 2 * BT);
+  add("cross-entropy bwd", 1, 0, ce * BT * (V + Vp) + 8 * BT + f * BT);
+  if (classifier_f32) add("cross-entropy casts (logits in, dlogits out)", 1, 0, cast * 2 * BT * V);
   add("gelu bwd", L, 0, h * 3 * 4 * BT * C);
   if (before) add("gelu bwd casts", L, 0, cast * 3 * 4 * BT * C);
   if (f32_attention) {

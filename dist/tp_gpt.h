@@ -11,9 +11,9 @@
 //
 // Per block: attention split by heads (c_attn by columns, q/k/v taken per head range; c_proj by rows), the MLP
 // column then row; LayerNorms, wpe and the row-parallel biases are replicated (the same gradient on every rank).
-// The token embedding and the tied head are split by vocabulary (padded to a multiple of tp); the loss is the
-// vocabulary-parallel cross-entropy, so no rank ever holds the whole (B, T, V) logits in training. head() (what
-// sampling reads) gathers them, padding dropped.
+// The token embedding and the tied head are split by vocabulary (padded to a multiple of tp, whatever
+// GPTConfig::vocab_pad says: that padding is nn::GPT's); the loss is the vocabulary-parallel cross-entropy, so no
+// rank ever holds the whole (B, T, V) logits in training. head() (what sampling reads) gathers them, padding dropped.
 #pragma once
 
 #include <functional>

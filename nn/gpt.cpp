@@ -19,6 +19,12 @@ void GPTConfig::validate() const {
   MINIDL_CHECK(n_embd > 0 && n_embd % n_head == 0, "GPTConfig: n_embd must be a positive multiple of n_head (", n_head,
                "), got n_embd = ", n_embd);
   MINIDL_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: expected 0 <= dropout < 1, got ", dropout);
+  MINIDL_CHECK(vocab_pad >= 1, "GPTConfig: expected vocab_pad >= 1 (1: no padding), got ", vocab_pad);
+}
+
+bool GPTConfig::operator==(const GPTConfig& o) const {
+  return vocab_size == o.vocab_size && block_size == o.block_size && n_layer == o.n_layer && n_head == o.n_head &&
+         n_embd == o.n_embd && dropout == o.dropout && bias == o.bias;
 }
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, uint64_t dropout_stream,
@@ -87,6 +93,7 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage) : GPT(cfg, seed, s
     h->push_back(std::make_shared<Block>(cfg, base + 1 + 2 * uint64_t(i), dropout_ctx_));
   if (stage_.head) ln_f = transformer->register_module("ln_f", std::make_shared<LayerNorm>(cfg.n_embd, cfg.bias));
   init_weights(seed);
+  if (stage_.head) padded_head_weight();  // moves wte's weight into its padded buffer now, not in the first step
 }
 
 static bool ends_with(const std::string& s, const std::string& suffix) {
@@ -207,22 +214,59 @@ Tensor GPT::blocks(int64_t a, int64_t b, const Tensor& x) const {
   return y;
 }
 
-Tensor GPT::head(const Tensor& x) const {
+Tensor GPT::padded_head_weight() const {
+  const Tensor& w = wte->weight;
+  const int64_t V = cfg_.vocab_size, Vp = cfg_.padded_vocab(), C = cfg_.n_embd;
+  if (Vp == V) return w;
+  const auto in_padded_buffer = [&] {
+    return w.impl()->storage == padded_wte_.lock() && w.impl()->offset == 0 && w.is_contiguous();
+  };
+  // A weight alone in its storage (a fresh model, or one Module::to moved: no other tensor views that storage) goes
+  // (back) into a padded buffer; one that is a view into a shared buffer (ZeRO's flat shards) stays where its owner
+  // put it.
+  const bool alone = w.impl()->offset == 0 && w.is_contiguous() && w.impl()->storage.use_count() == 1;
+  if (!in_padded_buffer() && alone) {
+    MemoryTagGuard tag(MemTag::kParams);
+    Tensor padded = Tensor::zeros({Vp, C}, w.dtype(), w.device());
+    padded.as_strided({V, C}, {C, 1}, 0).copy_(w.detach());
+    Tensor(w.impl_ptr()).set_data(padded.as_strided({V, C}, {C, 1}, 0));
+    padded_wte_ = padded.impl()->storage;
+  }
+  Tensor table;
+  if (in_padded_buffer()) {
+    table = w.detach().as_strided({Vp, C}, {C, 1}, 0);
+  } else {
+    table = Tensor::zeros({Vp, C}, w.dtype(), w.device());
+    table.as_strided({V, C}, {C, 1}, 0).copy_(w.detach());
+  }
+  if (!autograd::any_requires_grad({w})) return table;
+  return autograd::record("vocab_padding", {w}, table, [V](const Tensor& g) {
+    return std::vector<Tensor>{g.narrow(0, 0, V).contiguous()};
+  });
+}
+
+Tensor GPT::padded_logits(const Tensor& x) const {
   MINIDL_CHECK(stage_.head, "GPT::head: this stage (blocks [", stage_.first_block, ", ", stage_.last_block,
                ")) does not hold the head");
   MINIDL_CHECK(x.dim() == 3 && x.size(2) == cfg_.n_embd, "GPT::head: expected x of shape (B, T, n_embd = ",
                cfg_.n_embd, "), got ", x.shape());
   // Tied head: logits = ln_f(x) @ wte^T, the transpose folded into the BLAS call.
-  return matmul(ln_f->forward(x), wte->weight, false, true);
+  return matmul(ln_f->forward(x), padded_head_weight(), false, true);
+}
+
+Tensor GPT::head(const Tensor& x) const {
+  Tensor logits = padded_logits(x);
+  return logits.size(2) == cfg_.vocab_size ? logits : logits.narrow(2, 0, cfg_.vocab_size);
 }
 
 Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reduction) const {
   MINIDL_CHECK(x.dim() == 3 && targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1),
                "GPT::head_loss: expected targets of shape (B, T) matching x ", x.shape(), ", got ", targets.shape());
   check_ids(targets, "targets", true);
-  Tensor logits = head(x);
-  const int64_t N = targets.numel();
-  return cross_entropy(logits.reshape({N, cfg_.vocab_size}), targets.reshape({N}), -1, reduction);
+  const int64_t N = targets.numel(), Vp = cfg_.padded_vocab();
+  // The classifier reads the real V columns of rows Vp apart; the logits die here, so its backward may write
+  // dlogits over them (autograd/functions.h).
+  return cross_entropy(padded_logits(x).reshape({N, Vp}), targets.reshape({N}), -1, reduction, cfg_.vocab_size);
 }
 
 Tensor GPT::forward(const Tensor& ids) const { return head(blocks(0, cfg_.n_layer, embed(ids))); }

@@ -44,10 +44,22 @@ struct GPTConfig {
   int64_t n_embd = 0;
   double dropout = 0.0;  // embeddings and residual branches (see CausalSelfAttention)
   bool bias = true;      // biases in Linear and LayerNorm layers
+  // The token embedding / tied head is stored with padded_vocab() = vocab_size rounded up to a multiple of
+  // vocab_pad rows (GPT-2: 50257 -> 50304, llm.c's Vp), so the head GEMM and the classifier see aligned rows. Memory
+  // layout only, invisible outside the model: the parameter transformer.wte.weight is (vocab_size, C) (the first
+  // rows of the padded buffer), checkpoints, gradients, optimizer state and parameter counts are those of
+  // vocab_size, losses ignore the padding, and logits are (B, T, vocab_size). Not stored in checkpoints and not
+  // compared by ==. 1: no padding. (A tensor-parallel model pads to a multiple of tp instead: dist/tp_gpt.h.)
+  int64_t vocab_pad = 64;
 
+  int64_t padded_vocab() const {
+    return vocab_pad > 1 ? (vocab_size + vocab_pad - 1) / vocab_pad * vocab_pad : vocab_size;
+  }
   // Throws naming the field, what was expected and what was given.
   void validate() const;
-  bool operator==(const GPTConfig&) const = default;
+  // Equal as models: every field but vocab_pad (a layout choice; the padded and the unpadded model compute the same
+  // function and store the same checkpoint).
+  bool operator==(const GPTConfig& o) const;
 };
 
 // Activation checkpointing per transformer block: which part keeps only its input in forward and is re-run in
@@ -118,7 +130,7 @@ class GPT : public Module {
   virtual ~GPT() = default;
 
   // ids: (B, T) i32/i64 with T <= block_size and values in [0, vocab_size) -> logits (B, T, vocab_size)
-  // = head(blocks(0, n_layer, embed(ids))).
+  // = head(blocks(0, n_layer, embed(ids))) (a view of rows padded_vocab() apart: never a padded id).
   Tensor forward(const Tensor& ids) const;
   // Mean (or, with Reduction::kSum, summed) cross-entropy of the next-token predictions (fused softmax +
   // cross-entropy over (B*T, V)). targets: same shape as ids, values in [0, vocab_size) or -1 (ignored).
@@ -183,6 +195,14 @@ class GPT : public Module {
                       int64_t block) const;
   // Position ids [0, T) on `device`: built once per device (positions_[device] holds [0, block_size)).
   Tensor position_ids(int64_t T, Device device) const;
+  // x: (B, T, C) -> ln_f, then the tied head against the padded table: (B, T, padded_vocab()) whose columns at or
+  // past vocab_size are padding (zero rows of the table: logits 0, never read by the loss or by head()).
+  Tensor padded_logits(const Tensor& x) const;
+  // wte's weight (V, C) as the first rows of the (Vp, C) table the head multiplies by, differentiably (the padded
+  // rows' gradient is dropped). Free when the weight still lies in its padded buffer; after Module::to (which moves
+  // only the V rows) the weight is put back into one (Tensor::set_data, so every holder sees it), and when the
+  // weight is a view into someone else's buffer (ZeRO's flat shards) the padded table is a copy made per call.
+  Tensor padded_head_weight() const;
 
  private:
   void init_weights(uint64_t seed);
@@ -195,6 +215,8 @@ class GPT : public Module {
   Recompute recompute_ = Recompute::kNone;
   BlockHooks* hooks_ = nullptr;
   mutable Tensor positions_;  // [0, block_size) as i64 on the device of the last embed (not thread-safe)
+  // The (Vp, C) buffer wte's weight is the first rows of (weak: it lives as long as the weight uses it).
+  mutable std::weak_ptr<Storage> padded_wte_;
 };
 
 }  // namespace minidl::nn

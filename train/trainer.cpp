@@ -142,7 +142,8 @@ std::string plan_memory(const TrainConfig& o, int world, double gib) {
   MINIDL_CHECK(gib > 0 && std::isfinite(gib), "--plan-memory: expected a positive number of GiB, got ", gib);
   data::TextDataset ds(o.data);
   nn::GPTConfig m{int64_t(ds.tokenizer().size()), o.seq_or_default(), o.layers_or_default(), o.heads_or_default(),
-                  o.embd_or_default(), o.dropout, true};
+                  o.embd_or_default(), o.dropout, true, o.vocab_pad};
+  m.validate();
   return memory_plan(m, dp_size(o, world), amp_dtype(o.amp), o.batch, gib * double(1ull << 30));
 }
 
@@ -232,7 +233,7 @@ void Trainer::State::print_tensor_parallel_step() const {
 // The model configuration: from the flags, or from the checkpoint (flags given explicitly must agree with it).
 nn::GPTConfig Trainer::State::model_config(int64_t vocab) const {
   nn::GPTConfig m{vocab, cfg.seq_or_default(), cfg.layers_or_default(), cfg.heads_or_default(), cfg.embd_or_default(),
-                  cfg.dropout, true};
+                  cfg.dropout, true, cfg.vocab_pad};
   if (!ckpt) return m;
   const nn::GPTConfig& c = ckpt->config;
   auto agree = [&](const char* flag, const std::optional<int64_t>& given, int64_t stored) {
@@ -246,6 +247,7 @@ nn::GPTConfig Trainer::State::model_config(int64_t vocab) const {
                ckpt_source, "'s block size ", c.block_size);
   m = c;
   m.dropout = cfg.dropout;
+  m.vocab_pad = cfg.vocab_pad;  // a layout choice, not stored in checkpoints
   return m;
 }
 
@@ -255,6 +257,7 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
   auto opt = [](const std::optional<int64_t>& v) { return v ? str(*v) : std::string("default"); };
   return {{"data", o.data + " (" + str(ds->train().size()) + " train tokens)"},
           {"layers", opt(o.layers)}, {"heads", opt(o.heads)}, {"embd", opt(o.embd)}, {"seq", opt(o.seq)},
+          {"vocab_pad", str(o.vocab_pad)},
           {"batch", str(o.batch)}, {"steps", str(o.steps)}, {"lr", str(o.lr)}, {"min_lr", str(o.min_lr.value_or(-1))},
           {"warmup", str(o.warmup)}, {"weight_decay", str(o.weight_decay)}, {"dropout", str(o.dropout)},
           {"grad_clip", str(o.grad_clip)}, {"seed", str(o.seed)}, {"init_from", o.init_from},

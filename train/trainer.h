@@ -35,6 +35,7 @@ struct TrainConfig {
   // Model shape: unset means the default (4, 4, 128, 64) or, with init_from, the checkpoint's; set ones must
   // agree with a checkpoint.
   std::optional<int64_t> layers, heads, embd, seq;
+  int64_t vocab_pad = 64;           // nn::GPTConfig::vocab_pad: the head's table padded to a multiple (1: none)
   int64_t batch = 12, steps = 2000;
   double lr = 1e-3, weight_decay = 0.1, dropout = 0.0, grad_clip = 1.0, temperature = 1.0;
   std::optional<double> min_lr;     // default: lr (constant)

@@ -36,6 +36,11 @@ MemoryPlan predict_memory(const MemoryQuery& q) {
   p.persistent = phi;
   p.block = blk;
   p.params_rest = q.stage == 3 ? 4 * (psi - phi) / n + 4 * phi : 4 * psi;
+  // Without ZeRO the tied table lives in its padded buffer (nn::GPTConfig::vocab_pad; tensor parallelism pads by its
+  // own rule, counted in persistent_params): the padding rows are parameter bytes that are no parameter. ZeRO's flat
+  // buffers hold the real rows only (the head pads a copy per forward).
+  const double padding_rows = tp == 1 ? double(m.padded_vocab() - m.vocab_size) : 0.0;
+  if (q.stage == 0) p.params_rest += 4 * padding_rows * double(m.n_embd);
   p.grads_rest = q.stage >= 2 ? 4 * psi / n : 4 * psi;
   p.optimizer = q.stage >= 1 ? 8 * psi / n : 8 * psi;
   if (q.stage == 3) {
@@ -68,8 +73,10 @@ MemoryPlan predict_memory(const MemoryQuery& q) {
       blocks = double(m.n_layer) * (share * 7 * c * act * tokens + input) + share * 10 * c * act * tokens;
       break;
   }
-  // The head: ln_f input and output, f32 logits and their gradient (this rank's vocabulary slice).
-  p.activations = blocks + tokens * (stream * 2 * c * act + 2 * 4 * double((m.vocab_size + tp - 1) / tp));
+  // The head: ln_f input and output, then the logits: at tp 1 the padded row in the activation dtype, read as is by
+  // the classifier, whose gradient is written over it; with tp, f32 logits and their gradient (this rank's slice).
+  const double logits = tp == 1 ? act * double(m.padded_vocab()) : 2 * 4 * double((m.vocab_size + tp - 1) / tp);
+  p.activations = blocks + tokens * (stream * 2 * c * act + logits);
   return p;
 }
 

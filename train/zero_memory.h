@@ -15,13 +15,16 @@
 //   stage 3       4(Ψ−Φ)/N + 4Φ         4Ψ/N           8Ψ/N         two gathered blocks (4B or 6B per element
 //                                                                   with --amp); the buckets in flight
 // With --grad-accum k > 1 stages 2 and 3 hold full gradients (4Ψ) during the accumulating micro-batches (the
-// policy that keeps DDP's summation order, dist/zero.h). Padding (< N elements per bucket) is left out.
+// policy that keeps DDP's summation order, dist/zero.h). Padding (< N elements per bucket) is left out; the
+// vocabulary's padding (nn::GPTConfig::vocab_pad, at tp 1: (Vp − V)·C) is in the parameters of stage 0.
 //
 // Activations are an estimate, not the ledger's law: per block and token, the tensors minidl's backward keeps
 // (ln_1 input and output, qkv, attention output and its log-sum-exp, ln_2 input and output, the MLP's 4C input
 // and GELU output: 16·C values) in the activation dtype (4 bytes, 2 under --amp); with --recompute block only the
 // block's input (C values) plus one block's full set during its recomputation; attn and mlp recompute their half.
-// The head keeps ln_f's input and output and the logits (2C + 2V per token, f32 logits for the loss).
+// The head keeps ln_f's input and output and the logits: 2C values + Vp (the padded vocabulary) in the activation
+// dtype per token, the classifier writing their gradient over them; with --tp, 2·V/tp f32 values (the logits and
+// their gradient).
 #pragma once
 
 #include <cstdint>

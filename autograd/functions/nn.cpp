@@ -73,13 +73,24 @@ Tensor softmax(const Tensor& x) {
   });
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, ops::Reduction reduction) {
-  Tensor x = contiguous(autocast_to_f32(logits)), t = contiguous(targets);
-  ops::CrossEntropyForward f = ops::cross_entropy_forward(x, t, ignore_index, reduction);
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, ops::Reduction reduction,
+                     int64_t classes) {
+  Tensor x = contiguous(logits), t = contiguous(targets);
+  ops::CrossEntropyForward f = ops::cross_entropy_forward(x, t, ignore_index, reduction, classes);
   int64_t divisor = reduction == ops::Reduction::kSum ? 1 : f.count;
-  return record("cross_entropy", {x, t}, f.loss, [x, t, lse = f.lse, divisor, ignore_index](const Tensor& g) {
-    return Grads{ops::cross_entropy_backward(g, x, t, lse, divisor, ignore_index), Tensor()};
-  });
+  // The logits are overwritten only if, when backward runs, this node's handle is the last one to them and to their
+  // storage (no caller variable, view or other node can read them afterwards). The backward runs once (the graph is
+  // not retained), so its own handle is not read again either.
+  auto saved = std::make_shared<Tensor>(x.detach());
+  auto backward = [saved, t, lse = f.lse, divisor, ignore_index, classes](const Tensor& g) {
+    MINIDL_CHECK(saved->defined(), "cross_entropy: a second backward through a node whose logits the first one "
+                 "overwrote with their gradient");
+    const bool last = saved->impl_ptr().use_count() == 1 && saved->impl()->storage.use_count() == 1;
+    Tensor dlogits = ops::cross_entropy_backward(g, *saved, t, lse, divisor, ignore_index, classes, last);
+    if (last) *saved = Tensor();
+    return Grads{dlogits, Tensor()};
+  };
+  return record("cross_entropy", {x, t}, f.loss, backward);
 }
 
 Tensor causal_attention(const Tensor& qkv, int n_head) {

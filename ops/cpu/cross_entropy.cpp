@@ -1,12 +1,15 @@
 // Fused softmax + cross-entropy on the CPU, parallel over rows. Forward reads each row of logits once (an
 // online logsumexp over chunks: each chunk's max, then its exps against the running max, while the chunk is in
 // L1); backward reads it once more and writes dlogits. f32 runs ops/cpu/simd's vector max and exp; f64 std::exp.
+// 16-bit logits are upcast to f32 first (the CPU reference of the CUDA kernels, which read them directly).
+// Rows are V = classes long and Vp = logits.size(1) apart: padded columns are never read, and get zero gradients.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
 #include "core/parallel.h"
+#include "ops/cast.h"
 #include "ops/cpu/simd/simd.h"
 #include "ops/cross_entropy.h"
 #include "ops/kernels/softmax.h"
@@ -40,11 +43,12 @@ int64_t cross_entropy_count_targets(const Tensor& targets, int64_t classes, int6
 }
 
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                                          Reduction reduction) {
-  check_cross_entropy(logits, targets);
+                                          Reduction reduction, int64_t classes) {
+  const int64_t V = check_cross_entropy(logits, targets, classes);
   if (!logits.device().is_cpu())
-    return cross_entropy_forward_device(logits.device())(logits, targets, ignore_index, reduction);
-  int64_t N = logits.size(0), V = logits.size(1);
+    return cross_entropy_forward_device(logits.device())(logits, targets, ignore_index, reduction, V);
+  if (is_half(logits.dtype())) return cross_entropy_forward(upcast(logits), targets, ignore_index, reduction, V);
+  const int64_t N = logits.size(0), Vp = logits.size(1);
   CrossEntropyForward f{Tensor::empty({}, logits.dtype(), logits.device()),
                         Tensor::empty({N}, logits.dtype(), logits.device()), 0};
   dispatch_float("cross_entropy", logits.dtype(), [&](auto tag) {
@@ -59,7 +63,7 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
       T* loss = row_loss.data<T>();
       parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
-          const T* xr = x + n * V;
+          const T* xr = x + n * Vp;
           kernels::OnlineSoftmax<T> acc{-std::numeric_limits<T>::infinity(), T(0)};
           for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
             int64_t j1 = std::min(V, j0 + kChunk);
@@ -93,17 +97,24 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
 }
 
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              int64_t divisor, int64_t ignore_index) {
-  check_cross_entropy(logits, targets);
-  int64_t N = logits.size(0), V = logits.size(1);
+                              int64_t divisor, int64_t ignore_index, int64_t classes, bool overwrite_logits) {
+  const int64_t V = check_cross_entropy(logits, targets, classes);
+  const int64_t N = logits.size(0), Vp = logits.size(1);
   MINIDL_CHECK(dloss.defined() && dloss.numel() == 1, "cross_entropy_backward: expected a scalar dloss, got ",
                dloss.defined() ? dloss.shape() : Shape{});
-  check_shaped_like("cross_entropy_backward", "lse", lse, Shape{N}, logits);
+  MINIDL_CHECK(lse.defined() && lse.shape() == Shape{N} && lse.device() == logits.device(),
+               "cross_entropy_backward: expected lse of shape (", N, ") on ", logits.device(), ", got ",
+               lse.defined() ? lse.shape() : Shape{});
   MINIDL_CHECK(dloss.device() == logits.device(), "cross_entropy_backward: expected dloss on ", logits.device(),
                ", got ", dloss.device());
   if (!logits.device().is_cpu())
-    return cross_entropy_backward_device(logits.device())(dloss, logits, targets, lse, divisor, ignore_index);
-  Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+    return cross_entropy_backward_device(logits.device())(dloss, logits, targets, lse, divisor, ignore_index, V,
+                                                          overwrite_logits);
+  if (is_half(logits.dtype()))
+    return cast(cross_entropy_backward(dloss, upcast(logits), targets, lse, divisor, ignore_index, V), logits.dtype());
+  check_shaped_like("cross_entropy_backward", "lse", lse, Shape{N}, logits);
+  // In place, each element is read (in exp(x - lse)) before it is written.
+  Tensor dlogits = overwrite_logits ? logits : Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   dispatch_float("cross_entropy_backward", logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     dispatch_index(targets, [&](auto itag) {
@@ -114,13 +125,14 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
       T scale = T(dloss.item() / double(divisor));
       parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
-          T* dr = dx + n * V;
+          T* dr = dx + n * Vp;
+          for (int64_t j = V; j < Vp; ++j) dr[j] = T(0);
           int64_t target = int64_t(t[n]);
           if (target == ignore_index) {
             for (int64_t j = 0; j < V; ++j) dr[j] = T(0);
             continue;
           }
-          const T* xr = x + n * V;
+          const T* xr = x + n * Vp;
           T l = plse[n];
           if constexpr (std::is_same_v<T, float>) {
             simd::exp_sub_scale(xr, l, scale, dr, V);

@@ -2,15 +2,21 @@
 // ops/cpu/cross_entropy.cpp). The (N, V) probabilities are never stored.
 //
 // One block per row: GPT's V = 50257 is far too long for a warp, and a block reads its row with consecutive
-// threads at consecutive addresses (128-bit vectors when V % 4 == 0 and the row is aligned). Each thread keeps an
-// online softmax (kernels::OnlineSoftmax: running max and sum) over its strided part of the row, so the row is read
-// once; the (max, sum) pairs are then merged by warp shuffles and across warps through shared memory, in a fixed
-// order. The mean over counted rows is a second, single-block kernel that adds the per-row losses in a fixed
-// order: no float atomics, the same bits on every run and every GPU.
+// threads at consecutive addresses (16-byte vectors, 4 floats or 8 16-bit values, when the row stride allows it,
+// then the last V % width columns one at a time). Each thread keeps an online softmax (kernels::OnlineSoftmax:
+// running max and sum) over its strided part of the row, so the row is read once; the (max, sum) pairs are then
+// merged by warp shuffles and across warps through shared memory, in a fixed order. The mean over counted rows is a
+// second, single-block kernel that adds the per-row losses in a fixed order: no float atomics, the same bits on
+// every run and every GPU.
+//
+// Logits are f32, f16 or bf16 (read as they are: no cast kernel around the classifier under autocast); the math,
+// the lse and the loss are f32. Rows are `classes` (V) long and `stride` (Vp >= V, the padded vocabulary) apart:
+// the padding columns are never read by the forward and get zero gradients. The backward may write dlogits over
+// the logits (dlogits == logits): each thread reads its elements before writing the same elements.
 #include <cmath>
 
-#include "ops/cuda/device_utils.h"
 #include "ops/cuda/cross_entropy.h"
+#include "ops/cuda/device_utils.h"
 #include "ops/kernels/softmax.h"
 
 namespace minidl::ops::cuda {
@@ -21,6 +27,23 @@ constexpr int kWarps = kThreads / kWarpSize;
 
 using Online = kernels::OnlineSoftmax<float>;
 
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void from_float(float x, float* out) { *out = x; }
+__device__ __forceinline__ void from_float(float x, __half* out) { *out = __float2half_rn(x); }
+__device__ __forceinline__ void from_float(float x, __nv_bfloat16* out) { *out = __float2bfloat16_rn(x); }
+
+// N values of T moved as one access (16 bytes when vectorised).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+// Elements per 16-byte access.
+template <class T>
+constexpr int kVecWidth = int(16 / sizeof(T));
+
 // a := a merged with b (both partial softmaxes of disjoint parts of one row).
 __device__ __forceinline__ void merge(Online& a, const Online& b) {
   a.rescale_for(b.max);
@@ -28,23 +51,37 @@ __device__ __forceinline__ void merge(Online& a, const Online& b) {
   a.sum += b.max == a.max ? b.sum : b.sum * expf(b.max - a.max);
 }
 
-// Forward: lse[row], and row_loss[row] = lse - logit[target] (0 for an ignored row).
-template <int V>
+// acc := acc with n more logits whose maximum is block_max.
+template <int N>
+__device__ __forceinline__ void add(Online& acc, const float (&x)[N]) {
+  float block_max = x[0];
+  for (int k = 1; k < N; ++k) block_max = fmaxf(block_max, x[k]);
+  if (block_max == -INFINITY) return;  // only masked logits: they add exp(-inf) = 0
+  acc.rescale_for(block_max);
+  for (int k = 0; k < N; ++k) acc.sum += expf(x[k] - acc.max);
+}
+
+// Forward: lse[row], and row_loss[row] = lse - logit[target] (0 for an ignored row). N: elements per access (1, or
+// kVecWidth<T> when the stride and the base pointer allow vectors).
+template <class T, int N>
 __global__ void __launch_bounds__(kThreads)
-    cross_entropy_forward_kernel(const float* logits, const int64_t* targets, float* lse, float* row_loss,
-                                 int64_t classes, int64_t ignore_index) {
+    cross_entropy_forward_kernel(const T* logits, const int64_t* targets, float* lse, float* row_loss,
+                                 int64_t classes, int64_t stride, int64_t ignore_index) {
   MINIDL_SHARED(float, warp_maxes, [kWarps]);
   MINIDL_SHARED(float, warp_sums, [kWarps]);
   const int64_t row = blockIdx.x;
-  const float* xr = logits + row * classes;
+  const T* xr = logits + row * stride;
   Online acc{-INFINITY, 0.0f};
-  for (int64_t j = int64_t(threadIdx.x) * V; j < classes; j += int64_t(kThreads) * V) {
-    const FloatVec<V> xv = load_vec<V>(xr + j);
-    float block_max = xv.v[0];
-    for (int k = 1; k < V; ++k) block_max = fmaxf(block_max, xv.v[k]);
-    if (block_max == -INFINITY) continue;  // only masked logits: they add exp(-inf) = 0
-    acc.rescale_for(block_max);
-    for (int k = 0; k < V; ++k) acc.sum += expf(xv.v[k] - acc.max);
+  const int64_t vectors_end = classes / N * N;
+  for (int64_t j = int64_t(threadIdx.x) * N; j < vectors_end; j += int64_t(kThreads) * N) {
+    const Vec<T, N> xv = *reinterpret_cast<const Vec<T, N>*>(xr + j);
+    float x[N];
+    for (int k = 0; k < N; ++k) x[k] = to_float(xv.v[k]);
+    add(acc, x);
+  }
+  for (int64_t j = vectors_end + threadIdx.x; j < classes; j += kThreads) {
+    const float x[1] = {to_float(xr[j])};
+    add(acc, x);
   }
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     const Online other{__shfl_xor_sync(kFullWarp, acc.max, offset), __shfl_xor_sync(kFullWarp, acc.sum, offset)};
@@ -62,7 +99,7 @@ __global__ void __launch_bounds__(kThreads)
     const float l = total.logsumexp();
     const int64_t target = targets[row];
     lse[row] = l;
-    row_loss[row] = target == ignore_index ? 0.0f : l - xr[target];
+    row_loss[row] = target == ignore_index ? 0.0f : l - to_float(xr[target]);
   }
 }
 
@@ -96,11 +133,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Backward: dlogits = (exp(x - lse) - onehot) * scale, scale = dloss / divisor, zeros for an ignored row.
-template <int V>
+// Backward: dlogits = (exp(x - lse) - onehot) * scale, scale = dloss / divisor, zeros for an ignored row and for
+// the padded columns [classes, stride). Each access covers N consecutive columns of [0, stride).
+template <class T, int N>
 __global__ void __launch_bounds__(kThreads)
-    cross_entropy_backward_kernel(const float* dloss, const float* logits, const int64_t* targets,
-                                  const float* lse, const int64_t* divisor, float* dlogits, int64_t classes,
+    cross_entropy_backward_kernel(const float* dloss, const T* logits, const int64_t* targets, const float* lse,
+                                  const int64_t* divisor, T* dlogits, int64_t classes, int64_t stride,
                                   int64_t ignore_index) {
   const int64_t row = blockIdx.x;
   const int64_t target = targets[row];
@@ -108,45 +146,74 @@ __global__ void __launch_bounds__(kThreads)
   // Rounded like the CPU: the quotient in f64, then to f32.
   const float scale = float(double(*dloss) / double(divisor ? *divisor : 1));
   const float l = lse[row];
-  const float* xr = logits + row * classes;
-  float* dr = dlogits + row * classes;
-  for (int64_t j = int64_t(threadIdx.x) * V; j < classes; j += int64_t(kThreads) * V) {
-    FloatVec<V> out = load_vec<V>(xr + j);
-    for (int k = 0; k < V; ++k) {
-      out.v[k] = ignored ? 0.0f : expf(out.v[k] - l) * scale;
-      if (j + k == target) out.v[k] -= scale;
+  const T* xr = logits + row * stride;
+  T* dr = dlogits + row * stride;
+  for (int64_t j = int64_t(threadIdx.x) * N; j < stride; j += int64_t(kThreads) * N) {
+    Vec<T, N> out = *reinterpret_cast<const Vec<T, N>*>(xr + j);
+    for (int k = 0; k < N; ++k) {
+      float d = ignored || j + k >= classes ? 0.0f : expf(to_float(out.v[k]) - l) * scale;
+      if (j + k == target) d -= scale;
+      from_float(d, &out.v[k]);
     }
-    store_vec<V>(dr + j, out);
+    *reinterpret_cast<Vec<T, N>*>(dr + j) = out;
   }
 }
 
-}  // namespace
+// Vectors when every row starts 16-byte aligned.
+template <class T>
+bool vectorizable(const T* p, int64_t stride) {
+  return stride % kVecWidth<T> == 0 && aligned16(p);
+}
 
-cudaError_t cross_entropy_forward(const float* logits, const int64_t* targets, float* lse, float* row_loss,
-                                  float* loss, int64_t* count, int64_t rows, int64_t classes, int64_t ignore_index,
-                                  bool mean, cudaStream_t stream) {
+template <class T>
+cudaError_t launch_forward(const T* logits, const int64_t* targets, float* lse, float* row_loss, float* loss,
+                           int64_t* count, int64_t rows, int64_t classes, int64_t stride, int64_t ignore_index,
+                           bool mean, cudaStream_t stream) {
   if (rows > 0) {
+    constexpr int W = kVecWidth<T>;
     const cudaError_t launched =
-        classes % 4 == 0 && aligned16(logits)
-            ? launch_kernel(cross_entropy_forward_kernel<4>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, logits,
-                            targets, lse, row_loss, classes, ignore_index)
-            : launch_kernel(cross_entropy_forward_kernel<1>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, logits,
-                            targets, lse, row_loss, classes, ignore_index);
+        vectorizable(logits, stride)
+            ? launch_kernel(cross_entropy_forward_kernel<T, W>, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
+                            logits, targets, lse, row_loss, classes, stride, ignore_index)
+            : launch_kernel(cross_entropy_forward_kernel<T, 1>, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
+                            logits, targets, lse, row_loss, classes, stride, ignore_index);
     if (launched != cudaSuccess) return launched;
   }
   return launch_kernel(cross_entropy_loss_kernel, dim3(1), dim3(kThreads), 0, stream, row_loss, targets, rows,
                        ignore_index, mean, loss, count);
 }
 
-cudaError_t cross_entropy_backward(const float* dloss, const float* logits, const int64_t* targets,
-                                   const float* lse, const int64_t* divisor, float* dlogits, int64_t rows,
-                                   int64_t classes, int64_t ignore_index, cudaStream_t stream) {
+template <class T>
+cudaError_t launch_backward(const float* dloss, const T* logits, const int64_t* targets, const float* lse,
+                            const int64_t* divisor, T* dlogits, int64_t rows, int64_t classes, int64_t stride,
+                            int64_t ignore_index, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  if (classes % 4 == 0 && aligned16(logits, dlogits))
-    return launch_kernel(cross_entropy_backward_kernel<4>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, dloss,
-                         logits, targets, lse, divisor, dlogits, classes, ignore_index);
-  return launch_kernel(cross_entropy_backward_kernel<1>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, dloss,
-                       logits, targets, lse, divisor, dlogits, classes, ignore_index);
+  constexpr int W = kVecWidth<T>;
+  if (vectorizable(logits, stride) && aligned16(dlogits))
+    return launch_kernel(cross_entropy_backward_kernel<T, W>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, dloss,
+                         logits, targets, lse, divisor, dlogits, classes, stride, ignore_index);
+  return launch_kernel(cross_entropy_backward_kernel<T, 1>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, dloss,
+                       logits, targets, lse, divisor, dlogits, classes, stride, ignore_index);
 }
+
+}  // namespace
+
+#define MINIDL_CROSS_ENTROPY_LAUNCHERS(T)                                                                            \
+  cudaError_t cross_entropy_forward(const T* logits, const int64_t* targets, float* lse, float* row_loss,          \
+                                    float* loss, int64_t* count, int64_t rows, int64_t classes, int64_t stride,    \
+                                    int64_t ignore_index, bool mean, cudaStream_t stream) {                        \
+    return launch_forward(logits, targets, lse, row_loss, loss, count, rows, classes, stride, ignore_index, mean,  \
+                          stream);                                                                                 \
+  }                                                                                                                \
+  cudaError_t cross_entropy_backward(const float* dloss, const T* logits, const int64_t* targets, const float* lse, \
+                                     const int64_t* divisor, T* dlogits, int64_t rows, int64_t classes,            \
+                                     int64_t stride, int64_t ignore_index, cudaStream_t stream) {                  \
+    return launch_backward(dloss, logits, targets, lse, divisor, dlogits, rows, classes, stride, ignore_index,     \
+                           stream);                                                                                \
+  }
+MINIDL_CROSS_ENTROPY_LAUNCHERS(float)
+MINIDL_CROSS_ENTROPY_LAUNCHERS(__half)
+MINIDL_CROSS_ENTROPY_LAUNCHERS(__nv_bfloat16)
+#undef MINIDL_CROSS_ENTROPY_LAUNCHERS
 
 }  // namespace minidl::ops::cuda

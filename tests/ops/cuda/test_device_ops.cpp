@@ -153,6 +153,44 @@ TEST_F(DeviceOps, CrossEntropyForwardAndBackwardMatchTheCpuAndCheckTargets) {
                {"cross_entropy", "target 65 at row 5", "out of range"});
 }
 
+// The fused classifier over 16-bit logits: bf16/f16 read as they are (f32 math, f32 lse and loss), a padded row
+// stride (65 classes in rows of 128: vectorised, with a scalar tail; 37 in rows of 37: scalar), ignored rows, and
+// dlogits written over the logits. Reference: the CPU op on the same 16-bit values widened to f32 (exact), its
+// dlogits rounded to the 16-bit type like the kernel's: equal within one 16-bit rounding.
+TEST_F(DeviceOps, CrossEntropyOver16BitLogitsWithPaddedStrideMatchesTheCpu) {
+  const int64_t N = 19;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (auto [V, Vp] : {std::pair<int64_t, int64_t>{65, 128}, {37, 37}})
+      for (bool in_place : {false, true}) {
+        const std::string what = std::string(dtype_name(dt)) + " V " + std::to_string(V) + " Vp " +
+                                 std::to_string(Vp) + (in_place ? " in place: " : ": ");
+        const Tensor logits16 = ops::cast(random_tensor({N, Vp}, 21, DType::f32, 3.0), dt);
+        const Tensor logits = ops::upcast(logits16);
+        std::vector<int64_t> t(N);
+        for (int64_t i = 0; i < N; ++i) t[size_t(i)] = i % 5 == 2 ? -1 : (i * 13) % V;
+        const Tensor targets = Tensor::from_vector(t, Shape{N});
+        ops::CrossEntropyForward want = ops::cross_entropy_forward(logits, targets, -1, ops::Reduction::kMean, V);
+        Tensor device_logits = on_cuda(logits16);
+        ops::CrossEntropyForward got =
+            ops::cross_entropy_forward(device_logits, on_cuda(targets), -1, ops::Reduction::kMean, V);
+        EXPECT_EQ(got.loss.dtype(), DType::f32);
+        EXPECT_EQ(got.lse.dtype(), DType::f32);
+        expect_close(back(got.loss), want.loss.to_vector(), 1e-5, what + "loss");
+        expect_close(back(got.lse), want.lse.to_vector(), 1e-5, what + "lse");
+        Tensor dloss = Tensor::full({}, 0.5);
+        Tensor dwant = ops::cast(ops::cross_entropy_backward(dloss, logits, targets, want.lse, want.count, -1, V), dt);
+        Tensor dgot = ops::cross_entropy_backward(on_cuda(dloss), device_logits, on_cuda(targets), got.lse,
+                                                  got.count, -1, V, in_place);
+        EXPECT_EQ(dgot.dtype(), dt);
+        EXPECT_EQ(dgot.raw_device_data() == device_logits.raw_device_data(), in_place) << what << "in place";
+        // f32 exps on both sides, rounded once to 16 bits: at most one rounding step apart.
+        expect_close(back(dgot), ops::upcast(dwant).to_vector(), dt == DType::bf16 ? 1e-2 : 2e-3, what + "dlogits");
+        const std::vector<double> d = back(dgot);
+        for (int64_t i = 0; i < N; ++i)
+          for (int64_t j = V; j < Vp; ++j) ASSERT_EQ(d[size_t(i * Vp + j)], 0.0) << what << "padded column " << j;
+      }
+}
+
 TEST_F(DeviceOps, EmbeddingForwardAndBackwardMatchTheCpuAndCheckIds) {
   Tensor w = random_tensor({11, 19}, 15, DType::f32), g = random_tensor({3, 7, 19}, 16, DType::f32);
   std::vector<int32_t> v(21);
