@@ -2,7 +2,7 @@
 // autograd/functions.h cast their operands per the table below; outside, nothing changes.
 //
 //   { autograd::AutocastGuard amp(DType::bf16);       // forward (and backward) of one optimizer step
-//     Tensor loss = model.loss(x, y);                  // matmuls in bf16, layernorm / loss in f32
+//     Tensor loss = model.loss(x, y);                  // matmuls in bf16; layernorm math / loss in f32
 //     loss.backward(); }                               // parameters (f32 masters) get f32 gradients
 //   optimizer.step();                                  // after the guard: next step casts the new weights
 //
@@ -16,7 +16,7 @@
 //   | bias_gelu                            | bias cast to x's dtype             | x's dtype       |
 //   | gelu, dropout, add/sub/mul/div, views| as given (16-bit runs in f32 math) | input dtype     |
 //   | add/sub/mul/div of mixed dtypes      | 16-bit operand cast to f32         | f32             |
-//   | layernorm                            | 16-bit x kept (saved) as is, math  | f32             |
+//   | layernorm (and add_layernorm)        | 16-bit x kept (saved) as is, math  | x's dtype       |
 //   |                                      | in f32; weight, bias f32           |                 |
 //   | softmax, cross_entropy, sum/mean/max | 16-bit inputs cast to f32          | f32             |
 //

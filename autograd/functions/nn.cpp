@@ -37,13 +37,13 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   Tensor xc = contiguous(x), w = contiguous(weight), b = contiguous(bias);
-  // Under autocast a 16-bit x is normalised in f32 but saved as it came: an f32 copy saved instead would undo
-  // half of mixed precision's activation saving (the residual stream feeds two layernorms per block).
-  bool half_x = autograd::autocast_enabled() && xc.defined() && ops::is_half(xc.dtype());
-  ops::LayerNormForward f = ops::layernorm_forward(half_x ? ops::upcast(xc) : xc, w, b, eps);
-  return record("layernorm", {xc, w, b}, f.y, [xc, w, half_x, mean = f.mean, rstd = f.rstd](const Tensor& g) {
-    ops::LayerNormBackward r = ops::layernorm_backward(contiguous(g), half_x ? ops::upcast(xc) : xc, w, mean, rstd);
-    return Grads{half_x ? ops::cast(r.dx, xc.dtype()) : r.dx, r.dweight, r.dbias};
+  // A 16-bit x (the residual stream under autocast) goes to the kernel as it is: normalised in f32 with the f32
+  // weight and bias, y rounded once to x's dtype — what the next 16-bit matmul would have cast it to — and x saved
+  // without an f32 copy (the residual stream feeds two layernorms per block).
+  ops::LayerNormForward f = ops::layernorm_forward(xc, w, b, eps);
+  return record("layernorm", {xc, w, b}, f.y, [xc, w, mean = f.mean, rstd = f.rstd](const Tensor& g) {
+    ops::LayerNormBackward r = ops::layernorm_backward(contiguous(ops::cast(g, xc.dtype())), xc, w, mean, rstd);
+    return Grads{r.dx, r.dweight, r.dbias};
   });
 }
 

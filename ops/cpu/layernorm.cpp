@@ -1,6 +1,8 @@
 // Layer norm on the CPU, parallel over rows. Statistics are accumulated in double: a row of C floats summed in
 // float loses digits that the gradient check and long rows both notice, and it costs nothing measurable.
 // f32 rows run ops/cpu/simd's vector code; f64 (the gradient-check path) the scalar loops below, its reference.
+// 16-bit x is computed by the f32 op on its exact f32 copy, y and dx rounded once to x's dtype (the CUDA kernels
+// read 16-bit storage directly and compute the same f32 math).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -17,9 +19,14 @@ static constexpr int64_t kRowsPerPartial = 64;
 
 LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   int64_t C = check_layernorm("layernorm", x, weight);
-  check_shaped_like("layernorm", "bias", bias, Shape{C}, x);
+  check_layernorm_param("layernorm", "bias", bias, Shape{C}, x);
   MINIDL_CHECK(eps > 0, "layernorm: expected eps > 0, got ", eps);
   if (!x.device().is_cpu()) return layernorm_forward_device(x.device())(x, weight, bias, eps);
+  if (is_half(x.dtype())) {
+    LayerNormForward f = layernorm_forward(upcast(x), weight, bias, eps);
+    f.y = cast(f.y, x.dtype());
+    return f;
+  }
   int64_t rows = x.numel() / C;
   LayerNormForward f{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, x.dtype(), x.device()),
                      Tensor::empty({rows}, x.dtype(), x.device())};
@@ -57,9 +64,14 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   int64_t C = check_layernorm("layernorm_backward", x, weight);
   int64_t rows = x.numel() / C;
   check_shaped_like("layernorm_backward", "dy", dy, x.shape(), x);
-  check_shaped_like("layernorm_backward", "mean", mean, Shape{rows}, x);
-  check_shaped_like("layernorm_backward", "rstd", rstd, Shape{rows}, x);
+  check_layernorm_param("layernorm_backward", "mean", mean, Shape{rows}, x);
+  check_layernorm_param("layernorm_backward", "rstd", rstd, Shape{rows}, x);
   if (!x.device().is_cpu()) return layernorm_backward_device(x.device())(dy, x, weight, mean, rstd);
+  if (is_half(x.dtype())) {
+    LayerNormBackward g = layernorm_backward(upcast(dy), upcast(x), weight, mean, rstd);
+    g.dx = cast(g.dx, x.dtype());
+    return g;
+  }
   LayerNormBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({C}, x.dtype(), x.device()),
                       Tensor::empty({C}, x.dtype(), x.device())};
   dispatch_float("layernorm_backward", x.dtype(), [&](auto tag) {

@@ -41,7 +41,8 @@ TEST(Autocast, OpDtypesFollowThePolicy) {
     EXPECT_EQ(dropout(e, 0.5, 1, 2, 3).dtype(), half);
     EXPECT_EQ((e + e).dtype(), half);
     EXPECT_EQ((e + ramp({3, 8})).dtype(), DType::f32);  // mixed: promoted
-    EXPECT_EQ(layernorm(e, ln_w, ln_b).dtype(), DType::f32);
+    EXPECT_EQ(layernorm(e, ln_w, ln_b).dtype(), half);  // f32 math, rounded once to x's dtype
+    EXPECT_EQ(layernorm(ramp({3, 8}), ln_w, ln_b).dtype(), DType::f32);
     EXPECT_EQ(softmax(e).dtype(), DType::f32);
     Tensor targets = Tensor::from_vector(std::vector<int64_t>{0, 1, 2}, {3});
     EXPECT_EQ(cross_entropy(e, targets).dtype(), DType::f32);

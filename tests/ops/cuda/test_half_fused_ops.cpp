@@ -1,0 +1,80 @@
+// The 16-bit-native fused ops on device tensors (ops/cuda/tensor/layernorm.cpp, gelu.cpp): f16 and bf16 activations
+// go straight to the kernels, with no f32 copies, against the same ops on the CPU; and the launch counters show it:
+// one launch per forward, two per backward (the rows, then the fixed-order partial sums), no copies or syncs.
+#include "core/cuda/cuda.h"
+#include "ops/gelu.h"
+#include "ops/layernorm.h"
+#include "tensor_ops_test.h"
+
+namespace minidl::testing {
+namespace {
+
+// The counters of what `fn` asked of the device.
+template <class Fn>
+cuda::Counters counted(Fn&& fn) {
+  const cuda::Counters before = cuda::counters();
+  fn();
+  return cuda::counters() - before;
+}
+
+void expect_only_launches(const cuda::Counters& c, int64_t launches, const std::string& what) {
+  EXPECT_EQ(c.kernel_launches, launches) << what;
+  EXPECT_EQ(c.memsets + c.host_syncs + c.h2d_copies + c.d2h_copies + c.d2d_copies, 0) << what;
+}
+
+TEST_F(CudaTensorOps, HalfLayerNormRunsNativelyAndMatchesTheCpu) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const std::string name = dtype_name(dt);
+    const Tensor x = random_tensor({3, 5, 36}, 1, dt, 2.0), dy = random_tensor({3, 5, 36}, 2, dt);
+    const Tensor w = random_tensor({36}, 3, DType::f32), b = random_tensor({36}, 4, DType::f32);
+    const Tensor dx_ = x.to(kCuda), ddy = dy.to(kCuda), dw = w.to(kCuda), db = b.to(kCuda);
+    const ops::LayerNormForward want = ops::layernorm_forward(x, w, b, 1e-5);
+    ops::LayerNormForward got;
+    expect_only_launches(counted([&] { got = ops::layernorm_forward(dx_, dw, db, 1e-5); }), 1,
+                         "layernorm forward " + name);
+    expect_device_matches(got.y, want.y, rtol_for(dt), "y " + name);
+    expect_device_matches(got.rstd, want.rstd, 1e-5, "rstd " + name);
+
+    const ops::LayerNormBackward want_grad = ops::layernorm_backward(dy, x, w, want.mean, want.rstd);
+    ops::LayerNormBackward grad;
+    expect_only_launches(counted([&] { grad = ops::layernorm_backward(ddy, dx_, dw, got.mean, got.rstd); }), 2,
+                         "layernorm backward " + name);
+    expect_device_matches(grad.dx, want_grad.dx, rtol_for(dt), "dx " + name);
+    expect_device_matches(grad.dweight, want_grad.dweight, 1e-5, "dweight " + name);
+    expect_device_matches(grad.dbias, want_grad.dbias, 1e-5, "dbias " + name);
+  }
+}
+
+TEST_F(CudaTensorOps, HalfLayerNormTakesF32ParametersOnly) {
+  const Tensor x = random_tensor({2, 8}, 5, DType::bf16).to(kCuda), w16 = random_tensor({8}, 6, DType::bf16);
+  try {
+    ops::layernorm_forward(x, w16.to(kCuda), w16.to(kCuda), 1e-5);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("layernorm: expected weight to have dtype f32 for x of dtype bf16, got bf16"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST_F(CudaTensorOps, HalfBiasGeluRunsNatively) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const std::string name = dtype_name(dt);
+    const Tensor x = random_tensor({4, 3, 40}, 7, dt, 3.0), dy = random_tensor({4, 3, 40}, 8, dt);
+    const Tensor bias = random_tensor({40}, 9, dt);
+    const Tensor dx_ = x.to(kCuda), ddy = dy.to(kCuda), db = bias.to(kCuda);
+    Tensor y;
+    expect_only_launches(counted([&] { y = ops::bias_gelu_forward(dx_, db); }), 1, "bias_gelu forward " + name);
+    expect_device_matches(y, ops::bias_gelu_forward(x, bias), rtol_for(dt), "y " + name);
+    ops::BiasGeluBackward grad;
+    expect_only_launches(counted([&] { grad = ops::bias_gelu_backward(ddy, dx_, db); }), 2,
+                         "bias_gelu backward " + name);
+    const ops::BiasGeluBackward want = ops::bias_gelu_backward(dy, x, bias);
+    expect_device_matches(grad.dx, want.dx, rtol_for(dt), "dx " + name);
+    expect_device_matches(grad.dbias, want.dbias, rtol_for(dt), "dbias " + name);
+  }
+}
+
+}  // namespace
+}  // namespace minidl::testing
