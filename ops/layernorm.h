@@ -43,6 +43,33 @@ inline DeviceKernel<LayerNormForward(const Tensor&, const Tensor&, const Tensor&
 inline DeviceKernel<LayerNormBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&)>
     layernorm_backward_device{"layernorm_backward"};
 
+// The residual add fused into the layer norm that reads it (the GPT block's y = x + attn(ln_1(x)) feeding ln_2):
+// one pass over the rows instead of an add and a layernorm, with the same arithmetic as the two ops.
+//
+//   auto [s, y, mean, rstd] = ops::add_layernorm_forward(a, b, w, bias, 1e-5);    // s = a + b, y = layernorm(s)
+//   auto [ds, dw, db] = ops::add_layernorm_backward(dy, dsum, s, w, mean, rstd);  // ds = da = db
+struct AddLayerNormForward {
+  Tensor sum;   // a + b, a's dtype (rounded once, as ops::add)
+  Tensor y;     // layernorm(sum), like LayerNormForward
+  Tensor mean;  // (rows)
+  Tensor rstd;  // (rows)
+};
+
+// a, b: (..., C), the same shape and dtype; weight, bias: (C) in layernorm_param_dtype(a).
+AddLayerNormForward add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                                          double eps);
+// dy: the gradient of y; dsum: the gradient of sum from its other uses (the residual stream), or undefined.
+// dx = layernorm_backward(dy, sum, ...).dx + dsum, the gradient of sum and so of a and of b; dweight, dbias as
+// layernorm_backward.
+LayerNormBackward add_layernorm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Tensor& weight,
+                                         const Tensor& mean, const Tensor& rstd);
+
+inline DeviceKernel<AddLayerNormForward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double)>
+    add_layernorm_forward_device{"add_layernorm"};
+inline DeviceKernel<LayerNormBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&)>
+    add_layernorm_backward_device{"add_layernorm_backward"};
+
 // ---- argument checks, shared by every backend's entry ----
 // The dtype of weight, bias, mean and rstd for x: x's own, f32 for 16-bit x.
 inline DType layernorm_param_dtype(const Tensor& x) { return is_half(x.dtype()) ? DType::f32 : x.dtype(); }

@@ -47,6 +47,48 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   });
 }
 
+namespace {
+
+// Two outputs (0: sum, 1: y), so that backward gets both gradients of the residual stream at once: the one from
+// its later uses (dsum) and the layernorm's, added inside the backward kernel. a and b receive the same gradient.
+class AddLayerNormNode final : public autograd::Node {
+ public:
+  AddLayerNormNode(const ops::AddLayerNormForward& f, const Tensor& weight)
+      : Node("add_layernorm"), sum_(f.sum.detach()), weight_(weight), mean_(f.mean), rstd_(f.rstd) {}
+  uint32_t num_outputs() const override { return 2; }
+
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor dsum = grads[0].defined() ? contiguous(ops::cast(grads[0], sum_.dtype())) : Tensor();
+    if (!grads[1].defined()) return {dsum, dsum, Tensor(), Tensor()};
+    const Tensor dy = contiguous(ops::cast(grads[1], sum_.dtype()));
+    ops::LayerNormBackward r = ops::add_layernorm_backward(dy, dsum, sum_, weight_, mean_, rstd_);
+    return {r.dx, r.dx, r.dweight, r.dbias};
+  }
+
+ private:
+  Tensor sum_, weight_, mean_, rstd_;
+};
+
+}  // namespace
+
+AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias, double eps) {
+  if (a.defined() && b.defined() && a.dtype() != b.dtype()) {  // mixed dtypes: the add promotes, as `a + b` does
+    Tensor sum = a + b;
+    return {sum, layernorm(sum, weight, bias, eps)};
+  }
+  Tensor ac = contiguous(a), bc = contiguous(b), w = contiguous(weight), bs = contiguous(bias);
+  ops::AddLayerNormForward f = ops::add_layernorm_forward(ac, bc, w, bs, eps);
+  AddLayerNorm out{f.sum, f.y};
+  if (!autograd::any_requires_grad({ac, bc, w, bs})) return out;
+  auto node = std::make_shared<AddLayerNormNode>(f, w);
+  for (const Tensor& t : {ac, bc, w, bs}) node->next_edges().push_back(autograd::gradient_edge(t));
+  out.sum.impl()->autograd.grad_fn = node;
+  out.sum.impl()->autograd.output_nr = 0;
+  out.y.impl()->autograd.grad_fn = node;
+  out.y.impl()->autograd.output_nr = 1;
+  return out;
+}
+
 Tensor gelu(const Tensor& x) {
   Tensor xc = contiguous(x);
   return record("gelu", {xc}, ops::gelu_forward(xc), [xc](const Tensor& g) {

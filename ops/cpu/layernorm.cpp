@@ -9,6 +9,7 @@
 
 #include "core/parallel.h"
 #include "ops/cpu/simd/simd.h"
+#include "ops/elementwise.h"
 #include "ops/layernorm.h"
 
 namespace minidl::ops {
@@ -116,6 +117,35 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
         db[c] += partial[k * 2 * C + C + c];
       }
   });
+  return g;
+}
+
+// The CPU computes the fused op as the two ops it replaces, so that it is their bitwise reference: the add (16-bit
+// operands in f32, rounded once) and the layernorm; in backward the autograd engine's ops::add of the gradients.
+AddLayerNormForward add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                                          double eps) {
+  int64_t C = check_layernorm("add_layernorm", a, weight);
+  check_shaped_like("add_layernorm", "b", b, a.shape(), a);
+  check_layernorm_param("add_layernorm", "bias", bias, Shape{C}, a);
+  MINIDL_CHECK(eps > 0, "add_layernorm: expected eps > 0, got ", eps);
+  if (!a.device().is_cpu()) return add_layernorm_forward_device(a.device())(a, b, weight, bias, eps);
+  Tensor sum = add(a, b);
+  LayerNormForward f = layernorm_forward(sum, weight, bias, eps);
+  return {sum, f.y, f.mean, f.rstd};
+}
+
+LayerNormBackward add_layernorm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Tensor& weight,
+                                         const Tensor& mean, const Tensor& rstd) {
+  int64_t C = check_layernorm("add_layernorm_backward", sum, weight);
+  int64_t rows = sum.numel() / C;
+  check_shaped_like("add_layernorm_backward", "dy", dy, sum.shape(), sum);
+  if (dsum.defined()) check_shaped_like("add_layernorm_backward", "dsum", dsum, sum.shape(), sum);
+  check_layernorm_param("add_layernorm_backward", "mean", mean, Shape{rows}, sum);
+  check_layernorm_param("add_layernorm_backward", "rstd", rstd, Shape{rows}, sum);
+  if (!sum.device().is_cpu())
+    return add_layernorm_backward_device(sum.device())(dy, dsum, sum, weight, mean, rstd);
+  LayerNormBackward g = layernorm_backward(dy, sum, weight, mean, rstd);
+  if (dsum.defined()) g.dx = add(g.dx, dsum);
   return g;
 }
 

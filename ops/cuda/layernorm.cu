@@ -21,19 +21,36 @@ constexpr int kWarpsPerBlock = 8;  // rows in flight per block of 256 threads
 constexpr int64_t kMaxBackwardBlocks = 128;
 
 // Forward. The row is read three times (sum, squared deviations, output): the later passes hit L1/L2, and the
-// two-pass variance does not cancel when |mean| >> std.
+// two-pass variance does not cancel when |mean| >> std. With a residual (add_layernorm), the first pass forms
+// s = x + residual, rounded to T as the unfused add would, writes it to sum_out, and the later passes read s back
+// (each lane its own columns, just written).
 template <int V, class T>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
-    layernorm_forward_kernel(const T* x, const float* weight, const float* bias, T* y, float* mean, float* rstd,
-                             int64_t rows, int C, float eps) {
+    layernorm_forward_kernel(const T* x, const T* residual, const float* weight, const float* bias, T* sum_out, T* y,
+                             float* mean, float* rstd, int64_t rows, int C, float eps) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   if (row >= rows) return;  // the whole warp leaves together; this kernel has no block barrier
   const T* xr = x + row * C;
   float sum = 0.0f;
-  for (int c = lane * V; c < C; c += kWarpSize * V) {
-    const FloatVec<V> xv = load_floats<V>(xr + c);
-    for (int k = 0; k < V; ++k) sum += xv.v[k];
+  if (residual != nullptr) {
+    const T* rr = residual + row * C;
+    T* sr = sum_out + row * C;
+    for (int c = lane * V; c < C; c += kWarpSize * V) {
+      FloatVec<V> sv = load_floats<V>(xr + c);
+      const FloatVec<V> rv = load_floats<V>(rr + c);
+      for (int k = 0; k < V; ++k) {
+        sv.v[k] = rounded_to<T>(sv.v[k] + rv.v[k]);
+        sum += sv.v[k];
+      }
+      store_floats<V>(sr + c, sv);
+    }
+    xr = sr;
+  } else {
+    for (int c = lane * V; c < C; c += kWarpSize * V) {
+      const FloatVec<V> xv = load_floats<V>(xr + c);
+      for (int k = 0; k < V; ++k) sum += xv.v[k];
+    }
   }
   const float mu = warp_sum(sum) / C;
   float squares = 0.0f;
@@ -59,10 +76,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
 // strided over the grid's warps. Each warp also accumulates dweight = sum dy * xhat and dbias = sum dy for its
 // rows into its own partial rows (dw_part, db_part); a lane always touches the same columns, so no other thread
 // reads or writes them and no atomics are needed. sum_partials then adds the warps' partials in order.
+// With dsum (add_layernorm: the gradient of s from its other uses), dx is the layernorm gradient rounded to T plus
+// dsum, rounded again: the unfused ops' arithmetic (the autograd engine adds the two gradients of s).
 template <int V, class T>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
     layernorm_backward_kernel(const T* dy, const T* x, const float* weight, const float* mean, const float* rstd,
-                              T* dx, float* partials, int64_t rows, int C) {
+                              const T* dsum, T* dx, float* partials, int64_t rows, int C) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -97,6 +116,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
       const FloatVec<V> xv = load_floats<V>(xr + c), dyv = load_floats<V>(dyr + c), w = load_vec<V>(weight + c);
       FloatVec<V> out;
       for (int k = 0; k < V; ++k) out.v[k] = rs * (dyv.v[k] * w.v[k] - mean_g - (xv.v[k] - m) * rs * mean_gx);
+      if (dsum != nullptr) {
+        const FloatVec<V> dsv = load_floats<V>(dsum + row * C + c);
+        for (int k = 0; k < V; ++k) out.v[k] = rounded_to<T>(out.v[k]) + dsv.v[k];
+      }
       store_floats<V>(dxr + c, out);
     }
   }
@@ -109,28 +132,26 @@ unsigned backward_blocks(int64_t rows) {
 }
 
 template <class T>
-cudaError_t launch_forward(const T* x, const float* weight, const float* bias, T* y, float* mean, float* rstd,
-                           int64_t rows, int C, float eps, cudaStream_t stream) {
+cudaError_t launch_forward(const T* x, const T* residual, const float* weight, const float* bias, T* sum_out, T* y,
+                           float* mean, float* rstd, int64_t rows, int C, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const dim3 grid(forward_blocks(rows)), block(kWarpsPerBlock * kWarpSize);
-  if (C % 4 == 0 && aligned_vec4(x, weight, bias, y))
-    return launch_kernel(layernorm_forward_kernel<4, T>, grid, block, 0, stream, x, weight, bias, y, mean, rstd,
-                         rows, C, eps);
-  return launch_kernel(layernorm_forward_kernel<1, T>, grid, block, 0, stream, x, weight, bias, y, mean, rstd, rows,
-                       C, eps);
+  const bool vec4 = C % 4 == 0 && aligned_vec4(x, weight, bias, y) &&
+                    (residual == nullptr || aligned_vec4(residual, sum_out));
+  return launch_kernel(vec4 ? layernorm_forward_kernel<4, T> : layernorm_forward_kernel<1, T>, grid, block, 0, stream,
+                       x, residual, weight, bias, sum_out, y, mean, rstd, rows, C, eps);
 }
 
 template <class T>
-cudaError_t launch_backward(const T* dy, const T* x, const float* weight, const float* mean, const float* rstd, T* dx,
-                            float* dweight, float* dbias, float* scratch, int64_t rows, int C, cudaStream_t stream) {
+cudaError_t launch_backward(const T* dy, const T* x, const float* weight, const float* mean, const float* rstd,
+                            const T* dsum, T* dx, float* dweight, float* dbias, float* scratch, int64_t rows, int C,
+                            cudaStream_t stream) {
   const unsigned blocks = backward_blocks(rows);
   const dim3 block(kWarpsPerBlock * kWarpSize);
-  const bool vec4 = C % 4 == 0 && aligned_vec4(dy, x, weight, dx, scratch);
+  const bool vec4 = C % 4 == 0 && aligned_vec4(dy, x, weight, dx, scratch) && (dsum == nullptr || aligned_vec4(dsum));
   const cudaError_t launched =
-      vec4 ? launch_kernel(layernorm_backward_kernel<4, T>, dim3(blocks), block, 0, stream, dy, x, weight, mean,
-                           rstd, dx, scratch, rows, C)
-           : launch_kernel(layernorm_backward_kernel<1, T>, dim3(blocks), block, 0, stream, dy, x, weight, mean,
-                           rstd, dx, scratch, rows, C);
+      launch_kernel(vec4 ? layernorm_backward_kernel<4, T> : layernorm_backward_kernel<1, T>, dim3(blocks), block, 0,
+                    stream, dy, x, weight, mean, rstd, dsum, dx, scratch, rows, C);
   if (launched != cudaSuccess) return launched;
   return sum_partials(scratch, int64_t(blocks) * kWarpsPerBlock, C, dweight, dbias, 2, stream);
 }
@@ -144,12 +165,21 @@ size_t layernorm_backward_scratch_floats(int64_t rows, int C) {
 #define MINIDL_LAYERNORM_LAUNCHERS(T)                                                                              \
   cudaError_t layernorm_forward(const T* x, const float* weight, const float* bias, T* y, float* mean, float* rstd, \
                                 int64_t rows, int C, float eps, cudaStream_t stream) {                             \
-    return launch_forward(x, weight, bias, y, mean, rstd, rows, C, eps, stream);                                   \
+    return launch_forward<T>(x, nullptr, weight, bias, nullptr, y, mean, rstd, rows, C, eps, stream);              \
+  }                                                                                                                \
+  cudaError_t add_layernorm_forward(const T* a, const T* b, const float* weight, const float* bias, T* sum, T* y,   \
+                                    float* mean, float* rstd, int64_t rows, int C, float eps, cudaStream_t stream) { \
+    return launch_forward<T>(a, b, weight, bias, sum, y, mean, rstd, rows, C, eps, stream);                        \
   }                                                                                                                \
   cudaError_t layernorm_backward(const T* dy, const T* x, const float* weight, const float* mean, const float* rstd, \
                                  T* dx, float* dweight, float* dbias, float* scratch, int64_t rows, int C,          \
                                  cudaStream_t stream) {                                                           \
-    return launch_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, scratch, rows, C, stream);               \
+    return launch_backward<T>(dy, x, weight, mean, rstd, nullptr, dx, dweight, dbias, scratch, rows, C, stream);   \
+  }                                                                                                                \
+  cudaError_t add_layernorm_backward(const T* dy, const T* sum, const float* weight, const float* mean,            \
+                                     const float* rstd, const T* dsum, T* dx, float* dweight, float* dbias,        \
+                                     float* scratch, int64_t rows, int C, cudaStream_t stream) {                  \
+    return launch_backward<T>(dy, sum, weight, mean, rstd, dsum, dx, dweight, dbias, scratch, rows, C, stream);    \
   }
 MINIDL_LAYERNORM_LAUNCHERS(float)
 MINIDL_LAYERNORM_LAUNCHERS(__half)

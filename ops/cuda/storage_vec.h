@@ -15,6 +15,14 @@ __device__ __forceinline__ void from_float(float x, float* out) { *out = x; }
 __device__ __forceinline__ void from_float(float x, __half* out) { *out = __float2half_rn(x); }
 __device__ __forceinline__ void from_float(float x, __nv_bfloat16* out) { *out = __float2bfloat16_rn(x); }
 
+// x rounded to T and back: the value an f32 result has once stored in T.
+template <class T>
+__device__ __forceinline__ float rounded_to(float x) {
+  T t;
+  from_float(x, &t);
+  return to_float(t);
+}
+
 // N consecutive elements of T moved as one access (N * sizeof(T) bytes: 128 bits for 4 floats, 64 for 4 halves).
 template <class T, int N>
 struct alignas(sizeof(T) * N) StorageVec {

@@ -22,8 +22,9 @@ struct Shape2 {
   int C;
 };
 
-// One unit in the last place, relative to the value: 2^-7 for bf16 (8 significant bits), 2^-10 for f16.
-double relative_ulp(DType dt) { return dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024; }
+// One unit in the last place, relative to the value: 2^-7 for bf16 (8 significant bits), 2^-10 for f16; for f32
+// the kernels' usual 1e-5.
+double relative_ulp(DType dt) { return dt == DType::bf16 ? 1.0 / 128 : dt == DType::f16 ? 1.0 / 1024 : 1e-5; }
 
 // The device elements of a 16-bit CPU tensor (the same bits), and back.
 template <class H>
@@ -108,7 +109,54 @@ void check_bias_gelu(DType dt, int64_t rows, int C) {
                     1e-5 * max_abs(want_grad.dbias), "dbias");
 }
 
+// add_layernorm: sum = a + b rounded to the storage type, then layernorm(sum); backward adds dsum to dx. The sum
+// has the CPU's bits exactly (one f32 add, one rounding); the rest as check_layernorm.
+template <class H>
+void check_add_layernorm(DType dt, int64_t rows, int C) {
+  const Tensor a = random_tensor({rows, C}, 21, dt, 2.0), b = random_tensor({rows, C}, 22, dt);
+  const Tensor dy = random_tensor({rows, C}, 23, dt), dsum = random_tensor({rows, C}, 24, dt);
+  const Tensor w = random_tensor({C}, 25, DType::f32), bias = random_tensor({C}, 26, DType::f32);
+  const ops::AddLayerNormForward want = ops::add_layernorm_forward(a, b, w, bias, 1e-5);
+  const ops::LayerNormBackward want_grad = ops::add_layernorm_backward(dy, dsum, want.sum, w, want.mean, want.rstd);
+
+  DeviceBuffer<H> da(bits_of<H>(a)), db(bits_of<H>(b)), ddy(bits_of<H>(dy)), ddsum(bits_of<H>(dsum));
+  DeviceBuffer<H> sum(size_t(rows * C)), y(size_t(rows * C)), dx(size_t(rows * C));
+  DeviceBuffer<float> dw(floats(w)), dbias_in(floats(bias)), mean(rows), rstd(rows), dweight(C), dbias(C);
+  DeviceBuffer<float> scratch(ops::cuda::layernorm_backward_scratch_floats(rows, C));
+  ASSERT_EQ(ops::cuda::add_layernorm_forward(da.get(), db.get(), dw.get(), dbias_in.get(), sum.get(), y.get(),
+                                             mean.get(), rstd.get(), rows, C, 1e-5f, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(tensor_of(sum.host(), {rows, C}, dt).to_vector(), want.sum.to_vector()) << "sum";
+  expect_within_ulp(tensor_of(y.host(), {rows, C}, dt), want.y, relative_ulp(dt), 1e-5 * max_abs(want.y), "y");
+  expect_close(doubles(rstd.host()), want.rstd.to_vector(), 1e-5, "rstd");
+
+  ASSERT_EQ(ops::cuda::add_layernorm_backward(ddy.get(), sum.get(), dw.get(), mean.get(), rstd.get(), ddsum.get(),
+                                              dx.get(), dweight.get(), dbias.get(), scratch.get(), rows, C, nullptr),
+            cudaSuccess);
+  // Two roundings (the layernorm gradient, then its sum with dsum), each within one ulp of the larger term.
+  const double dx_atol = 1e-5 * max_abs(want.rstd) * max_abs(dy) * max_abs(w) +
+                         2 * relative_ulp(dt) * (max_abs(dsum) + max_abs(want_grad.dx));
+  expect_within_ulp(tensor_of(dx.host(), {rows, C}, dt), want_grad.dx, relative_ulp(dt), dx_atol, "dx");
+  expect_close(doubles(dweight.host()), want_grad.dweight.to_vector(), 1e-5, "dweight");
+  expect_close(doubles(dbias.host()), want_grad.dbias.to_vector(), 1e-5, "dbias");
+}
+
 class CudaHalfFused : public ::testing::TestWithParam<Shape2> {};
+
+TEST_P(CudaHalfFused, AddLayerNormMatchesTheCpuOp) {
+  {
+    SCOPED_TRACE("f32");
+    check_add_layernorm<float>(DType::f32, GetParam().rows, GetParam().C);
+  }
+  {
+    SCOPED_TRACE("bf16");
+    check_add_layernorm<__nv_bfloat16>(DType::bf16, GetParam().rows, GetParam().C);
+  }
+  {
+    SCOPED_TRACE("f16");
+    check_add_layernorm<__half>(DType::f16, GetParam().rows, GetParam().C);
+  }
+}
 
 TEST_P(CudaHalfFused, LayerNormBf16MatchesTheCpuOp) {
   check_layernorm<__nv_bfloat16>(DType::bf16, GetParam().rows, GetParam().C);

@@ -58,6 +58,35 @@ TEST_F(CudaTensorOps, HalfLayerNormTakesF32ParametersOnly) {
   }
 }
 
+TEST_F(CudaTensorOps, AddLayerNormIsOneLaunchEachWayAndMatchesTheCpu) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    const std::string name = dtype_name(dt);
+    const Tensor a = random_tensor({2, 7, 36}, 11, dt), b = random_tensor({2, 7, 36}, 12, dt);
+    const Tensor dy = random_tensor({2, 7, 36}, 13, dt), dsum = random_tensor({2, 7, 36}, 14, dt);
+    const Tensor w = random_tensor({36}, 15, DType::f32), bias = random_tensor({36}, 16, DType::f32);
+    const Tensor da = a.to(kCuda), db = b.to(kCuda), ddy = dy.to(kCuda), ddsum = dsum.to(kCuda);
+    const Tensor dw = w.to(kCuda), dbias = bias.to(kCuda);
+    const ops::AddLayerNormForward want = ops::add_layernorm_forward(a, b, w, bias, 1e-5);
+    ops::AddLayerNormForward got;
+    expect_only_launches(counted([&] { got = ops::add_layernorm_forward(da, db, dw, dbias, 1e-5); }), 1,
+                         "add_layernorm forward " + name);
+    expect_device_matches(got.sum, want.sum, 0.0, "sum " + name);
+    expect_device_matches(got.y, want.y, rtol_for(dt), "y " + name);
+
+    const ops::LayerNormBackward want_grad = ops::add_layernorm_backward(dy, dsum, want.sum, w, want.mean, want.rstd);
+    ops::LayerNormBackward grad;
+    expect_only_launches(
+        counted([&] { grad = ops::add_layernorm_backward(ddy, ddsum, got.sum, dw, got.mean, got.rstd); }), 2,
+        "add_layernorm backward " + name);
+    expect_device_matches(grad.dx, want_grad.dx, rtol_for(dt), "dx " + name);
+    expect_device_matches(grad.dweight, want_grad.dweight, 1e-5, "dweight " + name);
+    // Without a gradient from the sum's other uses: the plain layernorm gradient.
+    const ops::LayerNormBackward alone = ops::add_layernorm_backward(ddy, Tensor(), got.sum, dw, got.mean, got.rstd);
+    expect_device_matches(alone.dx, ops::layernorm_backward(dy, want.sum, w, want.mean, want.rstd).dx, rtol_for(dt),
+                          "dx without dsum " + name);
+  }
+}
+
 TEST_F(CudaTensorOps, HalfBiasGeluRunsNatively) {
   for (DType dt : {DType::bf16, DType::f16}) {
     const std::string name = dtype_name(dt);
