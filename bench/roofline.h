@@ -41,12 +41,15 @@ inline const GpuPeak* find_gpu(const std::string& name) {
 }
 
 // Which kernels step_kernels() lists, for the comparison issue #15 asks for. The arithmetic is the same in all
-// three; what differs is where it runs and what it moves. With 16-bit amp only (f32 runs the same kernels in all):
+// three; what differs is where it runs and what it moves. With 16-bit amp (f32 differs only by the fused residual
+// add of kNow and kTarget):
 //   kBefore: attention on the CUDA cores in f32 (the FP32 peak), one sequence per launch, its q, k, v, output and
-//            their gradients copied to f32 and back; plus everything kNow still does.
+//            their gradients copied to f32 and back; layernorm and bias + GELU in f32 between casts of their 16-bit
+//            inputs and outputs; the residual add before ln_2 a kernel of its own; plus everything kNow still does.
 //   kNow:    what the code does today: flash attention on the tensor cores (16-bit in and out, all B*H in one
-//            launch), but layernorm, bias + GELU (the bias not in the GEMM) and cross-entropy in f32 between casts
-//            of their 16-bit inputs and outputs, and weight gradients written by the GEMMs in 16 bits, then cast.
+//            launch), layernorm and bias + GELU reading and writing 16 bits directly (the bias not in the GEMM),
+//            the residual add fused into ln_2 (forward and backward), but cross-entropy in f32 between casts of its
+//            16-bit input and output, and weight gradients written by the GEMMs in 16 bits, then cast.
 //   kTarget: the 16-bit-native path of issue #15: no casts, the bias inside the GEMM's epilogue, weight gradients
 //            accumulated in f32 by the GEMM.
 enum class KernelSet { kBefore, kNow, kTarget };
@@ -88,7 +91,10 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   // f32_attention: attention too, on the CUDA cores, one sequence per launch.
   const bool half = c.amp != DType::f32;
   const bool before = half && c.kernels != KernelSet::kTarget, f32_attention = half && c.kernels == KernelSet::kBefore;
+  // f32_norms: layernorm and bias + GELU between f32 copies; fused_residual: the add before ln_2 inside it.
+  const bool f32_norms = f32_attention, fused_residual = c.kernels != KernelSet::kBefore;
   const double h = before ? f : s, cast = s + f;  // a cast reads one dtype and writes the other
+  const double hn = f32_norms ? f : s;            // what layernorm and bias + GELU move per 16-bit element
   std::vector<KernelCost> k;
   auto add = [&](std::string name, double launches, double flops, double bytes, bool cuda_cores = false) {
     k.push_back({std::move(name), int64_t(launches), flops, bytes, cuda_cores});
@@ -104,8 +110,15 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
     if (before) add(name + " dw cast to f32", L, 0, cast * (in * out + b));
   };
   add("embedding fwd (wte + wpe)", 1, 0, 8 * BT + f * (BT * C + T * C) + f * BT * C);
-  add("layernorm fwd", 2 * L + 1, 2 * BT * 2 * C, BT * C * (f + h) + 2 * C * f + 2 * BT * f);
-  if (before) add("layernorm fwd out cast", 2 * L + 1, 0, cast * BT * C);
+  // ln_2 with the residual add fused: reads the add's two inputs, writes the sum and the normalised rows.
+  const double ln_fwd_bytes = BT * C * (f + hn) + 2 * C * f + 2 * BT * f;
+  if (fused_residual) {
+    add("layernorm fwd", L + 1, 2 * BT * 2 * C, ln_fwd_bytes);
+    add("residual add + layernorm fwd", L, 2 * BT * 2 * C, ln_fwd_bytes + f * 2 * BT * C);
+  } else {
+    add("layernorm fwd", 2 * L + 1, 2 * BT * 2 * C, ln_fwd_bytes);
+  }
+  if (f32_norms) add("layernorm fwd out cast", 2 * L + 1, 0, cast * BT * C);
   linear("linear qkv", C, 3 * C, true);
   if (f32_attention) {
     // One sequence per launch, f32 on the CUDA cores; q, k, v cast to f32 before, the output back after.
@@ -116,11 +129,13 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
     add("attention fwd", L, 4 * BT * T * C, s * 4 * BT * C + f * BT * double(c.heads));
   }
   linear("linear attn proj", C, C, true);
-  add("residual add", 2 * L, 0, f * 3 * BT * C);
+  add("residual add", fused_residual ? L : 2 * L, 0, f * 3 * BT * C);
   linear("linear fc", C, 4 * C, true);
-  if (before) {
-    add("bias + gelu fwd (f32)", L, 0, h * 2 * 4 * BT * C + f * 4 * C);
+  if (f32_norms) {
+    add("bias + gelu fwd (f32)", L, 0, f * 2 * 4 * BT * C + f * 4 * C);
     add("bias + gelu fwd casts", L, 0, cast * 2 * 4 * BT * C);
+  } else if (before) {
+    add("bias + gelu fwd (16-bit)", L, 0, s * 2 * 4 * BT * C + s * 4 * C);
   } else {
     add("gelu fwd (bias in the GEMM)", L, 0, s * 2 * 4 * BT * C);
   }
@@ -133,8 +148,8 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   add("cross-entropy fwd", 1, 0, h * BT * V + 8 * BT + f * 2 * BT);
   add("cross-entropy bwd", 1, 0, h * 2 * BT * V + 8 * BT + f * BT);
   if (before) add("cross-entropy casts (logits in, dlogits out)", 1, 0, cast * 2 * BT * V);
-  add("gelu bwd", L, 0, h * 3 * 4 * BT * C);
-  if (before) add("gelu bwd casts", L, 0, cast * 3 * 4 * BT * C);
+  add("gelu bwd", L, 0, hn * 3 * 4 * BT * C);
+  if (f32_norms) add("gelu bwd casts", L, 0, cast * 3 * 4 * BT * C);
   if (f32_attention) {
     add("attention bwd (f32, per sequence)", L * double(c.batch), 8 * T * T * C,
         f * 8 * T * C + f * T * double(c.heads), true);
@@ -142,9 +157,16 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   } else {
     add("attention bwd", L, 8 * BT * T * C, s * 8 * BT * C + f * BT * double(c.heads));
   }
-  add("layernorm bwd", 2 * L + 1, 4 * BT * 2 * C, BT * C * (h + 2 * f) + 2 * BT * f + 2 * C * f);
-  if (before) add("layernorm bwd dy cast", 2 * L + 1, 0, cast * BT * C);
-  add("residual grad add", 2 * L, 0, f * 3 * BT * C);
+  // Fused: dx also adds the residual stream's gradient, read in the same pass (no separate grad add).
+  const double ln_bwd_bytes = BT * C * (hn + 2 * f) + 2 * BT * f + 2 * C * f;
+  if (fused_residual) {
+    add("layernorm bwd", L + 1, 4 * BT * 2 * C, ln_bwd_bytes);
+    add("layernorm + residual grad bwd", L, 4 * BT * 2 * C, ln_bwd_bytes + f * BT * C);
+  } else {
+    add("layernorm bwd", 2 * L + 1, 4 * BT * 2 * C, ln_bwd_bytes);
+  }
+  if (f32_norms) add("layernorm bwd dy cast", 2 * L + 1, 0, cast * BT * C);
+  add("residual grad add", fused_residual ? L : 2 * L, 0, f * 3 * BT * C);
   add("embedding bwd", 1, 0, f * BT * C + 8 * BT + f * (V * C + T * C));
   if (c.amp != DType::f32) add("weight cast to 16 bits", 1, 0, (f + s) * params);
   add("grad norm (clip)", 1, 0, f * params);
