@@ -78,8 +78,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
 // reads or writes them and no atomics are needed. sum_partials then adds the warps' partials in order.
 // With dsum (add_layernorm: the gradient of s from its other uses), dx is the layernorm gradient rounded to T plus
 // dsum, rounded again: the unfused ops' arithmetic (the autograd engine adds the two gradients of s).
-template <int V, class T>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
+// kDsum is a template flag rather than a null test, so the plain kernel pays nothing for it. A minimum of 1 block
+// per SM lets ptxas use up to ~90 registers instead of spilling at its default budget: the grid has at most
+// kMaxBackwardBlocks (128) blocks, one per SM on current GPUs, so no occupancy is lost.
+template <int V, class T, bool kDsum>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize, 1)
     layernorm_backward_kernel(const T* dy, const T* x, const float* weight, const float* mean, const float* rstd,
                               const T* dsum, T* dx, float* partials, int64_t rows, int C) {
   const int lane = threadIdx.x % kWarpSize;
@@ -116,7 +119,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
       const FloatVec<V> xv = load_floats<V>(xr + c), dyv = load_floats<V>(dyr + c), w = load_vec<V>(weight + c);
       FloatVec<V> out;
       for (int k = 0; k < V; ++k) out.v[k] = rs * (dyv.v[k] * w.v[k] - mean_g - (xv.v[k] - m) * rs * mean_gx);
-      if (dsum != nullptr) {
+      if constexpr (kDsum) {
         const FloatVec<V> dsv = load_floats<V>(dsum + row * C + c);
         for (int k = 0; k < V; ++k) out.v[k] = rounded_to<T>(out.v[k]) + dsv.v[k];
       }
@@ -149,9 +152,10 @@ cudaError_t launch_backward(const T* dy, const T* x, const float* weight, const 
   const unsigned blocks = backward_blocks(rows);
   const dim3 block(kWarpsPerBlock * kWarpSize);
   const bool vec4 = C % 4 == 0 && aligned_vec4(dy, x, weight, dx, scratch) && (dsum == nullptr || aligned_vec4(dsum));
+  auto* kernel = dsum ? (vec4 ? layernorm_backward_kernel<4, T, true> : layernorm_backward_kernel<1, T, true>)
+                     : (vec4 ? layernorm_backward_kernel<4, T, false> : layernorm_backward_kernel<1, T, false>);
   const cudaError_t launched =
-      launch_kernel(vec4 ? layernorm_backward_kernel<4, T> : layernorm_backward_kernel<1, T>, dim3(blocks), block, 0,
-                    stream, dy, x, weight, mean, rstd, dsum, dx, scratch, rows, C);
+      launch_kernel(kernel, dim3(blocks), block, 0, stream, dy, x, weight, mean, rstd, dsum, dx, scratch, rows, C);
   if (launched != cudaSuccess) return launched;
   return sum_partials(scratch, int64_t(blocks) * kWarpsPerBlock, C, dweight, dbias, 2, stream);
 }
