@@ -4,6 +4,7 @@
 #include "core/cuda/cuda.h"
 #include "ops/gelu.h"
 #include "ops/layernorm.h"
+#include "ops/matmul.h"
 #include "tensor_ops_test.h"
 
 namespace minidl::testing {
@@ -102,6 +103,30 @@ TEST_F(CudaTensorOps, HalfBiasGeluRunsNatively) {
     const ops::BiasGeluBackward want = ops::bias_gelu_backward(dy, x, bias);
     expect_device_matches(grad.dx, want.dx, rtol_for(dt), "dx " + name);
     expect_device_matches(grad.dbias, want.dbias, rtol_for(dt), "dbias " + name);
+  }
+}
+
+// matmul_f32: 16-bit operands, f32 output written by the GEMM itself (one launch, no casts), equal to the CPU's
+// unrounded f32 product, for every transpose of a weight-gradient-sized product and a batched one.
+TEST_F(CudaTensorOps, HalfProductWithAnF32OutputIsOneGemmAndIsNotRounded) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const std::string name = dtype_name(dt);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const Tensor a = random_tensor(ta ? Shape{33, 12} : Shape{12, 33}, 21, dt);
+        const Tensor b = random_tensor(tb ? Shape{7, 33} : Shape{33, 7}, 22, dt);
+        const Tensor da = a.to(kCuda), db = b.to(kCuda);
+        Tensor got;
+        expect_only_launches(counted([&] { got = ops::matmul_f32(da, db, ta, tb); }), 1, "matmul_f32 " + name);
+        const Tensor want = ops::matmul(ops::upcast(a), ops::upcast(b), ta, tb);
+        expect_device_matches(got, want, 1e-6, "matmul_f32 " + name);
+        expect_device_matches(got, ops::matmul_f32(a, b, ta, tb), 1e-6, "matmul_f32 vs the CPU op " + name);
+        // The rounded 16-bit product is a different tensor: the f32 output kept the digits.
+        EXPECT_NE(got.to(Device::cpu()).to_vector(), ops::upcast(ops::matmul(a, b, ta, tb)).to_vector()) << name;
+      }
+    const Tensor a = random_tensor({3, 5, 9}, 23, dt), b = random_tensor({3, 9, 4}, 24, dt);
+    expect_device_matches(ops::matmul_f32(a.to(kCuda), b.to(kCuda)),
+                          ops::matmul(ops::upcast(a), ops::upcast(b)), 1e-6, "batched matmul_f32 " + name);
   }
 }
 
