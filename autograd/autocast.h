@@ -22,7 +22,9 @@
 //
 // So the residual stream and every saved activation but layernorm statistics and the f32 loss inputs are 16-bit:
 // activation memory halves. Gradients flow back in each tensor's own dtype; the cast of an f32 tensor returns an
-// f32 gradient, so parameters (the f32 master weights the optimizer updates) always receive f32 gradients.
+// f32 gradient, so parameters (the f32 master weights the optimizer updates) always receive f32 gradients. matmul
+// and linear do better for an f32 operand they cast down: its gradient comes straight from a GEMM that reads the
+// 16-bit operands and writes f32 (ops::matmul_f32), never rounded to 16 bits on the way.
 // Only f32 and the other 16-bit type are cast down; f64 tensors (gradient checks) are left alone.
 //
 // Weight cache: a leaf that requires grad (a parameter) is cast once per outermost guard and the copy reused by

@@ -45,11 +45,12 @@ inline const GpuPeak* find_gpu(const std::string& name) {
 // add of kNow and kTarget):
 //   kBefore: attention on the CUDA cores in f32 (the FP32 peak), one sequence per launch, its q, k, v, output and
 //            their gradients copied to f32 and back; layernorm and bias + GELU in f32 between casts of their 16-bit
-//            inputs and outputs; the residual add before ln_2 a kernel of its own; plus everything kNow still does.
+//            inputs and outputs; the residual add before ln_2 a kernel of its own; weight gradients written by the
+//            GEMMs in 16 bits, then cast; plus everything kNow still does.
 //   kNow:    what the code does today: flash attention on the tensor cores (16-bit in and out, all B*H in one
 //            launch), layernorm and bias + GELU reading and writing 16 bits directly (the bias not in the GEMM),
-//            the residual add fused into ln_2 (forward and backward), but cross-entropy in f32 between casts of its
-//            16-bit input and output, and weight gradients written by the GEMMs in 16 bits, then cast.
+//            the residual add fused into ln_2 (forward and backward), weight gradients written in f32 by the GEMMs,
+//            but cross-entropy in f32 between casts of its 16-bit input and output.
 //   kTarget: the 16-bit-native path of issue #15: no casts, the bias inside the GEMM's epilogue, weight gradients
 //            accumulated in f32 by the GEMM.
 enum class KernelSet { kBefore, kNow, kTarget };
@@ -92,7 +93,8 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   const bool half = c.amp != DType::f32;
   const bool before = half && c.kernels != KernelSet::kTarget, f32_attention = half && c.kernels == KernelSet::kBefore;
   // f32_norms: layernorm and bias + GELU between f32 copies; fused_residual: the add before ln_2 inside it.
-  const bool f32_norms = f32_attention, fused_residual = c.kernels != KernelSet::kBefore;
+  // dw16: weight gradients written in 16 bits by the GEMM, then cast to f32.
+  const bool f32_norms = f32_attention, fused_residual = c.kernels != KernelSet::kBefore, dw16 = f32_attention;
   const double h = before ? f : s, cast = s + f;  // a cast reads one dtype and writes the other
   const double hn = f32_norms ? f : s;            // what layernorm and bias + GELU move per 16-bit element
   std::vector<KernelCost> k;
@@ -101,13 +103,13 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   };
   // A linear layer x (BT, in) -> (BT, out) with bias: forward, then the input's and the weight's gradients (the
   // bias gradient, a column sum of dy, with the weight's; the convention's 6 FLOPs per bias element per token
-  // split 2 forward, 4 there). Before the target: the weight gradient written in 16 bits, then cast to f32.
+  // split 2 forward, 4 there). Before: the weight gradient written in 16 bits, then cast to f32.
   auto linear = [&](const std::string& name, double in, double out, bool bias) {
     const double b = bias ? out : 0;
     add(name + " fwd", L, 2 * BT * (in * out + b), s * (BT * in + in * out + b + BT * out));
     add(name + " bwd dx", L, 2 * BT * in * out, s * (BT * out + in * out + BT * in));
-    add(name + " bwd dw", L, 2 * BT * (in * out + 2 * b), s * (BT * in + BT * out) + (before ? s : f) * (in * out + b));
-    if (before) add(name + " dw cast to f32", L, 0, cast * (in * out + b));
+    add(name + " bwd dw", L, 2 * BT * (in * out + 2 * b), s * (BT * in + BT * out) + (dw16 ? s : f) * (in * out + b));
+    if (dw16) add(name + " dw cast to f32", L, 0, cast * (in * out + b));
   };
   add("embedding fwd (wte + wpe)", 1, 0, 8 * BT + f * (BT * C + T * C) + f * BT * C);
   // ln_2 with the residual add fused: reads the add's two inputs, writes the sum and the normalised rows.
@@ -143,8 +145,8 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   // The tied head: logits = ln_f(x) wte^T, no bias; in linear()'s terms one "layer".
   add("lm head fwd", 1, 2 * BT * C * V, s * (BT * C + V * C + BT * V));
   add("lm head bwd dx", 1, 2 * BT * C * V, s * (BT * V + V * C + BT * C));
-  add("lm head bwd dw", 1, 2 * BT * C * V, s * (BT * C + BT * V) + (before ? s : f) * V * C);
-  if (before) add("lm head dw cast to f32", 1, 0, cast * V * C);
+  add("lm head bwd dw", 1, 2 * BT * C * V, s * (BT * C + BT * V) + (dw16 ? s : f) * V * C);
+  if (dw16) add("lm head dw cast to f32", 1, 0, cast * V * C);
   add("cross-entropy fwd", 1, 0, h * BT * V + 8 * BT + f * 2 * BT);
   add("cross-entropy bwd", 1, 0, h * 2 * BT * V + 8 * BT + f * BT);
   if (before) add("cross-entropy casts (logits in, dlogits out)", 1, 0, cast * 2 * BT * V);
