@@ -2,7 +2,7 @@
 // autograd/functions.h cast their operands per the table below; outside, nothing changes.
 //
 //   { autograd::AutocastGuard amp(DType::bf16);       // forward (and backward) of one optimizer step
-//     Tensor loss = model.loss(x, y);                  // matmuls in bf16, layernorm / loss in f32
+//     Tensor loss = model.loss(x, y);                  // matmuls in bf16; layernorm math / loss in f32
 //     loss.backward(); }                               // parameters (f32 masters) get f32 gradients
 //   optimizer.step();                                  // after the guard: next step casts the new weights
 //
@@ -16,14 +16,16 @@
 //   | bias_gelu                            | bias cast to x's dtype             | x's dtype       |
 //   | gelu, dropout, add/sub/mul/div, views| as given (16-bit runs in f32 math) | input dtype     |
 //   | add/sub/mul/div of mixed dtypes      | 16-bit operand cast to f32         | f32             |
-//   | layernorm                            | 16-bit x kept (saved) as is, math  | f32             |
+//   | layernorm (and add_layernorm)        | 16-bit x kept (saved) as is, math  | x's dtype       |
 //   |                                      | in f32; weight, bias f32           |                 |
 //   | softmax, sum/mean/max                | 16-bit inputs cast to f32          | f32             |
 //   | cross_entropy                        | 16-bit logits read as is, f32 math | f32             |
 //
 // So the residual stream and every saved activation but layernorm statistics and the f32 loss inputs are 16-bit:
 // activation memory halves. Gradients flow back in each tensor's own dtype; the cast of an f32 tensor returns an
-// f32 gradient, so parameters (the f32 master weights the optimizer updates) always receive f32 gradients.
+// f32 gradient, so parameters (the f32 master weights the optimizer updates) always receive f32 gradients. matmul
+// and linear do better for an f32 operand they cast down: its gradient comes straight from a GEMM that reads the
+// 16-bit operands and writes f32 (ops::matmul_f32), never rounded to 16 bits on the way.
 // Only f32 and the other 16-bit type are cast down; f64 tensors (gradient checks) are left alone.
 //
 // Weight cache: a leaf that requires grad (a parameter) is cast once per outermost guard and the copy reused by

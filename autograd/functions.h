@@ -56,6 +56,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 // Fused layer norm over the last dimension. weight, bias: (C).
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// The residual add fused into the layer norm that reads it: sum = a + b and y = layernorm(sum) in one kernel each
+// way (the GPT block's residual stream feeding ln_2), the same arithmetic as `a + b` then layernorm. a, b: (..., C).
+struct AddLayerNorm {
+  Tensor sum;  // a + b
+  Tensor y;    // layernorm(sum)
+};
+AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                           double eps = 1e-5);
 // GELU, tanh approximation (as GPT-2).
 Tensor gelu(const Tensor& x);
 // Fused gelu(x + bias); bias: (C) broadcast over the last dimension.

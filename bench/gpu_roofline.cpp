@@ -32,10 +32,11 @@ int main(int argc, char** argv) {
   app.add_option("--amp", amp, "Precision of products and attention: off (f32), bf16 or fp16")->capture_default_str();
   app.add_option("--gpu", gpu_name, "H100 (SXM5) or A100 (SXM4 80GB)")->capture_default_str();
   std::string kernel_set = "now";
-  app.add_option("--kernels", kernel_set, "Which kernels: now (today's: tensor-core flash attention; f32 copies around "
-                 "layernorm, bias+GELU and cross-entropy; 16-bit weight gradients cast to f32), before (issue #15's "
-                 "starting point: also f32 attention on the CUDA cores, one sequence per launch) or target (the "
-                 "16-bit-native path: no casts)")->capture_default_str();
+  app.add_option("--kernels", kernel_set, "Which kernels: now (today's: tensor-core flash attention; 16-bit-native "
+                 "layernorm and bias+GELU, the residual add fused into ln_2, f32 weight gradients from the GEMMs; f32 "
+                 "copies around cross-entropy), before (issue #15's starting point: also f32 attention on the CUDA "
+                 "cores, one sequence per launch, f32 copies around layernorm and bias+GELU, an unfused residual "
+                 "add, 16-bit weight gradients cast to f32) or target (the 16-bit-native path: no casts)")->capture_default_str();
   app.add_flag("--json", json, "Print one JSON object instead of the table");
   CLI11_PARSE(app, argc, argv);
   if (amp != "off" && amp != "bf16" && amp != "fp16") {

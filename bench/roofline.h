@@ -42,16 +42,19 @@ inline const GpuPeak* find_gpu(const std::string& name) {
 }
 
 // Which kernels step_kernels() lists, for the comparison issue #15 asks for. The arithmetic is the same in all
-// three; what differs is where it runs and what it moves. With 16-bit amp only (f32 runs the same kernels in all,
-// but over the padded vocabulary from kNow on: a padding whose gain, aligned rows, a roofline does not see):
+// three; what differs is where it runs and what it moves. With 16-bit amp only (f32 runs the same kernels in all
+// but for the residual add fused into ln_2 from kNow on, and over the padded vocabulary from kNow on: a padding whose
+// gain, aligned rows, a roofline does not see):
 //   kBefore: attention on the CUDA cores in f32 (the FP32 peak), one sequence per launch, its q, k, v, output and
-//            their gradients copied to f32 and back; plus everything kNow still does.
+//            their gradients copied to f32 and back; layernorm and bias + GELU in f32 between casts of their 16-bit
+//            inputs and outputs; the residual add before ln_2 a kernel of its own; weight gradients written by the
+//            GEMMs in 16 bits, then cast; plus everything kNow still does.
 //   kNow:    what the code does today: flash attention on the tensor cores (16-bit in and out, all B*H in one
-//            launch), the vocabulary padded to a multiple of 64 (Vp: the head's GEMMs run over Vp rows) and the
-//            fused classifier reading the 16-bit logits as they are (dlogits written over them, no casts), but
-//            layernorm and bias + GELU (the bias not in the GEMM) in f32 between casts of their 16-bit inputs and
-//            outputs, and weight gradients written by the GEMMs in 16 bits, then cast. (kBefore: V rows, and the
-//            cross-entropy in f32 between casts.)
+//            launch), layernorm and bias + GELU reading and writing 16 bits directly (the bias not in the GEMM),
+//            the residual add fused into ln_2 (forward and backward), weight gradients written in f32 by the GEMMs,
+//            the vocabulary padded to a multiple of 64 (Vp: the head's GEMMs run over Vp rows) and the fused
+//            classifier reading the 16-bit logits as they are (dlogits written over them, no casts). (kBefore: V
+//            rows, and the cross-entropy in f32 between casts.)
 //   kTarget: the 16-bit-native path of issue #15: no casts, the bias inside the GEMM's epilogue, weight gradients
 //            accumulated in f32 by the GEMM.
 enum class KernelSet { kBefore, kNow, kTarget };
@@ -91,16 +94,20 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   const double L = double(c.layers), C = double(c.embd), T = double(c.seq), V = double(c.vocab);
   const double BT = double(c.batch) * T, s = double(dtype_size(c.amp)), f = 4.0;
   const double params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;  // wpe sized for T = block size
-  // before: 16-bit activations go through f32 copies around the non-GEMM kernels, which then move f32 (h);
+  // before: not yet the 16-bit-native target (bias + GELU outside the GEMM);
   // f32_attention: attention too, on the CUDA cores, one sequence per launch.
   const bool half = c.amp != DType::f32;
   const bool before = half && c.kernels != KernelSet::kTarget, f32_attention = half && c.kernels == KernelSet::kBefore;
-  const double h = before ? f : s, cast = s + f;  // a cast reads one dtype and writes the other
+  // f32_norms: layernorm and bias + GELU between f32 copies; fused_residual: the add before ln_2 inside it.
+  // dw16: weight gradients written in 16 bits by the GEMM, then cast to f32.
+  const bool f32_norms = f32_attention, fused_residual = c.kernels != KernelSet::kBefore, dw16 = f32_attention;
+  const double cast = s + f;  // a cast reads one dtype and writes the other
   // The head's table has Vp rows (nn::GPTConfig::vocab_pad's default 64) since kNow; the classifier reads 16-bit
   // logits as they are (V of each row of Vp) and writes dlogits over them (Vp), with amp, since kNow.
   const double Vp = c.kernels == KernelSet::kBefore ? V : std::ceil(V / 64) * 64;
   const bool classifier_f32 = half && c.kernels == KernelSet::kBefore;
   const double ce = classifier_f32 ? f : s;
+  const double hn = f32_norms ? f : s;            // what layernorm and bias + GELU move per 16-bit element
   std::vector<KernelCost> k;
   auto add = [&](std::string name, double launches, double flops, double bytes, bool cuda_cores = false,
                  double padding_flops = 0) {
@@ -108,17 +115,24 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   };
   // A linear layer x (BT, in) -> (BT, out) with bias: forward, then the input's and the weight's gradients (the
   // bias gradient, a column sum of dy, with the weight's; the convention's 6 FLOPs per bias element per token
-  // split 2 forward, 4 there). Before the target: the weight gradient written in 16 bits, then cast to f32.
+  // split 2 forward, 4 there). Before: the weight gradient written in 16 bits, then cast to f32.
   auto linear = [&](const std::string& name, double in, double out, bool bias) {
     const double b = bias ? out : 0;
     add(name + " fwd", L, 2 * BT * (in * out + b), s * (BT * in + in * out + b + BT * out));
     add(name + " bwd dx", L, 2 * BT * in * out, s * (BT * out + in * out + BT * in));
-    add(name + " bwd dw", L, 2 * BT * (in * out + 2 * b), s * (BT * in + BT * out) + (before ? s : f) * (in * out + b));
-    if (before) add(name + " dw cast to f32", L, 0, cast * (in * out + b));
+    add(name + " bwd dw", L, 2 * BT * (in * out + 2 * b), s * (BT * in + BT * out) + (dw16 ? s : f) * (in * out + b));
+    if (dw16) add(name + " dw cast to f32", L, 0, cast * (in * out + b));
   };
   add("embedding fwd (wte + wpe)", 1, 0, 8 * BT + f * (BT * C + T * C) + f * BT * C);
-  add("layernorm fwd", 2 * L + 1, 2 * BT * 2 * C, BT * C * (f + h) + 2 * C * f + 2 * BT * f);
-  if (before) add("layernorm fwd out cast", 2 * L + 1, 0, cast * BT * C);
+  // ln_2 with the residual add fused: reads the add's two inputs, writes the sum and the normalised rows.
+  const double ln_fwd_bytes = BT * C * (f + hn) + 2 * C * f + 2 * BT * f;
+  if (fused_residual) {
+    add("layernorm fwd", L + 1, 2 * BT * 2 * C, ln_fwd_bytes);
+    add("residual add + layernorm fwd", L, 2 * BT * 2 * C, ln_fwd_bytes + f * 2 * BT * C);
+  } else {
+    add("layernorm fwd", 2 * L + 1, 2 * BT * 2 * C, ln_fwd_bytes);
+  }
+  if (f32_norms) add("layernorm fwd out cast", 2 * L + 1, 0, cast * BT * C);
   linear("linear qkv", C, 3 * C, true);
   if (f32_attention) {
     // One sequence per launch, f32 on the CUDA cores; q, k, v cast to f32 before, the output back after.
@@ -129,11 +143,13 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
     add("attention fwd", L, 4 * BT * T * C, s * 4 * BT * C + f * BT * double(c.heads));
   }
   linear("linear attn proj", C, C, true);
-  add("residual add", 2 * L, 0, f * 3 * BT * C);
+  add("residual add", fused_residual ? L : 2 * L, 0, f * 3 * BT * C);
   linear("linear fc", C, 4 * C, true);
-  if (before) {
-    add("bias + gelu fwd (f32)", L, 0, h * 2 * 4 * BT * C + f * 4 * C);
+  if (f32_norms) {
+    add("bias + gelu fwd (f32)", L, 0, f * 2 * 4 * BT * C + f * 4 * C);
     add("bias + gelu fwd casts", L, 0, cast * 2 * 4 * BT * C);
+  } else if (before) {
+    add("bias + gelu fwd (16-bit)", L, 0, s * 2 * 4 * BT * C + s * 4 * C);
   } else {
     add("gelu fwd (bias in the GEMM)", L, 0, s * 2 * 4 * BT * C);
   }
@@ -143,13 +159,13 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   const double pad = 2 * BT * C * (Vp - V);
   add("lm head fwd", 1, 2 * BT * C * V, s * (BT * C + Vp * C + BT * Vp), false, pad);
   add("lm head bwd dx", 1, 2 * BT * C * V, s * (BT * Vp + Vp * C + BT * C), false, pad);
-  add("lm head bwd dw", 1, 2 * BT * C * V, s * (BT * C + BT * Vp) + (before ? s : f) * Vp * C, false, pad);
-  if (before) add("lm head dw cast to f32", 1, 0, cast * Vp * C);
+  add("lm head bwd dw", 1, 2 * BT * C * V, s * (BT * C + BT * Vp) + (dw16 ? s : f) * Vp * C, false, pad);
+  if (dw16) add("lm head dw cast to f32", 1, 0, cast * Vp * C);
   add("cross-entropy fwd", 1, 0, ce * BT * V + 8 * BT + f * 2 * BT);
   add("cross-entropy bwd", 1, 0, ce * BT * (V + Vp) + 8 * BT + f * BT);
   if (classifier_f32) add("cross-entropy casts (logits in, dlogits out)", 1, 0, cast * 2 * BT * V);
-  add("gelu bwd", L, 0, h * 3 * 4 * BT * C);
-  if (before) add("gelu bwd casts", L, 0, cast * 3 * 4 * BT * C);
+  add("gelu bwd", L, 0, hn * 3 * 4 * BT * C);
+  if (f32_norms) add("gelu bwd casts", L, 0, cast * 3 * 4 * BT * C);
   if (f32_attention) {
     add("attention bwd (f32, per sequence)", L * double(c.batch), 8 * T * T * C,
         f * 8 * T * C + f * T * double(c.heads), true);
@@ -157,9 +173,16 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   } else {
     add("attention bwd", L, 8 * BT * T * C, s * 8 * BT * C + f * BT * double(c.heads));
   }
-  add("layernorm bwd", 2 * L + 1, 4 * BT * 2 * C, BT * C * (h + 2 * f) + 2 * BT * f + 2 * C * f);
-  if (before) add("layernorm bwd dy cast", 2 * L + 1, 0, cast * BT * C);
-  add("residual grad add", 2 * L, 0, f * 3 * BT * C);
+  // Fused: dx also adds the residual stream's gradient, read in the same pass (no separate grad add).
+  const double ln_bwd_bytes = BT * C * (hn + 2 * f) + 2 * BT * f + 2 * C * f;
+  if (fused_residual) {
+    add("layernorm bwd", L + 1, 4 * BT * 2 * C, ln_bwd_bytes);
+    add("layernorm + residual grad bwd", L, 4 * BT * 2 * C, ln_bwd_bytes + f * BT * C);
+  } else {
+    add("layernorm bwd", 2 * L + 1, 4 * BT * 2 * C, ln_bwd_bytes);
+  }
+  if (f32_norms) add("layernorm bwd dy cast", 2 * L + 1, 0, cast * BT * C);
+  add("residual grad add", fused_residual ? L : 2 * L, 0, f * 3 * BT * C);
   add("embedding bwd", 1, 0, f * BT * C + 8 * BT + f * (V * C + T * C));
   if (c.amp != DType::f32) add("weight cast to 16 bits", 1, 0, (f + s) * params);
   add("grad norm (clip)", 1, 0, f * params);

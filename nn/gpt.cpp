@@ -61,8 +61,9 @@ Block::Block(const GPTConfig& cfg, uint64_t first_stream, std::shared_ptr<const 
 }
 
 Tensor Block::forward(const Tensor& x) const {
-  Tensor y = x + attn->forward(ln_1->forward(x));
-  return y + mlp->forward(ln_2->forward(y));
+  // The residual add and ln_2 in one fused op (one pass over the stream each way instead of two).
+  const AddLayerNorm y = ln_2->forward_add(x, attn->forward(ln_1->forward(x)));
+  return y.sum + mlp->forward(y.y);
 }
 
 GPT::GPT(const GPTConfig& cfg, uint64_t seed) : GPT(cfg, seed, GPTStage{}) {}
@@ -365,8 +366,9 @@ Tensor GPT::forward_block(int64_t i, const Tensor& x) const {
     case Recompute::kBlock:
       return checkpointed([block](const Tensor& in) { return block->forward(in); }, x, block->parameters(), i);
     case Recompute::kAttn: {
-      Tensor y = x + checkpointed(attn_part, x, concat(block->ln_1->parameters(), block->attn->parameters()), i);
-      return y + mlp_part(y);
+      const AddLayerNorm y = block->ln_2->forward_add(
+          x, checkpointed(attn_part, x, concat(block->ln_1->parameters(), block->attn->parameters()), i));
+      return y.sum + block->mlp->forward(y.y);
     }
     case Recompute::kMlp: {
       Tensor y = x + attn_part(x);

@@ -77,10 +77,18 @@ LayerNorm::LayerNorm(int64_t dim, bool bias, double eps) : eps(eps) {
     zero_bias_ = Tensor::zeros({dim});
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const {
-  if (bias.defined()) return layernorm(x, weight, bias, eps);
-  Tensor zero = zero_bias_.device() == x.device() ? zero_bias_ : Tensor::zeros(zero_bias_.shape(), x.dtype(), x.device());
-  return layernorm(x, weight, zero, eps);
+// The zeros take weight's dtype, which is the layernorm's parameter dtype also for 16-bit x (ops/layernorm.h).
+Tensor LayerNorm::bias_for(const Tensor& x) const {
+  if (bias.defined()) return bias;
+  return zero_bias_.device() == x.device() && zero_bias_.dtype() == weight.dtype()
+             ? zero_bias_
+             : Tensor::zeros(zero_bias_.shape(), weight.dtype(), x.device());
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const { return layernorm(x, weight, bias_for(x), eps); }
+
+AddLayerNorm LayerNorm::forward_add(const Tensor& a, const Tensor& b) const {
+  return add_layernorm(a, b, weight, bias_for(a), eps);
 }
 
 Dropout::Dropout(double p, uint64_t stream, std::shared_ptr<const DropoutContext> ctx)

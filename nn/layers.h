@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "autograd/functions.h"
 #include "nn/module.h"
 
 namespace minidl::nn {
@@ -55,6 +56,8 @@ class LayerNorm : public Module {
   explicit LayerNorm(int64_t dim, bool bias = true, double eps = 1e-5);
   // x: (..., dim) -> same shape
   Tensor forward(const Tensor& x) const;
+  // {a + b, forward(a + b)} in one fused op (autograd add_layernorm): a residual add and the norm that reads it.
+  AddLayerNorm forward_add(const Tensor& a, const Tensor& b) const;
 
   Tensor weight;  // (dim)
   Tensor bias;    // (dim); undefined when constructed without bias
@@ -62,6 +65,7 @@ class LayerNorm : public Module {
 
  private:
   Tensor zero_bias_;  // without bias: zeros for the fused op, which always adds one (not a parameter, not saved)
+  Tensor bias_for(const Tensor& x) const;  // bias, or zeros like weight on x's device
 };
 
 // Where dropout masks come from. A mask is a pure function of (seed, stream, step): the dropout op draws element i's

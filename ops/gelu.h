@@ -25,7 +25,7 @@ struct BiasGeluBackward {
 };
 BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& bias);
 
-// The CUDA kernels (ops/cuda/tensor/gelu.cpp: f32, and f16/bf16 computed in f32), filled by
+// The CUDA kernels (ops/cuda/tensor/gelu.cpp: f32, f16 and bf16 storage read directly, math in f32), filled by
 // minidl::cuda::register_backend().
 inline DeviceKernel<Tensor(const Tensor&)> gelu_forward_device{"gelu"};
 inline DeviceKernel<Tensor(const Tensor&, const Tensor&)> gelu_backward_device{"gelu_backward"};

@@ -212,6 +212,18 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
 // operands the f32 copies are made a block of rows at a time (ops/cast.h), which keeps them small: row blocks of
 // `a` map to row blocks of the result; with `a` transposed (a weight gradient X^T dY) the blocks are slices of the
 // reduction, accumulated in an f32 result.
+// The weight-gradient shape (a transposed, both 2-D) in f32: the sum over row blocks below, not rounded.
+static Tensor matmul_half_reduce_rows_f32(const Tensor& a, const Tensor& b) {
+  Tensor ac = a.contiguous(), bc = b.contiguous();
+  const int64_t K = a.size(0), block = half_block_rows(a.size(1) + b.size(1));
+  Tensor out = Tensor::zeros({a.size(1), b.size(1)}, DType::f32, a.device());
+  for (int64_t k = 0; k < K; k += block) {
+    int64_t n = std::min(block, K - k);
+    matmul_into<float>(out, upcast(ac.narrow(0, k, n)), upcast(bc.narrow(0, k, n)), true, false, 1.0f);
+  }
+  return out;
+}
+
 static Tensor matmul_half(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   if (b.dim() != 2 || (trans_a && (trans_b || a.dim() != 2)))
     return cast(matmul(upcast(a), upcast(b), trans_a, trans_b), a.dtype());
@@ -226,13 +238,15 @@ static Tensor matmul_half(const Tensor& a, const Tensor& b, bool trans_a, bool t
         .view(out_shape);
   }
   // out (M, N) = sum over row blocks k of a_k^T (M x kb) b_k (kb x N).
-  const int64_t K = a.size(0), block = half_block_rows(a.size(1) + b.size(1));
-  Tensor out = Tensor::zeros({a.size(1), b.size(1)}, DType::f32, a.device());
-  for (int64_t k = 0; k < K; k += block) {
-    int64_t n = std::min(block, K - k);
-    matmul_into<float>(out, upcast(ac.narrow(0, k, n)), upcast(bc.narrow(0, k, n)), true, false, 1.0f);
-  }
-  return cast(out, a.dtype());
+  return cast(matmul_half_reduce_rows_f32(ac, bc), a.dtype());
+}
+
+Tensor matmul_f32(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  check_matmul(a, b, trans_a, trans_b);
+  if (!is_half(a.dtype())) return matmul(a, b, trans_a, trans_b);
+  if (!a.device().is_cpu()) return matmul_f32_device(a.device())(a, b, trans_a, trans_b);
+  if (trans_a && !trans_b && a.dim() == 2 && b.dim() == 2) return matmul_half_reduce_rows_f32(a, b);
+  return matmul(upcast(a), upcast(b), trans_a, trans_b);
 }
 
 static bool g_allow_tf32 = false;

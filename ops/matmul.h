@@ -24,6 +24,12 @@ namespace minidl::ops {
 // dimensions must be equal, or one operand 2-D (shared across the other's batch). Returns (..., M, N).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
+// op(a) . op(b) in f32: for 16-bit a and b (one dtype) the f32 accumulation is written out without being rounded
+// to 16 bits (on a GPU, a GEMM with 16-bit inputs and an f32 output). Mixed precision's gradients of f32 tensors
+// (the weights) come from it: summed in f32 by the GEMM itself, not produced in 16 bits and then cast. f32 and
+// f64 operands: matmul().
+Tensor matmul_f32(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
 // x . weight + bias. x: (..., in); weight: (in, out); bias: (out) or undefined. Returns (..., out).
 // The bias is written into the output and BLAS accumulates onto it (beta = 1), saving a pass.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
@@ -40,5 +46,6 @@ bool allow_tf32();
 // x as validated 2-D rows (rows, in) and returns (rows, out).
 inline DeviceKernel<Tensor(const Tensor&, const Tensor&, bool, bool)> matmul_device{"matmul"};
 inline DeviceKernel<Tensor(const Tensor&, const Tensor&, const Tensor&)> linear_device{"linear"};
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&, bool, bool)> matmul_f32_device{"matmul_f32"};
 
 }  // namespace minidl::ops

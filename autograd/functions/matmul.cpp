@@ -6,6 +6,10 @@
 // Every transpose here is a BLAS flag, never a copy. A 2-D operand shared across a batch gets the sum over the
 // batch: for a row-major batched A that is one GEMM over all rows (the batch folded into M), otherwise a batched
 // product summed with sum_to_shape.
+//
+// Under autocast an f32 operand (a weight, the f32 master) is multiplied as its 16-bit copy, but its gradient comes
+// straight from a GEMM that reads the 16-bit operands and writes f32 (ops::matmul_f32): accumulated in f32 and
+// never rounded to 16 bits, instead of a 16-bit gradient cast up by the autocast cast's backward.
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
@@ -23,25 +27,42 @@ bool needs_grad(const Tensor& t) { return autograd::any_requires_grad({t}); }
 
 // t: (..., C) -> (rows, C); a view when t's layout allows.
 Tensor rows_of(const Tensor& t) { return t.reshape(Shape{t.numel() / std::max<int64_t>(t.size(-1), 1), t.size(-1)}); }
+
+// An operand as the product sees it: `used` (cast to 16 bits by autocast, or as given) and `edge`, the tensor its
+// gradient goes to: the f32 original when autocast cast it down (with f32_grad set), `used` otherwise.
+struct Operand {
+  Tensor used, edge;
+  bool f32_grad;
+};
+Operand operand(const Tensor& t) {
+  Tensor used = autograd::autocast_to_half(t);
+  const bool cast_down = t.defined() && t.dtype() == DType::f32 && used.dtype() != DType::f32;
+  return {cast_down ? used.detach() : used, cast_down ? t : used, cast_down};
+}
+
+// The product of a gradient, in f32 for an operand that gets an f32 gradient.
+Tensor grad_product(bool f32_grad, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  return f32_grad ? ops::matmul_f32(a, b, ta, tb) : ops::matmul(a, b, ta, tb);
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
-  Tensor a = autograd::autocast_to_half(a_in), b = autograd::autocast_to_half(b_in);
-  Tensor out = ops::matmul(a, b, trans_a, trans_b);
-  bool need_a = needs_grad(a), need_b = needs_grad(b);
-  Tensor ad = a.detach(), bd = b.detach();
-  return record("matmul", {a, b}, out, [=](const Tensor& g) {
+  const Operand a = operand(a_in), b = operand(b_in);
+  Tensor out = ops::matmul(a.used, b.used, trans_a, trans_b);
+  bool need_a = needs_grad(a.edge), need_b = needs_grad(b.edge), fa = a.f32_grad, fb = b.f32_grad;
+  Tensor ad = a.used.detach(), bd = b.used.detach();
+  return record("matmul", {a.edge, b.edge}, out, [=](const Tensor& g) {
     Tensor ga, gb;
     if (need_a) {
-      Tensor full = trans_a ? ops::matmul(bd, g, trans_b, true) : ops::matmul(g, bd, false, !trans_b);
+      Tensor full = trans_a ? grad_product(fa, bd, g, trans_b, true) : grad_product(fa, g, bd, false, !trans_b);
       ga = ops::sum_to_shape(full, ad.shape());
     }
     if (need_b) {
       if (bd.dim() == 2 && ad.dim() > 2 && !trans_a) {  // fold the batch into the reduction: one GEMM
         Tensor a2 = rows_of(ad), g2 = rows_of(g);
-        gb = trans_b ? ops::matmul(g2, a2, true, false) : ops::matmul(a2, g2, true, false);
+        gb = trans_b ? grad_product(fb, g2, a2, true, false) : grad_product(fb, a2, g2, true, false);
       } else {
-        Tensor full = trans_b ? ops::matmul(g, ad, true, trans_a) : ops::matmul(ad, g, !trans_a, false);
+        Tensor full = trans_b ? grad_product(fb, g, ad, true, trans_a) : grad_product(fb, ad, g, !trans_a, false);
         gb = ops::sum_to_shape(full, bd.shape());
       }
     }
@@ -50,15 +71,16 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
 }
 
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
-  Tensor x = autograd::autocast_to_half(x_in), weight = autograd::autocast_to_half(weight_in),
-         bias = autograd::autocast_to_half(bias_in);
-  Tensor out = ops::linear(x, weight, bias);
-  bool need_x = needs_grad(x), need_w = needs_grad(weight), need_b = needs_grad(bias);
-  Tensor xd = x.detach(), wd = weight.detach();
-  return record("linear", {x, weight, bias}, out, [=](const Tensor& g) {
+  const Operand x = operand(x_in), weight = operand(weight_in);
+  Tensor bias = autograd::autocast_to_half(bias_in);
+  Tensor out = ops::linear(x.used, weight.used, bias);
+  bool need_x = needs_grad(x.edge), need_w = needs_grad(weight.edge), need_b = needs_grad(bias);
+  bool fx = x.f32_grad, fw = weight.f32_grad;
+  Tensor xd = x.used.detach(), wd = weight.used.detach();
+  return record("linear", {x.edge, weight.edge, bias}, out, [=](const Tensor& g) {
     Tensor g2 = rows_of(g);  // (rows, out)
-    Tensor gx = need_x ? ops::matmul(g2, wd, false, true).reshape(xd.shape()) : Tensor();  // G W^T
-    Tensor gw = need_w ? ops::matmul(rows_of(xd), g2, true, false) : Tensor();           // X^T G
+    Tensor gx = need_x ? grad_product(fx, g2, wd, false, true).reshape(xd.shape()) : Tensor();  // G W^T
+    Tensor gw = need_w ? grad_product(fw, rows_of(xd), g2, true, false) : Tensor();           // X^T G
     Tensor gbias = need_b ? ops::sum(g2, 0) : Tensor();
     return Grads{gx, gw, gbias};
   });

@@ -37,14 +37,56 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   Tensor xc = contiguous(x), w = contiguous(weight), b = contiguous(bias);
-  // Under autocast a 16-bit x is normalised in f32 but saved as it came: an f32 copy saved instead would undo
-  // half of mixed precision's activation saving (the residual stream feeds two layernorms per block).
-  bool half_x = autograd::autocast_enabled() && xc.defined() && ops::is_half(xc.dtype());
-  ops::LayerNormForward f = ops::layernorm_forward(half_x ? ops::upcast(xc) : xc, w, b, eps);
-  return record("layernorm", {xc, w, b}, f.y, [xc, w, half_x, mean = f.mean, rstd = f.rstd](const Tensor& g) {
-    ops::LayerNormBackward r = ops::layernorm_backward(contiguous(g), half_x ? ops::upcast(xc) : xc, w, mean, rstd);
-    return Grads{half_x ? ops::cast(r.dx, xc.dtype()) : r.dx, r.dweight, r.dbias};
+  // A 16-bit x (the residual stream under autocast) goes to the kernel as it is: normalised in f32 with the f32
+  // weight and bias, y rounded once to x's dtype — what the next 16-bit matmul would have cast it to — and x saved
+  // without an f32 copy (the residual stream feeds two layernorms per block).
+  ops::LayerNormForward f = ops::layernorm_forward(xc, w, b, eps);
+  return record("layernorm", {xc, w, b}, f.y, [xc, w, mean = f.mean, rstd = f.rstd](const Tensor& g) {
+    ops::LayerNormBackward r = ops::layernorm_backward(contiguous(ops::cast(g, xc.dtype())), xc, w, mean, rstd);
+    return Grads{r.dx, r.dweight, r.dbias};
   });
+}
+
+namespace {
+
+// Two outputs (0: sum, 1: y), so that backward gets both gradients of the residual stream at once: the one from
+// its later uses (dsum) and the layernorm's, added inside the backward kernel. a and b receive the same gradient.
+class AddLayerNormNode final : public autograd::Node {
+ public:
+  AddLayerNormNode(const ops::AddLayerNormForward& f, const Tensor& weight)
+      : Node("add_layernorm"), sum_(f.sum.detach()), weight_(weight), mean_(f.mean), rstd_(f.rstd) {}
+  uint32_t num_outputs() const override { return 2; }
+
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor dsum = grads[0].defined() ? contiguous(ops::cast(grads[0], sum_.dtype())) : Tensor();
+    if (!grads[1].defined()) return {dsum, dsum, Tensor(), Tensor()};
+    const Tensor dy = contiguous(ops::cast(grads[1], sum_.dtype()));
+    ops::LayerNormBackward r = ops::add_layernorm_backward(dy, dsum, sum_, weight_, mean_, rstd_);
+    return {r.dx, r.dx, r.dweight, r.dbias};
+  }
+
+ private:
+  Tensor sum_, weight_, mean_, rstd_;
+};
+
+}  // namespace
+
+AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias, double eps) {
+  if (a.defined() && b.defined() && a.dtype() != b.dtype()) {  // mixed dtypes: the add promotes, as `a + b` does
+    Tensor sum = a + b;
+    return {sum, layernorm(sum, weight, bias, eps)};
+  }
+  Tensor ac = contiguous(a), bc = contiguous(b), w = contiguous(weight), bs = contiguous(bias);
+  ops::AddLayerNormForward f = ops::add_layernorm_forward(ac, bc, w, bs, eps);
+  AddLayerNorm out{f.sum, f.y};
+  if (!autograd::any_requires_grad({ac, bc, w, bs})) return out;
+  auto node = std::make_shared<AddLayerNormNode>(f, w);
+  for (const Tensor& t : {ac, bc, w, bs}) node->next_edges().push_back(autograd::gradient_edge(t));
+  out.sum.impl()->autograd.grad_fn = node;
+  out.sum.impl()->autograd.output_nr = 0;
+  out.y.impl()->autograd.grad_fn = node;
+  out.y.impl()->autograd.output_nr = 1;
+  return out;
 }
 
 Tensor gelu(const Tensor& x) {

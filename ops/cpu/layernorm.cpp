@@ -1,12 +1,15 @@
 // Layer norm on the CPU, parallel over rows. Statistics are accumulated in double: a row of C floats summed in
 // float loses digits that the gradient check and long rows both notice, and it costs nothing measurable.
 // f32 rows run ops/cpu/simd's vector code; f64 (the gradient-check path) the scalar loops below, its reference.
+// 16-bit x is computed by the f32 op on its exact f32 copy, y and dx rounded once to x's dtype (the CUDA kernels
+// read 16-bit storage directly and compute the same f32 math).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 
 #include "core/parallel.h"
 #include "ops/cpu/simd/simd.h"
+#include "ops/elementwise.h"
 #include "ops/layernorm.h"
 
 namespace minidl::ops {
@@ -17,9 +20,14 @@ static constexpr int64_t kRowsPerPartial = 64;
 
 LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   int64_t C = check_layernorm("layernorm", x, weight);
-  check_shaped_like("layernorm", "bias", bias, Shape{C}, x);
+  check_layernorm_param("layernorm", "bias", bias, Shape{C}, x);
   MINIDL_CHECK(eps > 0, "layernorm: expected eps > 0, got ", eps);
   if (!x.device().is_cpu()) return layernorm_forward_device(x.device())(x, weight, bias, eps);
+  if (is_half(x.dtype())) {
+    LayerNormForward f = layernorm_forward(upcast(x), weight, bias, eps);
+    f.y = cast(f.y, x.dtype());
+    return f;
+  }
   int64_t rows = x.numel() / C;
   LayerNormForward f{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, x.dtype(), x.device()),
                      Tensor::empty({rows}, x.dtype(), x.device())};
@@ -57,9 +65,14 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   int64_t C = check_layernorm("layernorm_backward", x, weight);
   int64_t rows = x.numel() / C;
   check_shaped_like("layernorm_backward", "dy", dy, x.shape(), x);
-  check_shaped_like("layernorm_backward", "mean", mean, Shape{rows}, x);
-  check_shaped_like("layernorm_backward", "rstd", rstd, Shape{rows}, x);
+  check_layernorm_param("layernorm_backward", "mean", mean, Shape{rows}, x);
+  check_layernorm_param("layernorm_backward", "rstd", rstd, Shape{rows}, x);
   if (!x.device().is_cpu()) return layernorm_backward_device(x.device())(dy, x, weight, mean, rstd);
+  if (is_half(x.dtype())) {
+    LayerNormBackward g = layernorm_backward(upcast(dy), upcast(x), weight, mean, rstd);
+    g.dx = cast(g.dx, x.dtype());
+    return g;
+  }
   LayerNormBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({C}, x.dtype(), x.device()),
                       Tensor::empty({C}, x.dtype(), x.device())};
   dispatch_float("layernorm_backward", x.dtype(), [&](auto tag) {
@@ -104,6 +117,35 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
         db[c] += partial[k * 2 * C + C + c];
       }
   });
+  return g;
+}
+
+// The CPU computes the fused op as the two ops it replaces, so that it is their bitwise reference: the add (16-bit
+// operands in f32, rounded once) and the layernorm; in backward the autograd engine's ops::add of the gradients.
+AddLayerNormForward add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                                          double eps) {
+  int64_t C = check_layernorm("add_layernorm", a, weight);
+  check_shaped_like("add_layernorm", "b", b, a.shape(), a);
+  check_layernorm_param("add_layernorm", "bias", bias, Shape{C}, a);
+  MINIDL_CHECK(eps > 0, "add_layernorm: expected eps > 0, got ", eps);
+  if (!a.device().is_cpu()) return add_layernorm_forward_device(a.device())(a, b, weight, bias, eps);
+  Tensor sum = add(a, b);
+  LayerNormForward f = layernorm_forward(sum, weight, bias, eps);
+  return {sum, f.y, f.mean, f.rstd};
+}
+
+LayerNormBackward add_layernorm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Tensor& weight,
+                                         const Tensor& mean, const Tensor& rstd) {
+  int64_t C = check_layernorm("add_layernorm_backward", sum, weight);
+  int64_t rows = sum.numel() / C;
+  check_shaped_like("add_layernorm_backward", "dy", dy, sum.shape(), sum);
+  if (dsum.defined()) check_shaped_like("add_layernorm_backward", "dsum", dsum, sum.shape(), sum);
+  check_layernorm_param("add_layernorm_backward", "mean", mean, Shape{rows}, sum);
+  check_layernorm_param("add_layernorm_backward", "rstd", rstd, Shape{rows}, sum);
+  if (!sum.device().is_cpu())
+    return add_layernorm_backward_device(sum.device())(dy, dsum, sum, weight, mean, rstd);
+  LayerNormBackward g = layernorm_backward(dy, sum, weight, mean, rstd);
+  if (dsum.defined()) g.dx = add(g.dx, dsum);
   return g;
 }
 

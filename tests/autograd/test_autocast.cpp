@@ -2,9 +2,13 @@
 // parameters, the per-guard weight cache, and f32 master weights that keep updates bf16 could not represent.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "ops/cast.h"
+#include "ops/matmul.h"
 #include "optim/sgd.h"
 
 using namespace minidl;
@@ -41,7 +45,8 @@ TEST(Autocast, OpDtypesFollowThePolicy) {
     EXPECT_EQ(dropout(e, 0.5, 1, 2, 3).dtype(), half);
     EXPECT_EQ((e + e).dtype(), half);
     EXPECT_EQ((e + ramp({3, 8})).dtype(), DType::f32);  // mixed: promoted
-    EXPECT_EQ(layernorm(e, ln_w, ln_b).dtype(), DType::f32);
+    EXPECT_EQ(layernorm(e, ln_w, ln_b).dtype(), half);  // f32 math, rounded once to x's dtype
+    EXPECT_EQ(layernorm(ramp({3, 8}), ln_w, ln_b).dtype(), DType::f32);
     EXPECT_EQ(softmax(e).dtype(), DType::f32);
     Tensor targets = Tensor::from_vector(std::vector<int64_t>{0, 1, 2}, {3});
     EXPECT_EQ(cross_entropy(e, targets).dtype(), DType::f32);
@@ -78,6 +83,39 @@ TEST(Autocast, ParametersGetF32GradientsCloseToFullPrecision) {
   double scale = 0;
   for (double v : b) scale = std::max(scale, std::abs(v));
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 3e-2 * scale) << i;
+}
+
+// The weight gradient of a 16-bit product is the GEMM's f32 accumulation itself (ops::matmul_f32), not a 16-bit
+// gradient cast up: it equals X^T G computed in f32 on the 16-bit values, and differs from that product rounded.
+TEST(Autocast, WeightGradientsAreAccumulatedInF32ByTheGemm) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    Tensor w = Tensor::from_vector(ramp({8, 6}).to_vector(), {8, 6}).set_requires_grad(true);
+    Tensor b = param({6}, 0.1);
+    Tensor x = ramp({2, 5, 8}), g = ramp({2, 5, 6});
+    std::vector<double> x16, g16;
+    for (int use_linear = 0; use_linear < 2; ++use_linear) {
+      w.set_grad(Tensor());
+      {
+        AutocastGuard amp(half);
+        Tensor y = use_linear ? linear(x, w, b) : matmul(x, w);
+        ASSERT_EQ(y.dtype(), half);
+        autograd::backward({y}, {Tensor::from_vector(g.to_vector(), g.shape(), half)});
+      }
+      ASSERT_EQ(w.grad().dtype(), DType::f32);
+      // X^T G in f64 on the 16-bit values: what an f32 accumulation approximates to ~1e-7.
+      const Tensor xh = Tensor::from_vector(x.to_vector(), {10, 8}, half), gh = Tensor::from_vector(g.to_vector(), {10, 6}, half);
+      const Tensor want = ops::matmul(ops::cast(xh, DType::f64), ops::cast(gh, DType::f64), true, false);
+      const std::vector<double> got = w.grad().to_vector(), exact = want.to_vector();
+      const std::vector<double> rounded = ops::cast(ops::cast(want, half), DType::f64).to_vector();
+      bool differs_from_rounded = false;
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_NEAR(got[i], exact[i], 1e-6 * (1 + std::abs(exact[i]))) << i;
+        differs_from_rounded |= got[i] != rounded[i];
+      }
+      EXPECT_TRUE(differs_from_rounded) << "the weight gradient was rounded to " << dtype_name(half);
+    }
+  }
 }
 
 TEST(Autocast, WeightsAreCastOncePerGuardAndChargedToParams) {

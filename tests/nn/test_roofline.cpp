@@ -38,9 +38,9 @@ TEST(Roofline, Gpt2OnH100IsBoundedByTheTensorCoresAndItsLargestKernelsAreGemms) 
 }
 
 // The three kernel sets of issue #15 do the same arithmetic; each step towards the target moves fewer bytes and has
-// a lower bound no higher than the one before. f32 runs the same kernels in all three, over the vocabulary padded to
-// a multiple of 64 from kNow on (the padding's 47 rows of 50304 cost < 0.5% in a roofline, which cannot see what
-// aligned rows gain).
+// a lower bound no higher than the one before. f32 runs the same kernels in all three but for the residual add
+// fused into ln_2 and the vocabulary padded to a multiple of 64, both from kNow on (the padding's 47 rows of 50304
+// cost < 0.5% in a roofline, which cannot see what aligned rows gain; the fused add saves more).
 TEST(Roofline, KernelSetsDoTheSameFlopsAndEachStepLowersTheBound) {
   const bench::GpuPeak& h100 = *bench::find_gpu("H100");
   auto bound = [&](bench::RooflineConfig c, bench::KernelSet set, double* flops) {
@@ -65,9 +65,9 @@ TEST(Roofline, KernelSetsDoTheSameFlopsAndEachStepLowersTheBound) {
   bench::RooflineConfig f32;
   f32.amp = DType::f32;
   double unused;
-  const double f32_before = bound(f32, bench::KernelSet::kBefore, &unused);
+  // f32: the same kernels but for the residual add fused into ln_2 (and the padded head), since kNow.
+  EXPECT_GT(bound(f32, bench::KernelSet::kBefore, &unused), bound(f32, bench::KernelSet::kNow, &unused));
   EXPECT_EQ(bound(f32, bench::KernelSet::kNow, &unused), bound(f32, bench::KernelSet::kTarget, &unused));
-  EXPECT_NEAR(bound(f32, bench::KernelSet::kNow, &unused), f32_before, 5e-3 * f32_before);
 }
 
 // The padded vocabulary in the cost model: the head's GEMMs do the padded rows' products (in the time) but the

@@ -23,6 +23,13 @@ struct GemmOperand {
 void gemm(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
           const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc, int64_t c_batch_stride);
 
+// As gemm, with C in f32 whatever A and B are (f32, f16 or bf16, the two the same): 16-bit products accumulated
+// in f32 and written (or, with beta = 1, accumulated) without rounding to 16 bits. cublasGemmStridedBatchedEx with
+// an f32 C in the real backend. ops::matmul_f32: the weight gradients of mixed precision.
+void gemm_f32_out(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K,
+                  float alpha, const GemmOperand& A, const GemmOperand& B, float beta, float* C, int64_t ldc,
+                  int64_t c_batch_stride);
+
 // Loads the GEMM library now (cuBLAS and cuBLASLt, opened on first use in the real backend) and checks every
 // function minidl calls is there; throws naming the library or function otherwise. Nothing to do when emulated.
 void load_gemm_library();

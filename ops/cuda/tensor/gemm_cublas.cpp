@@ -258,20 +258,38 @@ bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64
   return true;
 }
 
-void gemm(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-          const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc, int64_t c_batch_stride) {
+namespace {
+
+// C of c_dtype: the operands' own dtype (gemm), or f32 (gemm_f32_out: cuBLAS's mixed-precision GEMM, 16-bit A and
+// B with an f32 C and f32 compute, a supported combination of cublasGemmEx).
+void gemm_typed(int device, cudaStream_t stream, DType dtype, DType c_dtype, int64_t batch, int64_t M, int64_t N,
+                int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc,
+                int64_t c_batch_stride) {
   if (batch == 0 || M == 0 || N == 0) return;
   cublasHandle_t h = handle(device);
   MINIDL_CUBLAS_CHECK(cublas().SetStream(h, stream));
-  cudaDataType_t type = data_type(dtype);
+  cudaDataType_t type = data_type(dtype), c_type = data_type(c_dtype);
   // 16-bit operands always run on tensor cores (f32 accumulation); f32 uses TF32 only when asked.
   cublasComputeType_t compute =
       dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   MINIDL_CUBLAS_CHECK(cublas().GemmStridedBatchedEx(
       h, op(B.trans), op(A.trans), int(N), int(M), int(K), &alpha, B.ptr, type, int(B.ld), B.batch_stride, A.ptr,
-      type, int(A.ld), A.batch_stride, &beta, C, type, int(ldc), c_batch_stride, int(batch), compute,
+      type, int(A.ld), A.batch_stride, &beta, C, c_type, int(ldc), c_batch_stride, int(batch), compute,
       CUBLAS_GEMM_DEFAULT));
   minidl::cuda::detail::count_library_launch();
+}
+
+}  // namespace
+
+void gemm(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+          const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc, int64_t c_batch_stride) {
+  gemm_typed(device, stream, dtype, dtype, batch, M, N, K, alpha, A, B, beta, C, ldc, c_batch_stride);
+}
+
+void gemm_f32_out(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K,
+                  float alpha, const GemmOperand& A, const GemmOperand& B, float beta, float* C, int64_t ldc,
+                  int64_t c_batch_stride) {
+  gemm_typed(device, stream, dtype, DType::f32, batch, M, N, K, alpha, A, B, beta, C, ldc, c_batch_stride);
 }
 
 }  // namespace minidl::ops::cuda

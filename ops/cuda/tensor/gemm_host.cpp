@@ -75,6 +75,26 @@ void gemm(int /*device*/, cudaStream_t /*stream*/, DType dtype, int64_t batch, i
   }
 }
 
+void gemm_f32_out(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K,
+                  float alpha, const GemmOperand& A, const GemmOperand& B, float beta, float* C, int64_t ldc,
+                  int64_t c_batch_stride) {
+  if (dtype == DType::f32)
+    return gemm(device, stream, dtype, batch, M, N, K, alpha, A, B, beta, C, ldc, c_batch_stride);
+  if (batch == 0 || M == 0 || N == 0) return;
+  MINIDL_CHECK(dtype == DType::f16 || dtype == DType::bf16, "matmul: the CUDA GEMM takes f32, f16 or bf16, got ",
+               dtype);
+  minidl::cuda::detail::count_library_launch();
+  for (int64_t i = 0; i < batch; ++i) {
+    const void* a_ptr = static_cast<const char*>(A.ptr) + i * A.batch_stride * 2;
+    const void* b_ptr = static_cast<const char*>(B.ptr) + i * B.batch_stride * 2;
+    const bool f16_operands = dtype == DType::f16;
+    std::vector<float> a = f16_operands ? widen<f16>(a_ptr, stored_elems(A, M, K)) : widen<bf16>(a_ptr, stored_elems(A, M, K));
+    std::vector<float> b = f16_operands ? widen<f16>(b_ptr, stored_elems(B, K, N)) : widen<bf16>(b_ptr, stored_elems(B, K, N));
+    cblas_sgemm(CblasRowMajor, flag(A.trans), flag(B.trans), int(M), int(N), int(K), alpha, a.data(), int(A.ld),
+                b.data(), int(B.ld), beta, C + i * c_batch_stride, int(ldc));
+  }
+}
+
 void load_gemm_library() {}  // OpenBLAS is linked
 
 // No fused epilogue here: the caller adds the bias with a second GEMM, as cuBLAS without cuBLASLt would.

@@ -3,6 +3,7 @@
 // operand that is not contiguous is made contiguous first. linear's bias goes into the GEMM's epilogue where the
 // backend offers one (cuBLASLt); otherwise it is one more GEMM of rank 1 that accumulates ones(rows) x bias into
 // the output (beta = 1), so no separate broadcast kernel is needed.
+#include "ops/cuda/tensor/elementwise.h"
 #include "ops/cuda/tensor/gemm.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/matmul.h"
@@ -16,23 +17,38 @@ GemmOperand operand(const Tensor& t, bool trans) {
   return {t.raw_device_data(), std::max<int64_t>(C, 1), t.dim() == 2 ? 0 : R * C, trans};
 }
 
-Tensor matmul_cuda(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
+// The product with its output in out_dtype: the operands' dtype (matmul), or f32 (matmul_f32).
+Tensor product(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, DType out_dtype) {
   Tensor a = a_in.detach().contiguous(), b = b_in.detach().contiguous();
   Shape shape = matmul_output_shape(a, b, ta, tb);
   OnDevice on(a);
-  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
+  Tensor out = Tensor::empty(shape, out_dtype, a.device());
   int64_t M = shape[shape.size() - 2], N = shape[shape.size() - 1], K = ta ? a.size(-2) : a.size(-1);
   int64_t batch = out.numel() / std::max<int64_t>(M * N, 1);
   if (out.numel() == 0) return out;
-  if (K == 0) return Tensor::zeros(shape, a.dtype(), a.device());
+  if (K == 0) return Tensor::zeros(shape, out_dtype, a.device());
   GemmOperand A = operand(a, ta), B = operand(b, tb);
+  auto run = [&](int64_t n_batch, int64_t rows, int64_t c_stride) {
+    if (out_dtype == a.dtype())
+      gemm(a.device().index, on.stream, a.dtype(), n_batch, rows, N, K, 1.0f, A, B, 0.0f, out.raw_device_data(), N,
+           c_stride);
+    else
+      gemm_f32_out(a.device().index, on.stream, a.dtype(), n_batch, rows, N, K, 1.0f, A, B, 0.0f,
+                   out.device_data<float>(), N, c_stride);
+  };
   if (batch > 1 && b.dim() == 2 && !ta) {  // a shared b: the batch is just more rows of one product
     A.batch_stride = 0;
-    gemm(a.device().index, on.stream, a.dtype(), 1, batch * M, N, K, 1.0f, A, B, 0.0f, out.raw_device_data(), N, 0);
+    run(1, batch * M, 0);
   } else {
-    gemm(a.device().index, on.stream, a.dtype(), batch, M, N, K, 1.0f, A, B, 0.0f, out.raw_device_data(), N, M * N);
+    run(batch, M, M * N);
   }
   return out;
+}
+
+Tensor matmul_cuda(const Tensor& a, const Tensor& b, bool ta, bool tb) { return product(a, b, ta, tb, a.dtype()); }
+Tensor matmul_f32_cuda(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  check_cuda_dtype("matmul_f32", a, /*half_too=*/true);
+  return product(a, b, ta, tb, DType::f32);
 }
 
 // x2: (rows, in) contiguous-able, weight: (in, out), bias: (out) or undefined -> (rows, out).
@@ -67,6 +83,7 @@ Tensor linear_cuda(const Tensor& x2_in, const Tensor& weight_in, const Tensor& b
 void register_matmul() {
   matmul_device.set(DeviceKind::kCUDA, &matmul_cuda);
   linear_device.set(DeviceKind::kCUDA, &linear_cuda);
+  matmul_f32_device.set(DeviceKind::kCUDA, &matmul_f32_cuda);
 }
 
 }  // namespace
