@@ -127,6 +127,9 @@ class GPT : public Module {
   // them back to check them again (ops::HostCheckedIndicesGuard), so a training step makes no host round trip
   // for them.
   Tensor loss(const Tensor& ids, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
+  // Throws loss()'s message unless every id of `ids` (named `what`) lies in [0, vocab_size), or is -1 with
+  // allow_ignore; a device tensor is checked on a host copy.
+  void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
 
   // The pieces of forward; each throws if this stage does not hold the part it needs.
   // ids: (B, T) as in forward -> drop(wte(ids) + wpe(0 .. T-1)): (B, T, C)
@@ -177,7 +180,6 @@ class GPT : public Module {
   // whose recomputation draws this forward's dropout masks and is wrapped in the block hooks.
   Tensor checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,
                       int64_t block) const;
-  void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
   // Position ids [0, T) on `device`: built once per device (positions_[device] holds [0, block_size)).
   Tensor position_ids(int64_t T, Device device) const;
 
