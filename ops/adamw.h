@@ -40,6 +40,11 @@ void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vec
                                const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h,
                                const Tensor& found_inf, const Tensor& skipped, bool count_skip);
 
+// skipped += delta on skipped's device (an i64 {1} count as above), without the host reading it: what a step
+// captured in a CUDA graph uses to count its replays (optim::AdamW::count_next_step_on_device).
+void add_to_count_(const Tensor& skipped, int64_t delta);
+inline DeviceKernel<void(const Tensor&, int64_t)> add_to_count_device{"add_to_count_"};
+
 // The CUDA kernels (ops/cuda/tensor/adamw.cpp; the flagged one ops/cuda/tensor/device_step.cpp), filled by
 // minidl::cuda::register_backend().
 inline DeviceKernel<void(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,

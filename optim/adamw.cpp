@@ -58,6 +58,18 @@ void AdamW::step_unless(const Tensor& found_inf) {
   });
 }
 
+void AdamW::keep_step_count_on(Device device) {
+  MINIDL_CHECK(device.is_cuda(), "AdamW::keep_step_count_on: expected a CUDA device, got ", device);
+  if (!skipped_.defined()) skipped_ = Tensor::zeros({1}, DType::i64, device);
+}
+
+void AdamW::count_next_step_on_device() {
+  MINIDL_CHECK(skipped_.defined(), "AdamW::count_next_step_on_device: call keep_step_count_on(device) before the "
+               "warm-up steps (the count must not be allocated inside a capture)");
+  ops::add_to_count_(skipped_, -1);
+  --step_;
+}
+
 AdamWState AdamW::state() const {
   const int64_t skipped = skipped_.defined() ? int64_t(skipped_.item()) : 0;
   return {step_ - skipped, m_, v_};

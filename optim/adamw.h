@@ -50,6 +50,15 @@ class AdamW : public Optimizer {
   // Copies a saved state in; m and v must have numel() elements.
   void load_state(const AdamWState& state);
 
+  // For a step captured in a CUDA graph (train/cuda_graph.h), whose replays the host does not see. Before the
+  // warm-up: keep_step_count_on(device) puts the step count's device part in place (a step then always computes
+  // its bias correction on the device, as step_unless does). Inside the capture, right before the step() or
+  // step_unless() captured: count_next_step_on_device() records a device increment of the count (the device part
+  // is "skipped steps minus steps counted on the device") and takes the captured call back from the host's count,
+  // so each replay advances the bias correction by one step and state().step stays exact.
+  void keep_step_count_on(Device device);
+  void count_next_step_on_device();
+
  private:
   using GroupFn = std::function<void(std::vector<Tensor>& params, std::vector<Tensor>& grads, std::vector<Tensor>& m,
                                      std::vector<Tensor>& v, double weight_decay)>;

@@ -60,6 +60,13 @@ void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Ten
   for (size_t i = 0; i < params.size(); ++i) fused_adamw_(params[i], grads[i], m[i], v[i], h);
 }
 
+void add_to_count_(const Tensor& skipped, int64_t delta) {
+  MINIDL_CHECK(skipped.defined() && skipped.numel() == 1 && skipped.dtype() == DType::i64,
+               "add_to_count_: expected one i64 count");
+  if (!skipped.device().is_cpu()) return add_to_count_device(skipped.device())(skipped, delta);
+  skipped.data<int64_t>()[0] += delta;
+}
+
 void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h,
                                const Tensor& found_inf, const Tensor& skipped, bool count_skip) {

@@ -67,6 +67,10 @@ __global__ void count_skipped_kernel(const int* found_inf, int64_t* skipped) {
   if (threadIdx.x == 0 && *found_inf) *skipped += 1;
 }
 
+__global__ void add_to_count_kernel(int64_t* count, int64_t delta) {
+  if (threadIdx.x == 0) *count += delta;
+}
+
 cudaError_t launch_adamw(const AdamWTensor* tensors, int count, const minidl::kernels::AdamWConstants& constants,
                          const AdamWDeviceStep& device_step, cudaStream_t stream) {
   TensorList list{};
@@ -120,6 +124,10 @@ cudaError_t fused_adamw_unless_found_inf(const AdamWTensor* tensors, int count, 
   const cudaError_t launched = launch_adamw(tensors, count, minidl::kernels::AdamWConstants{}, step, stream);
   if (launched != cudaSuccess || !step.count_skip) return launched;
   return launch_kernel(count_skipped_kernel, dim3(1), dim3(kWarpSize), 0, stream, step.found_inf, step.skipped);
+}
+
+cudaError_t add_to_count(int64_t* count, int64_t delta, cudaStream_t stream) {
+  return launch_kernel(add_to_count_kernel, dim3(1), dim3(1), 0, stream, count, delta);
 }
 
 }  // namespace minidl::ops::cuda

@@ -23,5 +23,7 @@ struct AdamWDeviceStep {
 // *found_inf, and then, with count_skip, *skipped incremented (one more single-thread launch).
 cudaError_t fused_adamw_unless_found_inf(const AdamWTensor* tensors, int count, const AdamWDeviceStep& step,
                                          cudaStream_t stream);
+// *count += delta, one thread (ops::add_to_count_).
+cudaError_t add_to_count(int64_t* count, int64_t delta, cudaStream_t stream);
 
 }  // namespace minidl::ops::cuda
