@@ -16,6 +16,7 @@ class Graph {  // a CPU-only build: never constructed (CudaGraphStep's construct
 #include "core/upload.h"
 #include "ops/cast.h"
 #include "ops/embedding.h"
+#include "train/trainer.h"
 
 namespace minidl::train {
 
@@ -34,6 +35,18 @@ Device model_device(nn::GPT& model) {
 }
 
 }  // namespace
+
+void validate_cuda_graph(const TrainConfig& c, int world) {
+  MINIDL_CHECK(c.device.rfind("cuda", 0) == 0, "--cuda-graph: expected --device cuda, got --device ", c.device);
+  MINIDL_CHECK(world == 1 && c.dp <= 1 && c.tp == 1 && c.pp == 1 && c.zero == 0, "--cuda-graph: expected one "
+               "process without --dp/--tp/--pp/--zero (the collectives are not captured), got ", world, " ranks, "
+               "--dp ", c.dp, " --tp ", c.tp, " --pp ", c.pp, " --zero ", c.zero);
+  MINIDL_CHECK(c.dropout == 0.0, "--cuda-graph: expected --dropout 0, got ", c.dropout, " (the masks' Philox "
+               "offset is a kernel argument that a replay cannot change)");
+  MINIDL_CHECK(c.warmup == 0 && (!c.min_lr || *c.min_lr == c.lr), "--cuda-graph: expected a constant learning rate "
+               "(the captured step holds it): no --warmup (got ", c.warmup, ") and no --min-lr other than --lr (got ",
+               c.min_lr ? *c.min_lr : c.lr, ")");
+}
 
 CudaGraphStep::CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const StepOptions& options)
     : model_(model), optimizer_(optimizer), options_(options), device_(model_device(model)) {

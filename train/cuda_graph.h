@@ -27,6 +27,11 @@ class Graph;  // core/cuda/graph.h: in the program's CUDA backend (minidl_device
 
 namespace minidl::train {
 
+struct TrainConfig;
+// --cuda-graph's refusals, by name: expected --device cuda, one process (no --dp/--tp/--pp > 1, no --zero), no
+// --dropout, a constant learning rate (no --warmup, --min-lr unset or equal to --lr). TrainConfig::validate calls it.
+void validate_cuda_graph(const TrainConfig& config, int world);
+
 class CudaGraphStep {
  public:
   static constexpr int kWarmupSteps = 2;
