@@ -134,7 +134,7 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_flag("--cuda-graph", o.cuda_graph,
                "With --device cuda: run 2 steps eagerly, capture the third (forward, backward, clip, optimizer) as a "
                "CUDA graph and replay it every step after, copying each batch into its input buffers; needs one "
-               "process, --dropout 0 and a constant learning rate (no --warmup or --min-lr)");
+               "process and --dropout 0");
   app.add_flag("--tf32", o.tf32, "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
                "error); off by default");
   app.add_option("--max-skipped-steps", o.max_skipped_steps,

@@ -58,6 +58,9 @@ class AdamW : public Optimizer {
   // so each replay advances the bias correction by one step and state().step stays exact.
   void keep_step_count_on(Device device);
   void count_next_step_on_device();
+  // After keep_step_count_on: every following step reads its learning rate from `lr` (an f64 {1} tensor on that
+  // device) when it runs, not lr(): a captured step's rate, which the caller writes before each replay.
+  void read_lr_from(const Tensor& lr);
 
  private:
   using GroupFn = std::function<void(std::vector<Tensor>& params, std::vector<Tensor>& grads, std::vector<Tensor>& m,
@@ -68,6 +71,7 @@ class AdamW : public Optimizer {
   AdamWOptions options_;
   int64_t step_ = 0;      // steps taken, or with skipped_ defined, step_unless calls on the device
   Tensor skipped_;        // i64 {1} on the device: the calls of step_unless that skipped
+  Tensor lr_on_device_;   // read_lr_from
   Tensor m_, v_;
 };
 

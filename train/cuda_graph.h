@@ -10,9 +10,11 @@
 // the gradients exist). The next step is captured (forward, backward, unscale, clip, the optimizer, zero_grad:
 // cuda::Graph, core/cuda/graph.h) and every step from then on is one graph launch. Each step first checks the
 // host batch (the ids' range, GPT::loss's messages) and copies it into the graph's static input buffers on the
-// compute stream (core/upload.h): the only host -> device copies of a step. What a replay cannot change is
-// refused by name: a learning rate other than the captured one, a batch of another shape or with another
-// count of targets (ignored -1 targets), dropout > 0 (its Philox offset is a kernel argument).
+// compute stream (core/upload.h): the only host -> device copies of a step. The learning rate is written on the
+// device by a fill kernel before each step and read there by AdamW (AdamW::read_lr_from), and AdamW's step count
+// advances on the device, so a replay follows the schedule. What a replay cannot change is refused by name: a
+// batch of another shape or with another count of targets (ignored -1 targets), dropout > 0 (its Philox offset
+// is a kernel argument).
 // The StepResult of a replay holds the graph's output buffers (loss, norm, overflow flag, scale): read() it before
 // the next step overwrites them.
 #pragma once
@@ -29,7 +31,7 @@ namespace minidl::train {
 
 struct TrainConfig;
 // --cuda-graph's refusals, by name: expected --device cuda, one process (no --dp/--tp/--pp > 1, no --zero), no
-// --dropout, a constant learning rate (no --warmup, --min-lr unset or equal to --lr). TrainConfig::validate calls it.
+// --dropout. TrainConfig::validate calls it.
 void validate_cuda_graph(const TrainConfig& config, int world);
 
 class CudaGraphStep {
@@ -54,7 +56,7 @@ class CudaGraphStep {
   Device device_;
   Tensor ids_, targets_;  // the static inputs (i64, on the device)
   int64_t target_count_ = -1;  // of the captured step
-  double lr_ = 0;              // of the captured step
+  Tensor lr_;                  // f64 {1} on the device: the learning rate every step's AdamW reads
   std::unique_ptr<cuda::Graph> graph_;
   StepResult captured_;  // its on_device tensors are the graph's outputs
   int64_t steps_ = 0;

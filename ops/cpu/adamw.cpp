@@ -80,6 +80,9 @@ void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vec
   for (const Tensor& p : params)
     MINIDL_CHECK(p.device() == device, "fused_adamw_multi_unless_: found_inf is on ", device, ", a param on ",
                  p.device());
+  MINIDL_CHECK(!h.lr_on_device.defined() || (h.lr_on_device.numel() == 1 && h.lr_on_device.dtype() == DType::f64 &&
+                                             h.lr_on_device.device() == device),
+               "fused_adamw_multi_unless_: expected lr_on_device as one f64 on ", device);
   if (!device.is_cpu()) {
     MINIDL_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
                  "fused_adamw_multi_unless_: expected lists of equal length, got ", params.size(), " params, ",
@@ -100,6 +103,7 @@ void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vec
   }
   AdamWHyper stepped = h;
   stepped.step = h.step - count;
+  if (h.lr_on_device.defined()) stepped.lr = h.lr_on_device.data<double>()[0];
   fused_adamw_multi_(params, grads, m, v, stepped);
 }
 

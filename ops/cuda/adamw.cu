@@ -37,7 +37,8 @@ __global__ void __launch_bounds__(kThreads) fused_adamw_kernel(TensorList list, 
                                                               AdamWDeviceStep d) {
   if (d.found_inf != nullptr) {
     if (*d.found_inf) return;
-    c = minidl::kernels::adamw_constants(d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, d.step - *d.skipped);
+    const double lr = d.lr_on_device != nullptr ? *d.lr_on_device : d.lr;
+    c = minidl::kernels::adamw_constants(lr, d.beta1, d.beta2, d.eps, d.weight_decay, d.step - *d.skipped);
   }
   const int t = list.tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(list.chunk[blockIdx.x]) * kChunk;

@@ -17,6 +17,7 @@ struct AdamWDeviceStep {
   const int* found_inf = nullptr;  // skip the step when *found_inf != 0
   int64_t* skipped = nullptr;      // steps skipped before this one
   bool count_skip = false;         // add 1 to *skipped when this one is skipped
+  const double* lr_on_device = nullptr;  // non-null: the learning rate is read here, not `lr` (a CUDA graph's step)
 };
 
 // fused_adamw (ops/cuda/adamw.h) with the constants computed on the device from step - *skipped, skipped entirely when

@@ -72,6 +72,7 @@ void adamw_unless(const std::vector<Tensor>& params, const std::vector<Tensor>& 
   step.found_inf = found_inf.device_data<int>();
   step.skipped = skipped.device_data<int64_t>();
   step.count_skip = count_skip;
+  if (h.lr_on_device.defined()) step.lr_on_device = h.lr_on_device.device_data<double>();
   MINIDL_CUDA_CHECK(fused_adamw_unless_found_inf(list.data(), int(list.size()), step, on.stream));
 }
 

@@ -97,7 +97,11 @@ TEST_F(CudaCounters, UploadAsyncCopiesWithoutWaiting) {
   const cuda::Counters c = cuda::counters();
   EXPECT_EQ(c.h2d_copies, 20);
   EXPECT_EQ(c.h2d_bytes, 20 * 300 * 4);
-  EXPECT_EQ(c.host_syncs, 0);
+#if defined(MINIDL_TEST_EMULATED_CUDA)
+  EXPECT_EQ(c.host_syncs, 0);  // each buffer's copy is done when it comes round again
+#else
+  EXPECT_LE(c.host_syncs, 20 - 8);  // a GPU may still be copying out of a buffer the ring comes back to
+#endif
   EXPECT_EQ(c.d2h_copies, 0);
   for (int k = 0; k < 20; ++k) {
     const std::vector<double> got = dst[size_t(k)].to_vector();
