@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
   for (int64_t r = 0; r < rows; ++r) tv[size_t(r)] = (r * 7919) % V;
   Tensor targets = Tensor::from_vector(tv, {rows});
   ops::CrossEntropyForward cf = ops::cross_entropy_forward(sx, targets, -1);
-  ops::AdamWHyper hyper{3e-4, 0.9, 0.95, 1e-8, 0.1, 1, {}};
+  ops::AdamWHyper hyper{3e-4, 0.9, 0.95, 1e-8, 0.1, 1};
   const double f4 = 4.0, hn = double(hx.numel()), ln = double(rows * C), sn = double(rows * V);
   std::vector<MemoryOp> mem_ops = {
       {"gelu", 8.0 * n, [&] { ops::gelu_forward(x); }},

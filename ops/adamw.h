@@ -24,7 +24,7 @@ struct AdamWHyper {
   int64_t step = 1;  // 1-based count including this step; drives the bias correction
   // fused_adamw_multi_unless_ only: defined (an f64 {1} tensor on the parameters' device), the learning rate is read
   // from it when the step runs instead of `lr`, so a step captured in a CUDA graph follows a schedule.
-  Tensor lr_on_device;
+  Tensor lr_on_device{};
 };
 
 // Updates param, m and v in place (they are handles: the data changes, not the Tensor objects).

@@ -42,6 +42,13 @@ void upload_staged(void* dst, const void* src, size_t bytes, int device) {
   Ring& r = ring(device);
   std::lock_guard lock(r.mutex);
   DeviceGuard guard(device);
+  cudaStream_t stream = current_stream(device);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MINIDL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  // Legal on a GPU, but a replay would copy whatever the staging buffer holds by then.
+  MINIDL_CHECK(capturing == cudaStreamCaptureStatusNone, "upload_async of ", bytes, " bytes to cuda:", device,
+               " while a CUDA graph captures: a replay would not copy this data again; copy it into the graph's "
+               "input tensors before each replay instead (train/cuda_graph.h)");
   Slot& slot = r.slots[r.next];
   r.next = (r.next + 1) % kStagingSlots;
   if (!slot.done) slot.done = std::make_unique<Event>(/*timing=*/false);
@@ -58,7 +65,6 @@ void upload_staged(void* dst, const void* src, size_t bytes, int device) {
   }
   if (slot.buffer.bytes() < bytes) slot.buffer = PinnedBuffer(bytes);  // warm-up only: sizes repeat every step
   std::memcpy(slot.buffer.data(), src, bytes);
-  cudaStream_t stream = current_stream(device);
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, slot.buffer.data(), bytes, cudaMemcpyHostToDevice, stream));
   detail::count_copy(cudaMemcpyHostToDevice, bytes);
   slot.done->record(stream);

@@ -304,7 +304,7 @@ TEST_F(DeviceStep, AdamWUnlessFoundInf) {
     Tensor p = t({1, 2, 3}), g = t({0.5f, -1, 2}), m = t({0, 0, 0}), v = t({0, 0, 0});
     Tensor rp = t({1, 2, 3}), rm = t({0, 0, 0}), rv = t({0, 0, 0});
     Tensor skipped = Tensor::zeros({1}, DType::i64).to(device);
-    ops::AdamWHyper h{1e-2, 0.9, 0.999, 1e-8, 0.1, 1, {}};
+    ops::AdamWHyper h{1e-2, 0.9, 0.999, 1e-8, 0.1, 1};
     ops::fused_adamw_multi_unless_({p}, {g}, {m}, {v}, h, Tensor::ones({1}, DType::i32).to(device), skipped, true);
     EXPECT_EQ(p.to_vector(), rp.to_vector());
     EXPECT_EQ(skipped.to_vector(), std::vector<double>{1});

@@ -78,6 +78,14 @@ TEST_F(CudaGraph, UncapturableWorkThrowsByName) {
     EXPECT_NE(std::string(e.what()).find("cudaErrorStreamCapture"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(reads_back.captured());
+  cuda::Graph uploads(0);
+  Tensor in = Tensor::empty({64}, DType::f32, kCuda);
+  try {
+    uploads.capture([&] { upload_async(in, Tensor::ones({64})); });  // would be stale at every replay
+    ADD_FAILURE() << "an upload was captured";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("input tensors before each replay"), std::string::npos) << e.what();
+  }
   cuda::Graph cold(0);
   try {
     cold.capture([&] { (void)Tensor::empty({12345, 7}, DType::f32, kCuda); });  // a size never cached

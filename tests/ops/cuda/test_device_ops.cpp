@@ -193,7 +193,7 @@ TEST_F(DeviceOps, AdamWAndUnscaleMatchTheCpu) {
   Tensor p = random_tensor({n}, 19, DType::f32), g = random_tensor({n}, 20, DType::f32);
   Tensor m = random_tensor({n}, 21, DType::f32, 0.1), v = Tensor::full({n}, 0.01);
   Tensor dp = on_cuda(p), dg = on_cuda(g), dm = on_cuda(m), dv = on_cuda(v);
-  ops::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, 3, {}};
+  ops::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
   ops::fused_adamw_(p, g, m, v, h);
   ops::fused_adamw_(dp, dg, dm, dv, h);
   expect_close(back(dp), p.to_vector(), 1e-6, "param");
