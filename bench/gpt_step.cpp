@@ -36,6 +36,7 @@
 #include "dist/init.h"
 #include "dist/tensor_parallel.h"
 #include "dist/topology.h"
+#include "train/cuda_graph.h"
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/step.h"
@@ -61,15 +62,16 @@ struct StepCounters {
                            total.h2d_bytes + d.h2d_bytes, total.d2h_copies + d.d2h_copies,
                            total.d2h_bytes + d.d2h_bytes, total.d2d_copies + d.d2d_copies,
                            total.d2d_bytes + d.d2d_bytes, total.device_mallocs + d.device_mallocs,
-                           total.device_frees + d.device_frees};
+                           total.device_frees + d.device_frees, total.graph_launches + d.graph_launches};
   }
   void print(int64_t steps) const {
     const double n = double(steps);
     const cuda::Counters& t = total;
     std::printf("per step: launches %.1f memsets %.1f syncs %.1f h2d %.1f (%.0f B) d2h %.1f (%.0f B) "
-                "d2d %.1f (%.0f B) cudaMalloc %.1f\n",
+                "d2d %.1f (%.0f B) cudaMalloc %.1f graph launches %.1f\n",
                 t.kernel_launches / n, t.memsets / n, t.host_syncs / n, t.h2d_copies / n, t.h2d_bytes / n,
-                t.d2h_copies / n, t.d2h_bytes / n, t.d2d_copies / n, t.d2d_bytes / n, t.device_mallocs / n);
+                t.d2h_copies / n, t.d2h_bytes / n, t.d2d_copies / n, t.d2d_bytes / n, t.device_mallocs / n,
+                t.graph_launches / n);
   }
   // Fields for the --json object: ", \"launches_per_step\": ..." (empty without a CUDA backend).
   std::string json_fields(int64_t steps) const {
@@ -99,7 +101,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   int64_t grad_accum = 1;
   std::string recompute = "none", amp = "off";
-  bool json = false, tf32 = false;
+  bool json = false, tf32 = false, cuda_graph = false;
   std::string device_flag = "cpu";
   double peak_tflops = 0;
   int tp = 1;
@@ -125,6 +127,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_flag, "cpu, cuda or cuda:N (the emulated CUDA in a MINIDL_CUDA_EMULATION build)")
       ->capture_default_str();
   app.add_flag("--tf32", tf32, "f32 matrix products on TF32 tensor cores (GPU)");
+  app.add_flag("--cuda-graph", cuda_graph, "With --device cuda, one process: capture a step as a CUDA graph and "
+               "replay it (train/cuda_graph.h; the capture is the 3rd step, so keep --warmup >= 3)");
   app.add_option("--peak-tflops", peak_tflops,
                  "The GPU's dense peak TFLOP/s for MFU; default: from a table of NVIDIA GPUs by name");
   app.add_option("--tp", tp, "Tensor-parallel ranks; must divide --heads and the number of ranks (mpirun -n N: "
@@ -200,6 +204,14 @@ int main(int argc, char** argv) {
     options.grad_sync = sync.get();
     options.read_back = false;  // a timed step reads nothing back (the loop synchronises the device itself)
     optim::AdamW opt(sync->optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {1e-3});
+    std::unique_ptr<train::CudaGraphStep> graph;  // --cuda-graph
+    if (cuda_graph) {
+      MINIDL_CHECK(ctx.world_size() == 1 && tp == 1 && zero == 0, "--cuda-graph: expected one process without "
+                   "--tp or --zero");
+      train::StepOptions captured = options;
+      captured.grad_sync = nullptr;  // one process: nothing to synchronise
+      graph = std::make_unique<train::CudaGraphStep>(model, opt, captured);
+    }
     std::vector<int32_t> tokens(size_t(batch * world * seq + 1) * 64);
     Philox rng(7);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(rng.draw(i).x % uint32_t(vocab));
@@ -213,7 +225,8 @@ int main(int argc, char** argv) {
       auto t0 = std::chrono::steady_clock::now();
       if (s >= warmup) counted.begin();
       dist::reset_tensor_parallel_traffic();
-      train::train_step(model, opt, b, options);
+      if (graph) graph->step(b, 1e-3);
+      else train::train_step(model, opt, b, options);
       if (s >= warmup) counted.end();
       if (device.is_cuda()) device_backend(device, "synchronize").synchronize(device.index);  // the step's GPU work
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

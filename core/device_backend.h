@@ -31,6 +31,11 @@ struct DeviceBackend {
   void (*fill)(void* ptr, int64_t count, const void* value, size_t element_bytes, int device);
   // Waits until all work queued on the device's compute stream has finished.
   void (*synchronize)(int device);
+  // Copies `bytes` of host memory at `src` to the device pointer `dst` without waiting for the device: the bytes are
+  // staged in page-locked memory before the call returns (the caller may reuse `src` at once) and copied on the
+  // compute stream. The host waits only when every staging buffer still has an upload in flight. Null: the
+  // backend has none, and upload_async (core/upload.h) falls back to copy.
+  void (*upload_async)(void* dst, const void* src, size_t bytes, int device) = nullptr;
 };
 
 // Installs (or, with nullptr, removes) the backend of a device kind. kCPU cannot be replaced.

@@ -2,7 +2,8 @@
 //
 // Kernels are launched through launch_kernel() from cuda_compat.h, which calls minidl::emu::launch. A launch
 // validates the configuration like CUDA (on failure it sets the last error, see cudaGetLastError, and runs
-// nothing), then runs every block to completion before returning: streams are synchronous here.
+// nothing), then runs every block to completion before returning: streams are synchronous here. On a capturing
+// stream the launch is recorded instead, with a copy of its arguments (graph.h).
 //
 // Options come from the environment when the first launch happens, and tests may replace them:
 //   MINIDL_EMU_ORDER    forward | reverse | random   order in which a scheduling pass runs a block's threads
@@ -18,6 +19,8 @@
 #include <cstdint>
 #include <tuple>
 #include <utility>
+
+#include "cuda_emu/graph.h"
 
 namespace minidl::emu {
 
@@ -76,7 +79,7 @@ unsigned char* static_smem(StaticSmemSite& site, size_t bytes, size_t alignment,
 // once, like CUDA's parameter buffer, and each thread gets its own copy of them (kernels may modify their
 // parameters).
 template <class... Params, class... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t /*stream*/,
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
                    Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "launch: wrong number of kernel arguments");
   struct Closure {
@@ -88,7 +91,10 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
     const Closure& c = *static_cast<const Closure*>(p);
     std::apply([&c](Params... params) { c.kernel(params...); }, c.params);
   };
-  return detail::run_kernel({grid, block, smem_bytes, reinterpret_cast<const void*>(kernel), body, &closure});
+  const void* id = reinterpret_cast<const void*>(kernel);
+  if (is_capturing(stream))  // recorded with a copy of its arguments, run at each graph launch (graph.h)
+    return enqueue(stream, [=] { return detail::run_kernel({grid, block, smem_bytes, id, body, &closure}); });
+  return detail::run_kernel({grid, block, smem_bytes, id, body, &closure});
 }
 
 }  // namespace minidl::emu

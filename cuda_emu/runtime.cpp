@@ -11,13 +11,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <unordered_set>
 
 #include "cuda_emu/emulator.h"
 #include "cuda_emu/scheduler.h"
+#include "cuda_emu/stream_state.h"
 
-struct CUstream_st {};
 struct CUevent_st {
   std::chrono::steady_clock::time_point time;
   bool recorded = false;
@@ -30,7 +31,8 @@ thread_local cudaError_t last_error = cudaSuccess;
 
 struct Registry {
   std::mutex mutex;
-  std::unordered_set<void*> device, host;  // live allocations, so frees can be checked
+  std::unordered_set<void*> device;  // live allocations, so frees can be checked
+  std::map<const char*, size_t> host;  // page-locked host allocations and their sizes (a capture checks copies)
 };
 Registry& registry() {
   static Registry r;
@@ -49,7 +51,8 @@ cudaError_t allocate(void** ptr, size_t size, bool device) {
   if (posix_memalign(ptr, 256, size) != 0) return fail(cudaErrorMemoryAllocation);
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
-  (device ? r.device : r.host).insert(*ptr);
+  if (device) r.device.insert(*ptr);
+  else r.host.emplace(static_cast<const char*>(*ptr), size);
   return cudaSuccess;
 }
 
@@ -58,7 +61,8 @@ cudaError_t release(void* ptr, bool device) {
   Registry& r = registry();
   {
     std::lock_guard lock(r.mutex);
-    if ((device ? r.device : r.host).erase(ptr) == 0) return fail(cudaErrorInvalidValue);
+    if ((device ? r.device.erase(ptr) : r.host.erase(static_cast<const char*>(ptr))) == 0)
+      return fail(cudaErrorInvalidValue);
   }
   std::free(ptr);
   return cudaSuccess;
@@ -72,6 +76,17 @@ cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) 
   return cudaSuccess;
 }
 
+// Whether [p, p + count) lies in one page-locked host allocation (cudaMallocHost).
+bool is_pinned(const void* p, size_t count) {
+  const char* c = static_cast<const char*>(p);
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  auto it = r.host.upper_bound(c);
+  if (it == r.host.begin()) return false;
+  --it;
+  return c >= it->first && c + count <= it->first + it->second;
+}
+
 size_t physical_memory(int pages_name) {
   return static_cast<size_t>(sysconf(pages_name)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
 }
@@ -83,13 +98,28 @@ void set_last_error(cudaError_t error) { last_error = error; }
 }  // namespace minidl::emu::detail
 
 using minidl::emu::detail::fail;
+using minidl::emu::detail::refuse_during_capture;
+using minidl::emu::detail::refuse_if_capturing;
 
 // ---- memory ----
-cudaError_t cudaMalloc(void** ptr, size_t size) { return minidl::emu::detail::allocate(ptr, size, true); }
-cudaError_t cudaFree(void* ptr) { return minidl::emu::detail::release(ptr, true); }
-cudaError_t cudaMallocHost(void** ptr, size_t size) { return minidl::emu::detail::allocate(ptr, size, false); }
+// None of them may be called while a capture is active (graph.h).
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;
+  return minidl::emu::detail::allocate(ptr, size, true);
+}
+cudaError_t cudaFree(void* ptr) {
+  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;
+  return minidl::emu::detail::release(ptr, true);
+}
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;
+  return minidl::emu::detail::allocate(ptr, size, false);
+}
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned) { return cudaMallocHost(ptr, size); }
-cudaError_t cudaFreeHost(void* ptr) { return minidl::emu::detail::release(ptr, false); }
+cudaError_t cudaFreeHost(void* ptr) {
+  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;
+  return minidl::emu::detail::release(ptr, false);
+}
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t) { return cudaMalloc(ptr, size); }
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t) { return cudaFree(ptr); }
 
@@ -101,10 +131,19 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;  // synchronous
   return minidl::emu::detail::copy(dst, src, count, kind);
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
-  return minidl::emu::detail::copy(dst, src, count, kind);
+// Captured unless it touches pageable host memory (cudaMemcpyDefault is taken as device to device).
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (minidl::emu::is_capturing(stream)) {
+    using minidl::emu::detail::is_pinned;
+    const bool host_src = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost;
+    const bool host_dst = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost;
+    if ((host_src && !is_pinned(src, count)) || (host_dst && !is_pinned(dst, count)))
+      return refuse_if_capturing(stream);
+  }
+  return minidl::emu::enqueue(stream, [=] { return minidl::emu::detail::copy(dst, src, count, kind); });
 }
 cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset, cudaMemcpyKind kind) {
   if (symbol == nullptr) return fail(cudaErrorInvalidSymbol);
@@ -116,14 +155,22 @@ cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, si
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;  // synchronous
   if (count == 0) return cudaSuccess;
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   std::memset(ptr, value, count);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) { return cudaMemset(ptr, value, count); }
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  return minidl::emu::enqueue(stream, [=] {
+    std::memset(ptr, value, count);
+    return cudaSuccess;
+  });
+}
 
-// ---- streams and events: every operation has completed when its call returns ----
+// ---- streams and events: every operation has completed when its call returns (or, captured, is in the graph) ----
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   if (stream == nullptr) return fail(cudaErrorInvalidValue);
   *stream = new CUstream_st;
@@ -135,8 +182,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) { return refuse_if_capturing(stream); }
+cudaError_t cudaStreamQuery(cudaStream_t stream) { return refuse_if_capturing(stream); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned) {
   return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
 }
@@ -159,7 +206,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  return refuse_during_capture();
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -170,7 +218,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return refuse_during_capture(); }
 
 // ---- errors ----
 cudaError_t cudaGetLastError() {

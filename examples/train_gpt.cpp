@@ -135,6 +135,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                "With --tp N: split the residual stream (LayerNorm, dropout, residual adds) along the sequence over the "
                "N ranks, all-gathering before and reduce-scattering after the tensor-parallel layers; --seq must be a "
                "multiple of N");
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "With --device cuda: run 2 steps eagerly, capture the third (forward, backward, clip, optimizer) as a "
+               "CUDA graph and replay it every step after, copying each batch into its input buffers; needs one "
+               "process and --dropout 0");
   app.add_flag("--tf32", o.tf32, "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
                "error); off by default");
   app.add_option("--max-skipped-steps", o.max_skipped_steps,

@@ -6,6 +6,7 @@
 #include "autograd/checkpoint.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "core/upload.h"
 #include "ops/cast.h"
 #include "ops/embedding.h"
 
@@ -282,8 +283,9 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets, Reduction reduction) 
   // conversion through the host later), and the device ops told not to check it again on a host copy.
   check_ids(ids, "token ids", false);
   check_ids(targets, "targets", true);
-  const Tensor device_ids = ops::cast(ids.contiguous(), DType::i64).to(device);
-  const Tensor device_targets = ops::cast(targets.contiguous(), DType::i64).to(device);
+  // Through pinned staging on the compute stream: the host does not wait for the upload (core/upload.h).
+  const Tensor device_ids = upload_async(ops::cast(ids.contiguous(), DType::i64), device);
+  const Tensor device_targets = upload_async(ops::cast(targets.contiguous(), DType::i64), device);
   ops::HostCheckedIndicesGuard checked;
   return head_loss(blocks(0, cfg_.n_layer, embed(device_ids)), device_targets, reduction);
 }

@@ -22,6 +22,9 @@ struct AdamWHyper {
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t step = 1;  // 1-based count including this step; drives the bias correction
+  // fused_adamw_multi_unless_ only: defined (an f64 {1} tensor on the parameters' device), the learning rate is read
+  // from it when the step runs instead of `lr`, so a step captured in a CUDA graph follows a schedule.
+  Tensor lr_on_device{};
 };
 
 // Updates param, m and v in place (they are handles: the data changes, not the Tensor objects).
@@ -39,6 +42,11 @@ void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Ten
 void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h,
                                const Tensor& found_inf, const Tensor& skipped, bool count_skip);
+
+// skipped += delta on skipped's device (an i64 {1} count as above), without the host reading it: what a step
+// captured in a CUDA graph uses to count its replays (optim::AdamW::count_next_step_on_device).
+void add_to_count_(const Tensor& skipped, int64_t delta);
+inline DeviceKernel<void(const Tensor&, int64_t)> add_to_count_device{"add_to_count_"};
 
 // The CUDA kernels (ops/cuda/tensor/adamw.cpp; the flagged one ops/cuda/tensor/device_step.cpp), filled by
 // minidl::cuda::register_backend().

@@ -34,7 +34,7 @@ void AdamW::for_each_group(const GroupFn& fn) {
 
 void AdamW::step() {
   ++step_;
-  ops::AdamWHyper h{lr(), options_.beta1, options_.beta2, options_.eps, 0.0, step_};
+  ops::AdamWHyper h{lr(), options_.beta1, options_.beta2, options_.eps, 0.0, step_, lr_on_device_};
   // After a step_unless on the device the count of steps taken lives there too: a flag that is never set.
   const Tensor never = skipped_.defined() ? Tensor::zeros({1}, DType::i32, skipped_.device()) : Tensor();
   for_each_group([&](auto& params, auto& grads, auto& m, auto& v, double wd) {
@@ -48,7 +48,7 @@ void AdamW::step_unless(const Tensor& found_inf) {
   if (found_inf.device().is_cpu()) return Optimizer::step_unless(found_inf);
   if (!skipped_.defined()) skipped_ = Tensor::zeros({1}, DType::i64, found_inf.device());
   ++step_;
-  ops::AdamWHyper h{lr(), options_.beta1, options_.beta2, options_.eps, 0.0, step_};
+  ops::AdamWHyper h{lr(), options_.beta1, options_.beta2, options_.eps, 0.0, step_, lr_on_device_};
   // Each group's call reads the skipped count; only the last one adds this step to it.
   int groups = 0, done = 0;
   for_each_group([&](auto&&...) { ++groups; });
@@ -56,6 +56,26 @@ void AdamW::step_unless(const Tensor& found_inf) {
     h.weight_decay = wd;
     ops::fused_adamw_multi_unless_(params, grads, m, v, h, found_inf, skipped_, ++done == groups);
   });
+}
+
+void AdamW::keep_step_count_on(Device device) {
+  MINIDL_CHECK(device.is_cuda(), "AdamW::keep_step_count_on: expected a CUDA device, got ", device);
+  if (!skipped_.defined()) skipped_ = Tensor::zeros({1}, DType::i64, device);
+}
+
+void AdamW::count_next_step_on_device() {
+  MINIDL_CHECK(skipped_.defined(), "AdamW::count_next_step_on_device: call keep_step_count_on(device) before the "
+               "warm-up steps (the count must not be allocated inside a capture)");
+  ops::add_to_count_(skipped_, -1);
+  --step_;
+}
+
+void AdamW::read_lr_from(const Tensor& lr) {
+  MINIDL_CHECK(skipped_.defined(), "AdamW::read_lr_from: call keep_step_count_on(device) first");
+  MINIDL_CHECK(lr.numel() == 1 && lr.dtype() == DType::f64 && lr.device() == skipped_.device(),
+               "AdamW::read_lr_from: expected one f64 on ", skipped_.device(), ", got ", lr.shape(), " ", lr.dtype(),
+               " on ", lr.device());
+  lr_on_device_ = lr;
 }
 
 AdamWState AdamW::state() const {

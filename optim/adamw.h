@@ -50,6 +50,18 @@ class AdamW : public Optimizer {
   // Copies a saved state in; m and v must have numel() elements.
   void load_state(const AdamWState& state);
 
+  // For a step captured in a CUDA graph (train/cuda_graph.h), whose replays the host does not see. Before the
+  // warm-up: keep_step_count_on(device) puts the step count's device part in place (a step then always computes
+  // its bias correction on the device, as step_unless does). Inside the capture, right before the step() or
+  // step_unless() captured: count_next_step_on_device() records a device increment of the count (the device part
+  // is "skipped steps minus steps counted on the device") and takes the captured call back from the host's count,
+  // so each replay advances the bias correction by one step and state().step stays exact.
+  void keep_step_count_on(Device device);
+  void count_next_step_on_device();
+  // After keep_step_count_on: every following step reads its learning rate from `lr` (an f64 {1} tensor on that
+  // device) when it runs, not lr(): a captured step's rate, which the caller writes before each replay.
+  void read_lr_from(const Tensor& lr);
+
  private:
   using GroupFn = std::function<void(std::vector<Tensor>& params, std::vector<Tensor>& grads, std::vector<Tensor>& m,
                                      std::vector<Tensor>& v, double weight_decay)>;
@@ -59,6 +71,7 @@ class AdamW : public Optimizer {
   AdamWOptions options_;
   int64_t step_ = 0;      // steps taken, or with skipped_ defined, step_unless calls on the device
   Tensor skipped_;        // i64 {1} on the device: the calls of step_unless that skipped
+  Tensor lr_on_device_;   // read_lr_from
   Tensor m_, v_;
 };
 

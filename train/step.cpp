@@ -27,7 +27,8 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
   const int64_t micro = rows / k;
   // The normaliser of the whole step. Under DDP each rank divides by its own slice's count and DDP averages over
   // ranks: with equal-sized slices and no ignored targets that is the global mean exactly.
-  const double inv_targets = 1.0 / double(std::max<int64_t>(1, count_targets(batch.y)));
+  const int64_t targets = o.target_count >= 0 ? o.target_count : count_targets(batch.y);
+  const double inv_targets = 1.0 / double(std::max<int64_t>(1, targets));
   StepResult r;
   const Device device = model.parameters().front().device();
   if (o.scaler && device.is_cuda()) {

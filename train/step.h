@@ -34,6 +34,9 @@ struct StepOptions {
   // StepResult::read(), for steps whose numbers nobody looks at (train::Trainer reads on the steps it logs).
   // Ignored on the CPU, where everything is read as it is computed.
   bool read_back = true;
+  // >= 0: the number of the batch's targets that count (not -1), given by a caller whose batch is already on the
+  // device (train::CudaGraphStep), so the step does not read it back to count them; -1: counted from batch.y.
+  int64_t target_count = -1;
 };
 
 struct StepResult {

@@ -16,6 +16,7 @@
 #include "ops/matmul.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
+#include "train/cuda_graph.h"
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/grad_sync.h"
@@ -86,6 +87,7 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(!memory_report || pp == 1, "--memory-report with --pp ", pp, ": the prediction is per whole model "
                "(or its tensor-parallel split), not per pipeline stage; the summary's act_peak_mb, param_mb, "
                "grad_mb and optim_mb and the per-stage activation peaks are measured");
+  if (cuda_graph) validate_cuda_graph(*this, world);
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
                " does not match the ", world, " ranks this job runs on (mpirun -n)");
@@ -471,7 +473,9 @@ int Trainer::run() {
   const double flops_per_step =
       (s.pipe ? s.pipe->flops_per_token(s.seq) : s.model->flops_per_token(s.seq)) * tokens_per_step;
   // One step and one evaluation, of the whole model or of this pipeline stage.
+  std::unique_ptr<CudaGraphStep> graph_step;  // --cuda-graph
   auto run_step = [&](const data::Batch& b, const StepOptions& so) {
+    if (graph_step) return graph_step->step(b, so.lr);
     return s.pipe ? pipeline_train_step(*s.pipe, *s.optimizer, b, so) : train_step(*s.model, *s.optimizer, b, so);
   };
   auto run_eval = [&] {
@@ -485,6 +489,11 @@ int Trainer::run() {
   step_options.amp = s.amp;
   step_options.scaler = s.scaler ? &*s.scaler : nullptr;
   step_options.grad_sync = s.sync.get();
+  if (o.cuda_graph) {  // one process (validate): the GradSync has nothing to synchronise
+    StepOptions captured = step_options;
+    captured.grad_sync = nullptr;
+    graph_step = std::make_unique<CudaGraphStep>(*s.model, *s.optimizer, captured);
+  }
   ProgressLine progress(parse_progress_mode(o.progress), o.log_every, s.logger);
   const int64_t first_step = s.resume ? s.resume->state.step : 0;
   int64_t schedule_step = s.resume ? s.resume->state.schedule_step : 0;  // holds still on skipped steps unless

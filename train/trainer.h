@@ -76,6 +76,7 @@ struct TrainConfig {
   int64_t max_skipped_steps = 50;
   std::string device = "cpu";
   bool tf32 = false;
+  bool cuda_graph = false;          // capture one step as a CUDA graph and replay it (train/cuda_graph.h)
 
   int64_t layers_or_default() const { return layers.value_or(4); }
   int64_t heads_or_default() const { return heads.value_or(4); }

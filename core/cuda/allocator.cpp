@@ -1,4 +1,5 @@
 // The caching stream-ordered device allocator (contract in core/cuda/cuda.h).
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -17,14 +18,33 @@ struct CachedBlock {
   size_t bytes = 0;
   cudaStream_t stream = nullptr;  // the stream it was last used on
   MemTag tag = MemTag::kOther;
+  uint64_t pool = 0;              // 0: the shared cache; else the graph pool that owns it (begin_graph_pool)
 };
 
 struct DeviceCache {
   std::mutex mutex;
   std::unordered_map<size_t, std::vector<CachedBlock>> free_blocks;  // rounded size -> unused blocks
   std::unordered_map<void*, CachedBlock> live;
+  // Graph pools: their unused blocks, handed out only while that pool captures (so the addresses a graph baked
+  // in are never another user's), and the pool capturing now (0: none).
+  std::unordered_map<uint64_t, std::unordered_map<size_t, std::vector<CachedBlock>>> pool_blocks;
+  uint64_t capturing_pool = 0;
   AllocatorStats stats;
 };
+
+// Takes a block of `rounded` bytes last used on `stream` out of `blocks`; nullptr when there is none.
+void* take(std::unordered_map<size_t, std::vector<CachedBlock>>& blocks, size_t rounded, cudaStream_t stream) {
+  auto it = blocks.find(rounded);
+  if (it == blocks.end()) return nullptr;
+  std::vector<CachedBlock>& list = it->second;
+  for (size_t i = list.size(); i-- > 0;) {
+    if (list[i].stream != stream) continue;  // reusing it would need an event across streams
+    void* ptr = list[i].ptr;
+    list.erase(list.begin() + std::ptrdiff_t(i));
+    return ptr;
+  }
+  return nullptr;
+}
 
 DeviceCache& cache(int device) {
   MINIDL_CHECK(device >= 0 && device < kMaxDevices, "cuda allocator: device index ", device, " is out of range");
@@ -62,18 +82,15 @@ void* allocate(size_t bytes, int device, size_t* rounded_bytes) {
   CachedBlock block{nullptr, rounded, stream, current_mem_tag()};
   DeviceCache& c = cache(device);
   std::lock_guard lock(c.mutex);
-  auto it = c.free_blocks.find(rounded);
-  if (it != c.free_blocks.end()) {
-    std::vector<CachedBlock>& blocks = it->second;
-    for (size_t i = blocks.size(); i-- > 0;) {
-      if (blocks[i].stream != stream) continue;  // reusing it would need an event across streams
-      block.ptr = blocks[i].ptr;
-      blocks.erase(blocks.begin() + std::ptrdiff_t(i));
-      c.stats.cached_bytes -= int64_t(rounded);
-      break;
-    }
-  }
+  // While a graph captures: its pool's blocks first, then the shared cache's (the block joins the pool for good).
+  block.pool = c.capturing_pool;
+  if (c.capturing_pool != 0) block.ptr = take(c.pool_blocks[c.capturing_pool], rounded, stream);
+  if (block.ptr == nullptr) block.ptr = take(c.free_blocks, rounded, stream);
+  if (block.ptr != nullptr) c.stats.cached_bytes -= int64_t(rounded);
   if (block.ptr == nullptr) {
+    MINIDL_CHECK(c.capturing_pool == 0, "cuda allocator: a block of ", rounded, " bytes was asked for on cuda:",
+                 device, " while a CUDA graph captures and none is cached (cudaMalloc cannot be captured): run the "
+                 "captured work once eagerly first (a warm-up step) so that its sizes are cached");
     DeviceGuard guard(device);
     cudaError_t status = cudaMalloc(&block.ptr, rounded);
     if (status == cudaErrorMemoryAllocation && !c.free_blocks.empty()) {
@@ -103,7 +120,49 @@ void free(void* ptr, int device) {
   c.stats.allocated_bytes -= int64_t(block.bytes);
   c.stats.cached_bytes += int64_t(block.bytes);
   ledger(Device::cuda(device)).add(block.tag, -int64_t(block.bytes));
-  c.free_blocks[block.bytes].push_back(block);
+  // A block freed while a graph captures may still be read by the captured work, which has not run: it joins the
+  // graph's pool rather than the shared cache.
+  const uint64_t pool = block.pool != 0 ? block.pool : c.capturing_pool;
+  if (pool != 0) c.pool_blocks[pool][block.bytes].push_back(CachedBlock{block.ptr, block.bytes, block.stream,
+                                                                        block.tag, pool});
+  else c.free_blocks[block.bytes].push_back(block);
+}
+
+uint64_t new_graph_pool() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+void begin_graph_pool(int device, uint64_t pool) {
+  MINIDL_ASSERT(pool != 0, "begin_graph_pool: pool 0 is the shared cache");
+  DeviceCache& c = cache(device);
+  std::lock_guard lock(c.mutex);
+  MINIDL_CHECK(c.capturing_pool == 0, "cuda allocator: a graph pool already captures on cuda:", device,
+               " (one capture per device at a time)");
+  c.capturing_pool = pool;
+}
+
+void end_graph_pool(int device) {
+  DeviceCache& c = cache(device);
+  std::lock_guard lock(c.mutex);
+  c.capturing_pool = 0;
+}
+
+void release_graph_pool(int device, uint64_t pool) {
+  DeviceCache& c = cache(device);
+  std::lock_guard lock(c.mutex);
+  if (c.capturing_pool == pool) c.capturing_pool = 0;
+  auto it = c.pool_blocks.find(pool);
+  if (it != c.pool_blocks.end()) {
+    for (auto& [size, blocks] : it->second)
+      for (CachedBlock b : blocks) {
+        b.pool = 0;
+        c.free_blocks[size].push_back(b);
+      }
+    c.pool_blocks.erase(it);
+  }
+  for (auto& [ptr, b] : c.live)
+    if (b.pool == pool) b.pool = 0;  // freed later: to the shared cache
 }
 
 void empty_cache() {

@@ -88,8 +88,8 @@ void backend_synchronize(int device) {
   detail::count_host_sync();
 }
 
-const DeviceBackend kBackend{backend_allocate, backend_free, backend_copy, backend_memset_zero, backend_fill,
-                             backend_synchronize};
+const DeviceBackend kBackend{backend_allocate, backend_free,        backend_copy, backend_memset_zero,
+                             backend_fill,     backend_synchronize, upload_staged};
 
 // Registers at static-init time: the backend library is linked whole (core/cuda/CMakeLists.txt), so this object
 // is in every program that links it, whether or not the program names anything of it.

@@ -12,7 +12,7 @@ namespace {
 struct AtomicCounters {
   std::atomic<int64_t> library_launches{0}, memsets{0}, host_syncs{0};
   std::atomic<int64_t> h2d_copies{0}, h2d_bytes{0}, d2h_copies{0}, d2h_bytes{0}, d2d_copies{0}, d2d_bytes{0};
-  std::atomic<int64_t> device_mallocs{0}, device_frees{0};
+  std::atomic<int64_t> device_mallocs{0}, device_frees{0}, graph_launches{0};
 };
 
 AtomicCounters& totals() {
@@ -31,6 +31,7 @@ void count_memset() { add(totals().memsets); }
 void count_host_sync() { add(totals().host_syncs); }
 void count_device_malloc() { add(totals().device_mallocs); }
 void count_device_free() { add(totals().device_frees); }
+void count_graph_launch() { add(totals().graph_launches); }
 
 void count_copy(cudaMemcpyKind kind, size_t bytes) {
   AtomicCounters& t = totals();
@@ -54,6 +55,7 @@ Counters counters() {
   c.d2h_copies = get(t.d2h_copies), c.d2h_bytes = get(t.d2h_bytes);
   c.d2d_copies = get(t.d2d_copies), c.d2d_bytes = get(t.d2d_bytes);
   c.device_mallocs = get(t.device_mallocs), c.device_frees = get(t.device_frees);
+  c.graph_launches = get(t.graph_launches);
   return c;
 }
 
@@ -62,7 +64,7 @@ void reset_counters() {
   minidl_kernel_launches().store(0, std::memory_order_relaxed);
   for (std::atomic<int64_t>* c : {&t.library_launches, &t.memsets, &t.host_syncs, &t.h2d_copies, &t.h2d_bytes,
                                   &t.d2h_copies, &t.d2h_bytes, &t.d2d_copies, &t.d2d_bytes, &t.device_mallocs,
-                                  &t.device_frees})
+                                  &t.device_frees, &t.graph_launches})
     c->store(0, std::memory_order_relaxed);
 }
 
@@ -75,6 +77,7 @@ Counters operator-(const Counters& a, const Counters& b) {
   d.d2h_copies = a.d2h_copies - b.d2h_copies, d.d2h_bytes = a.d2h_bytes - b.d2h_bytes;
   d.d2d_copies = a.d2d_copies - b.d2d_copies, d.d2d_bytes = a.d2d_bytes - b.d2d_bytes;
   d.device_mallocs = a.device_mallocs - b.device_mallocs, d.device_frees = a.device_frees - b.device_frees;
+  d.graph_launches = a.graph_launches - b.graph_launches;
   return d;
 }
 

@@ -53,6 +53,28 @@ void free(void* ptr, int device);
 // cudaFree of every cached (unused) block of every device, after synchronizing their streams.
 void empty_cache();
 
+// ---- uploads that do not wait ----
+// Copies `bytes` from host memory `src` to device memory `dst` on current_stream(device) without the host waiting
+// for the device: `src` is copied into one of a ring of page-locked staging buffers before this returns, then a
+// cudaMemcpyAsync from there is queued and an event recorded behind it. A buffer is reused only after its event
+// has completed: cudaEventQuery finds it done (no wait), or the host waits for it (counted as a host sync). What
+// DeviceBackend::upload_async is on CUDA (core/upload.h). Counted as one host -> device copy.
+void upload_staged(void* dst, const void* src, size_t bytes, int device);
+
+// Graph pools (PyTorch's private graph memory pools): while a pool captures on a device, every block that device
+// hands out comes from the pool's own unused blocks or, failing that, from the shared cache, and then belongs to
+// the pool; a block freed during the capture, or freed later but allocated by the pool, goes back to the pool.
+// A pool's blocks are handed out again only during a capture into the same pool, so the addresses a captured
+// graph reads and writes stay its own for as long as it lives. A capture never calls cudaMalloc (it cannot be
+// captured): an allocation the cache cannot serve is an error that asks for an eager warm-up run first.
+// cuda::Graph (core/cuda/graph.h) drives these.
+uint64_t new_graph_pool();
+void begin_graph_pool(int device, uint64_t pool);
+void end_graph_pool(int device);
+// The pool's unused blocks return to the shared cache, and its live ones will when they are freed (the graph is
+// gone, and stream order on the compute stream protects its last replay's work).
+void release_graph_pool(int device, uint64_t pool);
+
 struct AllocatorStats {
   int64_t cuda_mallocs = 0;   // calls to cudaMalloc since the start (a steady-state step adds none)
   int64_t cuda_frees = 0;     // calls to cudaFree (empty_cache and out-of-memory retries only)
@@ -75,6 +97,7 @@ struct Counters {
   int64_t d2h_copies = 0, d2h_bytes = 0;  // device -> host
   int64_t d2d_copies = 0, d2d_bytes = 0;  // device -> device (same or peer device)
   int64_t device_mallocs = 0, device_frees = 0;  // cudaMalloc / cudaFree (the caching allocator's misses)
+  int64_t graph_launches = 0;   // cuda::Graph::replay (the kernels a replay runs are not counted again)
 };
 Counters counters();
 void reset_counters();
@@ -89,6 +112,7 @@ void count_host_sync();
 void count_copy(cudaMemcpyKind kind, size_t bytes);  // cudaMemcpyDefault: device to device
 void count_device_malloc();
 void count_device_free();
+void count_graph_launch();
 }  // namespace detail
 
 // ---- RAII helpers ----

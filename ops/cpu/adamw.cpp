@@ -60,6 +60,13 @@ void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Ten
   for (size_t i = 0; i < params.size(); ++i) fused_adamw_(params[i], grads[i], m[i], v[i], h);
 }
 
+void add_to_count_(const Tensor& skipped, int64_t delta) {
+  MINIDL_CHECK(skipped.defined() && skipped.numel() == 1 && skipped.dtype() == DType::i64,
+               "add_to_count_: expected one i64 count");
+  if (!skipped.device().is_cpu()) return add_to_count_device(skipped.device())(skipped, delta);
+  skipped.data<int64_t>()[0] += delta;
+}
+
 void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h,
                                const Tensor& found_inf, const Tensor& skipped, bool count_skip) {
@@ -73,6 +80,9 @@ void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vec
   for (const Tensor& p : params)
     MINIDL_CHECK(p.device() == device, "fused_adamw_multi_unless_: found_inf is on ", device, ", a param on ",
                  p.device());
+  MINIDL_CHECK(!h.lr_on_device.defined() || (h.lr_on_device.numel() == 1 && h.lr_on_device.dtype() == DType::f64 &&
+                                             h.lr_on_device.device() == device),
+               "fused_adamw_multi_unless_: expected lr_on_device as one f64 on ", device);
   if (!device.is_cpu()) {
     MINIDL_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
                  "fused_adamw_multi_unless_: expected lists of equal length, got ", params.size(), " params, ",
@@ -93,6 +103,7 @@ void fused_adamw_multi_unless_(const std::vector<Tensor>& params, const std::vec
   }
   AdamWHyper stepped = h;
   stepped.step = h.step - count;
+  if (h.lr_on_device.defined()) stepped.lr = h.lr_on_device.data<double>()[0];
   fused_adamw_multi_(params, grads, m, v, stepped);
 }
 

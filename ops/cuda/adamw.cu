@@ -37,7 +37,8 @@ __global__ void __launch_bounds__(kThreads) fused_adamw_kernel(TensorList list, 
                                                               AdamWDeviceStep d) {
   if (d.found_inf != nullptr) {
     if (*d.found_inf) return;
-    c = minidl::kernels::adamw_constants(d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, d.step - *d.skipped);
+    const double lr = d.lr_on_device != nullptr ? *d.lr_on_device : d.lr;
+    c = minidl::kernels::adamw_constants(lr, d.beta1, d.beta2, d.eps, d.weight_decay, d.step - *d.skipped);
   }
   const int t = list.tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(list.chunk[blockIdx.x]) * kChunk;
@@ -65,6 +66,10 @@ __global__ void __launch_bounds__(kThreads) fused_adamw_kernel(TensorList list, 
 // One thread counts the skipped step after the update kernels read the count.
 __global__ void count_skipped_kernel(const int* found_inf, int64_t* skipped) {
   if (threadIdx.x == 0 && *found_inf) *skipped += 1;
+}
+
+__global__ void add_to_count_kernel(int64_t* count, int64_t delta) {
+  if (threadIdx.x == 0) *count += delta;
 }
 
 cudaError_t launch_adamw(const AdamWTensor* tensors, int count, const minidl::kernels::AdamWConstants& constants,
@@ -120,6 +125,10 @@ cudaError_t fused_adamw_unless_found_inf(const AdamWTensor* tensors, int count, 
   const cudaError_t launched = launch_adamw(tensors, count, minidl::kernels::AdamWConstants{}, step, stream);
   if (launched != cudaSuccess || !step.count_skip) return launched;
   return launch_kernel(count_skipped_kernel, dim3(1), dim3(kWarpSize), 0, stream, step.found_inf, step.skipped);
+}
+
+cudaError_t add_to_count(int64_t* count, int64_t delta, cudaStream_t stream) {
+  return launch_kernel(add_to_count_kernel, dim3(1), dim3(1), 0, stream, count, delta);
 }
 
 }  // namespace minidl::ops::cuda

@@ -17,11 +17,14 @@ struct AdamWDeviceStep {
   const int* found_inf = nullptr;  // skip the step when *found_inf != 0
   int64_t* skipped = nullptr;      // steps skipped before this one
   bool count_skip = false;         // add 1 to *skipped when this one is skipped
+  const double* lr_on_device = nullptr;  // non-null: the learning rate is read here, not `lr` (a CUDA graph's step)
 };
 
 // fused_adamw (ops/cuda/adamw.h) with the constants computed on the device from step - *skipped, skipped entirely when
 // *found_inf, and then, with count_skip, *skipped incremented (one more single-thread launch).
 cudaError_t fused_adamw_unless_found_inf(const AdamWTensor* tensors, int count, const AdamWDeviceStep& step,
                                          cudaStream_t stream);
+// *count += delta, one thread (ops::add_to_count_).
+cudaError_t add_to_count(int64_t* count, int64_t delta, cudaStream_t stream);
 
 }  // namespace minidl::ops::cuda

@@ -72,10 +72,17 @@ void adamw_unless(const std::vector<Tensor>& params, const std::vector<Tensor>& 
   step.found_inf = found_inf.device_data<int>();
   step.skipped = skipped.device_data<int64_t>();
   step.count_skip = count_skip;
+  if (h.lr_on_device.defined()) step.lr_on_device = h.lr_on_device.device_data<double>();
   MINIDL_CUDA_CHECK(fused_adamw_unless_found_inf(list.data(), int(list.size()), step, on.stream));
 }
 
+void add_to_count_on_device(const Tensor& skipped, int64_t delta) {
+  OnDevice on(skipped);
+  MINIDL_CUDA_CHECK(add_to_count(skipped.device_data<int64_t>(), delta, on.stream));
+}
+
 void register_device_step() {
+  add_to_count_device.set(DeviceKind::kCUDA, &add_to_count_on_device);
   grad_norm_squared_multi_device.set(DeviceKind::kCUDA, &grad_norm_squared_on_device);
   clip_grads_multi_device.set(DeviceKind::kCUDA, &clip_on_device);
   unscale_and_check_by_device.set(DeviceKind::kCUDA, &unscale_by);

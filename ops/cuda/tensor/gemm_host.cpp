@@ -9,6 +9,7 @@
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "cuda_emu/graph.h"
 #include "ops/cuda/tensor/gemm.h"
 
 namespace minidl::ops::cuda {
@@ -56,23 +57,28 @@ void gemm_half(int64_t batch, int64_t M, int64_t N, int64_t K, float alpha, cons
 
 }  // namespace
 
-void gemm(int /*device*/, cudaStream_t /*stream*/, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K,
+void gemm(int /*device*/, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K,
           float alpha, const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc,
           int64_t c_batch_stride) {
   if (batch == 0 || M == 0 || N == 0) return;
+  MINIDL_CHECK(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16,
+               "matmul: the CUDA GEMM takes f32, f16 or bf16, got ", dtype);
   minidl::cuda::detail::count_library_launch();  // one cuBLAS call in the real backend
-  switch (dtype) {
-    case DType::f32:
-      for (int64_t i = 0; i < batch; ++i)
-        cblas_sgemm(CblasRowMajor, flag(A.trans), flag(B.trans), int(M), int(N), int(K), alpha,
-                    static_cast<const float*>(A.ptr) + i * A.batch_stride, int(A.ld),
-                    static_cast<const float*>(B.ptr) + i * B.batch_stride, int(B.ld), beta,
-                    static_cast<float*>(C) + i * c_batch_stride, int(ldc));
-      return;
-    case DType::f16: return gemm_half<f16>(batch, M, N, K, alpha, A, B, beta, C, ldc, c_batch_stride);
-    case DType::bf16: return gemm_half<bf16>(batch, M, N, K, alpha, A, B, beta, C, ldc, c_batch_stride);
-    default: MINIDL_CHECK(false, "matmul: the CUDA GEMM takes f32, f16 or bf16, got ", dtype);
-  }
+  // Run now, or recorded when the stream is capturing a graph, as a cuBLAS call would be (cuda_emu/graph.h).
+  MINIDL_CUDA_CHECK(minidl::emu::enqueue(stream, [=] {
+    switch (dtype) {
+      case DType::f32:
+        for (int64_t i = 0; i < batch; ++i)
+          cblas_sgemm(CblasRowMajor, flag(A.trans), flag(B.trans), int(M), int(N), int(K), alpha,
+                      static_cast<const float*>(A.ptr) + i * A.batch_stride, int(A.ld),
+                      static_cast<const float*>(B.ptr) + i * B.batch_stride, int(B.ld), beta,
+                      static_cast<float*>(C) + i * c_batch_stride, int(ldc));
+        break;
+      case DType::f16: gemm_half<f16>(batch, M, N, K, alpha, A, B, beta, C, ldc, c_batch_stride); break;
+      default: gemm_half<bf16>(batch, M, N, K, alpha, A, B, beta, C, ldc, c_batch_stride); break;
+    }
+    return cudaSuccess;
+  }));
 }
 
 void gemm_f32_out(int device, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K,

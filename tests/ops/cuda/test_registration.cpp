@@ -41,7 +41,7 @@ std::vector<std::pair<std::string, bool>> tables() {
   return {MINIDL_TABLE(fused_adamw_device), MINIDL_TABLE(fused_adamw_multi_device),
           MINIDL_TABLE(fused_adamw_multi_unless_device), MINIDL_TABLE(grad_norm_squared_multi_device),
           MINIDL_TABLE(clip_grads_multi_device), MINIDL_TABLE(unscale_and_check_by_device),
-          MINIDL_TABLE(update_loss_scale_device),
+          MINIDL_TABLE(update_loss_scale_device), MINIDL_TABLE(add_to_count_device),
           MINIDL_TABLE(causal_attention_forward_device), MINIDL_TABLE(causal_attention_backward_device),
           MINIDL_TABLE(cast_into_device_kernel),
           MINIDL_TABLE(conv2d_forward_device), MINIDL_TABLE(conv2d_backward_device),

@@ -1,0 +1,109 @@
+#include "train/cuda_graph.h"
+
+#if MINIDL_HAVE_CUDA_BACKEND
+#include "core/cuda/graph.h"
+#else
+#include <functional>
+namespace minidl::cuda {
+class Graph {  // a CPU-only build: never constructed (CudaGraphStep's constructor refuses first)
+ public:
+  bool captured() const { return false; }
+  void capture(const std::function<void()>&) {}
+  void replay() {}
+};
+}  // namespace minidl::cuda
+#endif
+#include "core/upload.h"
+#include "ops/cast.h"
+#include "ops/embedding.h"
+#include "train/trainer.h"
+
+namespace minidl::train {
+
+namespace {
+
+int64_t counted_targets(const Tensor& y) {
+  int64_t n = 0;
+  for (double v : y.to_vector()) n += v != -1.0;
+  return n;
+}
+
+Device model_device(nn::GPT& model) {
+  const Device d = model.parameters().front().device();
+  MINIDL_CHECK(d.is_cuda(), "--cuda-graph: expected a model on a CUDA device, got ", d);
+  return d;
+}
+
+}  // namespace
+
+void validate_cuda_graph(const TrainConfig& c, int world) {
+  MINIDL_CHECK(c.device.rfind("cuda", 0) == 0, "--cuda-graph: expected --device cuda, got --device ", c.device);
+  MINIDL_CHECK(world == 1 && c.dp <= 1 && c.tp == 1 && c.pp == 1 && c.zero == 0, "--cuda-graph: expected one "
+               "process without --dp/--tp/--pp/--zero (the collectives are not captured), got ", world, " ranks, "
+               "--dp ", c.dp, " --tp ", c.tp, " --pp ", c.pp, " --zero ", c.zero);
+  MINIDL_CHECK(c.dropout == 0.0, "--cuda-graph: expected --dropout 0, got ", c.dropout, " (the masks' Philox "
+               "offset is a kernel argument that a replay cannot change)");
+}
+
+CudaGraphStep::CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const StepOptions& options)
+    : model_(model), optimizer_(optimizer), options_(options), device_(model_device(model)) {
+#if MINIDL_HAVE_CUDA_BACKEND
+  graph_ = std::make_unique<cuda::Graph>(device_.index);
+#else
+  MINIDL_CHECK(false, "--cuda-graph: this build of minidl has no CUDA backend");
+#endif
+  MINIDL_CHECK(model.config().dropout == 0.0, "--cuda-graph: expected dropout 0, got ", model.config().dropout,
+               " (the dropout masks' Philox offset is a kernel argument that a replay cannot change)");
+  MINIDL_CHECK(options.grad_sync == nullptr, "--cuda-graph: expected one process without a gradient "
+               "synchronisation (dp = tp = pp = 1, no ZeRO)");
+  options_.read_back = false;
+  optimizer_.keep_step_count_on(device_);
+  lr_ = Tensor::zeros({1}, DType::f64, device_);
+  optimizer_.read_lr_from(lr_);
+}
+
+CudaGraphStep::~CudaGraphStep() = default;
+bool CudaGraphStep::captured() const { return graph_ && graph_->captured(); }
+
+StepResult CudaGraphStep::step(const data::Batch& batch, double lr) {
+  MINIDL_CHECK(batch.x.shape() == batch.y.shape() && batch.x.dim() == 2, "--cuda-graph: expected ids and targets "
+               "of one shape (B, T), got ", batch.x.shape(), " and ", batch.y.shape());
+  MINIDL_CHECK(batch.x.device().is_cpu() && batch.y.device().is_cpu(), "--cuda-graph: expected a host batch, got ",
+               batch.x.device());
+  model_.check_ids(batch.x, "token ids", false);
+  model_.check_ids(batch.y, "targets", true);
+  const int64_t targets = counted_targets(batch.y);
+  if (!ids_.defined()) {
+    MemoryTagGuard tag(MemTag::kActivations);
+    ids_ = Tensor::empty(batch.x.shape(), DType::i64, device_);
+    targets_ = Tensor::empty(batch.y.shape(), DType::i64, device_);
+  }
+  MINIDL_CHECK(batch.x.shape() == ids_.shape(), "--cuda-graph: every batch must have the shape ", ids_.shape(),
+               " of the first, got ", batch.x.shape());
+  upload_async(ids_, ops::cast(batch.x.contiguous(), DType::i64));
+  upload_async(targets_, ops::cast(batch.y.contiguous(), DType::i64));
+  StepOptions o = options_;
+  o.lr = lr;
+  o.target_count = targets;
+  lr_.fill_(lr);  // a fill kernel with the value as its argument: no copy (AdamW reads it when the step runs)
+  const data::Batch on_device{ids_, targets_};
+  ++steps_;
+  if (steps_ <= kWarmupSteps) {
+    ops::HostCheckedIndicesGuard checked;  // checked above, before the upload
+    return train_step(model_, optimizer_, on_device, o);
+  }
+  if (!graph_->captured()) {
+    target_count_ = targets;
+    graph_->capture([&] {
+      ops::HostCheckedIndicesGuard checked;
+      optimizer_.count_next_step_on_device();
+      captured_ = train_step(model_, optimizer_, on_device, o);
+    });
+  }
+  MINIDL_CHECK(targets == target_count_, "--cuda-graph: the batch's count of targets is part of the captured step "
+               "and must stay ", target_count_, ", got ", targets, " at step ", steps_);
+  graph_->replay();
+  return captured_;
+}
+
+}  // namespace minidl::train

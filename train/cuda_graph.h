@@ -1,0 +1,65 @@
+// train::CudaGraphStep: train_step captured once as a CUDA graph and replayed (train_gpt --cuda-graph).
+//
+//   train::CudaGraphStep graph_step(model, opt, options);           // options as for train_step
+//   for (step ...) {
+//     train::StepResult r = graph_step.step(batch, lr);             // host batch; eager warm-up, then replays
+//     if (logging) r.read();
+//   }
+//
+// The first kWarmupSteps steps run eagerly (the allocator caches every size the step asks for, AdamW's state and
+// the gradients exist). The next step is captured (forward, backward, unscale, clip, the optimizer, zero_grad:
+// cuda::Graph, core/cuda/graph.h) and every step from then on is one graph launch. Each step first checks the
+// host batch (the ids' range, GPT::loss's messages) and copies it into the graph's static input buffers on the
+// compute stream (core/upload.h): the only host -> device copies of a step. The learning rate is written on the
+// device by a fill kernel before each step and read there by AdamW (AdamW::read_lr_from), and AdamW's step count
+// advances on the device, so a replay follows the schedule. What a replay cannot change is refused by name: a
+// batch of another shape or with another count of targets (ignored -1 targets), dropout > 0 (its Philox offset
+// is a kernel argument).
+// The StepResult of a replay holds the graph's output buffers (loss, norm, overflow flag, scale): read() it before
+// the next step overwrites them.
+#pragma once
+
+#include <memory>
+
+#include "train/step.h"
+
+namespace minidl::cuda {
+class Graph;  // core/cuda/graph.h: in the program's CUDA backend (minidl_device), absent from a CPU-only build
+}
+
+namespace minidl::train {
+
+struct TrainConfig;
+// --cuda-graph's refusals, by name: expected --device cuda, one process (no --dp/--tp/--pp > 1, no --zero), no
+// --dropout. TrainConfig::validate calls it.
+void validate_cuda_graph(const TrainConfig& config, int world);
+
+class CudaGraphStep {
+ public:
+  static constexpr int kWarmupSteps = 2;
+
+  // Throws unless the model is on a CUDA device, has no dropout, and `options` has no GradSync (one process).
+  CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const StepOptions& options);
+  ~CudaGraphStep();
+
+  // One step on `batch` (host i32/i64 ids and targets) at learning rate `lr`; StepResult as train_step's with
+  // read_back false (pending until read()).
+  StepResult step(const data::Batch& batch, double lr);
+
+  bool captured() const;
+  int64_t steps() const { return steps_; }
+
+ private:
+  nn::GPT& model_;
+  optim::AdamW& optimizer_;
+  StepOptions options_;
+  Device device_;
+  Tensor ids_, targets_;  // the static inputs (i64, on the device)
+  int64_t target_count_ = -1;  // of the captured step
+  Tensor lr_;                  // f64 {1} on the device: the learning rate every step's AdamW reads
+  std::unique_ptr<cuda::Graph> graph_;
+  StepResult captured_;  // its on_device tensors are the graph's outputs
+  int64_t steps_ = 0;
+};
+
+}  // namespace minidl::train
