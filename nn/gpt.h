@@ -139,9 +139,6 @@ class GPT : public Module {
   // them back to check them again (ops::HostCheckedIndicesGuard), so a training step makes no host round trip
   // for them.
   Tensor loss(const Tensor& ids, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
-  // Throws loss()'s message unless every id of `ids` (named `what`) lies in [0, vocab_size), or is -1 with
-  // allow_ignore; a device tensor is checked on a host copy.
-  void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
 
   // The pieces of forward; each throws if this stage does not hold the part it needs.
   // ids: (B, T) as in forward -> drop(wte(ids) + wpe(0 .. T-1)): (B, T, C)
