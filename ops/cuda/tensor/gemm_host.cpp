@@ -90,15 +90,21 @@ void gemm_f32_out(int device, cudaStream_t stream, DType dtype, int64_t batch, i
   MINIDL_CHECK(dtype == DType::f16 || dtype == DType::bf16, "matmul: the CUDA GEMM takes f32, f16 or bf16, got ",
                dtype);
   minidl::cuda::detail::count_library_launch();
-  for (int64_t i = 0; i < batch; ++i) {
-    const void* a_ptr = static_cast<const char*>(A.ptr) + i * A.batch_stride * 2;
-    const void* b_ptr = static_cast<const char*>(B.ptr) + i * B.batch_stride * 2;
-    const bool f16_operands = dtype == DType::f16;
-    std::vector<float> a = f16_operands ? widen<f16>(a_ptr, stored_elems(A, M, K)) : widen<bf16>(a_ptr, stored_elems(A, M, K));
-    std::vector<float> b = f16_operands ? widen<f16>(b_ptr, stored_elems(B, K, N)) : widen<bf16>(b_ptr, stored_elems(B, K, N));
-    cblas_sgemm(CblasRowMajor, flag(A.trans), flag(B.trans), int(M), int(N), int(K), alpha, a.data(), int(A.ld),
-                b.data(), int(B.ld), beta, C + i * c_batch_stride, int(ldc));
-  }
+  // Recorded, not run, while the stream captures a graph: as gemm() above.
+  MINIDL_CUDA_CHECK(minidl::emu::enqueue(stream, [=] {
+    for (int64_t i = 0; i < batch; ++i) {
+      const void* a_ptr = static_cast<const char*>(A.ptr) + i * A.batch_stride * 2;
+      const void* b_ptr = static_cast<const char*>(B.ptr) + i * B.batch_stride * 2;
+      const bool f16_operands = dtype == DType::f16;
+      std::vector<float> a =
+          f16_operands ? widen<f16>(a_ptr, stored_elems(A, M, K)) : widen<bf16>(a_ptr, stored_elems(A, M, K));
+      std::vector<float> b =
+          f16_operands ? widen<f16>(b_ptr, stored_elems(B, K, N)) : widen<bf16>(b_ptr, stored_elems(B, K, N));
+      cblas_sgemm(CblasRowMajor, flag(A.trans), flag(B.trans), int(M), int(N), int(K), alpha, a.data(), int(A.ld),
+                  b.data(), int(B.ld), beta, C + i * c_batch_stride, int(ldc));
+    }
+    return cudaSuccess;
+  }));
 }
 
 void load_gemm_library() {}  // OpenBLAS is linked
