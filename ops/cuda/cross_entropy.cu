@@ -17,6 +17,7 @@
 
 #include "ops/cuda/cross_entropy.h"
 #include "ops/cuda/device_utils.h"
+#include "ops/cuda/storage_vec.h"
 #include "ops/kernels/softmax.h"
 
 namespace minidl::ops::cuda {
@@ -26,19 +27,6 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;
 
 using Online = kernels::OnlineSoftmax<float>;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ void from_float(float x, float* out) { *out = x; }
-__device__ __forceinline__ void from_float(float x, __half* out) { *out = __float2half_rn(x); }
-__device__ __forceinline__ void from_float(float x, __nv_bfloat16* out) { *out = __float2bfloat16_rn(x); }
-
-// N values of T moved as one access (16 bytes when vectorised).
-template <class T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
 
 // Elements per 16-byte access.
 template <class T>
@@ -74,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
   Online acc{-INFINITY, 0.0f};
   const int64_t vectors_end = classes / N * N;
   for (int64_t j = int64_t(threadIdx.x) * N; j < vectors_end; j += int64_t(kThreads) * N) {
-    const Vec<T, N> xv = *reinterpret_cast<const Vec<T, N>*>(xr + j);
+    const StorageVec<T, N> xv = *reinterpret_cast<const StorageVec<T, N>*>(xr + j);
     float x[N];
     for (int k = 0; k < N; ++k) x[k] = to_float(xv.v[k]);
     add(acc, x);
@@ -149,13 +137,13 @@ __global__ void __launch_bounds__(kThreads)
   const T* xr = logits + row * stride;
   T* dr = dlogits + row * stride;
   for (int64_t j = int64_t(threadIdx.x) * N; j < stride; j += int64_t(kThreads) * N) {
-    Vec<T, N> out = *reinterpret_cast<const Vec<T, N>*>(xr + j);
+    StorageVec<T, N> out = *reinterpret_cast<const StorageVec<T, N>*>(xr + j);
     for (int k = 0; k < N; ++k) {
       float d = ignored || j + k >= classes ? 0.0f : expf(to_float(out.v[k]) - l) * scale;
       if (j + k == target) d -= scale;
       from_float(d, &out.v[k]);
     }
-    *reinterpret_cast<Vec<T, N>*>(dr + j) = out;
+    *reinterpret_cast<StorageVec<T, N>*>(dr + j) = out;
   }
 }
 
