@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fault trials for training checkpoints: each trial starts a 2-rank train_gpt run with --save-every 5, kill -9s a
-# random rank at a random moment, reruns the very same command (--resume auto) until it finishes, and compares the
+# random rank at a random step, reruns the very same command (--resume auto) until it finishes, and compares the
 # final weights with an uninterrupted run byte for byte. Prints one line per trial and a summary; exit 1 if any
 # trial's weights differ or a rerun cannot load what --resume auto picked.
 #
@@ -32,7 +32,14 @@ for ((t = 1; t <= trials; ++t)); do
   cmd=("${mpirun[@]}" "$bin" "${flags[@]}" --checkpoint-dir "$ck" --resume auto --save "$work/t$t.safetensors")
   OMP_NUM_THREADS=1 "${cmd[@]}" >"$work/t$t.log" 2>&1 &
   launcher=$!
-  sleep "$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 1.0 + 2.0 * rand() }')"
+  # The kill comes at a random step K in [6, 590], once the log shows it: a fixed delay would land after the last
+  # step on a quiet machine (a step of this model takes about a millisecond) and before the first on a loaded one.
+  kill_step=$((6 + RANDOM % 585))
+  for ((w = 0; w < 3000; ++w)); do
+    grep -q "^step $kill_step/" "$work/t$t.log" 2>/dev/null && break
+    kill -0 "$launcher" 2>/dev/null || break
+    sleep 0.02
+  done
   mapfile -t ranks < <(pgrep -f "^$bin .*--checkpoint-dir $ck ")
   killed_at="finished"
   if ((${#ranks[@]} > 0)); then
