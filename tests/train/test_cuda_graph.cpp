@@ -17,6 +17,7 @@
 #include "optim/grad_scaler.h"
 #include "train/cuda_graph.h"
 #include "train/step.h"
+#include "train/tiny_batches.h"
 
 namespace minidl {
 namespace {
@@ -26,21 +27,10 @@ const nn::GPTConfig kConfig{17, 8, 2, 2, 32, 0.0, true};
 
 class CudaGraphStep : public testing::CudaTest {};
 
-data::Batch batch_for(int step) {
-  std::vector<int32_t> ids(16), targets(16);
-  for (size_t i = 0; i < ids.size(); ++i)
-    ids[i] = int32_t((i * 7 + size_t(step) * 3) % 17), targets[i] = int32_t((i * 5 + size_t(step)) % 17);
-  return {Tensor::from_vector(ids, {2, 8}), Tensor::from_vector(targets, {2, 8})};
-}
+// Step s's batch: ids shifted by 3s, targets by s.
+data::Batch batch_for(int step) { return testing::tiny_batch(2, 3 * step, step); }
 
-std::vector<double> weights(nn::GPT& model) {
-  std::vector<double> all;
-  for (const Tensor& p : model.parameters()) {
-    std::vector<double> v = p.detach().to(Device::cpu()).to_vector();
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
-}
+using testing::weights;
 
 struct Outcome {
   std::vector<double> losses, norms;

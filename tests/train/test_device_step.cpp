@@ -23,6 +23,7 @@
 #include "optim/clip.h"
 #include "optim/grad_scaler.h"
 #include "train/step.h"
+#include "train/tiny_batches.h"
 
 namespace minidl {
 namespace {
@@ -32,21 +33,10 @@ const nn::GPTConfig kConfig{17, 8, 2, 2, 32, 0.0, true};
 
 class DeviceStep : public testing::CudaTest {};
 
-data::Batch tiny_batch(int64_t rows = 2, int shift = 0) {
-  std::vector<int32_t> ids(size_t(rows * 8)), targets(size_t(rows * 8));
-  for (size_t i = 0; i < ids.size(); ++i)
-    ids[i] = int32_t((i * 7 + size_t(shift)) % 17), targets[i] = int32_t((i * 5 + size_t(shift)) % 17);
-  return {Tensor::from_vector(ids, {rows, 8}), Tensor::from_vector(targets, {rows, 8})};
-}
+// `rows` sequences, ids and targets both shifted by `shift`.
+data::Batch tiny_batch(int64_t rows = 2, int shift = 0) { return testing::tiny_batch(rows, shift, shift); }
 
-std::vector<double> weights(nn::GPT& model) {
-  std::vector<double> all;
-  for (const Tensor& p : model.parameters()) {
-    std::vector<double> v = p.detach().to(Device::cpu()).to_vector();
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
-}
+using testing::weights;
 
 // ||a - b|| / ||b||: a few AdamW elements whose gradient is near eps turn a last-bit difference of the clip factor
 // into a visible one, so whole vectors are compared, not elements.
