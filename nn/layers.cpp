@@ -1,5 +1,7 @@
 #include "nn/layers.h"
 
+#include "ops/kernels/dropout.h"
+
 #include "autograd/functions.h"
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -104,11 +106,12 @@ Tensor Dropout::forward(const Tensor& x) const {
 
 uint64_t DropoutContext::offset(const Tensor& x) const {
   int64_t first_element = x.dim() > 0 && x.size(0) > 0 ? first_sample * (x.numel() / x.size(0)) : 0;
-  // The dropout op addresses draws of 4 elements; a slice must start on a draw boundary.
-  MINIDL_CHECK(first_element % 4 == 0, "dropout: a batch slice starting at sample ", first_sample,
-               " begins at element ", first_element, " of the global batch, which is not a multiple of 4; use a model "
-               "whose per-sample activation size (seq * embd) is a multiple of 4");
-  return step * kOffsetsPerStep + uint64_t(first_element / 4);
+  // The dropout op addresses draws of 8 elements; a slice must start on a draw boundary.
+  constexpr int64_t kPer = ops::kernels::kDropoutPerDraw;
+  MINIDL_CHECK(first_element % kPer == 0, "dropout: a batch slice starting at sample ", first_sample,
+               " begins at element ", first_element, " of the global batch, which is not a multiple of ", kPer,
+               "; use a model whose per-sample activation size (seq * embd) is a multiple of ", kPer);
+  return step * kOffsetsPerStep + uint64_t(first_element / kPer);
 }
 
 }  // namespace minidl::nn

@@ -69,8 +69,8 @@ class LayerNorm : public Module {
 };
 
 // Where dropout masks come from. A mask is a pure function of (seed, stream, step): the dropout op draws element i's
-// keep/drop decision from Philox(seed, stream) at counter  step * kOffsetsPerStep + i / 4  (lane i % 4; see
-// ops/kernels/dropout.h), where
+// keep/drop decision from Philox(seed, stream) at counter  step * kOffsetsPerStep + i / 8  (16 bits of the draw;
+// see ops/kernels/dropout.h), where
 // - seed:   chosen by the user (GPT uses its init seed);
 // - stream: fixed per Dropout module at construction (GPT numbers its dropouts 0, 1, 2, ... in model order and
 //           adds kDropoutStreamBase so they never share a stream with parameter initialisation);
@@ -81,7 +81,7 @@ class LayerNorm : public Module {
 //           process exactly, dropout included. Element i of sample j is element j * (numel / n) + i of the batch.
 // Nothing changes during a forward, so re-running a forward for the same step (activation checkpointing's
 // recomputation) draws exactly the same masks, and a run restarted at step s reproduces its masks from s on.
-// kOffsetsPerStep leaves 2^40 counters (2^42 elements) per step and stream: far more than any activation holds.
+// kOffsetsPerStep leaves 2^40 counters (2^43 elements) per step and stream: far more than any activation holds.
 struct DropoutContext {
   static constexpr uint64_t kOffsetsPerStep = uint64_t(1) << 40;
   static constexpr uint64_t kDropoutStreamBase = uint64_t(1) << 32;

@@ -1,4 +1,4 @@
-// Dropout on the CPU: one Philox draw per four elements (ops/kernels/dropout.h), parallel over groups of four; f32
+// Dropout on the CPU: one Philox draw per eight elements (ops/kernels/dropout.h), parallel over groups of eight; f32
 // runs the draws as vector code (ops/cpu/simd/dropout.cpp), f64 the scalar reference.
 #include <algorithm>
 #include <type_traits>
@@ -20,19 +20,21 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64
     using T = decltype(tag);
     const T* px = x.data<T>();
     T* py = y.data<T>();
-    int64_t n = x.numel(), groups = (n + 3) / 4;
+    constexpr int64_t kPer = kernels::kDropoutPerDraw;
+    int64_t n = x.numel(), groups = (n + kPer - 1) / kPer;
     Philox rng(seed, stream);
-    float pf = float(p);
+    const uint32_t threshold = kernels::dropout_threshold(float(p));
     T scale = T(1) / (T(1) - T(p));
-    parallel_for(0, groups, 1024, [&](int64_t g0, int64_t g1) {
+    parallel_for(0, groups, 512, [&](int64_t g0, int64_t g1) {
       if constexpr (std::is_same_v<T, float>) {
-        simd::dropout_draws(px, py, n, uint64_t(g0), uint64_t(g1), seed, stream, offset, pf, scale);
+        simd::dropout_draws(px, py, n, uint64_t(g0), uint64_t(g1), seed, stream, offset, threshold, scale);
         return;
       }
       for (int64_t g = g0; g < g1; ++g) {
-        bool keep[4];
-        kernels::dropout_keep4(rng, offset, uint64_t(g), pf, keep);
-        for (int64_t i = 4 * g, e = std::min(n, i + 4); i < e; ++i) py[i] = keep[i - 4 * g] ? px[i] * scale : T(0);
+        bool keep[kPer];
+        kernels::dropout_keep8(rng, offset, uint64_t(g), threshold, keep);
+        for (int64_t i = kPer * g, e = std::min(n, i + kPer); i < e; ++i)
+          py[i] = keep[i - kPer * g] ? px[i] * scale : T(0);
       }
     });
   });

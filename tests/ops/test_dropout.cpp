@@ -2,6 +2,8 @@
 // (seed, stream, offset), the kept fraction, scaling, identity at p = 0, a gradient check and bad p.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "autograd/functions.h"
 #include "core/rng.h"
 #include "ops/dropout.h"
@@ -12,7 +14,7 @@ using namespace minidl;
 using namespace minidl::testing;
 
 TEST(Dropout, FollowsThePhiloxMappingAndScales) {
-  const int64_t n = 1003;  // not a multiple of 4: the last draw is partly used
+  const int64_t n = 1003;  // not a multiple of 8: the last draw is partly used
   const double p = 0.3;
   const uint64_t seed = 42, stream = 5, offset = 1000;
   Tensor x = random_tensor({17, 59}, 40, DType::f32);
@@ -20,10 +22,18 @@ TEST(Dropout, FollowsThePhiloxMappingAndScales) {
   ASSERT_EQ(int64_t(y.size()), n);
   Philox rng(seed, stream);
   float scale = 1.0f / (1.0f - float(p));
+  // Written out from the documented mapping (ops/kernels/dropout.h), not with its helper: 16-bit half i % 2 of
+  // word (i / 2) % 4 of draw offset + i / 8, kept iff >= ceil(p 2^16).
+  const uint32_t threshold = uint32_t(std::ceil(double(float(p)) * 65536.0));
+  int64_t kept = 0;
   for (int64_t i = 0; i < n; ++i) {
-    bool keep = rng.uniform(offset + uint64_t(i) / 4, int(i % 4)) >= float(p);
+    const uint32_t word = rng.word(rng.draw(offset + uint64_t(i) / 8), int((i / 2) % 4));
+    const uint32_t bits = i % 2 ? word >> 16 : word & 0xFFFFu;
+    const bool keep = bits >= threshold;
+    kept += keep;
     ASSERT_EQ(y[size_t(i)], keep ? double(float(xv[size_t(i)]) * scale) : 0.0) << "element " << i;
   }
+  EXPECT_NEAR(double(kept) / double(n), 1 - p, 0.05);
 }
 
 TEST(Dropout, ReproducibleForSameCounterDifferentOtherwise) {

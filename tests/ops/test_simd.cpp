@@ -3,7 +3,8 @@
 // zeros, denormals, +-inf and NaN.
 //
 // Bounds, in ulps of the float result (the distance to the double reference rounded to float):
-//   exp(x - m): 2 ulp (Highway's Exp is 1 ulp; the subtraction is exact or its rounding is part of the input).
+//   exp(x - m), m >= every x (the callers' row max or logsumexp): 2 ulp, denormal results included (the
+//     subtraction is exact or its rounding is part of the input).
 //   gelu: 4 ulp for x >= 0; for x < 0, 4 + 3|2u| ulp, u = sqrt(2/pi) (x + 0.044715 x^3). There the result is
 //     about x exp(2u), whose relative error is |2u| times that of the float argument 2u (its condition number):
 //     any float evaluation has it, the scalar float code included (x = -4: 37 ulp, x = -8: 150 ulp).
@@ -129,10 +130,14 @@ TEST(Simd, GeluBackwardWithinUlpBoundAndAccumulatesBiasGradient) {
 
 TEST(Simd, ExpRowsWithinTwoUlpIncludingInfAndNaN) {
   for_each_isa([] {
-    for (int n = 1; n <= kMaxLen; ++n) {
+    for (int n = 1; n <= 2 * kMaxLen; ++n) {
+      // Spread 30: x - m reaches the denormal results (below -87.3) and zero (below -103.9).
       std::vector<float> x = inputs(n, unsigned(n) + 11, 30.0f);
       x[size_t(n - 1)] = n % 2 ? -kInf : kNaN;
-      const float m = 5.0f;
+      float m = -kInf;
+      for (float v : x)
+        if (!std::isnan(v)) m = std::max(m, v);
+      if (n > kMaxLen) m += 2.5f;  // a logsumexp rather than the max
       std::vector<float> y(static_cast<size_t>(n)), z(static_cast<size_t>(n));
       float sum = simd::exp_sub_sum(x.data(), m, y.data(), n);
       simd::exp_sub_scale(x.data(), m, 0.25f, z.data(), n);
@@ -286,27 +291,30 @@ TEST(Simd, CastsAreBitwiseCoreHalf) {
 }
 
 // The vector Philox draws equal the scalar mapping of ops/kernels/dropout.h bit for bit: every length (whole
-// vectors of draws, a last draw of 1-3 elements), a range of draws that starts mid-tensor, counters that carry
+// vectors of draws, a last draw of 1-7 elements), a range of draws that starts mid-tensor, counters that carry
 // into their high word and wrap around 2^64, p from 0 to nearly 1, and inf, NaN, -0 and denormal inputs.
 TEST(Simd, DropoutDrawsAreBitwiseTheScalarMapping) {
-  std::vector<float> x = inputs(4 * kMaxLen + 3, 71, 5.0f);
+  constexpr int kPer = minidl::ops::kernels::kDropoutPerDraw;
+  std::vector<float> x = inputs(8 * kMaxLen + 5, 71, 5.0f);
   x[5] = kInf, x[6] = -kInf, x[7] = kNaN, x[9] = -0.0f;
   const uint64_t offsets[] = {0, 1000, 0xFFFFFFFFull - 5, ~0ull - 9};
   for_each_isa([&] {
-    for (double p : {0.0, 0.1, 0.5, 0.999}) {
+    for (double p : {0.0, 0.1, 0.5, 0.999, 0.99999}) {
       const float pf = float(p), scale = 1.0f / (1.0f - pf);
+      const uint32_t threshold = minidl::ops::kernels::dropout_threshold(pf);
       for (uint64_t offset : offsets) {
         const minidl::Philox rng(0x1234567890abcdefull, 77);
-        for (int n : {1, 4, 7, 16, 33, 64, 130, int(x.size())}) {
-          const uint64_t draws = uint64_t(n + 3) / 4;
+        for (int n : {1, 4, 7, 8, 16, 33, 64, 130, 257, int(x.size())}) {
+          const uint64_t draws = uint64_t(n + kPer - 1) / kPer;
           for (uint64_t first : {uint64_t(0), draws / 3}) {
             std::vector<float> got(size_t(n), 42.0f), want(size_t(n), 42.0f);
-            simd::dropout_draws(x.data(), got.data(), n, first, draws, 0x1234567890abcdefull, 77, offset, pf, scale);
+            simd::dropout_draws(x.data(), got.data(), n, first, draws, 0x1234567890abcdefull, 77, offset, threshold,
+                                scale);
             for (uint64_t g = first; g < draws; ++g) {
-              bool keep[4];
-              minidl::ops::kernels::dropout_keep4(rng, offset, g, pf, keep);
-              for (int64_t i = int64_t(4 * g); i < std::min<int64_t>(n, int64_t(4 * g) + 4); ++i)
-                want[size_t(i)] = keep[i - int64_t(4 * g)] ? x[size_t(i)] * scale : 0.0f;
+              bool keep[kPer];
+              minidl::ops::kernels::dropout_keep8(rng, offset, g, threshold, keep);
+              for (int64_t i = int64_t(kPer * g); i < std::min<int64_t>(n, int64_t(kPer * g) + kPer); ++i)
+                want[size_t(i)] = keep[i - int64_t(kPer * g)] ? x[size_t(i)] * scale : 0.0f;
             }
             ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
                 << "p = " << p << ", offset = " << offset << ", n = " << n << ", first draw " << first;

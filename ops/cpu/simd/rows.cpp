@@ -17,25 +17,43 @@ namespace minidl::ops::simd::HWY_NAMESPACE {
 float MaxRow(const float* x, size_t n) {
   const hn::ScalableTag<float> d;
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  auto acc = neg_inf;
-  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+  hn::Vec<decltype(d)> acc[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
+  const size_t done = ForEachFourVectors(d, n, [&](size_t i, int k) { acc[k] = hn::Max(acc[k], hn::LoadU(d, x + i)); });
+  ForEachVector(d, n - done, [&](size_t i, size_t count, auto part) {
     using Part = decltype(part);
-    acc = hn::Max(acc, hn::IfThenElse(ValidLanes<Part>(d, count), LoadPart<Part>(d, x + i, count), neg_inf));
+    acc[0] = hn::Max(acc[0], PadWith<Part>(d, count, LoadPart<Part>(d, x + done + i, count), neg_inf));
   });
-  return hn::GetLane(hn::MaxOfLanes(d, acc));
+  return hn::GetLane(hn::MaxOfLanes(d, hn::Max(hn::Max(acc[0], acc[1]), hn::Max(acc[2], acc[3]))));
 }
+
+// kUnroll vectors per step: the exps interleave (ExpNonPositive), within the 16 vector registers of AVX2.
+constexpr size_t kUnroll = 2;
 
 float ExpSubSum(const float* x, float m, float* y, size_t n) {
   const hn::ScalableTag<float> d;
-  const auto vm = hn::Set(d, m);
-  auto sum = hn::Zero(d);
-  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  const V vm = hn::Set(d, m);
+  V sum[kUnroll];
+  for (V& s : sum) s = hn::Zero(d);
+  size_t i = 0;
+  for (; i + kUnroll * N <= n; i += kUnroll * N) {
+    V e[kUnroll];
+    for (size_t k = 0; k < kUnroll; ++k) e[k] = hn::Sub(hn::LoadU(d, x + i + k * N), vm);
+    ExpNonPositive(d, e);
+    for (size_t k = 0; k < kUnroll; ++k) {
+      if (y) hn::StoreU(e[k], d, y + i + k * N);
+      sum[k] = hn::Add(sum[k], e[k]);
+    }
+  }
+  ForEachVector(d, n - i, [&](size_t j, size_t count, auto part) {
     using Part = decltype(part);
-    const auto e = ExpIeee(d, hn::Sub(LoadPart<Part>(d, x + i, count), vm));
-    if (y) StorePart<Part>(e, d, y + i, count);
-    sum = hn::Add(sum, hn::IfThenElseZero(ValidLanes<Part>(d, count), e));
+    const V e = ExpNonPositive(d, hn::Sub(LoadPart<Part>(d, x + i + j, count), vm));
+    if (y) StorePart<Part>(e, d, y + i + j, count);
+    sum[0] = hn::Add(sum[0], PadWith<Part>(d, count, e, hn::Zero(d)));
   });
-  return hn::GetLane(hn::SumOfLanes(d, sum));
+  for (size_t k = 1; k < kUnroll; ++k) sum[0] = hn::Add(sum[0], sum[k]);
+  return hn::GetLane(hn::SumOfLanes(d, sum[0]));
 }
 
 void ExpSubScale(const float* x, float m, float scale, float* y, size_t n) {
@@ -43,7 +61,7 @@ void ExpSubScale(const float* x, float m, float scale, float* y, size_t n) {
   const auto vm = hn::Set(d, m), vs = hn::Set(d, scale);
   ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
     using Part = decltype(part);
-    const auto e = ExpIeee(d, hn::Sub(LoadPart<Part>(d, x + i, count), vm));
+    const auto e = ExpNonPositive(d, hn::Sub(LoadPart<Part>(d, x + i, count), vm));
     StorePart<Part>(hn::Mul(e, vs), d, y + i, count);
   });
 }
@@ -59,12 +77,15 @@ void ScaleRow(float* y, float s, size_t n) {
 
 float DotRow(const float* a, const float* b, size_t n) {
   const hn::ScalableTag<float> d;
-  auto sum = hn::Zero(d);  // the zero padding of a tail adds 0 * 0
-  ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+  hn::Vec<decltype(d)> sum[4] = {hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+  const size_t done = ForEachFourVectors(
+      d, n, [&](size_t i, int k) { sum[k] = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), sum[k]); });
+  ForEachVector(d, n - done, [&](size_t i, size_t count, auto part) {  // a tail's zero padding adds 0 * 0
     using Part = decltype(part);
-    sum = hn::MulAdd(LoadPart<Part>(d, a + i, count), LoadPart<Part>(d, b + i, count), sum);
+    const size_t j = done + i;
+    sum[0] = hn::MulAdd(LoadPart<Part>(d, a + j, count), LoadPart<Part>(d, b + j, count), sum[0]);
   });
-  return hn::GetLane(hn::SumOfLanes(d, sum));
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(sum[0], sum[1]), hn::Add(sum[2], sum[3]))));
 }
 
 void MulSubRow(const float* y, const float* dy, float c, float* dx, size_t n) {
@@ -84,19 +105,25 @@ void LayerNormForwardRow(const float* x, const float* w, const float* b, float* 
   const hn::ScalableTag<float> d;
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> df;  // floats widened one double vector at a time
-  const size_t N = hn::Lanes(dd), whole = n / N * N;
-  auto s = hn::Zero(dd);
-  for (size_t i = 0; i < whole; i += N) s = hn::Add(s, hn::PromoteTo(dd, hn::LoadU(df, x + i)));
-  double sum = hn::GetLane(hn::SumOfLanes(dd, s));
+  const size_t N = hn::Lanes(dd), whole = n / N * N, whole4 = n / (4 * N) * (4 * N);
+  const auto widen = [&](size_t i) { return hn::PromoteTo(dd, hn::LoadU(df, x + i)); };
+  hn::Vec<decltype(dd)> s[4] = {hn::Zero(dd), hn::Zero(dd), hn::Zero(dd), hn::Zero(dd)};
+  for (size_t i = 0; i < whole4; i += 4 * N)
+    for (size_t k = 0; k < 4; ++k) s[k] = hn::Add(s[k], widen(i + k * N));
+  for (size_t i = whole4; i < whole; i += N) s[0] = hn::Add(s[0], widen(i));
+  double sum = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(s[0], s[1]), hn::Add(s[2], s[3]))));
   for (size_t i = whole; i < n; ++i) sum += x[i];
   const double mu = sum / double(n);
   const auto vmu = hn::Set(dd, mu);
-  auto ss = hn::Zero(dd);
-  for (size_t i = 0; i < whole; i += N) {
-    const auto dev = hn::Sub(hn::PromoteTo(dd, hn::LoadU(df, x + i)), vmu);
-    ss = hn::MulAdd(dev, dev, ss);
-  }
-  double sq = hn::GetLane(hn::SumOfLanes(dd, ss));
+  hn::Vec<decltype(dd)> ss[4] = {hn::Zero(dd), hn::Zero(dd), hn::Zero(dd), hn::Zero(dd)};
+  const auto square = [&](size_t i, size_t k) {
+    const auto dev = hn::Sub(widen(i), vmu);
+    ss[k] = hn::MulAdd(dev, dev, ss[k]);
+  };
+  for (size_t i = 0; i < whole4; i += 4 * N)
+    for (size_t k = 0; k < 4; ++k) square(i + k * N, k);
+  for (size_t i = whole4; i < whole; i += N) square(i, 0);
+  double sq = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(ss[0], ss[1]), hn::Add(ss[2], ss[3]))));
   for (size_t i = whole; i < n; ++i) sq += (x[i] - mu) * (x[i] - mu);
   const float m = float(mu), rs = float(1.0 / std::sqrt(sq / double(n) + eps));
   const auto vm = hn::Set(d, m), vrs = hn::Set(d, rs);

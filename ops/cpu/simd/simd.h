@@ -5,8 +5,8 @@
 // shorter than a vector; the callers in ops/cpu/*.cpp split rows across threads, so nothing here depends on the
 // thread count. Results are the same on every run of one ISA; between ISAs only the sums differ (more lanes mean
 // a different summation order) and SSE4 rounds a*b+c twice where AVX2/AVX-512 fuse it (README "CPU ISAs").
-// exp is Highway's (hwy/contrib/math, 1 ulp), with IEEE edge cases restored: exp(-inf) = 0, overflow to +inf,
-// NaN in -> NaN out. The f64 paths of the ops stay scalar: they are the exact reference the tests compare with.
+// exp is our ExpNonPositive (ops/cpu/simd/vec-inl.h, under 1.2 ulp): every exp here has an argument <= 0, so
+// the row functions require m >= every x (a max or a logsumexp); exp(-inf) = 0, NaN in -> NaN out. The f64 paths of the ops stay scalar: they are the exact reference the tests compare with.
 //
 //   simd::gelu_row(x, bias, y, C);                 // y = gelu(x + bias), bias may be null
 //   float m = simd::max_row(s, n);
@@ -27,9 +27,9 @@ void gelu_backward_row(const float* dy, const float* x, const float* bias, float
 
 // max of x (-inf for n = 0).
 float max_row(const float* x, int64_t n);
-// y = exp(x - m) (y may be x; null stores nothing); returns the sum of the exps.
+// y = exp(x - m), m >= every x (y may be x; null stores nothing); returns the sum of the exps.
 float exp_sub_sum(const float* x, float m, float* y, int64_t n);
-// y = exp(x - m) * scale (y may be x).
+// y = exp(x - m) * scale, m >= every x (y may be x).
 void exp_sub_scale(const float* x, float m, float scale, float* y, int64_t n);
 // y *= s.
 void scale_row(float* y, float s, int64_t n);
@@ -50,10 +50,11 @@ void adamw(float* p, const float* g, float* m, float* v, const minidl::kernels::
 // g *= inv_scale; returns true if any result is inf or NaN.
 bool unscale(float* g, float inv_scale, int64_t n);
 
-// Dropout of the elements of Philox draws [first_draw, end_draw) of x (n elements in all): y[i] = x[i] * scale if
-// kept, else 0, with ops/kernels/dropout.h's mapping bit for bit (ops/cpu/simd/dropout.cpp).
+// Dropout of the elements of Philox draws [first_draw, end_draw) of x (n elements in all, 8 per draw): y[i] =
+// x[i] * scale if kept (16 bits >= threshold, kernels::dropout_threshold), else 0, with ops/kernels/dropout.h's
+// mapping bit for bit (ops/cpu/simd/dropout.cpp).
 void dropout_draws(const float* x, float* y, int64_t n, uint64_t first_draw, uint64_t end_draw, uint64_t seed,
-                   uint64_t stream, uint64_t offset, float p, float scale);
+                   uint64_t stream, uint64_t offset, uint32_t threshold, float scale);
 
 // Conversions with core/half.h's rounding (nearest even) and results (NaN payloads aside).
 void f32_to_bf16(const float* s, bf16* d, int64_t n);

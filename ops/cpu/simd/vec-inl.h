@@ -56,29 +56,116 @@ HWY_INLINE void StorePart(hn::Vec<D> v, D d, T* p, size_t count) {
   }
 }
 
-// The lanes of a tail that hold data: reductions must not count the padding.
-template <class Part, class D>
-HWY_INLINE hn::Mask<D> ValidLanes(D d, size_t count) {
-  return hn::FirstN(d, Part::value ? hn::Lanes(d) : count);
+// v with the lanes past the data of a tail set to `fill`: reductions must not count the padding. Whole vectors
+// pass through untouched (no mask instruction in the main loop).
+template <class Part, class D, class V>
+HWY_INLINE V PadWith(D d, size_t count, V v, V fill) {
+  if constexpr (Part::value) {
+    return v;
+  } else {
+    return hn::IfThenElse(hn::FirstN(d, count), v, fill);
+  }
 }
 
-// exp(x) for f32 lanes: Highway's Exp (1 ulp) is only defined up to ln(FLT_MAX) and maps NaN to 0, so clamp its
-// input and restore +inf above the range and NaN for NaN. Below -104 it returns 0, as exp(-inf) must.
-template <class D, class V>
-HWY_INLINE V ExpIeee(D d, V x) {
-  const V hi = hn::Set(d, 88.72283935546875f);  // ln(FLT_MAX) rounded down to float
-  V y = hn::Exp(d, hn::Min(x, hi));
-  y = hn::IfThenElse(hn::Gt(x, hi), hn::Inf(d), y);
-  return hn::IfThenElse(hn::IsNaN(x), x, y);
+// Calls body(i, k) for k = 0..3 on four whole vectors at a time (i, i + N, ...), then returns where it stopped:
+// reductions keep one accumulator per k, so consecutive iterations do not wait on one add's latency.
+template <class D, class Body>
+HWY_INLINE size_t ForEachFourVectors(D d, size_t n, const Body& body) {
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    body(i, 0);
+    body(i + N, 1);
+    body(i + 2 * N, 2);
+    body(i + 3 * N, 3);
+  }
+  return i;
 }
 
-// GELU's gate sigmoid(2u) = 1 / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3): ops/kernels/gelu.h.
-template <class D, class V>
-HWY_INLINE V GeluGate(D d, V x) {
-  const V k0 = hn::Set(d, 0.7978845608028654f), k1 = hn::Set(d, 0.044715f);
+// exp(x) for x <= 0 (and -inf, NaN), the only arguments the kernels need: softmax, cross-entropy and attention
+// take exp(x - max) or exp(x - logsumexp), and GELU's gate is written with exp(-2|u|) (GeluGate below). Knowing
+// the sign makes the range reduction cheap, about half of Highway's general Exp in instructions:
+//   n = round(x log2 e): adding 1.5 * 2^23 (+ 64) to x log2 e leaves the integer n + 64 in the low mantissa bits;
+//   r = x - n ln 2 in two parts (Cody-Waite, Highway's constants), |r| <= ln(2) / 2;
+//   exp(r) = 1 + r (1 + r Q(r)), Q of degree 4 fitted for the least maximum relative error of exp on that
+//   interval (3.9e-9, 0.06 ulp; Lawson's iteration on 2e5 points); Horner: 6 fused multiply-adds;
+//   2^(n + 64) goes straight into the exponent bits (normal for every n >= -190), then one multiply by 2^-64
+//   rounds the results below FLT_MIN (x < -87.3) to the right denormal, or to 0 below -103.9.
+// Inputs are clamped at -110 (exp = 0 in float); x up to +43 would still be right, beyond it not. NaN in, NaN out
+// when kNaN is set (GELU's callers get their NaN from x itself and skip the two instructions).
+// Error: within 2 ulp of exp in double (tests/ops/test_simd.cpp).
+template <bool kNaN = true, size_t K, class D, class V>
+HWY_INLINE void ExpNonPositive(D d, V (&x)[K]) {
+  // K independent vectors advance in lock step: one exp is a chain of about 15 dependent instructions, and an
+  // out-of-order window holds too few of them to overlap consecutive iterations on its own.
+  const hn::RebindToSigned<D> di;
+  const V magic = hn::Set(d, 12582912.0f + 64.0f);  // 1.5 * 2^23 + 64
+  const V lo = hn::Set(d, -110.0f), log2e = hn::Set(d, 1.44269504088896341f);
+  const V ln2_hi = hn::Set(d, -0.693145751953125f), ln2_lo = hn::Set(d, -1.428606765330187045e-6f);
   const V one = hn::Set(d, 1.0f);
-  V u = hn::Mul(k0, hn::MulAdd(hn::Mul(hn::Mul(k1, x), x), x, x));
-  return hn::Div(one, hn::Add(one, ExpIeee(d, hn::Mul(hn::Set(d, -2.0f), u))));
+  V xc[K], t[K], r[K], q[K];
+#pragma GCC unroll 8
+  for (size_t k = 0; k < K; ++k) {
+    xc[k] = hn::Max(x[k], lo);
+    t[k] = hn::MulAdd(xc[k], log2e, magic);
+  }
+#pragma GCC unroll 8
+  for (size_t k = 0; k < K; ++k) {
+    const V n = hn::Sub(t[k], magic);
+    r[k] = hn::MulAdd(n, ln2_hi, xc[k]);
+    r[k] = hn::MulAdd(n, ln2_lo, r[k]);
+    q[k] = hn::MulAdd(hn::Set(d, 0.001381455222144723f), r[k], hn::Set(d, 0.008368694223463535f));
+  }
+  const float c[] = {0.04166838526725769f, 0.1666652113199234f, 0.4999999403953552f};
+  for (float ci : c) {
+    const V vc = hn::Set(d, ci);
+#pragma GCC unroll 8
+    for (size_t k = 0; k < K; ++k) q[k] = hn::MulAdd(q[k], r[k], vc);
+  }
+#pragma GCC unroll 8
+  for (size_t k = 0; k < K; ++k) {
+    const V p = hn::MulAdd(hn::MulAdd(q[k], r[k], one), r[k], one);
+    const auto scaled = hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::BitCast(di, t[k])));
+    const V y = hn::Mul(hn::BitCast(d, scaled), hn::Set(d, 5.42101086242752217e-20f));  // 2^-64
+    if constexpr (kNaN) {
+      x[k] = hn::IfThenElse(hn::IsNaN(x[k]), x[k], y);
+    } else {
+      x[k] = y;
+    }
+  }
+}
+
+template <bool kNaN = true, class D, class V>
+HWY_INLINE V ExpNonPositive(D d, V x) {
+  V one[1] = {x};
+  ExpNonPositive<kNaN>(d, one);
+  return one[0];
+}
+
+// GELU's gate s = sigmoid(2u) = 1 / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3) (ops/kernels/gelu.h), and
+// its complement 1 - s, both from e = exp(-2|u|) <= 1: with q = 1 / (1 + e), s = q and 1 - s = e q for x >= 0,
+// the other way round for x < 0. No exp overflows and 1 - s never cancels. u has the sign of x.
+// K vectors at a time, as ExpNonPositive. 1 / (1 + e) is the reciprocal estimate refined by one Newton step
+// (about 1 ulp; a division costs several times more on CPUs with 128-bit dividers).
+template <size_t K, class D, class V>
+HWY_INLINE void GeluGate(D d, const V (&x)[K], V (&s)[K], V (&one_minus_s)[K]) {
+  const V two_k0 = hn::Set(d, 2.0f * 0.7978845608028654f), k1 = hn::Set(d, 0.044715f);
+  const V one = hn::Set(d, 1.0f), two = hn::Set(d, 2.0f), neg_zero = hn::Set(d, -0.0f);
+  V e[K];
+#pragma GCC unroll 8
+  for (size_t k = 0; k < K; ++k)  // -|2u|
+    e[k] = hn::Or(hn::Mul(two_k0, hn::MulAdd(hn::Mul(hn::Mul(k1, x[k]), x[k]), x[k], x[k])), neg_zero);
+  ExpNonPositive<false>(d, e);
+#pragma GCC unroll 8
+  for (size_t k = 0; k < K; ++k) {
+    const V a = hn::Add(one, e[k]);  // in [1, 2]
+    V q = hn::ApproximateReciprocal(a);
+    q = hn::Mul(q, hn::NegMulAdd(a, q, two));
+    const V eq = hn::Mul(e[k], q);
+    const auto negative = hn::Lt(x[k], hn::Zero(d));
+    s[k] = hn::IfThenElse(negative, eq, q);
+    one_minus_s[k] = hn::IfThenElse(negative, q, eq);
+  }
 }
 
 }  // namespace minidl::ops::simd::HWY_NAMESPACE
