@@ -1,6 +1,7 @@
 // A tensor-parallel step on the emulated CUDA device without host round trips (issue #15): the vocabulary-parallel
 // embedding and cross-entropy find their rank's ids and targets on the device (ops/vocab_range.h) instead of
-// reading them back. tp 2 at 2 ranks (with and without sequence parallelism), tp 2 x pp 2 at 4 ranks, over "nccl",
+// reading them back. tp 2 at 2 ranks (with and without sequence parallelism), tp 2 x pp 2 and dp 2 x tp 2 (DDP,
+// ZeRO 2) at 4 ranks, over "nccl",
 // built as the trainer builds them (train::build_model_and_sync). Oracles: the backend's counters (nothing read
 // back, no host synchronisation, only the batch uploaded) and one process on the same device accumulating over
 // the same micro-batches.
@@ -63,7 +64,12 @@ class TensorParallelOnDevice : public testing::CudaTest {
     topo_ = std::make_unique<dist::Topology>(ctx.world(), dist::Grid{1, 2, pp_}, "nccl", device_);
   }
 
-  Outcome parallel(bool fp16, bool sequence_parallel, int steps) {
+  // The tp 2 (x pp 2) grid of SetUp, or another topology (dp 2 x tp 2, each dp rank taking its half of the batch).
+  Outcome parallel(bool fp16, bool sequence_parallel, int steps, const dist::Topology* other = nullptr,
+                   int zero = 0) {
+    const dist::Topology& topo = other ? *other : *topo_;
+    const int dp = topo.dp_group().size();
+    const int64_t local = kRows / dp, first = topo.coord().dp * local;
     train::TrainConfig cfg;
     cfg.layers = kConfig.n_layer;
     cfg.heads = kConfig.n_head;
@@ -71,17 +77,20 @@ class TensorParallelOnDevice : public testing::CudaTest {
     cfg.seq = kSeq;
     cfg.batch = kRows;
     cfg.tp = 2;
-    cfg.pp = pp_;
+    cfg.pp = topo.pp_group().size();
+    cfg.dp = dp;
+    cfg.zero = zero;
     cfg.sequence_parallel = sequence_parallel;
     cfg.weight_decay = 0.1;
-    train::ParallelModel m = train::build_model_and_sync(cfg, kConfig, *topo_, device_, 0, {});
+    train::ParallelModel m = train::build_model_and_sync(cfg, kConfig, topo, device_, first, {});
     optim::AdamW opt(m.sync->optimizer_groups(optim::decay_groups(m.named_parameters(), 0.1)), {1e-2});
     optim::GradScaler scaler;
     train::StepOptions o = options(fp16, scaler);
     o.grad_sync = m.sync.get();
     Outcome run;
     for (int s = 0; s < steps; ++s) {
-      const data::Batch batch = tiny_batch(s);
+      const data::Batch whole = tiny_batch(s);
+      const data::Batch batch{whole.x.narrow(0, first, local).contiguous(), whole.y.narrow(0, first, local).contiguous()};
       const cuda::Counters before = cuda::counters();
       train::StepResult r = m.pipe ? train::pipeline_train_step(*m.pipe, opt, batch, o)
                                    : train::train_step(*m.model, opt, batch, o);
@@ -135,6 +144,24 @@ TEST_F(TensorParallelOnDevice, SteadyStateStepMakesNoRoundTrip) {
       EXPECT_GT(c.kernel_launches, 0);
       for (double loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
     }
+  }
+}
+
+// dp 2 x tp 2 at 4 ranks, under DDP and under ZeRO 2 (the TensorParallelSync around them combines the device
+// norm): the same counts, the batch being each dp rank's half.
+TEST_F(TensorParallelOnDevice, DataTimesTensorParallelStepMakesNoRoundTrip) {
+  if (pp_ == 1) GTEST_SKIP() << "dp 2 x tp 2: runs at 4 ranks";
+  const dist::Topology dp_tp(testing::mpi_context().world(), dist::Grid{2, 2, 1}, "nccl", device_);
+  for (const int zero : {0, 2}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    const Outcome run = parallel(false, false, 3, &dp_tp, zero);
+    const cuda::Counters& c = run.last_step;
+    EXPECT_EQ(c.device_mallocs, 0);
+    EXPECT_EQ(c.d2h_copies, 0);
+    EXPECT_EQ(c.host_syncs, 0);
+    EXPECT_EQ(c.h2d_copies, 2);
+    EXPECT_EQ(c.h2d_bytes, 2 * (kRows / 2) * kSeq * 8);
+    for (double loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
   }
 }
 
