@@ -90,7 +90,8 @@ class TensorParallelOnDevice : public testing::CudaTest {
     Outcome run;
     for (int s = 0; s < steps; ++s) {
       const data::Batch whole = tiny_batch(s);
-      const data::Batch batch{whole.x.narrow(0, first, local).contiguous(), whole.y.narrow(0, first, local).contiguous()};
+      const data::Batch batch{whole.x.narrow(0, first, local).contiguous(),
+                              whole.y.narrow(0, first, local).contiguous()};
       const cuda::Counters before = cuda::counters();
       train::StepResult r = m.pipe ? train::pipeline_train_step(*m.pipe, opt, batch, o)
                                    : train::train_step(*m.model, opt, batch, o);
