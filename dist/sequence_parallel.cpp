@@ -4,6 +4,7 @@
 #include "autograd/node.h"
 #include "dist/tensor_parallel.h"
 #include "ops/dropout.h"
+#include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 
@@ -11,14 +12,20 @@ namespace minidl::dist {
 
 namespace {
 
+// A contiguous copy of the view t. On a device by the elementwise copy kernel (ops::broadcast_to to t's own
+// shape), since Tensor::contiguous() converts a device view through a host copy.
+Tensor contiguous_copy(const Tensor& t) {
+  return t.device().is_cpu() ? t.contiguous() : ops::broadcast_to(t, t.shape());
+}
+
 // The collectives work on flat contiguous chunks; a chunk of the sequence of (B, T, C) is not one, of (T, B, C) it
 // is. Raw (no autograd): the autograd functions below call them forward and backward.
 Tensor sequence_all_gather(const Tensor& x, ProcessGroup& group) {
   MINIDL_CHECK(x.dim() == 3, "sequence parallelism: expected (B, T, C), got ", x.shape());
   const int64_t n = group.size(), B = x.size(0), Tr = x.size(1), C = x.size(2);
   Tensor whole = Tensor::empty({n * Tr, B, C}, x.dtype(), x.device());
-  counted_all_gather(whole, x.transpose(0, 1).contiguous(), group);
-  return whole.transpose(0, 1).contiguous();
+  counted_all_gather(whole, contiguous_copy(x.transpose(0, 1)), group);
+  return contiguous_copy(whole.transpose(0, 1));
 }
 
 Tensor sequence_reduce_scatter(const Tensor& x, ProcessGroup& group) {
@@ -26,8 +33,8 @@ Tensor sequence_reduce_scatter(const Tensor& x, ProcessGroup& group) {
   const int64_t n = group.size(), B = x.size(0), T = x.size(1), C = x.size(2);
   MINIDL_CHECK(T % n == 0, "sequence parallelism: the sequence length T = ", T, " must be a multiple of --tp ", n);
   Tensor mine = Tensor::empty({T / n, B, C}, x.dtype(), x.device());
-  counted_reduce_scatter(mine, x.transpose(0, 1).contiguous(), group);
-  return mine.transpose(0, 1).contiguous();
+  counted_reduce_scatter(mine, contiguous_copy(x.transpose(0, 1)), group);
+  return contiguous_copy(mine.transpose(0, 1));
 }
 
 }  // namespace

@@ -8,9 +8,11 @@
 #include "autograd/node.h"
 #include "core/memory.h"
 #include "dist/sequence_parallel.h"
+#include "ops/cast.h"
 #include "ops/embedding.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
+#include "ops/vocab_range.h"
 
 namespace minidl::dist {
 
@@ -25,6 +27,13 @@ Tensor copy_of(const Tensor& t) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ids as ops::vocab_range takes them: contiguous, and i64 on a device (the trainer's batches are uploaded as i64
+// already; other device ids make one round trip through the host to convert).
+Tensor vocab_range_ids(const Tensor& ids) {
+  if (ids.device().is_cpu() || ids.dtype() == DType::i64) return ids.contiguous();
+  return ops::cast(ids.to(Device::cpu()).contiguous(), DType::i64).to(ids.device());
+}
 
 std::atomic<int64_t> all_reduce_bytes{0}, all_gather_bytes{0}, reduce_scatter_bytes{0};
 
@@ -243,25 +252,17 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
                "sequence parallelism: the sequence length must be a multiple of --tp ", group_.size(), ", got ids of "
                "shape ", ids.shape());
   // Ids outside this rank's range look up row 0 and are zeroed, so the all-reduce adds exactly one real row per
-  // id. The ids are rewritten on the host (one copy back from a device).
-  const std::vector<double> v = ids.to_vector();
-  std::vector<int64_t> local(v.size());
-  std::vector<float> keep(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    const int64_t id = int64_t(v[i]);
-    const bool mine = id >= vocab_start && id < vocab_start + vocab_per_rank;
-    local[i] = mine ? id - vocab_start : 0;
-    keep[i] = mine ? 1.0f : 0.0f;
-  }
+  // id. The local rows and the mask are computed where the ids are (on a device: one kernel, no copy back).
+  const ops::VocabRange local = ops::vocab_range(vocab_range_ids(ids), vocab_start, vocab_per_rank, 0, -1);
   Shape keep_shape = ids.shape();
   keep_shape.push_back(1);
   Tensor e;
   {
     ops::HostCheckedIndicesGuard in_range;  // [0, vocab_per_rank) by construction
-    e = embedding(weight, Tensor::from_vector(local, ids.shape()).to(ids.device()));
+    e = embedding(weight, local.index);
   }
-  Tensor mask = Tensor::from_vector(keep, keep_shape, e.dtype()).to(e.device());
-  e = mul(e, mask);
+  Tensor mask = local.in_range.reshape(keep_shape);
+  e = mul(e, mask.dtype() == e.dtype() ? mask : ops::cast(mask, e.dtype()));
   return sequence_parallel ? reduce_scatter_to_sequence_parallel(e, group_) : reduce_from_tensor_parallel(e, group_);
 }
 
@@ -279,25 +280,16 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
                "vocab_parallel_cross_entropy: expected logits (N, V / tp) and targets (N), got ", local_logits.shape(),
                " and ", targets.shape());
   autograd::AutocastGuard full_precision(DType::f32);
-  const Tensor z = local_logits.dtype() == DType::f32 ? local_logits : local_logits.to(DType::f32);
+  // 16-bit logits to f32: on a device by the cast kernel (Tensor::to converts through a host copy).
+  const Tensor z = local_logits.dtype() == DType::f32  ? local_logits
+                   : local_logits.device().is_cpu() ? local_logits.to(DType::f32)
+                                                      : autograd::autocast_to(local_logits, DType::f32);
   const int64_t N = z.size(0), V = z.size(1);
   const Device device = z.device();
 
-  // Where each row's target logit is, if this rank holds it: flat index n * V + (t - vocab_start).
-  const std::vector<double> t = targets.to_vector();
-  std::vector<int64_t> where(size_t(N), 0);
-  std::vector<float> mine(size_t(N), 0.0f), counted(size_t(N), 0.0f);
-  int64_t count = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t target = int64_t(t[size_t(n)]);
-    if (target == ignore_index) continue;
-    counted[size_t(n)] = 1.0f;
-    ++count;
-    if (target >= vocab_start && target < vocab_start + V) {
-      where[size_t(n)] = n * V + (target - vocab_start);
-      mine[size_t(n)] = 1.0f;
-    }
-  }
+  // Where each row's target logit is, if this rank holds it: flat index n * V + (t - vocab_start); computed where
+  // the targets are (on a device: one kernel, no copy back).
+  const ops::VocabRange where = ops::vocab_range(vocab_range_ids(targets), vocab_start, V, V, ignore_index);
 
   // m: the row maxima over the whole vocabulary. A constant: log-sum-exp does not depend on the shift.
   Tensor m;
@@ -313,13 +305,18 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
   Tensor zt;
   {
     ops::HostCheckedIndicesGuard in_range;
-    zt = embedding(z.reshape({N * V, 1}), Tensor::from_vector(where, {N}).to(device)).reshape({N});
+    zt = embedding(z.reshape({N * V, 1}), where.index).reshape({N});
   }
-  zt = reduce_from_tensor_parallel(mul(zt, Tensor::from_vector(mine, {N}).to(device)), group);
+  zt = reduce_from_tensor_parallel(mul(zt, where.in_range), group);
   Tensor per_row = sub(add(log(S), m.reshape({N})), zt);
-  Tensor loss = sum(mul(per_row, Tensor::from_vector(counted, {N}).to(device)));
-  if (reduction == Reduction::kMean) loss = mul(loss, 1.0 / double(count));
-  return loss;
+  Tensor loss = sum(mul(per_row, where.counted));
+  if (reduction != Reduction::kMean) return loss;
+  if (device.is_cpu()) {
+    int64_t count = 0;
+    for (int64_t n = 0; n < N; ++n) count += where.counted.data<float>()[n] != 0.0f;
+    return mul(loss, 1.0 / double(count));
+  }
+  return div(loss, sum(where.counted));  // the count stays on the device (exact in f32 below 2^24 rows)
 }
 
 // ---- attention and MLP ----

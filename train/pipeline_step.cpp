@@ -7,6 +7,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "core/upload.h"
 #include "dist/tp_gpt.h"
 #include "dist/zero.h"
 #include "ops/cast.h"
@@ -364,7 +365,8 @@ struct Executor {
 namespace {
 
 // On a device, a host batch is range-checked on the host (GPT::check_ids: the same messages) and uploaded once as
-// i64, the device kernels' index type, as GPT::loss does; returns whether the ids and targets the executor reads
+// i64, the device kernels' index type, through pinned staging without a host wait (core/upload.h), as GPT::loss
+// does; returns whether the ids and targets the executor reads
 // were checked that way (then ops::HostCheckedIndicesGuard spares the device ops a copy back per micro-batch).
 bool select_inputs(Executor& ex) {
   ex.ids = ex.batch.x;
@@ -373,12 +375,12 @@ bool select_inputs(Executor& ex) {
   const nn::GPT& first = *ex.pipe.chunks().front();
   if (first.stage().embedding) {
     first.check_ids(ex.batch.x, "token ids", false);
-    ex.ids = ops::cast(ex.batch.x.contiguous(), DType::i64).to(ex.device);
+    ex.ids = upload_async(ops::cast(ex.batch.x.contiguous(), DType::i64), ex.device);
   }
   const nn::GPT& last = *ex.pipe.chunks().back();
   if (last.stage().head) {
     last.check_ids(ex.batch.y, "targets", true);
-    ex.targets = ops::cast(ex.batch.y.contiguous(), DType::i64).to(ex.device);
+    ex.targets = upload_async(ops::cast(ex.batch.y.contiguous(), DType::i64), ex.device);
   }
   return true;
 }

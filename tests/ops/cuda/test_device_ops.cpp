@@ -18,6 +18,7 @@
 #include "ops/layernorm.h"
 #include "ops/matmul.h"
 #include "ops/unscale.h"
+#include "ops/vocab_range.h"
 
 namespace minidl::testing {
 namespace {
@@ -274,6 +275,30 @@ TEST_F(DeviceOps, MixedDevicesAreRefusedByName) {
   expect_error([&] { ops::matmul(a, on_cuda(b)); }, {"matmul", "cpu", "cuda:0"});
   Tensor w = random_tensor({3}, 3, DType::f32);
   expect_error([&] { ops::layernorm_forward(on_cuda(a), w, w, 1e-5); }, {"layernorm", "weight", "cuda:0", "cpu"});
+}
+
+// Tensor parallelism's vocabulary ranges (dist/tensor_parallel.cpp) on the device equal the CPU loop, and the CPU
+// loop equals the rule written out here: ids inside and outside the range, at both ends, ignored targets.
+TEST_F(DeviceOps, VocabRangeMatchesTheCpuAndTheRule) {
+  const std::vector<int64_t> ids = {0, 32, 33, 40, 65, -1, 64, 33, 7, -1, 50, 66};
+  const int64_t start = 33, length = 33;
+  for (const auto& [row_stride, ignore] : {std::pair<int64_t, int64_t>{0, -1}, {length, -1}, {length, 40}}) {
+    Tensor host = Tensor::from_vector(ids, {3, 4});
+    ops::VocabRange want = ops::vocab_range(host, start, length, row_stride, ignore);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const bool mine = ids[i] != ignore && ids[i] >= start && ids[i] < start + length;
+      EXPECT_EQ(want.index.to_vector()[i], mine ? double(int64_t(i) * row_stride + ids[i] - start) : 0.0) << i;
+      EXPECT_EQ(want.in_range.to_vector()[i], mine ? 1.0 : 0.0) << i;
+      EXPECT_EQ(want.counted.to_vector()[i], ids[i] == ignore ? 0.0 : 1.0) << i;
+    }
+    ops::VocabRange got = ops::vocab_range(on_cuda(host), start, length, row_stride, ignore);
+    EXPECT_EQ(got.index.dtype(), DType::i64);
+    EXPECT_EQ(got.index.shape(), (Shape{3, 4}));
+    EXPECT_EQ(back(got.index), want.index.to_vector());
+    EXPECT_EQ(back(got.in_range), want.in_range.to_vector());
+    EXPECT_EQ(back(got.counted), want.counted.to_vector());
+  }
+  EXPECT_THROW(ops::vocab_range(on_cuda(Tensor::from_vector(std::vector<int32_t>{1}, {1})), 0, 1, 0, -1), Error);
 }
 
 }  // namespace

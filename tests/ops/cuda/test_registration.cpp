@@ -29,6 +29,7 @@
 #include "ops/reduce.h"
 #include "ops/softmax.h"
 #include "ops/unscale.h"
+#include "ops/vocab_range.h"
 
 namespace minidl {
 namespace {
@@ -63,7 +64,8 @@ std::vector<std::pair<std::string, bool>> tables() {
           MINIDL_TABLE(sum_dim_device), MINIDL_TABLE(mean_dim_device), MINIDL_TABLE(max_dim_device),
           MINIDL_TABLE(max_backward_device),
           MINIDL_TABLE(softmax_forward_device), MINIDL_TABLE(softmax_backward_device),
-          MINIDL_TABLE(unscale_and_check_device), MINIDL_TABLE(unscale_and_check_multi_device)};
+          MINIDL_TABLE(unscale_and_check_device), MINIDL_TABLE(unscale_and_check_multi_device),
+          MINIDL_TABLE(vocab_range_device)};
 }
 #undef MINIDL_TABLE
 
