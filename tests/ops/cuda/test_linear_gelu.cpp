@@ -146,8 +146,13 @@ TEST_F(CudaTensorOps, GeluMlpGradientsMatchTheUnfusedComposition) {
       const Tensor fc_b = bias ? random_tensor({H}, 14, DType::f32).to(kCuda) : Tensor();
       const Tensor proj_b = bias ? random_tensor({C}, 15, DType::f32).to(kCuda) : Tensor();
       const Tensor dy = random_tensor({2, 9, C}, 16, DType::f32).to(kCuda);
-      const MlpRun want = run_mlp(false, x, fc_w, fc_b, proj_w, proj_b, dy, amp);
-      const MlpRun fused = run_mlp(true, x, fc_w, fc_b, proj_w, proj_b, dy, amp);
+      MlpRun want, fused;
+      const int64_t unfused_launches =
+          counted([&] { want = run_mlp(false, x, fc_w, fc_b, proj_w, proj_b, dy, amp); }).kernel_launches;
+      const int64_t fused_launches =
+          counted([&] { fused = run_mlp(true, x, fc_w, fc_b, proj_w, proj_b, dy, amp); }).kernel_launches;
+      // Forward: no bias + GELU kernel; backward: no GELU-backward kernel, nor (with bias) its partial sums.
+      EXPECT_EQ(unfused_launches - fused_launches, bias ? 3 : 2) << name;
       MlpRun fallback;
       {
         NoEpilogues off;
