@@ -1,6 +1,7 @@
 // ops/cuda/tensor/gemm.h for the emulated CUDA backend (minidl_cuda_backend_emu only): the emulator's device
 // memory is host memory, so the GEMM is OpenBLAS's sgemm on it, as cuBLAS would be on a GPU. 16-bit operands
 // are multiplied as exact f32 copies with f32 accumulation and the result rounded once, as the CPU op does.
+// The GELU epilogues (gemm_bias_gelu, gemm_dgelu_bgrad) are modelled too; linear's bias epilogue is not.
 #include <cblas.h>
 
 #include <type_traits>
@@ -9,9 +10,9 @@
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "ops/kernels/gelu.h"
 #include "cuda_emu/graph.h"
 #include "ops/cuda/tensor/gemm.h"
+#include "ops/kernels/gelu.h"
 
 namespace minidl::ops::cuda {
 namespace {
