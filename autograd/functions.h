@@ -50,6 +50,11 @@ Tensor max(const Tensor& x, int dim, bool keepdim = false);  // values; gradient
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // x: (..., in), weight: (in, out) (Hugging Face GPT-2 "Conv1D" layout), bias: (out) or undefined -> x @ W + b.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// The GPT MLP, linear(gelu(linear(x, fc_weight, fc_bias)), proj_weight, proj_bias), as one node whose forward and
+// backward put the GELU in a GEMM's epilogue on a CUDA device (autograd/functions/mlp.cpp, ops/linear_gelu.h).
+// x: (..., C); fc_weight: (C, H); fc_bias: (H) or undefined; proj_weight: (H, C); proj_bias: (C) or undefined.
+Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
+                const Tensor& proj_bias);
 
 // ---- neural-network ops (autograd/functions/nn.cpp) ----
 // weight: (V, C); ids: integer tensor of any shape -> (*ids.shape, C).

@@ -50,13 +50,15 @@ inline const GpuPeak* find_gpu(const std::string& name) {
 //            inputs and outputs; the residual add before ln_2 a kernel of its own; weight gradients written by the
 //            GEMMs in 16 bits, then cast; plus everything kNow still does.
 //   kNow:    what the code does today: flash attention on the tensor cores (16-bit in and out, all B*H in one
-//            launch), layernorm and bias + GELU reading and writing 16 bits directly (the bias not in the GEMM),
+//            launch), layernorm reading and writing 16 bits directly, the MLP's bias + GELU in the c_fc GEMM's
+//            epilogue (which also writes the GELU input) and its gradient with c_fc's bias gradient in the epilogue
+//            of the c_proj input-gradient GEMM (which also reads the GELU input): no GELU kernel either way,
 //            the residual add fused into ln_2 (forward and backward), weight gradients written in f32 by the GEMMs,
 //            the vocabulary padded to a multiple of 64 (Vp: the head's GEMMs run over Vp rows) and the fused
 //            classifier reading the 16-bit logits as they are (dlogits written over them, no casts). (kBefore: V
 //            rows, and the cross-entropy in f32 between casts.)
-//   kTarget: the 16-bit-native path of issue #15: no casts, the bias inside the GEMM's epilogue, weight gradients
-//            accumulated in f32 by the GEMM.
+//   kTarget: the 16-bit-native path of issue #15: no casts, the bias and GELU inside the GEMMs' epilogues,
+//            weight gradients accumulated in f32 by the GEMM. (kNow reaches it.)
 enum class KernelSet { kBefore, kNow, kTarget };
 
 struct RooflineConfig {
@@ -94,10 +96,10 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   const double L = double(c.layers), C = double(c.embd), T = double(c.seq), V = double(c.vocab);
   const double BT = double(c.batch) * T, s = double(dtype_size(c.amp)), f = 4.0;
   const double params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;  // wpe sized for T = block size
-  // before: not yet the 16-bit-native target (bias + GELU outside the GEMM);
-  // f32_attention: attention too, on the CUDA cores, one sequence per launch.
+  // gelu_epilogue: the MLP's GELU (forward and backward) in the GEMMs' epilogues, since kNow;
+  // f32_attention: attention on the CUDA cores, one sequence per launch (kBefore, with amp).
   const bool half = c.amp != DType::f32;
-  const bool before = half && c.kernels != KernelSet::kTarget, f32_attention = half && c.kernels == KernelSet::kBefore;
+  const bool gelu_epilogue = c.kernels != KernelSet::kBefore, f32_attention = half && c.kernels == KernelSet::kBefore;
   // f32_norms: layernorm and bias + GELU between f32 copies; fused_residual: the add before ln_2 inside it.
   // dw16: weight gradients written in 16 bits by the GEMM, then cast to f32.
   const bool f32_norms = f32_attention, fused_residual = c.kernels != KernelSet::kBefore, dw16 = f32_attention;
@@ -122,6 +124,11 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
     add(name + " bwd dx", L, 2 * BT * in * out, s * (BT * out + in * out + BT * in));
     add(name + " bwd dw", L, 2 * BT * (in * out + 2 * b), s * (BT * in + BT * out) + (dw16 ? s : f) * (in * out + b));
     if (dw16) add(name + " dw cast to f32", L, 0, cast * (in * out + b));
+  };
+  // A GEMM's epilogue that reads or writes one more (BT, n) matrix: bytes in the same launch.
+  auto epilogue_bytes = [&](const std::string& name, double bytes) {
+    for (KernelCost& kc : k)
+      if (kc.name == name) kc.bytes += bytes;
   };
   add("embedding fwd (wte + wpe)", 1, 0, 8 * BT + f * (BT * C + T * C) + f * BT * C);
   // ln_2 with the residual add fused: reads the add's two inputs, writes the sum and the normalised rows.
@@ -148,10 +155,10 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   if (f32_norms) {
     add("bias + gelu fwd (f32)", L, 0, f * 2 * 4 * BT * C + f * 4 * C);
     add("bias + gelu fwd casts", L, 0, cast * 2 * 4 * BT * C);
-  } else if (before) {
-    add("bias + gelu fwd (16-bit)", L, 0, s * 2 * 4 * BT * C + s * 4 * C);
+  } else if (gelu_epilogue) {
+    epilogue_bytes("linear fc fwd", s * 4 * BT * C);  // GELU_AUX_BIAS also writes the GELU input for backward
   } else {
-    add("gelu fwd (bias in the GEMM)", L, 0, s * 2 * 4 * BT * C);
+    add("bias + gelu fwd", L, 0, s * 2 * 4 * BT * C + s * 4 * C);
   }
   linear("linear mlp proj", 4 * C, C, true);
   // The tied head: logits = ln_f(x) wte^T, no bias; in linear()'s terms one "layer".
@@ -164,8 +171,12 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   add("cross-entropy fwd", 1, 0, ce * BT * V + 8 * BT + f * 2 * BT);
   add("cross-entropy bwd", 1, 0, ce * BT * (V + Vp) + 8 * BT + f * BT);
   if (classifier_f32) add("cross-entropy casts (logits in, dlogits out)", 1, 0, cast * 2 * BT * V);
-  add("gelu bwd", L, 0, hn * 3 * 4 * BT * C);
-  if (f32_norms) add("gelu bwd casts", L, 0, cast * 3 * 4 * BT * C);
+  if (gelu_epilogue) {
+    epilogue_bytes("linear mlp proj bwd dx", s * 4 * BT * C);  // DGELU_BGRAD also reads the GELU input
+  } else {
+    add("gelu bwd", L, 0, hn * 3 * 4 * BT * C);
+    if (f32_norms) add("gelu bwd casts", L, 0, cast * 3 * 4 * BT * C);
+  }
   if (f32_attention) {
     add("attention bwd (f32, per sequence)", L * double(c.batch), 8 * T * T * C,
         f * 8 * T * C + f * T * double(c.heads), true);

@@ -48,6 +48,10 @@ MLP::MLP(const GPTConfig& cfg, uint64_t dropout_stream, std::shared_ptr<const Dr
 }
 
 Tensor MLP::forward(const Tensor& x) const {
+  // On a CUDA device c_fc's GEMM, its bias and the GELU are one GEMM with the GELU in its epilogue, and so is the
+  // backward's GELU gradient with c_fc's bias gradient (cuBLASLt; autograd/functions/mlp.cpp).
+  if (x.device().is_cuda())
+    return dropout->forward(gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
   // The bias is added inside the fused GELU kernel: one pass over the (B, T, 4C) activation instead of two.
   Tensor pre = matmul(x, c_fc->weight);
   Tensor h = c_fc->bias.defined() ? bias_gelu(pre, c_fc->bias) : gelu(pre);

@@ -41,4 +41,21 @@ void load_gemm_library();
 bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* x,
                const void* w, const void* bias, void* out);
 
+// The GPT MLP's GELU in the GEMM's epilogue (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD in the real backend; the
+// same arithmetic on the host after OpenBLAS in the emulated one). All operands contiguous, row-major, of `dtype`
+// (f32, f16 or bf16), f32 accumulation; GELU is the tanh form of ops/kernels/gelu.h, applied to the f32 value.
+// Both return false (nothing done) where cuBLASLt has no algorithm for the shape or an operand breaks its layout
+// rules (n not a multiple of 8, an unaligned pointer): the caller then runs the unfused GEMM and kernels.
+//
+// Forward: pre = x (rows, k) w (k, n) [+ bias (n)]; aux (rows, n) = pre, saved for backward; out (rows, n) =
+// gelu(pre). bias == nullptr: no bias (GELU_AUX).
+bool gemm_bias_gelu(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* x,
+                    const void* w, const void* bias, void* out, void* aux);
+
+// Backward, in the GEMM that makes the GELU's output gradient (c_proj's input gradient): dh = dy (rows, k) w^T,
+// w (n, k) row-major (c_proj's weight, in = n, out = k); dpre (rows, n) = dh * gelu'(aux); dbias (n) = dpre summed
+// over rows in f32 (fixed order, no atomics) and rounded once. dbias == nullptr: no bias gradient (DGELU).
+bool gemm_dgelu_bgrad(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k,
+                      const void* dy, const void* w, const void* aux, void* dpre, void* dbias);
+
 }  // namespace minidl::ops::cuda

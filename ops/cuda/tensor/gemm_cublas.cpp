@@ -1,7 +1,8 @@
 // ops/cuda/tensor/gemm.h on cuBLAS (minidl_cuda_backend only). cuBLAS is column-major: a row-major C = op(A) op(B)
 // is the column-major C^T = op(B)^T op(A)^T, so the operands swap places and keep their own transpose flags.
 // One handle per device, created on first use, bound to the device's compute stream at each call. linear's bias
-// rides in cuBLASLt's epilogue (gemm_bias) where it has an algorithm for the shape.
+// rides in cuBLASLt's epilogue (gemm_bias) where it has an algorithm for the shape, and so do the GPT MLP's bias +
+// GELU and its backward (gemm_bias_gelu, gemm_dgelu_bgrad).
 //
 // cuBLAS and cuBLASLt are opened with dlopen at the first product on a GPU, not linked: loading libcublasLt
 // touches about 150 MB (measured: a process's RSS goes from 2 to 154 MB), which every CPU-only run of a CUDA
@@ -119,7 +120,7 @@ cudaDataType_t data_type(DType dtype) {
 
 cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-// cuBLASLt, for the bias epilogue: one handle per device, and one workspace (kLtWorkspace bytes) per device from
+// cuBLASLt, for the epilogues: one handle per device, and one workspace (kLtWorkspace bytes) per device from
 // the caching allocator, kept for the process's life.
 constexpr size_t kLtWorkspace = size_t(4) << 20;
 
@@ -157,10 +158,10 @@ struct LtCall {
 };
 
 // cuBLASLt's heuristic costs microseconds of host time per query, and a training step asks for the same few
-// shapes every time: its answer is cached per (device, shape, dtype, compute type, pointer alignments). The
-// epilogue is always CUBLASLT_EPILOGUE_BIAS here; were another added, it would join the key.
+// shapes every time: its answer is cached per (device, epilogue, shape, dtype, compute type, pointer alignments).
 struct LtKey {
   int device;
+  cublasLtEpilogue_t epilogue;
   DType dtype;
   cublasComputeType_t compute;
   int64_t rows, n, k;
@@ -171,39 +172,56 @@ struct LtKey {
 struct LtKeyHash {
   size_t operator()(const LtKey& key) const {
     size_t h = 0;
-    for (int64_t v : {int64_t(key.device), int64_t(key.dtype), int64_t(key.compute), key.rows, key.n, key.k,
-                      int64_t(key.align_w), int64_t(key.align_x), int64_t(key.align_out)})
+    for (int64_t v : {int64_t(key.device), int64_t(key.epilogue), int64_t(key.dtype), int64_t(key.compute), key.rows,
+                      key.n, key.k, int64_t(key.align_w), int64_t(key.align_x), int64_t(key.align_out)})
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     return h;
   }
 };
 
 struct LtChoice {
-  bool found = false;  // false: cuBLASLt has no fused algorithm for this key, the caller adds the bias
+  bool found = false;  // false: cuBLASLt has no fused algorithm for this key, the caller runs the unfused path
   cublasLtMatmulAlgo_t algo{};
 };
 
-}  // namespace
-
-void load_gemm_library() { (void)cublas(); }
-
-// Column-major, as cuBLASLt sees row-major data: out^T (n x rows) = w^T (n x k) x^T (k x rows), and the bias is
-// one value per row of out^T, which is what CUBLASLT_EPILOGUE_BIAS adds (broadcast over the columns).
-bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* x,
-               const void* w, const void* bias, void* out) {
+// Column-major, as cuBLASLt sees row-major data: out^T (n x rows) = op(w) (n x k) x^T (k x rows). w is stored
+// (k, n) row-major (a linear's weight: transposed = false), or (n, k) (the weight of the GEMM whose input gradient
+// this is: transposed = true, op = T). The epilogue's vector (the bias it adds, or the bias gradient it writes) has
+// one value per row of out^T, i.e. per column of the row-major out; aux (the GELU input) has out's layout, ld n.
+bool lt_matmul(int device, cudaStream_t stream, DType dtype, cublasLtEpilogue_t epilogue, bool w_transposed,
+               int64_t rows, int64_t n, int64_t k, const void* x, const void* w, const void* bias, const void* aux,
+               void* out) {
   if (rows == 0 || n == 0 || k == 0) return false;
+  // The vector and aux have no alignment preference to declare; to be safe, views of them that are not 16-byte
+  // aligned take the unfused path. cuBLASLt wants the GELU aux's leading dimension a multiple of 8.
+  if (reinterpret_cast<uintptr_t>(bias) % 16 != 0 || reinterpret_cast<uintptr_t>(aux) % 16 != 0) return false;
+  if (aux != nullptr && n % 8 != 0) return false;
   LtDevice& dev = lt(device);
   cudaDataType_t type = data_type(dtype);
   cublasComputeType_t compute =
       dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LtCall call;
   if (cublas().LtMatmulDescCreate(&call.desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return false;
-  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
   MINIDL_CUBLAS_CHECK(
       cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-  MINIDL_CUBLAS_CHECK(
-      cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.a, type, uint64_t(n), uint64_t(k), n));     // w^T
+  if (bias != nullptr)
+    MINIDL_CUBLAS_CHECK(
+        cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  if (aux != nullptr) {
+    const int64_t aux_ld = n;
+    MINIDL_CUBLAS_CHECK(
+        cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    MINIDL_CUBLAS_CHECK(
+        cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+  }
+  if (w_transposed) {
+    const cublasOperation_t trans = CUBLAS_OP_T;
+    MINIDL_CUBLAS_CHECK(
+        cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof trans));
+    MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.a, type, uint64_t(k), uint64_t(n), k));  // w stored
+  } else {
+    MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.a, type, uint64_t(n), uint64_t(k), n));  // w^T
+  }
   MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.b, type, uint64_t(k), uint64_t(rows), k));  // x^T
   MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.d, type, uint64_t(n), uint64_t(rows), n));  // out^T
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceCreate(&call.pref));
@@ -228,12 +246,9 @@ bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64
                                                            &align_out, sizeof align_out));
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                            &align_out, sizeof align_out));
-  // The bias has no alignment preference to declare; to be safe, a bias view that is not 16-byte aligned takes
-  // the unfused path (the caller adds it).
-  if (reinterpret_cast<uintptr_t>(bias) % 16 != 0) return false;
   static std::mutex cache_mutex;
   static std::unordered_map<LtKey, LtChoice, LtKeyHash> cache;
-  const LtKey key{device, dtype, compute, rows, n, k, align_w, align_x, align_out};
+  const LtKey key{device, epilogue, dtype, compute, rows, n, k, align_w, align_x, align_out};
   LtChoice choice;
   {
     std::lock_guard<std::mutex> lock(cache_mutex);
@@ -250,12 +265,37 @@ bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64
       cache.emplace(key, choice);
     }
   }
-  if (!choice.found) return false;  // no fused algorithm for this shape: the caller adds the bias
+  if (!choice.found) return false;  // no fused algorithm for this shape: the caller runs the unfused path
   const float one = 1.0f, zero = 0.0f;
   MINIDL_CUBLAS_CHECK(cublas().LtMatmul(dev.handle, call.desc, &one, w, call.a, x, call.b, &zero, out, call.d, out,
                                      call.d, &choice.algo, dev.workspace, kLtWorkspace, stream));
   minidl::cuda::detail::count_library_launch();
   return true;
+}
+
+}  // namespace
+
+void load_gemm_library() { (void)cublas(); }
+
+bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* x,
+               const void* w, const void* bias, void* out) {
+  return lt_matmul(device, stream, dtype, CUBLASLT_EPILOGUE_BIAS, false, rows, n, k, x, w, bias, nullptr, out);
+}
+
+// cuBLASLt's GELU epilogues are the tanh approximation, GPT-2's (ops/kernels/gelu.h); the aux it writes is the
+// GELU input in out's dtype (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE left at its default).
+bool gemm_bias_gelu(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* x,
+                    const void* w, const void* bias, void* out, void* aux) {
+  return lt_matmul(device, stream, dtype, bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, false,
+                   rows, n, k, x, w, bias, aux, out);
+}
+
+// DGELU_BGRAD writes the bias gradient (n values, out's dtype) through the bias pointer: the column sums of dpre,
+// reduced inside the GEMM in a fixed order.
+bool gemm_dgelu_bgrad(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k,
+                      const void* dy, const void* w, const void* aux, void* dpre, void* dbias) {
+  return lt_matmul(device, stream, dtype, dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU, true, rows,
+                   n, k, dy, w, dbias, aux, dpre);
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // ops/cuda/tensor/gemm.h for the emulated CUDA backend (minidl_cuda_backend_emu only): the emulator's device
 // memory is host memory, so the GEMM is OpenBLAS's sgemm on it, as cuBLAS would be on a GPU. 16-bit operands
 // are multiplied as exact f32 copies with f32 accumulation and the result rounded once, as the CPU op does.
+// The GELU epilogues (gemm_bias_gelu, gemm_dgelu_bgrad) are modelled too; linear's bias epilogue is not.
 #include <cblas.h>
 
 #include <type_traits>
@@ -11,6 +12,7 @@
 #include "core/half.h"
 #include "cuda_emu/graph.h"
 #include "ops/cuda/tensor/gemm.h"
+#include "ops/kernels/gelu.h"
 
 namespace minidl::ops::cuda {
 namespace {
@@ -109,7 +111,94 @@ void gemm_f32_out(int device, cudaStream_t stream, DType dtype, int64_t batch, i
 
 void load_gemm_library() {}  // OpenBLAS is linked
 
-// No fused epilogue here: the caller adds the bias with a second GEMM, as cuBLAS without cuBLASLt would.
+namespace {
+
+float load(DType dtype, const void* p, int64_t i) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f16: return to_float(static_cast<const f16*>(p)[i]);
+    default: return to_float(static_cast<const bf16*>(p)[i]);
+  }
+}
+
+void store(DType dtype, void* p, int64_t i, float v) {
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(p)[i] = v; break;
+    case DType::f16: static_cast<f16*>(p)[i] = to_f16(v); break;
+    default: static_cast<bf16*>(p)[i] = to_bf16(v); break;
+  }
+}
+
+// op(A) (M, K) op(B) (K, N) in f32, unrounded: the accumulator an epilogue sees.
+std::vector<float> accumulate(DType dtype, int64_t M, int64_t N, int64_t K, const GemmOperand& A,
+                              const GemmOperand& B) {
+  std::vector<float> c(size_t(M * N)), a_copy, b_copy;
+  const float* a = static_cast<const float*>(A.ptr);
+  const float* b = static_cast<const float*>(B.ptr);
+  if (dtype != DType::f32) {
+    a_copy = dtype == DType::f16 ? widen<f16>(A.ptr, stored_elems(A, M, K)) : widen<bf16>(A.ptr, stored_elems(A, M, K));
+    b_copy = dtype == DType::f16 ? widen<f16>(B.ptr, stored_elems(B, K, N)) : widen<bf16>(B.ptr, stored_elems(B, K, N));
+    a = a_copy.data();
+    b = b_copy.data();
+  }
+  cblas_sgemm(CblasRowMajor, flag(A.trans), flag(B.trans), int(M), int(N), int(K), 1.0f, a, int(A.ld), b, int(B.ld),
+              0.0f, c.data(), int(N));
+  return c;
+}
+
+// The row groups of the device kernels' deterministic column sums (bias_gelu.cu, partial_sums.h): each group of
+// 32 rows summed in order, then the groups in order. The same order here gives an f32 dbias the bits of the
+// unfused path's.
+constexpr int64_t kRowsPerPartial = 32;
+
+}  // namespace
+
+// The epilogues run on the host after the f32 product, in one queued call (one cuBLASLt call on a GPU), so the
+// fused path, its launch count and its fallback are what CI exercises.
+bool gemm_bias_gelu(int, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* x,
+                    const void* w, const void* bias, void* out, void* aux) {
+  if (rows == 0 || n == 0 || k == 0) return false;
+  minidl::cuda::detail::count_library_launch();
+  MINIDL_CUDA_CHECK(minidl::emu::enqueue(stream, [=] {
+    const std::vector<float> pre = accumulate(dtype, rows, n, k, {x, k, 0, false}, {w, n, 0, false});
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = pre[size_t(r * n + j)] + (bias ? load(dtype, bias, j) : 0.0f);
+        store(dtype, aux, r * n + j, v);
+        store(dtype, out, r * n + j, kernels::gelu_tanh(v));
+      }
+    return cudaSuccess;
+  }));
+  return true;
+}
+
+bool gemm_dgelu_bgrad(int, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* dy,
+                      const void* w, const void* aux, void* dpre, void* dbias) {
+  if (rows == 0 || n == 0 || k == 0) return false;
+  minidl::cuda::detail::count_library_launch();
+  MINIDL_CUDA_CHECK(minidl::emu::enqueue(stream, [=] {
+    const std::vector<float> dh = accumulate(dtype, rows, n, k, {dy, k, 0, false}, {w, k, 0, true});
+    std::vector<float> total(size_t(n), 0.0f), partial(size_t(n), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float d = dh[size_t(r * n + j)] * kernels::gelu_tanh_grad(load(dtype, aux, r * n + j));
+        store(dtype, dpre, r * n + j, d);
+        partial[size_t(j)] += d;
+      }
+      if ((r + 1) % kRowsPerPartial == 0 || r + 1 == rows)
+        for (int64_t j = 0; j < n; ++j) {
+          total[size_t(j)] += partial[size_t(j)];
+          partial[size_t(j)] = 0.0f;
+        }
+    }
+    if (dbias)
+      for (int64_t j = 0; j < n; ++j) store(dtype, dbias, j, total[size_t(j)]);
+    return cudaSuccess;
+  }));
+  return true;
+}
+
+// No fused bias epilogue here: the caller adds the bias with a second GEMM, as cuBLAS without cuBLASLt would.
 bool gemm_bias(int, cudaStream_t, DType, int64_t, int64_t, int64_t, const void*, const void*, const void*, void*) {
   return false;
 }

@@ -1,0 +1,74 @@
+// The GPT MLP's two linear layers around a GELU as one differentiable op (declared in autograd/functions.h), so
+// that each direction can put the GELU in a GEMM's epilogue (ops/linear_gelu.h):
+//   forward:  aux = x W_fc + b_fc, h = gelu(aux)   one GEMM (GELU_AUX_BIAS), then y = h W_proj + b_proj
+//   backward: dW_proj = h^T dy, db_proj = sum(dy);
+//             dpre = (dy W_proj^T) * gelu'(aux), db_fc = sum(dpre)   one GEMM (DGELU_BGRAD)
+//             dx = dpre W_fc^T, dW_fc = x^T dpre
+// The same products as linear -> bias_gelu -> linear, so the same saved tensors (x, aux, h) and, under autocast,
+// the same f32 weight gradients straight from the GEMM (ops::matmul_f32; see autograd/functions/matmul.cpp).
+#include "autograd/autocast.h"
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "ops/linear_gelu.h"
+#include "ops/matmul.h"
+#include "ops/reduce.h"
+
+namespace minidl {
+
+using Grads = std::vector<Tensor>;
+
+namespace {
+bool needs_grad(const Tensor& t) { return autograd::any_requires_grad({t}); }
+
+// t: (..., C) -> (rows, C), contiguous.
+Tensor rows_of(const Tensor& t) {
+  return t.contiguous().reshape(Shape{t.numel() / std::max<int64_t>(t.size(-1), 1), t.size(-1)});
+}
+
+Tensor contiguous(const Tensor& t) { return t.defined() ? t.detach().contiguous() : t; }
+
+// As autograd/functions/matmul.cpp: `used` is what the product reads (16-bit under autocast), `edge` the tensor
+// its gradient goes to (the f32 original when autocast cast it down, with f32_grad set).
+struct Operand {
+  Tensor used, edge;
+  bool f32_grad;
+};
+Operand operand(const Tensor& t) {
+  Tensor used = autograd::autocast_to_half(t);
+  const bool cast_down = t.defined() && t.dtype() == DType::f32 && used.dtype() != DType::f32;
+  return {cast_down ? used.detach() : used, cast_down ? t : used, cast_down};
+}
+
+Tensor grad_product(bool f32_grad, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  return f32_grad ? ops::matmul_f32(a, b, ta, tb) : ops::matmul(a, b, ta, tb);
+}
+}  // namespace
+
+Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
+                const Tensor& proj_bias) {
+  const Operand x = operand(x_in), fc_w = operand(fc_weight), proj_w = operand(proj_weight);
+  Tensor fc_b = autograd::autocast_to_half(fc_bias), proj_b = autograd::autocast_to_half(proj_bias);
+  Tensor xd = contiguous(x.used), fwd = contiguous(fc_w.used), pwd = contiguous(proj_w.used);
+  ops::LinearGelu f = ops::linear_gelu_forward(xd, fwd, contiguous(fc_b));
+  Tensor out = ops::linear(f.h, pwd, contiguous(proj_b));
+  const bool need_x = needs_grad(x.edge), need_fw = needs_grad(fc_w.edge), need_fb = needs_grad(fc_b),
+             need_pw = needs_grad(proj_w.edge), need_pb = needs_grad(proj_b);
+  const bool fx = x.f32_grad, ffw = fc_w.f32_grad, fpw = proj_w.f32_grad;
+  Tensor h = f.h.detach(), aux = f.aux.detach();
+  return autograd::record(
+      "gelu_mlp", {x.edge, fc_w.edge, fc_b, proj_w.edge, proj_b}, out, [=](const Tensor& g) {
+        Tensor g2 = rows_of(g);  // (rows, C)
+        Tensor gpw = need_pw ? grad_product(fpw, rows_of(h), g2, true, false) : Tensor();  // h^T G
+        Tensor gpb = need_pb ? ops::sum(g2, 0) : Tensor();
+        Tensor gx, gfw, gfb;
+        if (need_x || need_fw || need_fb) {
+          ops::DgeluBgrad d = ops::dgelu_bgrad(g2, pwd, rows_of(aux), need_fb);
+          if (need_x) gx = grad_product(fx, d.dpre, fwd, false, true).reshape(xd.shape());  // dpre W_fc^T
+          if (need_fw) gfw = grad_product(ffw, rows_of(xd), d.dpre, true, false);         // x^T dpre
+          gfb = d.dbias;
+        }
+        return Grads{gx, gfw, gfb, gpw, gpb};
+      });
+}
+
+}  // namespace minidl

@@ -1,0 +1,57 @@
+// The MLP's GEMM epilogues (ops/linear_gelu.h) against the CPU ops on whatever CUDA backend the binary links: the
+// emulated one in test_cuda_tensor_ops, cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD in gpu.* (test_cuda_device_ops_gpu,
+// skipped without a device). One counted launch each way says the fused path ran, not the fallback.
+#include <gtest/gtest.h>
+
+#include "core/cuda/cuda.h"
+#include "nn_test_util.h"
+#include "ops/cast.h"
+#include "ops/cuda/tensor/register.h"
+#include "ops/gelu.h"
+#include "ops/linear_gelu.h"
+#include "ops/matmul.h"
+#include "ops/reduce.h"
+
+namespace minidl::testing {
+namespace {
+
+class GemmEpilogues : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { ops::cuda::register_kernels(); }
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+Values host(const Tensor& t) { return t.to(Device::cpu()).to_vector(); }
+
+TEST_F(GemmEpilogues, GeluAuxBiasAndDgeluBgradRunFusedAndMatchTheCpu) {
+  const Device cuda_dev = Device::cuda(0);
+  const int64_t rows = 48, k = 32, n = 128;  // GPT-shaped: n = 4k, a multiple of 8 as cuBLASLt's aux requires
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const double tol = dt == DType::f32 ? 1e-4 : 2e-2;
+    const std::string name = dtype_name(dt);
+    const Tensor x = random_tensor({rows, k}, 1, dt), w = random_tensor({k, n}, 2, dt, 0.3);
+    const Tensor b = random_tensor({n}, 3, dt), dy = random_tensor({rows, k}, 4, dt);
+    const Tensor w_proj = random_tensor({n, k}, 5, dt, 0.3);
+    const Tensor aux_cpu = ops::linear(x, w, b), h_cpu = ops::gelu_forward(aux_cpu);
+    const Tensor dpre_cpu = ops::gelu_backward(ops::matmul(dy, w_proj, false, true), aux_cpu);
+    const Tensor dbias_cpu = ops::sum(ops::upcast(dpre_cpu), 0);
+
+    const cuda::Counters before = cuda::counters();
+    const ops::LinearGelu f = ops::linear_gelu_forward(x.to(cuda_dev), w.to(cuda_dev), b.to(cuda_dev));
+    EXPECT_EQ((cuda::counters() - before).kernel_launches, 1) << "GELU_AUX_BIAS " << name;
+    const Tensor dy_dev = dy.to(cuda_dev), w_proj_dev = w_proj.to(cuda_dev), aux_dev = aux_cpu.to(cuda_dev);
+    const cuda::Counters mid = cuda::counters();
+    const ops::DgeluBgrad g = ops::dgelu_bgrad(dy_dev, w_proj_dev, aux_dev, true);
+    EXPECT_EQ((cuda::counters() - mid).kernel_launches, 1) << "DGELU_BGRAD " << name;
+
+    expect_close(host(f.h), h_cpu.to_vector(), tol, "h " + name);
+    expect_close(host(f.aux), aux_cpu.to_vector(), tol, "aux " + name);
+    expect_close(host(g.dpre), dpre_cpu.to_vector(), tol, "dpre " + name);
+    expect_close(host(g.dbias), dbias_cpu.to_vector(), tol, "dbias " + name);
+  }
+}
+
+}  // namespace
+}  // namespace minidl::testing
