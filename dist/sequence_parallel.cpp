@@ -5,6 +5,7 @@
 #include "dist/tensor_parallel.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/kernels/dropout.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 
@@ -100,9 +101,10 @@ Tensor sequence_parallel_dropout(const nn::Dropout& dropout, const nn::DropoutCo
   std::vector<uint64_t> offsets(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t first_element = ((ctx.first_sample + b) * T + first_position) * C;
-    MINIDL_CHECK(first_element % 4 == 0, "sequence parallel dropout: a sequence slice begins at element ",
-                 first_element, ", not a multiple of 4; use a model whose n_embd is a multiple of 4");
-    offsets[size_t(b)] = ctx.step * nn::DropoutContext::kOffsetsPerStep + uint64_t(first_element / 4);
+    constexpr int64_t kPer = ops::kernels::kDropoutPerDraw;  // elements per Philox draw
+    MINIDL_CHECK(first_element % kPer == 0, "sequence parallel dropout: a sequence slice begins at element ",
+                 first_element, ", not a multiple of ", kPer, "; use a model whose n_embd is a multiple of ", kPer);
+    offsets[size_t(b)] = ctx.step * nn::DropoutContext::kOffsetsPerStep + uint64_t(first_element / kPer);
   }
   const double p = dropout.p();
   const uint64_t seed = ctx.seed, stream = dropout.stream();
