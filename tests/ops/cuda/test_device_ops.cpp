@@ -15,6 +15,7 @@
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
 #include "ops/embedding.h"
+#include "ops/grad_norm.h"
 #include "ops/layernorm.h"
 #include "ops/matmul.h"
 #include "ops/unscale.h"
@@ -214,6 +215,22 @@ TEST_F(DeviceOps, DropoutDrawsTheCpuMaskBitForBit) {
   Tensor x = random_tensor({5, 33}, 17, DType::f32);
   expect_close(back(ops::dropout(on_cuda(x), 0.3, 42, 7, 100)), ops::dropout(x, 0.3, 42, 7, 100).to_vector(), 0,
                "dropout");
+}
+
+// The gradient norm and the clip over more tensors than one chunk list holds (64): the later lists' partial sums land
+// after the first's (ChunkList::first_chunk), so the norm is the CPU's bit for bit, and every tensor is clipped.
+TEST_F(DeviceOps, GradNormAndClipOverSeveralChunkListsMatchTheCpu) {
+  std::vector<Tensor> host, device;
+  for (int i = 0; i < 70; ++i) {
+    host.push_back(random_tensor({3 + 5 * i}, 30 + i, DType::f32));
+    device.push_back(on_cuda(host.back()));
+  }
+  const Tensor sq_host = ops::grad_norm_squared_multi(host, Device::cpu());
+  const Tensor sq_device = ops::grad_norm_squared_multi(device, kCuda);
+  expect_close(back(sq_device), sq_host.to_vector(), 0, "norm squared");
+  ops::clip_grads_multi_(host, sq_host, 0.5);
+  ops::clip_grads_multi_(device, sq_device, 0.5);
+  for (size_t i = 0; i < host.size(); ++i) expect_close(back(device[i]), host[i].to_vector(), 0, "clipped tensor");
 }
 
 TEST_F(DeviceOps, CastsMatchTheCpuBitForBit) {
