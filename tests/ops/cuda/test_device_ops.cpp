@@ -217,6 +217,23 @@ TEST_F(DeviceOps, DropoutDrawsTheCpuMaskBitForBit) {
                "dropout");
 }
 
+// The step read on the device (ops::DropoutStep, CUDA graphs) draws the mask of the plain call at the offset it
+// adds, on the CPU and the device; the kernel reads the step's value when it runs (a refill changes the mask).
+TEST_F(DeviceOps, DropoutStepOnTheDeviceIsTheOffsetItAdds) {
+  Tensor x = random_tensor({5, 33}, 17, DType::f32);
+  const uint64_t per_step = uint64_t(1) << 40;
+  for (const int64_t s : {int64_t(0), int64_t(3), int64_t(5000001)}) {
+    const Values want = ops::dropout(x, 0.3, 42, 7, 100 + uint64_t(s) * per_step).to_vector();
+    Tensor step = Tensor::zeros({1}, DType::i64, kCuda);
+    step.fill_(double(s));
+    expect_close(back(ops::dropout(on_cuda(x), 0.3, 42, 7, 100, {step, per_step})), want, 0, "device step");
+    Tensor host_step = Tensor::zeros({1}, DType::i64);
+    host_step.fill_(double(s));
+    expect_close(ops::dropout(x, 0.3, 42, 7, 100, {host_step, per_step}).to_vector(), want, 0, "host step");
+  }
+  EXPECT_NE(ops::dropout(x, 0.3, 42, 7, 100).to_vector(), ops::dropout(x, 0.3, 42, 7, 100 + per_step).to_vector());
+}
+
 // The gradient norm and the clip over more tensors than one chunk list holds (64): the later lists' partial sums land
 // after the first's (ChunkList::first_chunk), so the norm is the CPU's bit for bit, and every tensor is clipped.
 TEST_F(DeviceOps, GradNormAndClipOverSeveralChunkListsMatchTheCpu) {
