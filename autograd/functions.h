@@ -13,6 +13,7 @@
 
 #include "core/tensor.h"
 #include "ops/cross_entropy.h"
+#include "ops/dropout.h"
 
 namespace minidl {
 
@@ -90,6 +91,10 @@ Tensor causal_attention(const Tensor& qkv, int n_head);
 // Inverted dropout with probability p. The mask for element i is Philox(seed, stream).uniform(offset + i...),
 // so it is reproducible and identical on every device. Identity when p == 0.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset);
+// The same with a step read on x's device when the kernels run (ops::DropoutStep: counter offset + step * per step);
+// backward reads it again, so it must not change between a forward and its backward.
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset,
+               const ops::DropoutStep& step);
 
 // ---- convolution and pooling, channels last (autograd/functions/conv.cpp; layouts in ops/conv.h) ----
 // x: (N, H, W, C), weight: (K, R, S, C), bias: (K) or undefined -> (N, P, Q, K) with

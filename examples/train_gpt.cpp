@@ -137,8 +137,9 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                "multiple of N");
   app.add_flag("--cuda-graph", o.cuda_graph,
                "With --device cuda: run 2 steps eagerly, capture the third (forward, backward, clip, optimizer) as a "
-               "CUDA graph and replay it every step after, copying each batch into its input buffers; needs one "
-               "process and --dropout 0");
+               "CUDA graph and replay it every step after, copying each batch into its input buffers (the learning "
+               "rate and the dropout masks' step are written on the device, so replays equal eager steps); needs one "
+               "process");
   app.add_flag("--tf32", o.tf32, "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
                "error); off by default");
   app.add_option("--max-skipped-steps", o.max_skipped_steps,

@@ -101,17 +101,20 @@ Dropout::Dropout(double p, uint64_t stream, std::shared_ptr<const DropoutContext
 
 Tensor Dropout::forward(const Tensor& x) const {
   if (!is_training() || p_ == 0.0) return x;
+  if (ctx_->step_on_device.defined())
+    return minidl::dropout(x, p_, ctx_->seed, stream_, ctx_->offset_in_step(x),
+                           ops::DropoutStep{ctx_->step_on_device, DropoutContext::kOffsetsPerStep});
   return dropout(x, p_, ctx_->seed, stream_, ctx_->offset(x));
 }
 
-uint64_t DropoutContext::offset(const Tensor& x) const {
+uint64_t DropoutContext::offset_in_step(const Tensor& x) const {
   int64_t first_element = x.dim() > 0 && x.size(0) > 0 ? first_sample * (x.numel() / x.size(0)) : 0;
   // The dropout op addresses draws of 8 elements; a slice must start on a draw boundary.
   constexpr int64_t kPer = ops::kernels::kDropoutPerDraw;
   MINIDL_CHECK(first_element % kPer == 0, "dropout: a batch slice starting at sample ", first_sample,
                " begins at element ", first_element, " of the global batch, which is not a multiple of ", kPer,
                "; use a model whose per-sample activation size (seq * embd) is a multiple of ", kPer);
-  return step * kOffsetsPerStep + uint64_t(first_element / kPer);
+  return uint64_t(first_element / kPer);
 }
 
 }  // namespace minidl::nn

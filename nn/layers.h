@@ -82,6 +82,10 @@ class LayerNorm : public Module {
 // Nothing changes during a forward, so re-running a forward for the same step (activation checkpointing's
 // recomputation) draws exactly the same masks, and a run restarted at step s reproduces its masks from s on.
 // kOffsetsPerStep leaves 2^40 counters (2^43 elements) per step and stream: far more than any activation holds.
+// step_on_device (CUDA graphs, train/cuda_graph.h): when defined, an i64 {1} on the model's device that its owner
+// keeps equal to `step` (a fill kernel before each step); the dropout kernels then read the step there when they run
+// instead of taking step * kOffsetsPerStep as an argument, so a replayed graph draws the current step's masks, the
+// same as an eager step's. It must not change between a forward and its backward.
 struct DropoutContext {
   static constexpr uint64_t kOffsetsPerStep = uint64_t(1) << 40;
   static constexpr uint64_t kDropoutStreamBase = uint64_t(1) << 32;
@@ -89,8 +93,11 @@ struct DropoutContext {
   uint64_t seed = 0;
   uint64_t step = 0;
   int64_t first_sample = 0;
+  Tensor step_on_device;
   // Philox counter of the first element of `x` (batch-first).
-  uint64_t offset(const Tensor& x) const;
+  uint64_t offset(const Tensor& x) const { return step * kOffsetsPerStep + offset_in_step(x); }
+  // The part of offset(x) that does not depend on the step: first_sample's first element / kDropoutPerDraw.
+  uint64_t offset_in_step(const Tensor& x) const;
 };
 
 // Inverted dropout: in training, zeroes each element with probability p and scales the rest by 1/(1-p); in eval

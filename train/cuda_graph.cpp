@@ -41,8 +41,6 @@ void validate_cuda_graph(const TrainConfig& c, int world) {
   MINIDL_CHECK(world == 1 && c.dp <= 1 && c.tp == 1 && c.pp == 1 && c.zero == 0, "--cuda-graph: expected one "
                "process without --dp/--tp/--pp/--zero (the collectives are not captured), got ", world, " ranks, "
                "--dp ", c.dp, " --tp ", c.tp, " --pp ", c.pp, " --zero ", c.zero);
-  MINIDL_CHECK(c.dropout == 0.0, "--cuda-graph: expected --dropout 0, got ", c.dropout, " (the masks' Philox "
-               "offset is a kernel argument that a replay cannot change)");
 }
 
 CudaGraphStep::CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const StepOptions& options)
@@ -52,17 +50,22 @@ CudaGraphStep::CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const Step
 #else
   MINIDL_CHECK(false, "--cuda-graph: this build of minidl has no CUDA backend");
 #endif
-  MINIDL_CHECK(model.config().dropout == 0.0, "--cuda-graph: expected dropout 0, got ", model.config().dropout,
-               " (the dropout masks' Philox offset is a kernel argument that a replay cannot change)");
   MINIDL_CHECK(options.grad_sync == nullptr, "--cuda-graph: expected one process without a gradient "
                "synchronisation (dp = tp = pp = 1, no ZeRO)");
   options_.read_back = false;
   optimizer_.keep_step_count_on(device_);
   lr_ = Tensor::zeros({1}, DType::f64, device_);
   optimizer_.read_lr_from(lr_);
+  if (model.config().dropout > 0.0) {
+    // The masks' step is read on the device (nn::DropoutContext::step_on_device), written before each step.
+    dropout_step_ = Tensor::zeros({1}, DType::i64, device_);
+    model_.dropout_context().step_on_device = dropout_step_;
+  }
 }
 
-CudaGraphStep::~CudaGraphStep() = default;
+CudaGraphStep::~CudaGraphStep() {
+  if (dropout_step_.defined()) model_.dropout_context().step_on_device = Tensor();
+}
 bool CudaGraphStep::captured() const { return graph_ && graph_->captured(); }
 
 StepResult CudaGraphStep::step(const data::Batch& batch, double lr) {
@@ -86,6 +89,10 @@ StepResult CudaGraphStep::step(const data::Batch& batch, double lr) {
   o.lr = lr;
   o.target_count = targets;
   lr_.fill_(lr);  // a fill kernel with the value as its argument: no copy (AdamW reads it when the step runs)
+  nn::DropoutContext& dropout = model_.dropout_context();
+  const uint64_t dropout_step = dropout.step;
+  // Likewise the dropout step (exact in a double below 2^53 steps).
+  if (dropout_step_.defined()) dropout_step_.fill_(double(dropout_step));
   const data::Batch on_device{ids_, targets_};
   ++steps_;
   if (steps_ <= kWarmupSteps) {
@@ -103,6 +110,7 @@ StepResult CudaGraphStep::step(const data::Batch& batch, double lr) {
   MINIDL_CHECK(targets == target_count_, "--cuda-graph: the batch's count of targets is part of the captured step "
                "and must stay ", target_count_, ", got ", targets, " at step ", steps_);
   graph_->replay();
+  dropout.step = dropout_step + 1;  // what train_step does on the host (the capture's call did it once)
   return captured_;
 }
 

@@ -12,9 +12,10 @@
 // host batch (the ids' range, GPT::loss's messages) and copies it into the graph's static input buffers on the
 // compute stream (core/upload.h): the only host -> device copies of a step. The learning rate is written on the
 // device by a fill kernel before each step and read there by AdamW (AdamW::read_lr_from), and AdamW's step count
-// advances on the device, so a replay follows the schedule. What a replay cannot change is refused by name: a
-// batch of another shape or with another count of targets (ignored -1 targets), dropout > 0 (its Philox offset
-// is a kernel argument).
+// advances on the device, so a replay follows the schedule. With dropout, the step of the masks' Philox offset is
+// written on the device the same way (nn::DropoutContext::step_on_device), so a replay draws the eager step's masks.
+// What a replay cannot change is refused by name: a batch of another shape or with another count of targets
+// (ignored -1 targets).
 // The StepResult of a replay holds the graph's output buffers (loss, norm, overflow flag, scale): read() it before
 // the next step overwrites them.
 #pragma once
@@ -30,15 +31,16 @@ class Graph;  // core/cuda/graph.h: in the program's CUDA backend (minidl_device
 namespace minidl::train {
 
 struct TrainConfig;
-// --cuda-graph's refusals, by name: expected --device cuda, one process (no --dp/--tp/--pp > 1, no --zero), no
-// --dropout. TrainConfig::validate calls it.
+// --cuda-graph's refusals, by name: expected --device cuda, one process (no --dp/--tp/--pp > 1, no --zero).
+// TrainConfig::validate calls it.
 void validate_cuda_graph(const TrainConfig& config, int world);
 
 class CudaGraphStep {
  public:
   static constexpr int kWarmupSteps = 2;
 
-  // Throws unless the model is on a CUDA device, has no dropout, and `options` has no GradSync (one process).
+  // Throws unless the model is on a CUDA device and `options` has no GradSync (one process). With dropout > 0 the
+  // model's dropout context reads its step on the device until this object is destroyed.
   CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const StepOptions& options);
   ~CudaGraphStep();
 
@@ -57,6 +59,7 @@ class CudaGraphStep {
   Tensor ids_, targets_;  // the static inputs (i64, on the device)
   int64_t target_count_ = -1;  // of the captured step
   Tensor lr_;                  // f64 {1} on the device: the learning rate every step's AdamW reads
+  Tensor dropout_step_;        // i64 {1} on the device: the dropout masks' step (undefined without dropout)
   std::unique_ptr<cuda::Graph> graph_;
   StepResult captured_;  // its on_device tensors are the graph's outputs
   int64_t steps_ = 0;

@@ -145,11 +145,16 @@ Tensor causal_attention(const Tensor& qkv, int n_head) {
 }
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset) {
+  return minidl::dropout(x, p, seed, stream, offset, ops::DropoutStep{});
+}
+
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset,
+               const ops::DropoutStep& step) {
   if (p == 0.0) return x;
   Tensor xc = contiguous(x);
   // y = x * mask / (1 - p) is linear in x: its backward is the same masking of the gradient.
-  return record("dropout", {xc}, ops::dropout(xc, p, seed, stream, offset), [=](const Tensor& g) {
-    return Grads{ops::dropout(contiguous(g), p, seed, stream, offset)};
+  return record("dropout", {xc}, ops::dropout(xc, p, seed, stream, offset, step), [=](const Tensor& g) {
+    return Grads{ops::dropout(contiguous(g), p, seed, stream, offset, step)};
   });
 }
 

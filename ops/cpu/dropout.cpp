@@ -12,9 +12,14 @@
 namespace minidl::ops {
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset) {
-  check_dropout(x, p);
-  if (is_half(x.dtype())) return cast(dropout(upcast(x), p, seed, stream, offset), x.dtype());
-  if (!x.device().is_cpu()) return dropout_device(x.device())(x, p, seed, stream, offset);
+  return dropout(x, p, seed, stream, offset, DropoutStep{});
+}
+
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset, const DropoutStep& step) {
+  check_dropout(x, p, step);
+  if (is_half(x.dtype())) return cast(dropout(upcast(x), p, seed, stream, offset, step), x.dtype());
+  if (!x.device().is_cpu()) return dropout_device(x.device())(x, p, seed, stream, offset, step);
+  if (step.step.defined()) offset += uint64_t(step.step.contiguous().data<int64_t>()[0]) * step.offset_per_step;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float("dropout", x.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -1,9 +1,10 @@
 // Multi-tensor fused AdamW on the GPU (ops/adamw.h; CPU reference ops/cpu/adamw.cpp). A GPT has ~150 parameter
 // tensors, many of them small (biases, layernorm weights): one launch per tensor would be ~150 launches of mostly
 // idle blocks. Instead every tensor is cut into chunks of kChunk elements, and one launch's blocks each take one
-// chunk of any tensor, as apex's multi_tensor_apply does. The per-element update is kernels::adamw_element, the
-// function the CPU loop calls, so both compute the same thing operation for operation.
+// chunk of any tensor, as apex's multi_tensor_apply does (ops/cuda/chunk_list.h). The per-element update is
+// kernels::adamw_element, the function the CPU loop calls, so both compute the same thing operation for operation.
 #include "ops/cuda/adamw_found_inf.h"
+#include "ops/cuda/chunk_list.h"
 #include "ops/cuda/device_utils.h"
 #include "ops/cuda/adamw.h"
 
@@ -15,17 +16,14 @@ constexpr int64_t kChunk = 65536;  // elements per block: 128 per thread, enough
 constexpr int kMaxTensors = 36;
 constexpr int kMaxBlocks = 320;
 
-// The tensor list travels as the kernel's by-value parameter (no host-to-device copy to order against the
-// launch). Kept under 4 KiB, the parameter limit every supported toolkit and architecture accepts.
-struct TensorList {
-  float* param[kMaxTensors];
-  const float* grad[kMaxTensors];
-  float* m[kMaxTensors];
-  float* v[kMaxTensors];
-  int64_t n[kMaxTensors];
-  unsigned char tensor[kMaxBlocks];  // block b updates chunk[b] of tensor[b]
-  int chunk[kMaxBlocks];
+// The pointers of one tensor in the chunk list (ops/cuda/chunk_list.h).
+struct AdamWSlot {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
 };
+using TensorList = ChunkList<AdamWSlot, kMaxTensors, kMaxBlocks>;
 static_assert(sizeof(TensorList) + sizeof(minidl::kernels::AdamWConstants) + sizeof(AdamWDeviceStep) <= 4096,
               "fused_adamw: kernel parameters over 4 KiB");
 
@@ -40,13 +38,13 @@ __global__ void __launch_bounds__(kThreads) fused_adamw_kernel(TensorList list, 
     const double lr = d.lr_on_device != nullptr ? *d.lr_on_device : d.lr;
     c = minidl::kernels::adamw_constants(lr, d.beta1, d.beta2, d.eps, d.weight_decay, d.step - *d.skipped);
   }
-  const int t = list.tensor[blockIdx.x];
-  const int64_t begin = static_cast<int64_t>(list.chunk[blockIdx.x]) * kChunk;
-  const int64_t size = list.n[t] - begin < kChunk ? list.n[t] - begin : kChunk;
-  float* p = list.param[t] + begin;
-  const float* g = list.grad[t] + begin;
-  float* m = list.m[t] + begin;
-  float* v = list.v[t] + begin;
+  const ChunkRange r = chunk_range<kChunk>(list, blockIdx.x);
+  const AdamWSlot& slot = list.slot[r.tensor];
+  const int64_t begin = r.begin, size = r.size;
+  float* p = slot.param + begin;
+  const float* g = slot.grad + begin;
+  float* m = slot.m + begin;
+  float* v = slot.v + begin;
   int64_t scalar_from = 0;
   if (aligned16(p, g, m, v)) {
     for (int64_t i = threadIdx.x * 4; i + 4 <= size; i += kThreads * 4) {
@@ -74,43 +72,12 @@ __global__ void add_to_count_kernel(int64_t* count, int64_t delta) {
 
 cudaError_t launch_adamw(const AdamWTensor* tensors, int count, const minidl::kernels::AdamWConstants& constants,
                          const AdamWDeviceStep& device_step, cudaStream_t stream) {
-  TensorList list{};
-  int listed = 0, blocks = 0;
-  for (int i = 0; i < count; ++i) {
-    const AdamWTensor& t = tensors[i];
-    if (t.n == 0) continue;
-    list.param[listed] = t.param;
-    list.grad[listed] = t.grad;
-    list.m[listed] = t.m;
-    list.v[listed] = t.v;
-    list.n[listed] = t.n;
-    ++listed;
-    const int64_t chunks = (t.n + kChunk - 1) / kChunk;
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      list.tensor[blocks] = static_cast<unsigned char>(listed - 1);
-      list.chunk[blocks] = static_cast<int>(chunk);
-      ++blocks;
-      const bool last_chunk = chunk == chunks - 1;
-      if (blocks < kMaxBlocks && !(listed == kMaxTensors && last_chunk)) continue;
-      // The list is full: launch it, then start the next one, with this tensor in slot 0 if chunks remain.
-      const cudaError_t launched =
-          launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants, device_step);
-      if (launched != cudaSuccess) return launched;
-      blocks = 0;
-      if (last_chunk) {
-        listed = 0;
-      } else {
-        list.param[0] = t.param;
-        list.grad[0] = t.grad;
-        list.m[0] = t.m;
-        list.v[0] = t.v;
-        list.n[0] = t.n;
-        listed = 1;
-      }
-    }
-  }
-  if (blocks == 0) return cudaSuccess;
-  return launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants, device_step);
+  return for_each_chunk_list<kChunk, TensorList>(
+      tensors, count, [](const AdamWTensor& t) { return AdamWSlot{t.param, t.grad, t.m, t.v}; },
+      [&](const TensorList& list, int blocks) {
+        return launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants,
+                             device_step);
+      });
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // The global gradient norm and the clip on the GPU (ops/grad_norm.h; CPU reference optim/clip.cpp). Like
 // adamw.cu, every tensor is cut into chunks of kChunk elements and one launch's blocks each take one chunk of any
-// tensor, so a GPT's ~150 gradients take one or a few launches, and the norm never leaves the device.
+// tensor (ops/cuda/chunk_list.h), so a GPT's ~150 gradients take one or a few launches, and the norm never leaves
+// the device.
 #include "ops/cuda/grad_norm.h"
 
+#include "ops/cuda/chunk_list.h"
 #include "ops/cuda/device_utils.h"
 
 namespace minidl::ops::cuda {
@@ -14,35 +16,26 @@ constexpr int64_t kChunk = 65536;
 constexpr int kMaxTensors = 64;
 constexpr int kMaxBlocks = 384;
 
-// The list travels as the kernel's by-value parameter (under the 4 KiB every toolkit accepts).
-struct ChunkList {
-  float* data[kMaxTensors];
-  int64_t n[kMaxTensors];
-  unsigned char tensor[kMaxBlocks];  // block b handles chunk[b] of tensor[b]
-  int chunk[kMaxBlocks];
-  int64_t first_partial;             // the global index of block 0's chunk (its slot in `partials`)
-};
-static_assert(sizeof(ChunkList) + 16 <= 4096, "grad_norm: kernel parameters over 4 KiB");
+using GradList = ChunkList<float*, kMaxTensors, kMaxBlocks>;
+static_assert(sizeof(GradList) + 16 <= 4096, "grad_norm: kernel parameters over 4 KiB");
 
 __device__ __forceinline__ double warp_sum_f64(double v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullWarp, v, offset);
   return v;
 }
 
-__global__ void __launch_bounds__(kThreads) sum_squares_kernel(ChunkList list, double* partials) {
+__global__ void __launch_bounds__(kThreads) sum_squares_kernel(GradList list, double* partials) {
   MINIDL_SHARED(double, warp_results, [kWarps]);
-  const int t = list.tensor[blockIdx.x];
-  const int64_t begin = static_cast<int64_t>(list.chunk[blockIdx.x]) * kChunk;
-  const int64_t size = list.n[t] - begin < kChunk ? list.n[t] - begin : kChunk;
-  const float* x = list.data[t] + begin;
+  const ChunkRange r = chunk_range<kChunk>(list, blockIdx.x);
+  const float* x = list.slot[r.tensor] + r.begin;
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < size; i += kThreads) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (int64_t i = threadIdx.x; i < r.size; i += kThreads) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   s = warp_sum_f64(s);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   if (lane == 0) warp_results[warp] = s;
   __syncthreads();
   s = warp_sum_f64(lane < kWarps ? warp_results[lane] : 0.0);
-  if (threadIdx.x == 0) partials[list.first_partial + blockIdx.x] = s;
+  if (threadIdx.x == 0) partials[list.first_chunk + blockIdx.x] = s;
 }
 
 // One thread adds the chunks' sums in chunk order.
@@ -53,54 +46,20 @@ __global__ void sum_partials_f64_kernel(const double* partials, int64_t count, f
   *out = static_cast<float>(s);
 }
 
-__global__ void __launch_bounds__(kThreads) clip_kernel(ChunkList list, const float* norm_squared, double max_norm) {
+__global__ void __launch_bounds__(kThreads) clip_kernel(GradList list, const float* norm_squared, double max_norm) {
   const double factor = max_norm / (sqrt(static_cast<double>(*norm_squared)) + 1e-6);
   if (!(factor < 1.0)) return;  // nothing to clip (the CPU does not scale either)
   const float f = static_cast<float>(factor);
-  const int t = list.tensor[blockIdx.x];
-  const int64_t begin = static_cast<int64_t>(list.chunk[blockIdx.x]) * kChunk;
-  const int64_t size = list.n[t] - begin < kChunk ? list.n[t] - begin : kChunk;
-  float* x = list.data[t] + begin;
-  for (int64_t i = threadIdx.x; i < size; i += kThreads) x[i] *= f;
+  const ChunkRange r = chunk_range<kChunk>(list, blockIdx.x);
+  float* x = list.slot[r.tensor] + r.begin;
+  for (int64_t i = threadIdx.x; i < r.size; i += kThreads) x[i] *= f;
 }
 
-// Calls launch(list, blocks) for each full list of chunks, in chunk order.
+// Calls launch(list, blocks) for each full list of the gradients' chunks, in chunk order.
 template <class Launch>
 cudaError_t for_each_list(const GradNormTensor* tensors, int count, Launch&& launch) {
-  ChunkList list{};
-  int listed = 0, blocks = 0;
-  int64_t done = 0;  // chunks launched so far
-  for (int i = 0; i < count; ++i) {
-    const GradNormTensor& t = tensors[i];
-    if (t.n == 0) continue;
-    list.data[listed] = t.data;
-    list.n[listed] = t.n;
-    ++listed;
-    const int64_t chunks = (t.n + kChunk - 1) / kChunk;
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      list.tensor[blocks] = static_cast<unsigned char>(listed - 1);
-      list.chunk[blocks] = static_cast<int>(chunk);
-      ++blocks;
-      const bool last_chunk = chunk == chunks - 1;
-      if (blocks < kMaxBlocks && !(listed == kMaxTensors && last_chunk)) continue;
-      list.first_partial = done;
-      const cudaError_t launched = launch(list, blocks);
-      if (launched != cudaSuccess) return launched;
-      done += blocks;
-      blocks = 0;
-      // The next list starts with this tensor in slot 0 if chunks of it remain.
-      if (last_chunk) {
-        listed = 0;
-      } else {
-        list.data[0] = t.data;
-        list.n[0] = t.n;
-        listed = 1;
-      }
-    }
-  }
-  if (blocks == 0) return cudaSuccess;
-  list.first_partial = done;
-  return launch(list, blocks);
+  return for_each_chunk_list<kChunk, GradList>(tensors, count, [](const GradNormTensor& t) { return t.data; },
+                                               launch);
 }
 
 }  // namespace
@@ -114,7 +73,7 @@ int64_t grad_norm_partials(const GradNormTensor* tensors, int count) {
 cudaError_t grad_norm_squared(const GradNormTensor* tensors, int count, double* partials, float* norm_squared,
                               cudaStream_t stream) {
   int64_t chunks = 0;
-  const cudaError_t err = for_each_list(tensors, count, [&](const ChunkList& list, int blocks) {
+  const cudaError_t err = for_each_list(tensors, count, [&](const GradList& list, int blocks) {
     chunks += blocks;
     return launch_kernel(sum_squares_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, partials);
   });
@@ -125,7 +84,7 @@ cudaError_t grad_norm_squared(const GradNormTensor* tensors, int count, double* 
 
 cudaError_t clip_grads(const GradNormTensor* tensors, int count, const float* norm_squared, double max_norm,
                        cudaStream_t stream) {
-  return for_each_list(tensors, count, [&](const ChunkList& list, int blocks) {
+  return for_each_list(tensors, count, [&](const GradList& list, int blocks) {
     return launch_kernel(clip_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, norm_squared, max_norm);
   });
 }

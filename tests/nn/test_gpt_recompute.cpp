@@ -8,10 +8,9 @@
 // real GPU and skips without one.
 #include <gtest/gtest.h>
 
-#if defined(MINIDL_TEST_EMULATED_CUDA) || defined(MINIDL_TEST_GPU)
-#define MINIDL_TEST_CUDA 1
-#include "core/cuda/cuda.h"
-#include "dist/cuda/backend.h"
+#include "tests/support/test_device.h"
+
+#if defined(MINIDL_TEST_CUDA)
 #define GPT_RECOMPUTE_SUITE GPTRecomputeCuda
 #else
 #define GPT_RECOMPUTE_SUITE GPTRecompute
@@ -27,21 +26,12 @@
 #include <optional>
 
 using namespace minidl;
+using minidl::testing::test_device;
 using nn::Recompute;
 
 namespace {
 
 nn::GPTConfig small_config() { return {/*vocab*/ 23, /*block*/ 16, /*layers*/ 3, /*heads*/ 2, /*embd*/ 32, 0.2, true}; }
-
-// Where the models of this binary run.
-Device test_device() {
-#if defined(MINIDL_TEST_CUDA)
-  cuda::register_backend();
-  return Device::cuda(0);
-#else
-  return Device::cpu();
-#endif
-}
 
 Tensor tokens(int64_t B, int64_t T, uint64_t seed) {
   std::vector<int32_t> v(size_t(B * T));
@@ -81,19 +71,6 @@ StepRun run(Recompute mode, DType amp, Device device = test_device()) {
   for (const Tensor& p : model.parameters()) r.grads.push_back(p.grad().to_vector());
   return r;
 }
-
-// A test of the GPU binary skips on a machine without a GPU.
-bool no_device() {
-#if defined(MINIDL_TEST_CUDA)
-  return cuda::device_count() == 0;
-#else
-  return false;
-#endif
-}
-#define SKIP_WITHOUT_DEVICE()                        \
-  do {                                               \
-    if (no_device()) GTEST_SKIP() << "no CUDA device"; \
-  } while (0)
 
 }  // namespace
 

@@ -10,10 +10,9 @@
 // cast surrounds it), and test_gpt_gpu on a real GPU (skips without one).
 #include <gtest/gtest.h>
 
-#if defined(MINIDL_TEST_EMULATED_CUDA) || defined(MINIDL_TEST_GPU)
-#define MINIDL_TEST_CUDA 1
-#include "core/cuda/cuda.h"
-#include "dist/cuda/backend.h"
+#include "tests/support/test_device.h"
+
+#if defined(MINIDL_TEST_CUDA)
 #define GPT_VOCAB_SUITE GPTVocabCuda
 #else
 #define GPT_VOCAB_SUITE GPTVocab
@@ -31,6 +30,7 @@
 #include "test_util.h"
 
 using namespace minidl;
+using minidl::testing::test_device;
 
 namespace {
 
@@ -40,27 +40,6 @@ nn::GPTConfig config(int64_t vocab_pad) {
   c.vocab_pad = vocab_pad;
   return c;
 }
-
-Device test_device() {
-#if defined(MINIDL_TEST_CUDA)
-  cuda::register_backend();
-  return Device::cuda(0);
-#else
-  return Device::cpu();
-#endif
-}
-
-bool no_device() {
-#if defined(MINIDL_TEST_CUDA)
-  return cuda::device_count() == 0;
-#else
-  return false;
-#endif
-}
-#define SKIP_WITHOUT_DEVICE()                          \
-  do {                                                 \
-    if (no_device()) GTEST_SKIP() << "no CUDA device"; \
-  } while (0)
 
 Tensor tokens(int64_t B, int64_t T, uint64_t seed) {
   std::vector<int64_t> v(size_t(B * T));

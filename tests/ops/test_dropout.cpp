@@ -78,3 +78,10 @@ TEST(Dropout, BadProbabilityNamesExpectedAndGot) {
   expect_error([] { ops::dropout(Tensor::ones({4}), 1.0, 0, 0, 0); }, {"[0, 1)", "got 1"});
   expect_error([] { ops::dropout(Tensor::ones({4}), -0.1, 0, 0, 0); }, {"[0, 1)", "got -0.1"});
 }
+
+TEST(Dropout, RejectsABadStep) {
+  expect_error([] { ops::dropout(Tensor::ones({4}), 0.1, 0, 0, 0, {Tensor::zeros({2}, DType::i64), 1}); },
+               {"the step as one i64", "(2,)"});
+  expect_error([] { ops::dropout(Tensor::ones({4}), 0.1, 0, 0, 0, {Tensor::zeros({1}, DType::f32), 1}); },
+               {"the step as one i64", "f32"});
+}

@@ -1,12 +1,14 @@
 // train::CudaGraphStep (train/cuda_graph.h) on the emulated device: N steps replayed from one captured train_step
 // give the eager train_step's losses and weights bit for bit (f32, and fp16 with a loss scaler, clipping on, a
-// learning rate that changes every step); a replayed step makes no host synchronisation, no read back, no
+// learning rate that changes every step; dropout, whose masks' step the replays read on the device, with gradient
+// accumulation); a replayed step makes no host synchronisation, no read back, no
 // cudaMalloc, exactly one graph launch and one kernel launch of its own (the learning rate's fill), and copies only
 // the batch to the device; what a replay cannot change is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/cuda/cuda_test.h"
@@ -38,8 +40,10 @@ struct Outcome {
   int64_t adam_step = 0;
 };
 
-Outcome run_steps(bool graph, bool fp16, int steps) {
-  nn::GPT model(kConfig, 1337);
+Outcome run_steps(bool graph, bool fp16, int steps, double dropout = 0.0, int64_t grad_accum = 1) {
+  nn::GPTConfig config = kConfig;
+  config.dropout = dropout;
+  nn::GPT model(config, 1337);
   model.to(kCuda);
   model.train();
   optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-3});
@@ -47,6 +51,7 @@ Outcome run_steps(bool graph, bool fp16, int steps) {
   train::StepOptions o;
   o.grad_clip = 0.05;  // below the norm: the clip is applied
   if (fp16) o.amp = DType::f16, o.scaler = &scaler;
+  o.grad_accum = grad_accum;
   o.read_back = false;
   std::unique_ptr<train::CudaGraphStep> g;
   if (graph) g = std::make_unique<train::CudaGraphStep>(model, opt, o);
@@ -61,6 +66,9 @@ Outcome run_steps(bool graph, bool fp16, int steps) {
   if (graph) {
     EXPECT_TRUE(g->captured());
   }
+  EXPECT_EQ(model.dropout_context().step, uint64_t(steps));  // the host's count advanced by replays too
+  g.reset();
+  EXPECT_FALSE(model.dropout_context().step_on_device.defined());  // given back with the graph
   out.weights = weights(model);
   out.adam_step = opt.state().step;
   return out;
@@ -78,6 +86,24 @@ TEST_F(CudaGraphStep, ReplaysEqualEagerStepsBitForBit) {
     EXPECT_EQ(eager.adam_step, steps);
     EXPECT_NE(eager.losses.front(), eager.losses.back());  // the steps did change the model
   }
+}
+
+// The masks of a replay are those of the eager step it stands for: if a replay reused the captured step's masks,
+// the losses from the 4th step on would differ.
+TEST_F(CudaGraphStep, DropoutReplaysEqualEagerStepsBitForBit) {
+  for (const int64_t accum : {1, 2}) {
+    SCOPED_TRACE("grad_accum " + std::to_string(accum));
+    const int steps = 6;
+    const Outcome eager = run_steps(false, false, steps, 0.2, accum), graph = run_steps(true, false, steps, 0.2, accum);
+    EXPECT_EQ(graph.losses, eager.losses);
+    EXPECT_EQ(graph.norms, eager.norms);
+    EXPECT_EQ(graph.weights, eager.weights);
+    if (accum == 1) EXPECT_NE(eager.losses, run_steps(false, false, steps, 0.0).losses);  // dropout did drop
+  }
+  // fp16 with a loss scaler too.
+  const Outcome eager = run_steps(false, true, 5, 0.2), graph = run_steps(true, true, 5, 0.2);
+  EXPECT_EQ(graph.losses, eager.losses);
+  EXPECT_EQ(graph.weights, eager.weights);
 }
 
 TEST_F(CudaGraphStep, AReplayedStepIsOneGraphLaunchAndTheBatch) {
@@ -130,12 +156,6 @@ TEST_F(CudaGraphStep, RefusesWhatAReplayCannotChange) {
             }).find("shape"),
             std::string::npos);
 
-  nn::GPTConfig with_dropout = kConfig;
-  with_dropout.dropout = 0.1;
-  nn::GPT dropout_model(with_dropout, 7);
-  dropout_model.to(kCuda);
-  optim::AdamW opt2(optim::decay_groups(dropout_model.named_parameters(), 0.1), {1e-3});
-  EXPECT_NE(message([&] { train::CudaGraphStep(dropout_model, opt2, {}); }).find("dropout"), std::string::npos);
   nn::GPT cpu_model(kConfig, 7);
   optim::AdamW opt3(optim::decay_groups(cpu_model.named_parameters(), 0.1), {1e-3});
   EXPECT_NE(message([&] { train::CudaGraphStep(cpu_model, opt3, {}); }).find("CUDA device"), std::string::npos);

@@ -15,6 +15,7 @@
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
 #include "ops/embedding.h"
+#include "ops/grad_norm.h"
 #include "ops/layernorm.h"
 #include "ops/matmul.h"
 #include "ops/unscale.h"
@@ -214,6 +215,39 @@ TEST_F(DeviceOps, DropoutDrawsTheCpuMaskBitForBit) {
   Tensor x = random_tensor({5, 33}, 17, DType::f32);
   expect_close(back(ops::dropout(on_cuda(x), 0.3, 42, 7, 100)), ops::dropout(x, 0.3, 42, 7, 100).to_vector(), 0,
                "dropout");
+}
+
+// The step read on the device (ops::DropoutStep, CUDA graphs) draws the mask of the plain call at the offset it
+// adds, on the CPU and the device; the kernel reads the step's value when it runs (a refill changes the mask).
+TEST_F(DeviceOps, DropoutStepOnTheDeviceIsTheOffsetItAdds) {
+  Tensor x = random_tensor({5, 33}, 17, DType::f32);
+  const uint64_t per_step = uint64_t(1) << 40;
+  for (const int64_t s : {int64_t(0), int64_t(3), int64_t(5000001)}) {
+    const Values want = ops::dropout(x, 0.3, 42, 7, 100 + uint64_t(s) * per_step).to_vector();
+    Tensor step = Tensor::zeros({1}, DType::i64, kCuda);
+    step.fill_(double(s));
+    expect_close(back(ops::dropout(on_cuda(x), 0.3, 42, 7, 100, {step, per_step})), want, 0, "device step");
+    Tensor host_step = Tensor::zeros({1}, DType::i64);
+    host_step.fill_(double(s));
+    expect_close(ops::dropout(x, 0.3, 42, 7, 100, {host_step, per_step}).to_vector(), want, 0, "host step");
+  }
+  EXPECT_NE(ops::dropout(x, 0.3, 42, 7, 100).to_vector(), ops::dropout(x, 0.3, 42, 7, 100 + per_step).to_vector());
+}
+
+// The gradient norm and the clip over more tensors than one chunk list holds (64): the later lists' partial sums land
+// after the first's (ChunkList::first_chunk), so the norm is the CPU's bit for bit, and every tensor is clipped.
+TEST_F(DeviceOps, GradNormAndClipOverSeveralChunkListsMatchTheCpu) {
+  std::vector<Tensor> host, device;
+  for (int i = 0; i < 70; ++i) {
+    host.push_back(random_tensor({3 + 5 * i}, 30 + i, DType::f32));
+    device.push_back(on_cuda(host.back()));
+  }
+  const Tensor sq_host = ops::grad_norm_squared_multi(host, Device::cpu());
+  const Tensor sq_device = ops::grad_norm_squared_multi(device, kCuda);
+  expect_close(back(sq_device), sq_host.to_vector(), 0, "norm squared");
+  ops::clip_grads_multi_(host, sq_host, 0.5);
+  ops::clip_grads_multi_(device, sq_device, 0.5);
+  for (size_t i = 0; i < host.size(); ++i) expect_close(back(device[i]), host[i].to_vector(), 0, "clipped tensor");
 }
 
 TEST_F(DeviceOps, CastsMatchTheCpuBitForBit) {
