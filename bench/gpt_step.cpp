@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   app.add_option("--zero", zero, "Under mpirun: 0 (DDP), or ZeRO stage 1, 2 or 3 over the data-parallel ranks (all "
                  "ranks / --tp); at one rank, 1-3 run the stage's code path with one shard")
       ->capture_default_str();
-  app.add_option("--backend", backend, "Under mpirun: the collectives' backend, mpi or ring (CPU)")
+  app.add_option("--backend", backend, "Under mpirun: the collectives' backend, mpi or ring (CPU); with --device cuda, mpi means nccl (ring: the device ring)")
       ->capture_default_str();
   app.add_flag("--json", json, "Also print one JSON object as the last line");
   app.add_option("--pp", pp, "Pipeline stages (run under mpirun -n PP; CPU, f32/bf16)")->capture_default_str();
@@ -190,8 +190,9 @@ int main(int argc, char** argv) {
     tc.sequence_parallel = sequence_parallel;
     tc.recompute = recompute;
     tc.seed = 1337;
+    // "mpi" serves CPU tensors only: a device run (one process included) takes "nccl" unless --backend ring.
     const dist::Topology topo(ctx.world(), dist::Grid{world, tp, 1},
-                              tp > 1 && !device.is_cpu() ? std::string("nccl") : backend, device);
+                              !device.is_cpu() && (tp > 1 || backend == "mpi") ? std::string("nccl") : backend, device);
     const int data_rank = topo.coord().dp;
     train::ParallelModel built = train::build_model_and_sync(tc, model_cfg, topo, device, data_rank * batch, {});
     nn::GPT& model = *built.model;
