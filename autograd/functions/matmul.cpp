@@ -12,6 +12,7 @@
 // never rounded to 16 bits, instead of a 16-bit gradient cast up by the autocast cast's backward.
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
+#include "autograd/functions/product_operand.h"
 #include "autograd/node.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
@@ -28,22 +29,9 @@ bool needs_grad(const Tensor& t) { return autograd::any_requires_grad({t}); }
 // t: (..., C) -> (rows, C); a view when t's layout allows.
 Tensor rows_of(const Tensor& t) { return t.reshape(Shape{t.numel() / std::max<int64_t>(t.size(-1), 1), t.size(-1)}); }
 
-// An operand as the product sees it: `used` (cast to 16 bits by autocast, or as given) and `edge`, the tensor its
-// gradient goes to: the f32 original when autocast cast it down (with f32_grad set), `used` otherwise.
-struct Operand {
-  Tensor used, edge;
-  bool f32_grad;
-};
-Operand operand(const Tensor& t) {
-  Tensor used = autograd::autocast_to_half(t);
-  const bool cast_down = t.defined() && t.dtype() == DType::f32 && used.dtype() != DType::f32;
-  return {cast_down ? used.detach() : used, cast_down ? t : used, cast_down};
-}
-
-// The product of a gradient, in f32 for an operand that gets an f32 gradient.
-Tensor grad_product(bool f32_grad, const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  return f32_grad ? ops::matmul_f32(a, b, ta, tb) : ops::matmul(a, b, ta, tb);
-}
+using autograd::detail::grad_product;
+using autograd::detail::Operand;
+using autograd::detail::operand;
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {

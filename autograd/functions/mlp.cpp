@@ -8,6 +8,7 @@
 // the same f32 weight gradients straight from the GEMM (ops::matmul_f32; see autograd/functions/matmul.cpp).
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
+#include "autograd/functions/product_operand.h"
 #include "autograd/node.h"
 #include "ops/linear_gelu.h"
 #include "ops/matmul.h"
@@ -27,21 +28,9 @@ Tensor rows_of(const Tensor& t) {
 
 Tensor contiguous(const Tensor& t) { return t.defined() ? t.detach().contiguous() : t; }
 
-// As autograd/functions/matmul.cpp: `used` is what the product reads (16-bit under autocast), `edge` the tensor
-// its gradient goes to (the f32 original when autocast cast it down, with f32_grad set).
-struct Operand {
-  Tensor used, edge;
-  bool f32_grad;
-};
-Operand operand(const Tensor& t) {
-  Tensor used = autograd::autocast_to_half(t);
-  const bool cast_down = t.defined() && t.dtype() == DType::f32 && used.dtype() != DType::f32;
-  return {cast_down ? used.detach() : used, cast_down ? t : used, cast_down};
-}
-
-Tensor grad_product(bool f32_grad, const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  return f32_grad ? ops::matmul_f32(a, b, ta, tb) : ops::matmul(a, b, ta, tb);
-}
+using autograd::detail::grad_product;
+using autograd::detail::Operand;
+using autograd::detail::operand;
 }  // namespace
 
 Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
