@@ -26,6 +26,7 @@
 #include "ops/attention.h"
 #include "ops/cast.h"
 #include "ops/cpu/simd/isa.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
 #include "ops/gelu.h"
@@ -114,6 +115,21 @@ int main(int argc, char** argv) {
     parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) { std::copy(ps + b, ps + e, pd + b); });
   });
   const double copy_gbs = 8.0 * n / copy_s / 1e9;
+  // The exp's own rate: exp_sub_sum over one L1-resident row (no memory traffic), on every thread. A CPU whose
+  // vector units are narrow (Zen 1 splits 256-bit AVX2 into two 128-bit halves) can make the exp-heavy ops compute-
+  // bound: cross-entropy's forward reads 4 bytes per exp, so it cannot beat 4 bytes x this rate.
+  const auto exp_rate = [&] {  // exps per second, all threads
+    const int64_t row = 2048, rounds = 512;
+    std::vector<float> xs(size_t(row * num_threads()));
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = -float(i % 97) * 0.1f;
+    const double s = time_median(reps, [&] {
+      parallel_for(0, num_threads(), 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+          for (int r = 0; r < rounds; ++r) (void)simd::exp_sub_sum(xs.data() + t * row, 0.0f, nullptr, row);
+      });
+    });
+    return double(row * rounds * num_threads()) / s;
+  };
 
   const int64_t C = 768, V = 2048, F = 3072;  // model width, vocabulary, MLP width: the row ops' shapes
   Tensor x = random({n}, 2), dy = random({n}, 3), g = random({n}, 4), m = Tensor::zeros({n}), v = Tensor::zeros({n});
@@ -164,6 +180,13 @@ int main(int argc, char** argv) {
                 "%copy");
   for (simd::CpuIsa isa : isas) {
     simd::IsaGuard guard(isa);
+    const double exps = exp_rate();
+    out.push_back({{"isa", simd::isa_name(isa)}, {"op", "exp_rate"}, {"exps_per_s", exps},
+                   {"cross_entropy_bound_GB/s", 4.0 * exps / 1e9}});
+    if (!json)
+      std::printf("# %s exp: %.2f G/s on %d threads from L1, so cross_entropy (4 bytes per exp) <= %.1f GB/s = %.0f%% "
+                  "of copy\n",
+                  simd::isa_name(isa), exps / 1e9, threads, 4.0 * exps / 1e9, 100 * 4.0 * exps / 1e9 / copy_gbs);
     for (const MemoryOp& op : mem_ops) {
       double s = time_median(reps, op.run), gbs = op.bytes / s / 1e9;
       out.push_back({{"isa", simd::isa_name(isa)}, {"op", op.name}, {"time_ms", s * 1e3}, {"GB/s", gbs},
