@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "core/cuda/cuda.h"
 #include "ops/cuda/tensor/register.h"
 #include "nn_test_util.h"
 
@@ -39,6 +40,14 @@ inline std::string shape_name(const Shape& s) {
     name += std::to_string(s[i]);
   }
   return name.empty() ? "scalar" : name;
+}
+
+// The counters of what `fn` asked of the device.
+template <class Fn>
+cuda::Counters counted(Fn&& fn) {
+  const cuda::Counters before = cuda::counters();
+  fn();
+  return cuda::counters() - before;
 }
 
 }  // namespace minidl::testing

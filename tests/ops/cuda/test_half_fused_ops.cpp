@@ -10,14 +10,6 @@
 namespace minidl::testing {
 namespace {
 
-// The counters of what `fn` asked of the device.
-template <class Fn>
-cuda::Counters counted(Fn&& fn) {
-  const cuda::Counters before = cuda::counters();
-  fn();
-  return cuda::counters() - before;
-}
-
 void expect_only_launches(const cuda::Counters& c, int64_t launches, const std::string& what) {
   EXPECT_EQ(c.kernel_launches, launches) << what;
   EXPECT_EQ(c.memsets + c.host_syncs + c.h2d_copies + c.d2h_copies + c.d2d_copies, 0) << what;

@@ -18,13 +18,6 @@
 namespace minidl::testing {
 namespace {
 
-template <class Fn>
-cuda::Counters counted(Fn&& fn) {
-  const cuda::Counters before = cuda::counters();
-  fn();
-  return cuda::counters() - before;
-}
-
 // Forces the unfused fallback for its scope.
 struct NoEpilogues {
   NoEpilogues() { ops::set_gemm_epilogues_enabled(false); }
