@@ -98,7 +98,9 @@ TEST_F(CudaGraphStep, DropoutReplaysEqualEagerStepsBitForBit) {
     EXPECT_EQ(graph.losses, eager.losses);
     EXPECT_EQ(graph.norms, eager.norms);
     EXPECT_EQ(graph.weights, eager.weights);
-    if (accum == 1) EXPECT_NE(eager.losses, run_steps(false, false, steps, 0.0).losses);  // dropout did drop
+    if (accum == 1) {
+      EXPECT_NE(eager.losses, run_steps(false, false, steps, 0.0).losses);  // dropout did drop
+    }
   }
   // fp16 with a loss scaler too.
   const Outcome eager = run_steps(false, true, 5, 0.2), graph = run_steps(true, true, 5, 0.2);
