@@ -1,5 +1,6 @@
-// ops/linear_gelu.h on CUDA devices: one GEMM with the GELU (or linear's bias gradient) in its epilogue (ops/cuda/tensor/gemm.h). Returns
-// std::nullopt where the backend has no algorithm for the shape; the op's entry then composes the unfused ops.
+// ops/linear_gelu.h on CUDA devices: one GEMM with the GELU (or linear's bias gradient) in its epilogue
+// (ops/cuda/tensor/gemm.h). Returns std::nullopt where the backend has no algorithm for the shape; the op's entry
+// then composes the unfused ops.
 #include "ops/cuda/tensor/gemm.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/linear_gelu.h"
