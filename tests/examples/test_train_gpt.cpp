@@ -186,6 +186,21 @@ TEST_F(TrainGpt, CudaGraphEqualsEagerSteps) {
   expect_rejected(tiny_flags() + " --device cuda --cuda-graph --dp 2", {"--cuda-graph", "one process"});
 }
 
+// core/parallel.cpp: a program starts its OpenMP threads with GOMP_SPINCOUNT=10000 (re-executing itself once to
+// set it) unless the user chose a wait policy or spin count, which it leaves as they are. libgomp prints what it
+// read under OMP_DISPLAY_ENV=verbose.
+TEST_F(TrainGpt, OpenMpSpinsBrieflyUnlessTheUserChoseOtherwise) {
+  const std::string display = " OMP_DISPLAY_ENV=verbose ";
+  Result def = run_with("env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT" + display, "--help");
+  ASSERT_EQ(def.code, 0) << def.out;
+  EXPECT_NE(def.out.find("GOMP_SPINCOUNT = '10000'"), std::string::npos) << def.out;
+  Result count = run_with("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=5" + display, "--help");
+  EXPECT_NE(count.out.find("GOMP_SPINCOUNT = '5'"), std::string::npos) << count.out;
+  Result policy = run_with("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active" + display, "--help");
+  EXPECT_NE(policy.out.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << policy.out;
+  EXPECT_EQ(policy.out.find("GOMP_SPINCOUNT = '10000'"), std::string::npos) << policy.out;
+}
+
 TEST_F(TrainGpt, BatchThatDoesNotSplitIntoMicroBatches) {
   expect_rejected(tiny_flags() + " --batch 10 --grad-accum 4", {"--batch 10", "--grad-accum 4"});
 }
