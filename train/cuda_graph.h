@@ -55,7 +55,8 @@ class CudaGraphStep {
   // read_back false (pending until read()).
   StepResult step(const data::Batch& batch, double lr);
   // One step on samples [begin, begin + n) of `sampler`'s global batch of `step`, drawn on the device inside the
-  // step (captured with it). Every call must use the same sampler, begin and n once the step is captured.
+  // step (captured with it). Every call must use the same sampler, begin and n once the step is captured; the
+  // sampler must outlive this object (the graph's kernels read its buffers).
   StepResult step(data::DeviceBatchSampler& sampler, int64_t step, int64_t begin, int64_t n, double lr);
 
   bool captured() const;
