@@ -474,18 +474,24 @@ int Trainer::run() {
   const double flops_per_step =
       (s.pipe ? s.pipe->flops_per_token(s.seq) : s.model->flops_per_token(s.seq)) * tokens_per_step;
   // One step and one evaluation, of the whole model or of this pipeline stage.
-  // On a device (the pipeline aside) the batch is drawn there from the split uploaded once: no copy per step.
-  // Declared before the graph, which replays kernels reading its buffers: it must outlive the graph.
+  // On a device the batch is drawn there from the split uploaded once: no copy per step. Declared before the
+  // graph, which replays kernels reading its buffers: it must outlive the graph.
   std::optional<data::DeviceBatchSampler> device_batches;
-  if (s.device.is_cuda() && !s.pipe) device_batches.emplace(device_sampler(*s.model, s.ds->train(), s.seq, o.batch,
-                                                                           o.seed));
+  if (s.device.is_cuda())
+    device_batches.emplace(device_sampler(s.pipe ? *s.pipe->chunks().front() : *s.model, s.ds->train(), s.seq,
+                                          o.batch, o.seed));
   std::unique_ptr<CudaGraphStep> graph_step;  // --cuda-graph
-  auto run_step = [&](int64_t step, const StepOptions& so) {
+  auto run_step = [&](int64_t step, StepOptions so) {
     if (device_batches && graph_step)
       return graph_step->step(*device_batches, step, s.first_sample, s.local_batch, so.lr);
-    if (device_batches)
-      return train_step(*s.model, *s.optimizer, *device_batches, step, s.first_sample, s.local_batch, so);
-    const data::Batch b = sampler.batch(step, s.first_sample, s.local_batch);
+    data::Batch b;
+    if (device_batches) {  // what train_step(sampler, ...) does, for the pipeline too
+      b = device_batches->batch(step, s.first_sample, s.local_batch);
+      so.target_count = s.local_batch * s.seq;
+      so.batch_checked = true;
+    } else {
+      b = sampler.batch(step, s.first_sample, s.local_batch);
+    }
     if (graph_step) return graph_step->step(b, so.lr);
     return s.pipe ? pipeline_train_step(*s.pipe, *s.optimizer, b, so) : train_step(*s.model, *s.optimizer, b, so);
   };
