@@ -473,7 +473,6 @@ int Trainer::run() {
   const double tokens_per_step = double(o.batch * s.seq);  // the global batch
   const double flops_per_step =
       (s.pipe ? s.pipe->flops_per_token(s.seq) : s.model->flops_per_token(s.seq)) * tokens_per_step;
-  // One step and one evaluation, of the whole model or of this pipeline stage.
   // On a device the batch is drawn there from the split uploaded once: no copy per step. Declared before the
   // graph, which replays kernels reading its buffers: it must outlive the graph.
   std::optional<data::DeviceBatchSampler> device_batches;
@@ -481,6 +480,7 @@ int Trainer::run() {
     device_batches.emplace(device_sampler(s.pipe ? *s.pipe->chunks().front() : *s.model, s.ds->train(), s.seq,
                                           o.batch, o.seed));
   std::unique_ptr<CudaGraphStep> graph_step;  // --cuda-graph
+  // One step and one evaluation, of the whole model or of this pipeline stage.
   auto run_step = [&](int64_t step, StepOptions so) {
     if (device_batches && graph_step)
       return graph_step->step(*device_batches, step, s.first_sample, s.local_batch, so.lr);
