@@ -182,11 +182,12 @@ int main(int argc, char** argv) {
     simd::IsaGuard guard(isa);
     const double exps = exp_rate();
     out.push_back({{"isa", simd::isa_name(isa)}, {"op", "exp_rate"}, {"exps_per_s", exps},
-                   {"cross_entropy_bound_GB/s", 4.0 * exps / 1e9}});
+                   {"cross_entropy_bound_GB/s", 4.0 * exps / 1e9}, {"softmax_bound_GB/s", 8.0 * exps / 1e9}});
     if (!json)
       std::printf("# %s exp: %.2f G/s on %d threads from L1, so cross_entropy (4 bytes per exp) <= %.1f GB/s = %.0f%% "
-                  "of copy\n",
-                  simd::isa_name(isa), exps / 1e9, threads, 4.0 * exps / 1e9, 100 * 4.0 * exps / 1e9 / copy_gbs);
+                  "of copy, softmax (8) <= %.1f GB/s = %.0f%%\n",
+                  simd::isa_name(isa), exps / 1e9, threads, 4.0 * exps / 1e9, 100 * 4.0 * exps / 1e9 / copy_gbs,
+                  8.0 * exps / 1e9, 100 * 8.0 * exps / 1e9 / copy_gbs);
     for (const MemoryOp& op : mem_ops) {
       double s = time_median(reps, op.run), gbs = op.bytes / s / 1e9;
       out.push_back({{"isa", simd::isa_name(isa)}, {"op", op.name}, {"time_ms", s * 1e3}, {"GB/s", gbs},

@@ -4,9 +4,11 @@
 
 #include <atomic>
 
+#include "ops/cast.h"
 #include "ops/gelu.h"
 #include "ops/matmul.h"
 #include "ops/nn_checks.h"
+#include "ops/reduce.h"
 
 namespace minidl::ops {
 namespace {
@@ -68,6 +70,24 @@ DgeluBgrad dgelu_bgrad(const Tensor& dy, const Tensor& w, const Tensor& aux, boo
   // kernels the unfused MLP runs, so both paths give the same bits in f32.
   BiasGeluBackward g = bias_gelu_backward(dh, aux.detach(), Tensor::zeros({aux.size(-1)}, aux.dtype(), aux.device()));
   return {g.dx, g.dbias};
+}
+
+LinearGrad linear_weight_bias_grad(const Tensor& x2, const Tensor& dy2, bool f32_out) {
+  check_defined("linear_weight_bias_grad", "x", x2);
+  check_defined("linear_weight_bias_grad", "dy", dy2);
+  MINIDL_CHECK(x2.dim() == 2 && dy2.dim() == 2 && x2.size(0) == dy2.size(0), "linear_weight_bias_grad: expected x ",
+               "(rows, k) and dy (rows, n) with the same rows, got x ", x2.shape(), " and dy ", dy2.shape());
+  const bool f32 = f32_out && is_half(x2.dtype());
+  if (fused(x2, linear_weight_bias_grad_device.has(x2.device()))) {
+    const Tensor x = x2.detach().contiguous(), dy = dy2.detach().contiguous();
+    check_float_or_half("linear_weight_bias_grad", "x", x);
+    check_like("linear_weight_bias_grad", "dy", dy, x);
+    if (std::optional<LinearGrad> g = linear_weight_bias_grad_device(x.device())(x, dy, f32)) return *g;
+  }
+  // The unfused path: the product, and the column sums (of an exact f32 copy for an f32 result: the same f32
+  // sums, not rounded to 16 bits).
+  return {f32 ? matmul_f32(x2.detach(), dy2.detach(), true, false) : matmul(x2.detach(), dy2.detach(), true, false),
+          sum(f32 ? upcast(dy2.detach()) : dy2.detach(), 0)};
 }
 
 }  // namespace minidl::ops

@@ -32,6 +32,18 @@ struct DgeluBgrad {
 // linear_gelu_forward; all one dtype and device.
 DgeluBgrad dgelu_bgrad(const Tensor& dy, const Tensor& w, const Tensor& aux, bool bias_grad);
 
+// linear's weight and bias gradients from its input rows x2 (rows, k) and output gradient dy2 (rows, n), one dtype
+// and device: dw (k, n) = x2^T dy2 and dbias (n) = dy2 summed over rows (f32 accumulation, fixed order). f32_out:
+// 16-bit x2 and dy2 give an f32 dw and dbias, never rounded to 16 bits (mixed precision's gradients of f32
+// weights; ops::matmul_f32). On a CUDA device one GEMM with the bias gradient in its epilogue (cuBLASLt's BGRADA)
+// where the backend has an algorithm for the shape; elsewhere, and as the fallback, ops::matmul (or matmul_f32)
+// and ops::sum, whose order the emulator's epilogue reproduces (same bits).
+struct LinearGrad {
+  Tensor dw;     // (k, n)
+  Tensor dbias;  // (n)
+};
+LinearGrad linear_weight_bias_grad(const Tensor& x2, const Tensor& dy2, bool f32_out);
+
 // Whether a CUDA device may use the fused epilogues (default true). false forces the unfused composition: a test
 // hook that exercises the fallback cuBLASLt takes for shapes it has no algorithm for.
 void set_gemm_epilogues_enabled(bool enabled);
@@ -43,5 +55,8 @@ inline DeviceKernel<std::optional<LinearGelu>(const Tensor&, const Tensor&, cons
     "linear_gelu"};
 inline DeviceKernel<std::optional<DgeluBgrad>(const Tensor&, const Tensor&, const Tensor&, bool)> dgelu_bgrad_device{
     "dgelu_bgrad"};
+// x2 (rows, k), dy2 (rows, n), contiguous and validated; std::nullopt where no fused algorithm exists.
+inline DeviceKernel<std::optional<LinearGrad>(const Tensor&, const Tensor&, bool)> linear_weight_bias_grad_device{
+    "linear_weight_bias_grad"};
 
 }  // namespace minidl::ops

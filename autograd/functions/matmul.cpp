@@ -9,12 +9,16 @@
 //
 // Under autocast an f32 operand (a weight, the f32 master) is multiplied as its 16-bit copy, but its gradient comes
 // straight from a GEMM that reads the 16-bit operands and writes f32 (ops::matmul_f32): accumulated in f32 and
-// never rounded to 16 bits, instead of a 16-bit gradient cast up by the autocast cast's backward.
+// never rounded to 16 bits, instead of a 16-bit gradient cast up by the autocast cast's backward. linear's bias
+// likewise: its f32 gradient is the f32 column sum of the output gradient, in the weight gradient's GEMM on CUDA
+// (ops::linear_weight_bias_grad: cuBLASLt's BGRADA epilogue).
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/functions/product_operand.h"
 #include "autograd/node.h"
+#include "ops/cast.h"
 #include "ops/elementwise.h"
+#include "ops/linear_gelu.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 
@@ -59,17 +63,23 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
 }
 
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
-  const Operand x = operand(x_in), weight = operand(weight_in);
-  Tensor bias = autograd::autocast_to_half(bias_in);
-  Tensor out = ops::linear(x.used, weight.used, bias);
-  bool need_x = needs_grad(x.edge), need_w = needs_grad(weight.edge), need_b = needs_grad(bias);
-  bool fx = x.f32_grad, fw = weight.f32_grad;
+  const Operand x = operand(x_in), weight = operand(weight_in), bias = operand(bias_in);
+  Tensor out = ops::linear(x.used, weight.used, bias.used);
+  bool need_x = needs_grad(x.edge), need_w = needs_grad(weight.edge), need_b = needs_grad(bias.edge);
+  bool fx = x.f32_grad, fw = weight.f32_grad, fb = bias.f32_grad;
   Tensor xd = x.used.detach(), wd = weight.used.detach();
-  return record("linear", {x.edge, weight.edge, bias}, out, [=](const Tensor& g) {
+  return record("linear", {x.edge, weight.edge, bias.edge}, out, [=](const Tensor& g) {
     Tensor g2 = rows_of(g);  // (rows, out)
     Tensor gx = need_x ? grad_product(fx, g2, wd, false, true).reshape(xd.shape()) : Tensor();  // G W^T
-    Tensor gw = need_w ? grad_product(fw, rows_of(xd), g2, true, false) : Tensor();           // X^T G
-    Tensor gbias = need_b ? ops::sum(g2, 0) : Tensor();
+    Tensor gw, gbias;
+    if (need_w && need_b && fw == fb) {  // X^T G and sum(G): one GEMM with the sum in its epilogue on CUDA
+      ops::LinearGrad both = ops::linear_weight_bias_grad(rows_of(xd), g2, fw);
+      gw = both.dw;
+      gbias = both.dbias;
+    } else {
+      if (need_w) gw = grad_product(fw, rows_of(xd), g2, true, false);
+      if (need_b) gbias = ops::sum(fb ? ops::upcast(g2) : g2, 0);  // an f32 bias gradient under autocast
+    }
     return Grads{gx, gw, gbias};
   });
 }

@@ -77,7 +77,11 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
             acc.rescale_for(chunk_max);
             T m = acc.max;
             if constexpr (std::is_same_v<T, float>) {
-              sum = simd::exp_sub_sum(xr + j0, m, nullptr, j1 - j0);
+              // Prefetch the next span as long (the next chunk, or the next row's first): the exps are compute-
+              // bound on cache-resident data, and the next max would otherwise wait on memory.
+              const int64_t len = j1 - j0;
+              const T* next = j1 + len <= V ? xr + j1 : n + 1 < n1 ? xr + Vp : nullptr;
+              sum = simd::exp_sub_sum(xr + j0, m, nullptr, len, next);
             } else {
               for (int64_t j = j0; j < j1; ++j) sum += std::exp(xr[j] - m);
             }

@@ -24,7 +24,8 @@ Tensor softmax_forward(const Tensor& x) {
         T* yr = py + r * V;
         if constexpr (std::is_same_v<T, float>) {
           float m = simd::max_row(xr, V);
-          simd::scale_row(yr, 1.0f / simd::exp_sub_sum(xr, m, yr, V), V);
+          const float* next = r + 1 < r1 ? xr + V : nullptr;
+          simd::scale_row(yr, 1.0f / simd::exp_sub_sum(xr, m, yr, V, next), V);
           continue;
         }
         // Subtracting the row max keeps exp() <= 1: no overflow for large logits, same result.

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda/cuda_test.h"
 #include "dist/topology.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
+#include "support/dist_device_test.h"
 #include "support/mpi_test.h"
 #include "train/grad_sync.h"
 #include "train/pipeline_step.h"
@@ -23,27 +23,14 @@
 namespace minidl {
 namespace {
 
-const nn::GPTConfig kConfig{17, 8, 2, 2, 32, 0.0, true};  // head dimension 16: the CUDA attention's smallest
+const nn::GPTConfig& kConfig = testing::kTinyDeviceGpt;
 constexpr int kMicroBatches = 2;
 constexpr int64_t kRows = 4;
 
-data::Batch tiny_batch(int shift) {
-  std::vector<int32_t> ids(size_t(kRows * 8)), targets(size_t(kRows * 8));
-  for (size_t i = 0; i < ids.size(); ++i)
-    ids[i] = int32_t((i * 7 + size_t(shift)) % 17), targets[i] = int32_t((i * 5 + size_t(shift)) % 17);
-  return {Tensor::from_vector(ids, {kRows, 8}), Tensor::from_vector(targets, {kRows, 8})};
-}
+data::Batch tiny_batch(int shift) { return testing::tiny_device_batch(kRows, 8, shift, /*ignore_one=*/false); }
 
 train::StepOptions options(bool fp16, bool read_back, optim::GradScaler& scaler) {
-  train::StepOptions o;
-  o.lr = 1e-2;
-  o.grad_clip = 0.05;  // below the norm: the clip is applied
-  o.read_back = read_back;
-  if (fp16) {
-    o.amp = DType::f16;
-    o.scaler = &scaler;
-  }
-  return o;
+  return testing::tiny_step_options(fp16, read_back, scaler);
 }
 
 // How a run's steps are made: read_back false or true, or the host-side reference (what pipeline_train_step did
@@ -56,14 +43,12 @@ struct Outcome {
   cuda::Counters last_step;  // the counters of the last step, before its numbers are read
 };
 
-class PipelineOnDevice : public testing::CudaTest {
+class PipelineOnDevice : public testing::DistDeviceTest {
  protected:
   void SetUp() override {
-    CudaTest::SetUp();
+    set_up_ranks("pp 2 (x dp 2): runs at 2 and 4 ranks");
     if (IsSkipped()) return;
     const dist::Context& ctx = testing::mpi_context();
-    if (ctx.world_size() != 2 && ctx.world_size() != 4) GTEST_SKIP() << "pp 2 (x dp 2): runs at 2 and 4 ranks";
-    device_ = Device::cuda(ctx.rank() % cuda::device_count());  // on the emulator every rank shares device 0
     // At 4 ranks: dp 2 x pp 2 with ZeRO 2 over each stage's dp group (reduce-scatter, shard norm, all-gather).
     zero_ = ctx.world_size() == 4 ? 2 : 0;
     topo_ = std::make_unique<dist::Topology>(ctx.world(), dist::Grid{ctx.world_size() / 2, 1, 2}, "nccl", device_);
@@ -113,16 +98,7 @@ class PipelineOnDevice : public testing::CudaTest {
 
   // One process, the whole model on the same device, accumulating over the same micro-batches.
   std::vector<double> one_process(bool fp16, int steps) {
-    nn::GPT model(kConfig, 1337);
-    model.to(device_);
-    model.train();
-    optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-2});
-    optim::GradScaler scaler;
-    train::StepOptions o = options(fp16, true, scaler);
-    o.grad_accum = kMicroBatches;
-    std::vector<double> losses;
-    for (int s = 0; s < steps; ++s) losses.push_back(train::train_step(model, opt, tiny_batch(s), o).loss);
-    return losses;
+    return DistDeviceTest::one_process(fp16, steps, kMicroBatches, tiny_batch);
   }
 
   // `steps` f32 steps, unread, on this dp rank's kRows samples of the global batch of a split: drawn on the device
@@ -166,7 +142,6 @@ class PipelineOnDevice : public testing::CudaTest {
     return run;
   }
 
-  Device device_;
   int zero_ = 0;
   std::unique_ptr<dist::Topology> topo_;
 };

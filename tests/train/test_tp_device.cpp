@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda/cuda_test.h"
 #include "dist/topology.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
+#include "support/dist_device_test.h"
 #include "support/mpi_test.h"
 #include "train/parallel_model.h"
 #include "train/step.h"
@@ -23,43 +23,22 @@
 namespace minidl {
 namespace {
 
-// Vocabulary 17: 9 rows per tp rank, the last one padding. Head dimension 16: the CUDA attention's smallest.
-const nn::GPTConfig kConfig{17, 8, 2, 2, 32, 0.0, true};
+const nn::GPTConfig& kConfig = testing::kTinyDeviceGpt;
 constexpr int64_t kRows = 4, kSeq = 8;
 
-data::Batch tiny_batch(int shift) {
-  std::vector<int32_t> ids(size_t(kRows * kSeq)), targets(size_t(kRows * kSeq));
-  for (size_t i = 0; i < ids.size(); ++i)
-    ids[i] = int32_t((i * 7 + size_t(shift)) % 17), targets[i] = int32_t((i * 5 + size_t(shift)) % 17);
-  targets[3] = -1;  // an ignored target: not counted, on whichever rank
-  return {Tensor::from_vector(ids, {kRows, kSeq}), Tensor::from_vector(targets, {kRows, kSeq})};
-}
-
-train::StepOptions options(bool fp16, optim::GradScaler& scaler) {
-  train::StepOptions o;
-  o.lr = 1e-2;
-  o.grad_clip = 0.05;  // below the norm: the clip is applied
-  o.read_back = false;
-  if (fp16) {
-    o.amp = DType::f16;
-    o.scaler = &scaler;
-  }
-  return o;
-}
+data::Batch tiny_batch(int shift) { return testing::tiny_device_batch(kRows, kSeq, shift, /*ignore_one=*/true); }
 
 struct Outcome {
   std::vector<double> losses, norms;
   cuda::Counters last_step;  // the counters of the last step, before its numbers are read
 };
 
-class TensorParallelOnDevice : public testing::CudaTest {
+class TensorParallelOnDevice : public testing::DistDeviceTest {
  protected:
   void SetUp() override {
-    CudaTest::SetUp();
+    set_up_ranks("tp 2 (x pp 2): runs at 2 and 4 ranks");
     if (IsSkipped()) return;
     const dist::Context& ctx = testing::mpi_context();
-    if (ctx.world_size() != 2 && ctx.world_size() != 4) GTEST_SKIP() << "tp 2 (x pp 2): runs at 2 and 4 ranks";
-    device_ = Device::cuda(ctx.rank() % cuda::device_count());  // on the emulator every rank shares device 0
     pp_ = ctx.world_size() / 2;
     topo_ = std::make_unique<dist::Topology>(ctx.world(), dist::Grid{1, 2, pp_}, "nccl", device_);
   }
@@ -88,7 +67,7 @@ class TensorParallelOnDevice : public testing::CudaTest {
     train::ParallelModel m = train::build_model_and_sync(cfg, kConfig, topo, device_, first, {});
     optim::AdamW opt(m.sync->optimizer_groups(optim::decay_groups(m.named_parameters(), 0.1)), {1e-2});
     optim::GradScaler scaler;
-    train::StepOptions o = options(fp16, scaler);
+    train::StepOptions o = testing::tiny_step_options(fp16, /*read_back=*/false, scaler);
     o.grad_sync = m.sync.get();
     std::vector<int32_t> split(300);
     for (size_t i = 0; i < split.size(); ++i) split[i] = int32_t((i * 7 + i * i % 13) % 17);
@@ -117,20 +96,9 @@ class TensorParallelOnDevice : public testing::CudaTest {
 
   // One process, the whole model on the same device, over the same micro-batches (the pipeline's: pp of them).
   std::vector<double> one_process(bool fp16, int steps) {
-    nn::GPT model(kConfig, 1337);
-    model.to(device_);
-    model.train();
-    optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-2});
-    optim::GradScaler scaler;
-    train::StepOptions o = options(fp16, scaler);
-    o.read_back = true;
-    o.grad_accum = pp_ > 1 ? pp_ : 1;
-    std::vector<double> losses;
-    for (int s = 0; s < steps; ++s) losses.push_back(train::train_step(model, opt, tiny_batch(s), o).loss);
-    return losses;
+    return DistDeviceTest::one_process(fp16, steps, pp_ > 1 ? pp_ : 1, tiny_batch);
   }
 
-  Device device_;
   int pp_ = 1;
   std::unique_ptr<dist::Topology> topo_;
 };

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/cpu/simd/vec-inl.h"
 
@@ -26,10 +27,12 @@ float MaxRow(const float* x, size_t n) {
   return hn::GetLane(hn::MaxOfLanes(d, hn::Max(hn::Max(acc[0], acc[1]), hn::Max(acc[2], acc[3]))));
 }
 
+constexpr size_t kLine = 16;  // floats per 64-byte cache line: the prefetch stride
+
 // kUnroll vectors per step: the exps interleave (ExpNonPositive), within the 16 vector registers of AVX2.
 constexpr size_t kUnroll = 2;
 
-float ExpSubSum(const float* x, float m, float* y, size_t n) {
+float ExpSubSum(const float* x, float m, float* y, size_t n, const float* next) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
@@ -38,6 +41,8 @@ float ExpSubSum(const float* x, float m, float* y, size_t n) {
   for (V& s : sum) s = hn::Zero(d);
   size_t i = 0;
   for (; i + kUnroll * N <= n; i += kUnroll * N) {
+    if (next)  // one prefetch per cache line of the same span of the next row, spread over the exps
+      for (size_t j = (i + kLine - 1) / kLine * kLine; j < i + kUnroll * N; j += kLine) hwy::Prefetch(next + j);
     V e[kUnroll];
     for (size_t k = 0; k < kUnroll; ++k) e[k] = hn::Sub(hn::LoadU(d, x + i + k * N), vm);
     ExpNonPositive(d, e);
@@ -101,7 +106,7 @@ void MulSubRow(const float* y, const float* dy, float c, float* dx, size_t n) {
 // Statistics in double, as the scalar reference: a float sum of a long row loses digits. Each load takes as many
 // floats as a vector holds doubles and widens them; the tail (fewer than one vector) is added in scalar double.
 void LayerNormForwardRow(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
-                         double eps, size_t n) {
+                         double eps, size_t n, const float* next) {
   const hn::ScalableTag<float> d;
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> df;  // floats widened one double vector at a time
@@ -120,8 +125,11 @@ void LayerNormForwardRow(const float* x, const float* w, const float* b, float* 
     const auto dev = hn::Sub(widen(i), vmu);
     ss[k] = hn::MulAdd(dev, dev, ss[k]);
   };
-  for (size_t i = 0; i < whole4; i += 4 * N)
+  for (size_t i = 0; i < whole4; i += 4 * N) {
+    if (next)  // the next row, one prefetch per cache line while this pass runs on cached data
+      for (size_t j = (i + kLine - 1) / kLine * kLine; j < i + 4 * N; j += kLine) hwy::Prefetch(next + j);
     for (size_t k = 0; k < 4; ++k) square(i + k * N, k);
+  }
   for (size_t i = whole4; i < whole; i += N) square(i, 0);
   double sq = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(ss[0], ss[1]), hn::Add(ss[2], ss[3]))));
   for (size_t i = whole; i < n; ++i) sq += (x[i] - mu) * (x[i] - mu);
@@ -187,9 +195,9 @@ float max_row(const float* x, int64_t n) {
   ensure_isa_selected();
   return HWY_DYNAMIC_DISPATCH(MaxRow)(x, size_t(n));
 }
-float exp_sub_sum(const float* x, float m, float* y, int64_t n) {
+float exp_sub_sum(const float* x, float m, float* y, int64_t n, const float* next) {
   ensure_isa_selected();
-  return HWY_DYNAMIC_DISPATCH(ExpSubSum)(x, m, y, size_t(n));
+  return HWY_DYNAMIC_DISPATCH(ExpSubSum)(x, m, y, size_t(n), next);
 }
 void exp_sub_scale(const float* x, float m, float scale, float* y, int64_t n) {
   ensure_isa_selected();
@@ -208,9 +216,9 @@ void mul_sub_row(const float* y, const float* dy, float c, float* dx, int64_t n)
   HWY_DYNAMIC_DISPATCH(MulSubRow)(y, dy, c, dx, size_t(n));
 }
 void layernorm_forward_row(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
-                           double eps, int64_t n) {
+                           double eps, int64_t n, const float* next) {
   ensure_isa_selected();
-  HWY_DYNAMIC_DISPATCH(LayerNormForwardRow)(x, w, b, y, mean, rstd, eps, size_t(n));
+  HWY_DYNAMIC_DISPATCH(LayerNormForwardRow)(x, w, b, y, mean, rstd, eps, size_t(n), next);
 }
 void layernorm_backward_row(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
                             float* dw, float* db, int64_t n) {

@@ -6,7 +6,8 @@
 // thread count. Results are the same on every run of one ISA; between ISAs only the sums differ (more lanes mean
 // a different summation order) and SSE4 rounds a*b+c twice where AVX2/AVX-512 fuse it (README "CPU ISAs").
 // exp is our ExpNonPositive (ops/cpu/simd/vec-inl.h, under 1.2 ulp): every exp here has an argument <= 0, so
-// the row functions require m >= every x (a max or a logsumexp); exp(-inf) = 0, NaN in -> NaN out. The f64 paths of the ops stay scalar: they are the exact reference the tests compare with.
+// the row functions require m >= every x (a max or a logsumexp); exp(-inf) = 0, NaN in -> NaN out. The f64
+// paths of the ops stay scalar: they are the exact reference the tests compare with.
 //
 //   simd::gelu_row(x, bias, y, C);                 // y = gelu(x + bias), bias may be null
 //   float m = simd::max_row(s, n);
@@ -27,8 +28,10 @@ void gelu_backward_row(const float* dy, const float* x, const float* bias, float
 
 // max of x (-inf for n = 0).
 float max_row(const float* x, int64_t n);
-// y = exp(x - m), m >= every x (y may be x; null stores nothing); returns the sum of the exps.
-float exp_sub_sum(const float* x, float m, float* y, int64_t n);
+// y = exp(x - m), m >= every x (y may be x; null stores nothing); returns the sum of the exps. next (optional):
+// n floats to prefetch while the exps run, e.g. the caller's next row, whose first pass would otherwise wait on
+// memory while the exps are compute-bound on L1-resident data.
+float exp_sub_sum(const float* x, float m, float* y, int64_t n, const float* next = nullptr);
 // y = exp(x - m) * scale, m >= every x (y may be x).
 void exp_sub_scale(const float* x, float m, float scale, float* y, int64_t n);
 // y *= s.
@@ -39,8 +42,9 @@ float dot_row(const float* a, const float* b, int64_t n);
 void mul_sub_row(const float* y, const float* dy, float c, float* dx, int64_t n);
 
 // Layer norm of one row: y = (x - mean) * rstd * w + b with statistics accumulated in double (two passes).
+// next (optional): n floats to prefetch, as exp_sub_sum's.
 void layernorm_forward_row(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
-                           double eps, int64_t n);
+                           double eps, int64_t n, const float* next = nullptr);
 // Layer norm backward of one row: dx, and dw += dy * xhat, db += dy.
 void layernorm_backward_row(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
                             float* dw, float* db, int64_t n);

@@ -158,22 +158,25 @@ struct LtCall {
 };
 
 // cuBLASLt's heuristic costs microseconds of host time per query, and a training step asks for the same few
-// shapes every time: its answer is cached per (device, epilogue, shape, dtype, compute type, pointer alignments).
+// shapes every time: its answer is cached per (device, epilogue, operand layout, shape, dtypes, compute type,
+// pointer alignments).
 struct LtKey {
   int device;
   cublasLtEpilogue_t epilogue;
-  DType dtype;
+  DType dtype, out_dtype;
   cublasComputeType_t compute;
-  int64_t rows, n, k;
-  uint32_t align_w, align_x, align_out;
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  uint32_t align_a, align_b, align_out;
   bool operator==(const LtKey&) const = default;
 };
 
 struct LtKeyHash {
   size_t operator()(const LtKey& key) const {
     size_t h = 0;
-    for (int64_t v : {int64_t(key.device), int64_t(key.epilogue), int64_t(key.dtype), int64_t(key.compute), key.rows,
-                      key.n, key.k, int64_t(key.align_w), int64_t(key.align_x), int64_t(key.align_out)})
+    for (int64_t v : {int64_t(key.device), int64_t(key.epilogue), int64_t(key.dtype), int64_t(key.out_dtype),
+                      int64_t(key.compute), int64_t(key.trans_a) * 2 + int64_t(key.trans_b), key.m, key.n, key.k,
+                      int64_t(key.align_a), int64_t(key.align_b), int64_t(key.align_out)})
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     return h;
   }
@@ -184,20 +187,27 @@ struct LtChoice {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// Column-major, as cuBLASLt sees row-major data: out^T (n x rows) = op(w) (n x k) x^T (k x rows). w is stored
-// (k, n) row-major (a linear's weight: transposed = false), or (n, k) (the weight of the GEMM whose input gradient
-// this is: transposed = true, op = T). The epilogue's vector (the bias it adds, or the bias gradient it writes) has
-// one value per row of out^T, i.e. per column of the row-major out; aux (the GELU input) has out's layout, ld n.
-bool lt_matmul(int device, cudaStream_t stream, DType dtype, cublasLtEpilogue_t epilogue, bool w_transposed,
-               int64_t rows, int64_t n, int64_t k, const void* x, const void* w, const void* bias, const void* aux,
+// One column-major product as cuBLASLt sees it: D (m x n, ld m) = op(A) (m x k) op(B) (k x n), A stored (m x k)
+// (or (k x m) when trans_a) with leading dimension lda, B stored (k x n) (or (n x k) when trans_b) with ldb.
+struct LtProduct {
+  bool trans_a, trans_b;
+  int64_t m, n, k, lda, ldb;
+};
+
+// Runs `p` with `epilogue`: A, B of `dtype`, D (and C, unused: beta = 0) of `out_dtype`. The epilogue's vector (the
+// bias it adds, or the bias gradient it writes; out_dtype, the default BIAS_DATA_TYPE) has one value per row of D
+// (BIAS, GELU_AUX_BIAS, DGELU_BGRAD, BGRADA); aux (the GELU input) has D's layout, ld m. Returns false (nothing
+// done) where cuBLASLt has no algorithm for the key.
+bool lt_matmul(int device, cudaStream_t stream, DType dtype, DType out_dtype, cublasLtEpilogue_t epilogue,
+               const LtProduct& p, const void* a_ptr, const void* b_ptr, const void* bias, const void* aux,
                void* out) {
-  if (rows == 0 || n == 0 || k == 0) return false;
+  if (p.m == 0 || p.n == 0 || p.k == 0) return false;
   // The vector and aux have no alignment preference to declare; to be safe, views of them that are not 16-byte
   // aligned take the unfused path. cuBLASLt wants the GELU aux's leading dimension a multiple of 8.
   if (reinterpret_cast<uintptr_t>(bias) % 16 != 0 || reinterpret_cast<uintptr_t>(aux) % 16 != 0) return false;
-  if (aux != nullptr && n % 8 != 0) return false;
+  if (aux != nullptr && p.m % 8 != 0) return false;
   LtDevice& dev = lt(device);
-  cudaDataType_t type = data_type(dtype);
+  cudaDataType_t type = data_type(dtype), out_type = data_type(out_dtype);
   cublasComputeType_t compute =
       dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LtCall call;
@@ -208,47 +218,50 @@ bool lt_matmul(int device, cudaStream_t stream, DType dtype, cublasLtEpilogue_t 
     MINIDL_CUBLAS_CHECK(
         cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   if (aux != nullptr) {
-    const int64_t aux_ld = n;
+    const int64_t aux_ld = p.m;
     MINIDL_CUBLAS_CHECK(
         cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     MINIDL_CUBLAS_CHECK(
         cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
   }
-  if (w_transposed) {
-    const cublasOperation_t trans = CUBLAS_OP_T;
+  const cublasOperation_t trans = CUBLAS_OP_T;
+  if (p.trans_a)
     MINIDL_CUBLAS_CHECK(
         cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof trans));
-    MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.a, type, uint64_t(k), uint64_t(n), k));  // w stored
-  } else {
-    MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.a, type, uint64_t(n), uint64_t(k), n));  // w^T
-  }
-  MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.b, type, uint64_t(k), uint64_t(rows), k));  // x^T
-  MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.d, type, uint64_t(n), uint64_t(rows), n));  // out^T
+  if (p.trans_b)
+    MINIDL_CUBLAS_CHECK(
+        cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans, sizeof trans));
+  MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.a, type, uint64_t(p.trans_a ? p.k : p.m),
+                                                 uint64_t(p.trans_a ? p.m : p.k), p.lda));
+  MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.b, type, uint64_t(p.trans_b ? p.n : p.k),
+                                                 uint64_t(p.trans_b ? p.k : p.n), p.ldb));
+  MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.d, out_type, uint64_t(p.m), uint64_t(p.n), p.m));
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceCreate(&call.pref));
   size_t workspace = kLtWorkspace;
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace, sizeof workspace));
-  // The heuristic assumes 256-byte-aligned A, B, C and D unless told otherwise; x, w or out may be views at an
-  // offset into their storage (a narrow of a contiguous tensor stays contiguous), and an algorithm picked for
-  // 256-byte alignment faults (misaligned address) or fails on them. Tell it each pointer's real alignment.
-  auto alignment = [](const void* p) {
-    const auto address = reinterpret_cast<uintptr_t>(p);
+  // The heuristic assumes 256-byte-aligned A, B, C and D unless told otherwise; the operands or out may be views
+  // at an offset into their storage (a narrow of a contiguous tensor stays contiguous), and an algorithm picked
+  // for 256-byte alignment faults (misaligned address) or fails on them. Tell it each pointer's real alignment.
+  auto alignment = [](const void* ptr) {
+    const auto address = reinterpret_cast<uintptr_t>(ptr);
     uint32_t a = 256;
     while (a > 1 && address % a != 0) a /= 2;
     return a;
   };
-  const uint32_t align_w = alignment(w), align_x = alignment(x), align_out = alignment(out);
+  const uint32_t align_a = alignment(a_ptr), align_b = alignment(b_ptr), align_out = alignment(out);
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                           &align_w, sizeof align_w));
+                                                           &align_a, sizeof align_a));
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                           &align_x, sizeof align_x));
+                                                           &align_b, sizeof align_b));
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                                            &align_out, sizeof align_out));
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                            &align_out, sizeof align_out));
   static std::mutex cache_mutex;
   static std::unordered_map<LtKey, LtChoice, LtKeyHash> cache;
-  const LtKey key{device, epilogue, dtype, compute, rows, n, k, align_w, align_x, align_out};
+  const LtKey key{device, epilogue, dtype, out_dtype, compute, p.trans_a, p.trans_b, p.m, p.n, p.k,
+                  align_a, align_b, align_out};
   LtChoice choice;
   {
     std::lock_guard<std::mutex> lock(cache_mutex);
@@ -267,10 +280,18 @@ bool lt_matmul(int device, cudaStream_t stream, DType dtype, cublasLtEpilogue_t 
   }
   if (!choice.found) return false;  // no fused algorithm for this shape: the caller runs the unfused path
   const float one = 1.0f, zero = 0.0f;
-  MINIDL_CUBLAS_CHECK(cublas().LtMatmul(dev.handle, call.desc, &one, w, call.a, x, call.b, &zero, out, call.d, out,
-                                     call.d, &choice.algo, dev.workspace, kLtWorkspace, stream));
+  MINIDL_CUBLAS_CHECK(cublas().LtMatmul(dev.handle, call.desc, &one, a_ptr, call.a, b_ptr, call.b, &zero, out, call.d,
+                                     out, call.d, &choice.algo, dev.workspace, kLtWorkspace, stream));
   minidl::cuda::detail::count_library_launch();
   return true;
+}
+
+// linear's forward and the GELU products, row-major out (rows, n) = x (rows, k) w: column-major out^T (n x rows)
+// = op(w) (n x k) x^T (k x rows). w is stored (k, n) row-major (a linear's weight: transposed = false), or (n, k)
+// (the weight of the GEMM whose input gradient this is: transposed = true, op = T). The epilogue's vector has one
+// value per column of the row-major out.
+LtProduct forward_product(bool w_transposed, int64_t rows, int64_t n, int64_t k) {
+  return {w_transposed, false, n, rows, k, w_transposed ? k : n, k};
 }
 
 }  // namespace
@@ -279,23 +300,36 @@ void load_gemm_library() { (void)cublas(); }
 
 bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* x,
                const void* w, const void* bias, void* out) {
-  return lt_matmul(device, stream, dtype, CUBLASLT_EPILOGUE_BIAS, false, rows, n, k, x, w, bias, nullptr, out);
+  return lt_matmul(device, stream, dtype, dtype, CUBLASLT_EPILOGUE_BIAS, forward_product(false, rows, n, k), w, x,
+                   bias, nullptr, out);
 }
 
 // cuBLASLt's GELU epilogues are the tanh approximation, GPT-2's (ops/kernels/gelu.h); the aux it writes is the
 // GELU input in out's dtype (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE left at its default).
 bool gemm_bias_gelu(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* x,
                     const void* w, const void* bias, void* out, void* aux) {
-  return lt_matmul(device, stream, dtype, bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, false,
-                   rows, n, k, x, w, bias, aux, out);
+  return lt_matmul(device, stream, dtype, dtype, bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
+                   forward_product(false, rows, n, k), w, x, bias, aux, out);
 }
 
 // DGELU_BGRAD writes the bias gradient (n values, out's dtype) through the bias pointer: the column sums of dpre,
 // reduced inside the GEMM in a fixed order.
 bool gemm_dgelu_bgrad(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k,
                       const void* dy, const void* w, const void* aux, void* dpre, void* dbias) {
-  return lt_matmul(device, stream, dtype, dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU, true, rows,
-                   n, k, dy, w, dbias, aux, dpre);
+  return lt_matmul(device, stream, dtype, dtype, dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
+                   forward_product(true, rows, n, k), w, dy, dbias, aux, dpre);
+}
+
+// The weight gradient, row-major dw (k, n) = x^T dy: column-major dw^T (n x k) = dy^T (n x rows) x (rows x k). dy
+// stored (rows, n) row-major is the column-major A (n x rows, ld n) as it is; x stored (rows, k) is (k x rows, ld k),
+// taken transposed as B. The bias gradient, one value per column of the row-major dy, is one per row of D and the
+// reduction runs over the GEMM's k (= rows) through A: BGRADA (BGRADB would reduce B = x, and size the vector by
+// D's columns, k). The vector is out_dtype: f32 under mixed precision, next to the f32 dw.
+bool gemm_wgrad_bgrad(int device, cudaStream_t stream, DType dtype, DType out_dtype, int64_t rows, int64_t k,
+                      int64_t n, const void* x, const void* dy, void* dw, void* dbias) {
+  if (out_dtype != dtype && out_dtype != DType::f32) return false;
+  return lt_matmul(device, stream, dtype, out_dtype, CUBLASLT_EPILOGUE_BGRADA, {false, true, n, k, rows, n, k}, dy, x,
+                   dbias, nullptr, dw);
 }
 
 namespace {

@@ -1,9 +1,11 @@
 // ops/cuda/tensor/gemm.h for the emulated CUDA backend (minidl_cuda_backend_emu only): the emulator's device
 // memory is host memory, so the GEMM is OpenBLAS's sgemm on it, as cuBLAS would be on a GPU. 16-bit operands
 // are multiplied as exact f32 copies with f32 accumulation and the result rounded once, as the CPU op does.
-// The GELU epilogues (gemm_bias_gelu, gemm_dgelu_bgrad) are modelled too; linear's bias epilogue is not.
+// The GELU epilogues (gemm_bias_gelu, gemm_dgelu_bgrad) and the bias gradient (gemm_wgrad_bgrad) are modelled
+// too; linear's bias epilogue is not.
 #include <cblas.h>
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -193,6 +195,69 @@ bool gemm_dgelu_bgrad(int, cudaStream_t stream, DType dtype, int64_t rows, int64
     }
     if (dbias)
       for (int64_t j = 0; j < n; ++j) store(dtype, dbias, j, total[size_t(j)]);
+    return cudaSuccess;
+  }));
+  return true;
+}
+
+namespace {
+
+// The column sums of dy (rows, n) in f32, in the order of the unfused path's reduction kernel (ops/cuda/reduce.cu,
+// reduce_dim over dim 0 of (rows, n): outer 1, inner n), so that both give the same bits. inner > 1: the rows cut
+// into `chunks` runs (column_chunks: about 512 blocks of 32 columns, at least 64 rows a run, at most 64 runs); in a
+// run, thread row y of 8 sums rows y, y + 8, ..., the 8 are added in order, then the runs in order. inner == 1 (one
+// column): 32 lanes sum rows l, l + 32, ..., then a shuffle butterfly (xor 16, 8, 4, 2, 1), lane 0's value.
+// test_linear_bgrad checks the bits against the kernel, so a change there shows.
+std::vector<float> column_sums(DType dtype, const void* dy, int64_t rows, int64_t n) {
+  std::vector<float> out(size_t(n), 0.0f);
+  if (n == 1) {
+    float lane[32];
+    for (int l = 0; l < 32; ++l) {
+      lane[l] = 0.0f;
+      for (int64_t j = l; j < rows; j += 32) lane[l] += load(dtype, dy, j);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      float next[32];
+      for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ offset];
+      std::copy(next, next + 32, lane);
+    }
+    out[0] = lane[0];
+    return out;
+  }
+  constexpr int64_t kTileRows = 8, kTargetBlocks = 512, kMinChunkRows = 64, kMaxChunks = 64;
+  const int64_t blocks = (n + 31) / 32;
+  int64_t chunks = std::min((kTargetBlocks + blocks - 1) / blocks, (rows + kMinChunkRows - 1) / kMinChunkRows);
+  chunks = std::clamp<int64_t>(chunks, 1, kMaxChunks);
+  const int64_t chunk_rows = (rows + chunks - 1) / chunks;
+  std::vector<float> total(size_t(n), 0.0f), thread_rows(size_t(kTileRows * n));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * chunk_rows, end = std::min(begin + chunk_rows, rows);
+    std::fill(thread_rows.begin(), thread_rows.end(), 0.0f);
+    for (int64_t y = 0; y < kTileRows; ++y)
+      for (int64_t j = begin + y; j < end; j += kTileRows)
+        for (int64_t i = 0; i < n; ++i) thread_rows[size_t(y * n + i)] += load(dtype, dy, j * n + i);
+    for (int64_t i = 0; i < n; ++i) {
+      float v = thread_rows[size_t(i)];
+      for (int64_t y = 1; y < kTileRows; ++y) v += thread_rows[size_t(y * n + i)];
+      if (chunks == 1) out[size_t(i)] = v;
+      else total[size_t(i)] += v;
+    }
+  }
+  return chunks == 1 ? out : total;
+}
+
+}  // namespace
+
+bool gemm_wgrad_bgrad(int, cudaStream_t stream, DType dtype, DType out_dtype, int64_t rows, int64_t k, int64_t n,
+                      const void* x, const void* dy, void* dw, void* dbias) {
+  if (rows == 0 || n == 0 || k == 0) return false;
+  if (out_dtype != dtype && out_dtype != DType::f32) return false;
+  minidl::cuda::detail::count_library_launch();
+  MINIDL_CUDA_CHECK(minidl::emu::enqueue(stream, [=] {
+    const std::vector<float> w = accumulate(dtype, k, n, rows, {x, k, 0, true}, {dy, n, 0, false});
+    for (int64_t i = 0; i < k * n; ++i) store(out_dtype, dw, i, w[size_t(i)]);
+    const std::vector<float> sums = column_sums(dtype, dy, rows, n);
+    for (int64_t j = 0; j < n; ++j) store(out_dtype, dbias, j, sums[size_t(j)]);
     return cudaSuccess;
   }));
   return true;

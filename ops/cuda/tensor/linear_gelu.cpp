@@ -1,5 +1,6 @@
-// ops/linear_gelu.h on CUDA devices: one GEMM with the GELU in its epilogue (ops/cuda/tensor/gemm.h). Returns
-// std::nullopt where the backend has no algorithm for the shape; the op's entry then composes the unfused ops.
+// ops/linear_gelu.h on CUDA devices: one GEMM with the GELU (or linear's bias gradient) in its epilogue
+// (ops/cuda/tensor/gemm.h). Returns std::nullopt where the backend has no algorithm for the shape; the op's entry
+// then composes the unfused ops.
 #include "ops/cuda/tensor/gemm.h"
 #include "ops/cuda/tensor/register.h"
 #include "ops/linear_gelu.h"
@@ -32,9 +33,22 @@ std::optional<DgeluBgrad> dgelu_bgrad(const Tensor& dy2, const Tensor& w, const 
   return g;
 }
 
+// x2: (rows, k), dy2: (rows, n); dw and dbias of x2's dtype, or f32 (f32_out).
+std::optional<LinearGrad> linear_weight_bias_grad(const Tensor& x2, const Tensor& dy2, bool f32_out) {
+  const int64_t rows = x2.size(0), k = x2.size(1), n = dy2.size(1);
+  OnDevice on(x2);
+  const DType out = f32_out ? DType::f32 : x2.dtype();
+  LinearGrad g{Tensor::empty({k, n}, out, x2.device()), Tensor::empty({n}, out, x2.device())};
+  if (!gemm_wgrad_bgrad(x2.device().index, on.stream, x2.dtype(), out, rows, k, n, x2.raw_device_data(),
+                        dy2.raw_device_data(), g.dw.raw_device_data(), g.dbias.raw_device_data()))
+    return std::nullopt;
+  return g;
+}
+
 void register_linear_gelu() {
   linear_gelu_device.set(DeviceKind::kCUDA, &linear_gelu);
   dgelu_bgrad_device.set(DeviceKind::kCUDA, &dgelu_bgrad);
+  linear_weight_bias_grad_device.set(DeviceKind::kCUDA, &linear_weight_bias_grad);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // path (one GEMM per direction, the emulator's model of cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD) against the
 // unfused composition it replaces — the forced fallback on the same device (f32: the same bits), and the CPU ops —
 // for ragged shapes, with and without bias, in f32, bf16 and f16; and the autograd node against linear ->
-// bias_gelu -> linear, under autocast too.
+// bias_gelu -> linear, under autocast too. Likewise linear's bias gradient in its weight-gradient GEMM (BGRADA).
 #include <functional>
 
 #include "autograd/autocast.h"
@@ -86,7 +86,9 @@ TEST_F(CudaTensorOps, LinearGeluFusedMatchesTheFallbackAndTheCpu) {
         EXPECT_EQ(host(fused.h), host(fallback.h)) << name;
         EXPECT_EQ(host(fused.aux), host(fallback.aux)) << name;
         EXPECT_EQ(host(grad.dpre), host(grad_fallback.dpre)) << name;
-        if (c.bias) EXPECT_EQ(host(grad.dbias), host(grad_fallback.dbias)) << name;
+        if (c.bias) {
+          EXPECT_EQ(host(grad.dbias), host(grad_fallback.dbias)) << name;
+        }
       }
     }
 }
@@ -160,6 +162,99 @@ TEST_F(CudaTensorOps, GeluMlpGradientsMatchTheUnfusedComposition) {
           EXPECT_EQ(fused.values[i], want.values[i]) << "fused " << names[i] << " " << name;
           EXPECT_EQ(fallback.values[i], want.values[i]) << "fallback " << names[i] << " " << name;
         }
+      }
+    }
+}
+
+// linear's weight and bias gradients in one GEMM (the emulator's model of cuBLASLt's BGRADA) against the unfused
+// product and column sum it replaces (the forced fallback: the same bits, since the emulated epilogue sums in the
+// reduction kernel's order, in every dtype) and the CPU ops. Ragged rows and columns; several row chunks of the
+// kernel's sum (200 rows); one column (its warp-shuffle order); 16-bit operands with 16-bit or f32 gradients.
+TEST_F(CudaTensorOps, LinearWeightBiasGradFusedMatchesTheFallbackAndTheCpu) {
+  struct Shape3 {
+    int64_t rows, k, n;
+  };
+  for (const Shape3 c : {Shape3{37, 13, 24}, Shape3{200, 20, 40}, Shape3{70, 16, 1}, Shape3{5, 3, 33}})
+    for (DType dt : {DType::f32, DType::bf16, DType::f16})
+      for (bool f32_out : {false, true}) {
+        if (dt == DType::f32 && f32_out) continue;
+        const std::string name = shape_name({c.rows, c.k, c.n}) + " " + dtype_name(dt) + (f32_out ? " f32 out" : "");
+        const Tensor x = random_tensor({c.rows, c.k}, 31, dt), dy = random_tensor({c.rows, c.n}, 32, dt);
+        const Tensor dx = x.to(kCuda), ddy = dy.to(kCuda);
+        ops::LinearGrad fused, fallback;
+        const cuda::Counters counters = counted([&] { fused = ops::linear_weight_bias_grad(dx, ddy, f32_out); });
+        EXPECT_EQ(counters.kernel_launches, 1) << "one GEMM with the bias gradient in its epilogue: " << name;
+        EXPECT_EQ(counters.host_syncs + counters.h2d_copies + counters.d2h_copies, 0) << name;
+        {
+          NoEpilogues off;
+          fallback = ops::linear_weight_bias_grad(dx, ddy, f32_out);
+        }
+        const DType out = f32_out ? DType::f32 : dt;
+        for (const ops::LinearGrad* g : {&fused, &fallback}) {
+          ASSERT_EQ(g->dw.shape(), (Shape{c.k, c.n})) << name;
+          ASSERT_EQ(g->dbias.shape(), (Shape{c.n})) << name;
+          EXPECT_EQ(g->dw.dtype(), out) << name;
+          EXPECT_EQ(g->dbias.dtype(), out) << name;
+        }
+        EXPECT_EQ(host(fused.dw), host(fallback.dw)) << name;
+        EXPECT_EQ(host(fused.dbias), host(fallback.dbias)) << name;
+        // The CPU: the product in f32 and the column sums of the exact f32 values (in another order).
+        const Tensor dw_cpu = ops::matmul(ops::upcast(x), ops::upcast(dy), true, false);
+        const Tensor db_cpu = ops::sum(ops::upcast(dy), 0);
+        const double tol = f32_out ? 1e-5 : rtol_for(dt);
+        expect_close(host(fused.dw), dw_cpu.to_vector(), tol, "dw " + name);
+        expect_close(host(fused.dbias), db_cpu.to_vector(), tol, "dbias " + name);
+        // And the CPU's own op (the same fallback composition there).
+        const ops::LinearGrad cpu = ops::linear_weight_bias_grad(x, dy, f32_out);
+        EXPECT_EQ(cpu.dbias.dtype(), out) << name;
+        expect_close(host(fused.dbias), cpu.dbias.to_vector(), tol, "cpu dbias " + name);
+      }
+}
+
+// Through autograd: linear's backward on the device with the bias gradient in the weight-gradient GEMM, against
+// the forced fallback (the same bits) and the CPU; without a bias nothing changes. The fused path saves the column
+// sum's launches: one for these 18 rows (one row chunk) in f32; under bf16 autocast also the f32 copy of dy the
+// fallback sums (the f32 bias gradient comes from the GEMM). Before, autocast rounded the bias gradient to bf16 and
+// cast it back up: two more launches, and a 16-bit rounding, than this fallback.
+TEST_F(CudaTensorOps, LinearBackwardPutsTheBiasGradientInTheGemm) {
+  for (bool bias : {true, false})
+    for (DType amp : {DType::f32, DType::bf16}) {
+      const std::string name = std::string(bias ? "bias " : "no bias ") + dtype_name(amp);
+      const Tensor x = random_tensor({2, 9, 12}, 41, DType::f32), w = random_tensor({12, 20}, 42, DType::f32, 0.3);
+      const Tensor b = bias ? random_tensor({20}, 43, DType::f32) : Tensor();
+      const Tensor dy = random_tensor({2, 9, 20}, 44, DType::f32);
+      auto run = [&](Device device, int64_t* launches) {
+        std::vector<Tensor> leaves;
+        for (const Tensor& t : {x, w, b})
+          leaves.push_back(t.defined() ? t.to(device).detach().clone().set_requires_grad(true) : Tensor());
+        Tensor y;
+        {
+          autograd::AutocastGuard autocast(amp);
+          y = linear(leaves[0], leaves[1], leaves[2]);
+        }
+        const Tensor g = dy.to(device).to(y.dtype());
+        const cuda::Counters c = counted([&] { autograd::backward({y}, {g}); });
+        if (launches) *launches = c.kernel_launches;
+        std::vector<Values> grads;
+        for (const Tensor& t : leaves) grads.push_back(t.defined() ? host(t.grad()) : Values{});
+        if (bias) {
+          EXPECT_EQ(leaves[2].grad().dtype(), DType::f32) << name;
+        }
+        return grads;
+      };
+      int64_t fused_launches = 0, fallback_launches = 0;
+      const std::vector<Values> fused = run(kCuda, &fused_launches);
+      std::vector<Values> fallback;
+      {
+        NoEpilogues off;
+        fallback = run(kCuda, &fallback_launches);
+      }
+      const std::vector<Values> cpu = run(Device::cpu(), nullptr);
+      EXPECT_EQ(fallback_launches - fused_launches, bias ? (amp == DType::f32 ? 1 : 2) : 0) << name;
+      const char* names[] = {"dx", "dW", "db"};
+      for (size_t i = 0; i < fused.size(); ++i) {
+        EXPECT_EQ(fused[i], fallback[i]) << names[i] << " " << name;
+        expect_close(fused[i], cpu[i], amp == DType::f32 ? 1e-5 : 2e-2, std::string(names[i]) + " " + name);
       }
     }
 }

@@ -1,7 +1,10 @@
 // The MLP's GEMM epilogues (ops/linear_gelu.h) against the CPU ops on whatever CUDA backend the binary links: the
 // emulated one in test_cuda_tensor_ops, cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD in gpu.* (test_cuda_device_ops_gpu,
-// skipped without a device). One counted launch each way says the fused path ran, not the fallback.
+// skipped without a device), and linear's BGRADA. One counted launch each way says the fused path ran, not the
+// fallback.
 #include <gtest/gtest.h>
+
+#include <cstdio>
 
 #include "core/cuda/cuda.h"
 #include "nn_test_util.h"
@@ -51,6 +54,36 @@ TEST_F(GemmEpilogues, GeluAuxBiasAndDgeluBgradRunFusedAndMatchTheCpu) {
     expect_close(host(g.dpre), dpre_cpu.to_vector(), tol, "dpre " + name);
     expect_close(host(g.dbias), dbias_cpu.to_vector(), tol, "dbias " + name);
   }
+}
+
+// linear's weight and bias gradients in one GEMM (BGRADA in gpu.*), against the CPU. Same-dtype outputs must run
+// fused (one launch); bf16 inputs with f32 outputs (mixed precision) are checked for values, and whether cuBLASLt
+// fused them is printed (the fallback is correct too: docs/decisions.md).
+TEST_F(GemmEpilogues, BgradaRunsFusedAndMatchesTheCpu) {
+  const Device cuda_dev = Device::cuda(0);
+  const int64_t rows = 96, k = 32, n = 64;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool f32_out : {false, true}) {
+      if (dt == DType::f32 && f32_out) continue;
+      const std::string name = std::string(dtype_name(dt)) + (f32_out ? " f32 out" : "");
+      const double tol = dt == DType::f32 || f32_out ? 1e-4 : 2e-2;
+      const Tensor x = random_tensor({rows, k}, 6, dt), dy = random_tensor({rows, n}, 7, dt);
+      const Tensor dw_cpu = ops::matmul(ops::upcast(x), ops::upcast(dy), true, false);
+      const Tensor db_cpu = ops::sum(ops::upcast(dy), 0);
+      const Tensor x_dev = x.to(cuda_dev), dy_dev = dy.to(cuda_dev);
+      const cuda::Counters before = cuda::counters();
+      const ops::LinearGrad g = ops::linear_weight_bias_grad(x_dev, dy_dev, f32_out);
+      const int64_t launches = (cuda::counters() - before).kernel_launches;
+      if (f32_out) {
+        std::printf("BGRADA with %s inputs and f32 outputs: %s\n", dtype_name(dt),
+                    launches == 1 ? "fused" : "no algorithm, the fallback ran");
+      } else {
+        EXPECT_EQ(launches, 1) << "BGRADA " << name;
+      }
+      EXPECT_EQ(g.dw.dtype(), f32_out ? DType::f32 : dt) << name;
+      expect_close(host(g.dw), dw_cpu.to_vector(), tol, "dw " + name);
+      expect_close(host(g.dbias), db_cpu.to_vector(), tol, "dbias " + name);
+    }
 }
 
 }  // namespace

@@ -63,6 +63,7 @@ std::vector<std::pair<std::string, bool>> tables() {
           MINIDL_TABLE(add_layernorm_forward_device), MINIDL_TABLE(add_layernorm_backward_device),
           MINIDL_TABLE(matmul_device), MINIDL_TABLE(linear_device), MINIDL_TABLE(matmul_f32_device),
           MINIDL_TABLE(linear_gelu_device), MINIDL_TABLE(dgelu_bgrad_device),
+          MINIDL_TABLE(linear_weight_bias_grad_device),
           MINIDL_TABLE(sum_device), MINIDL_TABLE(mean_device), MINIDL_TABLE(max_device),
           MINIDL_TABLE(sum_dim_device), MINIDL_TABLE(mean_dim_device), MINIDL_TABLE(max_dim_device),
           MINIDL_TABLE(max_backward_device), MINIDL_TABLE(sample_windows_device),
