@@ -205,6 +205,13 @@ int main(int argc, char** argv) {
     options.grad_sync = sync.get();
     options.read_back = false;  // a timed step reads nothing back (the loop synchronises the device itself)
     optim::AdamW opt(sync->optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {1e-3});
+    std::vector<int32_t> tokens(size_t(batch * world * seq + 1) * 64);
+    Philox rng(7);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(rng.draw(i).x % uint32_t(vocab));
+    data::BatchSampler sampler(tokens, seq, batch * world, 1);
+    // On a device the batch is drawn there (no upload); it must outlive the graph that replays its kernel.
+    std::optional<data::DeviceBatchSampler> device_batches;
+    if (device.is_cuda()) device_batches.emplace(train::device_sampler(model, tokens, seq, batch * world, 1));
     std::unique_ptr<train::CudaGraphStep> graph;  // --cuda-graph
     if (cuda_graph) {
       MINIDL_CHECK(ctx.world_size() == 1 && tp == 1 && zero == 0, "--cuda-graph: expected one process without "
@@ -213,20 +220,19 @@ int main(int argc, char** argv) {
       captured.grad_sync = nullptr;  // one process: nothing to synchronise
       graph = std::make_unique<train::CudaGraphStep>(model, opt, captured);
     }
-    std::vector<int32_t> tokens(size_t(batch * world * seq + 1) * 64);
-    Philox rng(7);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(rng.draw(i).x % uint32_t(vocab));
-    data::BatchSampler sampler(tokens, seq, batch * world, 1);
 
     std::vector<double> ms;
     StepCounters counted;
     ledger(device).reset_peaks();
     for (int64_t s = 0; s < warmup + steps; ++s) {
-      data::Batch b = sampler.batch(s, data_rank * batch, batch);  // this rank's slice of the global batch
+      data::Batch b;  // this rank's slice of the global batch
+      if (!device_batches) b = sampler.batch(s, data_rank * batch, batch);
       auto t0 = std::chrono::steady_clock::now();
       if (s >= warmup) counted.begin();
       dist::reset_tensor_parallel_traffic();
-      if (graph) graph->step(b, 1e-3);
+      if (device_batches && graph) graph->step(*device_batches, s, data_rank * batch, batch, 1e-3);
+      else if (device_batches) train::train_step(model, opt, *device_batches, s, data_rank * batch, batch, options);
+      else if (graph) graph->step(b, 1e-3);
       else train::train_step(model, opt, b, options);
       if (s >= warmup) counted.end();
       if (device.is_cuda()) device_backend(device, "synchronize").synchronize(device.index);  // the step's GPU work

@@ -128,8 +128,9 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "Activation checkpointing per block: none, attn (ln_1 + attention), mlp (ln_2 + MLP) or block")
       ->capture_default_str();
   app.add_option("--device", o.device,
-                 "Where to train: cpu, cuda (rank r of a host uses GPU r) or cuda:N. A -DMINIDL_CUDA_EMULATION=ON "
-                 "build runs cuda on the CPU emulator of CUDA")
+                 "Where to train: cpu, cuda (rank r of a host uses GPU r) or cuda:N. On a device the training split "
+                 "is uploaded once and each step's batch drawn there (--pp: uploaded per step). A "
+                 "-DMINIDL_CUDA_EMULATION=ON build runs cuda on the CPU emulator of CUDA")
       ->capture_default_str();
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "With --tp N: split the residual stream (LayerNorm, dropout, residual adds) along the sequence over the "
@@ -137,9 +138,9 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                "multiple of N");
   app.add_flag("--cuda-graph", o.cuda_graph,
                "With --device cuda: run 2 steps eagerly, capture the third (forward, backward, clip, optimizer) as a "
-               "CUDA graph and replay it every step after, copying each batch into its input buffers (the learning "
-               "rate and the dropout masks' step are written on the device, so replays equal eager steps); needs one "
-               "process");
+               "CUDA graph and replay it every step after, the batch drawn on the device inside it (the learning "
+               "rate, the batch's step and the dropout masks' step are written on the device, so replays equal eager "
+               "steps); needs one process");
   app.add_flag("--tf32", o.tf32, "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
                "error); off by default");
   app.add_option("--max-skipped-steps", o.max_skipped_steps,

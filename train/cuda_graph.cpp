@@ -15,7 +15,6 @@ class Graph {  // a CPU-only build: never constructed (CudaGraphStep's construct
 #endif
 #include "core/upload.h"
 #include "ops/cast.h"
-#include "ops/embedding.h"
 #include "train/trainer.h"
 
 namespace minidl::train {
@@ -73,6 +72,8 @@ StepResult CudaGraphStep::step(const data::Batch& batch, double lr) {
                "of one shape (B, T), got ", batch.x.shape(), " and ", batch.y.shape());
   MINIDL_CHECK(batch.x.device().is_cpu() && batch.y.device().is_cpu(), "--cuda-graph: expected a host batch, got ",
                batch.x.device());
+  MINIDL_CHECK(!(captured() && sampler_), "--cuda-graph: the captured step draws its batch from a sampler; a host "
+               "batch cannot replace it");
   model_.check_ids(batch.x, "token ids", false);
   model_.check_ids(batch.y, "targets", true);
   const int64_t targets = counted_targets(batch.y);
@@ -85,26 +86,43 @@ StepResult CudaGraphStep::step(const data::Batch& batch, double lr) {
                " of the first, got ", batch.x.shape());
   upload_async(ids_, ops::cast(batch.x.contiguous(), DType::i64));
   upload_async(targets_, ops::cast(batch.y.contiguous(), DType::i64));
+  const data::Batch on_device{ids_, targets_};
+  return run([&] { return on_device; }, targets, lr);
+}
+
+StepResult CudaGraphStep::step(data::DeviceBatchSampler& sampler, int64_t step, int64_t begin, int64_t n, double lr) {
+  MINIDL_CHECK(sampler.device() == device_, "--cuda-graph: expected a sampler on the model's device ", device_,
+               ", got ", sampler.device());
+  MINIDL_CHECK(step >= 0, "--cuda-graph: expected step >= 0, got ", step);
+  if (!sample_step_.defined()) sample_step_ = Tensor::zeros({1}, DType::i64, device_);
+  if (captured()) {
+    MINIDL_CHECK(sampler_ == &sampler && begin == sample_begin_ && n == sample_rows_, "--cuda-graph: the batch's "
+                 "sampler and slice are part of the captured step and must stay samples [", sample_begin_, ", ",
+                 sample_begin_ + sample_rows_, "), got [", begin, ", ", begin + n, ")");
+  } else {
+    sampler_ = &sampler, sample_begin_ = begin, sample_rows_ = n;
+  }
+  sample_step_.fill_(double(step));  // a fill kernel, like the learning rate: the captured sampling reads it
+  return run([&] { return sampler.batch(sample_step_, begin, n); }, n * sampler.seq(), lr);
+}
+
+StepResult CudaGraphStep::run(const std::function<data::Batch()>& inputs, int64_t targets, double lr) {
   StepOptions o = options_;
   o.lr = lr;
   o.target_count = targets;
+  o.batch_checked = true;  // a host batch was checked before its upload, a sampler's split when it was made
   lr_.fill_(lr);  // a fill kernel with the value as its argument: no copy (AdamW reads it when the step runs)
   nn::DropoutContext& dropout = model_.dropout_context();
   const uint64_t dropout_step = dropout.step;
   // Likewise the dropout step (exact in a double below 2^53 steps).
   if (dropout_step_.defined()) dropout_step_.fill_(double(dropout_step));
-  const data::Batch on_device{ids_, targets_};
   ++steps_;
-  if (steps_ <= kWarmupSteps) {
-    ops::HostCheckedIndicesGuard checked;  // checked above, before the upload
-    return train_step(model_, optimizer_, on_device, o);
-  }
+  if (steps_ <= kWarmupSteps) return train_step(model_, optimizer_, inputs(), o);
   if (!graph_->captured()) {
     target_count_ = targets;
     graph_->capture([&] {
-      ops::HostCheckedIndicesGuard checked;
       optimizer_.count_next_step_on_device();
-      captured_ = train_step(model_, optimizer_, on_device, o);
+      captured_ = train_step(model_, optimizer_, inputs(), o);
     });
   }
   MINIDL_CHECK(targets == target_count_, "--cuda-graph: the batch's count of targets is part of the captured step "

@@ -16,10 +16,17 @@
 // written on the device the same way (nn::DropoutContext::step_on_device), so a replay draws the eager step's masks.
 // What a replay cannot change is refused by name: a batch of another shape or with another count of targets
 // (ignored -1 targets).
+// With a data::DeviceBatchSampler (train_gpt --device cuda) the batch is drawn inside the step instead: the sampling
+// kernel is captured with the rest and reads the step from a device scalar written (a fill kernel) before each
+// step, so a replay draws that step's batch and a step copies nothing to the device at all:
+//
+//   data::DeviceBatchSampler batches = train::device_sampler(model, split, seq, global_batch, seed);
+//   train::StepResult r = graph_step.step(batches, step, begin, n, lr);   // the same slice every step
 // The StepResult of a replay holds the graph's output buffers (loss, norm, overflow flag, scale): read() it before
 // the next step overwrites them.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "train/step.h"
@@ -47,8 +54,19 @@ class CudaGraphStep {
   // One step on `batch` (host i32/i64 ids and targets) at learning rate `lr`; StepResult as train_step's with
   // read_back false (pending until read()).
   StepResult step(const data::Batch& batch, double lr);
+  // One step on samples [begin, begin + n) of `sampler`'s global batch of `step`, drawn on the device inside the
+  // step (captured with it). Every call must use the same sampler, begin and n once the step is captured; the
+  // sampler must outlive this object (the graph's kernels read its buffers).
+  StepResult step(data::DeviceBatchSampler& sampler, int64_t step, int64_t begin, int64_t n, double lr);
 
   bool captured() const;
+
+ private:
+  // The step shared by both inputs: `inputs` gives the step's device batch (run inside the capture), `targets`
+  // its count of targets.
+  StepResult run(const std::function<data::Batch()>& inputs, int64_t targets, double lr);
+
+ public:
   int64_t steps() const { return steps_; }
 
  private:
@@ -60,6 +78,10 @@ class CudaGraphStep {
   int64_t target_count_ = -1;  // of the captured step
   Tensor lr_;                  // f64 {1} on the device: the learning rate every step's AdamW reads
   Tensor dropout_step_;        // i64 {1} on the device: the dropout masks' step (undefined without dropout)
+  Tensor sample_step_;         // i64 {1} on the device: the step a DeviceBatchSampler draws (undefined: host batches)
+  // The inputs of the captured step: a sampler's slice (sampler_ non-null) or the host batches' buffers above.
+  const data::DeviceBatchSampler* sampler_ = nullptr;
+  int64_t sample_begin_ = 0, sample_rows_ = 0;
   std::unique_ptr<cuda::Graph> graph_;
   StepResult captured_;  // its on_device tensors are the graph's outputs
   int64_t steps_ = 0;

@@ -371,6 +371,7 @@ namespace {
 bool select_inputs(Executor& ex) {
   ex.ids = ex.batch.x;
   ex.targets = ex.batch.y;
+  if (ex.o.batch_checked) return true;  // a device batch drawn from a checked split (StepOptions::batch_checked)
   if (!ex.device.is_cuda() || !ex.batch.x.device().is_cpu() || !ex.batch.y.device().is_cpu()) return false;
   const nn::GPT& first = *ex.pipe.chunks().front();
   if (first.stage().embedding) {
@@ -397,7 +398,8 @@ Tensor forward_backward(PipelineModel& pipe, const data::Batch& batch, const Ste
   Executor ex(pipe, batch, o);
   ex.micro = rows / M;
   ex.T = batch.x.size(1);
-  ex.inv_targets = 1.0 / double(std::max<int64_t>(1, count_targets(batch.y)));
+  ex.inv_targets =
+      1.0 / double(std::max<int64_t>(1, o.target_count >= 0 ? o.target_count : count_targets(batch.y)));
   ex.step = pipe.dropout_step();
   ex.first_sample = pipe.dropout_first_sample();
   ex.device = pipe.parameters().front().device();

@@ -7,6 +7,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "ops/cast.h"
+#include "ops/embedding.h"
 #include "optim/clip.h"
 
 namespace minidl::train {
@@ -40,6 +41,8 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
   }
   {
     MemoryTagGuard tag(MemTag::kActivations);
+    std::optional<ops::HostCheckedIndicesGuard> checked;  // a sampled device batch: checked with its split
+    if (o.batch_checked) checked.emplace();
     // One guard over every micro-batch: the 16-bit weight copies are made once per step (autograd/autocast.h).
     std::optional<autograd::AutocastGuard> autocast;
     if (o.amp != DType::f32) autocast.emplace(o.amp);
@@ -49,8 +52,8 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
     const int64_t first = dropout.first_sample;
     Tensor loss_sum;
     for (int64_t m = 0; m < k; ++m) {
-      // The host batch goes to the model as it is: GPT::loss checks ids and targets on the host and uploads them
-      // once (on a device no host copy is read back to check them).
+      // The batch goes to the model as it is: GPT::loss checks a host batch's ids and targets on the host and uploads
+      // them once (on a device no host copy is read back to check them); a sampled device batch is used in place.
       Tensor x = batch.x.narrow(0, m * micro, micro), y = batch.y.narrow(0, m * micro, micro);
       dropout.first_sample = first + m * micro;
       Tensor loss = mul(model.loss(x, y, Reduction::kSum), inv_targets);
@@ -141,6 +144,21 @@ StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& pa
   if (o.grad_sync) o.grad_sync->after_step();
   optimizer.zero_grad();
   return r;
+}
+
+data::DeviceBatchSampler device_sampler(const nn::GPT& model, const std::vector<int32_t>& split, int64_t seq,
+                                        int64_t global_batch, uint64_t seed) {
+  Tensor tokens = Tensor::empty({int64_t(split.size())}, DType::i32);
+  std::copy(split.begin(), split.end(), tokens.data<int32_t>());
+  model.check_ids(tokens, "token ids of the training split", false);
+  return data::DeviceBatchSampler(split, seq, global_batch, seed, model.parameters().front().device());
+}
+
+StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, data::DeviceBatchSampler& sampler, int64_t step,
+                      int64_t begin, int64_t n, StepOptions options) {
+  options.target_count = n * sampler.seq();  // a checked split has no ignored (-1) target
+  options.batch_checked = true;
+  return train_step(model, optimizer, sampler.batch(step, begin, n), options);
 }
 
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,

@@ -37,6 +37,10 @@ struct StepOptions {
   // >= 0: the number of the batch's targets that count (not -1), given by a caller whose batch is already on the
   // device (train::CudaGraphStep), so the step does not read it back to count them; -1: counted from batch.y.
   int64_t target_count = -1;
+  // The batch is on the model's device and every id in it was checked against the vocabulary before it got there
+  // (a data::DeviceBatchSampler over a split that train::device_sampler checked): the step's ops do not read it
+  // back to check it (ops::HostCheckedIndicesGuard).
+  bool batch_checked = false;
 };
 
 struct StepResult {
@@ -79,6 +83,18 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
 // scaler's skip into r.applied / r.skip_reason), GradSync::after_step, zero_grad.
 StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& params, const StepOptions& options,
                       StepResult r);
+
+// A sampler that draws the training batches on `model`'s device (a CUDA device) from `split`, uploaded once: every
+// token is checked here, once, against the model's vocabulary (GPT::check_ids' message, naming the split), so no
+// step needs to check its batch again.
+data::DeviceBatchSampler device_sampler(const nn::GPT& model, const std::vector<int32_t>& split, int64_t seq,
+                                        int64_t global_batch, uint64_t seed);
+
+// train_step on samples [begin, begin + n) of the global batch of `step` drawn by `sampler` on the device
+// (data::DeviceBatchSampler, from train::device_sampler): the batch BatchSampler::batch(step, begin, n) gives, with
+// no copy to the device and nothing read back for it (options.target_count and batch_checked are set here).
+StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, data::DeviceBatchSampler& sampler, int64_t step,
+                      int64_t begin, int64_t n, StepOptions options);
 
 // The same with defaults: full precision, one micro-batch.
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,

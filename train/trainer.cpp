@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "core/parallel.h"
@@ -472,9 +473,25 @@ int Trainer::run() {
   const double tokens_per_step = double(o.batch * s.seq);  // the global batch
   const double flops_per_step =
       (s.pipe ? s.pipe->flops_per_token(s.seq) : s.model->flops_per_token(s.seq)) * tokens_per_step;
-  // One step and one evaluation, of the whole model or of this pipeline stage.
+  // On a device the batch is drawn there from the split uploaded once: no copy per step. Declared before the
+  // graph, which replays kernels reading its buffers: it must outlive the graph.
+  std::optional<data::DeviceBatchSampler> device_batches;
+  if (s.device.is_cuda())
+    device_batches.emplace(device_sampler(s.pipe ? *s.pipe->chunks().front() : *s.model, s.ds->train(), s.seq,
+                                          o.batch, o.seed));
   std::unique_ptr<CudaGraphStep> graph_step;  // --cuda-graph
-  auto run_step = [&](const data::Batch& b, const StepOptions& so) {
+  // One step and one evaluation, of the whole model or of this pipeline stage.
+  auto run_step = [&](int64_t step, StepOptions so) {
+    if (device_batches && graph_step)
+      return graph_step->step(*device_batches, step, s.first_sample, s.local_batch, so.lr);
+    data::Batch b;
+    if (device_batches) {  // what train_step(sampler, ...) does, for the pipeline too
+      b = device_batches->batch(step, s.first_sample, s.local_batch);
+      so.target_count = s.local_batch * s.seq;
+      so.batch_checked = true;
+    } else {
+      b = sampler.batch(step, s.first_sample, s.local_batch);
+    }
     if (graph_step) return graph_step->step(b, so.lr);
     return s.pipe ? pipeline_train_step(*s.pipe, *s.optimizer, b, so) : train_step(*s.model, *s.optimizer, b, so);
   };
@@ -535,11 +552,10 @@ int Trainer::run() {
   for (int64_t step = first_step; step < o.steps; ++step) {
     double lr = schedule(schedule_step);
     auto t0 = std::chrono::steady_clock::now();
-    data::Batch batch = sampler.batch(step, s.first_sample, s.local_batch);
     step_options.lr = lr;
     if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
     step_options.read_back = false;
-    StepResult r = run_step(batch, step_options);
+    StepResult r = run_step(step, step_options);
     if (step == first_step && o.tp > 1) s.print_tensor_parallel_step();
     if (step == first_step && s.pipe && o.steps > first_step + 1) s.pipe->reset_timing();  // time as timed_ms does
     if (!holds_on_skip) ++schedule_step;

@@ -1,4 +1,5 @@
-// A pipeline-parallel step (pp 2, 1F1B, "nccl") on the emulated CUDA device without host round trips (issue #15):
+// A pipeline-parallel step (pp 2, 1F1B, "nccl") on the emulated CUDA device without host round trips (issue #15),
+// on a host batch or on one drawn on the device (data::DeviceBatchSampler):
 // train::pipeline_train_step with StepOptions::read_back false leaves the loss, shared over the pp group by a
 // device all-reduce, in StepResult::on_device like train_step. Oracles: the backend's counters (nothing read back,
 // the batch uploaded once), the same steps with read_back true (bit for bit) and one process accumulating over the
@@ -100,6 +101,47 @@ class PipelineOnDevice : public testing::DistDeviceTest {
     return DistDeviceTest::one_process(fp16, steps, kMicroBatches, tiny_batch);
   }
 
+  // `steps` f32 steps, unread, on this dp rank's kRows samples of the global batch of a split: drawn on the device
+  // (data::DeviceBatchSampler, as train_gpt does) or by the host's BatchSampler (uploaded by the step).
+  Outcome sampled(bool on_device, int steps) {
+    dist::PipelineSpec spec{dist::ScheduleKind::k1F1B, 2, kMicroBatches};
+    train::PipelineModel pipe(kConfig, 1337, spec, {0, 1, 2}, *topo_);
+    pipe.to(device_);
+    pipe.train();
+    train::PipelineSync sync(pipe, *topo_, zero_);
+    optim::AdamW opt(sync.optimizer_groups(optim::decay_groups(pipe.named_parameters(), 0.1)), {1e-2});
+    optim::GradScaler scaler;
+    train::StepOptions o = options(false, false, scaler);
+    o.grad_sync = &sync;
+    std::vector<int32_t> split(300);
+    for (size_t i = 0; i < split.size(); ++i) split[i] = int32_t((i * 7 + i * i % 13) % 17);
+    const int64_t global = kRows * topo_->grid().dp, begin = kRows * topo_->coord().dp;
+    data::BatchSampler host(split, 8, global, 7);
+    data::DeviceBatchSampler device = train::device_sampler(*pipe.chunks().front(), split, 8, global, 7);
+    Outcome run;
+    for (int s = 0; s < steps; ++s) {
+      train::StepOptions so = o;
+      data::Batch batch;
+      if (on_device) {
+        batch = device.batch(s, begin, kRows);
+        so.batch_checked = true;
+        so.target_count = kRows * 8;
+      } else {
+        batch = host.batch(s, begin, kRows);
+      }
+      const cuda::Counters before = cuda::counters();
+      train::StepResult r = train::pipeline_train_step(pipe, opt, batch, so);
+      run.last_step = cuda::counters() - before;
+      r.read();
+      run.losses.push_back(r.loss);
+    }
+    for (const Tensor& p : pipe.parameters()) {
+      const std::vector<double> v = p.detach().to(Device::cpu()).to_vector();
+      run.weights.insert(run.weights.end(), v.begin(), v.end());
+    }
+    return run;
+  }
+
   int zero_ = 0;
   std::unique_ptr<dist::Topology> topo_;
 };
@@ -127,6 +169,21 @@ TEST_F(PipelineOnDevice, SteadyStateStepMakesNoRoundTrip) {
       EXPECT_EQ(run.scales.back(), 65536.0);
     }
   }
+}
+
+// The batch drawn on the device (data::DeviceBatchSampler, train_gpt --pp on a device): a steady-state step copies
+// nothing to the device either (0 uploads where the host batch takes 1 per stage), and the steps equal those on
+// the host sampler's batches bit for bit (losses, weights); at 4 ranks each dp rank's slice of the global batch.
+TEST_F(PipelineOnDevice, DeviceSampledBatchCopiesNothingAndEqualsTheHostBatch) {
+  const Outcome host = sampled(false, 3), device = sampled(true, 3);
+  EXPECT_EQ(device.losses, host.losses);
+  EXPECT_EQ(device.weights, host.weights);
+  EXPECT_EQ(host.last_step.h2d_copies, 1);
+  const cuda::Counters& c = device.last_step;
+  EXPECT_EQ(c.h2d_copies, 0);
+  EXPECT_EQ(c.d2h_copies, 0);
+  EXPECT_EQ(c.host_syncs, 0);
+  EXPECT_EQ(c.device_mallocs, 0);
 }
 
 // Three steps with read_back false equal the same steps read back at once and the host-side reference, bit for bit

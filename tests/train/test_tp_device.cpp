@@ -44,8 +44,11 @@ class TensorParallelOnDevice : public testing::DistDeviceTest {
   }
 
   // The tp 2 (x pp 2) grid of SetUp, or another topology (dp 2 x tp 2, each dp rank taking its half of the batch).
+  // batches: the fixed tiny batches, or the batches of a split drawn by the host's BatchSampler or on the device
+  // (data::DeviceBatchSampler, as train_gpt does).
+  enum class Batches { kTiny, kHostSampler, kDeviceSampler };
   Outcome parallel(bool fp16, bool sequence_parallel, int steps, const dist::Topology* other = nullptr,
-                   int zero = 0) {
+                   int zero = 0, Batches batches = Batches::kTiny) {
     const dist::Topology& topo = other ? *other : *topo_;
     const int dp = topo.dp_group().size();
     const int64_t local = kRows / dp, first = topo.coord().dp * local;
@@ -66,11 +69,19 @@ class TensorParallelOnDevice : public testing::DistDeviceTest {
     optim::GradScaler scaler;
     train::StepOptions o = testing::tiny_step_options(fp16, /*read_back=*/false, scaler);
     o.grad_sync = m.sync.get();
+    std::vector<int32_t> split(300);
+    for (size_t i = 0; i < split.size(); ++i) split[i] = int32_t((i * 7 + i * i % 13) % 17);
+    data::BatchSampler host(split, kSeq, kRows, 7);
+    data::DeviceBatchSampler device =
+        train::device_sampler(m.pipe ? *m.pipe->chunks().front() : *m.model, split, kSeq, kRows, 7);
     Outcome run;
     for (int s = 0; s < steps; ++s) {
       const data::Batch whole = tiny_batch(s);
-      const data::Batch batch{whole.x.narrow(0, first, local).contiguous(),
-                              whole.y.narrow(0, first, local).contiguous()};
+      data::Batch batch{whole.x.narrow(0, first, local).contiguous(), whole.y.narrow(0, first, local).contiguous()};
+      o.batch_checked = batches == Batches::kDeviceSampler;
+      o.target_count = o.batch_checked ? local * kSeq : -1;
+      if (batches == Batches::kHostSampler) batch = host.batch(s, first, local);
+      if (batches == Batches::kDeviceSampler) batch = device.batch(s, first, local);
       const cuda::Counters before = cuda::counters();
       train::StepResult r = m.pipe ? train::pipeline_train_step(*m.pipe, opt, batch, o)
                                    : train::train_step(*m.model, opt, batch, o);
@@ -132,6 +143,22 @@ TEST_F(TensorParallelOnDevice, DataTimesTensorParallelStepMakesNoRoundTrip) {
     EXPECT_EQ(c.h2d_bytes, 2 * (kRows / 2) * kSeq * 8);
     for (double loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
   }
+}
+
+// The batch drawn on the device (data::DeviceBatchSampler, train_gpt --tp on a device): a steady-state step copies
+// nothing to the device either, and its losses and norms equal those on the host sampler's batches bit for bit; at
+// 4 ranks through tp 2 x pp 2.
+TEST_F(TensorParallelOnDevice, DeviceSampledBatchCopiesNothingAndEqualsTheHostBatch) {
+  const Outcome host = parallel(false, false, 3, nullptr, 0, Batches::kHostSampler),
+                device = parallel(false, false, 3, nullptr, 0, Batches::kDeviceSampler);
+  EXPECT_EQ(device.losses, host.losses);
+  EXPECT_EQ(device.norms, host.norms);
+  EXPECT_GT(host.last_step.h2d_copies, 0);
+  const cuda::Counters& c = device.last_step;
+  EXPECT_EQ(c.h2d_copies, 0);
+  EXPECT_EQ(c.d2h_copies, 0);
+  EXPECT_EQ(c.host_syncs, 0);
+  EXPECT_EQ(c.device_mallocs, 0);
 }
 
 // Three steps' losses equal one process's on the same device within 1e-5 in f32 (the split GEMMs and all-reduces

@@ -28,6 +28,7 @@
 #include "ops/layernorm.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
+#include "ops/sample_windows.h"
 #include "ops/softmax.h"
 #include "ops/unscale.h"
 #include "ops/vocab_range.h"
@@ -65,7 +66,7 @@ std::vector<std::pair<std::string, bool>> tables() {
           MINIDL_TABLE(linear_weight_bias_grad_device),
           MINIDL_TABLE(sum_device), MINIDL_TABLE(mean_device), MINIDL_TABLE(max_device),
           MINIDL_TABLE(sum_dim_device), MINIDL_TABLE(mean_dim_device), MINIDL_TABLE(max_dim_device),
-          MINIDL_TABLE(max_backward_device),
+          MINIDL_TABLE(max_backward_device), MINIDL_TABLE(sample_windows_device),
           MINIDL_TABLE(softmax_forward_device), MINIDL_TABLE(softmax_backward_device),
           MINIDL_TABLE(unscale_and_check_device), MINIDL_TABLE(unscale_and_check_multi_device),
           MINIDL_TABLE(vocab_range_device)};
