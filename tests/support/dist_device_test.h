@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cuda/cuda.h"
 #include "core/cuda/cuda_test.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
@@ -80,5 +81,14 @@ class DistDeviceTest : public CudaTest {
 
   Device device_;
 };
+
+// A steady-state device step's counters: no device allocation, no host wait, no read-back, and `uploads` copies to
+// the device (0 for a batch drawn on the device).
+inline void expect_no_round_trip(const cuda::Counters& c, int64_t uploads) {
+  EXPECT_EQ(c.device_mallocs, 0);
+  EXPECT_EQ(c.host_syncs, 0);
+  EXPECT_EQ(c.d2h_copies, 0);
+  EXPECT_EQ(c.h2d_copies, uploads);
+}
 
 }  // namespace minidl::testing
