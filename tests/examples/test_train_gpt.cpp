@@ -124,7 +124,7 @@ TEST_F(TrainGpt, DeviceFlag) {
 // relative. The GEMMs are the same OpenBLAS calls; the kernels' reductions run in other orders than the CPU ops',
 // so the bits differ and the losses drift apart only slowly. The baby config (train_gpt's defaults) for 100 steps
 // is the CUDA issue's acceptance run (about a second a step on the emulator, two cores); a smaller model with
-// dropout on adds the device's dropout masks.
+// dropout on adds the device's dropout masks, and one under --amp bf16 the 16-bit path.
 std::vector<double> step_losses(const std::string& out) {
   std::vector<double> losses;
   std::regex re("step ([0-9]+)/[0-9]+ \\| loss ([0-9.]+)");
@@ -156,6 +156,8 @@ TEST_F(TrainGpt, EmulatedCudaLossesMatchTheCpuAtEveryStep) {
   if (std::string(TRAIN_GPT_CUDA) != "emulated") GTEST_SKIP() << "train_gpt is not built with MINIDL_CUDA_EMULATION";
   expect_same_losses("", 30);  // the default (baby) config: 30 emulated steps take about a minute
   expect_same_losses("--layers 2 --heads 2 --embd 32 --seq 32 --batch 4 --dropout 0.1", 50);
+  // bf16 autocast: the device's 16-bit-native kernels against the CPU's (worst 5e-5 over these 20 steps).
+  expect_same_losses("--layers 2 --heads 2 --embd 32 --seq 32 --batch 4 --amp bf16", 20);
 }
 
 // --cuda-graph (train/cuda_graph.h) on the emulated device: every step's printed loss and the saved weights equal
