@@ -50,9 +50,7 @@ DeviceBatchSampler::DeviceBatchSampler(const std::vector<int32_t>& tokens, int64
   MINIDL_CHECK(int64_t(tokens.size()) >= seq + 1, "DeviceBatchSampler: the split has ", tokens.size(),
                " tokens, fewer than seq + 1 = ", seq + 1, " needed for one window");
   MemoryTagGuard tag(MemTag::kOther);  // the data, kept for the sampler's life
-  Tensor host = Tensor::empty({int64_t(tokens.size())}, DType::i32);
-  std::copy(tokens.begin(), tokens.end(), host.data<int32_t>());
-  tokens_ = host.to(device);  // the one upload
+  tokens_ = Tensor::from_vector(tokens, {int64_t(tokens.size())}, DType::i32).to(device);  // the one upload
 }
 
 Batch DeviceBatchSampler::batch(int64_t step, int64_t begin, int64_t n) {

@@ -60,16 +60,13 @@ class CudaGraphStep {
   StepResult step(data::DeviceBatchSampler& sampler, int64_t step, int64_t begin, int64_t n, double lr);
 
   bool captured() const;
+  int64_t steps() const { return steps_; }
 
  private:
   // The step shared by both inputs: `inputs` gives the step's device batch (run inside the capture), `targets`
   // its count of targets.
   StepResult run(const std::function<data::Batch()>& inputs, int64_t targets, double lr);
 
- public:
-  int64_t steps() const { return steps_; }
-
- private:
   nn::GPT& model_;
   optim::AdamW& optimizer_;
   StepOptions options_;

@@ -148,17 +148,22 @@ StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& pa
 
 data::DeviceBatchSampler device_sampler(const nn::GPT& model, const std::vector<int32_t>& split, int64_t seq,
                                         int64_t global_batch, uint64_t seed) {
-  Tensor tokens = Tensor::empty({int64_t(split.size())}, DType::i32);
-  std::copy(split.begin(), split.end(), tokens.data<int32_t>());
-  model.check_ids(tokens, "token ids of the training split", false);
+  model.check_ids(Tensor::from_vector(split, {int64_t(split.size())}, DType::i32), "token ids of the training split",
+                  false);
   return data::DeviceBatchSampler(split, seq, global_batch, seed, model.parameters().front().device());
+}
+
+data::Batch draw_checked(data::DeviceBatchSampler& sampler, int64_t step, int64_t begin, int64_t n,
+                         StepOptions& options) {
+  options.target_count = n * sampler.seq();  // a checked split has no ignored (-1) target
+  options.batch_checked = true;
+  return sampler.batch(step, begin, n);
 }
 
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, data::DeviceBatchSampler& sampler, int64_t step,
                       int64_t begin, int64_t n, StepOptions options) {
-  options.target_count = n * sampler.seq();  // a checked split has no ignored (-1) target
-  options.batch_checked = true;
-  return train_step(model, optimizer, sampler.batch(step, begin, n), options);
+  const data::Batch batch = draw_checked(sampler, step, begin, n, options);
+  return train_step(model, optimizer, batch, options);
 }
 
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,

@@ -90,6 +90,11 @@ StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& pa
 data::DeviceBatchSampler device_sampler(const nn::GPT& model, const std::vector<int32_t>& split, int64_t seq,
                                         int64_t global_batch, uint64_t seed);
 
+// Samples [begin, begin + n) of the global batch of `step`, drawn by `sampler` on the device, with `options` told
+// so (target_count, batch_checked): what train_step and pipeline_train_step need to read nothing back for it.
+data::Batch draw_checked(data::DeviceBatchSampler& sampler, int64_t step, int64_t begin, int64_t n,
+                         StepOptions& options);
+
 // train_step on samples [begin, begin + n) of the global batch of `step` drawn by `sampler` on the device
 // (data::DeviceBatchSampler, from train::device_sampler): the batch BatchSampler::batch(step, begin, n) gives, with
 // no copy to the device and nothing read back for it (options.target_count and batch_checked are set here).

@@ -482,17 +482,10 @@ int Trainer::run() {
   std::unique_ptr<CudaGraphStep> graph_step;  // --cuda-graph
   // One step and one evaluation, of the whole model or of this pipeline stage.
   auto run_step = [&](int64_t step, StepOptions so) {
-    if (device_batches && graph_step)
+    if (graph_step)  // --cuda-graph needs --device cuda, so device_batches is there
       return graph_step->step(*device_batches, step, s.first_sample, s.local_batch, so.lr);
-    data::Batch b;
-    if (device_batches) {  // what train_step(sampler, ...) does, for the pipeline too
-      b = device_batches->batch(step, s.first_sample, s.local_batch);
-      so.target_count = s.local_batch * s.seq;
-      so.batch_checked = true;
-    } else {
-      b = sampler.batch(step, s.first_sample, s.local_batch);
-    }
-    if (graph_step) return graph_step->step(b, so.lr);
+    const data::Batch b = device_batches ? draw_checked(*device_batches, step, s.first_sample, s.local_batch, so)
+                                         : sampler.batch(step, s.first_sample, s.local_batch);
     return s.pipe ? pipeline_train_step(*s.pipe, *s.optimizer, b, so) : train_step(*s.model, *s.optimizer, b, so);
   };
   auto run_eval = [&] {

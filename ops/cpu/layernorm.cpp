@@ -39,7 +39,8 @@ LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const 
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = px + r * C;
         if constexpr (std::is_same_v<T, float>) {
-          simd::layernorm_forward_row(xr, w, b, py + r * C, mean + r, rstd + r, eps, C, r + 1 < r1 ? xr + C : nullptr);
+          const float* next = r + 1 < r1 ? xr + C : nullptr;
+          simd::layernorm_forward_row(xr, w, b, py + r * C, mean + r, rstd + r, eps, C, next);
           continue;
         }
         double s = 0, ss = 0;

@@ -27,7 +27,13 @@ float MaxRow(const float* x, size_t n) {
   return hn::GetLane(hn::MaxOfLanes(d, hn::Max(hn::Max(acc[0], acc[1]), hn::Max(acc[2], acc[3]))));
 }
 
-constexpr size_t kLine = 16;  // floats per 64-byte cache line: the prefetch stride
+// Prefetches the cache lines of next[begin, end) not yet asked for: one per 64 bytes, so a caller that passes
+// consecutive spans as it works through its own row spreads the next row's prefetches over that work.
+HWY_INLINE void PrefetchSpan(const float* next, size_t begin, size_t end) {
+  constexpr size_t kLine = 16;  // floats per 64-byte cache line
+  if (next)
+    for (size_t j = (begin + kLine - 1) / kLine * kLine; j < end; j += kLine) hwy::Prefetch(next + j);
+}
 
 // kUnroll vectors per step: the exps interleave (ExpNonPositive), within the 16 vector registers of AVX2.
 constexpr size_t kUnroll = 2;
@@ -41,8 +47,7 @@ float ExpSubSum(const float* x, float m, float* y, size_t n, const float* next) 
   for (V& s : sum) s = hn::Zero(d);
   size_t i = 0;
   for (; i + kUnroll * N <= n; i += kUnroll * N) {
-    if (next)  // one prefetch per cache line of the same span of the next row, spread over the exps
-      for (size_t j = (i + kLine - 1) / kLine * kLine; j < i + kUnroll * N; j += kLine) hwy::Prefetch(next + j);
+    PrefetchSpan(next, i, i + kUnroll * N);  // the same span of the next row, spread over the exps
     V e[kUnroll];
     for (size_t k = 0; k < kUnroll; ++k) e[k] = hn::Sub(hn::LoadU(d, x + i + k * N), vm);
     ExpNonPositive(d, e);
@@ -126,8 +131,7 @@ void LayerNormForwardRow(const float* x, const float* w, const float* b, float* 
     ss[k] = hn::MulAdd(dev, dev, ss[k]);
   };
   for (size_t i = 0; i < whole4; i += 4 * N) {
-    if (next)  // the next row, one prefetch per cache line while this pass runs on cached data
-      for (size_t j = (i + kLine - 1) / kLine * kLine; j < i + 4 * N; j += kLine) hwy::Prefetch(next + j);
+    PrefetchSpan(next, i, i + 4 * N);  // the next row, while this pass runs on cached data
     for (size_t k = 0; k < 4; ++k) square(i + k * N, k);
   }
   for (size_t i = whole4; i < whole; i += N) square(i, 0);
