@@ -16,7 +16,6 @@
 #include "autograd/functions.h"
 #include "autograd/functions/product_operand.h"
 #include "autograd/node.h"
-#include "ops/cast.h"
 #include "ops/elementwise.h"
 #include "ops/linear_gelu.h"
 #include "ops/matmul.h"
@@ -36,6 +35,7 @@ Tensor rows_of(const Tensor& t) { return t.reshape(Shape{t.numel() / std::max<in
 using autograd::detail::grad_product;
 using autograd::detail::Operand;
 using autograd::detail::operand;
+using autograd::detail::weight_bias_grads;
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
@@ -71,16 +71,8 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   return record("linear", {x.edge, weight.edge, bias.edge}, out, [=](const Tensor& g) {
     Tensor g2 = rows_of(g);  // (rows, out)
     Tensor gx = need_x ? grad_product(fx, g2, wd, false, true).reshape(xd.shape()) : Tensor();  // G W^T
-    Tensor gw, gbias;
-    if (need_w && need_b && fw == fb) {  // X^T G and sum(G): one GEMM with the sum in its epilogue on CUDA
-      ops::LinearGrad both = ops::linear_weight_bias_grad(rows_of(xd), g2, fw);
-      gw = both.dw;
-      gbias = both.dbias;
-    } else {
-      if (need_w) gw = grad_product(fw, rows_of(xd), g2, true, false);
-      if (need_b) gbias = ops::sum(fb ? ops::upcast(g2) : g2, 0);  // an f32 bias gradient under autocast
-    }
-    return Grads{gx, gw, gbias};
+    ops::LinearGrad wb = weight_bias_grads(rows_of(xd), g2, need_w, fw, need_b, fb);  // X^T G, sum(G)
+    return Grads{gx, wb.dw, wb.dbias};
   });
 }
 

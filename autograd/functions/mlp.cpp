@@ -11,10 +11,8 @@
 #include "autograd/functions.h"
 #include "autograd/functions/product_operand.h"
 #include "autograd/node.h"
-#include "ops/cast.h"
 #include "ops/linear_gelu.h"
 #include "ops/matmul.h"
-#include "ops/reduce.h"
 
 namespace minidl {
 
@@ -33,6 +31,7 @@ Tensor contiguous(const Tensor& t) { return t.defined() ? t.detach().contiguous(
 using autograd::detail::grad_product;
 using autograd::detail::Operand;
 using autograd::detail::operand;
+using autograd::detail::weight_bias_grads;
 }  // namespace
 
 Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
@@ -50,15 +49,7 @@ Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bi
   return autograd::record(
       "gelu_mlp", {x.edge, fc_w.edge, fc_b, proj_w.edge, proj_b.edge}, out, [=](const Tensor& g) {
         Tensor g2 = rows_of(g);  // (rows, C)
-        Tensor gpw, gpb;
-        if (need_pw && need_pb && fpw == fpb) {  // h^T G and sum(G) in one GEMM (BGRADA) on CUDA
-          ops::LinearGrad proj = ops::linear_weight_bias_grad(rows_of(h), g2, fpw);
-          gpw = proj.dw;
-          gpb = proj.dbias;
-        } else {
-          if (need_pw) gpw = grad_product(fpw, rows_of(h), g2, true, false);  // h^T G
-          if (need_pb) gpb = ops::sum(fpb ? ops::upcast(g2) : g2, 0);
-        }
+        ops::LinearGrad proj = weight_bias_grads(rows_of(h), g2, need_pw, fpw, need_pb, fpb);  // h^T G, sum(G)
         Tensor gx, gfw, gfb;
         if (need_x || need_fw || need_fb) {
           ops::DgeluBgrad d = ops::dgelu_bgrad(g2, pwd, rows_of(aux), need_fb);
@@ -66,7 +57,7 @@ Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bi
           if (need_fw) gfw = grad_product(ffw, rows_of(xd), d.dpre, true, false);         // x^T dpre
           gfb = d.dbias;
         }
-        return Grads{gx, gfw, gfb, gpw, gpb};
+        return Grads{gx, gfw, gfb, proj.dw, proj.dbias};
       });
 }
 

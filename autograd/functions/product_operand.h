@@ -5,7 +5,10 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "ops/cast.h"
+#include "ops/linear_gelu.h"
 #include "ops/matmul.h"
+#include "ops/reduce.h"
 
 namespace minidl::autograd::detail {
 
@@ -25,6 +28,18 @@ inline Operand operand(const Tensor& t) {
 // The product of a gradient, in f32 for an operand that gets an f32 gradient.
 inline Tensor grad_product(bool f32_grad, const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return f32_grad ? ops::matmul_f32(a, b, ta, tb) : ops::matmul(a, b, ta, tb);
+}
+
+// A linear layer's weight gradient X^T G and bias gradient sum(G) (X: (rows, in), G: (rows, out)), each only when
+// asked for. When both are asked for in the same precision they come from one call (on CUDA one GEMM with the sum
+// in its epilogue); the bias gradient is in f32 where the bias was cast down.
+inline ops::LinearGrad weight_bias_grads(const Tensor& x, const Tensor& g, bool need_w, bool f32_w, bool need_b,
+                                         bool f32_b) {
+  if (need_w && need_b && f32_w == f32_b) return ops::linear_weight_bias_grad(x, g, f32_w);
+  ops::LinearGrad out;
+  if (need_w) out.dw = grad_product(f32_w, x, g, true, false);
+  if (need_b) out.dbias = ops::sum(f32_b ? ops::upcast(g) : g, 0);
+  return out;
 }
 
 }  // namespace minidl::autograd::detail
