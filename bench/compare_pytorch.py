@@ -32,8 +32,10 @@ FLOP count (nanoGPT's estimate_mfu, the formula minidl's bench_gpt_step also use
 
 Ceiling (minidl rows): the sgemm ceiling at the step's own shapes, which bench_gpt_step measures in the same run:
 the forward, input-gradient and weight-gradient products of every linear layer, each timed alone with
-single-threaded OpenBLAS, total FLOPs / total time, times the thread count (bench/sgemm_ceiling.h). %ceil is the
-step's GFLOP/s (the formula above) over it. --isa sets MINIDL_CPU_ISA for minidl; OpenBLAS (minidl's and, through
+single-threaded OpenBLAS, total FLOPs / total time, times the thread count (bench/sgemm_ceiling.h). It is measured
+in rounds between groups of 5 steps; the column is the median round, and %ceil the median over steps of the
+step's GFLOP/s (the formula above) over the rounds around it, so a machine whose speed drifts during the run
+compares each step with what the GEMMs reached at that time. --isa sets MINIDL_CPU_ISA for minidl; OpenBLAS (minidl's and, through
 its own build, PyTorch's) picks its kernels from the CPU or OPENBLAS_CORETYPE, which is passed through as set.
 
 Exit status: 0 on success (also when the minidl binary is missing: its rows are then left out), 1 when a run
@@ -216,7 +218,8 @@ def run_minidl(binary, shape, threads, steps, warmup, isa):
         row = dict(impl="minidl", threads=threads, ms_per_step=float(result["ms_per_step"]),
                    tokens_per_s=float(result["tokens_per_s"]), gflops=float(result["gflops"]),
                    peak_mem_mb=float(result["peak_mem_mb"]),
-                   sgemm_ceiling_gflops=float(result.get("sgemm_ceiling_gflops", 0.0)))
+                   sgemm_ceiling_gflops=float(result.get("sgemm_ceiling_gflops", 0.0)),
+                   pct_ceiling=float(result.get("pct_ceiling", 0.0)))
     except (IndexError, ValueError, KeyError, TypeError) as e:
         return None, f"`{' '.join(cmd)}`: last stdout line is not the expected JSON object ({e!r})"
     return row, None
@@ -280,7 +283,7 @@ def print_table(args, rows, notes, ratio):
         for r in impl_rows:
             mark = " *" if r is best(impl_rows) and len(impl_rows) > 1 else ""
             ceiling = r.get("sgemm_ceiling_gflops", 0.0)
-            ceil_cols = f"{ceiling:>9.1f} {100 * r['gflops'] / ceiling:>5.0f}%" if ceiling else f"{'-':>9} {'-':>6}"
+            ceil_cols = f"{ceiling:>9.1f} {r['pct_ceiling']:>5.0f}%" if ceiling else f"{'-':>9} {'-':>6}"
             print(f"{r['impl']:<8} {r['threads']:>7} {r['ms_per_step']:>10.2f} {r['tokens_per_s']:>10.0f} "
                   f"{r['gflops']:>9.2f} {r['peak_mem_mb']:>9.1f} {ceil_cols}{mark}")
     print(f"minidl/pytorch ms/step at best thread counts: "

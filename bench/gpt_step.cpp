@@ -8,8 +8,9 @@
 //   mpirun -n 2 build/bin/bench_gpt_step --pp 2 --micro-batches 4 --schedule 1f1b   # pipeline (bench/pipeline_bench.h)
 //
 // act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce). On the
-// CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (bench/sgemm_ceiling.h), measured in the
-// same run, and %ceil the step's GFLOP/s against it. With --device cuda it also prints the CUDA backend's counters
+// CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (bench/sgemm_ceiling.h), measured in
+// rounds between groups of --ceiling-every steps (the median round), and %ceil the median over steps of each
+// step's GFLOP/s against the rounds around it. With --device cuda it also prints the CUDA backend's counters
 // per timed step (cuda::counters()): kernel launches, host synchronisations, bytes copied each way and cudaMalloc
 // calls, the bench's own synchronize excluded.
 //
@@ -98,6 +99,7 @@ int main(int argc, char** argv) {
   dist::Context ctx = dist::init(argc, argv);  // a plain process is a world of one
   const bool speaks = ctx.rank() == 0;
   int64_t layers = 4, heads = 4, embd = 128, seq = 64, batch = 12, vocab = 65, steps = 20, warmup = 3;
+  int64_t ceiling_every = 5;
   int threads = 0;
   int64_t grad_accum = 1;
   std::string recompute = "none", amp = "off";
@@ -120,6 +122,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads; default: all cores");
   app.add_option("--steps", steps, "Timed steps")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
+  app.add_option("--ceiling-every", ceiling_every, "On the CPU (f32, one process): time a round of the sgemm "
+                 "ceiling's products before the first timed step and after every this many, and compare each step "
+                 "with the rounds around it (bench/sgemm_ceiling.h)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")->capture_default_str();
   app.add_option("--amp", amp, "Mixed precision: off, bf16 or fp16 (fp16 with dynamic loss scaling)")
       ->capture_default_str();
@@ -221,10 +227,19 @@ int main(int argc, char** argv) {
       graph = std::make_unique<train::CudaGraphStep>(model, opt, captured);
     }
 
+    // The sgemm ceiling, measured between groups of --ceiling-every steps (bench/sgemm_ceiling.h). Not under
+    // mpirun: the other ranks would share the cores with the measurement.
+    std::optional<bench::SgemmCeiling> ceiling_products;
+    if (device.is_cpu() && options.amp == DType::f32 && ctx.world_size() == 1)
+      ceiling_products.emplace(bench::GptShape{layers, embd, vocab, batch * seq});
+    std::vector<double> rounds;  // GFLOP/s; round g comes before timed step g * ceiling_every
+
     std::vector<double> ms;
     StepCounters counted;
     ledger(device).reset_peaks();
     for (int64_t s = 0; s < warmup + steps; ++s) {
+      if (ceiling_products && s >= warmup && (s - warmup) % ceiling_every == 0)
+        rounds.push_back(ceiling_products->measure(num_threads()));
       data::Batch b;  // this rank's slice of the global batch
       if (!device_batches) b = sampler.batch(s, data_rank * batch, batch);
       auto t0 = std::chrono::steady_clock::now();
@@ -239,11 +254,23 @@ int main(int argc, char** argv) {
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) ms.push_back(dt);
     }
+    if (ceiling_products) rounds.push_back(ceiling_products->measure(num_threads()));  // after the last group
     if (!speaks) return 0;
-    std::sort(ms.begin(), ms.end());
-    double median = ms[ms.size() / 2];
     double tokens_per_step = double(batch * seq);
-    double gflops = model.flops_per_token(seq) * tokens_per_step / median / 1e6;
+    const double mflop_per_step = model.flops_per_token(seq) * tokens_per_step / 1e6;
+    // %ceil: each step's GFLOP/s over the mean of the two rounds around its group, then the median over steps.
+    std::vector<double> pct;
+    for (size_t i = 0; i < ms.size() && !rounds.empty(); ++i) {
+      const size_t g = i / size_t(ceiling_every);
+      const double around = (rounds[g] + rounds[std::min(g + 1, rounds.size() - 1)]) / 2;
+      pct.push_back(100 * mflop_per_step / ms[i] / around);
+    }
+    const auto median_of = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v[v.size() / 2];
+    };
+    const double median = median_of(ms), ceiling = median_of(rounds), pct_ceiling = median_of(pct);
+    double gflops = mflop_per_step / median;
     const MemoryLedger& l = ledger(device);
     auto mb = [](int64_t b) { return double(b) / (1 << 20); };
     // MFU: the model's FLOPs per second over the GPU's dense peak for the dtype its products run in.
@@ -256,11 +283,7 @@ int main(int argc, char** argv) {
     std::printf("device: %s%s\n", name.c_str(),
                 device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str()
                                                     : "");
-    const double peak_rss = train::peak_rss_mb();  // before the ceiling's own matrices
-    // Not under mpirun: the other ranks, waiting in MPI_Finalize, would share the cores with the measurement.
-    const double ceiling = device.is_cpu() && options.amp == DType::f32 && ctx.world_size() == 1
-                               ? bench::gpt_sgemm_ceiling_gflops({layers, embd, vocab, batch * seq}, num_threads())
-                               : 0.0;
+    const double peak_rss = train::peak_rss_mb();
     std::printf("%-40s %8s %10s %9s %9s %10s %10s %7s %9s %6s\n", "config", "threads", "ms/step", "tokens/s",
                 "GFLOP/s", "peak_MB", "act_MB", "MFU", "ceiling", "%ceil");
     char cfg[96];
@@ -270,7 +293,7 @@ int main(int argc, char** argv) {
     std::string mfu_text = mfu > 0 ? std::to_string(mfu * 100).substr(0, 5) + "%" : "-";
     std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f %7s %9.1f %5.0f%%\n", cfg, num_threads(), median,
                 tokens_per_step / median * 1e3, gflops, peak_rss, mb(l.peak(MemTag::kActivations)),
-                mfu_text.c_str(), ceiling, ceiling > 0 ? 100 * gflops / ceiling : 0.0);
+                mfu_text.c_str(), ceiling, pct_ceiling);
     std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
                 mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),
                 mb(l.peak(MemTag::kActivations)), mb(l.peak_total()));
@@ -283,9 +306,9 @@ int main(int argc, char** argv) {
     if (json)
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
                   "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
-                  "\"sgemm_ceiling_gflops\": %.2f, \"ranks\": %d, \"zero\": %d%s}\n",
+                  "\"sgemm_ceiling_gflops\": %.2f, \"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d%s}\n",
                   median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(),
-                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling, world, zero,
+                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling, pct_ceiling, world, zero,
                   device.is_cuda() ? counted.json_fields(steps).c_str() : "");
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt_step: error (rank %d): %s\n", ctx.rank(), e.what());
