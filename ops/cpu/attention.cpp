@@ -1,12 +1,13 @@
 // Flash-style causal attention on the CPU.
 //
 // Work is split over (batch, head) pairs with parallel_for; each pair runs single-threaded over tiles of
-// kBlock queries x kBlock keys. Tile products go to BLAS (single-threaded inside the parallel region): with
-// tight vectorised loops instead, forward + backward took 2.5x longer (5.1 vs 2.0 ms at B=12 T=64 C=128 H=4,
-// 72 vs 30 ms at B=8 T=256 C=384 H=6; 1 thread, bench/attention.cpp). The softmax work between the products is
-// vectorised too (ops/cpu/simd's max, exp and row updates for f32): a tile has 64 x 64 exps for 64 x 64 x D
-// multiply-adds, and with scalar expf it all took 1.5-1.8x longer. kBlock = 64 measured faster than 32 and 128. Nothing T x T is ever
-// allocated: a tile of scores lives in a per-thread buffer.
+// kBlock queries x kBlock keys. The f32 tile products run in a register-blocked vector kernel
+// (ops/cpu/simd/tile_gemm.cpp) that reads the operands in place: cblas_sgemm spent much of each 64 x 64 x D call
+// packing them (forward + backward 8.3 -> 4.6 ms at B=12 T=64 C=128 H=4, 102.7 -> 72.3 ms at B=8 T=256 C=384 H=6;
+// 1 thread, AVX2, bench/attention.cpp). f64, the reference, stays on BLAS. The softmax work between the products
+// is vectorised too (ops/cpu/simd's max, exp and row updates for f32): a tile has 64 x 64 exps for 64 x 64 x D
+// multiply-adds, and with scalar expf it all took 1.5-1.8x longer. kBlock = 64 measured faster than 32 and 128.
+// Nothing T x T is ever allocated: a tile of scores lives in a per-thread buffer.
 #include <cblas.h>
 
 #include <algorithm>
@@ -61,11 +62,20 @@ static void mul_sub(const double* p, double* dp, double c, int64_t n) {
 // L1/L2, and each tile product is large enough for BLAS to run near its peak.
 static constexpr int64_t kBlock = 64;
 
-// Row-major C = alpha * op(A) op(B) + beta * C on strided tiles (lda etc. in elements).
+// Row-major C = alpha * op(A) op(B) + beta * C on strided tiles (lda etc. in elements). f32 goes to the tile kernel
+// (ops/cpu/simd/tile_gemm.cpp), which reads op(A) in place and wants B row-major: a transposed B (the keys of
+// Q K^T, V of dO V^T: 64 x D) is first copied transposed into a per-thread buffer.
 static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
-              alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  if (tb) {
+    thread_local std::vector<float> bt;
+    bt.resize(size_t(K * N));
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t k = 0; k < K; ++k) bt[size_t(k * N + j)] = B[j * ldb + k];
+    B = bt.data();
+    ldb = N;
+  }
+  simd::tile_gemm(M, N, K, alpha, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, beta, C, ldc);
 }
 static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
                  const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {

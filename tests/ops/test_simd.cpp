@@ -324,3 +324,55 @@ TEST(Simd, DropoutDrawsAreBitwiseTheScalarMapping) {
     }
   });
 }
+
+// Attention's tile products: every layout of A (A and A^T), tails in rows (past a multiple of 4) and columns
+// (past whole vectors of each width), beta 0 (C not read: it starts as NaN), 1 and 0.5, and a C with a row stride
+// past its columns (the padding stays untouched). Sums within (K + 2) * 2^-23 of the sum of magnitudes; each
+// element is the same bits whichever block computed it (rows 1..2 alone equal rows 1..2 of the whole).
+TEST(Simd, TileGemmMatchesDoubleReferenceForEveryLayoutAndTail) {
+  for_each_isa([] {
+    for (int M : {1, 3, 4, 5, 13, 64})
+      for (int N : {1, 7, 8, 15, 16, 17, 33, 64, 67})
+        for (int K : {1, 5, 32})
+          for (bool ta : {false, true})
+            for (float beta : {0.0f, 1.0f, 0.5f}) {
+              SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " K " << K << " ta " << ta << " beta "
+                                                << beta);
+              const float alpha = 0.125f;
+              const int lda = ta ? M + 3 : K + 2, ldb = N + 1, ldc = N + 2;
+              std::vector<float> a = inputs((ta ? K : M) * lda, unsigned(M * 7 + K), 1.0f, false);
+              std::vector<float> b = inputs(K * ldb, unsigned(N * 5 + K), 1.0f, false);
+              std::vector<float> c0 = inputs(M * ldc, unsigned(M + N), 1.0f, false);
+              std::vector<float> c = c0;
+              if (beta == 0.0f)
+                for (int i = 0; i < M; ++i)
+                  for (int j = 0; j < N; ++j) c[size_t(i * ldc + j)] = kNaN;
+              const auto A = [&](int i, int k) { return a[size_t(ta ? k * lda + i : i * lda + k)]; };
+              simd::tile_gemm(M, N, K, alpha, a.data(), ta ? 1 : lda, ta ? lda : 1, b.data(), ldb, beta, c.data(), ldc);
+              for (int i = 0; i < M; ++i) {
+                for (int j = 0; j < N; ++j) {
+                  double want = 0, magnitude = 0;
+                  for (int k = 0; k < K; ++k) {
+                    want += double(alpha) * A(i, k) * b[size_t(k * ldb + j)];
+                    magnitude += std::fabs(double(alpha) * A(i, k) * b[size_t(k * ldb + j)]);
+                  }
+                  if (beta != 0.0f) {
+                    want += double(beta) * c0[size_t(i * ldc + j)];
+                    magnitude += std::fabs(double(beta) * c0[size_t(i * ldc + j)]);
+                  }
+                  ASSERT_NEAR(c[size_t(i * ldc + j)], want, (K + 2) * std::ldexp(magnitude, -23) + 1e-37)
+                      << "i " << i << " j " << j;
+                }
+                for (int j = N; j < ldc; ++j) ASSERT_EQ(c[size_t(i * ldc + j)], c0[size_t(i * ldc + j)]);
+              }
+              if (M >= 3) {  // rows 1..2 on their own: the 1-row blocks instead of the 4-row one
+                std::vector<float> part = c0;
+                simd::tile_gemm(2, N, K, alpha, ta ? a.data() + 1 : a.data() + lda, ta ? 1 : lda, ta ? lda : 1,
+                                b.data(), ldb, beta, part.data() + ldc, ldc);
+                for (int i = 1; i <= 2; ++i)
+                  for (int j = 0; j < N; ++j)
+                    ASSERT_EQ(part[size_t(i * ldc + j)], c[size_t(i * ldc + j)]) << "i " << i << " j " << j;
+              }
+            }
+  });
+}

@@ -41,6 +41,12 @@ float dot_row(const float* a, const float* b, int64_t n);
 // dx = y * (dy - c) (dx may be dy): softmax's backward and attention's dS = P * (dP - D).
 void mul_sub_row(const float* y, const float* dy, float c, float* dx, int64_t n);
 
+// C (M x N, row stride ldc) = alpha * op(A) B + beta * C for attention's tiles (ops/cpu/simd/tile_gemm.cpp): op(A)'s
+// element (i, k) is A[i * a_row + k * a_col] (A: a_row = lda, a_col = 1; A^T: a_row = 1, a_col = lda), B is
+// row-major K x N with row stride ldb. beta = 0 does not read C.
+void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_row, int64_t a_col,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
 // Layer norm of one row: y = (x - mean) * rstd * w + b with statistics accumulated in double (two passes).
 // next (optional): n floats to prefetch, as exp_sub_sum's.
 void layernorm_forward_row(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,

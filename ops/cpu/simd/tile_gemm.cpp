@@ -1,0 +1,95 @@
+// The small matrix products of flash attention's tiles (ops/cpu/attention.cpp): 64 x 64 x D and the like, a few
+// hundred thousand multiply-adds each, thousands of them per step. BLAS spends most of such a call packing both
+// operands into its own layout and setting up; this kernel reads them where they are.
+//
+// Register blocking: each step of the reduction loads two vectors of B's row k and broadcasts one element of A
+// for each of four rows of C, then fuses eight multiply-adds into eight accumulators (4 rows x 2 vectors of C:
+// 8 + 2 + 1 registers, within AVX2's 16). B's row is reused by the four rows and A's element by the two vectors,
+// so the loop issues 6 loads per 8 multiply-adds, all from L1 for a tile. Rows past a multiple of 4, and columns
+// past a multiple of two vectors, run the same loop with 1 row or 1 vector; the columns past the last whole
+// vector run in scalar code. Each element of C sums over k in order, so its value does not depend on the blocking,
+// the thread count or where the tile sits.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/cpu/simd/tile_gemm.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <cmath>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace minidl::ops::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// C[i..i+R, j..j+V*L) = alpha * sum_k A(i + r, k) B[k, j..] + beta * C (beta 0: C is not read).
+template <size_t R, size_t V, class D>
+HWY_INLINE void TileBlock(D d, size_t i, size_t j, size_t K, float alpha, const float* A, size_t a_row, size_t a_col,
+                          const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+  using Vec = hn::Vec<D>;
+  const size_t L = hn::Lanes(d);
+  Vec acc[R][V];
+  for (size_t r = 0; r < R; ++r)
+    for (size_t v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
+  const float* a = A + i * a_row;
+  const float* b = B + j;
+  for (size_t k = 0; k < K; ++k, a += a_col, b += ldb) {
+    Vec bv[V];
+    for (size_t v = 0; v < V; ++v) bv[v] = hn::LoadU(d, b + v * L);
+    for (size_t r = 0; r < R; ++r) {
+      const Vec av = hn::Set(d, a[r * a_row]);
+      for (size_t v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+  }
+  const Vec va = hn::Set(d, alpha), vb = hn::Set(d, beta);
+  for (size_t r = 0; r < R; ++r)
+    for (size_t v = 0; v < V; ++v) {
+      float* c = C + (i + r) * ldc + j + v * L;
+      const Vec scaled = hn::Mul(acc[r][v], va);
+      hn::StoreU(beta == 0.0f ? scaled : hn::MulAdd(hn::LoadU(d, c), vb, scaled), d, c);
+    }
+}
+
+template <size_t V, class D>
+HWY_INLINE void TileColumns(D d, size_t M, size_t j, size_t K, float alpha, const float* A, size_t a_row,
+                            size_t a_col, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+  size_t i = 0;
+  for (; i + 4 <= M; i += 4) TileBlock<4, V>(d, i, j, K, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
+  for (; i < M; ++i) TileBlock<1, V>(d, i, j, K, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
+}
+
+void TileGemm(size_t M, size_t N, size_t K, float alpha, const float* A, size_t a_row, size_t a_col, const float* B,
+              size_t ldb, float beta, float* C, size_t ldc) {
+  const hn::ScalableTag<float> d;
+  const size_t L = hn::Lanes(d);
+  size_t j = 0;
+  for (; j + 2 * L <= N; j += 2 * L) TileColumns<2>(d, M, j, K, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
+  for (; j + L <= N; j += L) TileColumns<1>(d, M, j, K, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
+  for (; j < N; ++j)
+    for (size_t i = 0; i < M; ++i) {
+      float sum = 0;
+      for (size_t k = 0; k < K; ++k) sum = std::fma(A[i * a_row + k * a_col], B[k * ldb + j], sum);
+      float* c = C + i * ldc + j;
+      *c = beta == 0.0f ? alpha * sum : std::fma(*c, beta, alpha * sum);
+    }
+}
+
+}  // namespace minidl::ops::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "ops/cpu/simd/isa.h"
+#include "ops/cpu/simd/simd.h"
+
+namespace minidl::ops::simd {
+
+HWY_EXPORT(TileGemm);
+
+void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_row, int64_t a_col,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(TileGemm)(size_t(M), size_t(N), size_t(K), alpha, A, size_t(a_row), size_t(a_col), B,
+                                 size_t(ldb), beta, C, size_t(ldc));
+}
+
+}  // namespace minidl::ops::simd
+#endif  // HWY_ONCE
