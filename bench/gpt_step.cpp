@@ -120,12 +120,12 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "Sequences per step (per rank under mpirun)")->capture_default_str();
   app.add_option("--vocab", vocab, "Vocabulary size")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads; default: all cores");
-  app.add_option("--steps", steps, "Timed steps")->capture_default_str();
+  app.add_option("--steps", steps, "Timed steps")->check(CLI::Range(int64_t(1), int64_t(1) << 30))->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
   app.add_option("--ceiling-every", ceiling_every, "On the CPU (f32, one process): time a round of the sgemm "
                  "ceiling's products before the first timed step and after every this many, and compare each step "
                  "with the rounds around it (bench/sgemm_ceiling.h)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30))->capture_default_str();
   app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")->capture_default_str();
   app.add_option("--amp", amp, "Mixed precision: off, bf16 or fp16 (fp16 with dynamic loss scaling)")
       ->capture_default_str();
@@ -151,7 +151,15 @@ int main(int argc, char** argv) {
   app.add_option("--schedule", schedule, "With --pp: gpipe, 1f1b or interleaved")->capture_default_str();
   app.add_option("--virtual-stages", virtual_stages, "With --schedule interleaved: chunks per rank")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  // Flag errors are the same on every rank: each returns 2 and MPI finalises normally.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return speaks ? app.exit(e) : 0;
+  } catch (const CLI::ParseError& e) {
+    if (speaks) std::fprintf(stderr, "bench_gpt_step: error: %s (see --help)\n", e.what());
+    return 2;
+  }
   try {
     if (pp > 1) {
       MINIDL_CHECK(device_flag == "cpu" && amp != "fp16", "--pp: the pipeline bench runs on the CPU in f32 or bf16");
