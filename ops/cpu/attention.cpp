@@ -7,6 +7,9 @@
 // 1 thread, AVX2, bench/attention.cpp). f64, the reference, stays on BLAS. The softmax work between the products
 // is vectorised too (ops/cpu/simd's max, exp and row updates for f32): a tile has 64 x 64 exps for 64 x 64 x D
 // multiply-adds, and with scalar expf it all took 1.5-1.8x longer. kBlock = 64 measured faster than 32 and 128.
+// On the diagonal tiles the products skip what the causal mask makes zero or unwanted (simd::Triangle): forward +
+// backward 4.7 -> 3.6 ms at B=12 T=64 C=128 H=4 (one tile per head, all diagonal), 73.4 -> 66.6 ms at T=256
+// (4 of 10 tiles); 1 thread, AVX2, AMD EPYC family 23.
 // Nothing T x T is ever allocated: a tile of scores lives in a per-thread buffer.
 #include <cblas.h>
 
@@ -65,8 +68,11 @@ static constexpr int64_t kBlock = 64;
 // Row-major C = alpha * op(A) op(B) + beta * C on strided tiles (lda etc. in elements). f32 goes to the tile kernel
 // (ops/cpu/simd/tile_gemm.cpp), which reads op(A) in place and wants B row-major: a transposed B (the keys of
 // Q K^T, V of dO V^T: 64 x D) is first copied transposed into a per-thread buffer.
+// On a diagonal tile `part` says which half of the product is needed (simd::Triangle); the f64 reference computes
+// all of it.
+using simd::Triangle;
 static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Triangle part = Triangle::kFull) {
   if (tb) {
     thread_local std::vector<float> bt;
     bt.resize(size_t(K * N));
@@ -75,10 +81,10 @@ static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
     B = bt.data();
     ldb = N;
   }
-  simd::tile_gemm(M, N, K, alpha, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, beta, C, ldc);
+  simd::tile_gemm(M, N, K, alpha, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, beta, C, ldc, part);
 }
 static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
-                 const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+                 const double* B, int64_t ldb, double beta, double* C, int64_t ldc, Triangle = Triangle::kFull) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
@@ -116,7 +122,9 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
     // (all of them before the diagonal, its own on it): no row's running max is ever -inf.
     for (int64_t j0 = 0; j0 < i0 + bq; j0 += kBlock) {
       int64_t bk = std::min(kBlock, i0 + bq - j0);
-      gemm(false, true, bq, bk, d.D, scale, x.q + i0 * x.ld_qkv, x.ld_qkv, x.k + j0 * x.ld_qkv, x.ld_qkv, T(0), S, bk);
+      const bool diagonal = j0 == i0;  // P is lower-triangular there: half of each product is left out
+      gemm(false, true, bq, bk, d.D, scale, x.q + i0 * x.ld_qkv, x.ld_qkv, x.k + j0 * x.ld_qkv, x.ld_qkv, T(0), S, bk,
+           diagonal ? Triangle::kLowerOutput : Triangle::kFull);
       for (int64_t i = 0; i < bq; ++i) {
         T* s = S + i * bk;
         int64_t n = visible_keys(i0 + i, j0, bk);
@@ -126,7 +134,8 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
         std::fill(s + n, s + bk, T(0));
         rows[i].sum += sum;
       }
-      gemm(false, false, bq, d.D, bk, T(1), S, bk, x.v + j0 * x.ld_qkv, x.ld_qkv, T(1), x.o + i0 * x.ld_o, x.ld_o);
+      gemm(false, false, bq, d.D, bk, T(1), S, bk, x.v + j0 * x.ld_qkv, x.ld_qkv, T(1), x.o + i0 * x.ld_o, x.ld_o,
+           diagonal ? Triangle::kLowerReduce : Triangle::kFull);
     }
     for (int64_t i = 0; i < bq; ++i) {
       scale_row(x.o + (i0 + i) * x.ld_o, T(1) / rows[i].sum, d.D);
@@ -184,18 +193,28 @@ static void backward_head(const Head<const T, const T>& x, const Head<T, const T
     for (int64_t i0 = j0; i0 < d.T; i0 += kBlock) {
       int64_t bq = std::min(kBlock, d.T - i0);
       const T *q = x.q + i0 * x.ld_qkv, *k = x.k + j0 * x.ld_qkv, *v = x.v + j0 * x.ld_qkv, *dO = g.o + i0 * g.ld_o;
-      gemm(false, true, bq, bk, d.D, scale, q, x.ld_qkv, k, x.ld_qkv, T(0), P, bk);
+      // On the diagonal P and dS are lower-triangular: S and dP are wanted on and below the diagonal only, and
+      // the products with P or dS (or their transposes) leave out the terms where those are zero.
+      const bool diagonal = i0 == j0;
+      const Triangle lower_out = diagonal ? Triangle::kLowerOutput : Triangle::kFull;
+      const Triangle lower_sum = diagonal ? Triangle::kLowerReduce : Triangle::kFull;
+      const Triangle upper_sum = diagonal ? Triangle::kUpperReduce : Triangle::kFull;
+      gemm(false, true, bq, bk, d.D, scale, q, x.ld_qkv, k, x.ld_qkv, T(0), P, bk, lower_out);
       for (int64_t i = 0; i < bq; ++i) {
         T *p = P + i * bk, l = L[i0 + i];
         int64_t n = visible_keys(i0 + i, j0, bk);
         exp_sub(p, l, n);
         std::fill(p + n, p + bk, T(0));
       }
-      gemm(true, false, bk, d.D, bq, T(1), P, bk, dO, g.ld_o, T(1), g.v + j0 * g.ld_qkv, g.ld_qkv);
-      gemm(false, true, bq, bk, d.D, T(1), dO, g.ld_o, v, x.ld_qkv, T(0), dP, bk);
-      for (int64_t i = 0; i < bq; ++i) mul_sub(P + i * bk, dP + i * bk, Drow[i0 + i], bk);
-      gemm(false, false, bq, d.D, bk, scale, dP, bk, k, x.ld_qkv, T(1), g.q + i0 * g.ld_qkv, g.ld_qkv);
-      gemm(true, false, bk, d.D, bq, scale, dP, bk, q, x.ld_qkv, T(1), g.k + j0 * g.ld_qkv, g.ld_qkv);
+      gemm(true, false, bk, d.D, bq, T(1), P, bk, dO, g.ld_o, T(1), g.v + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
+      gemm(false, true, bq, bk, d.D, T(1), dO, g.ld_o, v, x.ld_qkv, T(0), dP, bk, lower_out);
+      for (int64_t i = 0; i < bq; ++i) {  // dS = P (dP - Drow); zero where P is (dP there may not be computed)
+        int64_t n = visible_keys(i0 + i, j0, bk);
+        mul_sub(P + i * bk, dP + i * bk, Drow[i0 + i], n);
+        std::fill(dP + i * bk + n, dP + (i + 1) * bk, T(0));
+      }
+      gemm(false, false, bq, d.D, bk, scale, dP, bk, k, x.ld_qkv, T(1), g.q + i0 * g.ld_qkv, g.ld_qkv, lower_sum);
+      gemm(true, false, bk, d.D, bq, scale, dP, bk, q, x.ld_qkv, T(1), g.k + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
     }
   }
 }

@@ -376,3 +376,43 @@ TEST(Simd, TileGemmMatchesDoubleReferenceForEveryLayoutAndTail) {
             }
   });
 }
+
+// The causal diagonal's variants (simd::Triangle) against the full product of the same kernel (which the test above
+// checks against double): the reduce variants must give the same bits when op(A) has zeros where they skip, and
+// kLowerOutput the same bits on and below the diagonal, with nothing written past the N columns.
+TEST(Simd, TileGemmTrianglesEqualTheFullProduct) {
+  for_each_isa([] {
+    for (int M : {1, 4, 5, 13, 64})
+      for (int N : {1, 7, 16, 17, 33, 64})
+        for (int K : {1, 5, 32, 64})
+          for (bool ta : {false, true})
+            for (simd::Triangle part :
+                 {simd::Triangle::kLowerOutput, simd::Triangle::kLowerReduce, simd::Triangle::kUpperReduce}) {
+              SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " K " << K << " ta " << ta << " part "
+                                                << int(part));
+              const int lda = ta ? M + 3 : K + 2, ldb = N + 1, ldc = N + 2;
+              std::vector<float> a = inputs((ta ? K : M) * lda, unsigned(M * 7 + K), 1.0f, false);
+              const std::vector<float> b = inputs(K * ldb, unsigned(N * 5 + K), 1.0f, false);
+              const std::vector<float> c0 = inputs(M * ldc, unsigned(M + N), 1.0f, false);
+              for (int i = 0; i < M; ++i)  // op(A)'s zeros where the variant leaves terms out
+                for (int k = 0; k < K; ++k) {
+                  const bool zero = (part == simd::Triangle::kLowerReduce && k > i) ||
+                                    (part == simd::Triangle::kUpperReduce && k < i);
+                  if (zero) a[size_t(ta ? k * lda + i : i * lda + k)] = 0.0f;
+                }
+              for (float beta : {0.0f, 1.0f}) {
+                std::vector<float> full = c0, tri = c0;
+                simd::tile_gemm(M, N, K, 0.5f, a.data(), ta ? 1 : lda, ta ? lda : 1, b.data(), ldb, beta, full.data(),
+                                ldc);
+                simd::tile_gemm(M, N, K, 0.5f, a.data(), ta ? 1 : lda, ta ? lda : 1, b.data(), ldb, beta, tri.data(),
+                                ldc, part);
+                for (int i = 0; i < M; ++i) {
+                  const int wanted = part == simd::Triangle::kLowerOutput ? std::min(N, i + 1) : N;
+                  for (int j = 0; j < wanted; ++j)
+                    ASSERT_EQ(tri[size_t(i * ldc + j)], full[size_t(i * ldc + j)]) << "i " << i << " j " << j;
+                  for (int j = N; j < ldc; ++j) ASSERT_EQ(tri[size_t(i * ldc + j)], c0[size_t(i * ldc + j)]);
+                }
+              }
+            }
+  });
+}

@@ -41,11 +41,22 @@ float dot_row(const float* a, const float* b, int64_t n);
 // dx = y * (dy - c) (dx may be dy): softmax's backward and attention's dS = P * (dP - D).
 void mul_sub_row(const float* y, const float* dy, float c, float* dx, int64_t n);
 
+// The part of a tile product that a causal attention tile on the diagonal needs (ops/cpu/attention.cpp): its
+// probabilities P and score gradients dS are lower-triangular (query i sees keys j <= i), so about half of each
+// product is known to be zero or not wanted.
+//   kFull: all of C;
+//   kLowerOutput: row i of C at columns j <= i; the others may or may not be written (S = Q K^T, dP = dO V^T);
+//   kLowerReduce: row i sums over k <= i only, op(A)(i, k) being 0 beyond (O += P V, dQ += dS K);
+//   kUpperReduce: row i sums over k >= i only, op(A)(i, k) being 0 before (dV += P^T dO, dK += dS^T Q).
+// The reduce variants leave out terms 0 * B and sum the others in the same order: for finite B, C is kFull's, bit
+// for bit.
+enum class Triangle { kFull, kLowerOutput, kLowerReduce, kUpperReduce };
+
 // C (M x N, row stride ldc) = alpha * op(A) B + beta * C for attention's tiles (ops/cpu/simd/tile_gemm.cpp): op(A)'s
 // element (i, k) is A[i * a_row + k * a_col] (A: a_row = lda, a_col = 1; A^T: a_row = 1, a_col = lda), B is
 // row-major K x N with row stride ldb. beta = 0 does not read C.
 void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_row, int64_t a_col,
-               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Triangle part = Triangle::kFull);
 
 // Layer norm of one row: y = (x - mean) * rstd * w + b with statistics accumulated in double (two passes).
 // next (optional): n floats to prefetch, as exp_sub_sum's.

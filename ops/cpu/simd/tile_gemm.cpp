@@ -9,6 +9,10 @@
 // past a multiple of two vectors, run the same loop with 1 row or 1 vector; the columns past the last whole
 // vector run in scalar code. Each element of C sums over k in order, so its value does not depend on the blocking,
 // the thread count or where the tile sits.
+//
+// On the causal diagonal (simd.h's Triangle) the kernel leaves out what is not wanted: under kLowerOutput the
+// row blocks above a column block's first column, under the reduce variants the stretch of k where op(A) is zero
+// for the whole 4-row block. About half of such a tile's multiply-adds go, less the blocks the diagonal crosses.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/simd/tile_gemm.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -21,18 +25,32 @@ HWY_BEFORE_NAMESPACE();
 namespace minidl::ops::simd::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// C[i..i+R, j..j+V*L) = alpha * sum_k A(i + r, k) B[k, j..] + beta * C (beta 0: C is not read).
+// kFull etc. as plain ints: HWY_EXPORT'ed functions take the same arguments on every target.
+constexpr int kFull = 0, kLowerOutput = 1, kLowerReduce = 2, kUpperReduce = 3;
+
+// The reduction range [begin, end) that rows i..i+R-1 need (simd.h's Triangle): every term outside it is 0 * B
+// for all R rows.
+struct Reduction {
+  size_t begin, end;
+};
+HWY_INLINE Reduction ReductionOf(int part, size_t i, size_t R, size_t K) {
+  if (part == kLowerReduce) return {0, HWY_MIN(K, i + R)};
+  if (part == kUpperReduce) return {HWY_MIN(K, i), K};
+  return {0, K};
+}
+
+// C[i..i+R, j..j+V*L) = alpha * sum_k A(i + r, k) B[k, j..] + beta * C (beta 0: C is not read), k over [k0, k1).
 template <size_t R, size_t V, class D>
-HWY_INLINE void TileBlock(D d, size_t i, size_t j, size_t K, float alpha, const float* A, size_t a_row, size_t a_col,
-                          const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+HWY_INLINE void TileBlock(D d, size_t i, size_t j, Reduction k_range, float alpha, const float* A, size_t a_row,
+                          size_t a_col, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
   using Vec = hn::Vec<D>;
   const size_t L = hn::Lanes(d);
   Vec acc[R][V];
   for (size_t r = 0; r < R; ++r)
     for (size_t v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
-  const float* a = A + i * a_row;
-  const float* b = B + j;
-  for (size_t k = 0; k < K; ++k, a += a_col, b += ldb) {
+  const float* a = A + i * a_row + k_range.begin * a_col;
+  const float* b = B + k_range.begin * ldb + j;
+  for (size_t k = k_range.begin; k < k_range.end; ++k, a += a_col, b += ldb) {
     Vec bv[V];
     for (size_t v = 0; v < V; ++v) bv[v] = hn::LoadU(d, b + v * L);
     for (size_t r = 0; r < R; ++r) {
@@ -49,25 +67,31 @@ HWY_INLINE void TileBlock(D d, size_t i, size_t j, size_t K, float alpha, const 
     }
 }
 
+// The first row that columns from j on are wanted for: rows before j need none of them under kLowerOutput. A
+// multiple of 4, so the 4-row blocks stay where they are in a full product.
+HWY_INLINE size_t FirstRow(int part, size_t j, size_t M) { return part == kLowerOutput ? HWY_MIN(M, j) / 4 * 4 : 0; }
+
 template <size_t V, class D>
-HWY_INLINE void TileColumns(D d, size_t M, size_t j, size_t K, float alpha, const float* A, size_t a_row,
+HWY_INLINE void TileColumns(D d, size_t M, size_t j, size_t K, int part, float alpha, const float* A, size_t a_row,
                             size_t a_col, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
-  size_t i = 0;
-  for (; i + 4 <= M; i += 4) TileBlock<4, V>(d, i, j, K, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
-  for (; i < M; ++i) TileBlock<1, V>(d, i, j, K, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
+  size_t i = FirstRow(part, j, M);
+  for (; i + 4 <= M; i += 4)
+    TileBlock<4, V>(d, i, j, ReductionOf(part, i, 4, K), alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
+  for (; i < M; ++i) TileBlock<1, V>(d, i, j, ReductionOf(part, i, 1, K), alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
 }
 
 void TileGemm(size_t M, size_t N, size_t K, float alpha, const float* A, size_t a_row, size_t a_col, const float* B,
-              size_t ldb, float beta, float* C, size_t ldc) {
+              size_t ldb, float beta, float* C, size_t ldc, int part) {
   const hn::ScalableTag<float> d;
   const size_t L = hn::Lanes(d);
   size_t j = 0;
-  for (; j + 2 * L <= N; j += 2 * L) TileColumns<2>(d, M, j, K, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
-  for (; j + L <= N; j += L) TileColumns<1>(d, M, j, K, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
+  for (; j + 2 * L <= N; j += 2 * L) TileColumns<2>(d, M, j, K, part, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
+  for (; j + L <= N; j += L) TileColumns<1>(d, M, j, K, part, alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
   for (; j < N; ++j)
-    for (size_t i = 0; i < M; ++i) {
+    for (size_t i = FirstRow(part, j, M); i < M; ++i) {
+      const Reduction k_range = ReductionOf(part, i, 1, K);
       float sum = 0;
-      for (size_t k = 0; k < K; ++k) sum = std::fma(A[i * a_row + k * a_col], B[k * ldb + j], sum);
+      for (size_t k = k_range.begin; k < k_range.end; ++k) sum = std::fma(A[i * a_row + k * a_col], B[k * ldb + j], sum);
       float* c = C + i * ldc + j;
       *c = beta == 0.0f ? alpha * sum : std::fma(*c, beta, alpha * sum);
     }
@@ -83,12 +107,14 @@ HWY_AFTER_NAMESPACE();
 namespace minidl::ops::simd {
 
 HWY_EXPORT(TileGemm);
+static_assert(int(Triangle::kFull) == 0 && int(Triangle::kLowerOutput) == 1 && int(Triangle::kLowerReduce) == 2 &&
+              int(Triangle::kUpperReduce) == 3);
 
 void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_row, int64_t a_col,
-               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Triangle part) {
   ensure_isa_selected();
   HWY_DYNAMIC_DISPATCH(TileGemm)(size_t(M), size_t(N), size_t(K), alpha, A, size_t(a_row), size_t(a_col), B,
-                                 size_t(ldb), beta, C, size_t(ldc));
+                                 size_t(ldb), beta, C, size_t(ldc), int(part));
 }
 
 }  // namespace minidl::ops::simd
