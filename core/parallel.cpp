@@ -75,4 +75,18 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function
   }
 }
 
+void parallel_for_parts(const std::vector<int64_t>& sizes, int64_t grain,
+                        const std::function<void(size_t, int64_t, int64_t)>& fn) {
+  std::vector<int64_t> start(sizes.size() + 1, 0);  // where each part begins in the concatenation
+  for (size_t i = 0; i < sizes.size(); ++i) start[i + 1] = start[i] + sizes[i];
+  parallel_for(0, start.back(), grain, [&](int64_t b, int64_t e) {
+    size_t part = size_t(std::upper_bound(start.begin(), start.end(), b) - start.begin()) - 1;
+    for (; b < e; ++part) {
+      const int64_t end = std::min(e, start[part + 1]);
+      if (b < end) fn(part, b - start[part], end - start[part]);
+      b = end;
+    }
+  });
+}
+
 }  // namespace minidl

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace minidl {
 
@@ -19,5 +20,12 @@ bool in_parallel_region();
 // Splits [begin, end) into at most num_threads() contiguous chunks of at least `grain` items and runs fn on each.
 // Runs inline when the range is small or when already inside a parallel region.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+// One parallel_for over several arrays laid end to end (sizes[i] items in part i): fn(part, begin, end) for each
+// piece of a part a thread gets, in part order within a thread. A multi-tensor pass (the optimizer's update over
+// all parameters) forks and joins once instead of once per tensor, and tensors below `grain` no longer run alone
+// on one thread.
+void parallel_for_parts(const std::vector<int64_t>& sizes, int64_t grain,
+                        const std::function<void(size_t, int64_t, int64_t)>& fn);
 
 }  // namespace minidl

@@ -16,18 +16,37 @@ namespace minidl::optim {
 static constexpr int64_t kNormBlock = 1 << 14;
 
 template <class T>
-static double sum_of_squares(const T* x, int64_t n) {
-  int64_t blocks = (n + kNormBlock - 1) / kNormBlock;
-  std::vector<double> partial(size_t(blocks), 0.0);
-  parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      double s = 0.0;
-      for (int64_t i = b * kNormBlock, e = std::min(n, i + kNormBlock); i < e; ++i) s += double(x[i]) * double(x[i]);
-      partial[size_t(b)] = s;
-    }
+static double sum_of_squares(const T* x, int64_t n, int64_t block) {
+  double s = 0.0;
+  for (int64_t i = block * kNormBlock, e = std::min(n, i + kNormBlock); i < e; ++i) s += double(x[i]) * double(x[i]);
+  return s;
+}
+
+// The sum of squares of all the tensors' elements: fixed blocks of kNormBlock per tensor, summed in order per
+// tensor and then over tensors, so the result does not depend on the thread count. One parallel pass over the
+// blocks of every tensor.
+static double sum_of_squares(const std::vector<Tensor>& xs) {
+  std::vector<int64_t> blocks;
+  std::vector<size_t> first(1, 0);  // each tensor's first block in `partial`
+  for (const Tensor& x : xs) {
+    dispatch_float("grad_norm_squared", x.dtype(), [](auto) {});  // an unsupported dtype throws here, not in a thread
+    blocks.push_back((x.numel() + kNormBlock - 1) / kNormBlock);
+    first.push_back(first.back() + size_t(blocks.back()));
+  }
+  std::vector<double> partial(first.back(), 0.0);
+  parallel_for_parts(blocks, 1, [&](size_t t, int64_t b0, int64_t b1) {
+    dispatch_float("grad_norm_squared", xs[t].dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = xs[t].data<T>();
+      for (int64_t b = b0; b < b1; ++b) partial[first[t] + size_t(b)] = sum_of_squares(x, xs[t].numel(), b);
+    });
   });
   double total = 0.0;
-  for (double s : partial) total += s;
+  for (size_t t = 0; t < xs.size(); ++t) {
+    double tensor_total = 0.0;
+    for (size_t b = first[t]; b < first[t + 1]; ++b) tensor_total += partial[b];
+    total += tensor_total;
+  }
   return total;
 }
 
@@ -40,8 +59,8 @@ static Tensor checked_grad(const Tensor& p, size_t index) {
 }
 
 double grad_norm_squared(const std::vector<Tensor>& params) {
-  double total = 0.0;
   Tensor on_device;  // the device gradients' sum of squares, kept there and read back once
+  std::vector<Tensor> host;
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor g = checked_grad(params[i], i);
     if (!g.defined()) continue;
@@ -50,11 +69,9 @@ double grad_norm_squared(const std::vector<Tensor>& params) {
       on_device = on_device.defined() ? ops::add(on_device, s) : s;
       continue;
     }
-    total += dispatch_float("grad_norm_squared", g.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      return sum_of_squares(g.data<T>(), g.numel());
-    });
+    host.push_back(g);
   }
+  const double total = sum_of_squares(host);
   return on_device.defined() ? total + on_device.item() : total;
 }
 

@@ -1,5 +1,7 @@
 #include "ops/adamw.h"
 
+#include <vector>
+
 #include "core/parallel.h"
 #include "ops/cpu/simd/simd.h"
 #include "ops/kernels/adamw.h"
@@ -57,7 +59,15 @@ void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Ten
   }
   MINIDL_CHECK(h.step >= 1, "fused_adamw_multi_: expected step >= 1 (1-based), got ", h.step);
   if (!device.is_cpu()) return fused_adamw_multi_device(device)(params, grads, m, v, h);
-  for (size_t i = 0; i < params.size(); ++i) fused_adamw_(params[i], grads[i], m[i], v[i], h);
+  // One parallel pass over all the tensors (elementwise, so the bits are fused_adamw_'s one by one).
+  const kernels::AdamWConstants c =
+      kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step);
+  std::vector<int64_t> sizes;
+  for (const Tensor& p : params) sizes.push_back(p.numel());
+  parallel_for_parts(sizes, kAdamWGrain, [&](size_t i, int64_t begin, int64_t end) {
+    simd::adamw(params[i].data<float>() + begin, grads[i].data<float>() + begin, m[i].data<float>() + begin,
+                v[i].data<float>() + begin, c, end - begin);
+  });
 }
 
 void add_to_count_(const Tensor& skipped, int64_t delta) {

@@ -206,15 +206,18 @@ static void backward_head(const Head<const T, const T>& x, const Head<T, const T
         exp_sub(p, l, n);
         std::fill(p + n, p + bk, T(0));
       }
-      gemm(true, false, bk, d.D, bq, T(1), P, bk, dO, g.ld_o, T(1), g.v + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
+      // The first tile of a key block (i0 == j0) writes its dV and dK rows, the first of a query block (j0 == 0)
+      // its dQ rows; later tiles add to them. So dqkv needs no zeroing.
+      const T first_k = diagonal ? T(0) : T(1), first_q = j0 == 0 ? T(0) : T(1);
+      gemm(true, false, bk, d.D, bq, T(1), P, bk, dO, g.ld_o, first_k, g.v + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
       gemm(false, true, bq, bk, d.D, T(1), dO, g.ld_o, v, x.ld_qkv, T(0), dP, bk, lower_out);
       for (int64_t i = 0; i < bq; ++i) {  // dS = P (dP - Drow); zero where P is (dP there may not be computed)
         int64_t n = visible_keys(i0 + i, j0, bk);
         mul_sub(P + i * bk, dP + i * bk, Drow[i0 + i], n);
         std::fill(dP + i * bk + n, dP + (i + 1) * bk, T(0));
       }
-      gemm(false, false, bq, d.D, bk, scale, dP, bk, k, x.ld_qkv, T(1), g.q + i0 * g.ld_qkv, g.ld_qkv, lower_sum);
-      gemm(true, false, bk, d.D, bq, scale, dP, bk, q, x.ld_qkv, T(1), g.k + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
+      gemm(false, false, bq, d.D, bk, scale, dP, bk, k, x.ld_qkv, first_q, g.q + i0 * g.ld_qkv, g.ld_qkv, lower_sum);
+      gemm(true, false, bk, d.D, bq, scale, dP, bk, q, x.ld_qkv, first_k, g.k + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
     }
   }
 }
@@ -244,7 +247,7 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
     }
     return dqkv;
   }
-  Tensor dqkv = Tensor::zeros(qkv.shape(), qkv.dtype(), qkv.device());  // gemms accumulate into it
+  Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());  // every element written (backward_head)
   dispatch_float("causal_attention_backward", qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T *pqkv = qkv.data<T>(), *po = out.data<T>(), *pl = lse.data<T>(), *pdo = dout.data<T>();

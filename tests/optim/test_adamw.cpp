@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/memory.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "ops/adamw.h"
 #include "optim/adamw.h"
@@ -164,4 +165,35 @@ TEST(AdamW, Errors) {
   EXPECT_EQ(p.to_vector(), std::vector<double>(3, 1.0));
   EXPECT_THROW(ops::fused_adamw_(p, Tensor::zeros({4}), Tensor::zeros({3}), Tensor::zeros({3}), {}), Error);
   EXPECT_THROW(ops::fused_adamw_(p, Tensor::zeros({3}), Tensor::zeros({3}), Tensor::zeros({3}), {.step = 0}), Error);
+}
+
+// The CPU multi-tensor update runs all tensors in one parallel pass; each element must get the bits of the
+// one-tensor update, whatever the tensor sizes (below and above the grain, empty) and the thread count.
+TEST(FusedAdamWMulti, EqualsOneTensorAtATimeAtAnyThreadCount) {
+  const int saved = num_threads();
+  const std::vector<int64_t> sizes = {1, 0, 100, 40000, 3, 70001};
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    std::vector<Tensor> p, g, m, v, p1, m1, v1;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      p.push_back(Tensor::from_vector(normals(sizes[i], 10 + i, 1.0), {sizes[i]}));
+      g.push_back(Tensor::from_vector(normals(sizes[i], 20 + i, 0.1), {sizes[i]}));
+      m.push_back(Tensor::from_vector(normals(sizes[i], 30 + i, 0.01), {sizes[i]}));
+      std::vector<double> second = normals(sizes[i], 40 + i, 0.001);
+      for (double& x : second) x = std::abs(x);  // v >= 0
+      v.push_back(Tensor::from_vector(second, {sizes[i]}));
+      p1.push_back(p.back().clone());
+      m1.push_back(m.back().clone());
+      v1.push_back(v.back().clone());
+    }
+    const ops::AdamWHyper h{1e-2, 0.9, 0.999, 1e-8, 0.1, 3};
+    ops::fused_adamw_multi_(p, g, m, v, h);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (sizes[i] > 0) ops::fused_adamw_(p1[i], g[i], m1[i], v1[i], h);
+      EXPECT_EQ(p[i].to_vector(), p1[i].to_vector()) << threads << " threads, tensor " << i;
+      EXPECT_EQ(m[i].to_vector(), m1[i].to_vector()) << threads << " threads, tensor " << i;
+      EXPECT_EQ(v[i].to_vector(), v1[i].to_vector()) << threads << " threads, tensor " << i;
+    }
+  }
+  set_num_threads(saved);
 }

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "optim/clip.h"
 
@@ -38,6 +40,35 @@ TEST(ClipGradNorm, ManyBlocksMatchDirectSum) {
   double direct = 0.25;
   for (double x : params[0].grad().to_vector()) direct += x * x;
   EXPECT_NEAR(optim::grad_norm_squared(params), direct, 1e-9 * direct);
+}
+
+// All gradients go through one parallel pass over fixed blocks of 2^14: the norm is the per-tensor, in-order sum
+// of the blocks' sums (written out here), bit for bit, at every thread count.
+TEST(ClipGradNorm, FixedBlocksGiveTheSameBitsAtAnyThreadCount) {
+  std::vector<Tensor> params;
+  for (int64_t n : {40000, 7, 16384, 100003}) {
+    std::vector<double> g(static_cast<size_t>(n));
+    Philox rng(static_cast<uint64_t>(n));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = rng.normal(i);
+    params.push_back(with_grad(g));
+  }
+  double want = 0.0;
+  for (const Tensor& p : params) {
+    const std::vector<double> g = p.grad().to_vector();
+    double tensor_total = 0.0;
+    for (size_t b = 0; b < g.size(); b += 16384) {
+      double block = 0.0;
+      for (size_t i = b; i < std::min(g.size(), b + 16384); ++i) block += g[i] * g[i];
+      tensor_total += block;
+    }
+    want += tensor_total;
+  }
+  const int saved = num_threads();
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    EXPECT_EQ(optim::grad_norm_squared(params), want) << threads << " threads";
+  }
+  set_num_threads(saved);
 }
 
 TEST(ClipGradNorm, SkipsMissingGradientsAndChecksMaxNorm) {

@@ -55,6 +55,14 @@ TEST(Optimizer, ZeroGradZeroesInPlace) {
   EXPECT_EQ(b.grad().to_vector(), (std::vector<double>{0.0}));
   EXPECT_EQ(a.grad().raw_data(), storage);  // same buffer: nothing was freed or reallocated
   EXPECT_FALSE(c.grad().defined());         // a missing gradient stays missing
+  // Gradients large enough to be split over threads, next to small ones (one parallel pass for all).
+  Tensor big = Tensor::ones({300000}).set_requires_grad(true), small = Tensor::ones({3}).set_requires_grad(true);
+  big.set_grad(Tensor::full({300000}, 2.5));
+  small.set_grad(Tensor::full({3}, -1.0));
+  optim::SGD many({{{big, small}, 0.0}}, {});
+  many.zero_grad();
+  EXPECT_EQ(big.grad().to_vector(), std::vector<double>(300000, 0.0));
+  EXPECT_EQ(small.grad().to_vector(), std::vector<double>(3, 0.0));
 }
 
 TEST(Optimizer, LearningRateAndValidation) {
