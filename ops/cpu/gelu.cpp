@@ -118,11 +118,12 @@ BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Ten
     T* pdx = g.dx.data<T>();
     int64_t rows = C ? x.numel() / C : 0;
     int64_t blocks = (rows + kRowsPerPartial - 1) / kRowsPerPartial;
-    Tensor partials = Tensor::zeros({blocks, C}, x.dtype(), x.device());
+    Tensor partials = Tensor::empty({blocks, C}, x.dtype(), x.device());  // each zeroed by the thread that fills it
     T* partial = partials.data<T>();
     parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
         T* db = partial + k * C;
+        std::fill(db, db + C, T(0));
         for (int64_t r = k * kRowsPerPartial, r1 = std::min(rows, r + kRowsPerPartial); r < r1; ++r) {
           if constexpr (std::is_same_v<T, float>) {
             simd::gelu_backward_row(pdy + r * C, px + r * C, b, pdx + r * C, db, C);

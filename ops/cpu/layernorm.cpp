@@ -82,12 +82,14 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
     const T *pmean = mean.data<T>(), *prstd = rstd.data<T>();
     T* pdx = g.dx.data<T>();
     int64_t blocks = std::max<int64_t>(1, (rows + kRowsPerPartial - 1) / kRowsPerPartial);
-    Tensor partials = Tensor::zeros({blocks, 2, C}, x.dtype(), x.device());  // per block: dweight, dbias
+    // Per block: dweight, dbias, each zeroed by the thread that fills it.
+    Tensor partials = Tensor::empty({blocks, 2, C}, x.dtype(), x.device());
     T* partial = partials.data<T>();
     parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
         T* dw = partial + k * 2 * C;
         T* db = dw + C;
+        std::fill(dw, dw + 2 * C, T(0));
         for (int64_t r = k * kRowsPerPartial, r1 = std::min(rows, r + kRowsPerPartial); r < r1; ++r) {
           const T *xr = px + r * C, *dyr = pdy + r * C;
           T m = pmean[r], rs = prstd[r];
