@@ -39,7 +39,7 @@ HWY_INLINE Reduction ReductionOf(int part, size_t i, size_t R, size_t K) {
   return {0, K};
 }
 
-// C[i..i+R, j..j+V*L) = alpha * sum_k A(i + r, k) B[k, j..] + beta * C (beta 0: C is not read), k over [k0, k1).
+// C[i..i+R, j..j+V*L) = alpha * sum_k A(i + r, k) B[k, j..] + beta * C (beta 0: C is not read), k over k_range.
 template <size_t R, size_t V, class D>
 HWY_INLINE void TileBlock(D d, size_t i, size_t j, Reduction k_range, float alpha, const float* A, size_t a_row,
                           size_t a_col, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
@@ -91,7 +91,8 @@ void TileGemm(size_t M, size_t N, size_t K, float alpha, const float* A, size_t 
     for (size_t i = FirstRow(part, j, M); i < M; ++i) {
       const Reduction k_range = ReductionOf(part, i, 1, K);
       float sum = 0;
-      for (size_t k = k_range.begin; k < k_range.end; ++k) sum = std::fma(A[i * a_row + k * a_col], B[k * ldb + j], sum);
+      for (size_t k = k_range.begin; k < k_range.end; ++k)
+        sum = std::fma(A[i * a_row + k * a_col], B[k * ldb + j], sum);
       float* c = C + i * ldc + j;
       *c = beta == 0.0f ? alpha * sum : std::fma(*c, beta, alpha * sum);
     }
