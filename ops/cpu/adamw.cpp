@@ -29,17 +29,7 @@ void fused_adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   check_buffer(v, "v", param);
   MINIDL_CHECK(h.step >= 1, "fused_adamw_: expected step >= 1 (1-based), got ", h.step);
   if (!param.device().is_cpu()) return fused_adamw_device(param.device())(param, grad, m, v, h);
-
-  const kernels::AdamWConstants c =
-      kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step);
-  float* __restrict p = param.data<float>();
-  const float* __restrict g = grad.data<float>();
-  float* __restrict mp = m.data<float>();
-  float* __restrict vp = v.data<float>();
-  // ops/cpu/simd's vector form of kernels::adamw_element, with the same bits.
-  parallel_for(0, param.numel(), kAdamWGrain, [&](int64_t begin, int64_t end) {
-    simd::adamw(p + begin, g + begin, mp + begin, vp + begin, c, end - begin);
-  });
+  fused_adamw_multi_({param}, {grad}, {m}, {v}, h);  // the same parallel pass, over one tensor
 }
 
 void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
