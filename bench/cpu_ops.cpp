@@ -1,7 +1,7 @@
 // Speed of the CPU ops' vector kernels, per op and per instruction set (ops/cpu/simd/isa.h), against the machine's
 // own ceilings measured in the same run:
-//   memory-bound ops: GB/s (bytes the op must read and write / median time) against the copy bandwidth of a
-//     parallel copy of the same size (read + write bytes);
+//   memory-bound ops: GB/s (bytes the op must read and write / median time) against the bandwidth of a parallel
+//     copy that moves as many bytes (read + write), timed in turns with the op;
 //   GEMM-shaped work (flash attention): GFLOP/s against single-threaded OpenBLAS sgemm at the tile's shape times
 //     the number of threads.
 //
@@ -59,6 +59,29 @@ double time_median(int reps, const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
+// Median seconds of `fn` and of `reference` over reps runs of each, taken in turns after one warm-up run of each,
+// so both medians come from the same stretch of time. The VM this is written on drifts between speeds over
+// seconds (a copy of 64 MB read 28 GB/s in one run and 50 GB/s in the next, AMD EPYC family 25 model 17), and a
+// ceiling measured once at the start compared each op with whichever speed the machine had then.
+std::pair<double, double> time_median_beside(int reps, const std::function<void()>& fn,
+                                             const std::function<void()>& reference) {
+  fn();
+  reference();
+  std::vector<double> t, r;
+  auto seconds = [](const std::function<void()>& f) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int i = 0; i < reps; ++i) {
+    r.push_back(seconds(reference));
+    t.push_back(seconds(fn));
+  }
+  std::sort(t.begin(), t.end());
+  std::sort(r.begin(), r.end());
+  return {t[t.size() / 2], r[r.size() / 2]};
+}
+
 // A memory-bound op: what it runs and how many bytes it must move.
 struct MemoryOp {
   std::string name;
@@ -106,15 +129,22 @@ int main(int argc, char** argv) {
     isas = {simd::current_isa()};
   }
 
-  // Copy bandwidth: a parallel copy of the flat ops' size, read + write bytes.
+  // Copy bandwidth: a parallel copy, read + write bytes. Once here of the flat ops' size, for the header and the exp
+  // bound; and beside every op a copy that moves as many bytes as the op, timed in turns with it, for its %copy. The
+  // same footprint matters where the caches are large: the row ops' inputs (12-32 MB) and part of a 64 MB copy
+  // stay in a 32 MB L3, and a fixed-size copy read 45-82 GB/s depending on which op it ran beside.
   const int64_t n = numel;
-  Tensor src = random({n}, 1), dst = Tensor::empty({n});
+  const int64_t copy_max = 4 * n;  // floats: AdamW moves the most, 7 arrays of n = 3.5 n floats read + 3.5 n written
+  Tensor src = random({copy_max}, 1), dst = Tensor::empty({copy_max});
   const float* ps = src.data<float>();
   float* pd = dst.data<float>();
-  const double copy_s = time_median(reps, [&] {
-    parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) { std::copy(ps + b, ps + e, pd + b); });
-  });
-  const double copy_gbs = 8.0 * n / copy_s / 1e9;
+  const auto copy_of = [&](double bytes) {  // a copy that reads bytes / 2 and writes bytes / 2
+    const int64_t count = std::min(copy_max, int64_t(bytes / 8));
+    return std::function<void()>([=] {
+      parallel_for(0, count, 1 << 16, [&](int64_t b, int64_t e) { std::copy(ps + b, ps + e, pd + b); });
+    });
+  };
+  const double copy_gbs = 8.0 * n / time_median(reps, copy_of(8.0 * n)) / 1e9;
   // The exp's own rate: exp_sub_sum over one L1-resident row (no memory traffic), on every thread. A CPU whose
   // vector units are narrow (Zen 1 splits 256-bit AVX2 into two 128-bit halves) can make the exp-heavy ops compute-
   // bound: cross-entropy's forward reads 4 bytes per exp, so it cannot beat 4 bytes x this rate.
@@ -174,10 +204,11 @@ int main(int argc, char** argv) {
 
   nlohmann::json out = nlohmann::json::array();
   if (!json)
-    std::printf("# copy bandwidth %.1f GB/s (%lld floats, %d threads); attention ceiling: sgemm 64x64x%lld x %d "
-                "threads = %.1f GFLOP/s\n%-8s %-24s %10s %10s %8s\n",
+    std::printf("# copy bandwidth %.1f GB/s at the start (%lld floats, %d threads; each op's %%copy is against a "
+                "copy of its own bytes timed in turns with it, copy_GB/s); attention ceiling: sgemm 64x64x%lld x %d threads = %.1f "
+                "GFLOP/s\n%-8s %-24s %10s %10s %11s %8s\n",
                 copy_gbs, (long long)n, threads, (long long)D, threads, sgemm_ceiling, "isa", "op", "time_ms", "GB/s",
-                "%copy");
+                "copy_GB/s", "%copy");
   for (simd::CpuIsa isa : isas) {
     simd::IsaGuard guard(isa);
     const double exps = exp_rate();
@@ -189,12 +220,13 @@ int main(int argc, char** argv) {
                   simd::isa_name(isa), exps / 1e9, threads, 4.0 * exps / 1e9, 100 * 4.0 * exps / 1e9 / copy_gbs,
                   8.0 * exps / 1e9, 100 * 8.0 * exps / 1e9 / copy_gbs);
     for (const MemoryOp& op : mem_ops) {
-      double s = time_median(reps, op.run), gbs = op.bytes / s / 1e9;
+      const auto [s, copy_s] = time_median_beside(reps, op.run, copy_of(op.bytes));
+      const double gbs = op.bytes / s / 1e9, beside_gbs = op.bytes / copy_s / 1e9;
       out.push_back({{"isa", simd::isa_name(isa)}, {"op", op.name}, {"time_ms", s * 1e3}, {"GB/s", gbs},
-                     {"copy_GB/s", copy_gbs}, {"fraction_of_copy", gbs / copy_gbs}});
+                     {"copy_GB/s", beside_gbs}, {"fraction_of_copy", gbs / beside_gbs}});
       if (!json)
-        std::printf("%-8s %-24s %10.3f %10.1f %7.0f%%\n", simd::isa_name(isa), op.name.c_str(), s * 1e3, gbs,
-                    100 * gbs / copy_gbs);
+        std::printf("%-8s %-24s %10.3f %10.1f %11.1f %7.0f%%\n", simd::isa_name(isa), op.name.c_str(), s * 1e3, gbs,
+                    beside_gbs, 100 * gbs / beside_gbs);
     }
     double s = time_median(reps, [&] {
       ops::AttentionForward f = ops::causal_attention_forward(qkv, int(H));
