@@ -90,7 +90,9 @@ void set_isa(std::string_view name) {
 
 // A bad MINIDL_CPU_ISA is a usage error of the whole program: say so and exit 2, as programs do for bad flags.
 // (An exception here could surface inside a parallel region, where it would only terminate.)
-void ensure_isa_selected() {
+std::atomic<bool> detail::isa_selected{false};
+
+void detail::select_isa_from_env() {
   static std::once_flag once;
   std::call_once(once, [] {
     const char* env = std::getenv("MINIDL_CPU_ISA");
@@ -100,6 +102,7 @@ void ensure_isa_selected() {
       std::fprintf(stderr, "minidl: %s\n", e.what());
       std::exit(2);
     }
+    isa_selected.store(true, std::memory_order_release);
   });
 }
 

@@ -14,6 +14,7 @@
 // work here; set_isa() with such a value throws minidl::Error with the same message.
 #pragma once
 
+#include <atomic>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,8 +36,16 @@ void set_isa(CpuIsa isa);
 // "best" selects supported_isas().front(); otherwise as set_isa(parse_isa(name)).
 void set_isa(std::string_view name);
 
-// Applies MINIDL_CPU_ISA once (at program start; cheap after the first time).
-void ensure_isa_selected();
+namespace detail {
+extern std::atomic<bool> isa_selected;
+void select_isa_from_env();
+}  // namespace detail
+
+// Applies MINIDL_CPU_ISA once (at program start). Every kernel wrapper calls it, up to ~100,000 times in a small
+// GPT step (attention's row updates), so after the first time it is one inlined load.
+inline void ensure_isa_selected() {
+  if (!detail::isa_selected.load(std::memory_order_acquire)) detail::select_isa_from_env();
+}
 
 // Sets an ISA for a scope and restores the previous one.
 class IsaGuard {
