@@ -8,6 +8,7 @@ Usage (Debian's /usr/bin/python3 has PyTorch once `scripts/install-deps.sh --wit
     /usr/bin/python3 bench/compare_pytorch.py --config custom --layers 2 --heads 2 --embd 64 --seq 32 --batch 4
     /usr/bin/python3 bench/compare_pytorch.py --json                  # one JSON object instead of the table
     /usr/bin/python3 bench/compare_pytorch.py --isa avx2              # minidl's AVX2 kernels (MINIDL_CPU_ISA)
+    /usr/bin/python3 bench/compare_pytorch.py --rounds 3              # the two in turns, 3 times: medians
 
 Model and recipe (both sides): nanoGPT-style GPT-2 with learned position embeddings, pre-LayerNorm blocks,
 causal self-attention, GELU(tanh), biases everywhere except the output head, which shares its weight with the
@@ -17,7 +18,10 @@ with dim >= 2 only. Batches are windows of data/tinyshakespeare.txt (the corpus 
 training split) when that file exists, random tokens otherwise; timing does not depend on the values.
 
 Measurement: one step = forward + loss + backward + optimizer step + zero_grad. ms/step is the median over
---steps timed steps after --warmup untimed ones. Each PyTorch thread count runs in its own subprocess (with
+--steps timed steps after --warmup untimed ones. With --rounds R the PyTorch and minidl runs alternate, R times at
+each thread count; each row is then the configuration's median run and the ratio the median over rounds of the
+ratio within each round (a 2-vCPU Zen 4 VM ran both 1.5x slower in some minutes than in others, which put the
+single-round baby ratio anywhere from 0.41 to 0.83). Each PyTorch thread count runs in its own subprocess (with
 torch.set_num_threads(n) and OMP_NUM_THREADS=n), so peak_MB is that configuration's peak resident set size
 (getrusage ru_maxrss; it includes the Python interpreter and libtorch). minidl's row is what
 `bench_gpt_step --json` reports (its peak_mem_mb), for the same shapes and thread count.
@@ -240,6 +244,10 @@ def parse_args():
     p.add_argument("--minidl-bin", default=os.path.join(REPO_ROOT, "build", "bin", "bench_gpt_step"))
     p.add_argument("--isa", choices=["best", "avx512", "avx2", "sse4"],
                    help="MINIDL_CPU_ISA for the minidl runs (default: the environment's, else best)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run PyTorch and minidl in turns this many times at each thread count and report each "
+                        "configuration's median run and the median ratio (default: 1); on a VM whose speed "
+                        "changes from minute to minute, 3 compares the two in the same stretches of time")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args()
 
@@ -257,8 +265,9 @@ def parse_args():
         assert all(t > 0 for t in args.thread_counts)
     except (ValueError, AssertionError):
         p.error(f"--threads expects positive integers separated by commas, got '{args.threads}'")
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        p.error(f"--steps and --rounds must be >= 1 and --warmup >= 0, got --steps {args.steps} --rounds "
+                f"{args.rounds} --warmup {args.warmup}")
     args.shape = shape
     return args
 
@@ -308,41 +317,60 @@ def main():
         return 2
 
     rows, notes, failed = [], [], False
-    for t in args.thread_counts:
-        row, err = run_pytorch(args.shape, t, args.steps, args.warmup)
-        if err:
-            notes.append(err)
-            failed = True
-        else:
-            rows.append(row)
-    if rows:
-        notes.append(f"PyTorch {rows[0]['torch_version']}, data: {rows[0]['data']}; PyTorch peak_MB is the "
-                     f"process's max RSS (includes the interpreter and libtorch)")
-
-    if not os.path.isfile(args.minidl_bin):
+    have_minidl = os.path.isfile(args.minidl_bin)
+    if not have_minidl:
         notes.append(f"minidl: {args.minidl_bin} not found, so no minidl rows (build it with scripts/build.sh)")
-    else:
-        flops = flops_per_step(count_params_no_wpe(args.shape["layers"], args.shape["embd"], args.shape["seq"]),
-                               **args.shape)
+    flops = flops_per_step(count_params_no_wpe(args.shape["layers"], args.shape["embd"], args.shape["seq"]),
+                           **args.shape)
+    runs = {}  # (impl, threads) -> that configuration's row from every round
+    round_ratios = []
+    for _ in range(args.rounds):
+        round_rows = []
         for t in args.thread_counts:
+            row, err = run_pytorch(args.shape, t, args.steps, args.warmup)
+            if err:
+                notes.append(err)
+                failed = True
+            else:
+                round_rows.append(row)
+            if not have_minidl:
+                continue
             row, err = run_minidl(args.minidl_bin, args.shape, t, args.steps, args.warmup, args.isa)
             if err:
                 notes.append(err)
                 failed = True
                 continue
-            rows.append(row)
+            round_rows.append(row)
             expected = flops / (row["ms_per_step"] / 1e3) / 1e9
             if abs(row["gflops"] - expected) > 0.02 * expected:
                 notes.append(f"minidl at {t} thread(s) reports {row['gflops']:.2f} GFLOP/s but the formula above "
                              f"gives {expected:.2f} for its ms/step: the two FLOP counts disagree")
-
-    best_pt = best([r for r in rows if r["impl"] == "pytorch"])
-    best_md = best([r for r in rows if r["impl"] == "minidl"])
-    ratio = best_md["ms_per_step"] / best_pt["ms_per_step"] if best_pt and best_md else None
+        for row in round_rows:
+            runs.setdefault((row["impl"], row["threads"]), []).append(row)
+        best_pt = best([r for r in round_rows if r["impl"] == "pytorch"])
+        best_md = best([r for r in round_rows if r["impl"] == "minidl"])
+        if best_pt and best_md:
+            round_ratios.append(best_md["ms_per_step"] / best_pt["ms_per_step"])
+    # Each configuration's row is its median run; the ratio is the median over rounds of the ratio within a round.
+    for impl in ("pytorch", "minidl"):
+        for t in args.thread_counts:
+            done = sorted(runs.get((impl, t), []), key=lambda r: r["ms_per_step"])
+            if done:
+                rows.append(done[(len(done) - 1) // 2])
+    pytorch_rows = [r for r in rows if r["impl"] == "pytorch"]
+    if pytorch_rows:
+        notes.append(f"PyTorch {pytorch_rows[0]['torch_version']}, data: {pytorch_rows[0]['data']}; PyTorch peak_MB "
+                     f"is the process's max RSS (includes the interpreter and libtorch)")
+    ratio = statistics.median(round_ratios) if round_ratios else None
+    if args.rounds > 1:
+        notes.append(f"{args.rounds} rounds, PyTorch and minidl alternating at each thread count: each row is the "
+                     f"median run, the ratio the median of the rounds' ratios ("
+                     + ", ".join(f"{x:.2f}" for x in round_ratios) + ")")
 
     if args.json:
         print(json.dumps(dict(config=args.config, shape=args.shape, steps=args.steps, warmup=args.warmup,
-                              rows=rows, ratio_minidl_over_pytorch_ms_per_step=ratio, notes=notes), indent=2))
+                              rounds=args.rounds, rows=rows, ratio_minidl_over_pytorch_ms_per_step=ratio,
+                              round_ratios=round_ratios, notes=notes), indent=2))
     else:
         print_table(args, rows, notes, ratio)
     return 1 if failed else 0
