@@ -88,10 +88,10 @@ void set_isa(std::string_view name) {
   apply(name);
 }
 
+std::atomic<bool> detail::isa_selected{false};  // constant-initialised: false before any static constructor runs
+
 // A bad MINIDL_CPU_ISA is a usage error of the whole program: say so and exit 2, as programs do for bad flags.
 // (An exception here could surface inside a parallel region, where it would only terminate.)
-std::atomic<bool> detail::isa_selected{false};
-
 void detail::select_isa_from_env() {
   static std::once_flag once;
   std::call_once(once, [] {
