@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "ops/attention.h"
+#include "ops/cpu/simd/isa.h"
 
 using namespace minidl;
 
@@ -58,9 +60,11 @@ int main(int argc, char** argv) {
 
   const Config configs[] = {{12, 64, 128, 4}, {8, 256, 384, 6}};
   nlohmann::json rows = nlohmann::json::array();
+  const std::string cpu =
+      ops::simd::host_cpu_name() + "; kernels " + ops::simd::isa_name(ops::simd::current_isa());
   if (!json)
-    std::printf("%4s %5s %5s %3s %4s %7s | %9s %9s %9s %9s | %8s %8s\n", "B", "T", "C", "H", "D", "threads",
-                "fwd(ms)", "bwd(ms)", "total(ms)", "best(ms)", "fwd GF/s", "bwd GF/s");
+    std::printf("# cpu: %s\n%4s %5s %5s %3s %4s %7s | %9s %9s %9s %9s | %8s %8s\n", cpu.c_str(), "B", "T", "C", "H",
+                "D", "threads", "fwd(ms)", "bwd(ms)", "total(ms)", "best(ms)", "fwd GF/s", "bwd GF/s");
   for (const Config& c : configs) {
     Tensor qkv = random({c.B, c.T, 3 * c.C}, 1), dout = random({c.B, c.T, c.C}, 2);
     for (int th : threads) {
@@ -80,7 +84,7 @@ int main(int argc, char** argv) {
       double f = median(fwd), b = median(bwd), best = *std::min_element(total.begin(), total.end());
       if (json) {
         rows.push_back({{"B", c.B}, {"T", c.T}, {"C", c.C}, {"H", c.H}, {"threads", th}, {"fwd_ms", f},
-                        {"bwd_ms", b}, {"total_ms", f + b}, {"best_total_ms", best}});
+                        {"bwd_ms", b}, {"total_ms", f + b}, {"best_total_ms", best}, {"cpu", cpu}});
         continue;
       }
       std::printf("%4lld %5lld %5lld %3d %4lld %7d | %9.3f %9.3f %9.3f %9.3f | %8.1f %8.1f\n", (long long)c.B,

@@ -272,6 +272,23 @@ def parse_args():
     return args
 
 
+def host_cpu_name():
+    """The CPU as minidl's benchmarks print it (ops/cpu/simd/isa.h): model name, family and model, CPUs online."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("model name", "cpu family", "model"):
+                    fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name", "unknown CPU")
+    if "cpu family" in fields and "model" in fields:
+        name += f", family {fields['cpu family']} model {fields['model']}"
+    return f"{name}, {os.cpu_count()} CPUs"
+
+
 def best(rows):
     return min(rows, key=lambda r: r["ms_per_step"]) if rows else None
 
@@ -284,7 +301,8 @@ def print_table(args, rows, notes, ratio):
           f"(excl. wpe), {flops / 1e9:.3f} GFLOP/step")
     print(f"# median of {args.steps} timed steps after {args.warmup} warmup; * = best thread count per impl")
     isa = args.isa or os.environ.get("MINIDL_CPU_ISA", "best")
-    print(f"# minidl ISA: {isa}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    print(f"# cpu: {host_cpu_name()}; minidl ISA: {isa}; "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     print(f"{'impl':<8} {'threads':>7} {'ms/step':>10} {'tokens/s':>10} {'GFLOP/s':>9} {'peak_MB':>9} "
           f"{'ceiling':>9} {'%ceil':>6}")
     for impl in ("pytorch", "minidl"):
@@ -368,9 +386,10 @@ def main():
                      + ", ".join(f"{x:.2f}" for x in round_ratios) + ")")
 
     if args.json:
-        print(json.dumps(dict(config=args.config, shape=args.shape, steps=args.steps, warmup=args.warmup,
-                              rounds=args.rounds, rows=rows, ratio_minidl_over_pytorch_ms_per_step=ratio,
-                              round_ratios=round_ratios, notes=notes), indent=2))
+        print(json.dumps(dict(config=args.config, cpu=host_cpu_name(), shape=args.shape, steps=args.steps,
+                              warmup=args.warmup, rounds=args.rounds, rows=rows,
+                              ratio_minidl_over_pytorch_ms_per_step=ratio, round_ratios=round_ratios, notes=notes),
+                         indent=2))
     else:
         print_table(args, rows, notes, ratio)
     return 1 if failed else 0

@@ -204,16 +204,19 @@ int main(int argc, char** argv) {
 
   nlohmann::json out = nlohmann::json::array();
   if (!json)
+    std::printf("# cpu: %s\n", simd::host_cpu_name().c_str());
+  if (!json)
     std::printf("# copy bandwidth %.1f GB/s at the start (%lld floats, %d threads; each op's %%copy is against a "
-                "copy of its own bytes timed in turns with it, copy_GB/s); attention ceiling: sgemm 64x64x%lld x %d threads = %.1f "
-                "GFLOP/s\n%-8s %-24s %10s %10s %11s %8s\n",
+                "copy of its own bytes timed in turns with it, copy_GB/s); attention ceiling: sgemm 64x64x%lld x %d "
+                "threads = %.1f GFLOP/s\n%-8s %-24s %10s %10s %11s %8s\n",
                 copy_gbs, (long long)n, threads, (long long)D, threads, sgemm_ceiling, "isa", "op", "time_ms", "GB/s",
                 "copy_GB/s", "%copy");
   for (simd::CpuIsa isa : isas) {
     simd::IsaGuard guard(isa);
     const double exps = exp_rate();
-    out.push_back({{"isa", simd::isa_name(isa)}, {"op", "exp_rate"}, {"exps_per_s", exps},
-                   {"cross_entropy_bound_GB/s", 4.0 * exps / 1e9}, {"softmax_bound_GB/s", 8.0 * exps / 1e9}});
+    out.push_back({{"isa", simd::isa_name(isa)}, {"op", "exp_rate"}, {"cpu", simd::host_cpu_name()},
+                   {"exps_per_s", exps}, {"cross_entropy_bound_GB/s", 4.0 * exps / 1e9},
+                   {"softmax_bound_GB/s", 8.0 * exps / 1e9}});
     if (!json)
       std::printf("# %s exp: %.2f G/s on %d threads from L1, so cross_entropy (4 bytes per exp) <= %.1f GB/s = %.0f%% "
                   "of copy, softmax (8) <= %.1f GB/s = %.0f%%\n",

@@ -42,6 +42,7 @@
 #include "train/evaluate.h"
 #include "train/step.h"
 #include "train/parallel_model.h"
+#include "ops/cpu/simd/isa.h"
 #include "ops/matmul.h"
 #if defined(MINIDL_HAVE_CUDA_BACKEND)
 #include "core/cuda/cuda.h"
@@ -281,8 +282,12 @@ int main(int argc, char** argv) {
     double gflops = mflop_per_step / median;
     const MemoryLedger& l = ledger(device);
     auto mb = [](int64_t b) { return double(b) / (1 << 20); };
+    // On the CPU the device line names the host's CPU and the kernels' instruction set, so a pasted table says
+    // which machine it came from.
+    const std::string name = device.is_cpu() ? "cpu (" + ops::simd::host_cpu_name() + "; kernels " +
+                                                   ops::simd::isa_name(ops::simd::current_isa()) + ")"
+                                             : train::device_name(device);
     // MFU: the model's FLOPs per second over the GPU's dense peak for the dtype its products run in.
-    const std::string name = train::device_name(device);
     if (device.is_cuda() && peak_tflops <= 0) peak_tflops = train::gpu_peak_tflops(name, options.amp, tf32);
     const double mfu = peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0;
     if (ctx.world_size() > 1 || zero > 0)

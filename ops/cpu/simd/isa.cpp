@@ -6,7 +6,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "hwy/highway.h"
@@ -112,6 +114,24 @@ static const bool g_env_applied = (ensure_isa_selected(), true);
 CpuIsa current_isa() {
   ensure_isa_selected();
   return g_current;
+}
+
+std::string host_cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model_name, family, model;
+  while (std::getline(in, line) && (model_name.empty() || family.empty() || model.empty())) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || colon == 0) continue;
+    const std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    const std::string value = start == std::string::npos ? "" : line.substr(start);
+    if (key == "model name" && model_name.empty()) model_name = value;
+    if (key == "cpu family" && family.empty()) family = value;
+    if (key == "model" && model.empty()) model = value;
+  }
+  std::string name = model_name.empty() ? "unknown CPU" : model_name;
+  if (!family.empty() && !model.empty()) name += ", family " + family + " model " + model;
+  return name + ", " + std::to_string(std::thread::hardware_concurrency()) + " CPUs";
 }
 
 }  // namespace minidl::ops::simd

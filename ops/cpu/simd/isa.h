@@ -31,6 +31,10 @@ std::vector<CpuIsa> supported_isas();
 // The ISA the kernels run now.
 CpuIsa current_isa();
 
+// This host's CPU as benchmarks print it beside their figures: the model name, family and model from
+// /proc/cpuinfo, and the CPUs online ("AMD EPYC, family 25 model 17, 2 CPUs"; "unknown CPU, 2 CPUs" without it).
+std::string host_cpu_name();
+
 // Runs the kernels on `isa` from now on; throws if this CPU or build lacks it.
 void set_isa(CpuIsa isa);
 // "best" selects supported_isas().front(); otherwise as set_isa(parse_isa(name)).
