@@ -121,13 +121,16 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "Sequences per step (per rank under mpirun)")->capture_default_str();
   app.add_option("--vocab", vocab, "Vocabulary size")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads; default: all cores");
-  app.add_option("--steps", steps, "Timed steps")->check(CLI::Range(int64_t(1), int64_t(1) << 30))->capture_default_str();
+  app.add_option("--steps", steps, "Timed steps")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30))
+      ->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
   app.add_option("--ceiling-every", ceiling_every, "On the CPU (f32, one process): time a round of the sgemm "
                  "ceiling's products before the first timed step and after every this many, and compare each step "
                  "with the rounds around it (bench/sgemm_ceiling.h)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30))->capture_default_str();
-  app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")->capture_default_str();
+  app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")
+      ->capture_default_str();
   app.add_option("--amp", amp, "Mixed precision: off, bf16 or fp16 (fp16 with dynamic loss scaling)")
       ->capture_default_str();
   app.add_option("--grad-accum", grad_accum, "Micro-batches per step")->capture_default_str();
@@ -144,7 +147,8 @@ int main(int argc, char** argv) {
   app.add_option("--zero", zero, "Under mpirun: 0 (DDP), or ZeRO stage 1, 2 or 3 over the data-parallel ranks (all "
                  "ranks / --tp); at one rank, 1-3 run the stage's code path with one shard")
       ->capture_default_str();
-  app.add_option("--backend", backend, "Under mpirun: the collectives' backend, mpi or ring (CPU); with --device cuda, mpi means nccl (ring: the device ring)")
+  app.add_option("--backend", backend, "Under mpirun: the collectives' backend, mpi or ring (CPU); with --device "
+                 "cuda, mpi means nccl (ring: the device ring)")
       ->capture_default_str();
   app.add_flag("--json", json, "Also print one JSON object as the last line");
   app.add_option("--pp", pp, "Pipeline stages (run under mpirun -n PP; CPU, f32/bf16)")->capture_default_str();
