@@ -46,17 +46,24 @@ Tensor random(const Shape& shape, uint64_t seed, float scale = 1.0f) {
   return Tensor::from_vector(v, shape);
 }
 
+// Seconds one call of fn takes.
+double seconds(const std::function<void()>& fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median_of(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 // Median seconds of fn over reps runs, after one warm-up run.
 double time_median(int reps, const std::function<void()>& fn) {
   fn();
   std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  for (int r = 0; r < reps; ++r) t.push_back(seconds(fn));
+  return median_of(t);
 }
 
 // Median seconds of `fn` and of `reference` over reps runs of each, taken in turns after one warm-up run of each,
@@ -68,18 +75,11 @@ std::pair<double, double> time_median_beside(int reps, const std::function<void(
   fn();
   reference();
   std::vector<double> t, r;
-  auto seconds = [](const std::function<void()>& f) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
   for (int i = 0; i < reps; ++i) {
     r.push_back(seconds(reference));
     t.push_back(seconds(fn));
   }
-  std::sort(t.begin(), t.end());
-  std::sort(r.begin(), r.end());
-  return {t[t.size() / 2], r[r.size() / 2]};
+  return {median_of(t), median_of(r)};
 }
 
 // A memory-bound op: what it runs and how many bytes it must move.
@@ -203,23 +203,22 @@ int main(int argc, char** argv) {
   const double sgemm_ceiling = sgemm_gflops(64, 64, int(D), reps) * threads;
 
   nlohmann::json out = nlohmann::json::array();
+  const std::string cpu = simd::host_cpu_name();
   if (!json)
-    std::printf("# cpu: %s\n", simd::host_cpu_name().c_str());
-  if (!json)
-    std::printf("# copy bandwidth %.1f GB/s at the start (%lld floats, %d threads; each op's %%copy is against a "
-                "copy of its own bytes timed in turns with it, copy_GB/s); attention ceiling: sgemm 64x64x%lld x %d "
-                "threads = %.1f GFLOP/s\n%-8s %-24s %10s %10s %11s %8s\n",
-                copy_gbs, (long long)n, threads, (long long)D, threads, sgemm_ceiling, "isa", "op", "time_ms", "GB/s",
-                "copy_GB/s", "%copy");
+    std::printf("# cpu: %s\n# copy bandwidth %.1f GB/s at the start (%lld floats, %d threads; each op's %%copy is "
+                "against a copy of its own bytes timed in turns with it, copy_GB/s); attention ceiling: sgemm "
+                "64x64x%lld x %d threads = %.1f GFLOP/s\n%-8s %-24s %10s %10s %11s %8s\n",
+                cpu.c_str(), copy_gbs, (long long)n, threads, (long long)D, threads, sgemm_ceiling, "isa", "op",
+                "time_ms", "GB/s", "copy_GB/s", "%copy");
   for (simd::CpuIsa isa : isas) {
     simd::IsaGuard guard(isa);
     const double exps = exp_rate();
-    out.push_back({{"isa", simd::isa_name(isa)}, {"op", "exp_rate"}, {"cpu", simd::host_cpu_name()},
+    out.push_back({{"isa", simd::isa_name(isa)}, {"op", "exp_rate"}, {"cpu", cpu},
                    {"exps_per_s", exps}, {"cross_entropy_bound_GB/s", 4.0 * exps / 1e9},
                    {"softmax_bound_GB/s", 8.0 * exps / 1e9}});
     if (!json)
       std::printf("# %s exp: %.2f G/s on %d threads from L1, so cross_entropy (4 bytes per exp) <= %.1f GB/s = %.0f%% "
-                  "of copy, softmax (8) <= %.1f GB/s = %.0f%%\n",
+                  "of the copy at the start, softmax (8) <= %.1f GB/s = %.0f%%\n",
                   simd::isa_name(isa), exps / 1e9, threads, 4.0 * exps / 1e9, 100 * 4.0 * exps / 1e9 / copy_gbs,
                   8.0 * exps / 1e9, 100 * 8.0 * exps / 1e9 / copy_gbs);
     for (const MemoryOp& op : mem_ops) {
