@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -157,6 +158,27 @@ TEST(Simd, ExpRowsWithinTwoUlpIncludingInfAndNaN) {
         EXPECT_NEAR(sum, want_sum, n * std::ldexp(magnitude, -23) + 1e-37) << "n = " << n;
       float sum_only = simd::exp_sub_sum(x.data(), m, nullptr, n);
       EXPECT_TRUE(sum_only == sum || (std::isnan(sum_only) && std::isnan(sum))) << "storing or not, same sum";
+    }
+  });
+}
+
+// exp_sub_sum without y skips the NaN check in the exps (ops/cpu/simd/rows.cpp): a NaN at any position, with any
+// payload (one whose low bits reach the exponent trick included), or a NaN m, must still give a NaN sum.
+TEST(Simd, SummingOnlyExpsSeeEveryNaN) {
+  for_each_isa([] {
+    const float payload_nan = std::bit_cast<float>(0x7fc001ffu), negative_nan = std::bit_cast<float>(0xffc00000u);
+    for (int n = 1; n <= 2 * kMaxLen; ++n) {
+      std::vector<float> x = inputs(n, unsigned(n) + 41, 30.0f, false);
+      const float m = *std::max_element(x.begin(), x.end());
+      EXPECT_FALSE(std::isnan(simd::exp_sub_sum(x.data(), m, nullptr, n))) << "n = " << n;
+      EXPECT_TRUE(std::isnan(simd::exp_sub_sum(x.data(), kNaN, nullptr, n))) << "n = " << n;
+      for (int i = 0; i < n; ++i)
+        for (float bad : {kNaN, payload_nan, negative_nan}) {
+          const float keep = x[size_t(i)];
+          x[size_t(i)] = bad;
+          EXPECT_TRUE(std::isnan(simd::exp_sub_sum(x.data(), m, nullptr, n))) << "NaN at " << i << " of " << n;
+          x[size_t(i)] = keep;
+        }
     }
   });
 }

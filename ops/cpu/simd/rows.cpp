@@ -6,6 +6,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include "hwy/cache_control.h"
@@ -35,35 +36,64 @@ HWY_INLINE void PrefetchSpan(const float* next, size_t begin, size_t end) {
     for (size_t j = (begin + kLine - 1) / kLine * kLine; j < end; j += kLine) hwy::Prefetch(next + j);
 }
 
-// kUnroll vectors per step: the exps interleave (ExpNonPositive), within the 16 vector registers of AVX2.
+// e[0] + e[1] + ...
+template <class V, size_t K>
+HWY_INLINE V SumOf(const V (&e)[K]) {
+  V s = e[0];
+  for (size_t k = 1; k < K; ++k) s = hn::Add(s, e[k]);
+  return s;
+}
+
+// Two vectors per step: the exps interleave (ExpNonPositive), within the 16 vector registers of AVX2.
 constexpr size_t kUnroll = 2;
 
-float ExpSubSum(const float* x, float m, float* y, size_t n, const float* next) {
+// The sum alone (y null, cross-entropy's forward): the exps skip the NaN lanes and the tiny results
+// (ExpNonPositive's kTiny), and a NaN anywhere shows in a second sum, of the arguments x - m themselves. Those are
+// all <= 0 or -inf, so that sum is NaN exactly when one of them is (x or m NaN, or x = m = +-inf). The exps of
+// arguments below -86 come out as 4.4e-38 rather than their tiny values, which the callers' sums cannot see: each
+// holds, or is added to a sum that holds, exp(max - max) = 1.
+template <bool kStore>
+float ExpSubSumImpl(const float* x, float m, float* y, size_t n, const float* next) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
   const V vm = hn::Set(d, m);
-  V sum[kUnroll];
-  for (V& s : sum) s = hn::Zero(d);
+  // One accumulator each, fed the pairwise sum of a step's vectors: AVX2's 16 registers hold the exp's constants,
+  // and a second accumulator went to the stack, its store and reload on the loop's critical path.
+  V sum = hn::Zero(d), args = hn::Zero(d);
+  const auto exps = [&](auto& e) {  // V[kUnroll], or V[1] for the tail
+    if constexpr (kStore) {
+      ExpNonPositive(d, e);
+    } else {
+      args = hn::Add(args, SumOf(e));
+      ExpNonPositive<false, false>(d, e);
+    }
+  };
   size_t i = 0;
   for (; i + kUnroll * N <= n; i += kUnroll * N) {
     PrefetchSpan(next, i, i + kUnroll * N);  // the same span of the next row, spread over the exps
     V e[kUnroll];
     for (size_t k = 0; k < kUnroll; ++k) e[k] = hn::Sub(hn::LoadU(d, x + i + k * N), vm);
-    ExpNonPositive(d, e);
-    for (size_t k = 0; k < kUnroll; ++k) {
-      if (y) hn::StoreU(e[k], d, y + i + k * N);
-      sum[k] = hn::Add(sum[k], e[k]);
-    }
+    exps(e);
+    if constexpr (kStore)
+      for (size_t k = 0; k < kUnroll; ++k) hn::StoreU(e[k], d, y + i + k * N);
+    sum = hn::Add(sum, SumOf(e));
   }
   ForEachVector(d, n - i, [&](size_t j, size_t count, auto part) {
     using Part = decltype(part);
-    const V e = ExpNonPositive(d, hn::Sub(LoadPart<Part>(d, x + i + j, count), vm));
-    if (y) StorePart<Part>(e, d, y + i + j, count);
-    sum[0] = hn::Add(sum[0], PadWith<Part>(d, count, e, hn::Zero(d)));
+    const V neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());  // padding: exp 0, argument sum kept
+    V e[1] = {PadWith<Part>(d, count, hn::Sub(LoadPart<Part>(d, x + i + j, count), vm), neg_inf)};
+    exps(e);
+    if constexpr (kStore) StorePart<Part>(e[0], d, y + i + j, count);
+    sum = hn::Add(sum, PadWith<Part>(d, count, e[0], hn::Zero(d)));
   });
-  for (size_t k = 1; k < kUnroll; ++k) sum[0] = hn::Add(sum[0], sum[k]);
-  return hn::GetLane(hn::SumOfLanes(d, sum[0]));
+  const float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  if (!kStore && std::isnan(hn::GetLane(hn::SumOfLanes(d, args)))) return std::numeric_limits<float>::quiet_NaN();
+  return total;
+}
+
+float ExpSubSum(const float* x, float m, float* y, size_t n, const float* next) {
+  return y ? ExpSubSumImpl<true>(x, m, y, n, next) : ExpSubSumImpl<false>(x, m, y, n, next);
 }
 
 void ExpSubScale(const float* x, float m, float scale, float* y, size_t n) {

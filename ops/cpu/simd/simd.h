@@ -28,7 +28,9 @@ void gelu_backward_row(const float* dy, const float* x, const float* bias, float
 
 // max of x (-inf for n = 0).
 float max_row(const float* x, int64_t n);
-// y = exp(x - m), m >= every x (y may be x; null stores nothing); returns the sum of the exps. next (optional):
+// y = exp(x - m), m >= every x (y may be x; null stores nothing); returns the sum of the exps (NaN if any x - m
+// is). With y null the exps below exp(-86) count as exp(-86), which no sum that holds an exp of max(x) - m >= -50
+// can see (ops/cpu/simd/vec-inl.h, kTiny), for about 1.2x the speed. next (optional):
 // n floats to prefetch while the exps run, e.g. the caller's next row, whose first pass would otherwise wait on
 // memory while the exps are compute-bound on L1-resident data.
 float exp_sub_sum(const float* x, float m, float* y, int64_t n, const float* next = nullptr);
