@@ -1,6 +1,6 @@
-// Fused softmax + cross-entropy on the CPU, parallel over rows. Forward reads each row of logits once (an
-// online logsumexp over chunks: each chunk's max, then its exps against the running max, while the chunk is in
-// L1); backward reads it once more and writes dlogits. f32 runs ops/cpu/simd's vector max and exp; f64 std::exp.
+// Fused softmax + cross-entropy on the CPU, parallel over rows. Forward reads each row of logits once
+// (simd::logsumexp_row: the exps against a guess of the max, the true max beside them); backward reads it once more
+// and writes dlogits. f32 runs ops/cpu/simd's vector max and exp; f64 two scalar passes with std::exp.
 // 16-bit logits are upcast to f32 first (the CPU reference of the CUDA kernels, which read them directly).
 // Rows are V = classes long and Vp = logits.size(1) apart: padded columns are never read, and get zero gradients.
 #include <algorithm>
@@ -12,12 +12,8 @@
 #include "ops/cast.h"
 #include "ops/cpu/simd/simd.h"
 #include "ops/cross_entropy.h"
-#include "ops/kernels/softmax.h"
 
 namespace minidl::ops {
-
-// Logits per online-softmax step: 2 KiB of f32, a vectorised max and a vectorised exp-sum over L1-resident data.
-static constexpr int64_t kChunk = 512;
 
 // Throws naming the first target that is neither in [0, V) nor ignore_index; returns the number counted.
 template <class I>
@@ -64,30 +60,14 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
       parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
           const T* xr = x + n * Vp;
-          kernels::OnlineSoftmax<T> acc{-std::numeric_limits<T>::infinity(), T(0)};
-          for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
-            int64_t j1 = std::min(V, j0 + kChunk);
-            T chunk_max = -std::numeric_limits<T>::infinity(), sum = 0;
-            if constexpr (std::is_same_v<T, float>) {
-              chunk_max = simd::max_row(xr + j0, j1 - j0);
-            } else {
-              for (int64_t j = j0; j < j1; ++j) chunk_max = std::max(chunk_max, xr[j]);
-            }
-            if (chunk_max == -std::numeric_limits<T>::infinity()) continue;  // only masked logits: adds exp(-inf) = 0
-            acc.rescale_for(chunk_max);
-            T m = acc.max;
-            if constexpr (std::is_same_v<T, float>) {
-              // Prefetch the next span as long (the next chunk, or the next row's first): the exps are compute-
-              // bound on cache-resident data, and the next max would otherwise wait on memory.
-              const int64_t len = j1 - j0;
-              const T* next = j1 + len <= V ? xr + j1 : n + 1 < n1 ? xr + Vp : nullptr;
-              sum = simd::exp_sub_sum(xr + j0, m, nullptr, len, next);
-            } else {
-              for (int64_t j = j0; j < j1; ++j) sum += std::exp(xr[j] - m);
-            }
-            acc.sum += sum;
+          if constexpr (std::is_same_v<T, float>) {
+            lse[n] = simd::logsumexp_row(xr, V);
+          } else {
+            T m = -std::numeric_limits<T>::infinity(), sum = 0;
+            for (int64_t j = 0; j < V; ++j) m = std::max(m, xr[j]);
+            for (int64_t j = 0; j < V; ++j) sum += std::exp(xr[j] - m);
+            lse[n] = m == -std::numeric_limits<T>::infinity() ? m : m + std::log(sum);  // a masked row: -inf
           }
-          lse[n] = acc.logsumexp();
           loss[n] = int64_t(t[n]) == ignore_index ? T(0) : lse[n] - xr[int64_t(t[n])];
         }
       });

@@ -214,8 +214,8 @@ TEST(CrossEntropy, GradCheckF64) {
   expect_gradients_match([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], targets); }, {logits});
 }
 
-TEST(CrossEntropy, MatchesLogSoftmaxThenNll) {
-  const int64_t N = 70, V = 33, ignore = -100;
+static void expect_cross_entropy_matches_log_softmax_then_nll(int64_t V) {
+  const int64_t N = 70, ignore = -100;
   Tensor logits = grad_leaf({N, V}, 25, DType::f32, 3.0);
   std::vector<int32_t> t(N);
   for (int64_t n = 0; n < N; ++n) t[size_t(n)] = n % 9 == 4 ? int32_t(ignore) : int32_t((n * 5) % V);
@@ -242,21 +242,31 @@ TEST(CrossEntropy, MatchesLogSoftmaxThenNll) {
   expect_close(fb.grad[0], dx, 1e-5, "cross_entropy dlogits");
 }
 
-// Logits of -inf (a masked vocabulary) get probability 0, including a whole online-softmax chunk of them.
+// V = 5000 spans three of the forward's online-softmax chunks (ops/cpu/cross_entropy.cpp: 2048 logits), so the
+// running max moves between chunks and the sums so far are rescaled.
+TEST(CrossEntropy, MatchesLogSoftmaxThenNll) {
+  for (const int64_t V : {33, 5000}) {
+    SCOPED_TRACE("V = " + std::to_string(V));
+    expect_cross_entropy_matches_log_softmax_then_nll(V);
+  }
+}
+
+// Logits of -inf (a masked vocabulary) get probability 0, including a whole online-softmax chunk of them
+// (ops/cpu/cross_entropy.cpp: 2048 logits) and part of the next.
 TEST(CrossEntropy, NegativeInfinityLogitsAreMaskedOut) {
-  const int64_t V = 600;
+  const int64_t V = 2600;
   Values x = random_values(V, 26);
-  for (int64_t j = 0; j < 550; ++j) x[size_t(j)] = -INFINITY;
+  for (int64_t j = 0; j < 2550; ++j) x[size_t(j)] = -INFINITY;
   Tensor logits = Tensor::from_vector(x, {1, V});
   logits.set_requires_grad(true);
-  Tensor loss = cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{580}, {1}));
+  Tensor loss = cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{2580}, {1}));
   loss.backward();
-  double m = *std::max_element(x.begin() + 550, x.end()), z = 0;
-  for (int64_t j = 550; j < V; ++j) z += std::exp(x[size_t(j)] - m);
-  EXPECT_NEAR(loss.item(), m + std::log(z) - x[580], 1e-5);
+  double m = *std::max_element(x.begin() + 2550, x.end()), z = 0;
+  for (int64_t j = 2550; j < V; ++j) z += std::exp(x[size_t(j)] - m);
+  EXPECT_NEAR(loss.item(), m + std::log(z) - x[2580], 1e-5);
   Values dx = logits.grad().to_vector();
-  for (int64_t j = 0; j < 550; ++j) ASSERT_EQ(dx[size_t(j)], 0.0) << "masked logit " << j;
-  EXPECT_NEAR(dx[580], std::exp(x[580] - m) / z - 1, 1e-5);
+  for (int64_t j = 0; j < 2550; ++j) ASSERT_EQ(dx[size_t(j)], 0.0) << "masked logit " << j;
+  EXPECT_NEAR(dx[2580], std::exp(x[2580] - m) / z - 1, 1e-5);
 }
 
 TEST(CrossEntropy, TargetOutOfRangeNamesTargetAndV) {

@@ -183,6 +183,37 @@ TEST(Simd, SummingOnlyExpsSeeEveryNaN) {
   });
 }
 
+// logsumexp_row sums exps against the max of the row's first vectors and falls back to a second pass when the
+// row's max is more than 64 above it: both paths, rows of -inf, and NaN or +inf anywhere.
+TEST(Simd, LogSumExpRowMatchesDoubleOnBothPaths) {
+  for_each_isa([] {
+    for (int n = 1; n <= 4 * kMaxLen; ++n)
+      for (float rise : {0.0f, 30.0f, 63.0f, 65.0f, 200.0f}) {  // how far the row's max sits above its start
+        std::vector<float> x = inputs(n, unsigned(n) + 51, 3.0f, false);
+        x[size_t(n - 1)] += rise;
+        double m = -INFINITY, sum = 0;
+        for (float v : x) m = std::max(m, double(v));
+        for (float v : x) sum += std::exp(double(v) - m);
+        const double want = m + std::log(sum);
+        // The exps within 2 ulp and a float sum: relative n 2^-23 on the sum, absolute on its log.
+        EXPECT_NEAR(simd::logsumexp_row(x.data(), n), want, std::fabs(want) * 0x1p-23 + n * 0x1p-23)
+            << "n = " << n << ", rise = " << rise;
+      }
+    for (int n = 1; n <= 2 * kMaxLen; ++n) {
+      std::vector<float> x(static_cast<size_t>(n), -kInf);
+      EXPECT_EQ(simd::logsumexp_row(x.data(), n), -kInf) << "n = " << n;
+      x = inputs(n, unsigned(n) + 52, 3.0f, false);
+      for (int i = 0; i < n; ++i)
+        for (float bad : {kNaN, kInf}) {
+          const float keep = x[size_t(i)];
+          x[size_t(i)] = bad;
+          EXPECT_TRUE(std::isnan(simd::logsumexp_row(x.data(), n))) << bad << " at " << i << " of " << n;
+          x[size_t(i)] = keep;
+        }
+    }
+  });
+}
+
 TEST(Simd, MaxDotScaleAndMulSubRows) {
   for_each_isa([] {
     EXPECT_EQ(simd::max_row(nullptr, 0), -kInf);

@@ -5,6 +5,7 @@
 #define HWY_TARGET_INCLUDE "ops/cpu/simd/rows.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
+#include <algorithm>
 #include <cmath>
 #include <iterator>
 #include <limits>
@@ -52,12 +53,14 @@ constexpr size_t kUnroll = 2;
 // all <= 0 or -inf, so that sum is NaN exactly when one of them is (x or m NaN, or x = m = +-inf). The exps of
 // arguments below -86 come out as 4.4e-38 rather than their tiny values, which the callers' sums cannot see: each
 // holds, or is added to a sum that holds, exp(max - max) = 1.
-template <bool kStore>
-float ExpSubSumImpl(const float* x, float m, float* y, size_t n, const float* next) {
+// With kMax (summing only), *max gets the max of x beside the exps (LogSumExpRow).
+template <bool kStore, bool kMax = false>
+float ExpSubSumImpl(const float* x, float m, float* y, size_t n, const float* next, float* max = nullptr) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
-  const V vm = hn::Set(d, m);
+  const V vm = hn::Set(d, m), neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  V vmax = neg_inf;
   // One accumulator each, fed the pairwise sum of a step's vectors: AVX2's 16 registers hold the exp's constants,
   // and a second accumulator went to the stack, its store and reload on the loop's critical path.
   V sum = hn::Zero(d), args = hn::Zero(d);
@@ -73,7 +76,11 @@ float ExpSubSumImpl(const float* x, float m, float* y, size_t n, const float* ne
   for (; i + kUnroll * N <= n; i += kUnroll * N) {
     PrefetchSpan(next, i, i + kUnroll * N);  // the same span of the next row, spread over the exps
     V e[kUnroll];
-    for (size_t k = 0; k < kUnroll; ++k) e[k] = hn::Sub(hn::LoadU(d, x + i + k * N), vm);
+    for (size_t k = 0; k < kUnroll; ++k) {
+      const V v = hn::LoadU(d, x + i + k * N);
+      if constexpr (kMax) vmax = hn::Max(vmax, v);
+      e[k] = hn::Sub(v, vm);
+    }
     exps(e);
     if constexpr (kStore)
       for (size_t k = 0; k < kUnroll; ++k) hn::StoreU(e[k], d, y + i + k * N);
@@ -81,19 +88,42 @@ float ExpSubSumImpl(const float* x, float m, float* y, size_t n, const float* ne
   }
   ForEachVector(d, n - i, [&](size_t j, size_t count, auto part) {
     using Part = decltype(part);
-    const V neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());  // padding: exp 0, argument sum kept
-    V e[1] = {PadWith<Part>(d, count, hn::Sub(LoadPart<Part>(d, x + i + j, count), vm), neg_inf)};
+    const V v = PadWith<Part>(d, count, LoadPart<Part>(d, x + i + j, count), neg_inf);  // padding: exp 0, sums kept
+    if constexpr (kMax) vmax = hn::Max(vmax, v);
+    V e[1] = {PadWith<Part>(d, count, hn::Sub(v, vm), neg_inf)};
     exps(e);
     if constexpr (kStore) StorePart<Part>(e[0], d, y + i + j, count);
     sum = hn::Add(sum, PadWith<Part>(d, count, e[0], hn::Zero(d)));
   });
   const float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  if constexpr (kMax) *max = hn::GetLane(hn::MaxOfLanes(d, vmax));
   if (!kStore && std::isnan(hn::GetLane(hn::SumOfLanes(d, args)))) return std::numeric_limits<float>::quiet_NaN();
   return total;
 }
 
 float ExpSubSum(const float* x, float m, float* y, size_t n, const float* next) {
   return y ? ExpSubSumImpl<true>(x, m, y, n, next) : ExpSubSumImpl<false>(x, m, y, n, next);
+}
+
+// log sum exp(x) in one pass over x where it can. The exps are taken against a guess of the max, that of the first
+// four vectors, while the true max accumulates beside them; the guess is kept if the max is within kHeadroom of it
+// (exp(64) x 2^31 terms stays below FLT_MAX, and ExpNonPositive is exact up to +87 without kTiny), and otherwise
+// the row is summed again against its max. The rounding is that of the two-pass sum: one exp per element and a
+// float sum, only scaled by a power of e. A row of -inf gives -inf; a NaN or +inf anywhere gives NaN.
+constexpr float kHeadroom = 64.0f;
+
+float LogSumExpRow(const float* x, size_t n) {
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float guess = MaxRow(x, std::min(n, 4 * hn::Lanes(hn::ScalableTag<float>())));
+  if (guess > -kInf && guess < kInf) {  // finite (a NaN fails both)
+    float max = guess;
+    const float sum = ExpSubSumImpl<false, true>(x, guess, nullptr, n, nullptr, &max);
+    if (std::isnan(sum)) return sum;
+    if (max <= guess + kHeadroom) return guess + std::log(sum);
+  }
+  const float max = MaxRow(x, n);  // not a NaN's: ExpSubSumImpl catches those
+  if (max == -kInf) return std::any_of(x, x + n, [](float v) { return std::isnan(v); }) ? std::numeric_limits<float>::quiet_NaN() : -kInf;
+  return max + std::log(ExpSubSumImpl<false>(x, max, nullptr, n, nullptr));
 }
 
 void ExpSubScale(const float* x, float m, float scale, float* y, size_t n) {
@@ -218,6 +248,7 @@ namespace minidl::ops::simd {
 
 HWY_EXPORT(MaxRow);
 HWY_EXPORT(ExpSubSum);
+HWY_EXPORT(LogSumExpRow);
 HWY_EXPORT(ExpSubScale);
 HWY_EXPORT(ScaleRow);
 HWY_EXPORT(DotRow);
@@ -232,6 +263,10 @@ float max_row(const float* x, int64_t n) {
 float exp_sub_sum(const float* x, float m, float* y, int64_t n, const float* next) {
   ensure_isa_selected();
   return HWY_DYNAMIC_DISPATCH(ExpSubSum)(x, m, y, size_t(n), next);
+}
+float logsumexp_row(const float* x, int64_t n) {
+  ensure_isa_selected();
+  return HWY_DYNAMIC_DISPATCH(LogSumExpRow)(x, size_t(n));
 }
 void exp_sub_scale(const float* x, float m, float scale, float* y, int64_t n) {
   ensure_isa_selected();

@@ -34,6 +34,9 @@ float max_row(const float* x, int64_t n);
 // n floats to prefetch while the exps run, e.g. the caller's next row, whose first pass would otherwise wait on
 // memory while the exps are compute-bound on L1-resident data.
 float exp_sub_sum(const float* x, float m, float* y, int64_t n, const float* next = nullptr);
+// log of the sum of exp(x), in one pass over x unless its first vectors' max is far below the row's (cross-entropy's
+// forward): -inf for a row of -inf, NaN if any x is NaN or +inf; the exps as exp_sub_sum's without y.
+float logsumexp_row(const float* x, int64_t n);
 // y = exp(x - m) * scale, m >= every x (y may be x).
 void exp_sub_scale(const float* x, float m, float scale, float* y, int64_t n);
 // y *= s.
