@@ -91,7 +91,8 @@ HWY_INLINE size_t ForEachFourVectors(D d, size_t n, const Body& body) {
 //   interval (3.9e-9, 0.06 ulp; Lawson's iteration on 2e5 points); Horner: 6 fused multiply-adds;
 //   2^(n + 64) goes straight into the exponent bits (normal for every n >= -190), then one multiply by 2^-64
 //   rounds the results below FLT_MIN (x < -87.3) to the right denormal, or to 0 below -103.9.
-// Inputs are clamped at -110 (exp = 0 in float); x up to +43 would still be right, beyond it not. NaN in, NaN out
+// Inputs are clamped at -110 (exp = 0 in float); x up to +43 would still be right (+87 without kTiny, below:
+// simd::logsumexp_row takes exps of up to +64), beyond it not. NaN in, NaN out
 // when kNaN is set (GELU's callers get their NaN from x itself and skip the two instructions).
 // Error: within 2 ulp of exp in double (tests/ops/test_simd.cpp).
 // kTiny = false gives up the results below FLT_MIN for two fewer instructions, for callers that only sum the exps:
