@@ -76,8 +76,7 @@ static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
   if (tb) {
     thread_local std::vector<float> bt;
     bt.resize(size_t(K * N));
-    for (int64_t j = 0; j < N; ++j)
-      for (int64_t k = 0; k < K; ++k) bt[size_t(k * N + j)] = B[j * ldb + k];
+    simd::transpose(B, ldb, N, K, bt.data(), N);
     B = bt.data();
     ldb = N;
   }

@@ -469,3 +469,21 @@ TEST(Simd, TileGemmTrianglesEqualTheFullProduct) {
             }
   });
 }
+
+// The transpose in 4 x 4 blocks and its edges: every shape up to 9 x 9, strides wider than the rows, and the
+// destination's untouched elements left alone.
+TEST(Simd, TransposeMovesEveryElementOfEveryShape) {
+  for_each_isa([] {
+    for (int64_t rows = 1; rows <= 9; ++rows)
+      for (int64_t cols = 1; cols <= 9; ++cols) {
+        const int64_t ld_src = cols + 3, ld_dst = rows + 2;
+        std::vector<float> src(static_cast<size_t>(rows * ld_src)), dst(static_cast<size_t>(cols * ld_dst), -1.0f);
+        for (size_t i = 0; i < src.size(); ++i) src[i] = float(i) + 0.5f;
+        simd::transpose(src.data(), ld_src, rows, cols, dst.data(), ld_dst);
+        for (int64_t c = 0; c < cols; ++c)
+          for (int64_t r = 0; r < ld_dst; ++r)
+            ASSERT_EQ(dst[size_t(c * ld_dst + r)], r < rows ? src[size_t(r * ld_src + c)] : -1.0f)
+                << rows << " x " << cols << ": dst(" << c << ", " << r << ")";
+      }
+  });
+}

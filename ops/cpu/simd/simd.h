@@ -63,6 +63,10 @@ enum class Triangle { kFull, kLowerOutput, kLowerReduce, kUpperReduce };
 void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_row, int64_t a_col,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Triangle part = Triangle::kFull);
 
+// dst (cols x rows, row stride ld_dst) = src^T, src rows x cols with row stride ld_src: a tile's B operand when the
+// product wants it transposed (K of Q K^T, V of dO V^T).
+void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst);
+
 // Layer norm of one row: y = (x - mean) * rstd * w + b with statistics accumulated in double (two passes).
 // next (optional): n floats to prefetch, as exp_sub_sum's.
 void layernorm_forward_row(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,

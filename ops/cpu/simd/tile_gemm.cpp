@@ -98,6 +98,37 @@ void TileGemm(size_t M, size_t N, size_t K, float alpha, const float* A, size_t 
     }
 }
 
+// dst (cols x rows, row stride ld_dst) = src^T (rows x cols, row stride ld_src), in 4 x 4 blocks of 128-bit vectors
+// (every x86 target has them): four loads, two rounds of four interleaves, four stores per 16 elements, where
+// scalar code stores one element at a time. The edges past a multiple of 4 go element by element.
+void Transpose(const float* src, size_t ld_src, size_t rows, size_t cols, float* dst, size_t ld_dst) {
+  size_t r = 0;
+#if HWY_TARGET != HWY_SCALAR  // the fallback target has no 128-bit vectors: all of it element by element
+  const hn::FixedTag<float, 4> d;
+  const hn::Repartition<double, decltype(d)> dd;  // the second round moves pairs of floats
+  const auto pairs = [&](auto v) { return hn::BitCast(dd, v); };
+  for (; r + 4 <= rows; r += 4) {
+    const float* s = src + r * ld_src;
+    size_t c = 0;
+    for (; c + 4 <= cols; c += 4) {
+      const auto r0 = hn::LoadU(d, s + c), r1 = hn::LoadU(d, s + ld_src + c);
+      const auto r2 = hn::LoadU(d, s + 2 * ld_src + c), r3 = hn::LoadU(d, s + 3 * ld_src + c);
+      const auto lo01 = pairs(hn::InterleaveLower(d, r0, r1)), lo23 = pairs(hn::InterleaveLower(d, r2, r3));
+      const auto hi01 = pairs(hn::InterleaveUpper(d, r0, r1)), hi23 = pairs(hn::InterleaveUpper(d, r2, r3));
+      float* t = dst + c * ld_dst + r;
+      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(dd, lo01, lo23)), d, t);
+      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(dd, lo01, lo23)), d, t + ld_dst);
+      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(dd, hi01, hi23)), d, t + 2 * ld_dst);
+      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(dd, hi01, hi23)), d, t + 3 * ld_dst);
+    }
+    for (; c < cols; ++c)
+      for (size_t i = 0; i < 4; ++i) dst[c * ld_dst + r + i] = s[i * ld_src + c];
+  }
+#endif
+  for (; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
 }  // namespace minidl::ops::simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -108,6 +139,7 @@ HWY_AFTER_NAMESPACE();
 namespace minidl::ops::simd {
 
 HWY_EXPORT(TileGemm);
+HWY_EXPORT(Transpose);
 static_assert(int(Triangle::kFull) == 0 && int(Triangle::kLowerOutput) == 1 && int(Triangle::kLowerReduce) == 2 &&
               int(Triangle::kUpperReduce) == 3);
 
@@ -116,6 +148,11 @@ void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int
   ensure_isa_selected();
   HWY_DYNAMIC_DISPATCH(TileGemm)(size_t(M), size_t(N), size_t(K), alpha, A, size_t(a_row), size_t(a_col), B,
                                  size_t(ldb), beta, C, size_t(ldc), int(part));
+}
+
+void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(Transpose)(src, size_t(ld_src), size_t(rows), size_t(cols), dst, size_t(ld_dst));
 }
 
 }  // namespace minidl::ops::simd

@@ -21,8 +21,9 @@ using FullVector = std::true_type;
 using TailVector = std::false_type;
 
 // Calls body(i, count, FullVector{}) for each whole vector at i, then body(i, count, TailVector{}) once for the
-// last n % Lanes elements. The tail goes through a zero-padded stack buffer (LoadPart/StorePart), not a masked
-// load: Highway's SSE4 and portable MaskedLoad read the whole vector, past the end of the row.
+// last n % Lanes elements. The tail is a masked load and store (LoadPart/StorePart) where those touch only the
+// lanes asked for, AVX2's and AVX-512's for 4- and 8-byte lanes; elsewhere (Highway's SSE4 and 16-bit AVX2
+// MaskedLoad read the whole vector, past the end of the row) it goes through a zero-padded stack buffer.
 template <class D, class Body>
 HWY_INLINE void ForEachVector(D d, size_t n, const Body& body) {
   const size_t N = hn::Lanes(d);
@@ -34,10 +35,16 @@ HWY_INLINE void ForEachVector(D d, size_t n, const Body& body) {
 // Room for one vector of the widest target (AVX-512: 64 bytes).
 constexpr size_t kMaxVectorBytes = 64;
 
+// Whether MaskedLoad and BlendedStore leave the masked-off lanes' memory alone on this target (see above).
+template <class T>
+constexpr bool kMaskedTail = HWY_TARGET <= HWY_AVX2 && sizeof(T) >= 4;
+
 template <class Part, class D, class T = hn::TFromD<D>>
 HWY_INLINE hn::Vec<D> LoadPart(D d, const T* p, size_t count) {
   if constexpr (Part::value) {
     return hn::LoadU(d, p);
+  } else if constexpr (kMaskedTail<T>) {
+    return hn::MaskedLoad(hn::FirstN(d, count), d, p);  // zero in the other lanes
   } else {
     alignas(kMaxVectorBytes) T buf[kMaxVectorBytes / sizeof(T)] = {};
     std::memcpy(buf, p, count * sizeof(T));
@@ -49,6 +56,8 @@ template <class Part, class D, class T = hn::TFromD<D>>
 HWY_INLINE void StorePart(hn::Vec<D> v, D d, T* p, size_t count) {
   if constexpr (Part::value) {
     hn::StoreU(v, d, p);
+  } else if constexpr (kMaskedTail<T>) {
+    hn::BlendedStore(v, hn::FirstN(d, count), d, p);
   } else {
     alignas(kMaxVectorBytes) T buf[kMaxVectorBytes / sizeof(T)];
     hn::Store(v, d, buf);
