@@ -1,6 +1,6 @@
 // Online softmax (Milakov & Gimelshein, 2018): a running max m and a running sum l = sum exp(x - m), updated one
 // block of scores at a time, so a softmax (or a logsumexp) needs a single pass and never overflows exp.
-// Shared by the CPU and CUDA kernels of softmax, cross-entropy and flash attention.
+// Shared by flash attention (CPU and CUDA) and the CUDA cross-entropy kernel.
 #pragma once
 
 #include <cmath>
