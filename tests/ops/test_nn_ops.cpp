@@ -242,8 +242,8 @@ static void expect_cross_entropy_matches_log_softmax_then_nll(int64_t V) {
   expect_close(fb.grad[0], dx, 1e-5, "cross_entropy dlogits");
 }
 
-// V = 5000 spans three of the forward's online-softmax chunks (ops/cpu/cross_entropy.cpp: 2048 logits), so the
-// running max moves between chunks and the sums so far are rescaled.
+// V = 5000: the forward's one pass (simd::logsumexp_row) takes its exps against the max of a row's first vectors,
+// which a long row's max lies far beyond.
 TEST(CrossEntropy, MatchesLogSoftmaxThenNll) {
   for (const int64_t V : {33, 5000}) {
     SCOPED_TRACE("V = " + std::to_string(V));
@@ -251,8 +251,8 @@ TEST(CrossEntropy, MatchesLogSoftmaxThenNll) {
   }
 }
 
-// Logits of -inf (a masked vocabulary) get probability 0, including a whole online-softmax chunk of them
-// (ops/cpu/cross_entropy.cpp: 2048 logits) and part of the next.
+// Logits of -inf (a masked vocabulary) get probability 0, a run of them longer than the first vectors whose max
+// simd::logsumexp_row starts from (-inf: it sums the row again against its max).
 TEST(CrossEntropy, NegativeInfinityLogitsAreMaskedOut) {
   const int64_t V = 2600;
   Values x = random_values(V, 26);

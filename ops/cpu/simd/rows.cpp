@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <limits>
 
 #include "hwy/cache_control.h"
@@ -122,7 +121,10 @@ float LogSumExpRow(const float* x, size_t n) {
     if (max <= guess + kHeadroom) return guess + std::log(sum);
   }
   const float max = MaxRow(x, n);  // not a NaN's: ExpSubSumImpl catches those
-  if (max == -kInf) return std::any_of(x, x + n, [](float v) { return std::isnan(v); }) ? std::numeric_limits<float>::quiet_NaN() : -kInf;
+  if (max == -kInf) {  // -inf and NaN only (MaxRow may drop a NaN)
+    const bool nan = std::any_of(x, x + n, [](float v) { return std::isnan(v); });
+    return nan ? std::numeric_limits<float>::quiet_NaN() : -kInf;
+  }
   return max + std::log(ExpSubSumImpl<false>(x, max, nullptr, n, nullptr));
 }
 
