@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/timing.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "ops/attention.h"
@@ -37,11 +38,6 @@ Tensor random(const Shape& shape, uint64_t seed) {
   return Tensor::from_vector(v, shape);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Multiply-adds x 2 of the causal tile products: forward Q K^T and P V (2 products), backward Q K^T, P^T dO,
 // dO V^T, dS K and dS^T Q (5 products), each B * H * (T^2 / 2) * D.
 double flops(const Config& c, int products) { return 2.0 * products * c.B * c.C * (c.T * c.T / 2.0); }
@@ -60,8 +56,7 @@ int main(int argc, char** argv) {
 
   const Config configs[] = {{12, 64, 128, 4}, {8, 256, 384, 6}};
   nlohmann::json rows = nlohmann::json::array();
-  const std::string cpu =
-      ops::simd::host_cpu_name() + "; kernels " + ops::simd::isa_name(ops::simd::current_isa());
+  const std::string cpu = ops::simd::host_cpu_and_kernels();
   if (!json)
     std::printf("# cpu: %s\n%4s %5s %5s %3s %4s %7s | %9s %9s %9s %9s | %8s %8s\n", cpu.c_str(), "B", "T", "C", "H",
                 "D", "threads", "fwd(ms)", "bwd(ms)", "total(ms)", "best(ms)", "fwd GF/s", "bwd GF/s");
@@ -81,7 +76,7 @@ int main(int argc, char** argv) {
         bwd.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
         total.push_back(fwd.back() + bwd.back());
       }
-      double f = median(fwd), b = median(bwd), best = *std::min_element(total.begin(), total.end());
+      double f = bench::median(fwd), b = bench::median(bwd), best = *std::min_element(total.begin(), total.end());
       if (json) {
         rows.push_back({{"B", c.B}, {"T", c.T}, {"C", c.C}, {"H", c.H}, {"threads", th}, {"fwd_ms", f},
                         {"bwd_ms", b}, {"total_ms", f + b}, {"best_total_ms", best}, {"cpu", cpu}});

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/timing.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "ops/adamw.h"
@@ -46,24 +47,12 @@ Tensor random(const Shape& shape, uint64_t seed, float scale = 1.0f) {
   return Tensor::from_vector(v, shape);
 }
 
-// Seconds one call of fn takes.
-double seconds(const std::function<void()>& fn) {
-  auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median_of(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 // Median seconds of fn over reps runs, after one warm-up run.
 double time_median(int reps, const std::function<void()>& fn) {
   fn();
   std::vector<double> t;
-  for (int r = 0; r < reps; ++r) t.push_back(seconds(fn));
-  return median_of(t);
+  for (int r = 0; r < reps; ++r) t.push_back(bench::seconds(fn));
+  return bench::median(t);
 }
 
 // Median seconds of `fn` and of `reference` over reps runs of each, taken in turns after one warm-up run of each,
@@ -76,10 +65,10 @@ std::pair<double, double> time_median_beside(int reps, const std::function<void(
   reference();
   std::vector<double> t, r;
   for (int i = 0; i < reps; ++i) {
-    r.push_back(seconds(reference));
-    t.push_back(seconds(fn));
+    r.push_back(bench::seconds(reference));
+    t.push_back(bench::seconds(fn));
   }
-  return {median_of(t), median_of(r)};
+  return {bench::median(t), bench::median(r)};
 }
 
 // A memory-bound op: what it runs and how many bytes it must move.

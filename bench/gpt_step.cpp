@@ -31,6 +31,7 @@
 
 #include "bench/pipeline_bench.h"
 #include "bench/sgemm_ceiling.h"
+#include "bench/timing.h"
 #include "core/device_backend.h"
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -278,19 +279,14 @@ int main(int argc, char** argv) {
       const double around = (rounds[g] + rounds[std::min(g + 1, rounds.size() - 1)]) / 2;
       pct.push_back(100 * mflop_per_step / ms[i] / around);
     }
-    const auto median_of = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v.empty() ? 0.0 : v[v.size() / 2];
-    };
-    const double median = median_of(ms), ceiling = median_of(rounds), pct_ceiling = median_of(pct);
+    const double median = bench::median(ms), ceiling = bench::median(rounds), pct_ceiling = bench::median(pct);
     double gflops = mflop_per_step / median;
     const MemoryLedger& l = ledger(device);
     auto mb = [](int64_t b) { return double(b) / (1 << 20); };
     // On the CPU the device line names the host's CPU and the kernels' instruction set, so a pasted table says
     // which machine it came from.
-    const std::string name = device.is_cpu() ? "cpu (" + ops::simd::host_cpu_name() + "; kernels " +
-                                                   ops::simd::isa_name(ops::simd::current_isa()) + ")"
-                                             : train::device_name(device);
+    const std::string name =
+        device.is_cpu() ? "cpu (" + ops::simd::host_cpu_and_kernels() + ")" : train::device_name(device);
     // MFU: the model's FLOPs per second over the GPU's dense peak for the dtype its products run in.
     if (device.is_cuda() && peak_tflops <= 0) peak_tflops = train::gpu_peak_tflops(name, options.amp, tf32);
     const double mfu = peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/timing.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "dist/init.h"
@@ -61,8 +62,7 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
     if (s >= b.warmup) ms.push_back(train::max_over(topo.pp_group(), dt));  // the slowest stage's step
     if (s + 1 == b.warmup) pipe.reset_timing();
   }
-  std::sort(ms.begin(), ms.end());
-  const double median = ms[ms.size() / 2], tokens_per_step = double(b.batch * b.model.block_size);
+  const double median = bench::median(ms), tokens_per_step = double(b.batch * b.model.block_size);
   const double flops = pipe.flops_per_token(b.model.block_size) * tokens_per_step / median / 1e6;
   std::vector<double> act(size_t(b.spec.stages), 0.0);
   act[size_t(pipe.rank())] = double(ledger(Device::cpu()).peak(MemTag::kActivations)) / double(1 << 20);

@@ -134,4 +134,6 @@ std::string host_cpu_name() {
   return name + ", " + std::to_string(std::thread::hardware_concurrency()) + " CPUs";
 }
 
+std::string host_cpu_and_kernels() { return host_cpu_name() + "; kernels " + isa_name(current_isa()); }
+
 }  // namespace minidl::ops::simd

@@ -34,6 +34,8 @@ CpuIsa current_isa();
 // This host's CPU as benchmarks print it beside their figures: the model name, family and model from
 // /proc/cpuinfo, and the CPUs online ("AMD EPYC, family 25 model 17, 2 CPUs"; "unknown CPU, 2 CPUs" without it).
 std::string host_cpu_name();
+// host_cpu_name() and the kernels' ISA, as the benchmarks' device lines print them: "...; kernels avx512".
+std::string host_cpu_and_kernels();
 
 // Runs the kernels on `isa` from now on; throws if this CPU or build lacks it.
 void set_isa(CpuIsa isa);
