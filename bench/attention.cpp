@@ -11,11 +11,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cli.h"
 #include "bench/timing.h"
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -49,10 +51,12 @@ int main(int argc, char** argv) {
   int reps = 50;
   std::vector<int> threads{1, 2};
   bool json = false;
-  app.add_option("--reps", reps, "timed repetitions per row (median reported)")->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "thread counts to run")->delimiter(',');
+  app.add_option("--reps", reps, "timed repetitions per row (median reported)")->check(bench::kPositiveCount);
+  app.add_option("--threads", threads, "thread counts to run, comma-separated")
+      ->delimiter(',')
+      ->check(bench::kPositiveCount);
   app.add_flag("--json", json, "print a JSON array instead of the table");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> code = bench::parse_flags(app, argc, argv, "bench_attention")) return *code;
 
   const Config configs[] = {{12, 64, 128, 4}, {8, 256, 384, 6}};
   nlohmann::json rows = nlohmann::json::array();

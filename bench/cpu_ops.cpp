@@ -15,12 +15,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "bench/cli.h"
 #include "bench/timing.h"
+#include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "ops/adamw.h"
@@ -101,20 +104,27 @@ int main(int argc, char** argv) {
   int reps = 9, threads = default_num_threads();
   std::string isa_arg = "all";
   bool json = false;
-  app.add_option("--numel", numel, "elements of the flat ops (AdamW, unscale, casts, gelu, dropout)")->check(CLI::PositiveNumber);
-  app.add_option("--rows", rows, "rows of the row ops (C = 768 layer norm, V = 2048 softmax/cross-entropy)");
-  app.add_option("--reps", reps, "timed repetitions per op (median reported)")->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "CPU threads")->check(CLI::PositiveNumber);
+  app.add_option("--numel", numel, "elements of the flat ops (AdamW, unscale, casts, gelu, dropout)")
+      ->check(bench::kPositiveCount);
+  app.add_option("--rows", rows, "rows of the row ops (C = 768 layer norm, V = 2048 softmax/cross-entropy)")
+      ->check(bench::kPositiveCount);
+  app.add_option("--reps", reps, "timed repetitions per op (median reported)")->check(bench::kPositiveCount);
+  app.add_option("--threads", threads, "CPU threads")->check(bench::kPositiveCount);
   app.add_option("--isa", isa_arg, "all (every ISA this CPU has), best, avx512, avx2 or sse4");
   app.add_flag("--json", json, "print a JSON array instead of the table");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> code = bench::parse_flags(app, argc, argv, "bench_cpu_ops")) return *code;
   set_num_threads(threads);
 
   std::vector<simd::CpuIsa> isas;
   if (isa_arg == "all") {
     isas = simd::supported_isas();
   } else {
-    simd::set_isa(isa_arg);  // throws naming the accepted values
+    try {
+      simd::set_isa(isa_arg);
+    } catch (const Error& e) {  // an unknown name, or an ISA this CPU lacks: the message names the ones it has
+      std::fprintf(stderr, "bench_cpu_ops: --isa %s: %s\n", isa_arg.c_str(), e.what());
+      return 2;
+    }
     isas = {simd::current_isa()};
   }
 

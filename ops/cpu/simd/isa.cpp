@@ -60,7 +60,7 @@ static std::string supported_list() {
 static CpuIsa g_current = CpuIsa::kSse4;
 
 static void apply(CpuIsa isa) {
-  MINIDL_CHECK(is_supported(isa), "MINIDL_CPU_ISA: this CPU or build does not support ", isa_name(isa),
+  MINIDL_CHECK(is_supported(isa), "CPU ISA: this CPU or build does not support ", isa_name(isa),
                "; expected one of: ", supported_list());
   hwy::GetChosenTarget().Update(hwy_target(isa));
   g_current = isa;
@@ -76,7 +76,7 @@ static void apply(std::string_view name) {
   }
   for (CpuIsa isa : kAllIsas)
     if (name == isa_name(isa)) return apply(isa);
-  MINIDL_CHECK(false, "MINIDL_CPU_ISA: expected one of best, avx512, avx2, sse4 (supported here: ",
+  MINIDL_CHECK(false, "CPU ISA: expected one of best, avx512, avx2, sse4 (supported here: ",
                supported_list(), "), got '", name, "'");
 }
 
@@ -98,10 +98,11 @@ void detail::select_isa_from_env() {
   static std::once_flag once;
   std::call_once(once, [] {
     const char* env = std::getenv("MINIDL_CPU_ISA");
+    const char* name = env && *env ? env : "best";
     try {
-      apply(std::string_view(env && *env ? env : "best"));
+      apply(std::string_view(name));
     } catch (const Error& e) {
-      std::fprintf(stderr, "minidl: %s\n", e.what());
+      std::fprintf(stderr, "minidl: MINIDL_CPU_ISA=%s: %s\n", name, e.what());
       std::exit(2);
     }
     isa_selected.store(true, std::memory_order_release);
