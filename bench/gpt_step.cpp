@@ -10,7 +10,10 @@
 // act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce). On the
 // CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (bench/sgemm_ceiling.h), measured in
 // rounds between groups of --ceiling-every steps (the median round), and %ceil the median over steps of each
-// step's GFLOP/s against the rounds around it. With --device cuda it also prints the CUDA backend's counters
+// step's GFLOP/s against the rounds around it. The line after the table splits the timed steps' core time (ms
+// times threads) into the BLAS calls of the linear layers (ops::blas_count: their thread time, and their rate per
+// core beside the ceiling's) and the rest (attention, the elementwise ops, the optimizer, the threads' waits):
+// the two ways a step falls short of the ceiling. With --device cuda it also prints the CUDA backend's counters
 // per timed step (cuda::counters()): kernel launches, host synchronisations, bytes copied each way and cudaMalloc
 // calls, the bench's own synchronize excluded.
 //
@@ -253,7 +256,8 @@ int main(int argc, char** argv) {
     ledger(device).reset_peaks();
     for (int64_t s = 0; s < warmup + steps; ++s) {
       if (ceiling_products && s >= warmup && (s - warmup) % ceiling_every == 0)
-        rounds.push_back(ceiling_products->measure(num_threads()));
+        rounds.push_back(ceiling_products->measure(num_threads()));  // its own cblas calls: not counted
+      if (ceiling_products && s == warmup) ops::count_blas(true);
       data::Batch b;  // this rank's slice of the global batch
       if (!device_batches) b = sampler.batch(s, data_rank * batch, batch);
       auto t0 = std::chrono::steady_clock::now();
@@ -268,6 +272,8 @@ int main(int argc, char** argv) {
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) ms.push_back(dt);
     }
+    const ops::BlasCount blas = ops::blas_count();
+    ops::count_blas(false);
     if (ceiling_products) rounds.push_back(ceiling_products->measure(num_threads()));  // after the last group
     if (!speaks) return 0;
     double tokens_per_step = double(batch * seq);
@@ -310,19 +316,36 @@ int main(int argc, char** argv) {
     std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
                 mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),
                 mb(l.peak(MemTag::kActivations)), mb(l.peak_total()));
+    // Core time per step: in BLAS (thread time summed over threads) and outside it.
+    double blas_ms = 0, blas_gflops = 0, rest_ms = 0;
+    if (ceiling_products) {
+      double core_ms = 0;
+      for (double m : ms) core_ms += m * num_threads();
+      blas_ms = blas.seconds * 1e3 / double(ms.size());
+      blas_gflops = blas.seconds > 0 ? blas.flops / blas.seconds / 1e9 : 0.0;
+      rest_ms = core_ms / double(ms.size()) - blas_ms;
+      std::printf("core time per step: %.2f ms in BLAS at %.1f GFLOP/s per core (%.0f%% of the ceiling's %.1f), "
+                  "%.2f ms outside it (%.0f%%)\n", blas_ms, blas_gflops, 100 * blas_gflops * num_threads() / ceiling,
+                  ceiling / num_threads(), rest_ms, 100 * rest_ms / (blas_ms + rest_ms));
+    }
     if (tp > 1) {
       const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();  // the last step's
       std::printf("tp traffic per step (MiB of payload, per rank): all-reduce %.2f all-gather %.2f "
                   "reduce-scatter %.2f\n", mb(t.all_reduce_bytes), mb(t.all_gather_bytes), mb(t.reduce_scatter_bytes));
     }
     if (device.is_cuda()) counted.print(steps);
-    if (json)
+    if (json) {
+      char blas_fields[160] = "";
+      if (ceiling_products)
+        std::snprintf(blas_fields, sizeof blas_fields, ", \"blas_ms_per_step\": %.3f, \"blas_gflops_per_core\": %.2f, "
+                      "\"rest_ms_per_step\": %.3f", blas_ms, blas_gflops, rest_ms);
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
                   "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
-                  "\"sgemm_ceiling_gflops\": %.2f, \"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d%s}\n",
+                  "\"sgemm_ceiling_gflops\": %.2f, \"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d%s%s}\n",
                   median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(),
-                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling, pct_ceiling, world, zero,
+                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling, pct_ceiling, world, zero, blas_fields,
                   device.is_cuda() ? counted.json_fields(steps).c_str() : "");
+    }
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt_step: error (rank %d): %s\n", ctx.rank(), e.what());
     if (ctx.world_size() > 1) ctx.abort(2);  // the other ranks may wait in a collective

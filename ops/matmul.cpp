@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 
 #include "core/parallel.h"
 #include "ops/cast.h"
@@ -19,16 +21,34 @@ constexpr int64_t kBlockAlign = 16;
 
 CBLAS_TRANSPOSE flag(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
+// count_blas: nanoseconds and FLOPs of the calls below, added up by every thread that makes one.
+std::atomic<bool> g_counting{false};
+std::atomic<int64_t> g_blas_ns{0}, g_blas_flops{0};
+
+template <class Call>
+void counted(int64_t M, int64_t N, int64_t K, const Call& call) {
+  if (!g_counting.load(std::memory_order_relaxed)) return call();
+  const auto t0 = std::chrono::steady_clock::now();
+  call();
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+  g_blas_ns.fetch_add(ns.count(), std::memory_order_relaxed);
+  g_blas_flops.fetch_add(2 * M * N * K, std::memory_order_relaxed);
+}
+
 // Row-major GEMM: C = op(A) op(B) + beta C, with op(A): (M, K), op(B): (K, N).
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
           float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0f, A, int(lda), B, int(ldb), beta, C,
-              int(ldc));
+  counted(M, N, K, [&] {
+    cblas_sgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0f, A, int(lda), B, int(ldb), beta, C,
+                int(ldc));
+  });
 }
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B,
           int64_t ldb, double beta, double* C, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0, A, int(lda), B, int(ldb), beta, C,
-              int(ldc));
+  counted(M, N, K, [&] {
+    cblas_dgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0, A, int(lda), B, int(ldb), beta, C,
+                int(ldc));
+  });
 }
 
 // A 2-D product on all threads, each calling single-threaded BLAS on its share; no operand is copied (a block of
@@ -248,6 +268,15 @@ Tensor matmul_f32(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) 
   if (trans_a && !trans_b && a.dim() == 2 && b.dim() == 2) return matmul_half_reduce_rows_f32(a, b);
   return matmul(upcast(a), upcast(b), trans_a, trans_b);
 }
+
+void count_blas(bool on) {
+  g_counting = false;
+  g_blas_ns = 0;
+  g_blas_flops = 0;
+  g_counting = on;
+}
+
+BlasCount blas_count() { return {double(g_blas_ns.load()) * 1e-9, double(g_blas_flops.load())}; }
 
 static bool g_allow_tf32 = false;
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }

@@ -34,6 +34,17 @@ Tensor matmul_f32(const Tensor& a, const Tensor& b, bool trans_a = false, bool t
 // The bias is written into the output and BLAS accumulates onto it (beta = 1), saving a pass.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
+// The CPU BLAS calls that matmul, matmul_f32 and linear make (every product of a CPU training step but attention's
+// tiles): their thread time and FLOPs, summed over the threads that make them, while counting is on. Off by
+// default, when a call costs one relaxed load; count_blas(true) starts again from zero. bench_gpt_step splits a
+// step with it into the time in BLAS, at what rate, and the rest.
+struct BlasCount {
+  double seconds = 0;  // thread time inside BLAS
+  double flops = 0;    // 2 M N K per call
+};
+void count_blas(bool on);
+BlasCount blas_count();
+
 // Validates a product like matmul() does and returns its output shape (..., M, N).
 Shape matmul_output_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 
 #include "core/parallel.h"
 #include "ops/matmul.h"
@@ -123,6 +124,46 @@ TEST(Matmul, ThreadedSplitsMatchOneThread) {
     // A batch folded into M, and a batch of 5 over 2 threads.
     expect_matmul_matches(uniform({4, 301, 32}, 22, DType::f32), uniform({32, 40}, 23, DType::f32), false, false);
     expect_matmul_matches(uniform({5, 64, 32}, 24, DType::f32), uniform({5, 40, 32}, 25, DType::f32), false, true);
+  }
+}
+
+// ops::count_blas: every BLAS call adds its 2 M N K once, however a product is split over threads (row blocks,
+// column blocks, partial products over the reduction, a batch), and nothing is counted while counting is off.
+TEST(Matmul, CountedBlasFlopsAreTheProductsOwn) {
+  struct Product {
+    Shape a, b;
+    bool ta, tb;
+    double flops;
+  };
+  const Product products[] = {
+      {{1003, 64}, {64, 48}, false, false, 2.0 * 1003 * 64 * 48},   // row blocks
+      {{40, 64}, {997, 64}, false, true, 2.0 * 40 * 64 * 997},      // column blocks
+      {{1003, 48}, {1003, 96}, true, false, 2.0 * 48 * 1003 * 96},  // partial products, then their sum
+      {{5, 64, 32}, {5, 40, 32}, false, true, 2.0 * 5 * 64 * 32 * 40},
+  };
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (const Product& p : products) {
+      std::ostringstream what;
+      what << p.a << " x " << p.b << " on " << threads << " threads";
+      SCOPED_TRACE(what.str());
+      const Tensor a = uniform(p.a, 30, DType::f32), b = uniform(p.b, 31, DType::f32);
+      ops::count_blas(true);
+      ops::matmul(a, b, p.ta, p.tb);
+      const ops::BlasCount c = ops::blas_count();
+      EXPECT_EQ(c.flops, p.flops);
+      EXPECT_GT(c.seconds, 0.0);
+      ops::count_blas(false);
+      ops::matmul(a, b, p.ta, p.tb);
+      EXPECT_EQ(ops::blas_count().flops, 0.0) << "counted while off";
+    }
+    // linear's GEMM adds onto the bias it wrote (beta = 1): the same 2 M N K.
+    ops::count_blas(true);
+    ops::linear(uniform({40, 1000}, 32, DType::f32), uniform({1000, 30}, 33, DType::f32), uniform({30}, 34, DType::f32));
+    EXPECT_EQ(ops::blas_count().flops, 2.0 * 40 * 1000 * 30);
+    ops::count_blas(true);  // starts again from zero
+    EXPECT_EQ(ops::blas_count().flops, 0.0);
+    ops::count_blas(false);
   }
 }
 
