@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -60,18 +61,41 @@ int default_num_threads(int ranks_on_host) {
 
 bool in_parallel_region() { return omp_in_parallel(); }
 
+// Each thread owns a contiguous run of kPiecesPerThread pieces, in order (thread 0 the first), so an op's rows stay
+// on the thread that wrote them in the op before, as with one block per thread. A thread done with its own pieces
+// takes the others' from their far end: when one vCPU of a shared VM runs slower for a while (a neighbour on its
+// core), the other finishes the region's work instead of waiting at its end. Every piece is claimed once
+// (an atomic flag each); the pieces' bounds depend only on n and the thread count, never on who runs them.
+static constexpr int64_t kPiecesPerThread = 4;
+
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   int64_t n = end - begin;
   if (n <= 0) return;
-  int64_t chunks = std::min<int64_t>(num_threads(), (n + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1));
-  if (chunks <= 1 || omp_in_parallel()) {
+  const int64_t most = (n + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1);  // about grain each
+  const int threads = int(std::min<int64_t>(num_threads(), most));
+  if (threads <= 1 || omp_in_parallel()) {
     fn(begin, end);
     return;
   }
-#pragma omp parallel for num_threads(int(chunks)) schedule(static, 1)
-  for (int64_t c = 0; c < chunks; ++c) {
-    int64_t b = begin + n * c / chunks, e = begin + n * (c + 1) / chunks;
+  const int64_t pieces = std::min<int64_t>(int64_t(threads) * kPiecesPerThread, most);
+  std::vector<std::atomic<bool>> claimed(static_cast<size_t>(pieces));  // value-initialised: false
+  const auto run = [&](int64_t p) {
+    if (claimed[size_t(p)].exchange(true, std::memory_order_relaxed)) return false;
+    const int64_t b = begin + n * p / pieces, e = begin + n * (p + 1) / pieces;
     if (b < e) fn(b, e);
+    return true;
+  };
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    const auto first = [&](int u) { return pieces * u / threads; };  // thread u owns [first(u), first(u + 1))
+    for (int64_t p = first(t); p < first(t + 1); ++p)
+      if (!run(p)) break;  // the rest were taken from the far end
+    for (int k = 1; k < threads; ++k) {
+      const int u = (t + k) % threads;
+      for (int64_t p = first(u + 1) - 1; p >= first(u); --p)
+        if (!run(p)) break;  // met the owner (or another thief)
+    }
   }
 }
 

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <chrono>
+#include <thread>
+#include <algorithm>
 #include <vector>
 
 #include "core/parallel.h"
@@ -30,5 +34,48 @@ TEST(ParallelForParts, VisitsEveryItemOnceAtAnyThreadCount) {
           for (size_t i = 0; i < seen[p].size(); ++i) ASSERT_EQ(seen[p][i], 1) << "part " << p << " item " << i;
       }
   }
+  set_num_threads(saved);
+}
+
+// Every index once, in pieces of at least half the grain (n / ceil(n / grain) items), at any thread count (the
+// pieces may be run by any thread).
+TEST(ParallelFor, CoversEveryIndexOnceInPiecesOfAboutTheGrain) {
+  const int saved = num_threads();
+  for (int threads : {1, 2, 3})
+    for (int64_t n : {1, 2, 7, 8, 9, 100, 4099})
+      for (int64_t grain : {1, 3, 64}) {
+        set_num_threads(threads);
+        SCOPED_TRACE(::testing::Message() << threads << " threads, n " << n << ", grain " << grain);
+        std::vector<int> seen(size_t(n), 0);
+        std::vector<int64_t> sizes(size_t(n) + 1, 0);  // sizes[b] = the length of the piece that begins at b
+        parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+          ASSERT_LT(b, e);
+          sizes[size_t(b)] = e - b;
+          for (int64_t i = b; i < e; ++i) ++seen[size_t(i)];
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[size_t(i)], 1) << "index " << i;
+        for (int64_t b = 0; b < n; ++b)
+          if (sizes[size_t(b)] > 0) EXPECT_GE(2 * sizes[size_t(b)], std::min(n, grain)) << "piece at " << b;
+      }
+  set_num_threads(saved);
+}
+
+// A thread that is held up (a shared VM's slow vCPU) does not hold up the region: the other thread, done with its
+// own pieces, runs the held-up thread's remaining pieces.
+TEST(ParallelFor, AThreadDoneEarlyTakesTheSlowThreadsPieces) {
+  const int saved = num_threads();
+  set_num_threads(2);
+  std::vector<int> ran_on(8, -1);
+  parallel_for(0, 8, 1, [&](int64_t b, int64_t e) {
+    const int t = omp_get_thread_num();
+    for (int64_t i = b; i < e; ++i) ran_on[size_t(i)] = t;
+    if (t == 0 && b == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // thread 0's first piece
+  });
+  int taken = 0;  // thread 0's own pieces (indices 0-3) that thread 1 ran
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_NE(ran_on[size_t(i)], -1) << "index " << i << " never ran";
+    if (i < 4 && ran_on[size_t(i)] == 1) ++taken;
+  }
+  EXPECT_GE(taken, 1) << "thread 1 waited for thread 0 instead of taking its pieces";
   set_num_threads(saved);
 }
