@@ -65,11 +65,22 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, in
 // Splitting ourselves is never slower and a few percent faster on the small shapes, where OpenBLAS's finer
 // split and its synchronisation do not amortise; for the reduction-dominated weight gradient, partial
 // products beat splitting its small output (each thread then streams half of X and dY once).
+// bias (optional): C[r, c] = bias[c] first, on the thread that computes that block of C, right before its GEMM
+// (beta = 1 then adds the product to it): a linear layer's output, written once by one thread, where a broadcast
+// before the product had run on the calling thread alone while the others waited, and left the others' blocks in
+// its cache.
+template <class T>
+void fill_bias(T* C, int64_t ldc, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const T* bias) {
+  if (bias)
+    for (int64_t r = r0; r < r1; ++r) std::copy(bias + c0, bias + c1, C + r * ldc + c0);
+}
+
 template <class T>
 void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
-             T beta, T* C, int64_t ldc) {
+             T beta, T* C, int64_t ldc, const T* bias = nullptr) {
   int threads = num_threads();
   if (threads == 1 || in_parallel_region() || 2.0 * double(M) * double(N) * double(K) < kSplitMinFlops) {
+    fill_bias(C, ldc, 0, M, 0, N, bias);
     gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
     return;
   }
@@ -81,6 +92,7 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
       int t = omp_get_thread_num(), nt = omp_get_num_threads();
       int64_t k0 = K * t / nt, k1 = K * (t + 1) / nt;
       T* dst = t == 0 ? C : parts + (t - 1) * M * N;
+      if (t == 0) fill_bias(C, ldc, 0, M, 0, N, bias);  // only thread 0's partial adds beta * C
       gemm(ta, tb, M, N, k1 - k0, A + (ta ? k0 * lda : k0), lda, B + (tb ? k0 : k0 * ldb), ldb, t == 0 ? beta : T(0),
            dst, t == 0 ? ldc : N);
 #pragma omp barrier
@@ -95,6 +107,7 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
   bool split_rows = M >= N;
   int64_t extent = split_rows ? M : N;
   if (extent < threads * kBlockAlign) {
+    fill_bias(C, ldc, 0, M, 0, N, bias);
     gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
     return;
   }
@@ -104,10 +117,13 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
   {
     int64_t b0 = std::min(extent, omp_get_thread_num() * per), b1 = std::min(extent, b0 + per);
     if (b0 < b1) {
-      if (split_rows)  // rows of op(A): stored rows if A is not transposed, stored columns if it is
+      if (split_rows) {  // rows of op(A): stored rows if A is not transposed, stored columns if it is
+        fill_bias(C, ldc, b0, b1, 0, N, bias);
         gemm(ta, tb, b1 - b0, N, K, A + (ta ? b0 : b0 * lda), lda, B, ldb, beta, C + b0 * ldc, ldc);
-      else  // columns of op(B)
+      } else {  // columns of op(B)
+        fill_bias(C, ldc, 0, M, b0, b1, bias);
         gemm(ta, tb, M, b1 - b0, K, A, lda, B + (tb ? b0 * ldb : b0), ldb, beta, C + b0, ldc);
+      }
     }
   }
 }
@@ -191,9 +207,10 @@ Shape check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return out;
 }
 
-// out (..., M, N), contiguous = op(a) op(b) + beta out. Inputs already validated.
+// out (..., M, N), contiguous = op(a) op(b) + beta out. Inputs already validated. bias (N values, or null; with
+// beta = 1): every row of out is set to it first, as gemm_2d's.
 template <class T>
-void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, T beta) {
+void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, T beta, const T* bias = nullptr) {
   int64_t M = out.size(-2), N = out.size(-1), K = ta ? a.size(-2) : a.size(-1);
   BlasOperand<T> A = blas_operand<T>(a, ta), B = blas_operand<T>(b, tb);
   if (a.dim() == 2) A.batch_stride = 0;
@@ -201,16 +218,18 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
   int64_t batch = std::max(A.count, B.count);
   T* C = out.data<T>();
   if (out.numel() == 0) return;
-  if (K == 0) {  // an empty sum: the answer is beta * out, and beta is 0 or 1
-    if (beta == T(0)) out.fill_(0.0);
+  if (K == 0) {  // an empty sum: the answer is beta * out (beta is 0 or 1), or the bias
+    if (bias) fill_bias(C, N, 0, out.numel() / N, 0, N, bias);
+    else if (beta == T(0)) out.fill_(0.0);
     return;
   }
   // b shared by a batch of row-major a: the batch is just more rows of one big product.
   if (batch > 1 && b.dim() == 2 && a.dim() > 2 && !A.trans && A.batch_stride == M * A.ld) {
-    gemm_2d<T>(false, B.trans, batch * M, N, K, A.ptr, A.ld, B.ptr, B.ld, beta, C, N);
+    gemm_2d<T>(false, B.trans, batch * M, N, K, A.ptr, A.ld, B.ptr, B.ld, beta, C, N, bias);
     return;
   }
   auto entry = [&](int64_t i) {
+    fill_bias(C + i * M * N, N, 0, M, 0, N, bias);
     gemm(A.trans, B.trans, M, N, K, A.ptr + i * A.batch_stride, A.ld, B.ptr + i * B.batch_stride, B.ld, beta,
          C + i * M * N, N);
   };
@@ -222,7 +241,7 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
   }
   for (int64_t i = 0; i < batch; ++i)
     gemm_2d<T>(A.trans, B.trans, M, N, K, A.ptr + i * A.batch_stride, A.ld, B.ptr + i * B.batch_stride, B.ld, beta,
-               C + i * M * N, N);
+               C + i * M * N, N, bias);
 }
 
 }  // namespace
@@ -328,13 +347,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return dispatch_float("linear", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(Shape{x2.size(0), out_features}, x.dtype(), x.device());
-    if (bias.defined()) {
-      Tensor bc = bias.detach().contiguous();
-      const T* bp = bc.data<T>();
-      T* o = out.data<T>();
-      for (int64_t r = 0; r < x2.size(0); ++r) std::copy(bp, bp + out_features, o + r * out_features);
-    }
-    matmul_into<T>(out, x2, weight, false, false, T(bias.defined() ? 1 : 0));
+    const Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
+    matmul_into<T>(out, x2, weight, false, false, T(bias.defined() ? 1 : 0), bias.defined() ? bc.data<T>() : nullptr);
     return out.view(out_shape);
   });
 }

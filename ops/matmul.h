@@ -31,7 +31,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 Tensor matmul_f32(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
 // x . weight + bias. x: (..., in); weight: (in, out); bias: (out) or undefined. Returns (..., out).
-// The bias is written into the output and BLAS accumulates onto it (beta = 1), saving a pass.
+// The bias is written into the output and BLAS accumulates onto it (beta = 1), saving a pass; on the CPU each
+// thread writes the bias into its own block of the output just before its share of the product.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // The CPU BLAS calls that matmul, matmul_f32 and linear make (every product of a CPU training step but attention's
