@@ -39,7 +39,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // tiles): their thread time and FLOPs, summed over the threads that make them, while counting is on. Off by
 // default, when a call costs one relaxed load; count_blas(true) starts again from zero. bench_gpt_step splits a
 // step with it into the time in BLAS, at what rate, and the rest. Products matmul splits over threads call BLAS
-// single-threaded; one it leaves whole (below 2^21 FLOPs) counts its wall time once even if OpenBLAS threads it.
+// single-threaded; one it leaves whole (under 2^21 FLOPs, or too narrow) counts its wall time once even if
+// OpenBLAS threads it.
 struct BlasCount {
   double seconds = 0;  // thread time inside BLAS
   double flops = 0;    // 2 M N K per call
