@@ -18,28 +18,31 @@ namespace minidl::ops {
 // thread) so the result is the same whatever the thread count.
 static constexpr int64_t kRowsPerPartial = 64;
 
-LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  int64_t C = check_layernorm("layernorm", x, weight);
-  check_layernorm_param("layernorm", "bias", bias, Shape{C}, x);
-  MINIDL_CHECK(eps > 0, "layernorm: expected eps > 0, got ", eps);
-  if (!x.device().is_cpu()) return layernorm_forward_device(x.device())(x, weight, bias, eps);
-  if (is_half(x.dtype())) {
-    LayerNormForward f = layernorm_forward(upcast(x), weight, bias, eps);
-    f.y = cast(f.y, x.dtype());
-    return f;
-  }
-  int64_t rows = x.numel() / C;
+// Layer norm of the rows of x, f32 or f64, contiguous. With `other` defined, x is first summed with it row by row
+// into `sum` (add_layernorm): each sum row is normalised while it is still in L1, one pass over memory and one
+// parallel region instead of an add and then a layer norm.
+static LayerNormForward layernorm_rows(const Tensor& x, const Tensor& other, Tensor* sum, const Tensor& weight,
+                                       const Tensor& bias, double eps) {
+  const int64_t C = weight.numel(), rows = x.numel() / C;
   LayerNormForward f{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, x.dtype(), x.device()),
                      Tensor::empty({rows}, x.dtype(), x.device())};
   dispatch_float("layernorm", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T *px = x.data<T>(), *w = weight.data<T>(), *b = bias.data<T>();
-    T *py = f.y.data<T>(), *mean = f.mean.data<T>(), *rstd = f.rstd.data<T>();
+    const T *px = x.data<T>(), *po = other.defined() ? other.data<T>() : nullptr, *w = weight.data<T>(),
+            *b = bias.data<T>();
+    T *ps = sum ? sum->data<T>() : nullptr, *py = f.y.data<T>(), *mean = f.mean.data<T>(), *rstd = f.rstd.data<T>();
     parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = px + r * C;
+        if (po) {
+          T* __restrict sr = ps + r * C;
+          const T* __restrict ar = xr;
+          const T* __restrict br = po + r * C;
+          for (int64_t c = 0; c < C; ++c) sr[c] = ar[c] + br[c];
+          xr = sr;
+        }
         if constexpr (std::is_same_v<T, float>) {
-          const float* next = r + 1 < r1 ? xr + C : nullptr;
+          const float* next = r + 1 < r1 && !po ? xr + C : nullptr;  // a sum row is written just before: in L1
           simd::layernorm_forward_row(xr, w, b, py + r * C, mean + r, rstd + r, eps, C, next);
           continue;
         }
@@ -57,6 +60,19 @@ LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const 
     });
   });
   return f;
+}
+
+LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  int64_t C = check_layernorm("layernorm", x, weight);
+  check_layernorm_param("layernorm", "bias", bias, Shape{C}, x);
+  MINIDL_CHECK(eps > 0, "layernorm: expected eps > 0, got ", eps);
+  if (!x.device().is_cpu()) return layernorm_forward_device(x.device())(x, weight, bias, eps);
+  if (is_half(x.dtype())) {
+    LayerNormForward f = layernorm_forward(upcast(x), weight, bias, eps);
+    f.y = cast(f.y, x.dtype());
+    return f;
+  }
+  return layernorm_rows(x, Tensor(), nullptr, weight, bias, eps);
 }
 
 // With xhat = (x - mean) * rstd and g = dy * weight:
@@ -132,8 +148,13 @@ AddLayerNormForward add_layernorm_forward(const Tensor& a, const Tensor& b, cons
   check_layernorm_param("add_layernorm", "bias", bias, Shape{C}, a);
   MINIDL_CHECK(eps > 0, "add_layernorm: expected eps > 0, got ", eps);
   if (!a.device().is_cpu()) return add_layernorm_forward_device(a.device())(a, b, weight, bias, eps);
-  Tensor sum = add(a, b);
-  LayerNormForward f = layernorm_forward(sum, weight, bias, eps);
+  if (is_half(a.dtype())) {  // the sum rounded to a's dtype, as the device kernels store it, then layer norm
+    Tensor sum = add(a, b);
+    LayerNormForward f = layernorm_forward(sum, weight, bias, eps);
+    return {sum, f.y, f.mean, f.rstd};
+  }
+  Tensor sum = Tensor::empty(a.shape(), a.dtype(), a.device());
+  LayerNormForward f = layernorm_rows(a, b, &sum, weight, bias, eps);
   return {sum, f.y, f.mean, f.rstd};
 }
 

@@ -7,6 +7,7 @@
 
 #include "autograd/functions.h"
 #include "core/parallel.h"
+#include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/layernorm.h"
 #include "tests/ops/nn_test_util.h"
@@ -123,6 +124,27 @@ TEST(LayerNorm, BackwardBitwiseSameForOneAndTwoThreads) {
   EXPECT_EQ(one.dweight.to_vector(), two.dweight.to_vector());
   EXPECT_EQ(one.dbias.to_vector(), two.dbias.to_vector());
   EXPECT_EQ(one.dx.to_vector(), two.dx.to_vector());
+}
+
+// add_layernorm on the CPU sums each row and normalises it in one pass: the same bits as add, then layernorm, for
+// f32 and f64 at 1 and 2 threads (tests/autograd/test_add_layernorm.cpp compares the graphs, at the default count).
+TEST(LayerNorm, AddLayerNormIsAddThenLayerNormBitwise) {
+  const int saved = num_threads();
+  for (DType dt : {DType::f32, DType::f64})
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << ", " << threads << " threads");
+      Tensor a = random_tensor({301, 37}, 31, dt), b = random_tensor({301, 37}, 32, dt);
+      Tensor w = random_tensor({37}, 33, dt), bias = random_tensor({37}, 34, dt);
+      const ops::AddLayerNormForward fused = ops::add_layernorm_forward(a, b, w, bias, 1e-5);
+      const Tensor sum = ops::add(a, b);
+      const ops::LayerNormForward plain = ops::layernorm_forward(sum, w, bias, 1e-5);
+      EXPECT_EQ(fused.sum.to_vector(), sum.to_vector());
+      EXPECT_EQ(fused.y.to_vector(), plain.y.to_vector());
+      EXPECT_EQ(fused.mean.to_vector(), plain.mean.to_vector());
+      EXPECT_EQ(fused.rstd.to_vector(), plain.rstd.to_vector());
+    }
+  set_num_threads(saved);
 }
 
 // The differentiable wrapper accepts strided views: the gradient reaches the base tensor through the copy.
