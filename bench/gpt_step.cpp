@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include <optional>
@@ -319,11 +320,10 @@ int main(int argc, char** argv) {
     // Core time per step: in BLAS (thread time summed over threads) and outside it.
     double blas_ms = 0, blas_gflops = 0, rest_ms = 0;
     if (ceiling_products) {
-      double core_ms = 0;
-      for (double m : ms) core_ms += m * num_threads();
+      const double core_ms = std::accumulate(ms.begin(), ms.end(), 0.0) / double(ms.size()) * num_threads();
       blas_ms = blas.seconds * 1e3 / double(ms.size());
       blas_gflops = blas.seconds > 0 ? blas.flops / blas.seconds / 1e9 : 0.0;
-      rest_ms = core_ms / double(ms.size()) - blas_ms;
+      rest_ms = core_ms - blas_ms;
       std::printf("core time per step: %.2f ms in BLAS at %.1f GFLOP/s per core (%.0f%% of the ceiling's %.1f), "
                   "%.2f ms outside it (%.0f%%)\n", blas_ms, blas_gflops, 100 * blas_gflops * num_threads() / ceiling,
                   ceiling / num_threads(), rest_ms, 100 * rest_ms / (blas_ms + rest_ms));

@@ -19,18 +19,19 @@ namespace minidl::ops {
 static constexpr int64_t kRowsPerPartial = 64;
 
 // Layer norm of the rows of x, f32 or f64, contiguous. With `other` defined, x is first summed with it row by row
-// into `sum` (add_layernorm): each sum row is normalised while it is still in L1, one pass over memory and one
-// parallel region instead of an add and then a layer norm.
-static LayerNormForward layernorm_rows(const Tensor& x, const Tensor& other, Tensor* sum, const Tensor& weight,
-                                       const Tensor& bias, double eps) {
+// into f.sum (add_layernorm): each sum row is normalised while it is still in L1, one pass over memory and one
+// parallel region instead of an add and then a layer norm. Without it f.sum is undefined.
+static AddLayerNormForward layernorm_rows(const Tensor& x, const Tensor& other, const Tensor& weight,
+                                          const Tensor& bias, double eps) {
   const int64_t C = weight.numel(), rows = x.numel() / C;
-  LayerNormForward f{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, x.dtype(), x.device()),
-                     Tensor::empty({rows}, x.dtype(), x.device())};
+  AddLayerNormForward f{other.defined() ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor(),
+                        Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, x.dtype(), x.device()),
+                        Tensor::empty({rows}, x.dtype(), x.device())};
   dispatch_float("layernorm", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T *px = x.data<T>(), *po = other.defined() ? other.data<T>() : nullptr, *w = weight.data<T>(),
             *b = bias.data<T>();
-    T *ps = sum ? sum->data<T>() : nullptr, *py = f.y.data<T>(), *mean = f.mean.data<T>(), *rstd = f.rstd.data<T>();
+    T *ps = po ? f.sum.data<T>() : nullptr, *py = f.y.data<T>(), *mean = f.mean.data<T>(), *rstd = f.rstd.data<T>();
     parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = px + r * C;
@@ -72,7 +73,8 @@ LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const 
     f.y = cast(f.y, x.dtype());
     return f;
   }
-  return layernorm_rows(x, Tensor(), nullptr, weight, bias, eps);
+  const AddLayerNormForward f = layernorm_rows(x, Tensor(), weight, bias, eps);
+  return {f.y, f.mean, f.rstd};
 }
 
 // With xhat = (x - mean) * rstd and g = dy * weight:
@@ -153,9 +155,7 @@ AddLayerNormForward add_layernorm_forward(const Tensor& a, const Tensor& b, cons
     LayerNormForward f = layernorm_forward(sum, weight, bias, eps);
     return {sum, f.y, f.mean, f.rstd};
   }
-  Tensor sum = Tensor::empty(a.shape(), a.dtype(), a.device());
-  LayerNormForward f = layernorm_rows(a, b, &sum, weight, bias, eps);
-  return {sum, f.y, f.mean, f.rstd};
+  return layernorm_rows(a, b, weight, bias, eps);
 }
 
 LayerNormBackward add_layernorm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Tensor& weight,

@@ -1,9 +1,9 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
-#include <algorithm>
 #include <vector>
 
 #include "core/parallel.h"
