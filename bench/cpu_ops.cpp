@@ -5,11 +5,15 @@
 //   GEMM-shaped work (flash attention): GFLOP/s against single-threaded OpenBLAS sgemm at the tile's shape times
 //     the number of threads.
 //
-//   build/bin/bench_cpu_ops [--numel 8388608] [--rows 4096] [--reps 9] [--isa all|best|avx2|...] [--json]
+//   build/bin/bench_cpu_ops [--numel N] [--rows R] [--reps 9] [--isa all|best|avx2|...] [--json]
+//
+// By default every array is 4x the last-level cache (STREAM's rule; 128 MB for a 32 MB L3: --numel 33554432,
+// --rows 43712).
 //
 // With --isa all (the default) every ISA the CPU has is measured. OpenBLAS picks its kernels from the CPU (or
 // OPENBLAS_CORETYPE) once per process, so the sgemm columns do not change with --isa.
 #include <cblas.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -96,17 +100,48 @@ double sgemm_gflops(int M, int N, int K, int reps) {
   return best;
 }
 
+// The copy ceiling is STREAM's Copy kernel, a plain loop with ordinary stores (kept from being turned into a
+// memmove call). glibc's memmove switches to non-temporal stores for copies this large, and those ran slower here:
+// 29-36 GB/s against 33-37 for the loop (2 threads, 128 MB, AMD EPYC family 25 model 17), a ceiling some ops beat.
+[[gnu::optimize("no-tree-loop-distribute-patterns")]] void plain_copy(const float* b, const float* e, float* d) {
+  for (; b < e; ++b, ++d) *d = *b;
+}
+
+// The bytes of each array of a bandwidth measurement, by STREAM's rule: at least 4x the last-level cache, so the
+// ops and the copies beside them stream from memory, which is what memory-bound means. Arrays that fit measured
+// something else: layer norm's 12 MB of rows (the earlier default, 4096) sat in a 32 MB L3, the copy beside it
+// read 57-66 GB/s there against 28-38 from memory, and the op's own arithmetic, not memory, set its %copy. Within
+// 32-256 MB, so a server's large L3 does not ask for gigabytes.
+int64_t stream_array_bytes() {
+  int64_t llc = 0;
+  if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {  // e.g. "32768K"
+    long kib = 0;
+    if (std::fscanf(f, "%ldK", &kib) == 1) llc = int64_t(kib) * 1024;
+    std::fclose(f);
+  }
+  if (llc <= 0) llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0) llc = int64_t(32) << 20;
+  return std::clamp<int64_t>(4 * llc, int64_t(32) << 20, int64_t(256) << 20);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"minidl CPU op benchmark: GB/s against copy bandwidth, GFLOP/s against sgemm, per ISA"};
-  int64_t numel = int64_t(1) << 23, rows = 4096;
+  const int64_t array_bytes = stream_array_bytes();
+  const int64_t C = 768, V = 2048, F = 3072;  // model width, vocabulary, MLP width: the row ops' shapes
+  // Flat ops: arrays of array_bytes; row ops: rows of C (the narrowest) that fill as much, in whole 64s.
+  int64_t numel = array_bytes / 4, rows = (array_bytes / (4 * C) + 63) / 64 * 64;
   int reps = 9, threads = default_num_threads();
   std::string isa_arg = "all";
   bool json = false;
-  app.add_option("--numel", numel, "elements of the flat ops (AdamW, unscale, casts, gelu, dropout)")
+  app.add_option("--numel", numel,
+                 "elements of the flat ops (AdamW, unscale, casts, gelu, dropout); default: 4x the last-level "
+                 "cache in bytes, over 4 (STREAM's rule)")
       ->check(bench::kPositiveCount);
-  app.add_option("--rows", rows, "rows of the row ops (C = 768 layer norm, V = 2048 softmax/cross-entropy)")
+  app.add_option("--rows", rows,
+                 "rows of the row ops (C = 768 layer norm, V = 2048 softmax/cross-entropy); default: as many "
+                 "bytes of layer norm input as --numel's")
       ->check(bench::kPositiveCount);
   app.add_option("--reps", reps, "timed repetitions per op (median reported)")->check(bench::kPositiveCount);
   app.add_option("--threads", threads, "CPU threads")->check(bench::kPositiveCount);
@@ -140,7 +175,7 @@ int main(int argc, char** argv) {
   const auto copy_of = [&](double bytes) {  // a copy that reads bytes / 2 and writes bytes / 2
     const int64_t count = std::min(copy_max, int64_t(bytes / 8));
     return std::function<void()>([=] {
-      parallel_for(0, count, 1 << 16, [&](int64_t b, int64_t e) { std::copy(ps + b, ps + e, pd + b); });
+      parallel_for(0, count, 1 << 16, [&](int64_t b, int64_t e) { plain_copy(ps + b, ps + e, pd + b); });
     });
   };
   const double copy_gbs = 8.0 * n / time_median(reps, copy_of(8.0 * n)) / 1e9;
@@ -162,7 +197,6 @@ int main(int argc, char** argv) {
     return double(row * rounds * num_threads()) / s;
   };
 
-  const int64_t C = 768, V = 2048, F = 3072;  // model width, vocabulary, MLP width: the row ops' shapes
   Tensor x = random({n}, 2), dy = random({n}, 3), g = random({n}, 4), m = Tensor::zeros({n}), v = Tensor::zeros({n});
   Tensor x16 = ops::cast(x, DType::bf16), xh = ops::cast(x, DType::f16);
   Tensor hx = random({n / F, F}, 5), hdy = random({n / F, F}, 6), hb = random({F}, 7);
