@@ -124,11 +124,12 @@ BiasGeluBackward bias_gelu_backward(const Tensor& dy, const Tensor& x, const Ten
       for (int64_t k = k0; k < k1; ++k) {
         T* db = partial + k * C;
         std::fill(db, db + C, T(0));
-        for (int64_t r = k * kRowsPerPartial, r1 = std::min(rows, r + kRowsPerPartial); r < r1; ++r) {
-          if constexpr (std::is_same_v<T, float>) {
-            simd::gelu_backward_row(pdy + r * C, px + r * C, b, pdx + r * C, db, C);
-            continue;
-          }
+        const int64_t r0 = k * kRowsPerPartial, r1 = std::min(rows, r0 + kRowsPerPartial);
+        if constexpr (std::is_same_v<T, float>) {
+          simd::gelu_backward_rows(pdy + r0 * C, px + r0 * C, b, pdx + r0 * C, db, r1 - r0, C);
+          continue;
+        }
+        for (int64_t r = r0; r < r1; ++r) {
           for (int64_t c = 0; c < C; ++c) {
             T d = pdy[r * C + c] * kernels::gelu_tanh_grad(T(px[r * C + c] + b[c]));
             pdx[r * C + c] = d;

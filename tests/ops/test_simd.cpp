@@ -129,6 +129,29 @@ TEST(Simd, GeluBackwardWithinUlpBoundAndAccumulatesBiasGradient) {
   });
 }
 
+// gelu_backward_rows (dx of a group of rows first, then their sum into dbias) against gelu_backward_row one row at
+// a time: the same dx and the same dbias bits, for row counts around its groups of 8 and rows with tails.
+TEST(Simd, GeluBackwardRowsIsRowByRowBitwise) {
+  for_each_isa([] {
+    for (int rows : {1, 7, 8, 9, 17}) {
+      for (int n : {1, 13, kMaxLen}) {
+        std::vector<float> x = inputs(rows * n, unsigned(rows * 100 + n)), b = inputs(n, unsigned(n) + 5, 1.0f, false);
+        std::vector<float> dy = inputs(rows * n, unsigned(rows + n) + 9, 1.0f, false);
+        std::vector<float> dx(x.size()), want_dx(x.size()), db(size_t(n), 0.25f), want_db(db);
+        simd::gelu_backward_rows(dy.data(), x.data(), b.data(), dx.data(), db.data(), rows, n);
+        for (int r = 0; r < rows; ++r)
+          simd::gelu_backward_row(dy.data() + r * n, x.data() + r * n, b.data(), want_dx.data() + r * n,
+                                  want_db.data(), n);
+        for (size_t i = 0; i < dx.size(); ++i)
+          EXPECT_EQ(std::memcmp(&dx[i], &want_dx[i], sizeof(float)), 0) << "rows " << rows << " n " << n << " i " << i;
+        for (int c = 0; c < n; ++c)
+          EXPECT_EQ(std::memcmp(&db[size_t(c)], &want_db[size_t(c)], sizeof(float)), 0)
+              << "rows " << rows << " n " << n << " c " << c;
+      }
+    }
+  });
+}
+
 TEST(Simd, ExpRowsWithinTwoUlpIncludingInfAndNaN) {
   for_each_isa([] {
     for (int n = 1; n <= 2 * kMaxLen; ++n) {

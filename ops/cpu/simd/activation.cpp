@@ -86,6 +86,28 @@ void GeluBackwardRow(const float* dy, const float* x, const float* bias, float* 
       });
 }
 
+// GeluBackwardRow over `rows` consecutive rows of n, dbias (if not null) adding the rows' dx in row order. In groups
+// of 8 rows: the rows' dx first, with no dbias, then the group's dx rows (still in L2) added to dbias. One pass that
+// read and wrote a dbias row along with every row of x, dy and dx streaming from memory ran 1.42-1.55 ns per
+// element on AVX2 and 1.31 on AVX-512, against 1.13 and 1.00 in groups (3072 columns, 10922 rows, 1 thread, AMD
+// EPYC family 25 model 17). The sums are the same, in the same order: the same bits.
+void GeluBackwardRows(const float* dy, const float* x, const float* bias, float* dx, float* dbias, size_t rows,
+                      size_t n) {
+  constexpr size_t kGroup = 8;  // 8 rows of dx: 96 KB at 3072 columns
+  const hn::ScalableTag<float> d;
+  for (size_t r0 = 0; r0 < rows; r0 += kGroup) {
+    const size_t r1 = HWY_MIN(rows, r0 + kGroup);
+    for (size_t r = r0; r < r1; ++r) GeluBackwardRow(dy + r * n, x + r * n, bias, dx + r * n, nullptr, n);
+    if (!dbias) continue;
+    for (size_t r = r0; r < r1; ++r)
+      ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
+        using Part = decltype(part);
+        StorePart<Part>(hn::Add(LoadPart<Part>(d, dbias + i, count), LoadPart<Part>(d, dx + r * n + i, count)), d,
+                        dbias + i, count);
+      });
+  }
+}
+
 }  // namespace minidl::ops::simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -97,6 +119,7 @@ namespace minidl::ops::simd {
 
 HWY_EXPORT(GeluRow);
 HWY_EXPORT(GeluBackwardRow);
+HWY_EXPORT(GeluBackwardRows);
 
 void gelu_row(const float* x, const float* bias, float* y, int64_t n) {
   ensure_isa_selected();
@@ -106,6 +129,12 @@ void gelu_row(const float* x, const float* bias, float* y, int64_t n) {
 void gelu_backward_row(const float* dy, const float* x, const float* bias, float* dx, float* dbias, int64_t n) {
   ensure_isa_selected();
   HWY_DYNAMIC_DISPATCH(GeluBackwardRow)(dy, x, bias, dx, dbias, size_t(n));
+}
+
+void gelu_backward_rows(const float* dy, const float* x, const float* bias, float* dx, float* dbias, int64_t rows,
+                        int64_t n) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(GeluBackwardRows)(dy, x, bias, dx, dbias, size_t(rows), size_t(n));
 }
 
 }  // namespace minidl::ops::simd

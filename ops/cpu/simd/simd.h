@@ -25,6 +25,10 @@ namespace minidl::ops::simd {
 void gelu_row(const float* x, const float* bias, float* y, int64_t n);
 // dx = dy * gelu_tanh'(x + bias); when dbias is not null, also dbias += dx.
 void gelu_backward_row(const float* dy, const float* x, const float* bias, float* dx, float* dbias, int64_t n);
+// gelu_backward_row over `rows` consecutive rows of n (row stride n); dbias (if not null) adds the rows' dx in row
+// order, the same bits as row by row, a few rows at a time after their dx.
+void gelu_backward_rows(const float* dy, const float* x, const float* bias, float* dx, float* dbias, int64_t rows,
+                        int64_t n);
 
 // max of x (-inf for n = 0).
 float max_row(const float* x, int64_t n);
