@@ -384,6 +384,11 @@ def main():
         notes.append(f"{args.rounds} rounds, PyTorch and minidl alternating at each thread count: each row is the "
                      f"median run, the ratio the median of the rounds' ratios ("
                      + ", ".join(f"{x:.2f}" for x in round_ratios) + ")")
+        # The spread says how much a single run's %ceil can be trusted on a machine whose speed drifts.
+        spread = [f"{t} thread{'s' if t > 1 else ''} " + ", ".join(f"{r['pct_ceiling']:.0f}%" for r in runs[("minidl", t)])
+                  for t in args.thread_counts if runs.get(("minidl", t)) and runs[("minidl", t)][0]["pct_ceiling"]]
+        if spread:
+            notes.append("minidl's %ceil in each round: " + "; ".join(spread))
 
     if args.json:
         print(json.dumps(dict(config=args.config, cpu=host_cpu_name(), shape=args.shape, steps=args.steps,
