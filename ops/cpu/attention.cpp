@@ -124,28 +124,29 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
   kernels::OnlineSoftmax<T> rows[kBlock];
   for (int64_t i0 = 0; i0 < d.T; i0 += kBlock) {
     int64_t bq = std::min(kBlock, d.T - i0);
-    for (int64_t i = 0; i < bq; ++i) {
-      rows[i] = {-std::numeric_limits<T>::infinity(), T(0)};
-      std::fill(x.o + (i0 + i) * x.ld_o, x.o + (i0 + i) * x.ld_o + d.D, T(0));
-    }
     // Key blocks up to the diagonal. Query and key blocks are aligned, so every tile row sees at least one key
-    // (all of them before the diagonal, its own on it): no row's running max is ever -inf.
+    // (all of them before the diagonal, its own on it): no row's running max is ever -inf. The first key block
+    // starts each row's max and writes its O rows (beta = 0): nothing to zero before it or rescale in it.
     for (int64_t j0 = 0; j0 < i0 + bq; j0 += kBlock) {
       int64_t bk = std::min(kBlock, i0 + bq - j0);
-      const bool diagonal = j0 == i0;  // P is lower-triangular there: half of each product is left out
+      const bool diagonal = j0 == i0, first = j0 == 0;  // on the diagonal P is lower-triangular: half is left out
       gemm(false, true, bq, bk, d.D, scale, x.q + i0 * x.ld_qkv, x.ld_qkv, x.k + j0 * x.ld_qkv, x.ld_qkv, T(0), S, bk,
            diagonal ? Triangle::kLowerOutput : Triangle::kFull);
       for (int64_t i = 0; i < bq; ++i) {
         T* s = S + i * bk;
         int64_t n = visible_keys(i0 + i, j0, bk);
-        T factor = rows[i].rescale_for(row_max(s, n));
-        if (factor != T(1)) scale_row(x.o + (i0 + i) * x.ld_o, factor, d.D);
+        if (first) {
+          rows[i] = {row_max(s, n), T(0)};
+        } else {
+          T factor = rows[i].rescale_for(row_max(s, n));
+          if (factor != T(1)) scale_row(x.o + (i0 + i) * x.ld_o, factor, d.D);
+        }
         T sum = exp_sub_sum(s, rows[i].max, n);
         std::fill(s + n, s + bk, T(0));
         rows[i].sum += sum;
       }
-      gemm(false, false, bq, d.D, bk, T(1), S, bk, x.v + j0 * x.ld_qkv, x.ld_qkv, T(1), x.o + i0 * x.ld_o, x.ld_o,
-           diagonal ? Triangle::kLowerReduce : Triangle::kFull);
+      gemm(false, false, bq, d.D, bk, T(1), S, bk, x.v + j0 * x.ld_qkv, x.ld_qkv, first ? T(0) : T(1),
+           x.o + i0 * x.ld_o, x.ld_o, diagonal ? Triangle::kLowerReduce : Triangle::kFull);
     }
     for (int64_t i = 0; i < bq; ++i) {
       scale_row(x.o + (i0 + i) * x.ld_o, T(1) / rows[i].sum, d.D);
