@@ -1,10 +1,12 @@
 #include "ops/reduce.h"
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/parallel.h"
 #include "ops/cast.h"
+#include "ops/cpu/simd/simd.h"
 
 namespace minidl::ops {
 
@@ -109,7 +111,11 @@ Tensor sum(const Tensor& x, int dim, bool keepdim) {
         dst[0] = T(acc);
         return;
       }
-      // Walk j outermost so the inner loop is a contiguous (vectorised) add into the output row.
+      // Each column adds the rows in order (j outermost), so the bits do not depend on how columns are split.
+      if constexpr (std::is_same_v<T, float>) {
+        simd::add_rows(row + i0, l.n, l.inner, dst + i0, i1 - i0);
+        return;
+      }
       for (int64_t j = 0; j < l.n; ++j)
         for (int64_t i = i0; i < i1; ++i) dst[i] += row[j * l.inner + i];
     });

@@ -152,6 +152,26 @@ TEST(Simd, GeluBackwardRowsIsRowByRowBitwise) {
   });
 }
 
+// add_rows against the scalar column sum, row by row in order: the same bits, over row strides wider than the
+// columns and column counts with tails (and the +-inf and NaN of inputs()).
+TEST(Simd, AddRowsIsTheScalarColumnSumBitwise) {
+  for_each_isa([] {
+    for (int rows : {1, 3, 50}) {
+      for (int n : {1, 15, 16, kMaxLen}) {
+        const int ld = n + 5;
+        std::vector<float> x = inputs(rows * ld, unsigned(rows * 31 + n), 100.0f);
+        std::vector<float> dst = inputs(n, unsigned(n) + 77, 1.0f, false), want = dst;
+        simd::add_rows(x.data(), rows, ld, dst.data(), n);
+        for (int r = 0; r < rows; ++r)
+          for (int i = 0; i < n; ++i) want[size_t(i)] += x[size_t(r * ld + i)];
+        for (int i = 0; i < n; ++i)
+          EXPECT_EQ(std::memcmp(&dst[size_t(i)], &want[size_t(i)], sizeof(float)), 0)
+              << "rows " << rows << " n " << n << " i " << i << ": " << dst[size_t(i)] << " vs " << want[size_t(i)];
+      }
+    }
+  });
+}
+
 TEST(Simd, ExpRowsWithinTwoUlpIncludingInfAndNaN) {
   for_each_isa([] {
     for (int n = 1; n <= 2 * kMaxLen; ++n) {

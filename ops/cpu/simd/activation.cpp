@@ -4,6 +4,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "hwy/highway.h"
+#include "ops/cpu/simd/simd.h"
 #include "ops/cpu/simd/vec-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -94,17 +95,10 @@ void GeluBackwardRow(const float* dy, const float* x, const float* bias, float* 
 void GeluBackwardRows(const float* dy, const float* x, const float* bias, float* dx, float* dbias, size_t rows,
                       size_t n) {
   constexpr size_t kGroup = 8;  // 8 rows of dx: 96 KB at 3072 columns
-  const hn::ScalableTag<float> d;
   for (size_t r0 = 0; r0 < rows; r0 += kGroup) {
     const size_t r1 = HWY_MIN(rows, r0 + kGroup);
     for (size_t r = r0; r < r1; ++r) GeluBackwardRow(dy + r * n, x + r * n, bias, dx + r * n, nullptr, n);
-    if (!dbias) continue;
-    for (size_t r = r0; r < r1; ++r)
-      ForEachVector(d, n, [&](size_t i, size_t count, auto part) {
-        using Part = decltype(part);
-        StorePart<Part>(hn::Add(LoadPart<Part>(d, dbias + i, count), LoadPart<Part>(d, dx + r * n + i, count)), d,
-                        dbias + i, count);
-      });
+    if (dbias) add_rows(dx + r0 * n, int64_t(r1 - r0), int64_t(n), dbias, int64_t(n));
   }
 }
 
@@ -113,7 +107,6 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "ops/cpu/simd/isa.h"
-#include "ops/cpu/simd/simd.h"
 
 namespace minidl::ops::simd {
 

@@ -239,6 +239,29 @@ void LayerNormBackwardRow(const float* dy, const float* x, const float* w, float
   });
 }
 
+// dst[i] += x[0, i], then += x[1, i], ... row by row (rows ld apart), each column in registers for all the rows: a
+// column sum (a bias gradient) in the order of the scalar loop, where that loop kept dst in memory and waited on its
+// own stores.
+void AddRows(const float* x, size_t rows, size_t ld, float* dst, size_t n) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    V acc[4];
+    for (size_t k = 0; k < 4; ++k) acc[k] = hn::LoadU(d, dst + i + k * N);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t k = 0; k < 4; ++k) acc[k] = hn::Add(acc[k], hn::LoadU(d, x + r * ld + i + k * N));
+    for (size_t k = 0; k < 4; ++k) hn::StoreU(acc[k], d, dst + i + k * N);
+  }
+  ForEachVector(d, n - i, [&](size_t j, size_t count, auto part) {
+    using Part = decltype(part);
+    V acc = LoadPart<Part>(d, dst + i + j, count);
+    for (size_t r = 0; r < rows; ++r) acc = hn::Add(acc, LoadPart<Part>(d, x + r * ld + i + j, count));
+    StorePart<Part>(acc, d, dst + i + j, count);
+  });
+}
+
 }  // namespace minidl::ops::simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -254,6 +277,7 @@ HWY_EXPORT(LogSumExpRow);
 HWY_EXPORT(ExpSubScale);
 HWY_EXPORT(ScaleRow);
 HWY_EXPORT(DotRow);
+HWY_EXPORT(AddRows);
 HWY_EXPORT(MulSubRow);
 HWY_EXPORT(LayerNormForwardRow);
 HWY_EXPORT(LayerNormBackwardRow);
@@ -281,6 +305,10 @@ void scale_row(float* y, float s, int64_t n) {
 float dot_row(const float* a, const float* b, int64_t n) {
   ensure_isa_selected();
   return HWY_DYNAMIC_DISPATCH(DotRow)(a, b, size_t(n));
+}
+void add_rows(const float* x, int64_t rows, int64_t ld, float* dst, int64_t n) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(AddRows)(x, size_t(rows), size_t(ld), dst, size_t(n));
 }
 void mul_sub_row(const float* y, const float* dy, float c, float* dx, int64_t n) {
   ensure_isa_selected();

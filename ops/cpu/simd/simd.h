@@ -47,6 +47,9 @@ void exp_sub_scale(const float* x, float m, float scale, float* y, int64_t n);
 void scale_row(float* y, float s, int64_t n);
 // sum a * b.
 float dot_row(const float* a, const float* b, int64_t n);
+// dst[i] += x[r, i] for r = 0, 1, ... rows - 1 in order (rows ld apart), i < n: a column sum with the bits of the
+// scalar loop over rows.
+void add_rows(const float* x, int64_t rows, int64_t ld, float* dst, int64_t n);
 // dx = y * (dy - c) (dx may be dy): softmax's backward and attention's dS = P * (dP - D).
 void mul_sub_row(const float* y, const float* dy, float c, float* dx, int64_t n);
 
