@@ -124,14 +124,18 @@ int64_t stream_array_bytes() {
   return std::clamp<int64_t>(4 * llc, int64_t(32) << 20, int64_t(256) << 20);
 }
 
+constexpr int64_t kWidth = 768, kVocab = 2048, kMlpWidth = 3072;  // the row ops' shapes
+
+// Everything after the flags: the measurements and the table (or JSON).
+int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& isa_arg, bool json);
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"minidl CPU op benchmark: GB/s against copy bandwidth, GFLOP/s against sgemm, per ISA"};
   const int64_t array_bytes = stream_array_bytes();
-  const int64_t C = 768, V = 2048, F = 3072;  // model width, vocabulary, MLP width: the row ops' shapes
-  // Flat ops: arrays of array_bytes; row ops: rows of C (the narrowest) that fill as much, in whole 64s.
-  int64_t numel = array_bytes / 4, rows = (array_bytes / (4 * C) + 63) / 64 * 64;
+  // Flat ops: arrays of array_bytes; row ops: rows of kWidth (the narrowest) that fill as much, in whole 64s.
+  int64_t numel = array_bytes / 4, rows = (array_bytes / (4 * kWidth) + 63) / 64 * 64;
   int reps = 9, threads = default_num_threads();
   std::string isa_arg = "all";
   bool json = false;
@@ -149,7 +153,19 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "print a JSON array instead of the table");
   if (std::optional<int> code = bench::parse_flags(app, argc, argv, "bench_cpu_ops")) return *code;
   set_num_threads(threads);
+  try {
+    return run(numel, rows, reps, threads, isa_arg, json);
+  } catch (const std::exception& e) {  // minidl's Error (out of CPU memory among them) and std::bad_alloc
+    std::fprintf(stderr, "bench_cpu_ops: %s (arrays of --numel %lld floats and --rows %lld; smaller ones need less "
+                 "memory)\n", e.what(), (long long)numel, (long long)rows);
+    return 1;
+  }
+}
 
+namespace {
+
+int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& isa_arg, bool json) {
+  const int64_t C = kWidth, V = kVocab, F = kMlpWidth;
   std::vector<simd::CpuIsa> isas;
   if (isa_arg == "all") {
     isas = simd::supported_isas();
@@ -280,3 +296,5 @@ int main(int argc, char** argv) {
   if (json) std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }
+
+}  // namespace

@@ -18,16 +18,16 @@ int default_num_threads(int ranks_on_host = 1);
 bool in_parallel_region();
 
 // Splits [begin, end) into contiguous pieces of about `grain` items or more (ceil(n / grain) of them, at most 4 per
-// thread; each at least grain / 2) and runs fn on each,
-// each thread its own run of them first, so consecutive ops keep their rows on one thread; a thread done early
-// runs the others' remaining pieces (core/parallel.cpp). fn must not depend on which thread runs a piece. Runs
-// inline when the range is small or when already inside a parallel region.
+// thread; each at least grain / 2) and runs fn on each: each thread its own run of them first, so consecutive ops
+// keep their rows on one thread, and a thread done early runs the others' remaining pieces (core/parallel.cpp). fn
+// must not depend on which thread runs a piece. Runs inline when the range is small or when already inside a
+// parallel region.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 // One parallel_for over several arrays laid end to end (sizes[i] items in part i): fn(part, begin, end) for each
-// piece of a part a thread gets, in part order within each of parallel_for's pieces. A multi-tensor pass (the optimizer's update over
-// all parameters) forks and joins once instead of once per tensor, and tensors below `grain` no longer run alone
-// on one thread.
+// piece of a part that one of parallel_for's pieces covers, in part order within it. A multi-tensor pass (the
+// optimizer's update over all parameters) forks and joins once instead of once per tensor, and tensors below
+// `grain` no longer run alone on one thread.
 void parallel_for_parts(const std::vector<int64_t>& sizes, int64_t grain,
                         const std::function<void(size_t, int64_t, int64_t)>& fn);
 
