@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
   std::string schedule = "1f1b";
   int zero = 0;
   std::string backend = "mpi";
+  std::string cpu_gemm = "auto";
   CLI::App app{"Time GPT training steps with minidl (median over --steps after --warmup steps)."};
   app.add_option("--layers", layers, "Transformer blocks")->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->capture_default_str();
@@ -141,6 +142,9 @@ int main(int argc, char** argv) {
   app.add_option("--grad-accum", grad_accum, "Micro-batches per step")->capture_default_str();
   app.add_option("--device", device_flag, "cpu, cuda or cuda:N (the emulated CUDA in a MINIDL_CUDA_EMULATION build)")
       ->capture_default_str();
+  app.add_option("--cpu-gemm", cpu_gemm, "f32 matrix products on the CPU: auto (minidl's own kernel under AVX-512, "
+                 "OpenBLAS otherwise), openblas or minidl (ops/matmul.h)")
+      ->check(CLI::IsMember({"auto", "openblas", "minidl"}))->capture_default_str();
   app.add_flag("--tf32", tf32, "f32 matrix products on TF32 tensor cores (GPU)");
   app.add_flag("--cuda-graph", cuda_graph, "With --device cuda, one process: capture a step as a CUDA graph and "
                "replay it (train/cuda_graph.h; the capture is the 3rd step, so keep --warmup >= 3)");
@@ -197,6 +201,9 @@ int main(int argc, char** argv) {
                  "'");
     const Device device = train::select_device(device_flag);
     ops::set_allow_tf32(tf32);
+    ops::set_cpu_gemm(cpu_gemm == "openblas" ? ops::CpuGemm::kOpenBlas
+                      : cpu_gemm == "minidl" ? ops::CpuGemm::kMinidl
+                                             : ops::CpuGemm::kAuto);
     const nn::GPTConfig model_cfg{vocab, seq, layers, heads, embd, 0.0, true};
     // The ranks form dp = N / tp groups of tp ranks: every rank of a tp group runs the same batch, and each dp rank
     // trains its own `batch` sequences (weak scaling) under DDP or ZeRO (train/parallel_model.h picks the model and
@@ -293,7 +300,9 @@ int main(int argc, char** argv) {
     // On the CPU the device line names the host's CPU and the kernels' instruction set, so a pasted table says
     // which machine it came from.
     const std::string name =
-        device.is_cpu() ? "cpu (" + ops::simd::host_cpu_and_kernels() + ")" : train::device_name(device);
+        device.is_cpu() ? "cpu (" + ops::simd::host_cpu_and_kernels() + ", gemm " +
+                              (ops::cpu_gemm() == ops::CpuGemm::kMinidl ? "minidl" : "openblas") + ")"
+                        : train::device_name(device);
     // MFU: the model's FLOPs per second over the GPU's dense peak for the dtype its products run in.
     if (device.is_cuda() && peak_tflops <= 0) peak_tflops = train::gpu_peak_tflops(name, options.amp, tf32);
     const double mfu = peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0;

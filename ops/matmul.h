@@ -51,6 +51,13 @@ BlasCount blas_count();
 // Validates a product like matmul() does and returns its output shape (..., M, N).
 Shape matmul_output_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 
+// Which code multiplies f32 matrices on the CPU: kAuto (the default) is minidl's own kernel (ops/cpu/simd/
+// tile_gemm.cpp's gemm_sum) when the vector code runs AVX-512 and OpenBLAS otherwise; kOpenBlas and kMinidl force
+// one. Products with other than beta 0 or 1, and f64, always go to BLAS. cpu_gemm() says which one runs now.
+enum class CpuGemm { kAuto, kOpenBlas, kMinidl };
+void set_cpu_gemm(CpuGemm gemm);
+CpuGemm cpu_gemm();
+
 // Whether f32 products on a GPU may use TF32 tensor cores (10-bit mantissa inputs, f32 accumulation; about 1e-3
 // relative error). Off by default, as in PyTorch; the CPU ignores it.
 void set_allow_tf32(bool allow);

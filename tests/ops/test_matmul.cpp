@@ -65,11 +65,24 @@ void expect_matmul_matches(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 // (rows, cols) as op() expects it: stored (cols, rows) when trans.
 Shape stored(int64_t rows, int64_t cols, bool trans) { return trans ? Shape{cols, rows} : Shape{rows, cols}; }
 
+// Runs body once with OpenBLAS and once with minidl's own kernel (ops::set_cpu_gemm), then restores the default.
+template <class Body>
+void for_each_cpu_gemm(const Body& body) {
+  for (ops::CpuGemm gemm : {ops::CpuGemm::kOpenBlas, ops::CpuGemm::kMinidl}) {
+    SCOPED_TRACE(gemm == ops::CpuGemm::kMinidl ? "gemm minidl" : "gemm openblas");
+    ops::set_cpu_gemm(gemm);
+    body();
+  }
+  ops::set_cpu_gemm(ops::CpuGemm::kAuto);
+}
+
 TEST(Matmul, AllTransposeCombinations2D) {
-  for (DType dt : {DType::f32, DType::f64})
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        expect_matmul_matches(uniform(stored(37, 19, ta), 1, dt), uniform(stored(19, 23, tb), 2, dt), ta, tb);
+  for_each_cpu_gemm([] {
+    for (DType dt : {DType::f32, DType::f64})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          expect_matmul_matches(uniform(stored(37, 19, ta), 1, dt), uniform(stored(19, 23, tb), 2, dt), ta, tb);
+  });
 }
 
 TEST(Matmul, BatchedAndShared) {
@@ -101,30 +114,67 @@ TEST(Matmul, StridedViewsWithoutAndWithCopies) {
 }
 
 TEST(Matmul, ThreadedSplitsMatchOneThread) {
-  for (int threads : {1, 2}) {
+  for_each_cpu_gemm([] {
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          // Ragged M: the row blocks do not divide evenly.
+          expect_matmul_matches(uniform(stored(1003, 64, ta), 16, DType::f32),
+                                uniform(stored(64, 48, tb), 17, DType::f32), ta, tb);
+          // Wide output: split by columns.
+          expect_matmul_matches(uniform(stored(40, 64, ta), 18, DType::f32),
+                                uniform(stored(64, 997, tb), 19, DType::f32), ta, tb);
+        }
+      // Weight gradient shapes: X^T dY, the reduction (1003, ragged) longer than the output: OpenBLAS's partial
+      // products.
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          expect_matmul_matches(uniform(stored(48, 1003, ta), 20, DType::f32),
+                                uniform(stored(1003, 96, tb), 21, DType::f32), ta, tb);
+      // The same with a bias accumulated by the product (beta = 1): only one partial may add it.
+      Tensor x = uniform({40, 1000}, 26, DType::f32), w = uniform({1000, 30}, 27, DType::f32);
+      Tensor bias = uniform({30}, 28, DType::f32);
+      Shape shape;
+      std::vector<double> xw = naive_matmul(x, w, false, false, shape), y = ops::linear(x, w, bias).to_vector(),
+                          bv = bias.to_vector();
+      for (size_t i = 0; i < y.size(); ++i) {
+        const double want = xw[i] + bv[i % 30];
+        ASSERT_NEAR(y[i], want, 1e-4 * std::max(1.0, std::abs(want))) << i;
+      }
+      // A batch folded into M, and a batch of 5 over 2 threads.
+      expect_matmul_matches(uniform({4, 301, 32}, 22, DType::f32), uniform({32, 40}, 23, DType::f32), false, false);
+      expect_matmul_matches(uniform({5, 64, 32}, 24, DType::f32), uniform({5, 40, 32}, 25, DType::f32), false, true);
+    }
+  });
+}
+
+// minidl's own kernel sums every element in one order whatever the split, so 2 threads give 1 thread's bits: row
+// blocks, column blocks, the weight gradient's long reduction (in two halves whatever the thread count), and linear's
+// bias.
+TEST(Matmul, OwnKernelGivesTheSameBitsOnOneAndTwoThreads) {
+  ops::set_cpu_gemm(ops::CpuGemm::kMinidl);
+  const auto run = [](int threads) {
     set_num_threads(threads);
+    std::vector<std::vector<double>> out;
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
-        // Ragged M: the row blocks do not divide evenly.
-        expect_matmul_matches(uniform(stored(1003, 64, ta), 16, DType::f32), uniform(stored(64, 48, tb), 17, DType::f32), ta, tb);
-        // Wide output: split by columns.
-        expect_matmul_matches(uniform(stored(40, 64, ta), 18, DType::f32), uniform(stored(64, 997, tb), 19, DType::f32), ta, tb);
+        const auto product = [&](int64_t M, int64_t K, int64_t N, uint64_t seed) {
+          const Tensor a = uniform(stored(M, K, ta), seed, DType::f32), b = uniform(stored(K, N, tb), seed + 1, DType::f32);
+          return ops::matmul(a, b, ta, tb).to_vector();
+        };
+        out.push_back(product(1003, 64, 48, 16));  // row blocks
+        out.push_back(product(40, 64, 997, 18));   // column blocks
+        out.push_back(product(48, 1003, 96, 20));  // the weight gradient's shape
       }
-    // Weight gradient shapes: X^T dY, the reduction (1003, ragged) longer than the output: partial products.
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        expect_matmul_matches(uniform(stored(48, 1003, ta), 20, DType::f32), uniform(stored(1003, 96, tb), 21, DType::f32),
-                              ta, tb);
-    // The same with a bias accumulated by BLAS (beta = 1): only one partial may add it.
-    Tensor x = uniform({40, 1000}, 26, DType::f32), w = uniform({1000, 30}, 27, DType::f32);
-    Tensor bias = uniform({30}, 28, DType::f32);
-    std::vector<double> xw = ops::matmul(x, w).to_vector(), y = ops::linear(x, w, bias).to_vector(),
-                        bv = bias.to_vector();
-    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], xw[i] + bv[i % 30], 1e-5) << i;
-    // A batch folded into M, and a batch of 5 over 2 threads.
-    expect_matmul_matches(uniform({4, 301, 32}, 22, DType::f32), uniform({32, 40}, 23, DType::f32), false, false);
-    expect_matmul_matches(uniform({5, 64, 32}, 24, DType::f32), uniform({5, 40, 32}, 25, DType::f32), false, true);
-  }
+    out.push_back(ops::linear(uniform({1003, 100}, 26, DType::f32), uniform({100, 300}, 27, DType::f32),
+                              uniform({300}, 28, DType::f32)).to_vector());
+    return out;
+  };
+  const auto one = run(1), two = run(2);
+  ops::set_cpu_gemm(ops::CpuGemm::kAuto);
+  ASSERT_EQ(one.size(), two.size());
+  for (size_t p = 0; p < one.size(); ++p) EXPECT_EQ(one[p], two[p]) << "product " << p;
 }
 
 // ops::count_blas: every BLAS call adds its 2 M N K once, however a product is split over threads (row blocks,
