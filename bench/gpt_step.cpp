@@ -142,8 +142,8 @@ int main(int argc, char** argv) {
   app.add_option("--grad-accum", grad_accum, "Micro-batches per step")->capture_default_str();
   app.add_option("--device", device_flag, "cpu, cuda or cuda:N (the emulated CUDA in a MINIDL_CUDA_EMULATION build)")
       ->capture_default_str();
-  app.add_option("--cpu-gemm", cpu_gemm, "f32 matrix products on the CPU: auto (minidl's own kernel under AVX-512, "
-                 "OpenBLAS otherwise), openblas or minidl (ops/matmul.h)")
+  app.add_option("--cpu-gemm", cpu_gemm, "f32 matrix products on the CPU: auto (minidl's own kernel under AVX2 and "
+                 "AVX-512, OpenBLAS under SSE4), openblas or minidl (ops/matmul.h)")
       ->check(CLI::IsMember({"auto", "openblas", "minidl"}))->capture_default_str();
   app.add_flag("--tf32", tf32, "f32 matrix products on TF32 tensor cores (GPU)");
   app.add_flag("--cuda-graph", cuda_graph, "With --device cuda, one process: capture a step as a CUDA graph and "

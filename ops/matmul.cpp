@@ -41,10 +41,11 @@ void counted(int64_t M, int64_t N, int64_t K, const Call& call) {
 CpuGemm g_cpu_gemm = CpuGemm::kAuto;
 
 // Whether f32 products with beta 0 or 1 go to minidl's own kernel (simd::gemm_sum) rather than OpenBLAS: on
-// AVX-512, where it is faster at a GPT's shapes (set_cpu_gemm in matmul.h).
+// AVX2 and AVX-512, where it is as fast or faster at a GPT's shapes (ops/cpu/simd/tile_gemm.cpp); set_cpu_gemm in
+// matmul.h.
 bool own_gemm() {
   if (g_cpu_gemm != CpuGemm::kAuto) return g_cpu_gemm == CpuGemm::kMinidl;
-  return simd::current_isa() == simd::CpuIsa::kAvx512;
+  return simd::current_isa() != simd::CpuIsa::kSse4;
 }
 
 // Row-major GEMM: C = op(A) op(B) + beta C, with op(A): (M, K), op(B): (K, N).

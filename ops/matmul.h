@@ -9,7 +9,7 @@
 //
 // Threads: a large 2-D product is split into row (or column) blocks of the output, one per thread, or, when the
 // reduction is the longest dimension (weight gradients), into partial products over the reduction that are then
-// summed; each thread calls single-threaded BLAS (the OpenMP OpenBLAS runs serially inside a parallel region).
+// summed; each thread calls the single-threaded kernel (the OpenMP OpenBLAS runs serially inside a parallel region).
 // For the shapes of a small GPT on 2 cores this beats OpenBLAS's own threading (see matmul.cpp). Batched
 // products run one batch entry per thread.
 #pragma once
@@ -52,8 +52,11 @@ BlasCount blas_count();
 Shape matmul_output_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 
 // Which code multiplies f32 matrices on the CPU: kAuto (the default) is minidl's own kernel (ops/cpu/simd/
-// tile_gemm.cpp's gemm_sum) when the vector code runs AVX-512 and OpenBLAS otherwise; kOpenBlas and kMinidl force
-// one. Products with other than beta 0 or 1, and f64, always go to BLAS. cpu_gemm() says which one runs now.
+// tile_gemm.cpp's gemm_sum) when the vector code runs AVX2 or AVX-512 (MINIDL_CPU_ISA), OpenBLAS under SSE4;
+// kOpenBlas and kMinidl force one. f64 always goes to BLAS. cpu_gemm() says which one runs now.
+// The own kernel's bits do not depend on the thread count: each element is one running sum over k, and a weight
+// gradient (the reduction the longest dimension) is summed in two fixed halves on any number of threads. OpenBLAS's
+// weight gradients are summed in one partial product per thread, so theirs do.
 enum class CpuGemm { kAuto, kOpenBlas, kMinidl };
 void set_cpu_gemm(CpuGemm gemm);
 CpuGemm cpu_gemm();

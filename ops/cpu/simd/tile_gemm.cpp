@@ -54,6 +54,7 @@ HWY_INLINE void TileBlock(D d, size_t i, size_t j, Reduction k_range, float alph
     for (size_t v = 0; v < V; ++v) acc[r][v] = kFromC ? hn::LoadU(d, C + (i + r) * ldc + j + v * L) : hn::Zero(d);
   const float* a = A + i * a_row + k_range.begin * a_col;
   const float* b = B + k_range.begin * ldb + j;
+#pragma GCC unroll 4
   for (size_t k = k_range.begin; k < k_range.end; ++k, a += a_col, b += ldb) {
     Vec bv[V];
     for (size_t v = 0; v < V; ++v) bv[v] = hn::LoadU(d, b + v * L);
@@ -112,31 +113,38 @@ void TileGemm(size_t M, size_t N, size_t K, float alpha, const float* A, size_t 
     }
 }
 
-// GemmSum: the linear layers' products, in the loops of a BLAS (Goto's), with a register block of 6 rows x 2
-// vectors of C, bigger than attention's 4 x 2.
-//   - For each chunk of nc columns and kc values of k, B's part is copied into panels two vectors wide, each
-//     panel's kc rows contiguous (kc x 2 vectors: 16 KB on AVX2, 32 KB on AVX-512). For each chunk of mc rows of
-//     op(A) (mc x kc floats, 96 KB in L2), every panel meets the rows 6 at a time and stays in L1 while they pass.
+// GemmSum: the linear layers' products, in the loops of a BLAS (Goto's), with register blocks of 6 rows x 2
+// vectors of C (4 x 3 for a transposed A), bigger than attention's 4 x 2.
+//   - For each chunk of nc columns and kc values of k, B's part is copied into panels two (three) vectors wide,
+//     each panel's kc rows contiguous (kc x width floats: 32 KB). For each chunk of mc rows of op(A) (mc x kc
+//     floats, 96 KB, in L2), every panel meets the rows 6 (4) at a time and stays in L1 while they pass. B's copy
+//     (kc x nc floats) is 256 KB, half of a Zen 2's L2.
 //   - Why copy B: its rows are N floats apart, and at N = 512 (2 KB) a panel's rows fall into 2 of L1's 64 sets
 //     (the baby config's c_fc products ran at 0.81-0.86 of OpenBLAS on AVX2 before the copy, 1.03 after).
 //   - op(A) is read in place, unlike a BLAS: copying it cost more than it saved (5-7% of the weight gradient's
 //     time, whose 128 rows of X^T meet only 8 panels).
 //   - 6 x 2 = 12 accumulators: with B's two vectors and A's broadcast, 15 of AVX2's 16 registers. 12 multiply-adds
 //     per 8 loads keep 8-10 multiply-adds in flight (latency 4-5 cycles, two per cycle), where 4 x 2 leaves none
-//     to spare: the baby config's products (1 thread, AMD EPYC family 25 model 17) went from 75 to 89 GFLOP/s on
-//     AVX2 and 102-105 to 112 on AVX-512, before the panels.
-//   - kc: a 32 KB AVX-512 panel (kc 256) beat 16 KB (kc 128): fewer passes over C, which for nanoGPT's shapes
-//     (2048 x 1536) lives in L3 or memory. nanoGPT's twelve products 90 -> 95-101 GFLOP/s (OpenBLAS 99-101), the
-//     baby config's 110 -> 110-112 (OpenBLAS 102-103).
+//     to spare: the baby config's products went from 75 to 89 GFLOP/s on AVX2 and 102-105 to 112 on AVX-512,
+//     before the panels.
+//   - A transposed A (the weight gradient X^T dY) runs 4 x 3: there each k is a row of X, so every k brings a new
+//     line of A into a block; 4-row blocks use each line 4 times, 6-row ones 2.7 times, and these lines, lda
+//     floats apart, crowd a few of L1's sets (lda = 512: 2 of 64). On AVX2 that product read 0.91-0.97 of
+//     OpenBLAS at 6 x 2 and 0.97-1.00 at 4 x 3; AVX-512 reads the same either way.
+//   - kc: a 32 KB panel (kc 256 at 6 x 2 on AVX-512) beat 16 KB: fewer passes over C, which for nanoGPT's shapes
+//     (2048 x 1536) lives in L3 or memory.
+//   - The reduction loop unrolled 4 times: AVX2 106 -> 110 GFLOP/s on the baby products.
+// Measured (1 thread, AMD EPYC family 25 model 17, GFLOP/s of the twelve products of a config, OpenBLAS beside):
+//   baby      AVX-512 111-112 (COOPERLAKE 102-103)   AVX2 110-111 (Haswell 108-109)
+//   nanoGPT   AVX-512 100-105 (COOPERLAKE 100-102)   AVX2 101-104 (Haswell 103-106)
 // Every element of C is one running sum over k in order, from 0 or from C (the k chunks run in order and hand the
 // sum on through C), so its bits depend on neither the blocking nor the threads' split of C.
 constexpr size_t kGemmRows = 6, kGemmVectors = 2;
 
 // Rows [i0, i1) of C's columns [c, c + V L) from a panel `b` (its columns from c) over its kn values of k.
-template <size_t V, bool kFromC, class D>
+template <size_t R, size_t V, bool kFromC, class D>
 HWY_INLINE void SumPanel(D d, size_t i0, size_t i1, size_t c, size_t kn, const float* a, size_t a_row, size_t a_col,
                          const float* b, size_t width, float* C, size_t ldc) {
-  constexpr size_t R = V == kGemmVectors ? kGemmRows : 4;
   const Reduction k_range{0, kn};
   size_t i = i0;
   for (; i + R <= i1; i += R)
@@ -171,18 +179,14 @@ HWY_INLINE void PackB(D d, size_t k0, size_t k1, size_t N, const float* B, size_
   }
 }
 
-void GemmSum(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t a_col, const float* B, size_t b_row,
-             size_t b_col, bool accumulate, float* C, size_t ldc) {
+template <size_t kRows, size_t kVectors>
+void GemmSumBlocked(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t a_col, const float* B,
+                    size_t b_row, size_t b_col, bool accumulate, float* C, size_t ldc) {
   const hn::ScalableTag<float> d;
-  const size_t L = hn::Lanes(d), width = kGemmVectors * L;
-  if (K == 0) {
-    if (!accumulate)
-      for (size_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
-    return;
-  }
+  const size_t L = hn::Lanes(d), width = kVectors * L;
   const size_t kc = HWY_MAX(size_t(16), 8192 / width);                         // a panel: kc x width floats
-  const size_t mc = HWY_MAX(kGemmRows, 24576 / kc / kGemmRows * kGemmRows);    // rows of A: mc x kc floats
-  const size_t nc = HWY_MAX(width, 131072 / kc / width * width);               // B's copy: kc x nc floats
+  const size_t mc = HWY_MAX(kRows, 24576 / kc / kRows * kRows);                // rows of A: mc x kc floats
+  const size_t nc = HWY_MAX(width, 65536 / kc / width * width);                // B's copy: kc x nc floats
   thread_local std::vector<float> packed;
   if (packed.size() < nc * kc) packed.resize(nc * kc);
   for (size_t j0 = 0; j0 < N; j0 += nc) {
@@ -198,14 +202,14 @@ void GemmSum(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t 
           const size_t j = j0 + p * width, w = HWY_MIN(width, N - j);
           const float* b = packed.data() + p * kn * width;
           const auto columns = [&](auto vectors, size_t c) {
-            constexpr size_t V = decltype(vectors)::value;
+            constexpr size_t V = decltype(vectors)::value, R = V == kVectors ? kRows : 4;
             if (from_c)
-              SumPanel<V, true>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc);
+              SumPanel<R, V, true>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc);
             else
-              SumPanel<V, false>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc);
+              SumPanel<R, V, false>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc);
           };
           if (w == width) {
-            columns(std::integral_constant<size_t, kGemmVectors>(), 0);
+            columns(std::integral_constant<size_t, kVectors>(), 0);
             continue;
           }
           size_t c = 0;
@@ -220,6 +224,19 @@ void GemmSum(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t 
       }
     }
   }
+}
+
+void GemmSum(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t a_col, const float* B, size_t b_row,
+             size_t b_col, bool accumulate, float* C, size_t ldc) {
+  if (K == 0) {
+    if (!accumulate)
+      for (size_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  if (a_row == 1 && M > 1)
+    GemmSumBlocked<4, 3>(M, N, K, A, a_row, a_col, B, b_row, b_col, accumulate, C, ldc);  // see above
+  else
+    GemmSumBlocked<kGemmRows, kGemmVectors>(M, N, K, A, a_row, a_col, B, b_row, b_col, accumulate, C, ldc);
 }
 
 // dst (cols x rows, row stride ld_dst) = src^T (rows x cols, row stride ld_src), in 4 x 4 blocks of 128-bit vectors
