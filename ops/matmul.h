@@ -1,15 +1,17 @@
-// Matrix products (no autograd) on BLAS: sgemm/dgemm with transposes folded into the call. f16/bf16 operands are
-// multiplied as their exact f32 copies with f32 accumulation, and the result is rounded to their dtype.
+// Matrix products (no autograd): f32 on minidl's own kernel (simd::gemm_sum) or OpenBLAS's sgemm (set_cpu_gemm
+// below), f64 on dgemm, with transposes folded into the call. f16/bf16 operands are multiplied as their exact f32
+// copies with f32 accumulation, and the result is rounded to their dtype.
 //
 //   Tensor y = ops::matmul(x, w);                          // x: (B, T, C), w: (C, N) -> (B, T, N), one GEMM
 //   Tensor s = ops::matmul(q, k, false, /*trans_b=*/true); // (B, H, T, D) x (B, H, T, D)^T -> (B, H, T, T)
 //
-// An operand that is a transposed view of contiguous memory (x.transpose(-1, -2)) is passed to BLAS as is, with
-// the transpose flag flipped; other strided operands are copied to contiguous memory first.
+// An operand that is a transposed view of contiguous memory (x.transpose(-1, -2)) is passed to the kernel as is,
+// with the transpose flag flipped; other strided operands are copied to contiguous memory first.
 //
 // Threads: a large 2-D product is split into row (or column) blocks of the output, one per thread, or, when the
 // reduction is the longest dimension (weight gradients), into partial products over the reduction that are then
-// summed; each thread calls the single-threaded kernel (the OpenMP OpenBLAS runs serially inside a parallel region).
+// summed (OpenBLAS: one per thread; minidl's kernel: two fixed halves); each thread calls the single-threaded
+// kernel (the OpenMP OpenBLAS runs serially inside a parallel region).
 // For the shapes of a small GPT on 2 cores this beats OpenBLAS's own threading (see matmul.cpp). Batched
 // products run one batch entry per thread.
 #pragma once

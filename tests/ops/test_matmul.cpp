@@ -160,7 +160,8 @@ TEST(Matmul, OwnKernelGivesTheSameBitsOnOneAndTwoThreads) {
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         const auto product = [&](int64_t M, int64_t K, int64_t N, uint64_t seed) {
-          const Tensor a = uniform(stored(M, K, ta), seed, DType::f32), b = uniform(stored(K, N, tb), seed + 1, DType::f32);
+          const Tensor a = uniform(stored(M, K, ta), seed, DType::f32);
+          const Tensor b = uniform(stored(K, N, tb), seed + 1, DType::f32);
           return ops::matmul(a, b, ta, tb).to_vector();
         };
         out.push_back(product(1003, 64, 48, 16));  // row blocks

@@ -7,6 +7,7 @@
 
 #include "core/parallel.h"
 #include "data/text_dataset.h"
+#include "ops/matmul.h"
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/step.h"
@@ -20,13 +21,14 @@ std::string corpus_path() {
   return std::string(dir ? dir : MINIDL_TEST_DATA_DIR) + "/tinyshakespeare.txt";
 }
 
-std::vector<double> run_losses(const data::TextDataset& ds, int steps, int threads) {
+std::vector<double> run_losses(const data::TextDataset& ds, int steps, int threads, int64_t seq = 32,
+                               int64_t embd = 32) {
   set_num_threads(threads);
-  nn::GPTConfig cfg{ds.tokenizer().size(), 32, 2, 2, 32, 0.1, true};  // dropout on: masks must be reproducible
+  nn::GPTConfig cfg{ds.tokenizer().size(), seq, 2, 2, embd, 0.1, true};  // dropout on: masks must be reproducible
   nn::GPT model(cfg, 1337);
   model.train();
   optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {3e-3});
-  data::BatchSampler sampler(ds.train(), 32, 8, 1337);
+  data::BatchSampler sampler(ds.train(), seq, 8, 1337);
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) losses.push_back(train::train_step(model, opt, sampler.batch(s), 3e-3, 1.0).loss);
   return losses;
@@ -50,6 +52,18 @@ TEST(Training, SameSeedAndThreadsGiveBitwiseIdenticalLosses) {
   }
 }
 
+// On AVX2 and AVX-512 the linear layers' products run minidl's own kernel, whose sums do not depend on the thread
+// count (ops/matmul.h), and so nothing in a step does: 1 and 2 threads give the same losses, bit for bit. The
+// shapes (512 tokens, width 64) are big enough that every product is split over the threads, and the weight
+// gradients take the two-halves path. Under SSE4 the products go to OpenBLAS, whose weight gradients are summed
+// in one partial product per thread.
+TEST(Training, OneAndTwoThreadsGiveBitwiseIdenticalLosses) {
+  if (ops::cpu_gemm() != ops::CpuGemm::kMinidl) GTEST_SKIP() << "the products run OpenBLAS (MINIDL_CPU_ISA=sse4)";
+  data::TextDataset ds(corpus_path());
+  std::vector<double> one = run_losses(ds, 20, 1, 64, 64), two = run_losses(ds, 20, 2, 64, 64);
+  for (int s = 0; s < 20; ++s) ASSERT_EQ(one[size_t(s)], two[size_t(s)]) << "step " << s;
+}
+
 TEST(Training, SteadyStateStepsDoNotAskTheSystemForMemory) {
   data::TextDataset ds(corpus_path());
   set_num_threads(2);
@@ -62,3 +76,4 @@ TEST(Training, SteadyStateStepsDoNotAskTheSystemForMemory) {
   for (int s = 3; s < 13; ++s) train::train_step(model, opt, sampler.batch(s), 1e-3, 1.0);
   EXPECT_EQ(cpu_system_allocs(), before) << "the caching allocator should serve every steady-state allocation";
 }
+
