@@ -67,11 +67,12 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, in
   });
 }
 
-// A 2-D product on all threads, each calling single-threaded BLAS on its share; no operand is copied (a block of
-// rows of op(A) is an offset into A, a block of the reduction an offset into both).
+// A 2-D product on all threads, each calling the single-threaded kernel (minidl's or BLAS) on its share; no
+// operand is copied (a block of rows of op(A) is an offset into A, a block of the reduction an offset into both).
 //   - Usually the larger output dimension is cut into one block per thread.
 //   - When the reduction is the longest dimension (the weight gradient X^T . dY, reduced over B*T rows), each
-//     thread multiplies its share of the reduction into a partial product and the partials are summed.
+//     thread multiplies its share of the reduction into a partial product and the partials are summed: with
+//     OpenBLAS one share per thread, with minidl's kernel two fixed halves (gemm_halves, below).
 // Measured on 2 cores (OpenBLAS 0.3.21 OpenMP, f32, best of 60, GFLOP/s; one thread gives ~125):
 //   M x K x N              output split   partials + sum   OpenBLAS threading
 //   768 x 128 x 384            243              -                238
