@@ -48,19 +48,35 @@ bool own_gemm() {
   return simd::current_isa() != simd::CpuIsa::kSse4;
 }
 
-// Row-major GEMM: C = op(A) op(B) + beta C, with op(A): (M, K), op(B): (K, N).
+// bias (optional): C[r, c] = bias[c] first, on the thread that computes that block of C, right before its BLAS
+// call (beta = 1 then adds the product to it): a linear layer's output, written once by one thread, where a
+// broadcast before the product had run on the calling thread alone while the others waited, and left the others'
+// blocks in its cache. minidl's kernel takes the bias itself (gemm below).
+template <class T>
+void fill_bias(T* C, int64_t ldc, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const T* bias) {
+  if (bias)
+    for (int64_t r = r0; r < r1; ++r) std::copy(bias + c0, bias + c1, C + r * ldc + c0);
+}
+
+// Row-major GEMM: C = op(A) op(B) + beta C, with op(A): (M, K), op(B): (K, N). bias (optional, with beta = 1): C's
+// rows are the bias first. minidl's kernel starts its sums from the bias itself (the same bits, without a pass
+// writing it into C and one reading it back: 18 MB per baby step); for BLAS it is written into C first.
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-          float beta, float* C, int64_t ldc) {
+          float beta, float* C, int64_t ldc, const float* bias = nullptr) {
+  const bool own = (beta == 0.0f || beta == 1.0f) && own_gemm();
+  if (!own) fill_bias(C, ldc, 0, M, 0, N, bias);
   counted(M, N, K, [&] {
-    if ((beta == 0.0f || beta == 1.0f) && own_gemm())
-      simd::gemm_sum(M, N, K, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb, tb ? ldb : 1, beta == 1.0f, C, ldc);
+    if (own)
+      simd::gemm_sum(M, N, K, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb, tb ? ldb : 1, beta == 1.0f && !bias, C,
+                     ldc, bias);
     else
       cblas_sgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0f, A, int(lda), B, int(ldb), beta, C,
                   int(ldc));
   });
 }
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B,
-          int64_t ldb, double beta, double* C, int64_t ldc) {
+          int64_t ldb, double beta, double* C, int64_t ldc, const double* bias = nullptr) {
+  fill_bias(C, ldc, 0, M, 0, N, bias);
   counted(M, N, K, [&] {
     cblas_dgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0, A, int(lda), B, int(ldb), beta, C,
                 int(ldc));
@@ -82,15 +98,6 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, in
 // Splitting ourselves is never slower and a few percent faster on the small shapes, where OpenBLAS's finer
 // split and its synchronisation do not amortise; for the reduction-dominated weight gradient, partial
 // products beat splitting its small output (each thread then streams half of X and dY once).
-// bias (optional): C[r, c] = bias[c] first, on the thread that computes that block of C, right before its GEMM
-// (beta = 1 then adds the product to it): a linear layer's output, written once by one thread, where a broadcast
-// before the product had run on the calling thread alone while the others waited, and left the others' blocks in
-// its cache.
-template <class T>
-void fill_bias(T* C, int64_t ldc, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const T* bias) {
-  if (bias)
-    for (int64_t r = r0; r < r1; ++r) std::copy(bias + c0, bias + c1, C + r * ldc + c0);
-}
 
 // The own kernel's weight gradient (the reduction the longest dimension) in two fixed halves of the reduction,
 // whatever the thread count: C (from beta C or the bias) sums the first half, a scratch partial the second, and the
@@ -105,9 +112,8 @@ void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
   const int64_t kh = K / 2;
   const auto half = [&](int h, int64_t r0, int64_t r1) {  // rows [r0, r1) of half h
     const int64_t k0 = h == 0 ? 0 : kh, k1 = h == 0 ? kh : K;
-    if (h == 0) fill_bias(C, ldc, r0, r1, 0, N, bias);
     gemm(ta, tb, r1 - r0, N, k1 - k0, A + (ta ? k0 * lda + r0 : r0 * lda + k0), lda, B + (tb ? k0 : k0 * ldb), ldb,
-         h == 0 ? beta : 0.0f, h == 0 ? C + r0 * ldc : part + r0 * N, h == 0 ? ldc : N);
+         h == 0 ? beta : 0.0f, h == 0 ? C + r0 * ldc : part + r0 * N, h == 0 ? ldc : N, h == 0 ? bias : nullptr);
   };
   const auto add = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
@@ -140,8 +146,7 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
   }
   int threads = num_threads();
   if (threads == 1 || in_parallel_region() || small) {
-    fill_bias(C, ldc, 0, M, 0, N, bias);
-    gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
     return;
   }
   // OpenBLAS's weight gradient: one partial product over the reduction per thread, summed (its bits depend on the
@@ -154,9 +159,9 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
       int t = omp_get_thread_num(), nt = omp_get_num_threads();
       int64_t k0 = K * t / nt, k1 = K * (t + 1) / nt;
       T* dst = t == 0 ? C : parts + (t - 1) * M * N;
-      if (t == 0) fill_bias(C, ldc, 0, M, 0, N, bias);  // only thread 0's partial adds beta * C
+      // Only thread 0's partial starts from the bias or adds beta * C.
       gemm(ta, tb, M, N, k1 - k0, A + (ta ? k0 * lda : k0), lda, B + (tb ? k0 : k0 * ldb), ldb, t == 0 ? beta : T(0),
-           dst, t == 0 ? ldc : N);
+           dst, t == 0 ? ldc : N, t == 0 ? bias : nullptr);
 #pragma omp barrier
       for (int64_t r = M * t / nt, r1 = M * (t + 1) / nt; r < r1; ++r)
         for (int p = 1; p < nt; ++p) {
@@ -169,8 +174,7 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
   bool split_rows = M >= N;
   int64_t extent = split_rows ? M : N;
   if (extent < threads * kBlockAlign) {
-    fill_bias(C, ldc, 0, M, 0, N, bias);
-    gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
     return;
   }
   int64_t per = (extent + threads - 1) / threads;
@@ -180,11 +184,10 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
     int64_t b0 = std::min(extent, omp_get_thread_num() * per), b1 = std::min(extent, b0 + per);
     if (b0 < b1) {
       if (split_rows) {  // rows of op(A): stored rows if A is not transposed, stored columns if it is
-        fill_bias(C, ldc, b0, b1, 0, N, bias);
-        gemm(ta, tb, b1 - b0, N, K, A + (ta ? b0 : b0 * lda), lda, B, ldb, beta, C + b0 * ldc, ldc);
+        gemm(ta, tb, b1 - b0, N, K, A + (ta ? b0 : b0 * lda), lda, B, ldb, beta, C + b0 * ldc, ldc, bias);
       } else {  // columns of op(B)
-        fill_bias(C, ldc, 0, M, b0, b1, bias);
-        gemm(ta, tb, M, b1 - b0, K, A, lda, B + (tb ? b0 * ldb : b0), ldb, beta, C + b0, ldc);
+        gemm(ta, tb, M, b1 - b0, K, A, lda, B + (tb ? b0 * ldb : b0), ldb, beta, C + b0, ldc,
+             bias ? bias + b0 : nullptr);
       }
     }
   }
@@ -291,9 +294,8 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
     return;
   }
   auto entry = [&](int64_t i) {
-    fill_bias(C + i * M * N, N, 0, M, 0, N, bias);
     gemm(A.trans, B.trans, M, N, K, A.ptr + i * A.batch_stride, A.ld, B.ptr + i * B.batch_stride, B.ld, beta,
-         C + i * M * N, N);
+         C + i * M * N, N, bias);
   };
   int threads = num_threads();
   if (batch >= threads && threads > 1 && !in_parallel_region()) {

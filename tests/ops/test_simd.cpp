@@ -513,12 +513,12 @@ TEST(Simd, TileGemmTrianglesEqualTheFullProduct) {
   });
 }
 
-// The linear layers' products (simd::gemm_sum): every layout of A and B, accumulate or not, shapes past the row
+// The linear layers' products (simd::gemm_sum): every layout of A and B, from 0, C or a bias, shapes past the row
 // and column blocks and whole vectors, reductions past a cache block of k (up to 600), columns past a chunk of B
 // (1100), K = 0, and a C with a row stride past its columns (the padding stays untouched). On AVX2 and AVX-512
-// every element has the bits of one scalar running sum, from 0 or C, of fused multiply-adds over k in order, so
-// no cut into blocks, chunks or threads can change them; on every ISA (SSE4 rounds each product: no FMA) the sum
-// is within (K + 2) * 2^-23 of the sum of magnitudes of the double-precision one.
+// every element has the bits of one scalar running sum, from 0, C or the bias, of fused multiply-adds over k in
+// order, so no cut into blocks, chunks or threads can change them; on every ISA (SSE4 rounds each product: no FMA)
+// the sum is within (K + 2) * 2^-23 of the sum of magnitudes of the double-precision one.
 TEST(Simd, GemmSumIsARunningSumOverKInOrder) {
   struct Case {
     int M, N, K;
@@ -529,24 +529,26 @@ TEST(Simd, GemmSumIsARunningSumOverKInOrder) {
     for (const Case& t : cases)
       for (bool ta : {false, true})
         for (bool tb : {false, true})
-          for (bool accumulate : {false, true}) {
+          for (int start : {0, 1, 2}) {  // from 0, from C (accumulate), from the bias
             const int M = t.M, N = t.N, K = t.K;
+            const bool accumulate = start == 1;
             SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " K " << K << " ta " << ta << " tb " << tb
-                                              << " accumulate " << accumulate);
+                                              << " start " << start);
             const int lda = ta ? M + 3 : K + 2, ldb = tb ? K + 1 : N + 1, ldc = N + 2;
             const std::vector<float> a = inputs((ta ? K : M) * lda, unsigned(M * 7 + K), 1.0f, false);
             const std::vector<float> b = inputs((tb ? N : K) * ldb, unsigned(N * 5 + K), 1.0f, false);
             const std::vector<float> c0 = inputs(M * ldc, unsigned(M + N), 1.0f, false);
+            const std::vector<float> bias = inputs(N, unsigned(N + 11), 1.0f, false);
             std::vector<float> c = c0;
             const auto A = [&](int i, int k) { return a[size_t(ta ? k * lda + i : i * lda + k)]; };
             const auto B = [&](int k, int j) { return b[size_t(tb ? j * ldb + k : k * ldb + j)]; };
             simd::gemm_sum(M, N, K, a.data(), ta ? 1 : lda, ta ? lda : 1, b.data(), tb ? 1 : ldb, tb ? ldb : 1,
-                           accumulate, c.data(), ldc);
+                           accumulate, c.data(), ldc, start == 2 ? bias.data() : nullptr);
             for (int i = 0; i < M; ++i) {
               for (int j = 0; j < N; ++j) {
-                const float start = accumulate ? c0[size_t(i * ldc + j)] : 0.0f;
-                float running = start;
-                double want = start, magnitude = std::fabs(start);
+                const float first = start == 1 ? c0[size_t(i * ldc + j)] : start == 2 ? bias[size_t(j)] : 0.0f;
+                float running = first;
+                double want = first, magnitude = std::fabs(first);
                 for (int k = 0; k < K; ++k) {
                   running = std::fma(A(i, k), B(k, j), running);
                   want += double(A(i, k)) * B(k, j);

@@ -70,12 +70,13 @@ enum class Triangle { kFull, kLowerOutput, kLowerReduce, kUpperReduce };
 void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_row, int64_t a_col,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Triangle part = Triangle::kFull);
 
-// C (M x N, row stride ldc) = op(A) op(B), or C + op(A) op(B) if `accumulate`: the f32 matrix products of the
-// linear layers (ops/matmul.cpp). op(A)'s element (i, k) is A[i * a_row + k * a_col], op(B)'s (k, j)
-// B[k * b_row + j * b_col]. Each element of C is one running sum, from 0 or from C, over k in order, so its bits
-// do not depend on how C is cut into blocks or among threads.
+// C (M x N, row stride ldc) = op(A) op(B), or C + op(A) op(B) if `accumulate`, or bias + op(A) op(B) with
+// `bias` (N values; not with accumulate): the f32 matrix products of the linear layers (ops/matmul.cpp). op(A)'s
+// element (i, k) is A[i * a_row + k * a_col], op(B)'s (k, j) B[k * b_row + j * b_col]. Each element of C is one
+// running sum, from 0, C or the bias, over k in order, so its bits do not depend on how C is cut into blocks or
+// among threads (and a bias gives the bits of writing it into C first and accumulating).
 void gemm_sum(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, int64_t a_col, const float* B,
-              int64_t b_row, int64_t b_col, bool accumulate, float* C, int64_t ldc);
+              int64_t b_row, int64_t b_col, bool accumulate, float* C, int64_t ldc, const float* bias = nullptr);
 
 // dst (cols x rows, row stride ld_dst) = src^T, src rows x cols with row stride ld_src: a tile's B operand when the
 // product wants it transposed (K of Q K^T, V of dO V^T).

@@ -43,15 +43,21 @@ HWY_INLINE Reduction ReductionOf(int part, size_t i, size_t R, size_t K) {
 }
 
 // C[i..i+R, j..j+V*L) = alpha * sum_k A(i + r, k) B[k, j..] + beta * C (beta 0: C is not read), k over k_range.
-// kFromC: the sums start from C's values instead (alpha and beta unused): GemmSum's running sums, below.
-template <size_t R, size_t V, bool kFromC = false, class D>
+// kStart kFromC or kFromBias: the sums start from C's values, or from bias[j..] in every row, instead (alpha and
+// beta unused): GemmSum's running sums, below.
+constexpr int kFromZero = 0, kFromC = 1, kFromBias = 2;
+template <size_t R, size_t V, int kStart = kFromZero, class D>
 HWY_INLINE void TileBlock(D d, size_t i, size_t j, Reduction k_range, float alpha, const float* A, size_t a_row,
-                          size_t a_col, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+                          size_t a_col, const float* B, size_t ldb, float beta, float* C, size_t ldc,
+                          const float* bias = nullptr) {
   using Vec = hn::Vec<D>;
   const size_t L = hn::Lanes(d);
   Vec acc[R][V];
   for (size_t r = 0; r < R; ++r)
-    for (size_t v = 0; v < V; ++v) acc[r][v] = kFromC ? hn::LoadU(d, C + (i + r) * ldc + j + v * L) : hn::Zero(d);
+    for (size_t v = 0; v < V; ++v)
+      acc[r][v] = kStart == kFromC      ? hn::LoadU(d, C + (i + r) * ldc + j + v * L)
+                  : kStart == kFromBias ? hn::LoadU(d, bias + j + v * L)
+                                        : hn::Zero(d);
   const float* a = A + i * a_row + k_range.begin * a_col;
   const float* b = B + k_range.begin * ldb + j;
 #pragma GCC unroll 4
@@ -67,7 +73,7 @@ HWY_INLINE void TileBlock(D d, size_t i, size_t j, Reduction k_range, float alph
   for (size_t r = 0; r < R; ++r)
     for (size_t v = 0; v < V; ++v) {
       float* c = C + (i + r) * ldc + j + v * L;
-      if constexpr (kFromC) {
+      if constexpr (kStart != kFromZero) {
         hn::StoreU(acc[r][v], d, c);
       } else {
         const Vec scaled = hn::Mul(acc[r][v], va);
@@ -141,15 +147,16 @@ void TileGemm(size_t M, size_t N, size_t K, float alpha, const float* A, size_t 
 // sum on through C), so its bits depend on neither the blocking nor the threads' split of C.
 constexpr size_t kGemmRows = 6, kGemmVectors = 2;
 
-// Rows [i0, i1) of C's columns [c, c + V L) from a panel `b` (its columns from c) over its kn values of k.
-template <size_t R, size_t V, bool kFromC, class D>
+// Rows [i0, i1) of C's columns [c, c + V L) from a panel `b` (its columns from c) over its kn values of k; `bias`
+// (kFromBias) starts at C's first column.
+template <size_t R, size_t V, int kStart, class D>
 HWY_INLINE void SumPanel(D d, size_t i0, size_t i1, size_t c, size_t kn, const float* a, size_t a_row, size_t a_col,
-                         const float* b, size_t width, float* C, size_t ldc) {
+                         const float* b, size_t width, float* C, size_t ldc, const float* bias) {
   const Reduction k_range{0, kn};
   size_t i = i0;
   for (; i + R <= i1; i += R)
-    TileBlock<R, V, kFromC>(d, i, c, k_range, 1.0f, a, a_row, a_col, b, width, 0.0f, C, ldc);
-  for (; i < i1; ++i) TileBlock<1, V, kFromC>(d, i, c, k_range, 1.0f, a, a_row, a_col, b, width, 0.0f, C, ldc);
+    TileBlock<R, V, kStart>(d, i, c, k_range, 1.0f, a, a_row, a_col, b, width, 0.0f, C, ldc, bias);
+  for (; i < i1; ++i) TileBlock<1, V, kStart>(d, i, c, k_range, 1.0f, a, a_row, a_col, b, width, 0.0f, C, ldc, bias);
 }
 
 void Transpose(const float* src, size_t ld_src, size_t rows, size_t cols, float* dst, size_t ld_dst);
@@ -181,7 +188,7 @@ HWY_INLINE void PackB(D d, size_t k0, size_t k1, size_t N, const float* B, size_
 
 template <size_t kRows, size_t kVectors>
 void GemmSumBlocked(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t a_col, const float* B,
-                    size_t b_row, size_t b_col, bool accumulate, float* C, size_t ldc) {
+                    size_t b_row, size_t b_col, bool accumulate, float* C, size_t ldc, const float* bias) {
   const hn::ScalableTag<float> d;
   const size_t L = hn::Lanes(d), width = kVectors * L;
   const size_t kc = HWY_MAX(size_t(16), 8192 / width);                         // a panel: kc x width floats
@@ -193,7 +200,8 @@ void GemmSumBlocked(size_t M, size_t N, size_t K, const float* A, size_t a_row, 
     const size_t n = HWY_MIN(nc, N - j0), panels = (n + width - 1) / width;
     for (size_t k0 = 0; k0 < K; k0 += kc) {
       const size_t k1 = HWY_MIN(K, k0 + kc), kn = k1 - k0;
-      const bool from_c = accumulate || k0 > 0;
+      // The first chunk of k starts each sum from the bias, from C or from 0; the later ones go on from C.
+      const int start = k0 > 0 || accumulate ? kFromC : bias ? kFromBias : kFromZero;
       PackB(d, k0, k1, n, B + j0 * b_col, b_row, b_col, width, packed.data());
       const float* a = A + k0 * a_col;
       for (size_t i0 = 0; i0 < M; i0 += mc) {
@@ -203,10 +211,13 @@ void GemmSumBlocked(size_t M, size_t N, size_t K, const float* A, size_t a_row, 
           const float* b = packed.data() + p * kn * width;
           const auto columns = [&](auto vectors, size_t c) {
             constexpr size_t V = decltype(vectors)::value, R = V == kVectors ? kRows : 4;
-            if (from_c)
-              SumPanel<R, V, true>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc);
+            const float* bias_j = bias ? bias + j : nullptr;
+            if (start == kFromC)
+              SumPanel<R, V, kFromC>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc, bias_j);
+            else if (start == kFromBias)
+              SumPanel<R, V, kFromBias>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc, bias_j);
             else
-              SumPanel<R, V, false>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc);
+              SumPanel<R, V, kFromZero>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc, bias_j);
           };
           if (w == width) {
             columns(std::integral_constant<size_t, kVectors>(), 0);
@@ -216,7 +227,7 @@ void GemmSumBlocked(size_t M, size_t N, size_t K, const float* A, size_t a_row, 
           for (; c + L <= w; c += L) columns(std::integral_constant<size_t, 1>(), c);
           for (; c < w; ++c)  // the last columns, past a whole vector
             for (size_t i = i0; i < i1; ++i) {
-              float sum = from_c ? C[i * ldc + j + c] : 0.0f;
+              float sum = start == kFromC ? C[i * ldc + j + c] : start == kFromBias ? bias[j + c] : 0.0f;
               for (size_t k = 0; k < kn; ++k) sum = std::fma(a[i * a_row + k * a_col], b[k * width + c], sum);
               C[i * ldc + j + c] = sum;
             }
@@ -227,16 +238,16 @@ void GemmSumBlocked(size_t M, size_t N, size_t K, const float* A, size_t a_row, 
 }
 
 void GemmSum(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t a_col, const float* B, size_t b_row,
-             size_t b_col, bool accumulate, float* C, size_t ldc) {
+             size_t b_col, bool accumulate, float* C, size_t ldc, const float* bias) {
   if (K == 0) {
-    if (!accumulate)
-      for (size_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    for (size_t i = 0; i < M && !accumulate; ++i)
+      for (size_t j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : 0.0f;
     return;
   }
-  if (a_row == 1 && M > 1)
-    GemmSumBlocked<4, 3>(M, N, K, A, a_row, a_col, B, b_row, b_col, accumulate, C, ldc);  // see above
+  if (a_row == 1 && M > 1)  // see above
+    GemmSumBlocked<4, 3>(M, N, K, A, a_row, a_col, B, b_row, b_col, accumulate, C, ldc, bias);
   else
-    GemmSumBlocked<kGemmRows, kGemmVectors>(M, N, K, A, a_row, a_col, B, b_row, b_col, accumulate, C, ldc);
+    GemmSumBlocked<kGemmRows, kGemmVectors>(M, N, K, A, a_row, a_col, B, b_row, b_col, accumulate, C, ldc, bias);
 }
 
 // dst (cols x rows, row stride ld_dst) = src^T (rows x cols, row stride ld_src), in 4 x 4 blocks of 128-bit vectors
@@ -293,10 +304,10 @@ void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int
 }
 
 void gemm_sum(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, int64_t a_col, const float* B,
-              int64_t b_row, int64_t b_col, bool accumulate, float* C, int64_t ldc) {
+              int64_t b_row, int64_t b_col, bool accumulate, float* C, int64_t ldc, const float* bias) {
   ensure_isa_selected();
   HWY_DYNAMIC_DISPATCH(GemmSum)(size_t(M), size_t(N), size_t(K), A, size_t(a_row), size_t(a_col), B, size_t(b_row),
-                                size_t(b_col), accumulate, C, size_t(ldc));
+                                size_t(b_col), accumulate, C, size_t(ldc), bias);
 }
 
 void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
