@@ -1,6 +1,7 @@
 // The small matrix products of flash attention's tiles (ops/cpu/attention.cpp): 64 x 64 x D and the like, a few
 // hundred thousand multiply-adds each, thousands of them per step. BLAS spends most of such a call packing both
-// operands into its own layout and setting up; this kernel reads them where they are.
+// operands into its own layout and setting up; this kernel reads them where they are. Below it, GemmSum: the
+// linear layers' products on the same register blocks, in a BLAS's cache blocking.
 //
 // Register blocking: each step of the reduction loads two vectors of B's row k and broadcasts one element of A
 // for each of four rows of C, then fuses eight multiply-adds into eight accumulators (4 rows x 2 vectors of C:
@@ -17,8 +18,8 @@
 #define HWY_TARGET_INCLUDE "ops/cpu/simd/tile_gemm.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -143,8 +144,8 @@ void TileGemm(size_t M, size_t N, size_t K, float alpha, const float* A, size_t 
 // Measured (1 thread, AMD EPYC family 25 model 17, GFLOP/s of the twelve products of a config, OpenBLAS beside):
 //   baby      AVX-512 111-112 (COOPERLAKE 102-103)   AVX2 110-111 (Haswell 108-109)
 //   nanoGPT   AVX-512 100-105 (COOPERLAKE 100-102)   AVX2 101-104 (Haswell 103-106)
-// Every element of C is one running sum over k in order, from 0 or from C (the k chunks run in order and hand the
-// sum on through C), so its bits depend on neither the blocking nor the threads' split of C.
+// Every element of C is one running sum over k in order, from 0, C or the bias (the k chunks run in order and hand
+// the sum on through C), so its bits depend on neither the blocking nor the threads' split of C.
 constexpr size_t kGemmRows = 6, kGemmVectors = 2;
 
 // Rows [i0, i1) of C's columns [c, c + V L) from a panel `b` (its columns from c) over its kn values of k; `bias`
