@@ -6,7 +6,8 @@
 // thread count. Results are the same on every run of one ISA; between ISAs only the sums differ (more lanes mean
 // a different summation order) and SSE4 rounds a*b+c twice where AVX2/AVX-512 fuse it (README "CPU ISAs").
 // exp is our ExpNonPositive (ops/cpu/simd/vec-inl.h, under 1.2 ulp): every exp here has an argument <= 0, so
-// the row functions require m >= every x (a max or a logsumexp); exp(-inf) = 0, NaN in -> NaN out. The f64
+// the row functions require m >= every x (a max or a logsumexp); exp(-inf) = 0, NaN in -> NaN out. GELU, and
+// sums of exps that store none below AVX-512, take theirs in base 2 (Exp2NonPositive, 0.8 ulp). The f64
 // paths of the ops stay scalar: they are the exact reference the tests compare with.
 //
 //   simd::gelu_row(x, bias, y, C);                 // y = gelu(x + bias), bias may be null
@@ -33,8 +34,9 @@ void gelu_backward_rows(const float* dy, const float* x, const float* bias, floa
 // max of x (-inf for n = 0).
 float max_row(const float* x, int64_t n);
 // y = exp(x - m), m >= every x (y may be x; null stores nothing); returns the sum of the exps (NaN if any x - m
-// is). With y null the exps below exp(-86) count as exp(-86), which no sum that holds an exp of max(x) - m >= -50
-// can see (ops/cpu/simd/vec-inl.h, kTiny), for about 1.2x the speed. next (optional):
+// is). With y null the exps below exp(-86) count as about exp(-86), which no sum that holds an exp of
+// max(x) - m >= -50 can see (ops/cpu/simd/vec-inl.h, kTiny), for about 1.2x the speed, and below AVX-512 they are
+// 2^((x - m) log2 e), within the same bound on the sum (ops/cpu/simd/rows.cpp). next (optional):
 // n floats to prefetch while the exps run, e.g. the caller's next row, whose first pass would otherwise wait on
 // memory while the exps are compute-bound on L1-resident data.
 float exp_sub_sum(const float* x, float m, float* y, int64_t n, const float* next = nullptr);
