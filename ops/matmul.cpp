@@ -99,6 +99,16 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, in
 // split and its synchronisation do not amortise; for the reduction-dominated weight gradient, partial
 // products beat splitting its small output (each thread then streams half of X and dY once).
 
+// Rows [r0, r1) of C += each of `count` partial products (M x N, contiguous, one after another), in order.
+template <class T>
+void add_partials(T* C, int64_t ldc, const T* parts, int count, int64_t M, int64_t N, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int p = 0; p < count; ++p) {
+      const T* part = parts + p * M * N + r * N;
+      for (int64_t c = 0; c < N; ++c) C[r * ldc + c] += part[c];
+    }
+}
+
 // The own kernel's weight gradient (the reduction the longest dimension) in two fixed halves of the reduction,
 // whatever the thread count: C (from beta C or the bias) sums the first half, a scratch partial the second, and the
 // partial is added to C. Every element is then the same two running sums and one add on any number of threads, and
@@ -115,15 +125,11 @@ void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
     gemm(ta, tb, r1 - r0, N, k1 - k0, A + (ta ? k0 * lda + r0 : r0 * lda + k0), lda, B + (tb ? k0 : k0 * ldb), ldb,
          h == 0 ? beta : 0.0f, h == 0 ? C + r0 * ldc : part + r0 * N, h == 0 ? ldc : N, h == 0 ? bias : nullptr);
   };
-  const auto add = [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < N; ++c) C[r * ldc + c] += part[r * N + c];
-  };
   const int threads = num_threads();
   if (threads == 1 || in_parallel_region()) {
     half(0, 0, M);
     half(1, 0, M);
-    add(0, M);
+    add_partials(C, ldc, part, 1, M, N, 0, M);
     return;
   }
 #pragma omp parallel num_threads(threads)
@@ -132,7 +138,7 @@ void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
     const int h = t % 2, in_half = (nt - h + 1) / 2, i = t / 2;  // the threads of half h: h, h + 2, ...
     half(h, M * i / in_half, M * (i + 1) / in_half);
 #pragma omp barrier
-    add(M * t / nt, M * (t + 1) / nt);
+    add_partials(C, ldc, part, 1, M, N, M * t / nt, M * (t + 1) / nt);
   }
 }
 
@@ -163,11 +169,7 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
       gemm(ta, tb, M, N, k1 - k0, A + (ta ? k0 * lda : k0), lda, B + (tb ? k0 : k0 * ldb), ldb, t == 0 ? beta : T(0),
            dst, t == 0 ? ldc : N, t == 0 ? bias : nullptr);
 #pragma omp barrier
-      for (int64_t r = M * t / nt, r1 = M * (t + 1) / nt; r < r1; ++r)
-        for (int p = 1; p < nt; ++p) {
-          const T* part = parts + (p - 1) * M * N + r * N;
-          for (int64_t c = 0; c < N; ++c) C[r * ldc + c] += part[c];
-        }
+      add_partials(C, ldc, parts, nt - 1, M, N, M * t / nt, M * (t + 1) / nt);
     }
     return;
   }
