@@ -5,7 +5,7 @@
 //   GEMM-shaped work (flash attention): GFLOP/s against single-threaded OpenBLAS sgemm at the tile's shape times
 //     the number of threads.
 //
-//   build/bin/bench_cpu_ops [--numel N] [--rows R] [--reps 9] [--isa all|best|avx2|...] [--json]
+//   build/bin/bench_cpu_ops [--numel N] [--rows R] [--reps 9] [--isa all|best|avx2|...] [--ops a,b] [--json]
 //
 // By default every array is 4x the last-level cache (STREAM's rule; 128 MB for a 32 MB L3: --numel 33554432,
 // --rows 43712).
@@ -127,7 +127,8 @@ int64_t stream_array_bytes() {
 constexpr int64_t kWidth = 768, kVocab = 2048, kMlpWidth = 3072;  // the row ops' shapes
 
 // Everything after the flags: the measurements and the table (or JSON).
-int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& isa_arg, bool json);
+int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& isa_arg,
+        const std::vector<std::string>& only, bool json);
 
 }  // namespace
 
@@ -139,6 +140,7 @@ int main(int argc, char** argv) {
   int reps = 9, threads = default_num_threads();
   std::string isa_arg = "all";
   bool json = false;
+  std::vector<std::string> only;
   app.add_option("--numel", numel,
                  "elements of the flat ops (AdamW, unscale, casts, gelu, dropout); default: 4x the last-level "
                  "cache in bytes, over 4 (STREAM's rule)")
@@ -150,11 +152,15 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed repetitions per op (median reported)")->check(bench::kPositiveCount);
   app.add_option("--threads", threads, "CPU threads")->check(bench::kPositiveCount);
   app.add_option("--isa", isa_arg, "all (every ISA this CPU has), best, avx512, avx2 or sse4");
+  app.add_option("--ops", only,
+                 "measure only these ops (comma-separated names as in the table's op column, e.g. "
+                 "layernorm,cross_entropy,attention_fwd_bwd); default: all")
+      ->delimiter(',');
   app.add_flag("--json", json, "print a JSON array instead of the table");
   if (std::optional<int> code = bench::parse_flags(app, argc, argv, "bench_cpu_ops")) return *code;
   set_num_threads(threads);
   try {
-    return run(numel, rows, reps, threads, isa_arg, json);
+    return run(numel, rows, reps, threads, isa_arg, only, json);
   } catch (const std::exception& e) {  // minidl's Error (out of CPU memory among them) and std::bad_alloc
     std::fprintf(stderr, "bench_cpu_ops: %s (arrays of --numel %lld floats and --rows %lld; smaller ones need less "
                  "memory)\n", e.what(), (long long)numel, (long long)rows);
@@ -164,7 +170,8 @@ int main(int argc, char** argv) {
 
 namespace {
 
-int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& isa_arg, bool json) {
+int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& isa_arg,
+        const std::vector<std::string>& only, bool json) {
   const int64_t C = kWidth, V = kVocab, F = kMlpWidth;
   std::vector<simd::CpuIsa> isas;
   if (isa_arg == "all") {
@@ -247,6 +254,21 @@ int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& i
       {"cast_f16_f32", 6.0 * n, [&] { ops::cast(xh, DType::f32); }},
   };
 
+  const auto wanted = [&](const std::string& name) {
+    return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+  };
+  for (const std::string& name : only) {
+    const bool known = name == "attention_fwd_bwd" ||
+                       std::any_of(mem_ops.begin(), mem_ops.end(), [&](const MemoryOp& op) { return op.name == name; });
+    if (!known) {
+      std::string names;
+      for (const MemoryOp& op : mem_ops) names += op.name + ", ";
+      std::fprintf(stderr, "bench_cpu_ops: --ops: unknown op '%s'; expected some of: %sattention_fwd_bwd\n",
+                   name.c_str(), names.c_str());
+      return 2;
+    }
+  }
+
   // Attention (B=8, T=256, H=6, D=64), forward + backward: GEMM-shaped tiles of 64 x 64 x D.
   const int64_t B = 8, T = 256, H = 6, D = 64;
   Tensor qkv = random({B, T, 3 * H * D}, 14, 0.5f), dout = random({B, T, H * D}, 15);
@@ -274,6 +296,7 @@ int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& i
                   simd::isa_name(isa), exps / 1e9, stored / 1e9, threads, 4.0 * exps / 1e9,
                   100 * 4.0 * exps / 1e9 / copy_gbs, 8.0 * stored / 1e9, 100 * 8.0 * stored / 1e9 / copy_gbs);
     for (const MemoryOp& op : mem_ops) {
+      if (!wanted(op.name)) continue;
       const auto [s, copy_s] = time_median_beside(reps, op.run, copy_of(op.bytes));
       const double gbs = op.bytes / s / 1e9, beside_gbs = op.bytes / copy_s / 1e9;
       out.push_back({{"isa", simd::isa_name(isa)}, {"op", op.name}, {"time_ms", s * 1e3}, {"GB/s", gbs},
@@ -282,6 +305,7 @@ int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& i
         std::printf("%-8s %-24s %10.3f %10.1f %11.1f %7.0f%%\n", simd::isa_name(isa), op.name.c_str(), s * 1e3, gbs,
                     beside_gbs, 100 * gbs / beside_gbs);
     }
+    if (!wanted("attention_fwd_bwd")) continue;
     double s = time_median(reps, [&] {
       ops::AttentionForward f = ops::causal_attention_forward(qkv, int(H));
       ops::causal_attention_backward(dout, qkv, f.out, f.lse, int(H));
