@@ -190,8 +190,10 @@ void LayerNormForwardRow(const float* x, const float* w, const float* b, float* 
   const size_t N = hn::Lanes(dd), whole = n / N * N, whole4 = n / (4 * N) * (4 * N);
   const auto widen = [&](size_t i) { return hn::PromoteTo(dd, hn::LoadU(df, x + i)); };
   hn::Vec<decltype(dd)> s[4] = {hn::Zero(dd), hn::Zero(dd), hn::Zero(dd), hn::Zero(dd)};
-  for (size_t i = 0; i < whole4; i += 4 * N)
+  for (size_t i = 0; i < whole4; i += 4 * N) {
+    PrefetchSpan(y, i, i + 4 * N);  // y's lines, so the last pass's stores do not wait on them
     for (size_t k = 0; k < 4; ++k) s[k] = hn::Add(s[k], widen(i + k * N));
+  }
   for (size_t i = whole4; i < whole; i += N) s[0] = hn::Add(s[0], widen(i));
   double sum = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(s[0], s[1]), hn::Add(s[2], s[3]))));
   for (size_t i = whole; i < n; ++i) sum += x[i];
