@@ -46,96 +46,139 @@ HWY_INLINE V SumOf(const V (&e)[K]) {
 
 // Two vectors per step: the exps interleave (ExpNonPositive), within the 16 vector registers of AVX2.
 constexpr size_t kUnroll = 2;
+constexpr float kLog2e = 1.44269504088896341f;
 
-// Summing only, AVX2 and below take the exps in base 2 (Exp2NonPositive: 1.14x the exps per second on AVX2, whose
-// loop waits on the multiply-add pipes); AVX-512 keeps ExpNonPositive, 1.04x as fast there as base 2 (AMD EPYC
-// family 25 model 17, 1 thread, rows in L2).
-constexpr bool kExp2 = HWY_TARGET > HWY_AVX3;
-
-// The sum alone (y null, cross-entropy's forward): the exps skip the NaN lanes and the tiny results (kTiny), and
-// a NaN anywhere shows in a second sum, of the arguments x - m themselves. Those are all <= 0 or -inf, so that sum
-// is NaN exactly when one of them is (x or m NaN, or x = m = +-inf). The exps of arguments below -86 come out as
-// 4.4e-38 or 4.7e-38 rather than their tiny values, which the callers' sums cannot see: each holds, or is added
-// to a sum that holds, exp(max - max) = 1.
-// With kMax (summing only), *max gets the max of x beside the exps (LogSumExpRow).
-template <bool kStore, bool kMax = false>
-float ExpSubSumImpl(const float* x, float m, float* y, size_t n, const float* next, float* max = nullptr) {
+// y = exp(x - m) and their sum (softmax's rows, attention's scores). The sum alone goes to SumExp2 below.
+float ExpSubStore(const float* x, float m, float* y, size_t n, const float* next) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
-  const V vm = hn::Set(d, m), neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  V vmax = neg_inf;
-  // One accumulator each, fed the pairwise sum of a step's vectors: AVX2's 16 registers hold the exp's constants,
-  // and a second accumulator went to the stack, its store and reload on the loop's critical path.
-  V sum = hn::Zero(d), args = hn::Zero(d);
-  const auto exps = [&](auto& e) {  // V[kUnroll], or V[1] for the tail
-    if constexpr (kStore) {
-      ExpNonPositive(d, e);
-    } else {
-      args = hn::Add(args, SumOf(e));
-      if constexpr (kExp2) {
-        for (auto& v : e) v = hn::Mul(v, hn::Set(d, 1.44269504088896341f));
-        Exp2NonPositive<false>(d, e);
-      } else {
-        ExpNonPositive<false, false>(d, e);
-      }
-    }
-  };
+  const V vm = hn::Set(d, m);
+  // One accumulator, fed the pairwise sum of a step's vectors: AVX2's 16 registers hold the exp's constants, and a
+  // second accumulator went to the stack, its store and reload on the loop's critical path.
+  V sum = hn::Zero(d);
   size_t i = 0;
   for (; i + kUnroll * N <= n; i += kUnroll * N) {
     PrefetchSpan(next, i, i + kUnroll * N);  // the same span of the next row, spread over the exps
     V e[kUnroll];
-    for (size_t k = 0; k < kUnroll; ++k) {
-      const V v = hn::LoadU(d, x + i + k * N);
-      if constexpr (kMax) vmax = hn::Max(vmax, v);
-      e[k] = hn::Sub(v, vm);
-    }
-    exps(e);
-    if constexpr (kStore)
-      for (size_t k = 0; k < kUnroll; ++k) hn::StoreU(e[k], d, y + i + k * N);
+    for (size_t k = 0; k < kUnroll; ++k) e[k] = hn::Sub(hn::LoadU(d, x + i + k * N), vm);
+    ExpNonPositive(d, e);
+    for (size_t k = 0; k < kUnroll; ++k) hn::StoreU(e[k], d, y + i + k * N);
     sum = hn::Add(sum, SumOf(e));
   }
   ForEachVector(d, n - i, [&](size_t j, size_t count, auto part) {
     using Part = decltype(part);
-    const V v = PadWith<Part>(d, count, LoadPart<Part>(d, x + i + j, count), neg_inf);  // padding: exp 0, sums kept
-    if constexpr (kMax) vmax = hn::Max(vmax, v);
-    V e[1] = {PadWith<Part>(d, count, hn::Sub(v, vm), neg_inf)};
-    exps(e);
-    if constexpr (kStore) StorePart<Part>(e[0], d, y + i + j, count);
+    V e[1] = {hn::Sub(LoadPart<Part>(d, x + i + j, count), vm)};
+    ExpNonPositive(d, e);
+    StorePart<Part>(e[0], d, y + i + j, count);
     sum = hn::Add(sum, PadWith<Part>(d, count, e[0], hn::Zero(d)));
   });
-  const float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+// A sum of exps alone (cross-entropy's forward, through LogSumExpRow) is taken in base 2, where the target has
+// fused multiply-adds against a base-2 point c = m L rounded to float (L = log2 e in float): S = sum 2^(x L - c),
+// each argument one multiply-add and each power Exp2NonPositive without kTiny, where x - m, a multiply and
+// ExpNonPositive cost an add and a multiply more per vector. Exps summed per second, 1 thread, rows in L1 (AMD
+// EPYC family 25 model 17): AVX2 4.49 -> 5.55 G, AVX-512 6.03 -> 7.09 G. Writing L = (1 + d) log2 e, the terms are
+// exp((x - p)(1 + d)) at the point p = c / L, those of the old (x - m) L but against p instead of m: *point gets p
+// (in double), and the callers take it back exactly (ExpSubSum's factor exp((p - m)(1 + d)), LogSumExpRow's
+// p + log S). Each argument rounds once, as x - m and then a multiply did. Without fused multiply-adds (SSE4) x L
+// would round before c is subtracted, so the arguments stay (x - m) L, and p = m.
+// The exps skip the NaN lanes and a NaN anywhere shows in a second sum, of the arguments themselves: they are all
+// finite or -inf unless one is NaN (x or m NaN, or x = m = +-inf), so that sum is NaN exactly when one of them is.
+// Arguments below -124 give 4.7e-38 rather than their tiny values, which the callers' sums cannot see: each holds,
+// or is added to a sum that holds, 2^((max - p) L), about 1. Arguments up to +127 are right (Exp2NonPositive
+// without kTiny), so LogSumExpRow's guessed point may sit up to 64 below the max.
+// With kMax, *max gets the max of x beside the exps (LogSumExpRow).
+template <bool kMax>
+float SumExp2(const float* x, float m, size_t n, const float* next, float* max, double* point) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  const float c = m * kLog2e;
+  *point = HWY_NATIVE_FMA ? double(c) / double(kLog2e) : double(m);
+  const V log2e = hn::Set(d, kLog2e), vm = hn::Set(d, m), neg_c = hn::Set(d, -c);
+  const V neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto arg = [&](V v) {
+    if constexpr (HWY_NATIVE_FMA) return hn::MulAdd(v, log2e, neg_c);
+    return hn::Mul(hn::Sub(v, vm), log2e);
+  };
+  V vmax = neg_inf, sum = hn::Zero(d), args = hn::Zero(d);  // one accumulator each, as ExpSubStore's
+  size_t i = 0;
+  for (; i + kUnroll * N <= n; i += kUnroll * N) {
+    PrefetchSpan(next, i, i + kUnroll * N);
+    V e[kUnroll];
+    for (size_t k = 0; k < kUnroll; ++k) {
+      const V v = hn::LoadU(d, x + i + k * N);
+      if constexpr (kMax) vmax = hn::Max(vmax, v);
+      e[k] = arg(v);
+    }
+    args = hn::Add(args, SumOf(e));
+    Exp2NonPositive<false>(d, e);
+    sum = hn::Add(sum, SumOf(e));
+  }
+  ForEachVector(d, n - i, [&](size_t j, size_t count, auto part) {
+    using Part = decltype(part);
+    const V v = PadWith<Part>(d, count, LoadPart<Part>(d, x + i + j, count), neg_inf);
+    if constexpr (kMax) vmax = hn::Max(vmax, v);
+    V e[1] = {PadWith<Part>(d, count, arg(v), neg_inf)};  // padding: 2^-inf, sums kept
+    args = hn::Add(args, e[0]);
+    Exp2NonPositive<false>(d, e);
+    sum = hn::Add(sum, PadWith<Part>(d, count, e[0], hn::Zero(d)));
+  });
   if constexpr (kMax) *max = hn::GetLane(hn::MaxOfLanes(d, vmax));
-  if (!kStore && std::isnan(hn::GetLane(hn::SumOfLanes(d, args)))) return std::numeric_limits<float>::quiet_NaN();
-  return total;
+  if (std::isnan(hn::GetLane(hn::SumOfLanes(d, args)))) return std::numeric_limits<float>::quiet_NaN();
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+// Where m L is far from the ends of float's range, SumExp2's point; beyond (|m| >= 2^100, never a logit), a sum in
+// double, element by element.
+HWY_INLINE bool Base2PointFits(float m) { return std::fabs(m) < 0x1p100f; }
+
+double SumExpScalar(const float* x, double m, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+  return s;
 }
 
 float ExpSubSum(const float* x, float m, float* y, size_t n, const float* next) {
-  return y ? ExpSubSumImpl<true>(x, m, y, n, next) : ExpSubSumImpl<false>(x, m, y, n, next);
+  if (y) return ExpSubStore(x, m, y, n, next);
+  if (!Base2PointFits(m)) return float(SumExpScalar(x, m, n));  // also m = +-inf or NaN
+  double p;
+  const float s = SumExp2<false>(x, m, n, next, nullptr, &p);
+  return float(double(s) * std::exp2((p - double(m)) * double(kLog2e)));
 }
 
 // log sum exp(x) in one pass over x where it can. The exps are taken against a guess of the max, that of the first
 // four vectors, while the true max accumulates beside them; the guess is kept if the max is within kHeadroom of it
-// (exp(64) x 2^31 terms stays below FLT_MAX, and ExpNonPositive is exact up to +87 without kTiny), and otherwise
-// the row is summed again against its max. The rounding is that of the two-pass sum: one exp per element and a
-// float sum, only scaled by a power of e. A row of -inf gives -inf; a NaN or +inf anywhere gives NaN.
+// (exp(64) x 2^31 terms stays below FLT_MAX, and SumExp2's powers are right up to 2^127), and otherwise the row is
+// summed again against its max. The rounding is that of the two-pass sum: one exp per element and a float sum,
+// only scaled by a power of 2. A row of -inf gives -inf; a NaN or +inf anywhere gives NaN.
 constexpr float kHeadroom = 64.0f;
 
 float LogSumExpRow(const float* x, size_t n) {
   const float kInf = std::numeric_limits<float>::infinity();
+  const auto log_sum = [](float s, double p) { return std::isnan(s) ? s : float(p + std::log(double(s))); };
   const float guess = MaxRow(x, std::min(n, 4 * hn::Lanes(hn::ScalableTag<float>())));
-  if (guess > -kInf && guess < kInf) {  // finite (a NaN fails both)
+  if (Base2PointFits(guess)) {  // finite (a NaN fails too)
     float max = guess;
-    const float sum = ExpSubSumImpl<false, true>(x, guess, nullptr, n, nullptr, &max);
-    if (std::isnan(sum)) return sum;
-    if (max <= guess + kHeadroom) return guess + std::log(sum);
+    double p;
+    const float s = SumExp2<true>(x, guess, n, nullptr, &max, &p);
+    if (max <= guess + kHeadroom) return log_sum(s, p);  // else s may have overflowed: again against the max
   }
-  const float max = MaxRow(x, n);  // not a NaN's: ExpSubSumImpl catches those
+  const float max = MaxRow(x, n);  // not a NaN's: SumExp2 catches those
   if (max == -kInf) {  // -inf and NaN only (MaxRow may drop a NaN)
     const bool nan = std::any_of(x, x + n, [](float v) { return std::isnan(v); });
     return nan ? std::numeric_limits<float>::quiet_NaN() : -kInf;
   }
-  return max + std::log(ExpSubSumImpl<false>(x, max, nullptr, n, nullptr));
+  if (!Base2PointFits(max)) {  // +inf, or logits beyond 2^100: NaN, or the sum in double
+    const bool bad = max == kInf || std::any_of(x, x + n, [](float v) { return std::isnan(v); });
+    return bad ? std::numeric_limits<float>::quiet_NaN() : float(double(max) + std::log(SumExpScalar(x, max, n)));
+  }
+  double p;
+  const float s = SumExp2<false>(x, max, n, nullptr, nullptr, &p);
+  return log_sum(s, p);
 }
 
 void ExpSubScale(const float* x, float m, float scale, float* y, size_t n) {

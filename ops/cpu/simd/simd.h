@@ -34,9 +34,9 @@ void gelu_backward_rows(const float* dy, const float* x, const float* bias, floa
 // max of x (-inf for n = 0).
 float max_row(const float* x, int64_t n);
 // y = exp(x - m), m >= every x (y may be x; null stores nothing); returns the sum of the exps (NaN if any x - m
-// is). With y null the exps below exp(-86) count as about exp(-86), which no sum that holds an exp of
-// max(x) - m >= -50 can see (ops/cpu/simd/vec-inl.h, kTiny), for about 1.2x the speed, and below AVX-512 they are
-// 2^((x - m) log2 e), within the same bound on the sum (ops/cpu/simd/rows.cpp). next (optional):
+// is). With y null the exps are 2^(x log2 e - c) against a base-2 point c near m log2 e, scaled back in double,
+// and those below 2^-124 count as about 4.7e-38, which no sum that holds an exp of max(x) - m >= -50 can see
+// (ops/cpu/simd/rows.cpp, SumExp2): 1.2x the exps per second on AVX2 and AVX-512. next (optional):
 // n floats to prefetch while the exps run, e.g. the caller's next row, whose first pass would otherwise wait on
 // memory while the exps are compute-bound on L1-resident data.
 float exp_sub_sum(const float* x, float m, float* y, int64_t n, const float* next = nullptr);
