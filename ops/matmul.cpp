@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <type_traits>
+#include <vector>
 
 #include "core/parallel.h"
 #include "ops/cast.h"
@@ -85,7 +86,8 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, in
 
 // A 2-D product on all threads, each calling the single-threaded kernel (minidl's or BLAS) on its share; no
 // operand is copied (a block of rows of op(A) is an offset into A, a block of the reduction an offset into both).
-//   - Usually the larger output dimension is cut into one block per thread.
+//   - Usually the larger output dimension is cut into one block per thread; with minidl's kernel, rows are cut
+//     into pieces that the threads claim, over one copy of B that they share (gemm_shared, below).
 //   - When the reduction is the longest dimension (the weight gradient X^T . dY, reduced over B*T rows), each
 //     thread multiplies its share of the reduction into a partial product and the partials are summed: with
 //     OpenBLAS one share per thread, with minidl's kernel two fixed halves (gemm_halves, below).
@@ -109,12 +111,112 @@ void add_partials(T* C, int64_t ldc, const T* parts, int count, int64_t M, int64
     }
 }
 
+// One product of minidl's kernel, for gemm_shared: C = op(A) op(B) over its own K, from the bias, C or 0.
+struct OwnProduct {
+  int64_t K;
+  const float* A;
+  int64_t a_row, a_col;
+  const float* B;
+  int64_t b_row, b_col;
+  bool accumulate;
+  float* C;
+  int64_t ldc;
+  const float* bias;
+};
+
+// Products of M x N (each its own K) with minidl's kernel on all threads, where each thread is not handed a fixed
+// block but claims pieces of rows, so a thread that finishes early takes work from one that is behind:
+//   - Each chunk of a product's B (nc columns, kc values of k: simd::gemm_blocking) is copied into panels once, the
+//     threads splitting the panels, into a buffer all of them read; where each thread called gemm_sum on a fixed
+//     block, every thread copied all of B (the forward's W^T through Transpose: 2.5% of a baby step).
+//   - Then each product's rows are cut into pieces, about 4 per thread in all; thread t owns a contiguous run of
+//     them (with one product, the rows it wrote in the ops before; with two halves on 2 threads, its half), runs
+//     those first, then takes the pieces other threads have not claimed yet, from the far end of their runs. Each
+//     piece is claimed once, by an atomic compare-and-swap on the number of the chunk.
+//   - A barrier after the copy, and one after the rows, before the next chunk's copy overwrites the buffer. The
+//     chunks of k of the same columns thus run in order, and every element of C is the same running sum as one
+//     gemm_sum call gives: the same bits for any split and any thread count.
+// Why: a 2-vCPU VM's two threads ran the fixed halves of a product at different speeds from minute to minute.
+// Baby config, AVX2, 2 threads, AMD EPYC family 25 model 17: the thread that finished first waited 5-10% of the
+// time spent in the fixed-block products (0.7-1.3 ms of core time per step in the row-split products, 0.5-1.6 ms
+// in the weight gradients' halves).
+void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, int threads) {
+  const int P = int(products.size());
+  const simd::GemmBlocking g = simd::gemm_blocking(M, products[0].a_row);
+  const int64_t kc = g.kc, nc = g.nc, width = g.width, col_chunks = (N + nc - 1) / nc;
+  std::vector<int64_t> k_chunks(P);
+  int64_t chunks = 0;
+  for (int p = 0; p < P; ++p) {
+    k_chunks[p] = (products[p].K + kc - 1) / kc;
+    chunks = std::max(chunks, col_chunks * k_chunks[p]);
+  }
+  // Pieces: Q per product, row bounds whole register blocks.
+  const int Q = std::max(1, 4 * threads / P), pieces = P * Q;
+  const auto row_of = [&](int q) { return q == Q ? M : std::min(M, M * q / Q / g.rows * g.rows); };
+  std::vector<std::atomic<int64_t>> claimed(static_cast<size_t>(pieces));  // the chunks each piece has been claimed for
+  for (auto& c : claimed) c.store(0, std::memory_order_relaxed);
+  Tensor buffers = Tensor::empty(Shape{P, nc * kc}, DType::f32);
+  float* packed = buffers.data<float>();
+  const int64_t panels_per_chunk = (nc + width - 1) / width;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    for (int64_t c = 0; c < chunks; ++c) {
+      // Chunk c of product p: columns j0.., k0.. (its k chunks inside its column chunks); none past its last.
+      const auto chunk_of = [&](int p, int64_t& j0, int64_t& n, int64_t& k0, int64_t& k1) {
+        if (c >= col_chunks * k_chunks[p]) return false;
+        j0 = c / k_chunks[p] * nc, n = std::min(nc, N - j0), k0 = c % k_chunks[p] * kc;
+        k1 = std::min(products[p].K, k0 + kc);
+        return true;
+      };
+      // The copy: the (product, panel) pairs split evenly among the threads.
+      const int64_t pairs = int64_t(P) * panels_per_chunk;
+      for (int64_t e = pairs * t / nt, e1 = pairs * (t + 1) / nt; e < e1;) {
+        const int p = int(e / panels_per_chunk);
+        const int64_t p0 = e % panels_per_chunk, p1 = std::min(panels_per_chunk, p0 + (e1 - e));
+        e += p1 - p0;
+        int64_t j0, n, k0, k1;
+        if (!chunk_of(p, j0, n, k0, k1)) continue;
+        const int64_t panels = (n + width - 1) / width;
+        if (p0 >= panels) continue;
+        const OwnProduct& pr = products[p];
+        counted(0, 0, 0, [&] {
+          simd::gemm_pack(g, j0, n, k0, k1, pr.B, pr.b_row, pr.b_col, p0, std::min(p1, panels),
+                          packed + p * nc * kc);
+        });
+      }
+#pragma omp barrier
+      const auto run = [&](int f) {
+        int64_t expected = c;
+        if (!claimed[size_t(f)].compare_exchange_strong(expected, c + 1, std::memory_order_relaxed)) return;
+        const int p = f / Q, q = f % Q;
+        int64_t j0, n, k0, k1;
+        if (!chunk_of(p, j0, n, k0, k1)) return;
+        const int64_t i0 = row_of(q), i1 = row_of(q + 1);
+        if (i0 >= i1) return;
+        const OwnProduct& pr = products[p];
+        counted(i1 - i0, n, k1 - k0, [&] {
+          simd::gemm_sum_chunk(g, i0, i1, j0, n, N, k0, k1, pr.A, pr.a_row, pr.a_col, packed + p * nc * kc,
+                               pr.accumulate, pr.C, pr.ldc, pr.bias);
+        });
+      };
+      const auto first = [&](int u) { return pieces * u / nt; };
+      for (int f = first(t); f < first(t + 1); ++f) run(f);
+      for (int k = 1; k < nt; ++k) {
+        const int u = (t + k) % nt;
+        for (int f = first(u + 1) - 1; f >= first(u); --f) run(f);
+      }
+#pragma omp barrier
+    }
+  }
+}
+
 // The own kernel's weight gradient (the reduction the longest dimension) in two fixed halves of the reduction,
 // whatever the thread count: C (from beta C or the bias) sums the first half, a scratch partial the second, and the
 // partial is added to C. Every element is then the same two running sums and one add on any number of threads, and
-// at 2 threads each reads only the half of X and dY rows that it wrote in the ops before (a baby step 24.2-25.0 ->
-// 23.7-24.3 ms against splitting the output, AMD EPYC family 25 model 17, AVX-512). Threads beyond 2 split each
-// half's rows. One thread runs the halves in turn: an extra pass over C, about 0.3% of a baby step.
+// at 2 threads each owns one half, whose X and dY rows it wrote in the ops before (a baby step 24.2-25.0 -> 23.7-24.3
+// ms against splitting the output, AMD EPYC family 25 model 17, AVX-512), and takes rows of the other's when it is
+// done first (gemm_shared). One thread runs the halves in turn: an extra pass over C, about 0.3% of a baby step.
 void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                  int64_t ldb, float beta, float* C, int64_t ldc, const float* bias) {
   Tensor scratch = Tensor::empty(Shape{M, N}, DType::f32);
@@ -132,14 +234,12 @@ void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
     add_partials(C, ldc, part, 1, M, N, 0, M);
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int h = t % 2, in_half = (nt - h + 1) / 2, i = t / 2;  // the threads of half h: h, h + 2, ...
-    half(h, M * i / in_half, M * (i + 1) / in_half);
-#pragma omp barrier
-    add_partials(C, ldc, part, 1, M, N, M * t / nt, M * (t + 1) / nt);
-  }
+  const int64_t a_row = ta ? 1 : lda, a_col = ta ? lda : 1, b_row = tb ? 1 : ldb, b_col = tb ? ldb : 1;
+  gemm_shared(M, N,
+              {{kh, A, a_row, a_col, B, b_row, b_col, beta == 1.0f && !bias, C, ldc, bias},
+               {K - kh, A + kh * a_col, a_row, a_col, B + kh * b_row, b_row, b_col, false, part, N, nullptr}},
+              threads);
+  parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) { add_partials(C, ldc, part, 1, M, N, r0, r1); });
 }
 
 template <class T>
@@ -178,6 +278,15 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
   if (extent < threads * kBlockAlign) {
     gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (split_rows && (beta == 0.0f || beta == 1.0f) && own_gemm()) {
+      gemm_shared(M, N,
+                  {{K, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb, tb ? ldb : 1, beta == 1.0f && !bias, C, ldc,
+                    bias}},
+                  threads);
+      return;
+    }
   }
   int64_t per = (extent + threads - 1) / threads;
   per = (per + kBlockAlign - 1) / kBlockAlign * kBlockAlign;

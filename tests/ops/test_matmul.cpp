@@ -149,10 +149,10 @@ TEST(Matmul, ThreadedSplitsMatchOneThread) {
   });
 }
 
-// minidl's own kernel sums every element in one order whatever the split, so 2 threads give 1 thread's bits: row
-// blocks, column blocks, the weight gradient's long reduction (in two halves whatever the thread count), and linear's
-// bias.
-TEST(Matmul, OwnKernelGivesTheSameBitsOnOneAndTwoThreads) {
+// minidl's own kernel sums every element in one order whatever the split, so 2 and 3 threads give 1 thread's bits:
+// rows in pieces that threads claim (over several chunks of k and of columns), column blocks, the weight gradient's
+// long reduction (in two halves whatever the thread count), and linear's bias.
+TEST(Matmul, OwnKernelGivesTheSameBitsOnOneTwoAndThreeThreads) {
   ops::set_cpu_gemm(ops::CpuGemm::kMinidl);
   const auto run = [](int threads) {
     set_num_threads(threads);
@@ -167,15 +167,21 @@ TEST(Matmul, OwnKernelGivesTheSameBitsOnOneAndTwoThreads) {
         out.push_back(product(1003, 64, 48, 16));  // row blocks
         out.push_back(product(40, 64, 997, 18));   // column blocks
         out.push_back(product(48, 1003, 96, 20));  // the weight gradient's shape
+        if (!ta && !tb) out.push_back(product(700, 1100, 300, 22));  // rows in pieces over chunks of k and columns
       }
     out.push_back(ops::linear(uniform({1003, 100}, 26, DType::f32), uniform({100, 300}, 27, DType::f32),
                               uniform({300}, 28, DType::f32)).to_vector());
     return out;
   };
-  const auto one = run(1), two = run(2);
+  const auto one = run(1), two = run(2), three = run(3);
+  set_num_threads(default_num_threads());
   ops::set_cpu_gemm(ops::CpuGemm::kAuto);
   ASSERT_EQ(one.size(), two.size());
-  for (size_t p = 0; p < one.size(); ++p) EXPECT_EQ(one[p], two[p]) << "product " << p;
+  ASSERT_EQ(one.size(), three.size());
+  for (size_t p = 0; p < one.size(); ++p) {
+    EXPECT_EQ(one[p], two[p]) << "product " << p;
+    EXPECT_EQ(one[p], three[p]) << "product " << p << ", 3 threads";
+  }
 }
 
 // ops::count_blas: every BLAS call adds its 2 M N K once, however a product is split over threads (row blocks,

@@ -80,6 +80,27 @@ void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int
 void gemm_sum(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, int64_t a_col, const float* B,
               int64_t b_row, int64_t b_col, bool accumulate, float* C, int64_t ldc, const float* bias = nullptr);
 
+// gemm_sum in pieces, for callers that share one copy of B between threads (ops/matmul.cpp): the product is cut
+// into chunks of nc columns and kc values of k; each chunk's part of B is copied into panels `width` columns wide
+// (gemm_pack, panels [p0, p1) of the chunk, kn x width floats each, at packed + p0 kn width), and rows of C then
+// take that chunk's sums from the copy (gemm_sum_chunk), in any order and on any thread, as long as the chunks of k
+// of the same columns run in order. Every element of C is the same running sum as gemm_sum's: the same bits.
+struct GemmBlocking {
+  int64_t width, kc, nc;  // a panel's columns; k values and columns of a chunk (nc a multiple of width)
+  int64_t mc, rows;       // rows of op(A) a chunk's panels meet at a time; rows of a register block
+  bool transposed_a;      // the 4 x 3 kernel (op(A) = A^T)
+};
+// The cuts gemm_sum takes for a product of M rows whose op(A) has row stride a_row.
+GemmBlocking gemm_blocking(int64_t M, int64_t a_row);
+// Panels [p0, p1) of the chunk of columns [j0, j0 + n) and k in [k0, k1).
+void gemm_pack(const GemmBlocking& g, int64_t j0, int64_t n, int64_t k0, int64_t k1, const float* B, int64_t b_row,
+               int64_t b_col, int64_t p0, int64_t p1, float* packed);
+// Rows [i0, i1) of C's columns [j0, j0 + n) (of N) over k in [k0, k1), from that chunk's copy; gemm_sum's
+// accumulate and bias, which only the chunk with k0 = 0 reads.
+void gemm_sum_chunk(const GemmBlocking& g, int64_t i0, int64_t i1, int64_t j0, int64_t n, int64_t N, int64_t k0,
+                    int64_t k1, const float* A, int64_t a_row, int64_t a_col, const float* packed, bool accumulate,
+                    float* C, int64_t ldc, const float* bias);
+
 // dst (cols x rows, row stride ld_dst) = src^T, src rows x cols with row stride ld_src: a tile's B operand when the
 // product wants it transposed (K of Q K^T, V of dO V^T).
 void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst);

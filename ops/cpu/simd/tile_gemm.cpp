@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "hwy/highway.h"
+#include "ops/cpu/simd/simd.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace minidl::ops::simd::HWY_NAMESPACE {
@@ -203,59 +204,83 @@ HWY_INLINE void PackB(D d, size_t k0, size_t k1, size_t N, const float* B, size_
   }
 }
 
+// GemmSum's cuts for a kernel of kRows x kVectors (simd.h's GemmBlocking).
+template <size_t kRows, size_t kVectors>
+GemmBlocking BlockingOf() {
+  const size_t width = kVectors * hn::Lanes(hn::ScalableTag<float>());
+  const size_t kc = HWY_MAX(size_t(16), 8192 / width);             // a panel: kc x width floats
+  const size_t mc = HWY_MAX(kRows, 24576 / kc / kRows * kRows);    // rows of A: mc x kc floats
+  const size_t nc = HWY_MAX(width, 65536 / kc / width * width);    // B's copy: kc x nc floats
+  return {int64_t(width), int64_t(kc), int64_t(nc), int64_t(mc), int64_t(kRows), kRows == 4};
+}
+
+// Rows [i0, i1) of C's columns [j0, j0 + n) over k in [k0, k1), from B's copy of that chunk (PackB's panels).
+// The chunk starts each sum from the bias, from C or from 0 if it is the first of k and not `accumulate`; a later
+// one goes on from C.
+template <size_t kRows, size_t kVectors>
+void SumChunk(size_t i0, size_t i1, size_t j0, size_t n, size_t N, size_t k0, size_t k1, const float* A,
+              size_t a_row, size_t a_col, const float* packed, bool accumulate, float* C, size_t ldc,
+              const float* bias) {
+  const hn::ScalableTag<float> d;
+  const GemmBlocking g = BlockingOf<kRows, kVectors>();
+  const size_t L = hn::Lanes(d), width = size_t(g.width), mc = size_t(g.mc), kn = k1 - k0;
+  const size_t panels = (n + width - 1) / width;
+  const int start = k0 > 0 || accumulate ? kFromC : bias ? kFromBias : kFromZero;
+  const float* a = A + k0 * a_col;
+  for (size_t r0 = i0; r0 < i1; r0 += mc) {
+    const size_t r1 = HWY_MIN(i1, r0 + mc);
+    for (size_t p = 0; p < panels; ++p) {
+      const size_t j = j0 + p * width, w = HWY_MIN(width, N - j);
+      const float* b = packed + p * kn * width;
+      const auto columns = [&](auto vectors, size_t c) {
+        // A narrower last panel keeps about 12 accumulators in a block: 6 x 2 or 12 x 1.
+        constexpr size_t V = decltype(vectors)::value, R = V == kVectors ? kRows : 12 / V;
+        const float* bias_j = bias ? bias + j : nullptr;
+        if (start == kFromC)
+          SumPanel<R, V, kFromC>(d, r0, r1, c, kn, a, a_row, a_col, b, width, C + j, ldc, bias_j);
+        else if (start == kFromBias)
+          SumPanel<R, V, kFromBias>(d, r0, r1, c, kn, a, a_row, a_col, b, width, C + j, ldc, bias_j);
+        else
+          SumPanel<R, V, kFromZero>(d, r0, r1, c, kn, a, a_row, a_col, b, width, C + j, ldc, bias_j);
+      };
+      if (w == width) {
+        columns(std::integral_constant<size_t, kVectors>(), 0);
+        continue;
+      }
+      size_t c = 0;
+      if constexpr (kVectors > 2)
+        for (; c + 2 * L <= w; c += 2 * L) columns(std::integral_constant<size_t, 2>(), c);
+      for (; c + L <= w; c += L) columns(std::integral_constant<size_t, 1>(), c);
+      for (; c < w; ++c)  // the last columns, past a whole vector
+        for (size_t i = r0; i < r1; ++i) {
+          float sum = start == kFromC ? C[i * ldc + j + c] : start == kFromBias ? bias[j + c] : 0.0f;
+          for (size_t k = 0; k < kn; ++k) sum = std::fma(a[i * a_row + k * a_col], b[k * width + c], sum);
+          C[i * ldc + j + c] = sum;
+        }
+    }
+  }
+}
+
 template <size_t kRows, size_t kVectors>
 void GemmSumBlocked(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t a_col, const float* B,
                     size_t b_row, size_t b_col, bool accumulate, float* C, size_t ldc, const float* bias) {
   const hn::ScalableTag<float> d;
-  const size_t L = hn::Lanes(d), width = kVectors * L;
-  const size_t kc = HWY_MAX(size_t(16), 8192 / width);                         // a panel: kc x width floats
-  const size_t mc = HWY_MAX(kRows, 24576 / kc / kRows * kRows);                // rows of A: mc x kc floats
-  const size_t nc = HWY_MAX(width, 65536 / kc / width * width);                // B's copy: kc x nc floats
+  const GemmBlocking g = BlockingOf<kRows, kVectors>();
+  const size_t width = size_t(g.width), kc = size_t(g.kc), nc = size_t(g.nc);
   thread_local std::vector<float> packed;
   if (packed.size() < nc * kc) packed.resize(nc * kc);
   for (size_t j0 = 0; j0 < N; j0 += nc) {
-    const size_t n = HWY_MIN(nc, N - j0), panels = (n + width - 1) / width;
+    const size_t n = HWY_MIN(nc, N - j0);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
-      const size_t k1 = HWY_MIN(K, k0 + kc), kn = k1 - k0;
-      // The first chunk of k starts each sum from the bias, from C or from 0; the later ones go on from C.
-      const int start = k0 > 0 || accumulate ? kFromC : bias ? kFromBias : kFromZero;
+      const size_t k1 = HWY_MIN(K, k0 + kc);
       PackB(d, k0, k1, n, B + j0 * b_col, b_row, b_col, width, packed.data());
-      const float* a = A + k0 * a_col;
-      for (size_t i0 = 0; i0 < M; i0 += mc) {
-        const size_t i1 = HWY_MIN(M, i0 + mc);
-        for (size_t p = 0; p < panels; ++p) {
-          const size_t j = j0 + p * width, w = HWY_MIN(width, N - j);
-          const float* b = packed.data() + p * kn * width;
-          const auto columns = [&](auto vectors, size_t c) {
-            // A narrower last panel keeps about 12 accumulators in a block: 6 x 2 or 12 x 1.
-            constexpr size_t V = decltype(vectors)::value, R = V == kVectors ? kRows : 12 / V;
-            const float* bias_j = bias ? bias + j : nullptr;
-            if (start == kFromC)
-              SumPanel<R, V, kFromC>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc, bias_j);
-            else if (start == kFromBias)
-              SumPanel<R, V, kFromBias>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc, bias_j);
-            else
-              SumPanel<R, V, kFromZero>(d, i0, i1, c, kn, a, a_row, a_col, b, width, C + j, ldc, bias_j);
-          };
-          if (w == width) {
-            columns(std::integral_constant<size_t, kVectors>(), 0);
-            continue;
-          }
-          size_t c = 0;
-          if constexpr (kVectors > 2)
-            for (; c + 2 * L <= w; c += 2 * L) columns(std::integral_constant<size_t, 2>(), c);
-          for (; c + L <= w; c += L) columns(std::integral_constant<size_t, 1>(), c);
-          for (; c < w; ++c)  // the last columns, past a whole vector
-            for (size_t i = i0; i < i1; ++i) {
-              float sum = start == kFromC ? C[i * ldc + j + c] : start == kFromBias ? bias[j + c] : 0.0f;
-              for (size_t k = 0; k < kn; ++k) sum = std::fma(a[i * a_row + k * a_col], b[k * width + c], sum);
-              C[i * ldc + j + c] = sum;
-            }
-        }
-      }
+      SumChunk<kRows, kVectors>(0, M, j0, n, N, k0, k1, A, a_row, a_col, packed.data(), accumulate, C, ldc, bias);
     }
   }
 }
+
+// Whether a product runs the 4 x 3 kernel (a transposed A; see above) or the 6 x 2 one.
+HWY_INLINE bool TransposedAKernel(size_t M, size_t a_row) { return a_row == 1 && M > 1; }
 
 void GemmSum(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t a_col, const float* B, size_t b_row,
              size_t b_col, bool accumulate, float* C, size_t ldc, const float* bias) {
@@ -264,10 +289,31 @@ void GemmSum(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t 
       for (size_t j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : 0.0f;
     return;
   }
-  if (a_row == 1 && M > 1)  // see above
+  if (TransposedAKernel(M, a_row))
     GemmSumBlocked<4, 3>(M, N, K, A, a_row, a_col, B, b_row, b_col, accumulate, C, ldc, bias);
   else
     GemmSumBlocked<kGemmRows, kGemmVectors>(M, N, K, A, a_row, a_col, B, b_row, b_col, accumulate, C, ldc, bias);
+}
+
+GemmBlocking GemmBlockingFor(size_t M, size_t a_row) {
+  return TransposedAKernel(M, a_row) ? BlockingOf<4, 3>() : BlockingOf<kGemmRows, kGemmVectors>();
+}
+
+void GemmPack(const GemmBlocking& g, size_t j0, size_t n, size_t k0, size_t k1, const float* B, size_t b_row,
+              size_t b_col, size_t p0, size_t p1, float* packed) {
+  const hn::ScalableTag<float> d;
+  const size_t width = size_t(g.width), kn = k1 - k0, j = j0 + p0 * width;
+  PackB(d, k0, k1, HWY_MIN(n - p0 * width, (p1 - p0) * width), B + j * b_col, b_row, b_col, width,
+        packed + p0 * kn * width);
+}
+
+void GemmSumChunk(const GemmBlocking& g, size_t i0, size_t i1, size_t j0, size_t n, size_t N, size_t k0, size_t k1,
+                  const float* A, size_t a_row, size_t a_col, const float* packed, bool accumulate, float* C,
+                  size_t ldc, const float* bias) {
+  if (g.transposed_a)
+    SumChunk<4, 3>(i0, i1, j0, n, N, k0, k1, A, a_row, a_col, packed, accumulate, C, ldc, bias);
+  else
+    SumChunk<kGemmRows, kGemmVectors>(i0, i1, j0, n, N, k0, k1, A, a_row, a_col, packed, accumulate, C, ldc, bias);
 }
 
 // dst (cols x rows, row stride ld_dst) = src^T (rows x cols, row stride ld_src), in 4 x 4 blocks of 128-bit vectors
@@ -312,6 +358,9 @@ namespace minidl::ops::simd {
 
 HWY_EXPORT(TileGemm);
 HWY_EXPORT(GemmSum);
+HWY_EXPORT(GemmBlockingFor);
+HWY_EXPORT(GemmPack);
+HWY_EXPORT(GemmSumChunk);
 HWY_EXPORT(Transpose);
 static_assert(int(Triangle::kFull) == 0 && int(Triangle::kLowerOutput) == 1 && int(Triangle::kLowerReduce) == 2 &&
               int(Triangle::kUpperReduce) == 3);
@@ -328,6 +377,27 @@ void gemm_sum(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, in
   ensure_isa_selected();
   HWY_DYNAMIC_DISPATCH(GemmSum)(size_t(M), size_t(N), size_t(K), A, size_t(a_row), size_t(a_col), B, size_t(b_row),
                                 size_t(b_col), accumulate, C, size_t(ldc), bias);
+}
+
+GemmBlocking gemm_blocking(int64_t M, int64_t a_row) {
+  ensure_isa_selected();
+  return HWY_DYNAMIC_DISPATCH(GemmBlockingFor)(size_t(M), size_t(a_row));
+}
+
+void gemm_pack(const GemmBlocking& g, int64_t j0, int64_t n, int64_t k0, int64_t k1, const float* B, int64_t b_row,
+               int64_t b_col, int64_t p0, int64_t p1, float* packed) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(GemmPack)(g, size_t(j0), size_t(n), size_t(k0), size_t(k1), B, size_t(b_row), size_t(b_col),
+                                 size_t(p0), size_t(p1), packed);
+}
+
+void gemm_sum_chunk(const GemmBlocking& g, int64_t i0, int64_t i1, int64_t j0, int64_t n, int64_t N, int64_t k0,
+                    int64_t k1, const float* A, int64_t a_row, int64_t a_col, const float* packed, bool accumulate,
+                    float* C, int64_t ldc, const float* bias) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(GemmSumChunk)(g, size_t(i0), size_t(i1), size_t(j0), size_t(n), size_t(N), size_t(k0),
+                                     size_t(k1), A, size_t(a_row), size_t(a_col), packed, accumulate, C, size_t(ldc),
+                                     bias);
 }
 
 void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
