@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/cpu/simd/simd.h"
 
@@ -169,8 +170,17 @@ HWY_INLINE void SumPanel(D d, size_t i0, size_t i1, size_t c, size_t kn, const f
                          const float* b, size_t width, float* C, size_t ldc, const float* bias) {
   const Reduction k_range{0, kn};
   size_t i = i0;
-  for (; i + R <= i1; i += R)
+  for (; i + R <= i1; i += R) {
+    // The next block's lines of C, while this one runs: a linear layer's output is new memory, and its blocks'
+    // stores (or loads, from C) had waited on their lines. Baby step, 1 thread, the products' rate against the
+    // ceiling in turns, AMD EPYC family 25 model 17: AVX2 93 -> 95.5%, AVX-512 101 -> 103% (medians of 6-8 runs).
+    if (i + 2 * R <= i1)
+      for (size_t r = 0; r < R; ++r) {
+        hwy::Prefetch(C + (i + R + r) * ldc + c);
+        hwy::Prefetch(C + (i + R + r) * ldc + c + V * hn::Lanes(d) - 1);
+      }
     TileBlock<R, V, kStart>(d, i, c, k_range, 1.0f, a, a_row, a_col, b, width, 0.0f, C, ldc, bias);
+  }
   if constexpr (R > 4)
     for (; i + 4 <= i1; i += 4)
       TileBlock<4, V, kStart>(d, i, c, k_range, 1.0f, a, a_row, a_col, b, width, 0.0f, C, ldc, bias);
