@@ -142,7 +142,7 @@ struct OwnProduct {
 // in the weight gradients' halves).
 void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, int threads) {
   const int P = int(products.size());
-  const simd::GemmBlocking g = simd::gemm_blocking(M, products[0].a_row);
+  const simd::GemmBlocking g = simd::gemm_blocking(M, N, products[0].a_row);
   const int64_t kc = g.kc, nc = g.nc, width = g.width, col_chunks = (N + nc - 1) / nc;
   std::vector<int64_t> k_chunks(P);
   int64_t chunks = 0;
