@@ -59,6 +59,29 @@ void fill_bias(T* C, int64_t ldc, int64_t r0, int64_t r1, int64_t c0, int64_t c1
     for (int64_t r = r0; r < r1; ++r) std::copy(bias + c0, bias + c1, C + r * ldc + c0);
 }
 
+// One product of minidl's kernel (simd::gemm_sum's arguments but M and N): C = op(A) op(B) over K, from the bias,
+// C (beta 1) or 0 (beta 0), with BLAS's transpose flags turned into element strides.
+struct OwnProduct {
+  int64_t K;
+  const float* A;
+  int64_t a_row, a_col;
+  const float* B;
+  int64_t b_row, b_col;
+  bool accumulate;
+  float* C;
+  int64_t ldc;
+  const float* bias;
+};
+
+OwnProduct own_product(bool ta, bool tb, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                       float beta, float* C, int64_t ldc, const float* bias) {
+  return {K, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb, tb ? ldb : 1, beta == 1.0f && !bias, C, ldc, bias};
+}
+
+void run_own(int64_t M, int64_t N, const OwnProduct& p) {
+  simd::gemm_sum(M, N, p.K, p.A, p.a_row, p.a_col, p.B, p.b_row, p.b_col, p.accumulate, p.C, p.ldc, p.bias);
+}
+
 // Row-major GEMM: C = op(A) op(B) + beta C, with op(A): (M, K), op(B): (K, N). bias (optional, with beta = 1): C's
 // rows are the bias first. minidl's kernel starts its sums from the bias itself (the same bits, without a pass
 // writing it into C and one reading it back: 18 MB per baby step); for BLAS it is written into C first.
@@ -68,8 +91,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int
   if (!own) fill_bias(C, ldc, 0, M, 0, N, bias);
   counted(M, N, K, [&] {
     if (own)
-      simd::gemm_sum(M, N, K, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb, tb ? ldb : 1, beta == 1.0f && !bias, C,
-                     ldc, bias);
+      run_own(M, N, own_product(ta, tb, K, A, lda, B, ldb, beta, C, ldc, bias));
     else
       cblas_sgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0f, A, int(lda), B, int(ldb), beta, C,
                   int(ldc));
@@ -110,19 +132,6 @@ void add_partials(T* C, int64_t ldc, const T* parts, int count, int64_t M, int64
       for (int64_t c = 0; c < N; ++c) C[r * ldc + c] += part[c];
     }
 }
-
-// One product of minidl's kernel, for gemm_shared: C = op(A) op(B) over its own K, from the bias, C or 0.
-struct OwnProduct {
-  int64_t K;
-  const float* A;
-  int64_t a_row, a_col;
-  const float* B;
-  int64_t b_row, b_col;
-  bool accumulate;
-  float* C;
-  int64_t ldc;
-  const float* bias;
-};
 
 // Products of M x N (each its own K) with minidl's kernel on all threads, where each thread is not handed a fixed
 // block but claims pieces of rows, so a thread that finishes early takes work from one that is behind:
@@ -222,23 +231,17 @@ void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
   Tensor scratch = Tensor::empty(Shape{M, N}, DType::f32);
   float* part = scratch.data<float>();
   const int64_t kh = K / 2;
-  const auto half = [&](int h, int64_t r0, int64_t r1) {  // rows [r0, r1) of half h
-    const int64_t k0 = h == 0 ? 0 : kh, k1 = h == 0 ? kh : K;
-    gemm(ta, tb, r1 - r0, N, k1 - k0, A + (ta ? k0 * lda + r0 : r0 * lda + k0), lda, B + (tb ? k0 : k0 * ldb), ldb,
-         h == 0 ? beta : 0.0f, h == 0 ? C + r0 * ldc : part + r0 * N, h == 0 ? ldc : N, h == 0 ? bias : nullptr);
-  };
+  const std::vector<OwnProduct> halves = {
+      own_product(ta, tb, kh, A, lda, B, ldb, beta, C, ldc, bias),
+      own_product(ta, tb, K - kh, A + (ta ? kh * lda : kh), lda, B + (tb ? kh : kh * ldb), ldb, 0.0f, part, N,
+                  nullptr)};
   const int threads = num_threads();
   if (threads == 1 || in_parallel_region()) {
-    half(0, 0, M);
-    half(1, 0, M);
+    for (const OwnProduct& h : halves) counted(M, N, h.K, [&] { run_own(M, N, h); });
     add_partials(C, ldc, part, 1, M, N, 0, M);
     return;
   }
-  const int64_t a_row = ta ? 1 : lda, a_col = ta ? lda : 1, b_row = tb ? 1 : ldb, b_col = tb ? ldb : 1;
-  gemm_shared(M, N,
-              {{kh, A, a_row, a_col, B, b_row, b_col, beta == 1.0f && !bias, C, ldc, bias},
-               {K - kh, A + kh * a_col, a_row, a_col, B + kh * b_row, b_row, b_col, false, part, N, nullptr}},
-              threads);
+  gemm_shared(M, N, halves, threads);
   parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) { add_partials(C, ldc, part, 1, M, N, r0, r1); });
 }
 
@@ -281,10 +284,7 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
   }
   if constexpr (std::is_same_v<T, float>) {
     if (split_rows && (beta == 0.0f || beta == 1.0f) && own_gemm()) {
-      gemm_shared(M, N,
-                  {{K, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb, tb ? ldb : 1, beta == 1.0f && !bias, C, ldc,
-                    bias}},
-                  threads);
+      gemm_shared(M, N, {own_product(ta, tb, K, A, lda, B, ldb, beta, C, ldc, bias)}, threads);
       return;
     }
   }

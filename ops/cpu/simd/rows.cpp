@@ -160,6 +160,7 @@ constexpr float kHeadroom = 64.0f;
 float LogSumExpRow(const float* x, size_t n) {
   const float kInf = std::numeric_limits<float>::infinity();
   const auto log_sum = [](float s, double p) { return std::isnan(s) ? s : float(p + std::log(double(s))); };
+  const auto has_nan = [&] { return std::any_of(x, x + n, [](float v) { return std::isnan(v); }); };
   const float guess = MaxRow(x, std::min(n, 4 * hn::Lanes(hn::ScalableTag<float>())));
   if (Base2PointFits(guess)) {  // finite (a NaN fails too)
     float max = guess;
@@ -168,13 +169,11 @@ float LogSumExpRow(const float* x, size_t n) {
     if (max <= guess + kHeadroom) return log_sum(s, p);  // else s may have overflowed: again against the max
   }
   const float max = MaxRow(x, n);  // not a NaN's: SumExp2 catches those
-  if (max == -kInf) {  // -inf and NaN only (MaxRow may drop a NaN)
-    const bool nan = std::any_of(x, x + n, [](float v) { return std::isnan(v); });
-    return nan ? std::numeric_limits<float>::quiet_NaN() : -kInf;
-  }
+  if (max == -kInf)  // -inf and NaN only (MaxRow may drop a NaN)
+    return has_nan() ? std::numeric_limits<float>::quiet_NaN() : -kInf;
   if (!Base2PointFits(max)) {  // +inf, or logits beyond 2^100: NaN, or the sum in double
-    const bool bad = max == kInf || std::any_of(x, x + n, [](float v) { return std::isnan(v); });
-    return bad ? std::numeric_limits<float>::quiet_NaN() : float(double(max) + std::log(SumExpScalar(x, max, n)));
+    if (max == kInf || has_nan()) return std::numeric_limits<float>::quiet_NaN();
+    return float(double(max) + std::log(SumExpScalar(x, max, n)));
   }
   double p;
   const float s = SumExp2<false>(x, max, n, nullptr, nullptr, &p);

@@ -236,8 +236,8 @@ GemmBlocking BlockingOf(size_t M, size_t N) {
 // The chunk starts each sum from the bias, from C or from 0 if it is the first of k and not `accumulate`; a later
 // one goes on from C.
 template <size_t kRows, size_t kVectors>
-void SumChunk(const GemmBlocking& g, size_t i0, size_t i1, size_t j0, size_t n, size_t N, size_t k0, size_t k1, const float* A,
-              size_t a_row, size_t a_col, const float* packed, bool accumulate, float* C, size_t ldc,
+void SumChunk(const GemmBlocking& g, size_t i0, size_t i1, size_t j0, size_t n, size_t N, size_t k0, size_t k1,
+              const float* A, size_t a_row, size_t a_col, const float* packed, bool accumulate, float* C, size_t ldc,
               const float* bias) {
   const hn::ScalableTag<float> d;
   const size_t L = hn::Lanes(d), width = size_t(g.width), mc = size_t(g.mc), kn = k1 - k0;

@@ -161,9 +161,9 @@ HWY_INLINE V ExpNonPositive(D d, V x) {
 //   4.53 G on AVX2, 7.09 G against 6.70 G on AVX-512; GELU 28.0 against 26.7 GB/s on AVX-512, equal on AVX2; SSE4
 //   GELU 6.8 against 7.5 GB/s;
 //   kTiny: 2^(n + 64) into the exponent bits, then one multiply by 2^-64 rounds the results below FLT_MIN to
-//   their denormal, or to 0 below 2^-150; y is clamped at -158 (2^y = 0 in float). Without kTiny (for sums, as
-//   ExpNonPositive's), y is clamped at -124 and 2^n goes straight into the exponent bits: below 2^-124 = 4.7e-38
-//   the result is 4.7e-38.
+//   their denormal, or to 0 below 2^-150; y is clamped at -158 (2^y = 0 in float). Without kTiny (for sums of
+//   exps, rows.cpp's SumExp2), y is clamped at -124 and 2^n goes straight into the exponent bits: below
+//   2^-124 = 4.7e-38 the result is 4.7e-38.
 // NaN gives a number, not NaN: the callers see their NaN elsewhere (GELU's in x itself, the sums' in a sum of
 // the arguments).
 // In AVX2 code the loops that call this wait on the multiply-add pipes (two of the four on a Zen core, llvm-mca
