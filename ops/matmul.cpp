@@ -142,9 +142,13 @@ void add_partials(T* C, int64_t ldc, const T* parts, int count, int64_t M, int64
 //     them (with one product, the rows it wrote in the ops before; with two halves on 2 threads, its half), runs
 //     those first, then takes the pieces other threads have not claimed yet, from the far end of their runs. Each
 //     piece is claimed once, by an atomic compare-and-swap on the number of the chunk.
-//   - A barrier after the copy, and one after the rows, before the next chunk's copy overwrites the buffer. The
-//     chunks of k of the same columns thus run in order, and every element of C is the same running sum as one
-//     gemm_sum call gives: the same bits for any split and any thread count.
+//   - One barrier per chunk, after its copy. The copies alternate between two buffers: chunk c + 1's copy goes
+//     where chunk c - 1's was, which every thread has finished reading before it reached chunk c's barrier. And a
+//     thread reaches chunk c + 1's barrier only when done with its rows of chunk c, so the chunks of k of the same
+//     columns run in order, and every element of C is the same running sum as one gemm_sum call gives: the same
+//     bits for any split and any thread count. (With one buffer, a second barrier after each chunk's rows: the
+//     threads' waits at gemm_shared's barriers, summed, were 1.05-1.6 ms per baby step against 0.5-0.9 ms now;
+//     AVX2, 2 threads, AMD EPYC family 25 model 17.)
 // Why: a 2-vCPU VM's two threads ran the fixed halves of a product at different speeds from minute to minute.
 // Baby config, AVX2, 2 threads, AMD EPYC family 25 model 17: the thread that finished first waited 5-10% of the
 // time spent in the fixed-block products (0.7-1.3 ms of core time per step in the row-split products, 0.5-1.6 ms
@@ -164,13 +168,14 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
   const auto row_of = [&](int q) { return q == Q ? M : std::min(M, M * q / Q / g.rows * g.rows); };
   std::vector<std::atomic<int64_t>> claimed(static_cast<size_t>(pieces));  // the chunks each piece has been claimed for
   for (auto& c : claimed) c.store(0, std::memory_order_relaxed);
-  Tensor buffers = Tensor::empty(Shape{P, nc * kc}, DType::f32);
-  float* packed = buffers.data<float>();
+  Tensor buffers = Tensor::empty(Shape{std::min<int64_t>(2, chunks), P, nc * kc}, DType::f32);  // chunk c's in c % 2
+  float* const halves = buffers.data<float>();
   const int64_t panels_per_chunk = (nc + width - 1) / width;
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     for (int64_t c = 0; c < chunks; ++c) {
+      float* const packed = halves + (c % 2) * P * nc * kc;
       // Chunk c of product p: columns j0.., k0.. (its k chunks inside its column chunks); none past its last.
       const auto chunk_of = [&](int p, int64_t& j0, int64_t& n, int64_t& k0, int64_t& k1) {
         if (c >= col_chunks * k_chunks[p]) return false;
@@ -215,7 +220,6 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
         const int u = (t + k) % nt;
         for (int f = first(u + 1) - 1; f >= first(u); --f) run(f);
       }
-#pragma omp barrier
     }
   }
 }
