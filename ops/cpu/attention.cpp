@@ -5,8 +5,8 @@
 // (ops/cpu/simd/tile_gemm.cpp) that reads the operands in place: cblas_sgemm spent much of each 64 x 64 x D call
 // packing them (forward + backward 8.3 -> 4.6 ms at B=12 T=64 C=128 H=4, 102.7 -> 72.3 ms at B=8 T=256 C=384 H=6;
 // 1 thread, AVX2, bench/attention.cpp). f64, the reference, stays on BLAS. The softmax work between the products
-// is vectorised too (ops/cpu/simd's max, exp and row updates for f32): a tile has 64 x 64 exps for 64 x 64 x D
-// multiply-adds, and with scalar expf it all took 1.5-1.8x longer. kBlock = 64 measured faster than 32 and 128.
+// is vectorised too (ops/cpu/simd's max, exp and row updates for f32, a tile's rows in one call each): a tile has
+// 64 x 64 exps for 64 x 64 x D multiply-adds, and with scalar expf it all took 1.5-1.8x longer. kBlock = 64 measured faster than 32 and 128.
 // On the diagonal tiles the products skip what the causal mask makes zero or unwanted (simd::Triangle): forward +
 // backward 4.7 -> 3.6 ms at B=12 T=64 C=128 H=4 (one tile per head, all diagonal), 73.4 -> 66.6 ms at T=256
 // (4 of 10 tiles); 1 thread, AVX2, AMD EPYC family 23.
@@ -26,39 +26,66 @@
 
 namespace minidl::ops {
 
-// Row helpers: ops/cpu/simd's vector code for f32, scalar loops (the reference) for f64.
-static float row_max(const float* s, int64_t n) { return simd::max_row(s, n); }
-static double row_max(const double* s, int64_t n) {
-  double m = -std::numeric_limits<double>::infinity();
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
-  return m;
+// Row helpers over a tile: ops/cpu/simd's vector code for f32, each a row loop in one call; scalar loops (the
+// reference) for f64. Row r of a tile of scores (rows x cols, row stride ld) sees its first visible(r, diag, cols)
+// keys, diag being the tile's first query less its first key (simd.h's causal_rows_*).
+static int64_t visible(int64_t r, int64_t diag, int64_t cols) { return std::clamp<int64_t>(r + diag + 1, 0, cols); }
+// m[r] = the max of row r's visible scores.
+static void rows_max(const float* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, float* m) {
+  simd::causal_rows_max(s, ld, rows, cols, diag, m);
 }
-// s = exp(s - m) in place; returns the sum.
-static float exp_sub_sum(float* s, float m, int64_t n) { return simd::exp_sub_sum(s, m, s, n); }
-static double exp_sub_sum(double* s, double m, int64_t n) {
-  double sum = 0;
-  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
-  return sum;
+static void rows_max(const double* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, double* m) {
+  for (int64_t r = 0; r < rows; ++r) {
+    m[r] = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < visible(r, diag, cols); ++j) m[r] = std::max(m[r], s[r * ld + j]);
+  }
 }
-static void scale_row(float* y, float s, int64_t n) { simd::scale_row(y, s, n); }
-static void scale_row(double* y, double s, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) y[j] *= s;
+// s = exp(s - m[r]) in place on the visible scores, 0 past them; sum[r] (sum not null) = the sum of the exps.
+static void rows_exp(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, const float* m, float* sum) {
+  simd::causal_rows_exp(s, ld, rows, cols, diag, m, sum);
 }
-// p = exp(p - l) in place.
-static void exp_sub(float* p, float l, int64_t n) { simd::exp_sub_scale(p, l, 1.0f, p, n); }
-static void exp_sub(double* p, double l, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) p[j] = std::exp(p[j] - l);
+static void rows_exp(double* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, const double* m,
+                     double* sum) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double* row = s + r * ld;
+    const int64_t n = visible(r, diag, cols);
+    double total = 0;
+    for (int64_t j = 0; j < n; ++j) total += (row[j] = std::exp(row[j] - m[r]));
+    std::fill(row + n, row + cols, 0.0);
+    if (sum) sum[r] = total;
+  }
 }
-static float dot(const float* a, const float* b, int64_t n) { return simd::dot_row(a, b, n); }
-static double dot(const double* a, const double* b, int64_t n) {
-  double s = 0;
-  for (int64_t j = 0; j < n; ++j) s += a[j] * b[j];
-  return s;
+// dp = p * (dp - c[r]) in place on the visible scores, 0 past them.
+static void rows_mul_sub(const float* p, float* dp, int64_t ld, int64_t rows, int64_t cols, int64_t diag,
+                         const float* c) {
+  simd::causal_rows_mul_sub(p, dp, ld, rows, cols, diag, c);
 }
-// dp = p * (dp - c) in place.
-static void mul_sub(const float* p, float* dp, float c, int64_t n) { simd::mul_sub_row(p, dp, c, dp, n); }
-static void mul_sub(const double* p, double* dp, double c, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - c);
+static void rows_mul_sub(const double* p, double* dp, int64_t ld, int64_t rows, int64_t cols, int64_t diag,
+                         const double* c) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = visible(r, diag, cols);
+    for (int64_t j = 0; j < n; ++j) dp[r * ld + j] = p[r * ld + j] * (dp[r * ld + j] - c[r]);
+    std::fill(dp + r * ld + n, dp + r * ld + cols, 0.0);
+  }
+}
+// out[r] = sum of a's row r times b's, over n.
+static void rows_dot(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows, int64_t n, float* out) {
+  simd::dot_rows(a, lda, b, ldb, rows, n, out);
+}
+static void rows_dot(const double* a, int64_t lda, const double* b, int64_t ldb, int64_t rows, int64_t n,
+                     double* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    out[r] = 0;
+    for (int64_t j = 0; j < n; ++j) out[r] += a[r * lda + j] * b[r * ldb + j];
+  }
+}
+// y's row r *= s[r].
+static void rows_scale(float* y, int64_t ld, int64_t rows, int64_t n, const float* s) {
+  simd::scale_rows(y, ld, rows, n, s);
+}
+static void rows_scale(double* y, int64_t ld, int64_t rows, int64_t n, const double* s) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) y[r * ld + j] *= s[r];
 }
 
 // dst (cols x rows, row-major) = src^T, src rows x cols with row stride ld.
@@ -113,15 +140,13 @@ static Head<T, U> head(T* qkv, U* o, const AttentionDims& d, int64_t b, int64_t 
   return {base, base + d.C, base + 2 * d.C, o + b * d.T * d.C + h * d.D, 3 * d.C, d.C};
 }
 
-// Causal mask: keys of the tile starting at j0 (bk of them) that query `i` may see.
-static int64_t visible_keys(int64_t i, int64_t j0, int64_t bk) { return std::clamp<int64_t>(i - j0 + 1, 0, bk); }
-
 template <class T>
 static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d, std::vector<T>& scratch) {
   const T scale = T(1) / std::sqrt(T(d.D));
   scratch.resize(size_t(kBlock * kBlock));
   T* S = scratch.data();
   kernels::OnlineSoftmax<T> rows[kBlock];
+  T m[kBlock], sums[kBlock];
   for (int64_t i0 = 0; i0 < d.T; i0 += kBlock) {
     int64_t bq = std::min(kBlock, d.T - i0);
     // Key blocks up to the diagonal. Query and key blocks are aligned, so every tile row sees at least one key
@@ -132,26 +157,26 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
       const bool diagonal = j0 == i0, first = j0 == 0;  // on the diagonal P is lower-triangular: half is left out
       gemm(false, true, bq, bk, d.D, scale, x.q + i0 * x.ld_qkv, x.ld_qkv, x.k + j0 * x.ld_qkv, x.ld_qkv, T(0), S, bk,
            diagonal ? Triangle::kLowerOutput : Triangle::kFull);
+      rows_max(S, bk, bq, bk, i0 - j0, m);
       for (int64_t i = 0; i < bq; ++i) {
-        T* s = S + i * bk;
-        int64_t n = visible_keys(i0 + i, j0, bk);
         if (first) {
-          rows[i] = {row_max(s, n), T(0)};
+          rows[i] = {m[i], T(0)};
         } else {
-          T factor = rows[i].rescale_for(row_max(s, n));
-          if (factor != T(1)) scale_row(x.o + (i0 + i) * x.ld_o, factor, d.D);
+          T factor = rows[i].rescale_for(m[i]);
+          if (factor != T(1)) rows_scale(x.o + (i0 + i) * x.ld_o, x.ld_o, 1, d.D, &factor);
         }
-        T sum = exp_sub_sum(s, rows[i].max, n);
-        std::fill(s + n, s + bk, T(0));
-        rows[i].sum += sum;
+        m[i] = rows[i].max;
       }
+      rows_exp(S, bk, bq, bk, i0 - j0, m, sums);
+      for (int64_t i = 0; i < bq; ++i) rows[i].sum += sums[i];
       gemm(false, false, bq, d.D, bk, T(1), S, bk, x.v + j0 * x.ld_qkv, x.ld_qkv, first ? T(0) : T(1),
            x.o + i0 * x.ld_o, x.ld_o, diagonal ? Triangle::kLowerReduce : Triangle::kFull);
     }
     for (int64_t i = 0; i < bq; ++i) {
-      scale_row(x.o + (i0 + i) * x.ld_o, T(1) / rows[i].sum, d.D);
+      m[i] = T(1) / rows[i].sum;
       L[i0 + i] = rows[i].logsumexp();
     }
+    rows_scale(x.o + i0 * x.ld_o, x.ld_o, bq, d.D, m);
   }
 }
 
@@ -199,7 +224,7 @@ static void backward_head(const Head<const T, const T>& x, const Head<T, const T
   scratch.resize(size_t(2 * kBlock * kBlock + d.T + 2 * kBlock * d.D));
   T *P = scratch.data(), *dP = P + kBlock * kBlock, *Drow = dP + kBlock * kBlock, *kt = Drow + d.T;
   T* vt = kt + kBlock * d.D;
-  for (int64_t i = 0; i < d.T; ++i) Drow[i] = dot(g.o + i * g.ld_o, x.o + i * x.ld_o, d.D);
+  rows_dot(g.o, g.ld_o, x.o, x.ld_o, d.T, d.D, Drow);
   for (int64_t j0 = 0; j0 < d.T; j0 += kBlock) {
     int64_t bk = std::min(kBlock, d.T - j0);
     transpose(x.k + j0 * x.ld_qkv, x.ld_qkv, bk, d.D, kt);  // the key block's K^T and V^T, once for all its tiles
@@ -214,22 +239,14 @@ static void backward_head(const Head<const T, const T>& x, const Head<T, const T
       const Triangle lower_sum = diagonal ? Triangle::kLowerReduce : Triangle::kFull;
       const Triangle upper_sum = diagonal ? Triangle::kUpperReduce : Triangle::kFull;
       gemm(false, false, bq, bk, d.D, scale, q, x.ld_qkv, kt, bk, T(0), P, bk, lower_out);
-      for (int64_t i = 0; i < bq; ++i) {
-        T *p = P + i * bk, l = L[i0 + i];
-        int64_t n = visible_keys(i0 + i, j0, bk);
-        exp_sub(p, l, n);
-        std::fill(p + n, p + bk, T(0));
-      }
+      rows_exp(P, bk, bq, bk, i0 - j0, L + i0, nullptr);
       // The first tile of a key block (i0 == j0) writes its dV and dK rows, the first of a query block (j0 == 0)
       // its dQ rows; later tiles add to them. So dqkv needs no zeroing.
       const T first_k = diagonal ? T(0) : T(1), first_q = j0 == 0 ? T(0) : T(1);
       gemm(true, false, bk, d.D, bq, T(1), P, bk, dO, g.ld_o, first_k, g.v + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
       gemm(false, false, bq, bk, d.D, T(1), dO, g.ld_o, vt, bk, T(0), dP, bk, lower_out);
-      for (int64_t i = 0; i < bq; ++i) {  // dS = P (dP - Drow); zero where P is (dP there may not be computed)
-        int64_t n = visible_keys(i0 + i, j0, bk);
-        mul_sub(P + i * bk, dP + i * bk, Drow[i0 + i], n);
-        std::fill(dP + i * bk + n, dP + (i + 1) * bk, T(0));
-      }
+      // dS = P (dP - Drow); zero where P is (dP there may not be computed).
+      rows_mul_sub(P, dP, bk, bq, bk, i0 - j0, Drow + i0);
       gemm(false, false, bq, d.D, bk, scale, dP, bk, k, x.ld_qkv, first_q, g.q + i0 * g.ld_qkv, g.ld_qkv, lower_sum);
       gemm(true, false, bk, d.D, bq, scale, dP, bk, q, x.ld_qkv, first_k, g.k + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
     }

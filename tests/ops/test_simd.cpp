@@ -318,6 +318,58 @@ TEST(Simd, MaxDotScaleAndMulSubRows) {
   });
 }
 
+// Attention's tile calls (simd.h's causal_rows_*, dot_rows, scale_rows) against the single-row functions, row by
+// row, bit for bit: each visible stretch gets the row function's bits, the columns past it zeros, and what lies
+// between cols and the row stride is left alone. Tiles with tails, a mask starting before the tile (diag < 0: rows
+// with nothing visible) and past it (every column visible).
+TEST(Simd, CausalTileRowsAreTheRowFunctionsBitwise) {
+  const auto same_bits = [](float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); };
+  struct Tile {
+    int rows, cols, ld, diag;
+  };
+  for_each_isa([&] {
+    for (Tile t : {Tile{64, 64, 64, 0}, Tile{13, 37, 40, 0}, Tile{7, 20, 23, 5}, Tile{10, 17, 17, -3},
+                   Tile{5, 9, 9, 30}}) {
+      SCOPED_TRACE(testing::Message() << t.rows << " x " << t.cols << " (ld " << t.ld << "), diag " << t.diag);
+      const int size = t.rows * t.ld;
+      std::vector<float> s = inputs(size, 31), p = inputs(size, 32), dp = inputs(size, 33);
+      s[3] = -kInf, s[size_t(size / 2)] = kNaN;
+      const auto visible = [&](int r) { return std::clamp(r + t.diag + 1, 0, t.cols); };
+      std::vector<float> m(size_t(t.rows)), sum(size_t(t.rows)), c = inputs(t.rows, 34);
+      simd::causal_rows_max(s.data(), t.ld, t.rows, t.cols, t.diag, m.data());
+      for (int r = 0; r < t.rows; ++r) {
+        EXPECT_TRUE(same_bits(m[size_t(r)], simd::max_row(s.data() + r * t.ld, visible(r)))) << "row " << r;
+        m[size_t(r)] = std::max(m[size_t(r)], 0.0f);  // exp's argument x - m <= 0 wherever max_row saw no NaN
+      }
+      std::vector<float> e = s, want = s;
+      simd::causal_rows_exp(e.data(), t.ld, t.rows, t.cols, t.diag, m.data(), sum.data());
+      std::vector<float> q = dp, want_q = dp;
+      simd::causal_rows_mul_sub(p.data(), q.data(), t.ld, t.rows, t.cols, t.diag, c.data());
+      for (int r = 0; r < t.rows; ++r) {
+        float* row = want.data() + r * t.ld;
+        const int n = visible(r);
+        EXPECT_TRUE(same_bits(sum[size_t(r)], simd::exp_sub_sum(row, m[size_t(r)], row, n))) << "row " << r;
+        std::fill(row + n, row + t.cols, 0.0f);
+        simd::mul_sub_row(p.data() + r * t.ld, want_q.data() + r * t.ld, c[size_t(r)], want_q.data() + r * t.ld, n);
+        std::fill(want_q.data() + r * t.ld + n, want_q.data() + r * t.ld + t.cols, 0.0f);
+      }
+      for (int i = 0; i < size; ++i) {
+        EXPECT_TRUE(same_bits(e[size_t(i)], want[size_t(i)])) << "exp at " << i;
+        EXPECT_TRUE(same_bits(q[size_t(i)], want_q[size_t(i)])) << "mul_sub at " << i;
+      }
+      std::vector<float> dots(size_t(t.rows)), scaled = p;
+      simd::dot_rows(p.data(), t.ld, dp.data(), t.ld, t.rows, t.cols, dots.data());
+      simd::scale_rows(scaled.data(), t.ld, t.rows, t.cols, c.data());
+      for (int r = 0; r < t.rows; ++r) {
+        EXPECT_TRUE(same_bits(dots[size_t(r)], simd::dot_row(p.data() + r * t.ld, dp.data() + r * t.ld, t.cols)));
+        std::vector<float> row(p.begin() + r * t.ld, p.begin() + (r + 1) * t.ld);
+        simd::scale_row(row.data(), c[size_t(r)], t.cols);
+        for (int j = 0; j < t.ld; ++j) EXPECT_TRUE(same_bits(scaled[size_t(r * t.ld + j)], row[size_t(j)]));
+      }
+    }
+  });
+}
+
 TEST(Simd, LayerNormRowsMatchDoubleReference) {
   for_each_isa([] {
     for (int n = 1; n <= kMaxLen; ++n) {

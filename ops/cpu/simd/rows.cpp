@@ -316,6 +316,44 @@ void AddRows(const float* x, size_t rows, size_t ld, float* dst, size_t n) {
   });
 }
 
+// Attention's row loops, a tile in one call, where the tile called through the dispatch table once per row and
+// function: a 64 x 64 causal tile's max and exps 2.2-2.3 -> 1.6 us, against 1.4-1.6 us for each of its products;
+// baby attention's forward 0.293 -> 0.255 ms, backward 0.502 -> 0.493 (bench_attention, 1 thread, AVX2, AMD EPYC
+// family 25 model 17). Row r of a tile sees its first Visible(r) columns (simd.h).
+HWY_INLINE size_t Visible(size_t r, int64_t diag, size_t cols) {
+  return size_t(std::clamp<int64_t>(int64_t(r) + diag + 1, 0, int64_t(cols)));
+}
+
+void CausalRowsMax(const float* s, size_t ld, size_t rows, size_t cols, int64_t diag, float* max) {
+  for (size_t r = 0; r < rows; ++r) max[r] = MaxRow(s + r * ld, Visible(r, diag, cols));
+}
+
+void CausalRowsExp(float* s, size_t ld, size_t rows, size_t cols, int64_t diag, const float* m, float* sum) {
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    const size_t n = Visible(r, diag, cols);
+    const float t = ExpSubStore(row, m[r], row, n, nullptr);
+    if (sum) sum[r] = t;
+    std::fill(row + n, row + cols, 0.0f);
+  }
+}
+
+void CausalRowsMulSub(const float* p, float* dp, size_t ld, size_t rows, size_t cols, int64_t diag, const float* c) {
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t n = Visible(r, diag, cols);
+    MulSubRow(p + r * ld, dp + r * ld, c[r], dp + r * ld, n);
+    std::fill(dp + r * ld + n, dp + r * ld + cols, 0.0f);
+  }
+}
+
+void DotRows(const float* a, size_t lda, const float* b, size_t ldb, size_t rows, size_t n, float* out) {
+  for (size_t r = 0; r < rows; ++r) out[r] = DotRow(a + r * lda, b + r * ldb, n);
+}
+
+void ScaleRows(float* y, size_t ld, size_t rows, size_t n, const float* s) {
+  for (size_t r = 0; r < rows; ++r) ScaleRow(y + r * ld, s[r], n);
+}
+
 }  // namespace minidl::ops::simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -335,6 +373,11 @@ HWY_EXPORT(AddRows);
 HWY_EXPORT(MulSubRow);
 HWY_EXPORT(LayerNormForwardRow);
 HWY_EXPORT(LayerNormBackwardRow);
+HWY_EXPORT(CausalRowsMax);
+HWY_EXPORT(CausalRowsExp);
+HWY_EXPORT(CausalRowsMulSub);
+HWY_EXPORT(DotRows);
+HWY_EXPORT(ScaleRows);
 
 float max_row(const float* x, int64_t n) {
   ensure_isa_selected();
@@ -377,6 +420,28 @@ void layernorm_backward_row(const float* dy, const float* x, const float* w, flo
                             float* dw, float* db, int64_t n) {
   ensure_isa_selected();
   HWY_DYNAMIC_DISPATCH(LayerNormBackwardRow)(dy, x, w, mean, rstd, dx, dw, db, size_t(n));
+}
+
+void causal_rows_max(const float* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, float* max) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(CausalRowsMax)(s, size_t(ld), size_t(rows), size_t(cols), diag, max);
+}
+void causal_rows_exp(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, const float* m, float* sum) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(CausalRowsExp)(s, size_t(ld), size_t(rows), size_t(cols), diag, m, sum);
+}
+void causal_rows_mul_sub(const float* p, float* dp, int64_t ld, int64_t rows, int64_t cols, int64_t diag,
+                         const float* c) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(CausalRowsMulSub)(p, dp, size_t(ld), size_t(rows), size_t(cols), diag, c);
+}
+void dot_rows(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows, int64_t n, float* out) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(DotRows)(a, size_t(lda), b, size_t(ldb), size_t(rows), size_t(n), out);
+}
+void scale_rows(float* y, int64_t ld, int64_t rows, int64_t n, const float* s) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(ScaleRows)(y, size_t(ld), size_t(rows), size_t(n), s);
 }
 
 }  // namespace minidl::ops::simd

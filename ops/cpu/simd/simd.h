@@ -55,6 +55,21 @@ void add_rows(const float* x, int64_t rows, int64_t ld, float* dst, int64_t n);
 // dx = y * (dy - c) (dx may be dy): softmax's backward and attention's dS = P * (dP - D).
 void mul_sub_row(const float* y, const float* dy, float c, float* dx, int64_t n);
 
+// Attention's row loops over a tile of scores S (rows x cols, row stride ld) in one call each (ops/cpu/attention.cpp).
+// Row r sees its first min(cols, max(0, r + diag + 1)) columns, diag being the tile's first query less its first
+// key (the causal mask); each visible stretch gets the single-row function's result bit for bit, and what lies past
+// it is set to 0 where the function writes.
+//   causal_rows_max:     max[r] = max_row of row r's visible scores.
+//   causal_rows_exp:     S = exp(S - m[r]) (exp_sub_sum's, in place), 0 past; sum[r] = their sum if sum is not null.
+//   causal_rows_mul_sub: dP = P * (dP - c[r]) (mul_sub_row's), 0 past.
+void causal_rows_max(const float* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, float* max);
+void causal_rows_exp(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, const float* m, float* sum);
+void causal_rows_mul_sub(const float* p, float* dp, int64_t ld, int64_t rows, int64_t cols, int64_t diag,
+                         const float* c);
+// out[r] = dot_row(a + r lda, b + r ldb, n) for r < rows.
+void dot_rows(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows, int64_t n, float* out);
+// Row r of y (row stride ld) *= s[r], as scale_row.
+void scale_rows(float* y, int64_t ld, int64_t rows, int64_t n, const float* s);
 // The part of a tile product that a causal attention tile on the diagonal needs (ops/cpu/attention.cpp): its
 // probabilities P and score gradients dS are lower-triangular (query i sees keys j <= i), so about half of each
 // product is known to be zero or not wanted.
