@@ -6,7 +6,8 @@
 // packing them (forward + backward 8.3 -> 4.6 ms at B=12 T=64 C=128 H=4, 102.7 -> 72.3 ms at B=8 T=256 C=384 H=6;
 // 1 thread, AVX2, bench/attention.cpp). f64, the reference, stays on BLAS. The softmax work between the products
 // is vectorised too (ops/cpu/simd's max, exp and row updates for f32, a tile's rows in one call each): a tile has
-// 64 x 64 exps for 64 x 64 x D multiply-adds, and with scalar expf it all took 1.5-1.8x longer. kBlock = 64 measured faster than 32 and 128.
+// 64 x 64 exps for 64 x 64 x D multiply-adds, and with scalar expf it all took 1.5-1.8x longer. kBlock = 64
+// measured faster than 32 and 128.
 // On the diagonal tiles the products skip what the causal mask makes zero or unwanted (simd::Triangle): forward +
 // backward 4.7 -> 3.6 ms at B=12 T=64 C=128 H=4 (one tile per head, all diagonal), 73.4 -> 66.6 ms at T=256
 // (4 of 10 tiles); 1 thread, AVX2, AMD EPYC family 23.
