@@ -170,11 +170,7 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
   for (auto& c : claimed) c.store(0, std::memory_order_relaxed);
   Tensor buffers = Tensor::empty(Shape{std::min<int64_t>(2, chunks), P, nc * kc}, DType::f32);  // chunk c's in c % 2
   float* const halves = buffers.data<float>();
-  const int64_t panels_per_chunk = (nc + width - 1) / width, pairs = int64_t(P) * panels_per_chunk;
-  const int64_t pairs_per_claim = std::max<int64_t>(1, pairs / (4 * threads));
-  // (product, panel) pairs claimed for copying, over all chunks: chunk c's are [c pairs, (c + 1) pairs). A thread
-  // starts chunk c's copy only past chunk c - 1's barrier, which it reached after every pair of c - 1 was claimed.
-  std::atomic<int64_t> packing{0};
+  const int64_t panels_per_chunk = (nc + width - 1) / width;
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -187,26 +183,26 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
         k1 = std::min(products[p].K, k0 + kc);
         return true;
       };
-      // The copy: the chunk's (product, panel) pairs, claimed a few at a time, so the thread done first with the
-      // last chunk's rows copies more of this one.
-      for (int64_t e = packing.load(std::memory_order_relaxed), end = (c + 1) * pairs; e < end;) {
-        const int64_t e1 = std::min(end, e + pairs_per_claim);
-        if (!packing.compare_exchange_weak(e, e1, std::memory_order_relaxed)) continue;  // e: the count now
-        for (int64_t x = e - c * pairs, x1 = e1 - c * pairs; x < x1;) {
-          const int p = int(x / panels_per_chunk);
-          const int64_t p0 = x % panels_per_chunk, p1 = std::min(panels_per_chunk, p0 + (x1 - x));
-          x += p1 - p0;
-          int64_t j0, n, k0, k1;
-          if (!chunk_of(p, j0, n, k0, k1)) continue;
-          const int64_t panels = (n + width - 1) / width;
-          if (p0 >= panels) continue;
-          const OwnProduct& pr = products[p];
-          counted(0, 0, 0, [&] {
-            simd::gemm_pack(g, j0, n, k0, k1, pr.B, pr.b_row, pr.b_col, p0, std::min(p1, panels),
-                            packed + p * nc * kc);
-          });
-        }
-        e = e1;
+      // The copy: the (product, panel) pairs split evenly among the threads, so with two halves on 2 threads each
+      // copies its half's B, whose rows it wrote. Claimed from a shared counter instead (the thread done first with
+      // the last chunk's rows copying more), the copies read the other core's rows: baby step, AVX2, 2 threads, AMD
+      // EPYC family 25 model 17, in noisy minutes, the copy's samples 760-980 -> 1270-1390 and the step 31.5 -> 32.8
+      // ms (3 runs each, in turns), though the barrier waits fell; with each thread's own pairs first and the
+      // others' taken from their far end, 31.9 ms.
+      const int64_t pairs = int64_t(P) * panels_per_chunk;
+      for (int64_t e = pairs * t / nt, e1 = pairs * (t + 1) / nt; e < e1;) {
+        const int p = int(e / panels_per_chunk);
+        const int64_t p0 = e % panels_per_chunk, p1 = std::min(panels_per_chunk, p0 + (e1 - e));
+        e += p1 - p0;
+        int64_t j0, n, k0, k1;
+        if (!chunk_of(p, j0, n, k0, k1)) continue;
+        const int64_t panels = (n + width - 1) / width;
+        if (p0 >= panels) continue;
+        const OwnProduct& pr = products[p];
+        counted(0, 0, 0, [&] {
+          simd::gemm_pack(g, j0, n, k0, k1, pr.B, pr.b_row, pr.b_col, p0, std::min(p1, panels),
+                          packed + p * nc * kc);
+        });
       }
 #pragma omp barrier
       const auto run = [&](int f) {
