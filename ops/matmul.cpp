@@ -184,11 +184,8 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
         return true;
       };
       // The copy: the (product, panel) pairs split evenly among the threads, so with two halves on 2 threads each
-      // copies its half's B, whose rows it wrote. Claimed from a shared counter instead (the thread done first with
-      // the last chunk's rows copying more), the copies read the other core's rows: baby step, AVX2, 2 threads, AMD
-      // EPYC family 25 model 17, in noisy minutes, the copy's samples 760-980 -> 1270-1390 and the step 31.5 -> 32.8
-      // ms (3 runs each, in turns), though the barrier waits fell; with each thread's own pairs first and the
-      // others' taken from their far end, 31.9 ms.
+      // copies its half's B, whose rows it wrote (claiming pairs as the rows are claimed made the copies read the
+      // other core's rows, and a baby step slower: docs/decisions.md, "the CPU's f32 GEMM").
       const int64_t pairs = int64_t(P) * panels_per_chunk;
       for (int64_t e = pairs * t / nt, e1 = pairs * (t + 1) / nt; e < e1;) {
         const int p = int(e / panels_per_chunk);

@@ -37,8 +37,9 @@ static void rows_max(const float* s, int64_t ld, int64_t rows, int64_t cols, int
 }
 static void rows_max(const double* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, double* m) {
   for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = visible(r, diag, cols);
     m[r] = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j < visible(r, diag, cols); ++j) m[r] = std::max(m[r], s[r * ld + j]);
+    for (int64_t j = 0; j < n; ++j) m[r] = std::max(m[r], s[r * ld + j]);
   }
 }
 // s = exp(s - m[r]) in place on the visible scores, 0 past them; sum[r] (sum not null) = the sum of the exps.
