@@ -2,6 +2,7 @@
 // nodes whose gradients are complete, latest-created first, so that parameter gradients become ready in reverse
 // order of use — the order DDP's buckets are filled in.
 #include <atomic>
+#include <utility>
 #include <queue>
 #include <unordered_map>
 
@@ -28,18 +29,21 @@ std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>& grads) {
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
   auto impl = leaf_.lock();
-  if (!impl || !grads[0].defined()) return {};
+  const bool added = std::exchange(added_in_place_, false);  // grad() already holds a contribution
+  if (!impl || !(grads[0].defined() || added)) return {};
   Tensor leaf(impl);
   Tensor g = grads[0];
-  MINIDL_ASSERT(g.shape() == leaf.shape(), "gradient shape ", g.shape(), " for leaf of shape ", leaf.shape());
   Tensor acc = leaf.grad();
-  if (!acc.defined()) {
-    MemoryTagGuard tag(MemTag::kGrads);
-    acc = Tensor::empty(leaf.shape(), leaf.dtype(), leaf.device());
-    acc.copy_(g);
-    leaf.set_grad(acc);
-  } else {
-    ops::add_(acc, g);
+  if (g.defined()) {
+    MINIDL_ASSERT(g.shape() == leaf.shape(), "gradient shape ", g.shape(), " for leaf of shape ", leaf.shape());
+    if (!acc.defined()) {
+      MemoryTagGuard tag(MemTag::kGrads);
+      acc = Tensor::empty(leaf.shape(), leaf.dtype(), leaf.device());
+      acc.copy_(g);
+      leaf.set_grad(acc);
+    } else {
+      ops::add_(acc, g);
+    }
   }
   for (auto& hook : impl->autograd.grad_ready_hooks) hook(acc);
   return {};
@@ -93,8 +97,17 @@ namespace {
 // Where grad() collects: for each node of an input, the (gradient slot, result index) pairs to read from it.
 using Captures = std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>>;
 
+// The innermost backward pass in progress on this thread: the nodes it captures instead of running (grad()'s
+// inputs), for accumulate_in_place.
+thread_local const Captures* t_pass_captures = nullptr;
+
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, const Captures& captures,
                   std::vector<Tensor>& captured) {
+  struct Pass {
+    const Captures* outer = t_pass_captures;
+    ~Pass() { t_pass_captures = outer; }
+  } pass;
+  t_pass_captures = &captures;
   // Callbacks belong to the outermost backward: a backward run inside one (activation checkpointing's
   // recomputation) must not end the outer pass's wait early.
   std::vector<std::function<void()>> callbacks;
@@ -193,6 +206,19 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
 }
 
 }  // namespace
+
+bool accumulate_in_place(const Tensor& leaf, const std::function<void(Tensor& grad)>& add) {
+  if (!t_pass_captures || !leaf.defined() || !leaf.requires_grad() || leaf.grad_fn()) return false;
+  std::shared_ptr<Node> node = leaf.impl()->autograd.accumulator.lock();
+  if (!node || t_pass_captures->count(node.get())) return false;
+  Tensor grad = leaf.grad();
+  if (!grad.defined() || !grad.is_contiguous() || grad.shape() != leaf.shape() || grad.dtype() != leaf.dtype() ||
+      grad.device() != leaf.device())
+    return false;
+  add(grad);
+  static_cast<AccumulateGrad*>(node.get())->added_in_place();
+  return true;
+}
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots) {
   std::vector<Tensor> none;

@@ -57,9 +57,13 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::weak_ptr<TensorImpl> leaf) : Node("AccumulateGrad"), leaf_(std::move(leaf)) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override;
+  // A node before it added its contribution to grad() itself (accumulate_in_place, below): apply fires the hooks
+  // even if nothing else arrives.
+  void added_in_place() { added_in_place_ = true; }
 
  private:
   std::weak_ptr<TensorImpl> leaf_;
+  bool added_in_place_ = false;
 };
 
 // Is gradient recording on for this thread? (NoGradGuard turns it off.)
@@ -113,6 +117,20 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
 // other leaf accumulate as in backward. (torch.autograd.grad; activation checkpointing is built on it.)
 std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
                          const std::vector<Tensor>& inputs);
+
+// Gradient-accumulation fusion (Megatron-LM's gradient_accumulation_fusion), for a backward function that can add
+// a leaf's gradient straight into leaf.grad(): a weight gradient's GEMM with beta = 1 spares a fresh gradient
+// tensor and AccumulateGrad's pass adding it in (about 1% of a baby GPT step on the CPU). If the backward pass in
+// progress on this thread accumulates into `leaf` (a leaf that requires grad and is not one of grad()'s inputs)
+// and leaf.grad() is defined, contiguous, and of the leaf's shape, dtype and device, this runs add(grad), which must
+// add the contribution to grad in place, and returns true: the backward function then returns an undefined
+// gradient for that input, and the leaf's AccumulateGrad adds only what other nodes send (a tied weight's other
+// uses) and fires the gradient-ready hooks once, after all of it, as always. Otherwise it returns false, and the
+// function returns the gradient as usual.
+//
+//   if (!autograd::accumulate_in_place(w, [&](Tensor& gw) { ops::matmul_add_(gw, x, g, true, false); }))
+//     dw = ops::matmul(x, g, true, false);
+bool accumulate_in_place(const Tensor& leaf, const std::function<void(Tensor& grad)>& add);
 
 // Runs `fn` once the outermost backward pass in progress on this thread has finished: DDP waits for its gradient
 // buckets there. Called outside a backward pass it is an error.

@@ -11,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "ops/cast.h"
+#include "ops/elementwise.h"
 #include "ops/cpu/simd/isa.h"
 #include "ops/cpu/simd/simd.h"
 
@@ -498,6 +499,20 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
     Tensor out = Tensor::empty(shape, a.dtype(), a.device());
     matmul_into<T>(out, a, b, trans_a, trans_b, T(0));
     return out;
+  });
+}
+
+void matmul_add_(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  const Shape shape = check_matmul(a, b, trans_a, trans_b);
+  MINIDL_CHECK(out.defined(), "matmul_add_: out is undefined");
+  MINIDL_CHECK(out.shape() == shape && out.dtype() == a.dtype() && out.device() == a.device() && out.is_contiguous(),
+               "matmul_add_: expected a contiguous out of shape ", shape, ", dtype ", a.dtype(), " on ", a.device(),
+               ", got shape ", out.shape(), ", dtype ", out.dtype(), " on ", out.device(),
+               out.is_contiguous() ? "" : ", not contiguous");
+  if (!a.device().is_cpu() || is_half(a.dtype())) return add_(out, matmul(a, b, trans_a, trans_b));
+  dispatch_float("matmul_add_", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    matmul_into<T>(out, a, b, trans_a, trans_b, T(1));
   });
 }
 

@@ -26,6 +26,11 @@ namespace minidl::ops {
 // dimensions must be equal, or one operand 2-D (shared across the other's batch). Returns (..., M, N).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
+// out += op(a) . op(b), out contiguous of the product's shape, dtype and device. On the CPU in f32 and f64 the
+// product is summed onto out by the GEMM (beta = 1; autograd's gradient-accumulation fusion: a weight gradient
+// added straight into .grad()); elsewhere out is added a fresh product (ops::add_).
+void matmul_add_(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
 // op(a) . op(b) in f32: for 16-bit a and b (one dtype) the f32 accumulation is written out without being rounded
 // to 16 bits (on a GPU, a GEMM with 16-bit inputs and an f32 output). Mixed precision's gradients of f32 tensors
 // (the weights) come from it: summed in f32 by the GEMM itself, not produced in 16 bits and then cast. f32 and

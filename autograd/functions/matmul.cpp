@@ -66,12 +66,12 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const Operand x = operand(x_in), weight = operand(weight_in), bias = operand(bias_in);
   Tensor out = ops::linear(x.used, weight.used, bias.used);
   bool need_x = needs_grad(x.edge), need_w = needs_grad(weight.edge), need_b = needs_grad(bias.edge);
-  bool fx = x.f32_grad, fw = weight.f32_grad, fb = bias.f32_grad;
+  bool fx = x.f32_grad, fb = bias.f32_grad;
   Tensor xd = x.used.detach(), wd = weight.used.detach();
   return record("linear", {x.edge, weight.edge, bias.edge}, out, [=](const Tensor& g) {
     Tensor g2 = rows_of(g);  // (rows, out)
     Tensor gx = need_x ? grad_product(fx, g2, wd, false, true).reshape(xd.shape()) : Tensor();  // G W^T
-    ops::LinearGrad wb = weight_bias_grads(rows_of(xd), g2, need_w, fw, need_b, fb);  // X^T G, sum(G)
+    ops::LinearGrad wb = weight_bias_grads(rows_of(xd), g2, weight, need_w, need_b, fb);  // X^T G, sum(G)
     return Grads{gx, wb.dw, wb.dbias};
   });
 }

@@ -32,6 +32,7 @@ using autograd::detail::grad_product;
 using autograd::detail::Operand;
 using autograd::detail::operand;
 using autograd::detail::weight_bias_grads;
+using autograd::detail::weight_grad_in_place;
 }  // namespace
 
 Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
@@ -44,17 +45,19 @@ Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bi
   Tensor out = ops::linear(f.h, pwd, contiguous(proj_b.used));
   const bool need_x = needs_grad(x.edge), need_fw = needs_grad(fc_w.edge), need_fb = needs_grad(fc_b),
              need_pw = needs_grad(proj_w.edge), need_pb = needs_grad(proj_b.edge);
-  const bool fx = x.f32_grad, ffw = fc_w.f32_grad, fpw = proj_w.f32_grad, fpb = proj_b.f32_grad;
+  const bool fx = x.f32_grad, ffw = fc_w.f32_grad, fpb = proj_b.f32_grad;
   Tensor h = f.h.detach(), aux = f.aux.detach();
   return autograd::record(
       "gelu_mlp", {x.edge, fc_w.edge, fc_b, proj_w.edge, proj_b.edge}, out, [=](const Tensor& g) {
         Tensor g2 = rows_of(g);  // (rows, C)
-        ops::LinearGrad proj = weight_bias_grads(rows_of(h), g2, need_pw, fpw, need_pb, fpb);  // h^T G, sum(G)
+        ops::LinearGrad proj = weight_bias_grads(rows_of(h), g2, proj_w, need_pw, need_pb, fpb);  // h^T G, sum(G)
         Tensor gx, gfw, gfb;
         if (need_x || need_fw || need_fb) {
           ops::DgeluBgrad d = ops::dgelu_bgrad(g2, pwd, rows_of(aux), need_fb);
           if (need_x) gx = grad_product(fx, d.dpre, fwd, false, true).reshape(xd.shape());  // dpre W_fc^T
-          if (need_fw) gfw = grad_product(ffw, rows_of(xd), d.dpre, true, false);         // x^T dpre
+          const Tensor x2 = rows_of(xd);
+          if (need_fw && !weight_grad_in_place(fc_w, x2, d.dpre, true, false))
+            gfw = grad_product(ffw, x2, d.dpre, true, false);  // x^T dpre
           gfb = d.dbias;
         }
         return Grads{gx, gfw, gfb, proj.dw, proj.dbias};

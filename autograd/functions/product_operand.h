@@ -30,11 +30,23 @@ inline Tensor grad_product(bool f32_grad, const Tensor& a, const Tensor& b, bool
   return f32_grad ? ops::matmul_f32(a, b, ta, tb) : ops::matmul(a, b, ta, tb);
 }
 
+// On the CPU, a weight gradient op(x)^T-style product for `w` (the operand's edge) added straight into w.grad() by
+// the GEMM where the backward pass allows (autograd::accumulate_in_place): true, and the gradient to return for w
+// is undefined. Not under autocast (an f32 gradient of 16-bit operands), nor on a device, where the GEMM writes a
+// fresh gradient as before (on CUDA with the bias gradient in its epilogue).
+inline bool weight_grad_in_place(const Operand& w, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  if (w.f32_grad || !a.device().is_cpu()) return false;
+  return accumulate_in_place(w.edge, [&](Tensor& grad) { ops::matmul_add_(grad, a, b, ta, tb); });
+}
+
 // A linear layer's weight gradient X^T G and bias gradient sum(G) (X: (rows, in), G: (rows, out)), each only when
 // asked for. When both are asked for in the same precision they come from one call (on CUDA one GEMM with the sum
-// in its epilogue); the bias gradient is in f32 where the bias was cast down.
-inline ops::LinearGrad weight_bias_grads(const Tensor& x, const Tensor& g, bool need_w, bool f32_w, bool need_b,
+// in its epilogue); the bias gradient is in f32 where the bias was cast down. The weight's gradient is undefined
+// where it went straight into w.grad() (weight_grad_in_place).
+inline ops::LinearGrad weight_bias_grads(const Tensor& x, const Tensor& g, const Operand& w, bool need_w, bool need_b,
                                          bool f32_b) {
+  const bool f32_w = w.f32_grad;
+  if (need_w && weight_grad_in_place(w, x, g, true, false)) need_w = false;
   if (need_w && need_b && f32_w == f32_b) return ops::linear_weight_bias_grad(x, g, f32_w);
   ops::LinearGrad out;
   if (need_w) out.dw = grad_product(f32_w, x, g, true, false);
