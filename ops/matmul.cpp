@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -154,7 +155,10 @@ void add_partials(T* C, int64_t ldc, const T* parts, int count, int64_t M, int64
 // Baby config, AVX2, 2 threads, AMD EPYC family 25 model 17: the thread that finished first waited 5-10% of the
 // time spent in the fixed-block products (0.7-1.3 ms of core time per step in the row-split products, 0.5-1.6 ms
 // in the weight gradients' halves).
-void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, int threads) {
+// then (optional): run by every thread once all products are done, with its thread number and the thread count
+// (gemm_halves adds its partial there, without a parallel region of its own).
+void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, int threads,
+                 const std::function<void(int, int)>& then = nullptr) {
   const int P = int(products.size());
   const simd::GemmBlocking g = simd::gemm_blocking(M, N, products[0].a_row);
   const int64_t kc = g.kc, nc = g.nc, width = g.width, col_chunks = (N + nc - 1) / nc;
@@ -224,6 +228,10 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
         for (int f = first(u + 1) - 1; f >= first(u); --f) run(f);
       }
     }
+    if (then) {
+#pragma omp barrier
+      then(t, nt);
+    }
   }
 }
 
@@ -248,8 +256,10 @@ void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
     add_partials(C, ldc, part, 1, M, N, 0, M);
     return;
   }
-  gemm_shared(M, N, halves, threads);
-  parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) { add_partials(C, ldc, part, 1, M, N, r0, r1); });
+  // The partial added in the same parallel region, its rows split evenly among the threads.
+  gemm_shared(M, N, halves, threads, [&](int t, int nt) {
+    add_partials(C, ldc, part, 1, M, N, M * t / nt, M * (t + 1) / nt);
+  });
 }
 
 template <class T>
