@@ -35,7 +35,8 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--seq", o.seq, "Sequence length T (also the model's block size) [default: 64, or the checkpoint's]");
   app.add_option("--vocab-pad", o.vocab_pad,
                  "Store the token embedding / output head with the vocabulary rounded up to a multiple of N rows, so "
-                 "the head's GEMM and the classifier see aligned rows (GPT-2: 50257 -> 50304); layout only: "
+                 "the head's GEMM and the classifier see aligned rows (GPT-2: 50257 -> 50304), or of N/2, N/4, ... where N's "
+                 "would add more than an eighth of the vocabulary (65 -> 72); layout only: "
                  "checkpoints, losses, samples and parameter counts are those of the real vocabulary. 1: no padding "
                  "(ignored with --tp, which pads to a multiple of tp) [default: 64]");
   app.add_option("--batch", o.batch, "Sequences per optimizer step (the global batch)")->capture_default_str();

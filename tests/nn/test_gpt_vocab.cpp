@@ -34,7 +34,7 @@ using minidl::testing::test_device;
 
 namespace {
 
-// V = 65 (Shakespeare's characters) pads to 128; tiny otherwise.
+// V = 65 (Shakespeare's characters) pads to 72 (a multiple of 8: 64's would add 63 rows); tiny otherwise.
 nn::GPTConfig config(int64_t vocab_pad) {
   nn::GPTConfig c{.vocab_size = 65, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32, .dropout = 0.1};
   c.vocab_pad = vocab_pad;
@@ -90,7 +90,7 @@ TEST(GPT_VOCAB_SUITE, PaddedAndUnpaddedModelsTrainTheSame) {
     SCOPED_TRACE(dtype_name(amp));
     const TrainRun padded = train(64, amp), plain = train(1, amp);
     ASSERT_EQ(padded.losses.size(), plain.losses.size());
-    // A real GPU's GEMMs may pick another algorithm for 65 and 128 columns, and under bf16 a last-bit difference
+    // A real GPU's GEMMs may pick another algorithm for 65 and 72 columns, and under bf16 a last-bit difference
     // can flip a logit's 16-bit rounding; the CPU's BLAS and the emulator's GEMM stay within 1e-6 in both.
 #if defined(MINIDL_TEST_GPU)
     const double tol = amp == DType::f32 ? 1e-6 : 1e-2, grad_tol = amp == DType::f32 ? 1e-5 : 5e-2;
@@ -107,7 +107,7 @@ TEST(GPT_VOCAB_SUITE, PaddedAndUnpaddedModelsTrainTheSame) {
       for (size_t j = 0; j < plain.grads[i].size(); ++j)
         ASSERT_NEAR(padded.grads[i][j], plain.grads[i][j], grad_tol * scale) << "parameter " << i << " element " << j;
     }
-    // Not bitwise: the BLAS (and the device GEMM) take other kernels for 65 and 128 columns, so the logits differ
+    // Not bitwise: the BLAS (and the device GEMM) take other kernels for 65 and 72 columns, so the logits differ
     // in the last bits, and the weights with them. The checkpoints have the same layout (same size, same header).
     ASSERT_EQ(padded.checkpoint.size(), plain.checkpoint.size());
     const size_t header = 8 + size_t(*reinterpret_cast<const uint64_t*>(plain.checkpoint.data()));
@@ -129,7 +129,12 @@ TEST(GPT_VOCAB_SUITE, UntrainedCheckpointsAreTheSameBytes) {
 TEST(GPT_VOCAB_SUITE, PaddingIsInvisibleOutsideTheModel) {
   SKIP_WITHOUT_DEVICE();
   nn::GPT padded(config(64), 3), plain(config(1), 3);
-  EXPECT_EQ(padded.config().padded_vocab(), 128);
+  EXPECT_EQ(padded.config().padded_vocab(), 72);
+  nn::GPTConfig gpt2;
+  gpt2.vocab_size = 50257;
+  EXPECT_EQ(gpt2.padded_vocab(), 50304) << "vocab_pad 64, by default";
+  gpt2.vocab_pad = 1;
+  EXPECT_EQ(gpt2.padded_vocab(), 50257);
   EXPECT_EQ(padded.config(), plain.config()) << "vocab_pad is layout, not the model";
   EXPECT_EQ(padded.wte->weight.shape(), (Shape{65, 32}));
   EXPECT_EQ(padded.num_parameters(), plain.num_parameters());
@@ -145,7 +150,7 @@ TEST(GPT_VOCAB_SUITE, PaddingIsInvisibleOutsideTheModel) {
   const Tensor ids = tokens(2, 16, 5).to(test_device());
   const Tensor logits = padded.forward(ids);
   EXPECT_EQ(logits.shape(), (Shape{2, 16, 65})) << "never a padded id (sampling reads these)";
-  EXPECT_EQ(padded.wte->weight.impl()->storage->bytes(), size_t(128 * 32 * 4))
+  EXPECT_EQ(padded.wte->weight.impl()->storage->bytes(), size_t(72 * 32 * 4))
       << "the weight is back in a padded buffer";
   const std::vector<double> got = logits.to_vector(), want = plain.forward(ids).to_vector();
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-6) << "logit " << i;
