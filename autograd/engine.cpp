@@ -2,9 +2,9 @@
 // nodes whose gradients are complete, latest-created first, so that parameter gradients become ready in reverse
 // order of use — the order DDP's buckets are filled in.
 #include <atomic>
-#include <utility>
 #include <queue>
 #include <unordered_map>
+#include <utility>
 
 #include "autograd/node.h"
 #include "ops/elementwise.h"
@@ -29,7 +29,7 @@ std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>& grads) {
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
   auto impl = leaf_.lock();
-  const bool added = std::exchange(added_in_place_, false);  // grad() already holds a contribution
+  const bool added = std::exchange(added_in_place_, false);  // leaf.grad() already holds a contribution
   if (!impl || !(grads[0].defined() || added)) return {};
   Tensor leaf(impl);
   Tensor g = grads[0];

@@ -57,8 +57,8 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::weak_ptr<TensorImpl> leaf) : Node("AccumulateGrad"), leaf_(std::move(leaf)) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override;
-  // A node before it added its contribution to grad() itself (accumulate_in_place, below): apply fires the hooks
-  // even if nothing else arrives.
+  // Called when a node before it has added its contribution to the leaf's grad() itself (accumulate_in_place,
+  // below): apply then fires the hooks even if no gradient arrives.
   void added_in_place() { added_in_place_ = true; }
 
  private:

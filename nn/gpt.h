@@ -24,7 +24,6 @@
 #pragma once
 
 #include <algorithm>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
