@@ -120,13 +120,13 @@ std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Ten
 
 // Gradient-accumulation fusion (Megatron-LM's gradient_accumulation_fusion), for a backward function that can add
 // a leaf's gradient straight into leaf.grad(): a weight gradient's GEMM with beta = 1 spares a fresh gradient
-// tensor and AccumulateGrad's pass adding it in (about 1% of a baby GPT step on the CPU). If the backward pass in
-// progress on this thread accumulates into `leaf` (a leaf that requires grad and is not one of grad()'s inputs)
-// and leaf.grad() is defined, contiguous, and of the leaf's shape, dtype and device, this runs add(grad), which must
-// add the contribution to grad in place, and returns true: the backward function then returns an undefined
-// gradient for that input, and the leaf's AccumulateGrad adds only what other nodes send (a tied weight's other
-// uses) and fires the gradient-ready hooks once, after all of it, as always. Otherwise it returns false, and the
-// function returns the gradient as usual.
+// tensor and AccumulateGrad's pass adding it in (docs/decisions.md, "gradient-accumulation fusion"). If the
+// backward pass in progress on this thread accumulates into `leaf` (a leaf that requires grad and is not one of
+// grad()'s inputs) and leaf.grad() is defined, contiguous, and of the leaf's shape, dtype and device, this runs
+// add(grad), which must add the contribution to grad in place, and returns true: the backward function then
+// returns an undefined gradient for that input, and the leaf's AccumulateGrad adds only what other nodes send (a
+// tied weight's other uses) and fires the gradient-ready hooks once, after all of it, as always. Otherwise it
+// returns false, and the function returns the gradient as usual.
 //
 //   if (!autograd::accumulate_in_place(w, [&](Tensor& gw) { ops::matmul_add_(gw, x, g, true, false); }))
 //     dw = ops::matmul(x, g, true, false);
