@@ -514,7 +514,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 
 void matmul_add_(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   const Shape shape = check_matmul(a, b, trans_a, trans_b);
-  MINIDL_CHECK(out.defined(), "matmul_add_: out is undefined");
+  MINIDL_CHECK(out.defined(), "matmul_add_: expected a contiguous out of shape ", shape, ", got an undefined tensor");
   MINIDL_CHECK(out.shape() == shape && out.dtype() == a.dtype() && out.device() == a.device() && out.is_contiguous(),
                "matmul_add_: expected a contiguous out of shape ", shape, ", dtype ", a.dtype(), " on ", a.device(),
                ", got shape ", out.shape(), ", dtype ", out.dtype(), " on ", out.device(),

@@ -55,9 +55,10 @@ Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bi
         if (need_x || need_fw || need_fb) {
           ops::DgeluBgrad d = ops::dgelu_bgrad(g2, pwd, rows_of(aux), need_fb);
           if (need_x) gx = grad_product(fx, d.dpre, fwd, false, true).reshape(xd.shape());  // dpre W_fc^T
-          const Tensor x2 = rows_of(xd);
-          if (need_fw && !weight_grad_in_place(fc_w, x2, d.dpre, true, false))
-            gfw = grad_product(ffw, x2, d.dpre, true, false);  // x^T dpre
+          if (need_fw) {  // x^T dpre, straight into fc_w's grad() where the pass allows
+            const Tensor x2 = rows_of(xd);
+            if (!weight_grad_in_place(fc_w, x2, d.dpre, true, false)) gfw = grad_product(ffw, x2, d.dpre, true, false);
+          }
           gfb = d.dbias;
         }
         return Grads{gx, gfw, gfb, proj.dw, proj.dbias};
