@@ -77,21 +77,12 @@ LayerNormForward layernorm_forward(const Tensor& x, const Tensor& weight, const 
   return {f.y, f.mean, f.rstd};
 }
 
-// With xhat = (x - mean) * rstd and g = dy * weight:
-//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,  dbias = sum_rows dy.
-LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                     const Tensor& rstd) {
-  int64_t C = check_layernorm("layernorm_backward", x, weight);
-  int64_t rows = x.numel() / C;
-  check_shaped_like("layernorm_backward", "dy", dy, x.shape(), x);
-  check_layernorm_param("layernorm_backward", "mean", mean, Shape{rows}, x);
-  check_layernorm_param("layernorm_backward", "rstd", rstd, Shape{rows}, x);
-  if (!x.device().is_cpu()) return layernorm_backward_device(x.device())(dy, x, weight, mean, rstd);
-  if (is_half(x.dtype())) {
-    LayerNormBackward g = layernorm_backward(upcast(dy), upcast(x), weight, mean, rstd);
-    g.dx = cast(g.dx, x.dtype());
-    return g;
-  }
+// layernorm_backward's CPU loops for f32 and f64; dsum (optional, contiguous, x's shape): dx += dsum, in the same
+// pass, with the bits of the add after it (add_layernorm_backward: one pass over the rows instead of two, and one
+// parallel region fewer per block).
+static LayerNormBackward layernorm_backward_rows(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                                 const Tensor& mean, const Tensor& rstd, const Tensor& dsum) {
+  const int64_t C = x.size(-1), rows = x.numel() / C;
   LayerNormBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({C}, x.dtype(), x.device()),
                       Tensor::empty({C}, x.dtype(), x.device())};
   dispatch_float("layernorm_backward", x.dtype(), [&](auto tag) {
@@ -99,6 +90,7 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
     const T *px = x.data<T>(), *pdy = dy.data<T>(), *w = weight.data<T>();
     const T *pmean = mean.data<T>(), *prstd = rstd.data<T>();
     T* pdx = g.dx.data<T>();
+    const T* pdsum = dsum.defined() ? dsum.data<T>() : nullptr;
     int64_t blocks = std::max<int64_t>(1, (rows + kRowsPerPartial - 1) / kRowsPerPartial);
     // Per block: dweight, dbias, each zeroed by the thread that fills it.
     Tensor partials = Tensor::empty({blocks, 2, C}, x.dtype(), x.device());
@@ -112,7 +104,7 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
           const T *xr = px + r * C, *dyr = pdy + r * C;
           T m = pmean[r], rs = prstd[r];
           if constexpr (std::is_same_v<T, float>) {
-            simd::layernorm_backward_row(dyr, xr, w, m, rs, pdx + r * C, dw, db, C);
+            simd::layernorm_backward_row(dyr, xr, w, m, rs, pdx + r * C, dw, db, C, pdsum ? pdsum + r * C : nullptr);
             continue;
           }
           T sum_g = 0, sum_gx = 0;
@@ -126,6 +118,8 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
           T mean_g = sum_g / T(C), mean_gx = sum_gx / T(C);
           T* dxr = pdx + r * C;
           for (int64_t c = 0; c < C; ++c) dxr[c] = rs * (dyr[c] * w[c] - mean_g - (xr[c] - m) * rs * mean_gx);
+          if (pdsum)
+            for (int64_t c = 0; c < C; ++c) dxr[c] += pdsum[r * C + c];
         }
       }
     });
@@ -141,8 +135,27 @@ LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   return g;
 }
 
-// The CPU computes the fused op as the two ops it replaces, so that it is their bitwise reference: the add (16-bit
-// operands in f32, rounded once) and the layernorm; in backward the autograd engine's ops::add of the gradients.
+// With xhat = (x - mean) * rstd and g = dy * weight:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,  dbias = sum_rows dy.
+LayerNormBackward layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                     const Tensor& rstd) {
+  int64_t C = check_layernorm("layernorm_backward", x, weight);
+  int64_t rows = x.numel() / C;
+  check_shaped_like("layernorm_backward", "dy", dy, x.shape(), x);
+  check_layernorm_param("layernorm_backward", "mean", mean, Shape{rows}, x);
+  check_layernorm_param("layernorm_backward", "rstd", rstd, Shape{rows}, x);
+  if (!x.device().is_cpu()) return layernorm_backward_device(x.device())(dy, x, weight, mean, rstd);
+  if (is_half(x.dtype())) {
+    LayerNormBackward g = layernorm_backward(upcast(dy), upcast(x), weight, mean, rstd);
+    g.dx = cast(g.dx, x.dtype());
+    return g;
+  }
+  return layernorm_backward_rows(dy, x, weight, mean, rstd, Tensor());
+}
+
+// The CPU computes the fused op with the bits of the two ops it replaces, so that it is their bitwise reference:
+// the add (16-bit operands in f32, rounded once) and the layernorm; in backward the layer norm's dx, then the
+// autograd engine's ops::add of the gradients (for f32 and f64 in the same pass, layernorm_backward_rows).
 AddLayerNormForward add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
                                           double eps) {
   int64_t C = check_layernorm("add_layernorm", a, weight);
@@ -168,9 +181,12 @@ LayerNormBackward add_layernorm_backward(const Tensor& dy, const Tensor& dsum, c
   check_layernorm_param("add_layernorm_backward", "rstd", rstd, Shape{rows}, sum);
   if (!sum.device().is_cpu())
     return add_layernorm_backward_device(sum.device())(dy, dsum, sum, weight, mean, rstd);
-  LayerNormBackward g = layernorm_backward(dy, sum, weight, mean, rstd);
-  if (dsum.defined()) g.dx = add(g.dx, dsum);
-  return g;
+  if (!dsum.defined() || is_half(sum.dtype())) {  // 16-bit: the layer norm's dx rounded to its dtype before the add
+    LayerNormBackward g = layernorm_backward(dy, sum, weight, mean, rstd);
+    if (dsum.defined()) g.dx = add(g.dx, dsum);
+    return g;
+  }
+  return layernorm_backward_rows(dy, sum, weight, mean, rstd, dsum.contiguous());
 }
 
 }  // namespace minidl::ops

@@ -147,6 +147,30 @@ TEST(LayerNorm, AddLayerNormIsAddThenLayerNormBitwise) {
   set_num_threads(saved);
 }
 
+// The backward's residual gradient is added in the layer norm's pass (ops/cpu/layernorm.cpp): the bits of the layer
+// norm's dx and an add after it, on rows with a vector tail (37) and whole vectors (128).
+TEST(LayerNorm, AddLayerNormBackwardIsLayerNormBackwardThenAddBitwise) {
+  const int saved = num_threads();
+  for (DType dt : {DType::f32, DType::f64})
+    for (int64_t C : {37, 128})
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << ", C " << C << ", " << threads << " threads");
+        Tensor a = random_tensor({301, C}, 41, dt), b = random_tensor({301, C}, 42, dt);
+        Tensor w = random_tensor({C}, 43, dt), bias = random_tensor({C}, 44, dt);
+        Tensor dy = random_tensor({301, C}, 45, dt), dsum = random_tensor({301, C}, 46, dt);
+        const ops::AddLayerNormForward f = ops::add_layernorm_forward(a, b, w, bias, 1e-5);
+        const ops::LayerNormBackward fused = ops::add_layernorm_backward(dy, dsum, f.sum, w, f.mean, f.rstd);
+        const ops::LayerNormBackward plain = ops::layernorm_backward(dy, f.sum, w, f.mean, f.rstd);
+        EXPECT_EQ(fused.dx.to_vector(), ops::add(plain.dx, dsum).to_vector());
+        EXPECT_EQ(fused.dweight.to_vector(), plain.dweight.to_vector());
+        EXPECT_EQ(fused.dbias.to_vector(), plain.dbias.to_vector());
+        const ops::LayerNormBackward alone = ops::add_layernorm_backward(dy, Tensor(), f.sum, w, f.mean, f.rstd);
+        EXPECT_EQ(alone.dx.to_vector(), plain.dx.to_vector());
+      }
+  set_num_threads(saved);
+}
+
 // The differentiable wrapper accepts strided views: the gradient reaches the base tensor through the copy.
 TEST(LayerNorm, NonContiguousInputGetsGradient) {
   Tensor x = grad_leaf({4, 3}, 27, DType::f64), w = Tensor::ones({4}, DType::f64), b = Tensor::zeros({4}, DType::f64);

@@ -265,10 +265,11 @@ void LayerNormForwardRow(const float* x, const float* w, const float* b, float* 
   *rstd = rs;
 }
 
-// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy w; dw += dy xhat; db += dy. Padding lanes hold
-// x = dy = 0, so they add nothing to the sums.
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy w, then + dsum (if not null) as a separate rounding, the
+// add the fused add-layernorm's backward needs; dw += dy xhat; db += dy. Padding lanes hold x = dy = 0, so they
+// add nothing to the sums.
 void LayerNormBackwardRow(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
-                          float* dw, float* db, size_t n) {
+                          float* dw, float* db, size_t n, const float* dsum) {
   const hn::ScalableTag<float> d;
   const auto vm = hn::Set(d, mean), vrs = hn::Set(d, rstd);
   auto sum_g = hn::Zero(d), sum_gx = hn::Zero(d);
@@ -289,7 +290,9 @@ void LayerNormBackwardRow(const float* dy, const float* x, const float* w, float
     using Part = decltype(part);
     const auto xhat = hn::Mul(hn::Sub(LoadPart<Part>(d, x + i, count), vm), vrs);
     const auto g = hn::Mul(LoadPart<Part>(d, dy + i, count), LoadPart<Part>(d, w + i, count));
-    StorePart<Part>(hn::Mul(vrs, hn::NegMulAdd(xhat, vmgx, hn::Sub(g, vmg))), d, dx + i, count);
+    auto r = hn::Mul(vrs, hn::NegMulAdd(xhat, vmgx, hn::Sub(g, vmg)));
+    if (dsum) r = hn::Add(r, LoadPart<Part>(d, dsum + i, count));
+    StorePart<Part>(r, d, dx + i, count);
   });
 }
 
@@ -417,9 +420,9 @@ void layernorm_forward_row(const float* x, const float* w, const float* b, float
   HWY_DYNAMIC_DISPATCH(LayerNormForwardRow)(x, w, b, y, mean, rstd, eps, size_t(n), next);
 }
 void layernorm_backward_row(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
-                            float* dw, float* db, int64_t n) {
+                            float* dw, float* db, int64_t n, const float* dsum) {
   ensure_isa_selected();
-  HWY_DYNAMIC_DISPATCH(LayerNormBackwardRow)(dy, x, w, mean, rstd, dx, dw, db, size_t(n));
+  HWY_DYNAMIC_DISPATCH(LayerNormBackwardRow)(dy, x, w, mean, rstd, dx, dw, db, size_t(n), dsum);
 }
 
 void causal_rows_max(const float* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, float* max) {

@@ -124,9 +124,10 @@ void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, flo
 // next (optional): n floats to prefetch, as exp_sub_sum's.
 void layernorm_forward_row(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                            double eps, int64_t n, const float* next = nullptr);
-// Layer norm backward of one row: dx, and dw += dy * xhat, db += dy.
+// Layer norm backward of one row: dx, and dw += dy * xhat, db += dy. dsum (optional): dx += dsum, rounded apart
+// (the bits of the layer norm's dx and an add after it).
 void layernorm_backward_row(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
-                            float* dw, float* db, int64_t n);
+                            float* dw, float* db, int64_t n, const float* dsum = nullptr);
 
 // ops/kernels/adamw.h's update, operation for operation (no fused multiply-adds: same bits on every ISA).
 void adamw(float* p, const float* g, float* m, float* v, const minidl::kernels::AdamWConstants& c, int64_t n);
