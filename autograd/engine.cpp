@@ -98,16 +98,26 @@ namespace {
 using Captures = std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>>;
 
 // The innermost backward pass in progress on this thread: the nodes it captures instead of running (grad()'s
-// inputs), for accumulate_in_place.
+// inputs), for accumulate_in_place; its gradient slots and the node it is running, for take_pending_gradient.
 thread_local const Captures* t_pass_captures = nullptr;
+using Buffers = std::unordered_map<Node*, std::vector<Tensor>>;
+thread_local Buffers* t_pass_buffers = nullptr;
+thread_local Node* t_pass_node = nullptr;
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, const Captures& captures,
                   std::vector<Tensor>& captured) {
   struct Pass {
     const Captures* outer = t_pass_captures;
-    ~Pass() { t_pass_captures = outer; }
+    Buffers* outer_buffers = t_pass_buffers;
+    Node* outer_node = t_pass_node;
+    ~Pass() {
+      t_pass_captures = outer;
+      t_pass_buffers = outer_buffers;
+      t_pass_node = outer_node;
+    }
   } pass;
   t_pass_captures = &captures;
+  t_pass_node = nullptr;
   // Callbacks belong to the outermost backward: a backward run inside one (activation checkpointing's
   // recomputation) must not end the outer pass's wait early.
   std::vector<std::function<void()>> callbacks;
@@ -149,7 +159,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   for (const Edge& e : root_edges) ++dependencies[e.node.get()];
 
   // Pass 2: run ready nodes, latest first; gradients for a node's outputs are summed in its input buffer.
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  Buffers buffers;
+  t_pass_buffers = &buffers;
   std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
   auto cmp = [](Node* a, Node* b) { return a->sequence_nr() < b->sequence_nr(); };
   std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
@@ -194,7 +205,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       keep_alive.erase(n);
       continue;
     }
+    t_pass_node = n;
     std::vector<Tensor> in_grads = n->apply(grads);
+    t_pass_node = nullptr;
     auto& edges = n->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) deliver(edges[i], i < in_grads.size() ? in_grads[i] : Tensor());
     keep_alive.erase(n);
@@ -218,6 +231,15 @@ bool accumulate_in_place(const Tensor& leaf, const std::function<void(Tensor& gr
   add(grad);
   static_cast<AccumulateGrad*>(node.get())->added_in_place();
   return true;
+}
+
+Tensor take_pending_gradient(size_t input) {
+  if (!t_pass_node || !t_pass_buffers || input >= t_pass_node->next_edges().size()) return {};
+  const Edge& e = t_pass_node->next_edges()[input];
+  if (!e.node) return {};
+  auto it = t_pass_buffers->find(e.node.get());
+  if (it == t_pass_buffers->end() || e.input_nr >= it->second.size()) return {};
+  return std::exchange(it->second[e.input_nr], Tensor());
 }
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots) {

@@ -132,6 +132,20 @@ std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Ten
 //     dw = ops::matmul(x, g, true, false);
 bool accumulate_in_place(const Tensor& leaf, const std::function<void(Tensor& grad)>& add);
 
+// Gradient-sum fusion, for a backward function whose kernel can add a gradient in its own pass (layer norm's
+// backward adds the residual stream's gradient from the stream's other uses, as llm.c's layernorm_backward adds
+// into dinp). Called by the backward function of the node the pass is running: if the gradient slot its input
+// `input` (an index into the node's inputs, in record's order) feeds already holds what other nodes delivered,
+// takes that gradient out and returns it; the function must then return, for that input, its own gradient plus
+// the one taken, which the engine puts in the emptied slot instead of summing the two into a fresh tensor (one
+// pass over the gradient fewer). Returns an undefined tensor when nothing was delivered yet, outside a pass, or for
+// an input with no gradient edge. Sums of two gradients commute bit for bit, so the fused sum has the engine's bits
+// whichever of the two came first.
+//
+//   Tensor other = autograd::take_pending_gradient(0);
+//   Tensor dx = other.defined() ? ops::add_layernorm_backward(g, other, x, ...).dx : ops::layernorm_backward(...).dx;
+Tensor take_pending_gradient(size_t input);
+
 // Runs `fn` once the outermost backward pass in progress on this thread has finished: DDP waits for its gradient
 // buckets there. Called outside a backward pass it is an error.
 void queue_callback(std::function<void()> fn);

@@ -42,7 +42,13 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   // without an f32 copy (the residual stream feeds two layernorms per block).
   ops::LayerNormForward f = ops::layernorm_forward(xc, w, b, eps);
   return record("layernorm", {xc, w, b}, f.y, [xc, w, mean = f.mean, rstd = f.rstd](const Tensor& g) {
-    ops::LayerNormBackward r = ops::layernorm_backward(contiguous(ops::cast(g, xc.dtype())), xc, w, mean, rstd);
+    const Tensor dy = contiguous(ops::cast(g, xc.dtype()));
+    // On the CPU, the gradient x's other uses have sent already (a block's ln_1: the residual stream's, from the
+    // add before ln_2) is added in the layer norm's own pass instead of by the engine in a pass of its own
+    // (autograd::take_pending_gradient; the same bits). A device keeps the engine's add.
+    const Tensor other = xc.device().is_cpu() ? autograd::take_pending_gradient(0) : Tensor();
+    ops::LayerNormBackward r = other.defined() ? ops::add_layernorm_backward(dy, contiguous(other), xc, w, mean, rstd)
+                                               : ops::layernorm_backward(dy, xc, w, mean, rstd);
     return Grads{r.dx, r.dweight, r.dbias};
   });
 }
