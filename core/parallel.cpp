@@ -66,6 +66,9 @@ bool in_parallel_region() { return omp_in_parallel(); }
 // takes the others' from their far end: when one vCPU of a shared VM runs slower for a while (a neighbour on its
 // core), the other finishes the region's work instead of waiting at its end. Every piece is claimed once
 // (an atomic flag each); the pieces' bounds depend only on n and the thread count, never on who runs them.
+// Always 4 per thread, however few grains n holds: with one piece per grain, the residual stream's add (3 grains of
+// 32768) ran as 3 pieces on 2 threads, one thread owning 2 of them, and its threads sat idle 23% of their time in it,
+// against 10% in 8 pieces (baby config, AVX2, 2 threads, AMD EPYC family 25 model 17).
 static constexpr int64_t kPiecesPerThread = 4;
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
@@ -77,7 +80,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function
     fn(begin, end);
     return;
   }
-  const int64_t pieces = std::min<int64_t>(int64_t(threads) * kPiecesPerThread, most);
+  const int64_t pieces = std::min<int64_t>(int64_t(threads) * kPiecesPerThread, n);
   std::vector<std::atomic<bool>> claimed(static_cast<size_t>(pieces));  // value-initialised: false
   const auto run = [&](int64_t p) {
     if (claimed[size_t(p)].exchange(true, std::memory_order_relaxed)) return false;

@@ -17,11 +17,11 @@ int default_num_threads(int ranks_on_host = 1);
 // True inside a parallel_for body (kernels called there must run single-threaded).
 bool in_parallel_region();
 
-// Splits [begin, end) into contiguous pieces of about `grain` items or more (ceil(n / grain) of them, at most 4 per
-// thread; each at least grain / 2) and runs fn on each: each thread its own run of them first, so consecutive ops
-// keep their rows on one thread, and a thread done early runs the others' remaining pieces (core/parallel.cpp). fn
-// must not depend on which thread runs a piece. Runs inline when the range is small or when already inside a
-// parallel region.
+// Runs fn on contiguous pieces of [begin, end) on up to ceil(n / grain) threads (`grain` items is the least work
+// worth a thread), 4 pieces per thread (fewer only where n is): each thread its own run of them first, so
+// consecutive ops keep their rows on one thread, and a thread done early runs the others' remaining pieces
+// (core/parallel.cpp). fn must not depend on which thread runs a piece. Runs inline when the range is small or
+// when already inside a parallel region.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 // One parallel_for over several arrays laid end to end (sizes[i] items in part i): fn(part, begin, end) for each

@@ -39,7 +39,9 @@ TEST(ParallelForParts, VisitsEveryItemOnceAtAnyThreadCount) {
 
 // Every index once, in pieces of at least half the grain (n / ceil(n / grain) items), at any thread count (the
 // pieces may be run by any thread).
-TEST(ParallelFor, CoversEveryIndexOnceInPiecesOfAboutTheGrain) {
+// Every index once, on at most ceil(n / grain) threads, in 4 pieces per thread of equal size (to one item): an op of
+// 3 grains on 2 threads splits 8 ways, not 3 (one thread would own two of those).
+TEST(ParallelFor, CoversEveryIndexOnceInFourEqualPiecesPerThread) {
   const int saved = num_threads();
   for (int threads : {1, 2, 3})
     for (int64_t n : {1, 2, 7, 8, 9, 100, 4099})
@@ -54,8 +56,17 @@ TEST(ParallelFor, CoversEveryIndexOnceInPiecesOfAboutTheGrain) {
           for (int64_t i = b; i < e; ++i) ++seen[size_t(i)];
         });
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[size_t(i)], 1) << "index " << i;
+        const int64_t used = std::min<int64_t>(threads, (n + grain - 1) / grain);
+        const int64_t expected = used <= 1 ? 1 : std::min<int64_t>(4 * used, n);
+        int64_t pieces = 0, smallest = n, largest = 0;
         for (int64_t b = 0; b < n; ++b)
-          if (sizes[size_t(b)] > 0) EXPECT_GE(2 * sizes[size_t(b)], std::min(n, grain)) << "piece at " << b;
+          if (sizes[size_t(b)] > 0) {
+            ++pieces;
+            smallest = std::min(smallest, sizes[size_t(b)]);
+            largest = std::max(largest, sizes[size_t(b)]);
+          }
+        EXPECT_EQ(pieces, expected);
+        EXPECT_LE(largest - smallest, 1);
       }
   set_num_threads(saved);
 }
