@@ -30,9 +30,11 @@ struct AdamWHyper {
 // Updates param, m and v in place (they are handles: the data changes, not the Tensor objects).
 // The same step for many tensors with the same hyperparameters (a parameter group): element lists of equal
 // length, each entry checked as above and all on one device. On a CUDA device the whole list is one
-// multi-tensor kernel launch (or a few, for very long lists) instead of one per tensor.
+// multi-tensor kernel launch (or a few, for very long lists) instead of one per tensor. zero_grads: the grads are
+// set to zero after the update (on the CPU in the same pass, sparing zero_grad's own pass over them).
 void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                        const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h);
+                        const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h,
+                        bool zero_grads = false);
 
 // The same step unless found_inf (an i32 {1} flag on the parameters' device, e.g. GradScaler's) is set, as PyTorch's
 // fused optimizers skip on found_inf: on a CUDA device the kernel reads the flag itself, so the host never learns

@@ -39,6 +39,7 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options = {});
   void step() override;
+  void step_and_zero_grad() override;
   // On a CUDA device the kernel skips on the flag itself (nothing read back); the step count then lives partly on
   // the device (skipped steps), and state() reads it. On the CPU: Optimizer::step_unless.
   void step_unless(const Tensor& found_inf) override;
@@ -67,6 +68,7 @@ class AdamW : public Optimizer {
                                      std::vector<Tensor>& v, double weight_decay)>;
   // fn once per run of parameters with the same weight decay (a group) that have gradients.
   void for_each_group(const GroupFn& fn);
+  void step_zeroing(bool zero_grads);
 
   AdamWOptions options_;
   int64_t step_ = 0;      // steps taken, or with skipped_ defined, step_unless calls on the device

@@ -48,6 +48,12 @@ class Optimizer {
   virtual void step_unless(const Tensor& found_inf);
   // Sets every defined gradient to zero in place.
   void zero_grad();
+  // step() then zero_grad(), with the same result; AdamW on the CPU zeroes each gradient in its update's pass
+  // instead of in a pass of its own.
+  virtual void step_and_zero_grad() {
+    step();
+    zero_grad();
+  }
 
   void set_lr(double lr);
   double lr() const { return lr_; }

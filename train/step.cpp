@@ -138,11 +138,11 @@ StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& pa
     optim::ScalerStep s = o.scaler->step(optimizer);
     r.applied = s.applied;
     r.skip_reason = s.reason;
+    optimizer.zero_grad();
   } else {
-    optimizer.step();
+    optimizer.step_and_zero_grad();  // after_step gathers parameters only: the gradients may go first
   }
   if (o.grad_sync) o.grad_sync->after_step();
-  optimizer.zero_grad();
   return r;
 }
 

@@ -33,7 +33,8 @@ void fused_adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, cons
 }
 
 void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                        const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h) {
+                        const std::vector<Tensor>& m, const std::vector<Tensor>& v, const AdamWHyper& h,
+                        bool zero_grads) {
   MINIDL_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
                "fused_adamw_multi_: expected lists of equal length, got ", params.size(), " params, ", grads.size(),
                " grads, ", m.size(), " m and ", v.size(), " v");
@@ -48,15 +49,21 @@ void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Ten
                  params[i].device());
   }
   MINIDL_CHECK(h.step >= 1, "fused_adamw_multi_: expected step >= 1 (1-based), got ", h.step);
-  if (!device.is_cpu()) return fused_adamw_multi_device(device)(params, grads, m, v, h);
+  if (!device.is_cpu()) {
+    fused_adamw_multi_device(device)(params, grads, m, v, h);
+    if (zero_grads)
+      for (const Tensor& g : grads) Tensor(g).zero_();
+    return;
+  }
   // One parallel pass over all the tensors (elementwise, so the bits are fused_adamw_'s one by one).
   const kernels::AdamWConstants c =
       kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step);
   std::vector<int64_t> sizes;
   for (const Tensor& p : params) sizes.push_back(p.numel());
   parallel_for_parts(sizes, kAdamWGrain, [&](size_t i, int64_t begin, int64_t end) {
-    simd::adamw(params[i].data<float>() + begin, grads[i].data<float>() + begin, m[i].data<float>() + begin,
-                v[i].data<float>() + begin, c, end - begin);
+    float* g = grads[i].data<float>() + begin;
+    simd::adamw(params[i].data<float>() + begin, g, m[i].data<float>() + begin, v[i].data<float>() + begin, c,
+                end - begin, zero_grads ? g : nullptr);
   });
 }
 

@@ -197,3 +197,39 @@ TEST(FusedAdamWMulti, EqualsOneTensorAtATimeAtAnyThreadCount) {
   }
   set_num_threads(saved);
 }
+
+// step_and_zero_grad zeroes the gradients in the update's pass: the same parameters and moments, bit for bit, as
+// step() then zero_grad(), over two groups (decayed, not), a parameter without a gradient, sizes below and above a
+// thread's share, on 1 and 2 threads; and the gradients all zero after it.
+TEST(AdamW, StepAndZeroGradEqualsStepThenZeroGrad) {
+  const int saved = num_threads();
+  const std::vector<int64_t> sizes = {5, 40000, 70001, 3};
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::vector<Tensor> fused, plain;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      fused.push_back(Tensor::from_vector(normals(sizes[i], 50 + i, 1.0), {sizes[i]}).set_requires_grad(true));
+      plain.push_back(fused.back().detach().clone().set_requires_grad(true));
+    }
+    optim::AdamW opt_fused({{{fused[0], fused[1]}, 0.1}, {{fused[2], fused[3]}, 0.0}}, {.lr = 1e-2});
+    optim::AdamW opt_plain({{{plain[0], plain[1]}, 0.1}, {{plain[2], plain[3]}, 0.0}}, {.lr = 1e-2});
+    for (int64_t t = 1; t <= 3; ++t) {
+      for (size_t i = 0; i + 1 < sizes.size(); ++i) {  // the last parameter never gets a gradient
+        Tensor g = Tensor::from_vector(normals(sizes[i], 60 + 10 * uint64_t(t) + i, 0.1), {sizes[i]});
+        fused[i].set_grad(g.clone());
+        plain[i].set_grad(g.clone());
+      }
+      opt_fused.step_and_zero_grad();
+      opt_plain.step();
+      opt_plain.zero_grad();
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        SCOPED_TRACE(::testing::Message() << threads << " threads, step " << t << ", parameter " << i);
+        EXPECT_EQ(fused[i].to_vector(), plain[i].to_vector());
+        if (i + 1 < sizes.size()) EXPECT_EQ(fused[i].grad().to_vector(), std::vector<double>(size_t(sizes[i]), 0.0));
+      }
+      EXPECT_EQ(opt_fused.state().m.to_vector(), opt_plain.state().m.to_vector());
+      EXPECT_EQ(opt_fused.state().v.to_vector(), opt_plain.state().v.to_vector());
+    }
+  }
+  set_num_threads(saved);
+}

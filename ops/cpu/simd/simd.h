@@ -129,8 +129,10 @@ void layernorm_forward_row(const float* x, const float* w, const float* b, float
 void layernorm_backward_row(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
                             float* dw, float* db, int64_t n, const float* dsum = nullptr);
 
-// ops/kernels/adamw.h's update, operation for operation (no fused multiply-adds: same bits on every ISA).
-void adamw(float* p, const float* g, float* m, float* v, const minidl::kernels::AdamWConstants& c, int64_t n);
+// ops/kernels/adamw.h's update, operation for operation (no fused multiply-adds: same bits on every ISA). zero_g
+// (optional, g itself): set to zero once read, the optimizer's zero_grad in the same pass.
+void adamw(float* p, const float* g, float* m, float* v, const minidl::kernels::AdamWConstants& c, int64_t n,
+           float* zero_g = nullptr);
 // g *= inv_scale; returns true if any result is inf or NaN.
 bool unscale(float* g, float inv_scale, int64_t n);
 

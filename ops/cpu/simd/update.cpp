@@ -13,7 +13,9 @@
 HWY_BEFORE_NAMESPACE();
 namespace minidl::ops::simd::HWY_NAMESPACE {
 
-void AdamW(float* p, const float* g, float* m, float* v, const minidl::kernels::AdamWConstants& c, size_t n) {
+// zero_g (null, or g itself): zeros stored there once g is read, the optimizer's zero_grad in the same pass.
+void AdamW(float* p, const float* g, float* m, float* v, const minidl::kernels::AdamWConstants& c, size_t n,
+           float* zero_g) {
   const hn::ScalableTag<float> d;
   const auto decay = hn::Set(d, c.decay), b1 = hn::Set(d, c.beta1), b2 = hn::Set(d, c.beta2);
   const auto omb1 = hn::Set(d, c.one_minus_beta1), omb2 = hn::Set(d, c.one_minus_beta2);
@@ -28,6 +30,7 @@ void AdamW(float* p, const float* g, float* m, float* v, const minidl::kernels::
     StorePart<Part>(hn::Sub(vp, hn::Div(hn::Mul(step, vm), denom)), d, p + i, count);
     StorePart<Part>(vm, d, m + i, count);
     StorePart<Part>(vv, d, v + i, count);
+    if (zero_g) StorePart<Part>(hn::Zero(d), d, zero_g + i, count);
   });
 }
 
@@ -122,9 +125,10 @@ HWY_EXPORT(BF16ToF32);
 HWY_EXPORT(F32ToF16);
 HWY_EXPORT(F16ToF32);
 
-void adamw(float* p, const float* g, float* m, float* v, const minidl::kernels::AdamWConstants& c, int64_t n) {
+void adamw(float* p, const float* g, float* m, float* v, const minidl::kernels::AdamWConstants& c, int64_t n,
+           float* zero_g) {
   ensure_isa_selected();
-  HWY_DYNAMIC_DISPATCH(AdamW)(p, g, m, v, c, size_t(n));
+  HWY_DYNAMIC_DISPATCH(AdamW)(p, g, m, v, c, size_t(n), zero_g);
 }
 bool unscale(float* g, float inv_scale, int64_t n) {
   ensure_isa_selected();
