@@ -84,6 +84,11 @@ LinearGrad linear_weight_bias_grad(const Tensor& x2, const Tensor& dy2, bool f32
     check_like("linear_weight_bias_grad", "dy", dy, x);
     if (std::optional<LinearGrad> g = linear_weight_bias_grad_device(x.device())(x, dy, f32)) return *g;
   }
+  if (x2.device().is_cpu() && x2.dtype() == DType::f32 && dy2.dtype() == DType::f32) {  // one parallel region
+    LinearGrad g{Tensor::empty({x2.size(1), dy2.size(1)}), Tensor::empty({dy2.size(1)})};
+    linear_weight_bias_grad_into(g.dw, g.dbias, x2.detach(), dy2.detach(), /*accumulate=*/false);
+    return g;
+  }
   // The unfused path: the product, and the column sums (of an exact f32 copy for an f32 result: the same f32
   // sums, not rounded to 16 bits).
   return {f32 ? matmul_f32(x2.detach(), dy2.detach(), true, false) : matmul(x2.detach(), dy2.detach(), true, false),

@@ -135,6 +135,12 @@ void add_partials(T* C, int64_t ldc, const T* parts, int count, int64_t M, int64
     }
 }
 
+// colsum[j] += op(B)'s column j summed over its K rows in order, for columns [j0, j1) (B row-major, row stride ldb):
+// ops::sum(B, 0)'s bits, a linear layer's bias gradient.
+void add_column_sums(const float* B, int64_t K, int64_t ldb, float* colsum, int64_t j0, int64_t j1) {
+  if (j0 < j1) simd::add_rows(B + j0, K, ldb, colsum + j0, j1 - j0);
+}
+
 // Products of M x N (each its own K) with minidl's kernel on all threads, where each thread is not handed a fixed
 // block but claims pieces of rows, so a thread that finishes early takes work from one that is behind:
 //   - Each chunk of a product's B (nc columns, kc values of k: simd::gemm_blocking) is copied into panels once, the
@@ -241,8 +247,10 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
 // at 2 threads each owns one half, whose X and dY rows it wrote in the ops before (a baby step 24.2-25.0 -> 23.7-24.3
 // ms against splitting the output, AMD EPYC family 25 model 17, AVX-512), and takes rows of the other's when it is
 // done first (gemm_shared). One thread runs the halves in turn: an extra pass over C, about 0.3% of a baby step.
+// colsum (optional, op(B) = B untransposed): += B's column sums, in the same parallel region after the product, the
+// columns split among the threads (a linear layer's bias gradient without a region and a pass of its own).
 void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-                 int64_t ldb, float beta, float* C, int64_t ldc, const float* bias) {
+                 int64_t ldb, float beta, float* C, int64_t ldc, const float* bias, float* colsum) {
   Tensor scratch = Tensor::empty(Shape{M, N}, DType::f32);
   float* part = scratch.data<float>();
   const int64_t kh = K / 2;
@@ -254,11 +262,13 @@ void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
   if (threads == 1 || in_parallel_region()) {
     for (const OwnProduct& h : halves) counted(M, N, h.K, [&] { run_own(M, N, h); });
     add_partials(C, ldc, part, 1, M, N, 0, M);
+    if (colsum) add_column_sums(B, K, ldb, colsum, 0, N);
     return;
   }
-  // The partial added in the same parallel region, its rows split evenly among the threads.
+  // The partial added in the same parallel region, its rows split evenly among the threads; then the column sums.
   gemm_shared(M, N, halves, threads, [&](int t, int nt) {
     add_partials(C, ldc, part, 1, M, N, M * t / nt, M * (t + 1) / nt);
+    if (colsum) add_column_sums(B, K, ldb, colsum, N * t / nt, N * (t + 1) / nt);
   });
 }
 
@@ -268,7 +278,7 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
   const bool small = 2.0 * double(M) * double(N) * double(K) < kSplitMinFlops;
   if constexpr (std::is_same_v<T, float>) {
     if (!small && (beta == 0.0f || beta == 1.0f) && own_gemm() && K > std::max(M, N) && K >= 2 * kBlockAlign)
-      return gemm_halves(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
+      return gemm_halves(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, nullptr);
   }
   int threads = num_threads();
   if (threads == 1 || in_parallel_region() || small) {
@@ -524,6 +534,32 @@ void matmul_add_(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bo
     using T = decltype(tag);
     matmul_into<T>(out, a, b, trans_a, trans_b, T(1));
   });
+}
+
+void linear_weight_bias_grad_into(Tensor& dw, Tensor& dbias, const Tensor& x2, const Tensor& dy2, bool accumulate) {
+  MINIDL_CHECK(x2.defined() && dy2.defined() && dw.defined() && dbias.defined(),
+               "linear_weight_bias_grad_into: undefined tensor");
+  MINIDL_CHECK(x2.dim() == 2 && dy2.dim() == 2 && x2.size(0) == dy2.size(0), "linear_weight_bias_grad_into: expected ",
+               "x (rows, in) and dy (rows, out) with the same rows, got x ", x2.shape(), " and dy ", dy2.shape());
+  const int64_t K = x2.size(0), M = x2.size(1), N = dy2.size(1);
+  for (const Tensor* t : {&x2, &dy2, static_cast<const Tensor*>(&dw), static_cast<const Tensor*>(&dbias)})
+    MINIDL_CHECK(t->dtype() == DType::f32 && t->device().is_cpu(), "linear_weight_bias_grad_into: expected f32 CPU ",
+                 "tensors, got ", t->dtype(), " on ", t->device());
+  MINIDL_CHECK(dw.shape() == Shape({M, N}) && dw.is_contiguous() && dbias.shape() == Shape({N}) &&
+                   dbias.is_contiguous(),
+               "linear_weight_bias_grad_into: expected a contiguous dw of shape ", Shape({M, N}), " and dbias of ",
+               Shape({N}), ", got ", dw.shape(), " and ", dbias.shape());
+  const Tensor x = x2.contiguous(), dy = dy2.contiguous();
+  float* colsum = dbias.data<float>();
+  std::fill(colsum, colsum + N, 0.0f);
+  const bool small = 2.0 * double(M) * double(N) * double(K) < kSplitMinFlops;
+  if (!small && own_gemm() && K > std::max(M, N) && K >= 2 * kBlockAlign) {  // gemm_2d's choice: the same bits
+    gemm_halves(true, false, M, N, K, x.data<float>(), M, dy.data<float>(), N, accumulate ? 1.0f : 0.0f,
+                dw.data<float>(), N, nullptr, colsum);
+    return;
+  }
+  matmul_into<float>(dw, x, dy, true, false, accumulate ? 1.0f : 0.0f);
+  parallel_for(0, N, 64, [&](int64_t j0, int64_t j1) { add_column_sums(dy.data<float>(), K, N, colsum, j0, j1); });
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {

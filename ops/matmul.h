@@ -31,6 +31,13 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 // added straight into .grad()); elsewhere out is added a fresh product (ops::add_).
 void matmul_add_(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
+// A linear layer's weight and bias gradients on the CPU in f32, from its input rows x2 (rows, in) and output
+// gradient dy2 (rows, out): dw = x2^T dy2 (accumulate: dw += x2^T dy2, as matmul_add_) and dbias = dy2 summed over
+// rows, each column's rows added in order (ops::sum(dy2, 0)'s bits). Where the product splits the reduction into
+// halves (the usual weight-gradient shape) the sums run in the product's own parallel region, after it, the
+// columns split among the threads: no region and no fork of their own. dw (in, out) and dbias (out) contiguous f32.
+void linear_weight_bias_grad_into(Tensor& dw, Tensor& dbias, const Tensor& x2, const Tensor& dy2, bool accumulate);
+
 // op(a) . op(b) in f32: for 16-bit a and b (one dtype) the f32 accumulation is written out without being rounded
 // to 16 bits (on a GPU, a GEMM with 16-bit inputs and an f32 output). Mixed precision's gradients of f32 tensors
 // (the weights) come from it: summed in f32 by the GEMM itself, not produced in 16 bits and then cast. f32 and

@@ -46,6 +46,17 @@ inline bool weight_grad_in_place(const Operand& w, const Tensor& a, const Tensor
 inline ops::LinearGrad weight_bias_grads(const Tensor& x, const Tensor& g, const Operand& w, bool need_w, bool need_b,
                                          bool f32_b) {
   const bool f32_w = w.f32_grad;
+  // On the CPU in f32 both from one call, the weight's summed into w.grad() and the bias's column sums in the same
+  // parallel region (ops::linear_weight_bias_grad_into).
+  if (need_w && need_b && !f32_w && !f32_b && x.device().is_cpu() && x.dtype() == DType::f32 &&
+      g.dtype() == DType::f32) {
+    Tensor db;
+    if (accumulate_in_place(w.edge, [&](Tensor& grad) {
+          db = Tensor::empty({g.size(-1)}, DType::f32, g.device());
+          ops::linear_weight_bias_grad_into(grad, db, x, g, /*accumulate=*/true);
+        }))
+      return {Tensor(), db};
+  }
   if (need_w && weight_grad_in_place(w, x, g, true, false)) need_w = false;
   if (need_w && need_b && f32_w == f32_b) return ops::linear_weight_bias_grad(x, g, f32_w);
   ops::LinearGrad out;

@@ -1,11 +1,13 @@
 // matmul and linear against a naive triple loop in double: transposes, batches, strided views, threaded splits.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <sstream>
 
 #include "core/parallel.h"
 #include "ops/matmul.h"
+#include "ops/reduce.h"
 #include "tests/ops/reference.h"
 
 namespace minidl {
@@ -152,6 +154,41 @@ TEST(Matmul, ThreadedSplitsMatchOneThread) {
 // minidl's own kernel sums every element in one order whatever the split, so 2 and 3 threads give 1 thread's bits:
 // rows in pieces that threads claim (over several chunks of k and of columns), column blocks, the weight gradient's
 // long reduction (in two halves whatever the thread count), and linear's bias.
+// A linear layer's weight and bias gradients in one call (the bias's column sums in the weight gradient's parallel
+// region where it splits the reduction in halves): dw bit for bit the product matmul and matmul_add_ give, dbias
+// ops::sum(dy, 0)'s, on 1, 2 and 3 threads, with minidl's kernel and OpenBLAS; shapes that take the halves (rows
+// more than in and out), a reduction shorter than the output, and one too small to split.
+TEST(Matmul, LinearWeightBiasGradIsTheProductAndTheColumnSums) {
+  for (ops::CpuGemm gemm : {ops::CpuGemm::kMinidl, ops::CpuGemm::kOpenBlas})
+    for (int threads : {1, 2, 3}) {
+      ops::set_cpu_gemm(gemm);
+      set_num_threads(threads);
+      for (const auto& [rows, in, out] : {std::array<int64_t, 3>{768, 128, 384}, {1003, 97, 45}, {40, 100, 300},
+                                          {12, 8, 5}}) {
+        SCOPED_TRACE(::testing::Message() << (gemm == ops::CpuGemm::kMinidl ? "minidl" : "openblas") << ", " << threads
+                                          << " threads, rows " << rows << ", in " << in << ", out " << out);
+        const Tensor x = uniform({rows, in}, 31, DType::f32), dy = uniform({rows, out}, 32, DType::f32);
+        const Tensor start = uniform({in, out}, 33, DType::f32);
+        Tensor dw = Tensor::empty({in, out}), db = Tensor::full({out}, 7.0);  // db is set, not added to
+        ops::linear_weight_bias_grad_into(dw, db, x, dy, /*accumulate=*/false);
+        EXPECT_EQ(dw.to_vector(), ops::matmul(x, dy, true, false).to_vector());
+        EXPECT_EQ(db.to_vector(), ops::sum(dy, 0).to_vector());
+        Tensor acc = start.clone(), expected = start.clone();
+        ops::linear_weight_bias_grad_into(acc, db, x, dy, /*accumulate=*/true);
+        ops::matmul_add_(expected, x, dy, true, false);
+        EXPECT_EQ(acc.to_vector(), expected.to_vector());
+        EXPECT_EQ(db.to_vector(), ops::sum(dy, 0).to_vector());
+      }
+    }
+  set_num_threads(default_num_threads());
+  ops::set_cpu_gemm(ops::CpuGemm::kAuto);
+  Tensor dw = Tensor::empty({3, 4}), db = Tensor::empty({4});
+  expect_error_mentions([&] { ops::linear_weight_bias_grad_into(dw, db, Tensor::zeros({5, 3}), Tensor::zeros({6, 4}), false); },
+                        {"same rows", "(5, 3)", "(6, 4)"});
+  expect_error_mentions([&] { ops::linear_weight_bias_grad_into(dw, db, Tensor::zeros({5, 4}), Tensor::zeros({5, 4}), false); },
+                        {"dw of shape (4, 4)", "got (3, 4)"});
+}
+
 TEST(Matmul, OwnKernelGivesTheSameBitsOnOneTwoAndThreeThreads) {
   ops::set_cpu_gemm(ops::CpuGemm::kMinidl);
   const auto run = [](int threads) {
