@@ -36,7 +36,8 @@ DgeluBgrad dgelu_bgrad(const Tensor& dy, const Tensor& w, const Tensor& aux, boo
 // and device: dw (k, n) = x2^T dy2 and dbias (n) = dy2 summed over rows (f32 accumulation, fixed order). f32_out:
 // 16-bit x2 and dy2 give an f32 dw and dbias, never rounded to 16 bits (mixed precision's gradients of f32
 // weights; ops::matmul_f32). On a CUDA device one GEMM with the bias gradient in its epilogue (cuBLASLt's BGRADA)
-// where the backend has an algorithm for the shape; elsewhere, and as the fallback, ops::matmul (or matmul_f32)
+// where the backend has an algorithm for the shape; on the CPU in f32, ops::linear_weight_bias_grad_into (the sums
+// in the product's parallel region, ops::sum's bits); elsewhere, and as the fallback, ops::matmul (or matmul_f32)
 // and ops::sum, whose order the emulator's epilogue reproduces (same bits).
 struct LinearGrad {
   Tensor dw;     // (k, n)

@@ -35,9 +35,8 @@ void AdamW::for_each_group(const GroupFn& fn) {
 void AdamW::step() { step_zeroing(false); }
 
 void AdamW::step_and_zero_grad() {
-  // A gradient for_each_group passes over (undefined) is one zero_grad leaves alone too.
-  if (skipped_.defined()) return Optimizer::step_and_zero_grad();
-  step_zeroing(true);
+  if (skipped_.defined()) return Optimizer::step_and_zero_grad();  // the device's flagged kernel, then zero_grad
+  step_zeroing(true);  // zeroes every gradient the update reads: zero_grad's set (it skips undefined ones too)
 }
 
 // zero_grads: each group's gradients are zeroed by the update's own pass (ops::fused_adamw_multi_): the same state
