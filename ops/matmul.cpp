@@ -8,11 +8,13 @@
 #include <chrono>
 #include <functional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/parallel.h"
 #include "ops/cast.h"
 #include "ops/elementwise.h"
+#include "ops/reduce.h"
 #include "ops/cpu/simd/isa.h"
 #include "ops/cpu/simd/simd.h"
 
@@ -272,12 +274,20 @@ void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
   });
 }
 
+// Whether an f32 product (beta 0 or 1) runs as gemm_halves: minidl's kernel, the reduction the longest dimension
+// (a weight gradient), large enough to split. gemm_2d and linear_weight_bias_grad_into both ask, so that a weight
+// gradient has the same bits from either.
+bool takes_halves(int64_t M, int64_t N, int64_t K) {
+  const bool small = 2.0 * double(M) * double(N) * double(K) < kSplitMinFlops;
+  return !small && own_gemm() && K > std::max(M, N) && K >= 2 * kBlockAlign;
+}
+
 template <class T>
 void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
              T beta, T* C, int64_t ldc, const T* bias = nullptr) {
   const bool small = 2.0 * double(M) * double(N) * double(K) < kSplitMinFlops;
   if constexpr (std::is_same_v<T, float>) {
-    if (!small && (beta == 0.0f || beta == 1.0f) && own_gemm() && K > std::max(M, N) && K >= 2 * kBlockAlign)
+    if ((beta == 0.0f || beta == 1.0f) && takes_halves(M, N, K))
       return gemm_halves(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, nullptr);
   }
   int threads = num_threads();
@@ -542,24 +552,24 @@ void linear_weight_bias_grad_into(Tensor& dw, Tensor& dbias, const Tensor& x2, c
   MINIDL_CHECK(x2.dim() == 2 && dy2.dim() == 2 && x2.size(0) == dy2.size(0), "linear_weight_bias_grad_into: expected ",
                "x (rows, in) and dy (rows, out) with the same rows, got x ", x2.shape(), " and dy ", dy2.shape());
   const int64_t K = x2.size(0), M = x2.size(1), N = dy2.size(1);
-  for (const Tensor* t : {&x2, &dy2, static_cast<const Tensor*>(&dw), static_cast<const Tensor*>(&dbias)})
-    MINIDL_CHECK(t->dtype() == DType::f32 && t->device().is_cpu(), "linear_weight_bias_grad_into: expected f32 CPU ",
-                 "tensors, got ", t->dtype(), " on ", t->device());
+  const std::pair<const char*, const Tensor*> named[] = {{"x", &x2}, {"dy", &dy2}, {"dw", &dw}, {"dbias", &dbias}};
+  for (const auto& [name, t] : named)
+    MINIDL_CHECK(t->dtype() == DType::f32 && t->device().is_cpu(), "linear_weight_bias_grad_into: expected ", name,
+                 " f32 on the CPU, got ", t->dtype(), " on ", t->device());
   MINIDL_CHECK(dw.shape() == Shape({M, N}) && dw.is_contiguous() && dbias.shape() == Shape({N}) &&
                    dbias.is_contiguous(),
                "linear_weight_bias_grad_into: expected a contiguous dw of shape ", Shape({M, N}), " and dbias of ",
                Shape({N}), ", got ", dw.shape(), " and ", dbias.shape());
   const Tensor x = x2.contiguous(), dy = dy2.contiguous();
-  float* colsum = dbias.data<float>();
-  std::fill(colsum, colsum + N, 0.0f);
-  const bool small = 2.0 * double(M) * double(N) * double(K) < kSplitMinFlops;
-  if (!small && own_gemm() && K > std::max(M, N) && K >= 2 * kBlockAlign) {  // gemm_2d's choice: the same bits
+  if (takes_halves(M, N, K)) {
+    float* colsum = dbias.data<float>();
+    std::fill(colsum, colsum + N, 0.0f);
     gemm_halves(true, false, M, N, K, x.data<float>(), M, dy.data<float>(), N, accumulate ? 1.0f : 0.0f,
                 dw.data<float>(), N, nullptr, colsum);
     return;
   }
   matmul_into<float>(dw, x, dy, true, false, accumulate ? 1.0f : 0.0f);
-  parallel_for(0, N, 64, [&](int64_t j0, int64_t j1) { add_column_sums(dy.data<float>(), K, N, colsum, j0, j1); });
+  dbias.copy_(sum(dy, 0));
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
