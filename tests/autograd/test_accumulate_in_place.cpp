@@ -1,5 +1,5 @@
 // Gradient-accumulation fusion (autograd::accumulate_in_place): a backward function adds a leaf's gradient into
-// .grad() itself, as linear's and gelu_mlp's weight gradients do on the CPU (a GEMM with beta = 1). The oracles: the
+// .grad() itself, as linear's, matmul's and gelu_mlp's weight gradients do on the CPU (a GEMM with beta = 1). The oracles: the
 // fresh gradient the same product gives (bitwise where .grad() starts at zero), the engine's own sum for a weight
 // used twice, and grad(), which never touches .grad().
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "core/memory.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "tests/ops/reference.h"
@@ -113,6 +114,34 @@ TEST(AccumulateInPlace, LinearAndMlpWeightGradientsMatchTheFreshProduct) {
   expect_near(1);
   loss().backward();
   expect_near(2);
+}
+
+// matmul of a batch by a 2-D weight (the CPU MLP's c_fc, x W_fc): the weight's gradient goes into .grad() (no
+// fresh weight-sized gradient in the backward's memory: the ledger's peak), with the fresh product's bits after
+// zeroing and about twice them after a second backward; both orientations of the weight.
+TEST(AccumulateInPlace, MatmulWeightGradientGoesIntoGradWithTheFreshProductsBits) {
+  const int64_t in = 256, hidden = 192;
+  Tensor x = uniform({2, 3, in}, 16, DType::f32), r = uniform({2, 3, in}, 17, DType::f32);
+  Tensor w = leaf({in, hidden}, 18), w_t = leaf({in, hidden}, 19);  // w_t multiplies as its transpose
+  const std::vector<Tensor> params{w, w_t};
+  auto loss = [&] { return sum(mul(matmul(matmul(x, w), w_t, false, true), r)); };
+
+  std::vector<Tensor> fresh = autograd::grad({loss()}, {}, params);
+  for (Tensor p : params) p.set_grad(Tensor::zeros(p.shape()));
+  Tensor l = loss();
+  ledger().reset_peaks();
+  const int64_t before = ledger().current_total();
+  l.backward();
+  // The activations' gradients are 2 x 3 rows; one fresh (in, hidden) f32 gradient alone would be 192 KB.
+  EXPECT_LT(ledger().peak_total() - before, in * hidden * int64_t(sizeof(float)) / 2);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].grad().to_vector(), fresh[i].to_vector()) << i;
+  loss().backward();
+  for (size_t i = 0; i < params.size(); ++i) {  // the GEMM's running sum from .grad(): f32 rounding apart
+    const std::vector<double> got = params[i].grad().to_vector(), want = fresh[i].to_vector();
+    double scale = 0;
+    for (double v : want) scale = std::max(scale, std::abs(v));
+    for (size_t j = 0; j < got.size(); ++j) ASSERT_NEAR(got[j], 2 * want[j], 1e-5 * (1 + scale)) << i;
+  }
 }
 
 TEST(MatmulAdd, AddsTheProductOrNamesWhatItExpected) {
