@@ -1,7 +1,8 @@
 // Gradient-accumulation fusion (autograd::accumulate_in_place): a backward function adds a leaf's gradient into
-// .grad() itself, as linear's, matmul's and gelu_mlp's weight gradients do on the CPU (a GEMM with beta = 1). The oracles: the
-// fresh gradient the same product gives (bitwise where .grad() starts at zero), the engine's own sum for a weight
-// used twice, and grad(), which never touches .grad().
+// .grad() itself, as linear's, matmul's and gelu_mlp's weight gradients do on the CPU (a GEMM with beta = 1). The
+// oracles: the fresh gradient the same product gives (bitwise where .grad() starts at zero), the engine's own sum
+// for a weight used twice, the memory ledger (no fresh weight-sized gradient), and grad(), which never touches
+// .grad().
 #include <gtest/gtest.h>
 
 #include <algorithm>
