@@ -107,23 +107,6 @@ double sgemm_gflops(int M, int N, int K, int reps) {
   for (; b < e; ++b, ++d) *d = *b;
 }
 
-// The bytes of each array of a bandwidth measurement, by STREAM's rule: at least 4x the last-level cache, so the
-// ops and the copies beside them stream from memory, which is what memory-bound means. Arrays that fit measured
-// something else: layer norm's 12 MB of rows (the earlier default, 4096) sat in a 32 MB L3, the copy beside it
-// read 57-66 GB/s there against 28-38 from memory, and the op's own arithmetic, not memory, set its %copy. Within
-// 32-256 MB, so a server's large L3 does not ask for gigabytes.
-int64_t stream_array_bytes() {
-  int64_t llc = 0;
-  if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {  // e.g. "32768K"
-    long kib = 0;
-    if (std::fscanf(f, "%ldK", &kib) == 1) llc = int64_t(kib) * 1024;
-    std::fclose(f);
-  }
-  if (llc <= 0) llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (llc <= 0) llc = int64_t(32) << 20;
-  return std::clamp<int64_t>(4 * llc, int64_t(32) << 20, int64_t(256) << 20);
-}
-
 constexpr int64_t kWidth = 768, kVocab = 2048, kMlpWidth = 3072;  // the row ops' shapes
 
 // Everything after the flags: the measurements and the table (or JSON).
@@ -134,7 +117,7 @@ int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& i
 
 int main(int argc, char** argv) {
   CLI::App app{"minidl CPU op benchmark: GB/s against copy bandwidth, GFLOP/s against sgemm, per ISA"};
-  const int64_t array_bytes = stream_array_bytes();
+  const int64_t array_bytes = bench::stream_array_bytes();
   // Flat ops: arrays of array_bytes; row ops: rows of kWidth (the narrowest) that fill as much, in whole 64s.
   int64_t numel = array_bytes / 4, rows = (array_bytes / (4 * kWidth) + 63) / 64 * 64;
   int reps = 9, threads = default_num_threads();
