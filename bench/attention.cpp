@@ -8,7 +8,7 @@
 // the same rows as a JSON array. --cold writes an array of 4x the last-level cache before each timed forward and
 // backward, so their operands come from memory as in a training step, where the backward's Q, K, V and O were
 // written by the forward long before (baby config, 2 threads, AMD EPYC family 25 model 17: a layer's backward
-// 250 us warm, 510-680 us with --cold, 386-400 us inside the step).
+// 250 us warm, 370-400 us with --cold, 386-400 us inside the step).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -67,10 +67,15 @@ int main(int argc, char** argv) {
   const Config configs[] = {{12, 64, 128, 4}, {8, 256, 384, 6}};
   nlohmann::json rows = nlohmann::json::array();
   const std::string cpu = ops::simd::host_cpu_and_kernels();
-  // --cold: one write pass over an array larger than the caches (each element changed, so no pass is skipped).
+  // --cold: one write pass over an array larger than the caches (each element changed, so no pass is skipped), on
+  // every thread, as a step's previous op would run: after a single-threaded pass of some milliseconds the idle
+  // OpenMP threads had fallen asleep, and waking them was about half of what --cold added at 2 threads (baby
+  // backward 0.51-0.57 ms against 0.37-0.40 so).
   std::vector<float> flood(cold ? size_t(bench::stream_array_bytes()) / sizeof(float) : 0);
   const auto evict = [&] {
-    for (float& v : flood) v += 1.0f;
+    parallel_for(0, int64_t(flood.size()), int64_t(1) << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) flood[size_t(i)] += 1.0f;
+    });
   };
   if (!json)
     std::printf("# cpu: %s; operands %s\n%4s %5s %5s %3s %4s %7s | %9s %9s %9s %9s | %8s %8s\n", cpu.c_str(),
