@@ -36,7 +36,7 @@ using autograd::detail::grad_product;
 using autograd::detail::Operand;
 using autograd::detail::operand;
 using autograd::detail::weight_bias_grads;
-using autograd::detail::weight_grad_in_place;
+using autograd::detail::weight_grad;
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
@@ -55,7 +55,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
         Tensor a2 = rows_of(ad), g2 = rows_of(g);
         // A weight (the CPU MLP's c_fc) straight into its grad() where the pass allows, as linear's.
         const Tensor &first = trans_b ? g2 : a2, &second = trans_b ? a2 : g2;
-        if (!weight_grad_in_place(b, first, second, true, false)) gb = grad_product(fb, first, second, true, false);
+        gb = weight_grad(b, first, second, true, false);
       } else {
         Tensor full = trans_b ? grad_product(fb, g, ad, true, trans_a) : grad_product(fb, ad, g, !trans_a, false);
         gb = ops::sum_to_shape(full, bd.shape());

@@ -32,7 +32,7 @@ using autograd::detail::grad_product;
 using autograd::detail::Operand;
 using autograd::detail::operand;
 using autograd::detail::weight_bias_grads;
-using autograd::detail::weight_grad_in_place;
+using autograd::detail::weight_grad;
 }  // namespace
 
 Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
@@ -45,7 +45,7 @@ Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bi
   Tensor out = ops::linear(f.h, pwd, contiguous(proj_b.used));
   const bool need_x = needs_grad(x.edge), need_fw = needs_grad(fc_w.edge), need_fb = needs_grad(fc_b),
              need_pw = needs_grad(proj_w.edge), need_pb = needs_grad(proj_b.edge);
-  const bool fx = x.f32_grad, ffw = fc_w.f32_grad, fpb = proj_b.f32_grad;
+  const bool fx = x.f32_grad, fpb = proj_b.f32_grad;
   Tensor h = f.h.detach(), aux = f.aux.detach();
   return autograd::record(
       "gelu_mlp", {x.edge, fc_w.edge, fc_b, proj_w.edge, proj_b.edge}, out, [=](const Tensor& g) {
@@ -55,10 +55,8 @@ Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bi
         if (need_x || need_fw || need_fb) {
           ops::DgeluBgrad d = ops::dgelu_bgrad(g2, pwd, rows_of(aux), need_fb);
           if (need_x) gx = grad_product(fx, d.dpre, fwd, false, true).reshape(xd.shape());  // dpre W_fc^T
-          if (need_fw) {  // x^T dpre, straight into fc_w's grad() where the pass allows
-            const Tensor x2 = rows_of(xd);
-            if (!weight_grad_in_place(fc_w, x2, d.dpre, true, false)) gfw = grad_product(ffw, x2, d.dpre, true, false);
-          }
+          // x^T dpre, straight into fc_w's grad() where the pass allows
+          if (need_fw) gfw = weight_grad(fc_w, rows_of(xd), d.dpre, true, false);
           gfb = d.dbias;
         }
         return Grads{gx, gfw, gfb, proj.dw, proj.dbias};

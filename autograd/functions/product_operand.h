@@ -39,6 +39,12 @@ inline bool weight_grad_in_place(const Operand& w, const Tensor& a, const Tensor
   return accumulate_in_place(w.edge, [&](Tensor& grad) { ops::matmul_add_(grad, a, b, ta, tb); });
 }
 
+// A weight's gradient op(a) op(b): straight into w.grad() where the pass allows (weight_grad_in_place), and then
+// undefined; a fresh product otherwise (in f32 for an f32 gradient).
+inline Tensor weight_grad(const Operand& w, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  return weight_grad_in_place(w, a, b, ta, tb) ? Tensor() : grad_product(w.f32_grad, a, b, ta, tb);
+}
+
 // A linear layer's weight gradient X^T G and bias gradient sum(G) (X: (rows, in), G: (rows, out)), each only when
 // asked for. When both are asked for in the same precision they come from one call (on CUDA one GEMM with the sum
 // in its epilogue); the bias gradient is in f32 where the bias was cast down. The weight's gradient is undefined
