@@ -168,7 +168,9 @@ void add_column_sums(const float* B, int64_t K, int64_t ldb, float* colsum, int6
 void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, int threads,
                  const std::function<void(int, int)>& then = nullptr) {
   const int P = int(products.size());
-  const simd::GemmBlocking g = simd::gemm_blocking(M, N, products[0].a_row);
+  int64_t max_k = 0;
+  for (const OwnProduct& p : products) max_k = std::max(max_k, p.K);
+  const simd::GemmBlocking g = simd::gemm_blocking(M, N, max_k, products[0].a_row);
   const int64_t kc = g.kc, nc = g.nc, width = g.width, col_chunks = (N + nc - 1) / nc;
   std::vector<int64_t> k_chunks(P);
   int64_t chunks = 0;
@@ -176,19 +178,20 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
     k_chunks[p] = (products[p].K + kc - 1) / kc;
     chunks = std::max(chunks, col_chunks * k_chunks[p]);
   }
+  const int64_t copy = nc * std::min(kc, max_k);  // floats of one product's copy of a chunk of B
   // Pieces: Q per product, row bounds whole register blocks.
   const int Q = std::max(1, 4 * threads / P), pieces = P * Q;
   const auto row_of = [&](int q) { return q == Q ? M : std::min(M, M * q / Q / g.rows * g.rows); };
   std::vector<std::atomic<int64_t>> claimed(static_cast<size_t>(pieces));  // the chunks each piece has been claimed for
   for (auto& c : claimed) c.store(0, std::memory_order_relaxed);
-  Tensor buffers = Tensor::empty(Shape{std::min<int64_t>(2, chunks), P, nc * kc}, DType::f32);  // chunk c's in c % 2
+  Tensor buffers = Tensor::empty(Shape{std::min<int64_t>(2, chunks), P, copy}, DType::f32);  // chunk c's in c % 2
   float* const halves = buffers.data<float>();
   const int64_t panels_per_chunk = (nc + width - 1) / width;
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     for (int64_t c = 0; c < chunks; ++c) {
-      float* const packed = halves + (c % 2) * P * nc * kc;
+      float* const packed = halves + (c % 2) * P * copy;
       // Chunk c of product p: columns j0.., k0.. (its k chunks inside its column chunks); none past its last.
       const auto chunk_of = [&](int p, int64_t& j0, int64_t& n, int64_t& k0, int64_t& k1) {
         if (c >= col_chunks * k_chunks[p]) return false;
@@ -211,7 +214,7 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
         const OwnProduct& pr = products[p];
         counted(0, 0, 0, [&] {
           simd::gemm_pack(g, j0, n, k0, k1, pr.B, pr.b_row, pr.b_col, p0, std::min(p1, panels),
-                          packed + p * nc * kc);
+                          packed + p * copy);
         });
       }
 #pragma omp barrier
@@ -225,7 +228,7 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
         if (i0 >= i1) return;
         const OwnProduct& pr = products[p];
         counted(i1 - i0, n, k1 - k0, [&] {
-          simd::gemm_sum_chunk(g, i0, i1, j0, n, N, k0, k1, pr.A, pr.a_row, pr.a_col, packed + p * nc * kc,
+          simd::gemm_sum_chunk(g, i0, i1, j0, n, N, k0, k1, pr.A, pr.a_row, pr.a_col, packed + p * copy,
                                pr.accumulate, pr.C, pr.ldc, pr.bias);
         });
       };

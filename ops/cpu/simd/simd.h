@@ -105,8 +105,8 @@ struct GemmBlocking {
   int64_t mc, rows;       // rows of op(A) a chunk's panels meet at a time; rows of a register block
   bool transposed_a;      // the 4 x 3 kernel (op(A) = A^T)
 };
-// The cuts gemm_sum takes for a C of M x N whose op(A) has row stride a_row.
-GemmBlocking gemm_blocking(int64_t M, int64_t N, int64_t a_row);
+// The cuts gemm_sum takes for a C of M x N over K whose op(A) has row stride a_row.
+GemmBlocking gemm_blocking(int64_t M, int64_t N, int64_t K, int64_t a_row);
 // Panels [p0, p1) of the chunk of columns [j0, j0 + n) and k in [k0, k1).
 void gemm_pack(const GemmBlocking& g, int64_t j0, int64_t n, int64_t k0, int64_t k1, const float* B, int64_t b_row,
                int64_t b_col, int64_t p0, int64_t p1, float* packed);
