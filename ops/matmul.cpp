@@ -171,14 +171,13 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
   int64_t max_k = 0;
   for (const OwnProduct& p : products) max_k = std::max(max_k, p.K);
   const simd::GemmBlocking g = simd::gemm_blocking(M, N, max_k, products[0].a_row);
-  const int64_t kc = g.kc, nc = g.nc, width = g.width, col_chunks = (N + nc - 1) / nc;
+  const int64_t kc = g.kc, nc = g.nc, width = g.width, copy = g.copy, col_chunks = (N + nc - 1) / nc;
   std::vector<int64_t> k_chunks(P);
   int64_t chunks = 0;
   for (int p = 0; p < P; ++p) {
     k_chunks[p] = (products[p].K + kc - 1) / kc;
     chunks = std::max(chunks, col_chunks * k_chunks[p]);
   }
-  const int64_t copy = nc * std::min(kc, max_k);  // floats of one product's copy of a chunk of B
   // Pieces: Q per product, row bounds whole register blocks.
   const int Q = std::max(1, 4 * threads / P), pieces = P * Q;
   const auto row_of = [&](int q) { return q == Q ? M : std::min(M, M * q / Q / g.rows * g.rows); };

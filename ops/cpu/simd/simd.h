@@ -104,6 +104,7 @@ struct GemmBlocking {
   int64_t width, kc, nc;  // a panel's columns; k values and columns of a chunk (nc a multiple of width)
   int64_t mc, rows;       // rows of op(A) a chunk's panels meet at a time; rows of a register block
   bool transposed_a;      // the 4 x 3 kernel (op(A) = A^T)
+  int64_t copy;           // floats of a chunk's copy of B: nc x min(kc, K)
 };
 // The cuts gemm_sum takes for a C of M x N over K whose op(A) has row stride a_row.
 GemmBlocking gemm_blocking(int64_t M, int64_t N, int64_t K, int64_t a_row);

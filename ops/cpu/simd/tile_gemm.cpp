@@ -234,7 +234,7 @@ GemmBlocking BlockingOf(size_t M, size_t N, size_t K) {
   const size_t mc = HWY_MAX(kRows, 24576 / kc / kRows * kRows);        // rows of A: mc x kc floats
   const size_t kn = HWY_MIN(kc, HWY_MAX(K, size_t(1)));                // k values a chunk holds
   const size_t nc = HWY_MAX(width, 65536 / kn / width * width);        // B's copy: kn x nc floats
-  return {int64_t(width), int64_t(kc), int64_t(nc), int64_t(mc), int64_t(kRows), kRows == 4};
+  return {int64_t(width), int64_t(kc), int64_t(nc), int64_t(mc), int64_t(kRows), kRows == 4, int64_t(kn * nc)};
 }
 
 // Rows [i0, i1) of C's columns [j0, j0 + n) over k in [k0, k1), from B's copy of that chunk (PackB's panels).
@@ -290,7 +290,7 @@ void GemmSumBlocked(size_t M, size_t N, size_t K, const float* A, size_t a_row, 
   const GemmBlocking g = BlockingOf<kRows, kVectors>(M, N, K);
   const size_t width = size_t(g.width), kc = size_t(g.kc), nc = size_t(g.nc);
   thread_local std::vector<float> packed;
-  if (packed.size() < nc * HWY_MIN(kc, K)) packed.resize(nc * HWY_MIN(kc, K));
+  if (packed.size() < size_t(g.copy)) packed.resize(size_t(g.copy));
   for (size_t j0 = 0; j0 < N; j0 += nc) {
     const size_t n = HWY_MIN(nc, N - j0);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
