@@ -131,8 +131,10 @@ TEST(Simd, GeluBackwardWithinUlpBoundAndAccumulatesBiasGradient) {
 
 // The bounds above on 2^23 evenly spaced x in [-13, 13], where the 67-element rows check a few hundred values.
 // It fails the earlier kernel (exp in base e, Horner's rule, the Newton step as q (2 - a q)) under SSE4, at
-// x = -9.47, and that kernel reached 1.05 of its bound at x = -6.72; the kernel now reads at most 0.99 of the
-// bound under SSE4, 0.93 on AVX2 and 0.83 on AVX-512 (AMD EPYC family 25 model 17).
+// x = -9.47, and that kernel reached 1.05 of its bound at x = -6.72. With SSE4's reciprocal estimate and unfused
+// Newton step it read 0.99 on an AMD EPYC family 25 model 17 and failed, 1.009 at x = 0.66, on an Intel Xeon family
+// 6 model 167 (rcpps is each vendor's own table); SSE4 now divides. The forward reads at most 0.81 of the bound under
+// SSE4, 0.83 on AVX2 and 0.81 on AVX-512 on that Xeon (0.93 on AVX2 and 0.83 on AVX-512 on the EPYC).
 TEST(Simd, GeluWithinUlpBoundOnADenseGrid) {
   constexpr int kPoints = 1 << 20, kPasses = 8;  // pass p: x_i = -13 + 26 (i + p / 8) / 2^20
   std::vector<float> x(kPoints), y(kPoints), dx(kPoints), ones(kPoints, 1.0f);

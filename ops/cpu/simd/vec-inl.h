@@ -202,10 +202,13 @@ HWY_INLINE void Exp2NonPositive(D d, V (&y)[K]) {
 // overflows and 1 - s never cancels. u has the sign of x; e is 2^(-|x| (a + b x^2)) with a = 2 sqrt(2/pi) log2 e
 // and b = 0.044715 a. K vectors at a time, as ExpNonPositive. 1 / (1 + e) is a division on AVX-512, whose CPUs
 // divide 16 floats in fewer cycles than this loop spends per vector (AMD EPYC family 25 model 17, 1 thread, rows in
-// L2: GELU 27.9 -> 29.1 GB/s, its gradient 29.0 -> 29.6 against the Newton step below). Below it, the reciprocal
-// estimate refined by one Newton step (about 1 ulp): a Zen 2 or Haswell divides a 256-bit vector in 2-3 times the
-// cycles of a Zen 4, where the division would be the loop's slowest part (on the Zen 4 here the division also ran
-// AVX2's GELU 1.04x and SSE4's 1.12x as fast, which a Zen 2 may not repeat).
+// L2: GELU 27.9 -> 29.1 GB/s, its gradient 29.0 -> 29.6 against the Newton step below), and on SSE4 too. On AVX2,
+// the reciprocal estimate refined by one fused Newton step (about 1 ulp): a Zen 2 or Haswell divides a 256-bit
+// vector in 2-3 times the cycles of a Zen 4, where the division would be the loop's slowest part (on the Zen 4 the
+// division also ran AVX2's GELU 1.04x as fast, which a Zen 2 may not repeat). SSE4 has no fused multiply-add, so
+// its Newton step rounds twice more, and the estimate it refines is the vendor's own table (rcpps): on an Intel
+// Xeon (family 6 model 167) it reached 1.009 of GELU's 4-ulp bound at x = 0.66, where AMD's read 0.99; the
+// division is exact on every vendor, and ran SSE4's GELU 1.12x as fast on the Zen 4.
 template <size_t K, class D, class V>
 HWY_INLINE void GeluGate(D d, const V (&x)[K], V (&s)[K], V (&one_minus_s)[K]) {
   constexpr double kA = 2.0 * 0.7978845608028654 * 1.4426950408889634;
@@ -219,11 +222,11 @@ HWY_INLINE void GeluGate(D d, const V (&x)[K], V (&s)[K], V (&one_minus_s)[K]) {
   for (size_t k = 0; k < K; ++k) {
     const V den = hn::Add(one, e[k]);  // in [1, 2]
     V q;
-    if constexpr (HWY_TARGET <= HWY_AVX3) {
-      q = hn::Div(one, den);
-    } else {
+    if constexpr (HWY_TARGET == HWY_AVX2) {
       q = hn::ApproximateReciprocal(den);
       q = hn::MulAdd(q, hn::NegMulAdd(den, q, one), q);
+    } else {
+      q = hn::Div(one, den);
     }
     const V eq = hn::Mul(e[k], q);
     s[k] = hn::IfNegativeThenElse(x[k], eq, q);
