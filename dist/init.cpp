@@ -63,6 +63,12 @@ void Context::abort(int exit_code) const {
   std::_Exit(exit_code);  // MPI_Abort does not return; this keeps [[noreturn]] honest if it ever does
 }
 
+bool under_mpi_launcher() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK", "PMI_SIZE"})
+    if (std::getenv(var)) return true;
+  return false;
+}
+
 Context init(int& argc, char**& argv) {
   Context ctx;
   int initialized = 0;
@@ -72,6 +78,10 @@ Context init(int& argc, char**& argv) {
     // at full speed there, taking a core from the computation it is meant to overlap. Yielding while idle gives
     // the core back (the user's own setting wins: overwrite = 0).
     setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+    // A singleton (no launcher) would fork Open MPI's daemon, orted, found through PATH, to serve a spawn that
+    // minidl never asks for; a node without Open MPI installed has none, and MPI_Init would fail. Isolated, the
+    // singleton is a world of one by itself.
+    if (!under_mpi_launcher()) setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
     MINIDL_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &ctx.thread_level_));
     ctx.owns_mpi_ = true;
   } else {

@@ -50,6 +50,10 @@ class Context {
 
  private:
   friend Context init(int& argc, char**& argv);
+
+// Whether an MPI launcher (mpirun/mpiexec, srun, hydra) started this process: it set one of the rank variables
+// Open MPI, PMI or PMIx give each rank.
+bool under_mpi_launcher();
   Context() = default;
   bool owns_mpi_ = false;
   int rank_ = 0, world_size_ = 1, local_rank_ = 0, ranks_on_host_ = 1, threads_per_rank_ = 1;
@@ -57,11 +61,17 @@ class Context {
 };
 
 // Initialises MPI (MPI_THREAD_MULTIPLE if the library provides it, else at least SERIALIZED: DDP's communication
-// thread needs one of them), finds the local rank (OMPI_COMM_WORLD_LOCAL_RANK, else a shared-memory split of
+// thread needs one of them). Started without a launcher (no mpirun: under_mpi_launcher() is false), the process is
+// a world of one that starts no Open MPI daemon (ess_singleton_isolated): a GPU node with no Open MPI installed
+// runs single-process programs from the bundled libraries alone (scripts/gpu-bundle.sh). It then finds the local rank (OMPI_COMM_WORLD_LOCAL_RANK, else a shared-memory split of
 // MPI_COMM_WORLD) and sets the thread pool to threads_per_rank(). If MPI is already initialised, uses it and
 // leaves finalising to whoever initialised it. MPI errors on MPI_COMM_WORLD (and communicators made from it)
 // are returned, not fatal, so MINIDL_MPI_CHECK can report them.
 Context init(int& argc, char**& argv);
+
+// Whether an MPI launcher (mpirun/mpiexec, srun, hydra) started this process: it set one of the rank variables
+// Open MPI, PMI or PMIx give each rank.
+bool under_mpi_launcher();
 
 // Stops every rank with the same minidl::Error if any rank's configuration differs from rank 0's. `fields` are
 // (name, value) pairs in the same order on every rank. Ranks exchange a 64-bit hash per field; only the fields

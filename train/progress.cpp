@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "dist/init.h"
 
 namespace minidl::train {
 
@@ -16,16 +17,10 @@ ProgressMode parse_progress_mode(const std::string& name) {
   return ProgressMode::kLines;
 }
 
-bool under_mpi_launcher() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK", "PMI_SIZE"})
-    if (std::getenv(var)) return true;
-  return false;
-}
-
 ProgressLine::ProgressLine(ProgressMode mode, int64_t log_every, bool enabled)
     : enabled_(enabled),
       redraw_(mode == ProgressMode::kRedraw ||
-              (mode == ProgressMode::kAuto && isatty(STDOUT_FILENO) && !under_mpi_launcher())),
+              (mode == ProgressMode::kAuto && isatty(STDOUT_FILENO) && !dist::under_mpi_launcher())),
       log_every_(log_every) {}
 
 bool ProgressLine::shows(int64_t step, int64_t total) const {

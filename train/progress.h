@@ -19,8 +19,6 @@ namespace minidl::train {
 enum class ProgressMode { kAuto, kRedraw, kLines };
 // "auto", "redraw", "lines"; anything else is an error listing them.
 ProgressMode parse_progress_mode(const std::string& name);
-// Whether this process was started by an MPI launcher (mpirun/mpiexec of Open MPI, MPICH or Slurm's PMI).
-bool under_mpi_launcher();
 
 class ProgressLine {
  public:

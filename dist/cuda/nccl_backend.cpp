@@ -99,8 +99,17 @@ std::shared_ptr<Work> NcclProcessGroup::enqueue(std::vector<Tensor> tensors, Lau
   return std::make_shared<NcclWork>(device(), std::move(done), std::move(tensors));
 }
 
+// In a group of one (no communicator: NcclTransport) every collective is its own result: all-reduce and broadcast
+// leave the tensor as it is, reduce-scatter and all-gather copy input to output, on the same stream as NCCL would.
+static void copy_for_group_of_one(Tensor& output, const Tensor& input, cudaStream_t stream) {
+  if (output.raw_device_data() == input.raw_device_data()) return;
+  MINIDL_CUDA_CHECK(cudaMemcpyAsync(output.raw_device_data(), input.raw_device_data(), output.nbytes(),
+                                    cudaMemcpyDeviceToDevice, stream));
+}
+
 std::shared_ptr<Work> NcclProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp op) {
   return enqueue({tensor}, [&](cudaStream_t stream) {
+    if (size() == 1) return;
     void* data = tensor.raw_device_data();
     MINIDL_NCCL_CHECK(ncclAllReduce(data, data, size_t(tensor.numel()), nccl_type(tensor.dtype()), nccl_op(op),
                                     transport_->comm(), stream));
@@ -110,6 +119,7 @@ std::shared_ptr<Work> NcclProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp o
 
 std::shared_ptr<Work> NcclProcessGroup::do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
   return enqueue({output, input}, [&](cudaStream_t stream) {
+    if (size() == 1) return copy_for_group_of_one(output, input, stream);
     MINIDL_NCCL_CHECK(ncclReduceScatter(input.raw_device_data(), output.raw_device_data(), size_t(output.numel()),
                                         nccl_type(output.dtype()), nccl_op(op), transport_->comm(), stream));
     finish_average(op, output, size(), stream);
@@ -118,6 +128,7 @@ std::shared_ptr<Work> NcclProcessGroup::do_reduce_scatter(Tensor& output, const 
 
 std::shared_ptr<Work> NcclProcessGroup::do_all_gather(Tensor& output, const Tensor& input) {
   return enqueue({output, input}, [&](cudaStream_t stream) {
+    if (size() == 1) return copy_for_group_of_one(output, input, stream);
     MINIDL_NCCL_CHECK(ncclAllGather(input.raw_device_data(), output.raw_device_data(), size_t(input.numel()),
                                     nccl_type(input.dtype()), transport_->comm(), stream));
   });
@@ -125,6 +136,7 @@ std::shared_ptr<Work> NcclProcessGroup::do_all_gather(Tensor& output, const Tens
 
 std::shared_ptr<Work> NcclProcessGroup::do_broadcast(Tensor& tensor, int root) {
   return enqueue({tensor}, [&](cudaStream_t stream) {
+    if (size() == 1) return;
     void* data = tensor.raw_device_data();
     MINIDL_NCCL_CHECK(ncclBroadcast(data, data, size_t(tensor.numel()), nccl_type(tensor.dtype()), root,
                                     transport_->comm(), stream));

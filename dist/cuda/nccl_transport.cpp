@@ -30,6 +30,12 @@ NcclTransport::NcclTransport(MPI_Comm comm, Device device) : device_(device) {
   MINIDL_CHECK(device.is_cuda(), "nccl: expected a CUDA device, got ", device);
   MINIDL_MPI_CHECK(MPI_Comm_rank(comm, &rank_));
   MINIDL_MPI_CHECK(MPI_Comm_size(comm, &size_));
+  cuda::DeviceGuard guard(device.index);
+  MINIDL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  compute_ready_ = std::make_unique<cuda::Event>(false);
+  // A group of one has nothing to send: no communicator (NCCL's bootstrap opens sockets and allocates device
+  // buffers, for nothing), and NcclProcessGroup's collectives become copies.
+  if (size_ == 1) return;
   // Rank 0's id, with whether it could make one: a rank 0 that failed must not leave the others in MPI_Bcast.
   struct {
     int ok = 1;
@@ -43,10 +49,6 @@ NcclTransport::NcclTransport(MPI_Comm comm, Device device) : device_(device) {
   MINIDL_MPI_CHECK(MPI_Bcast(&bootstrap, sizeof bootstrap, MPI_BYTE, 0, comm));
   if (rank_ == 0) MINIDL_NCCL_CHECK(made);
   MINIDL_CHECK(bootstrap.ok, "nccl: rank 0 of the group could not create an NCCL unique id");
-
-  cuda::DeviceGuard guard(device.index);
-  MINIDL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  compute_ready_ = std::make_unique<cuda::Event>(false);
   MINIDL_NCCL_CHECK(ncclCommInitRank(&comm_, size_, bootstrap.id, rank_));
 }
 
@@ -55,7 +57,7 @@ NcclTransport::~NcclTransport() {
   cuda::DeviceGuard guard(device_.index);
   cudaStreamSynchronize(stream_);
   cuda::detail::count_host_sync();
-  ncclCommDestroy(comm_);
+  if (comm_ != nullptr) ncclCommDestroy(comm_);
   compute_ready_.reset();
   cudaStreamDestroy(stream_);
 }
@@ -96,6 +98,33 @@ void NcclTransport::flush_locked() {
   if (pending_.empty()) return;
   cuda::DeviceGuard guard(device_.index);
   wait_for_compute();  // a send may read what a kernel on the compute stream has just written
+  if (size_ == 1) {
+    copy_to_self_locked();
+  } else {
+    issue_group_locked();
+  }
+  auto done = std::make_shared<cuda::Event>(false);
+  done->record(stream_);
+  for (const Pending& p : pending_) issued_.emplace(p.ticket, done);
+  pending_.clear();
+}
+
+// A group of one sends only to itself: the k-th send queued lands in the k-th receive, as NCCL pairs them.
+void NcclTransport::copy_to_self_locked() {
+  std::vector<const Pending*> sends, recvs;
+  for (const Pending& p : pending_) (p.send ? sends : recvs).push_back(&p);
+  MINIDL_CHECK(sends.size() == recvs.size(), "nccl transport: a group of one flushed ", sends.size(),
+               " send(s) to itself and ", recvs.size(), " receive(s); each send needs its receive in the same group");
+  for (size_t i = 0; i < sends.size(); ++i) {
+    MINIDL_CHECK(sends[i]->bytes == recvs[i]->bytes, "nccl transport: send ", i, " to itself has ", sends[i]->bytes,
+                 " bytes, its receive ", recvs[i]->bytes);
+    if (sends[i]->bytes > 0)
+      MINIDL_CUDA_CHECK(cudaMemcpyAsync(recvs[i]->data, sends[i]->data, sends[i]->bytes, cudaMemcpyDeviceToDevice,
+                                        stream_));
+  }
+}
+
+void NcclTransport::issue_group_locked() {
   MINIDL_NCCL_CHECK(ncclGroupStart());
   try {
     for (const Pending& p : pending_) {
@@ -111,10 +140,6 @@ void NcclTransport::flush_locked() {
     throw;
   }
   MINIDL_NCCL_CHECK(ncclGroupEnd());
-  auto done = std::make_shared<cuda::Event>(false);
-  done->record(stream_);
-  for (const Pending& p : pending_) issued_.emplace(p.ticket, done);
-  pending_.clear();
 }
 
 std::shared_ptr<cuda::Event> NcclTransport::group_end_locked(Ticket ticket) {

@@ -43,7 +43,8 @@ namespace detail {
 class NcclTransport final : public RingTransport {
  public:
   // Collective over `comm`: rank 0 makes the NCCL unique id, MPI_Bcast hands it to the others, and every rank
-  // joins with ncclCommInitRank on `device` (a CUDA device; one per rank on real GPUs, as NCCL requires).
+  // joins with ncclCommInitRank on `device` (a CUDA device; one per rank on real GPUs, as NCCL requires). A
+  // `comm` of one rank makes no NCCL communicator: its sends to itself are copies into the matching receives.
   NcclTransport(MPI_Comm comm, Device device);
   // Waits for the communication stream, then destroys the communicator.
   ~NcclTransport() override;
@@ -63,6 +64,7 @@ class NcclTransport final : public RingTransport {
   void flush();
   // Makes the communication stream wait for the work queued so far on the device's compute stream.
   void wait_for_compute();
+  // The communicator; null in a group of one, which makes none.
   ncclComm_t comm() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
 
@@ -76,6 +78,8 @@ class NcclTransport final : public RingTransport {
   };
   Ticket queue(bool send, const Tensor& tensor, int64_t byte_offset, int64_t bytes, int peer);
   void flush_locked();
+  void issue_group_locked();   // the queue as one NCCL group
+  void copy_to_self_locked();  // the queue of a group of one: each send copied into its receive
   // The event that ends `ticket`'s group, issuing the group first if it is still queued.
   std::shared_ptr<cuda::Event> group_end_locked(Ticket ticket);
 

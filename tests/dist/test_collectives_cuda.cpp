@@ -3,6 +3,7 @@
 // integer-valued data, for every dtype, reduction and awkward element count, at world sizes 1-4. Runs on the
 // emulated CUDA backend (minidl_cuda_backend_emu), where NCCL is dist/cuda/nccl_emu's MPI version.
 #include <gtest/gtest.h>
+#include <nccl.h>  // dist/cuda/nccl_emu's, in this emulated build: minidl_nccl_emu_communicators_created
 
 #include <cstring>
 #include <random>
@@ -199,6 +200,34 @@ TEST(DeviceSubgroups, EvenAndOddRanksReduceSeparately) {
     EXPECT_EQ(host_bytes(b), host_bytes(expected));
   }
   MPI_Comm_free(&half);
+}
+
+// A group of one (MPI_COMM_SELF, at every world size) makes no NCCL communicator, and its collectives are the
+// input itself: what a single-process run on a GPU does (no NCCL bootstrap, which opens sockets and device buffers).
+TEST(DeviceGroupOfOne, MakesNoCommunicatorAndEveryCollectiveIsItsInput) {
+  cuda::register_backend();
+  const int made_before = minidl_nccl_emu_communicators_created();
+  {
+    auto nccl = dist::make_process_group("nccl", MPI_COMM_SELF, kDevice);
+    ASSERT_EQ(nccl->size(), 1);
+    const Tensor want = pattern_tensor(3, 1001, DType::f32);
+    Tensor t = want.to(kDevice);
+    nccl->all_reduce(t, ReduceOp::kAvg)->wait();
+    nccl->broadcast(t, 0)->wait();
+    EXPECT_EQ(host_bytes(t), host_bytes(want));
+    Tensor scattered = Tensor::zeros({1001}, DType::f32, kDevice), gathered = Tensor::zeros({1001}, DType::f32, kDevice);
+    nccl->reduce_scatter(scattered, t, ReduceOp::kSum)->wait();
+    nccl->all_gather(gathered, scattered)->wait();
+    EXPECT_EQ(host_bytes(scattered), host_bytes(want));
+    EXPECT_EQ(host_bytes(gathered), host_bytes(want));
+    Tensor received = Tensor::zeros({1001}, DType::f32, kDevice);
+    auto r = nccl->recv(received, 0, 1);
+    nccl->send(t, 0, 1)->wait();
+    r->wait();
+    EXPECT_EQ(host_bytes(received), host_bytes(want));
+    nccl->barrier()->wait();
+  }
+  EXPECT_EQ(minidl_nccl_emu_communicators_created(), made_before) << "a group of one made an NCCL communicator";
 }
 
 // Without the CUDA backend's registration, "nccl" and the device ring fail saying what to link.

@@ -63,6 +63,9 @@ typedef enum {
 ncclResult_t ncclGetVersion(int* version);
 ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
+// Not NCCL's: how many communicators ncclCommInitRank has made in this process (tests check that a group of one
+// makes none).
+int minidl_nccl_emu_communicators_created();
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);

@@ -37,6 +37,7 @@ static_assert(sizeof(IdContents) <= NCCL_UNIQUE_ID_BYTES);
 
 constexpr int kTagBase = 20000, kTagRange = 10000;  // MPI guarantees tags up to 32767
 std::atomic<int> g_sequence{0};
+std::atomic<int> g_communicators_created{0};
 
 // Requests posted inside ncclGroupStart/ncclGroupEnd, per thread like NCCL's group state.
 thread_local int g_group_depth = 0;
@@ -147,8 +148,11 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId comm_id
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
   *comm = new ncclComm{mpi_comm, rank, nranks};
+  g_communicators_created.fetch_add(1);
   return ncclSuccess;
 }
+
+int minidl_nccl_emu_communicators_created() { return g_communicators_created.load(); }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclInvalidArgument;
