@@ -1,16 +1,20 @@
 // The emulated tensor-core primitives (cuda_emu/tensor_core.h) against plain references: mma_m16n8k16 for f16 and
 // bf16 with fragments placed by the PTX ISA's layouts, ldmatrix x1/x2/x4 with and without .trans, cp.async groups
 // (a missing wait reads poison, wait_group 1 lands only the older group), and ldmatrix + mma composed the way the
-// attention kernels use them.
+// attention kernels use them. The same source runs on a GPU (test_tensor_core_gpu, MINIDL_TEST_GPU: tests/gpu),
+// the check of the emulator's model against silicon; there shared memory holds no poison and a copy not yet waited
+// for may have landed already, so only what the PTX ISA promises is checked.
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "support.h"
 #include "tensor_core_kernels.h"
+#include "tests/support/device_buffer.h"
 
 namespace emu_test {
 namespace {
+
+using minidl::testing::DeviceBuffer;
 
 template <class T>
 T to16(float x);
@@ -80,7 +84,11 @@ std::vector<int> landed_chunks(int wait_groups) {
       all &= out[4 * c + k] == in[4 * c + k];
       poison &= bits == 0xffffffffu;
     }
+#if !defined(MINIDL_TEST_GPU)
     EXPECT_TRUE(all || poison) << "chunk " << c;
+#else
+    (void)poison;
+#endif
     landed[c] = all;
   }
   return landed;
@@ -90,13 +98,23 @@ TEST(TensorCore, AsyncCopyLandsAtItsWait) {
   for (int landed : landed_chunks(0)) EXPECT_EQ(landed, 1);
 }
 
+#if !defined(MINIDL_TEST_GPU)  // on silicon a copy not waited for may have landed: nothing to check
 TEST(TensorCore, AsyncCopyWithoutWaitReadsPoison) {
   for (int landed : landed_chunks(-1)) EXPECT_EQ(landed, 0);
 }
+#endif
 
 TEST(TensorCore, AsyncCopyWaitGroupOneLeavesTheNewestGroupInFlight) {
   const std::vector<int> landed = landed_chunks(1);
-  for (int c = 0; c < 64; ++c) EXPECT_EQ(landed[c], c % 2 == 0) << "chunk " << c;  // group 0: even threads
+  for (int c = 0; c < 64; ++c) {
+    if (c % 2 == 0) {
+      EXPECT_EQ(landed[c], 1) << "chunk " << c;  // group 0 (even threads) has landed
+    } else {
+#if !defined(MINIDL_TEST_GPU)
+      EXPECT_EQ(landed[c], 0) << "chunk " << c;  // the emulator holds the newest group back until its wait
+#endif
+    }
+  }
 }
 
 TEST(TensorCore, LdmatrixAndMmaThroughSharedMemory) {

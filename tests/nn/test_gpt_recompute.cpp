@@ -5,7 +5,8 @@
 // The same source builds test_gpt_device (tests/nn/CMakeLists.txt) with MINIDL_TEST_EMULATED_CUDA: the model and
 // batches then live on the emulated CUDA device, so recomputation is bitwise on the CUDA kernels too, and the
 // device's losses and gradients are compared with the CPU's. test_gpt_gpu (MINIDL_TEST_GPU) does the same on a
-// real GPU and skips without one.
+// real GPU and skips without one (tests/gpu); its bitwise comparisons rely on cuBLAS's pinned workspace
+// (ops/cuda/tensor/gemm_cublas.cpp), which keeps a product's algorithm the same in every pass.
 #include <gtest/gtest.h>
 
 #include "tests/support/test_device.h"

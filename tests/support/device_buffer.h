@@ -1,9 +1,14 @@
 // A cudaMalloc'd array of n T for kernel tests, filled from and read back into host vectors. Under the CUDA emulator
 // cudaMalloc/cudaMemcpy work on host memory; with nvcc they are the real runtime's.
+//
+// A buffer made from a size alone is poisoned: every byte 0xFF (NaN in f32, f16 and bf16; -1 in the integers), so an
+// output element that a kernel leaves unwritten fails the comparison instead of passing with whatever cudaMalloc
+// returned. A kernel that accumulates into its output takes DeviceBuffer<T>::zeros(n).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "cuda_emu/cuda_compat.h"
@@ -13,11 +18,20 @@ namespace minidl::testing {
 template <class T>
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t n) : n_(n) { EXPECT_EQ(cudaMalloc(&ptr_, (n ? n : 1) * sizeof(T)), cudaSuccess); }
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&ptr_, (n ? n : 1) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ptr_, 0xFF, (n ? n : 1) * sizeof(T)), cudaSuccess);
+  }
+  static DeviceBuffer zeros(size_t n) {
+    DeviceBuffer b(n);
+    EXPECT_EQ(cudaMemset(b.ptr_, 0, (n ? n : 1) * sizeof(T)), cudaSuccess);
+    return b;
+  }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
     EXPECT_EQ(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   }
   ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)), n_(other.n_) {}
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 

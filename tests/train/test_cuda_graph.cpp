@@ -3,7 +3,9 @@
 // learning rate that changes every step; dropout, whose masks' step the replays read on the device, with gradient
 // accumulation); a replayed step makes no host synchronisation, no read back, no
 // cudaMalloc, exactly one graph launch and one kernel launch of its own (the learning rate's fill), and copies only
-// the batch to the device; what a replay cannot change is refused.
+// the batch to the device; what a replay cannot change is refused. On a GPU (test_device_step_gpu, tests/gpu) the
+// bitwise comparison holds because cuBLAS's workspace is pinned (ops/cuda/tensor/gemm_cublas.cpp): a captured
+// product cannot choose another algorithm than the eager one.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -29,6 +29,7 @@ namespace {
 struct CublasApi {
   decltype(&cublasCreate_v2) Create;
   decltype(&cublasSetStream_v2) SetStream;
+  decltype(&cublasSetWorkspace_v2) SetWorkspace;
   decltype(&cublasGetStatusName) GetStatusName;
   decltype(&cublasGetStatusString) GetStatusString;
   // cublas_api.h also declares a C++ overload of this name (with 64-bit sizes), so the type is spelled out.
@@ -70,6 +71,7 @@ const CublasApi& cublas() {
     CublasApi a{};
     bind(a.Create, blas, "cublasCreate_v2");
     bind(a.SetStream, blas, "cublasSetStream_v2");
+    bind(a.SetWorkspace, blas, "cublasSetWorkspace_v2");
     bind(a.GetStatusName, blas, "cublasGetStatusName");
     bind(a.GetStatusString, blas, "cublasGetStatusString");
     bind(a.GemmStridedBatchedEx, blas, "cublasGemmStridedBatchedEx");
@@ -96,16 +98,34 @@ const CublasApi& cublas() {
                  cublas().GetStatusString(status_), ")");                                                     \
   } while (0)
 
-cublasHandle_t handle(int device) {
+// cuBLAS's handle for `device`, bound to `stream` with the device's own workspace. Without a workspace of ours,
+// cuBLAS takes one from its own pool, and none while a CUDA graph is being captured: a product captured into a graph
+// could then run another algorithm than the same product run eagerly, and graph replay, or a recomputed forward, would
+// differ from the eager step in its last bits. So the workspace is pinned, as PyTorch pins it: allocated once per
+// device from the caching allocator (32 MiB on Hopper and later, 4 MiB before, cuBLAS's recommended sizes) and set
+// after every cublasSetStream, which resets it to the default pool.
+cublasHandle_t handle(int device, cudaStream_t stream) {
+  struct Device {
+    cublasHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    size_t workspace_bytes = 0;
+  };
   static std::mutex mutex;
-  static std::vector<cublasHandle_t> handles;
+  static std::vector<Device> devices;
   std::lock_guard<std::mutex> lock(mutex);
-  if (int(handles.size()) <= device) handles.resize(size_t(device) + 1, nullptr);
-  if (handles[size_t(device)] == nullptr) {
+  if (int(devices.size()) <= device) devices.resize(size_t(device) + 1);
+  Device& d = devices[size_t(device)];
+  if (d.handle == nullptr) {
     minidl::cuda::DeviceGuard guard(device);
-    MINIDL_CUBLAS_CHECK(cublas().Create(&handles[size_t(device)]));
+    int major = 0;
+    MINIDL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    d.workspace_bytes = size_t(major >= 9 ? 32 : 4) << 20;
+    d.workspace = minidl::cuda::allocate(d.workspace_bytes, device);
+    MINIDL_CUBLAS_CHECK(cublas().Create(&d.handle));
   }
-  return handles[size_t(device)];
+  MINIDL_CUBLAS_CHECK(cublas().SetStream(d.handle, stream));
+  MINIDL_CUBLAS_CHECK(cublas().SetWorkspace(d.handle, d.workspace, d.workspace_bytes));
+  return d.handle;
 }
 
 cudaDataType_t data_type(DType dtype) {
@@ -340,8 +360,7 @@ void gemm_typed(int device, cudaStream_t stream, DType dtype, DType c_dtype, int
                 int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc,
                 int64_t c_batch_stride) {
   if (batch == 0 || M == 0 || N == 0) return;
-  cublasHandle_t h = handle(device);
-  MINIDL_CUBLAS_CHECK(cublas().SetStream(h, stream));
+  cublasHandle_t h = handle(device, stream);
   cudaDataType_t type = data_type(dtype), c_type = data_type(c_dtype);
   // 16-bit operands always run on tensor cores (f32 accumulation); f32 uses TF32 only when asked.
   cublasComputeType_t compute =

@@ -1,10 +1,13 @@
 // The MLP's GEMM epilogues (ops/linear_gelu.h) against the CPU ops on whatever CUDA backend the binary links: the
 // emulated one in test_cuda_tensor_ops, cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD in gpu.* (test_cuda_device_ops_gpu,
 // skipped without a device), and linear's BGRADA. One counted launch each way says the fused path ran, not the
-// fallback.
+// fallback. The emulated backend models every epilogue, so there the fused path must run; on a GPU cuBLASLt may have
+// no fused algorithm for a shape, and the unfused composition runs instead (correct by construction): the values
+// are checked either way, and the test prints which path ran.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 
 #include "core/cuda/cuda.h"
 #include "nn_test_util.h"
@@ -28,6 +31,15 @@ class GemmEpilogues : public ::testing::Test {
 
 Values host(const Tensor& t) { return t.to(Device::cpu()).to_vector(); }
 
+// `launches` kernel launches ran `what`: one is the fused epilogue.
+void expect_fused(int64_t launches, const std::string& what) {
+#if defined(MINIDL_TEST_GPU)
+  std::printf("%s: %s\n", what.c_str(), launches == 1 ? "fused" : "no fused algorithm for this shape, the fallback ran");
+#else
+  EXPECT_EQ(launches, 1) << what << ": the emulated backend models this epilogue, so it must run fused";
+#endif
+}
+
 TEST_F(GemmEpilogues, GeluAuxBiasAndDgeluBgradRunFusedAndMatchTheCpu) {
   const Device cuda_dev = Device::cuda(0);
   const int64_t rows = 48, k = 32, n = 128;  // GPT-shaped: n = 4k, a multiple of 8 as cuBLASLt's aux requires
@@ -43,11 +55,11 @@ TEST_F(GemmEpilogues, GeluAuxBiasAndDgeluBgradRunFusedAndMatchTheCpu) {
 
     const cuda::Counters before = cuda::counters();
     const ops::LinearGelu f = ops::linear_gelu_forward(x.to(cuda_dev), w.to(cuda_dev), b.to(cuda_dev));
-    EXPECT_EQ((cuda::counters() - before).kernel_launches, 1) << "GELU_AUX_BIAS " << name;
+    expect_fused((cuda::counters() - before).kernel_launches, "GELU_AUX_BIAS " + name);
     const Tensor dy_dev = dy.to(cuda_dev), w_proj_dev = w_proj.to(cuda_dev), aux_dev = aux_cpu.to(cuda_dev);
     const cuda::Counters mid = cuda::counters();
     const ops::DgeluBgrad g = ops::dgelu_bgrad(dy_dev, w_proj_dev, aux_dev, true);
-    EXPECT_EQ((cuda::counters() - mid).kernel_launches, 1) << "DGELU_BGRAD " << name;
+    expect_fused((cuda::counters() - mid).kernel_launches, "DGELU_BGRAD " + name);
 
     expect_close(host(f.h), h_cpu.to_vector(), tol, "h " + name);
     expect_close(host(f.aux), aux_cpu.to_vector(), tol, "aux " + name);
@@ -78,7 +90,7 @@ TEST_F(GemmEpilogues, BgradaRunsFusedAndMatchesTheCpu) {
         std::printf("BGRADA with %s inputs and f32 outputs: %s\n", dtype_name(dt),
                     launches == 1 ? "fused" : "no algorithm, the fallback ran");
       } else {
-        EXPECT_EQ(launches, 1) << "BGRADA " << name;
+        expect_fused(launches, "BGRADA " + name);
       }
       EXPECT_EQ(g.dw.dtype(), f32_out ? DType::f32 : dt) << name;
       expect_close(host(g.dw), dw_cpu.to_vector(), tol, "dw " + name);
