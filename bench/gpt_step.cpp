@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   int64_t grad_accum = 1;
   std::string recompute = "none", amp = "off";
-  bool json = false, tf32 = false, cuda_graph = false;
+  bool json = false, tf32 = false, cuda_graph = false, same_batch = false;
   std::string device_flag = "cpu";
   double peak_tflops = 0;
   int tp = 1;
@@ -160,6 +160,8 @@ int main(int argc, char** argv) {
                  "cuda, mpi means nccl (ring: the device ring)")
       ->capture_default_str();
   app.add_flag("--json", json, "Also print one JSON object as the last line");
+  app.add_flag("--same-batch", same_batch, "Train on one batch, repeated every step: the loss must fall (the "
+               "loss line gives the first and the last timed step's)");
   app.add_option("--pp", pp, "Pipeline stages (run under mpirun -n PP; CPU, f32/bf16)")->capture_default_str();
   app.add_option("--micro-batches", micro_batches, "With --pp: micro-batches per step (default: --pp)");
   app.add_option("--schedule", schedule, "With --pp: gpipe, 1f1b or interleaved")->capture_default_str();
@@ -260,25 +262,34 @@ int main(int argc, char** argv) {
     std::vector<double> rounds;  // GFLOP/s; round g comes before timed step g * ceiling_every
 
     std::vector<double> ms;
+    double loss_first = 0, loss_last = 0;  // of the first and the last timed step, read after their timing
     StepCounters counted;
     ledger(device).reset_peaks();
     for (int64_t s = 0; s < warmup + steps; ++s) {
       if (ceiling_products && s >= warmup && (s - warmup) % ceiling_every == 0)
         rounds.push_back(ceiling_products->measure(num_threads()));  // its own cblas calls: not counted
       if (ceiling_products && s == warmup) ops::count_blas(true);
+      const int64_t batch_step = same_batch ? 0 : s;
       data::Batch b;  // this rank's slice of the global batch
-      if (!device_batches) b = sampler.batch(s, data_rank * batch, batch);
+      if (!device_batches) b = sampler.batch(batch_step, data_rank * batch, batch);
       auto t0 = std::chrono::steady_clock::now();
       if (s >= warmup) counted.begin();
       dist::reset_tensor_parallel_traffic();
-      if (device_batches && graph) graph->step(*device_batches, s, data_rank * batch, batch, 1e-3);
-      else if (device_batches) train::train_step(model, opt, *device_batches, s, data_rank * batch, batch, options);
-      else if (graph) graph->step(b, 1e-3);
-      else train::train_step(model, opt, b, options);
+      train::StepResult r;
+      if (device_batches && graph) r = graph->step(*device_batches, batch_step, data_rank * batch, batch, 1e-3);
+      else if (device_batches)
+        r = train::train_step(model, opt, *device_batches, batch_step, data_rank * batch, batch, options);
+      else if (graph) r = graph->step(b, 1e-3);
+      else r = train::train_step(model, opt, b, options);
       if (s >= warmup) counted.end();
       if (device.is_cuda()) device_backend(device, "synchronize").synchronize(device.index);  // the step's GPU work
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) ms.push_back(dt);
+      if (s == warmup || s == warmup + steps - 1) {
+        r.read();
+        if (s == warmup) loss_first = r.loss;
+        if (s == warmup + steps - 1) loss_last = r.loss;
+      }
     }
     const ops::BlasCount blas = ops::blas_count();
     ops::count_blas(false);
@@ -343,6 +354,8 @@ int main(int argc, char** argv) {
                   "reduce-scatter %.2f\n", mb(t.all_reduce_bytes), mb(t.all_gather_bytes), mb(t.reduce_scatter_bytes));
     }
     if (device.is_cuda()) counted.print(steps);
+    std::printf("loss: first timed step %.4f, last %.4f%s\n", loss_first, loss_last,
+                same_batch ? " (one batch repeated)" : "");
     if (json) {
       char blas_fields[160] = "";
       if (ceiling_products)
@@ -350,9 +363,11 @@ int main(int argc, char** argv) {
                       "\"rest_ms_per_step\": %.3f", blas_ms, blas_gflops, rest_ms);
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
                   "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
-                  "\"sgemm_ceiling_gflops\": %.2f, \"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d%s%s}\n",
+"\"sgemm_ceiling_gflops\": %.2f, \"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d, "
+                  "\"loss_first\": %.6g, \"loss_last\": %.6g, \"same_batch\": %s%s%s}\n",
                   median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(),
-                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling, pct_ceiling, world, zero, blas_fields,
+                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling, pct_ceiling, world, zero, loss_first,
+                  loss_last, same_batch ? "true" : "false", blas_fields,
                   device.is_cuda() ? counted.json_fields(steps).c_str() : "");
     }
   } catch (const Error& e) {
