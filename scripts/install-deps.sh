@@ -25,6 +25,8 @@ packages=(
   libboost-context-dev    # fibers for the CPU emulation of CUDA kernels
   clang                   # libFuzzer for the checkpoint-reader fuzzer (scripts/fuzz.sh)
   libhwy-dev              # Google Highway: portable SIMD, vector exp/tanh and runtime ISA dispatch (ops/cpu/simd/)
+  patchelf                # scripts/gpu-bundle.sh: the bundle's programs and libraries find each other ($ORIGIN)
+  xz-utils                # scripts/gpu-bundle.sh: the bundle's .tar.xz
 )
 torch_packages=(python3-torch python3-numpy)
 plot_packages=(python3-matplotlib)
