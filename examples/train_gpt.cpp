@@ -148,6 +148,11 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "fp16: stop after this many consecutive steps the loss scaler skipped (inf/NaN loss or gradients; "
                  "on a CUDA device checked on the steps it prints)")
       ->capture_default_str();
+  app.add_option("--loss-scale-init", o.loss_scale_init, "fp16: the loss scaler's first scale (1 to 2^24)")
+      ->capture_default_str();
+  app.add_option("--loss-scale-growth-interval", o.loss_scale_growth_interval,
+                 "fp16: consecutive clean steps before the loss scale doubles")
+      ->capture_default_str();
   app.add_flag("--advance-lr-on-skip", o.advance_lr_on_skip,
                "fp16: advance the LR schedule on steps the loss scaler skips (default: hold it)");
 }

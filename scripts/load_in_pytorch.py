@@ -210,7 +210,7 @@ def main():
             logits = model(chunk[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, cfg["vocab_size"]), chunk[:, 1:].reshape(-1), reduction="none")
             total += loss.view(len(chunk), -1).mean(dim=1).sum().item()
-    print(f"val_loss={total / args.windows:.6f}")
+    print(f"val_loss={total / args.windows:.9g}")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,10 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(log_every >= 1, "--log-every: expected at least 1, got ", log_every);
   MINIDL_CHECK(sample >= 0, "--sample: expected 0 or more, got ", sample);
   MINIDL_CHECK(max_skipped_steps >= 1, "--max-skipped-steps: expected at least 1, got ", max_skipped_steps);
+  MINIDL_CHECK(loss_scale_init >= 1 && loss_scale_init <= 16777216.0,
+               "--loss-scale-init: expected a scale from 1 to 2^24 (16777216), got ", loss_scale_init);
+  MINIDL_CHECK(loss_scale_growth_interval >= 1, "--loss-scale-growth-interval: expected at least 1, got ",
+               loss_scale_growth_interval);
   parse_progress_mode(progress);
   amp_dtype(amp);
   nn::parse_recompute(recompute);
@@ -432,7 +436,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   s.notes.insert(s.notes.end(), built.notes.begin(), built.notes.end());
   s.amp = amp_dtype(o.amp);
   if (s.amp == DType::f16) {
-    s.scaler.emplace();
+    optim::GradScalerOptions scaling;
+    scaling.init_scale = o.loss_scale_init;
+    scaling.growth_interval = o.loss_scale_growth_interval;
+    s.scaler.emplace(scaling);
     auto it = s.ckpt ? s.ckpt->metadata.find("grad_scaler") : nn::Metadata::const_iterator{};
     if (s.resume && s.resume->state.scaler)
       s.scaler->load_state(*s.resume->state.scaler);
@@ -683,7 +690,7 @@ int Trainer::run() {
   const double gflops = ms_per_step > 0 ? flops_per_step / ms_per_step / 1e6 : 0.0;
   const MemoryLedger& mem = ledger(s.device);  // the training device's ledger (the GPU's, with --device cuda)
   auto mb = [&](MemTag tag) { return double(mem.peak(tag)) / double(1 << 20); };
-  std::printf("summary: steps=%lld train_loss=%.4f val_loss=%.4f ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
+  std::printf("summary: steps=%lld train_loss=%.9g val_loss=%.9g ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
               "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.2f exposed_comm_ms=%.2f loss_scale=%g skipped_steps=%lld "
               "act_peak_mb=%.2f param_mb=%.2f grad_mb=%.2f optim_mb=%.2f mfu=%.4f\n",
               (long long)o.steps, recent ? recent_loss / double(recent) : NAN, val_loss, ms_per_step,

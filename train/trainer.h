@@ -74,6 +74,9 @@ struct TrainConfig {
   // fp16: a run stops after this many consecutive steps the loss scaler skipped (the scale has then fallen by
   // 2^N: the model produces inf/NaN whatever the scale, which no amount of backing off will fix).
   int64_t max_skipped_steps = 50;
+  // fp16's loss scaler: its first scale and the clean steps between growths (optim::GradScalerOptions' defaults).
+  double loss_scale_init = 65536.0;
+  int64_t loss_scale_growth_interval = 2000;
   std::string device = "cpu";
   bool tf32 = false;
   bool cuda_graph = false;          // capture one step as a CUDA graph and replay it (train/cuda_graph.h)

@@ -1,5 +1,6 @@
 // Helpers of the checkpoint tests (test_resume.cpp, test_resume_parallel.cpp): the mpiexec prefix of a run, a
-// checkpoint directory's safetensors files compared byte for byte, and the straight-versus-resumed oracle.
+// checkpoint directory's files compared byte for byte (the safetensors and state.json), and the
+// straight-versus-resumed oracle.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 
@@ -34,10 +36,46 @@ inline std::map<std::string, std::string> safetensors_files(const std::string& d
   return files;
 }
 
-// Byte for byte the same model and optimizer files (the same names too); false when there is no model file.
-inline bool same_files(const std::string& a, const std::string& b) {
-  const auto fa = safetensors_files(a);
-  return fa.count("model.safetensors") && fa.size() >= 2 && fa == safetensors_files(b);
+// Which part of state.json two checkpoints must share: all of it, or all but the run's configuration (two layouts
+// of one run: ZeRO against DDP, another data-parallel size).
+enum class RunConfig { kSame, kMayDiffer };
+
+// Byte for byte the same model and optimizer files (the same names too) and the same state.json: the step, the
+// schedule's and the optimizer's step counts, the loss scaler's state (scale, clean and skipped steps, hysteresis)
+// and, unless `config` says it may differ, the run's configuration (but for the checkpoints' folder and interval). False, saying what differs, when there is no
+// model file or anything differs.
+inline ::testing::AssertionResult same_files(const std::string& a, const std::string& b,
+                                             RunConfig config = RunConfig::kSame) {
+  const auto fa = safetensors_files(a), fb = safetensors_files(b);
+  if (!fa.count("model.safetensors") || fa.size() < 2) return ::testing::AssertionFailure() << a << " has no model";
+  if (fa != fb) {
+    auto fail = ::testing::AssertionFailure() << "the safetensors files of " << a << " and " << b << " differ:";
+    for (const auto& [name, bytes] : fa)
+      if (!fb.count(name) || fb.at(name) != bytes) fail << " " << name;
+    for (const auto& [name, bytes] : fb)
+      if (!fa.count(name)) fail << " " << name << " (only in " << b << ")";
+    return fail;
+  }
+  nlohmann::json sa, sb;
+  try {
+    sa = nlohmann::json::parse(read_file(std::filesystem::path(a) / "state.json"));
+    sb = nlohmann::json::parse(read_file(std::filesystem::path(b) / "state.json"));
+  } catch (const nlohmann::json::exception& e) {
+    return ::testing::AssertionFailure() << "state.json of " << a << " or " << b << " unreadable: " << e.what();
+  }
+  if (config == RunConfig::kMayDiffer) {
+    sa.erase("run_config");
+    sb.erase("run_config");
+  } else {
+    // Where and how often the runs wrote their checkpoints: what the straight-versus-resumed oracle varies.
+    for (nlohmann::json* s : {&sa, &sb})
+      if (s->contains("run_config"))
+        for (const char* key : {"checkpoint_dir", "save_every"}) (*s)["run_config"].erase(key);
+  }
+  if (sa != sb)
+    return ::testing::AssertionFailure() << "state.json differs:\n" << a << ":\n" << sa.dump(2) << "\n" << b << ":\n"
+                                         << sb.dump(2);
+  return ::testing::AssertionSuccess();
 }
 
 // The value of `key` on the summary line, as printed ("missing" if absent).

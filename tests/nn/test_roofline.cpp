@@ -26,11 +26,20 @@ TEST(Roofline, Gpt2OnH100IsBoundedByTheTensorCoresAndItsLargestKernelsAreGemms) 
   c.kernels = bench::KernelSet::kTarget;
   const bench::GpuPeak& h100 = *bench::find_gpu("H100");
   double seconds = 0;
+  int fc = 0, adamw = 0;  // each checked kernel must be in the list: a renamed one would otherwise check nothing
   for (const bench::KernelCost& k : bench::step_kernels(c)) {
     seconds += bench::ideal_seconds(k, h100, c.amp);
-    if (k.name == "linear fc fwd") EXPECT_TRUE(bench::compute_bound(k, h100, c.amp));
-    if (k.name == "AdamW") EXPECT_FALSE(bench::compute_bound(k, h100, c.amp));
+    if (k.name == "linear fc fwd") {
+      ++fc;
+      EXPECT_TRUE(bench::compute_bound(k, h100, c.amp));
+    }
+    if (k.name == "AdamW") {
+      ++adamw;
+      EXPECT_FALSE(bench::compute_bound(k, h100, c.amp));
+    }
   }
+  EXPECT_EQ(fc, 1);
+  EXPECT_EQ(adamw, 1);
   const double compute_only = bench::step_flops(bench::step_kernels(c)) / bench::peak_flops(h100, c.amp);
   EXPECT_GT(seconds, compute_only);
   EXPECT_LT(seconds, 2 * compute_only);

@@ -73,10 +73,15 @@ TEST(LayerNorm, GradCheckF64) {
   expect_gradients_match([](const std::vector<Tensor>& in) { return layernorm(in[0], in[1], in[2]); }, {x, w, b});
 }
 
-TEST(LayerNorm, MatchesMeanVarianceFormula) {
+// Against the formula in double, epsilon inside the square root: x of size 2 (variance ~1.3, where epsilon moves
+// rstd by 4e-6, under the 1e-5 tolerance: a misplaced epsilon passes there) and of size 4e-3 (variance ~5e-6, below
+// epsilon: 1 / (sqrt(var) + eps) would read rstd 70% too large).
+namespace {
+void expect_layernorm_matches_the_formula(double scale) {
+  SCOPED_TRACE("x of size " + std::to_string(scale));
   const int64_t rows = 210, C = 37;  // rows span several dweight/dbias partial blocks
   const double eps = 1e-5;
-  Tensor x = grad_leaf({3, 70, C}, 7, DType::f32, 2.0), w = grad_leaf({C}, 8, DType::f32),
+  Tensor x = grad_leaf({3, 70, C}, 7, DType::f32, scale), w = grad_leaf({C}, 8, DType::f32),
          b = grad_leaf({C}, 9, DType::f32);
   Values R = random_values(rows * C, 10);
   ForwardBackward fb = forward_backward(
@@ -109,6 +114,12 @@ TEST(LayerNorm, MatchesMeanVarianceFormula) {
   expect_close(fb.grad[0], dx, 1e-5, "layernorm dx");
   expect_close(fb.grad[1], dw, 1e-5, "layernorm dweight");
   expect_close(fb.grad[2], db, 1e-5, "layernorm dbias");
+}
+}  // namespace
+
+TEST(LayerNorm, MatchesMeanVarianceFormula) {
+  expect_layernorm_matches_the_formula(2.0);
+  expect_layernorm_matches_the_formula(4e-3);
 }
 
 TEST(LayerNorm, BackwardBitwiseSameForOneAndTwoThreads) {

@@ -129,6 +129,22 @@ TEST(Simd, GeluBackwardWithinUlpBoundAndAccumulatesBiasGradient) {
   });
 }
 
+// The reference the GELU tests above (and the CUDA kernel, ops/cuda/bias_gelu.cu) are measured against,
+// ops/kernels/gelu.h, is itself checked here against the textbook tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+// x^3))), written out with std::tanh, and its derivative against a central difference of that form: a wrong
+// constant in the shared header would otherwise move the kernels and their reference together.
+TEST(Simd, GeluReferenceIsTheTanhFormulaAndItsDerivative) {
+  auto textbook = [](double x) {
+    return 0.5 * x * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+  };
+  for (double x = -8; x <= 8; x += 0.0625) {
+    EXPECT_NEAR(minidl::ops::kernels::gelu_tanh(x), textbook(x), 1e-14 * (1 + std::fabs(x))) << "x = " << x;
+    // The difference's error: h^2 / 6 times the third derivative (a few units) plus 1e-16 / h of rounding.
+    const double h = 1e-5, slope = (textbook(x + h) - textbook(x - h)) / (2 * h);
+    EXPECT_NEAR(minidl::ops::kernels::gelu_tanh_grad(x), slope, 1e-8) << "x = " << x;
+  }
+}
+
 // The bounds above on 2^23 evenly spaced x in [-13, 13], where the 67-element rows check a few hundred values.
 // It fails the earlier kernel (exp in base e, Horner's rule, the Newton step as q (2 - a q)) under SSE4, at
 // x = -9.47, and that kernel reached 1.05 of its bound at x = -6.72. With SSE4's reciprocal estimate and unfused

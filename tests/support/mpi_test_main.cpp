@@ -1,5 +1,7 @@
 // main() of the MPI test binaries: initialise MPI, run the tests on every rank, print from rank 0 (other ranks
-// print only their failures, tagged "[rank k]"), and exit non-zero when any rank failed.
+// print only their failures, tagged "[rank k]"), and exit non-zero when any rank failed. A run in which no test
+// ran, or every test skipped, exits with kSkippedExitCode (CTest's SKIP_RETURN_CODE, tests/CMakeLists.txt): CTest
+// then reports it skipped, not passed.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -11,6 +13,7 @@ namespace minidl::testing {
 
 namespace {
 const dist::Context* g_context = nullptr;
+constexpr int kSkippedExitCode = 77;
 
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
@@ -50,5 +53,14 @@ int main(int argc, char** argv) {
   int any_failed = 0;
   MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, ctx.world());
   if (ctx.rank() == 0 && any_failed && !failed) std::fprintf(stderr, "tests failed on another rank (see above)\n");
-  return any_failed;
+  if (any_failed) return any_failed;
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  int nothing_tested = unit.test_to_run_count() == unit.skipped_test_count() && !GTEST_FLAG_GET(list_tests);
+  int everywhere = 0;
+  MPI_Allreduce(&nothing_tested, &everywhere, 1, MPI_INT, MPI_MIN, ctx.world());
+  if (!everywhere) return 0;
+  if (ctx.rank() == 0)
+    std::fprintf(stderr, "%d test(s) ran, all skipped: reported to CTest as skipped (exit code %d)\n",
+                 unit.test_to_run_count(), minidl::testing::kSkippedExitCode);
+  return minidl::testing::kSkippedExitCode;
 }

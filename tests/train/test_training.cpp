@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/parallel.h"
 #include "data/text_dataset.h"
@@ -77,3 +79,40 @@ TEST(Training, SteadyStateStepsDoNotAskTheSystemForMemory) {
   EXPECT_EQ(cpu_system_allocs(), before) << "the caching allocator should serve every steady-state allocation";
 }
 
+
+// The loss of a batch with ignored targets (-1) is the mean over the targets that count, computed here in double
+// from the model's own logits (log-softmax by hand): an oracle that shares no code with train_step's divisor
+// (count_targets). A third of the targets ignored, in one micro-batch of two and in one batch: counting them in the
+// divisor would read a loss 2/3 of the right one.
+TEST(Training, IgnoredTargetsAreLeftOutOfTheLossMean) {
+  const int64_t vocab = 11, seq = 6, rows = 4;
+  nn::GPTConfig cfg{vocab, seq, 1, 2, 16, 0.0, true};
+  std::vector<double> x(size_t(rows * seq)), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = double((i * 7 + 3) % size_t(vocab));
+    y[i] = i % 3 == 2 ? -1.0 : double((i * 5 + 1) % size_t(vocab));
+  }
+  const data::Batch batch{Tensor::from_vector(x, {rows, seq}, DType::i32), Tensor::from_vector(y, {rows, seq}, DType::i32)};
+  for (int64_t accum : {1, 2}) {
+    SCOPED_TRACE("grad_accum " + std::to_string(accum));
+    nn::GPT model(cfg, 7);
+    const std::vector<double> logits = model.forward(batch.x).to_vector();  // (rows, seq, vocab), before the step
+    double sum = 0;
+    int64_t counted = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      if (y[i] < 0) continue;
+      const double* row = logits.data() + i * size_t(vocab);
+      double max = row[0], z = 0;
+      for (int64_t v = 1; v < vocab; ++v) max = std::max(max, row[v]);
+      for (int64_t v = 0; v < vocab; ++v) z += std::exp(row[v] - max);
+      sum += max + std::log(z) - row[size_t(y[i])];
+      ++counted;
+    }
+    ASSERT_EQ(counted, rows * seq * 2 / 3);
+    optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-3});
+    train::StepOptions o;
+    o.grad_accum = accum;
+    const train::StepResult r = train::train_step(model, opt, batch, o);
+    EXPECT_NEAR(r.loss, sum / double(counted), 1e-5 * sum / double(counted));  // f32 logits and sums
+  }
+}

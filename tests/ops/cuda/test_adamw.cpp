@@ -1,6 +1,10 @@
 // The multi-tensor AdamW kernel (ops/cuda/adamw.cu), run on the emulator, against ops::fused_adamw_ over
 // several steps: tensors of ragged sizes, one spanning several 64 Ki chunks, an unaligned one, and more tensors
-// than one launch's list holds.
+// than one launch's list holds. The CPU op and the kernel share their per-element update (ops/kernels/adamw.h),
+// so both are also checked against the textbook AdamW written out here in double, which shares nothing with them.
+#include <cmath>
+#include <vector>
+
 #include "device_buffer.h"
 #include "nn_test_util.h"
 #include "ops/adamw.h"
@@ -11,6 +15,24 @@ namespace {
 
 // Same math, but the CPU build may contract a*b+c into FMAs where the emulated build does not.
 constexpr double kRtol = 1e-6;
+// The f32 update against the double one: a few roundings of relative size 2^-24 per step, over 4 steps, where
+// m / (sqrt(v) + eps) is near +-1 and p changes by lr per step (a wrong bias correction moves p by ~lr).
+constexpr double kTextbookRtol = 1e-5;
+
+// Decoupled weight decay, then the moments, then the bias-corrected step (Loshchilov and Hutter), in double.
+struct TextbookAdamW {
+  double lr, beta1, beta2, eps, weight_decay;
+  void step(std::vector<double>& p, const std::vector<double>& g, std::vector<double>& m, std::vector<double>& v,
+            int t) const {
+    for (size_t i = 0; i < p.size(); ++i) {
+      p[i] -= lr * weight_decay * p[i];
+      m[i] = beta1 * m[i] + (1 - beta1) * g[i];
+      v[i] = beta2 * v[i] + (1 - beta2) * g[i] * g[i];
+      const double m_hat = m[i] / (1 - std::pow(beta1, t)), v_hat = v[i] / (1 - std::pow(beta2, t));
+      p[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    }
+  }
+};
 
 // One parameter on both sides: CPU tensors for the reference op, device buffers (at `offset` floats into their
 // allocation, to control alignment) for the kernel.
@@ -23,7 +45,10 @@ struct Param {
         dg(size_t(n + offset)),
         dm(std::vector<float>(size_t(n + offset))),
         dv(std::vector<float>(size_t(n + offset))),
-        offset(offset) {
+        offset(offset),
+        ref_p(p.to_vector()),
+        ref_m(size_t(n), 0.0),
+        ref_v(size_t(n), 0.0) {
     std::vector<float> host(size_t(offset), 0.0f), values = floats(p);
     host.insert(host.end(), values.begin(), values.end());
     EXPECT_EQ(cudaMemcpy(dp.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
@@ -39,10 +64,12 @@ struct Param {
   Tensor p, m, v;
   DeviceBuffer<float> dp, dg, dm, dv;
   int64_t offset;
+  std::vector<double> ref_p, ref_m, ref_v;  // TextbookAdamW's
 };
 
 void run_steps(std::vector<std::unique_ptr<Param>>& params, int steps) {
   const ops::AdamWHyper h{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
+  const TextbookAdamW textbook{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
   for (int step = 1; step <= steps; ++step) {
     std::vector<ops::cuda::AdamWTensor> list;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -55,6 +82,7 @@ void run_steps(std::vector<std::unique_ptr<Param>>& params, int steps) {
       ops::AdamWHyper hs = h;
       hs.step = step;
       ops::fused_adamw_(q.p, g, q.m, q.v, hs);
+      textbook.step(q.ref_p, g.to_vector(), q.ref_m, q.ref_v, step);
       list.push_back(q.device());
     }
     const auto constants = minidl::kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
@@ -66,6 +94,9 @@ void run_steps(std::vector<std::unique_ptr<Param>>& params, int steps) {
     expect_close(q.device_values(q.dp), q.p.to_vector(), kRtol, what + "param");
     expect_close(q.device_values(q.dm), q.m.to_vector(), kRtol, what + "m");
     expect_close(q.device_values(q.dv), q.v.to_vector(), kRtol, what + "v");
+    expect_close(q.device_values(q.dp), q.ref_p, kTextbookRtol, what + "param against the textbook");
+    expect_close(q.device_values(q.dm), q.ref_m, kTextbookRtol, what + "m against the textbook");
+    expect_close(q.device_values(q.dv), q.ref_v, kTextbookRtol, what + "v against the textbook");
   }
 }
 
