@@ -4,6 +4,10 @@
 #   scripts/install-deps.sh                # build + test dependencies
 #   scripts/install-deps.sh --with-torch   # also python3-torch and python3-numpy (bench/compare_pytorch.py only)
 #   scripts/install-deps.sh --with-plot    # also python3-matplotlib (the PNG of bench/scaling.py --plot only)
+#   scripts/install-deps.sh --with-oracles # the real clients the tests compare with (CI installs them): Debian's
+#                                          # python3-torch, and transformers, safetensors, tiktoken and tensorboard
+#                                          # from PyPI in a virtual environment (MINIDL_ORACLES_VENV, default
+#                                          # /opt/minidl-oracles) that also sees python3-torch
 #
 # Idempotent: every package is checked with dpkg first, and apt-get (update + install) runs only when something
 # is missing, so a second run is a no-op that takes a fraction of a second. Runs as root, or through sudo when
@@ -30,17 +34,39 @@ packages=(
 )
 torch_packages=(python3-torch python3-numpy)
 plot_packages=(python3-matplotlib)
+# PyPI's oracles, pinned: transformers 4.36 is the last line that supports Debian 12's torch 1.13 in full.
+oracle_requirements=(transformers==4.36.2 safetensors==0.4.5 tiktoken==0.8.0 tensorboard==2.18.0)
+oracles_venv="${MINIDL_ORACLES_VENV:-/opt/minidl-oracles}"
+with_oracles=0
 
-usage() { sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 for arg in "$@"; do
   case "$arg" in
     --with-torch) packages+=("${torch_packages[@]}") ;;
     --with-plot) packages+=("${plot_packages[@]}") ;;
+    --with-oracles) packages+=("${torch_packages[@]}" python3-venv python3-pip); with_oracles=1 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "install-deps: unknown argument '$arg' (expected --with-torch, --with-plot or --help)" >&2; exit 2 ;;
+    *) echo "install-deps: unknown argument '$arg' (expected --with-torch, --with-plot, --with-oracles or --help)" >&2
+       exit 2 ;;
   esac
 done
+
+# The oracles' virtual environment, on Debian's python3 (the interpreter that has python3-torch); redone only when
+# the pinned list changes (its copy in the environment says what is installed).
+install_oracles() {
+  local stamp="$oracles_venv/minidl-requirements.txt"
+  if [[ -f $stamp && "$(cat "$stamp")" == "${oracle_requirements[*]}" ]]; then
+    echo "install-deps: oracles already in $oracles_venv (${oracle_requirements[*]})"
+    return 0
+  fi
+  echo "install-deps: the oracles into $oracles_venv: ${oracle_requirements[*]}"
+  /usr/bin/python3 -m venv --system-site-packages "$oracles_venv"
+  "$oracles_venv/bin/python" -m pip install --quiet --disable-pip-version-check "${oracle_requirements[@]}"
+  "$oracles_venv/bin/python" -c 'import torch, transformers, safetensors, tiktoken, tensorboard' ||
+    { echo "install-deps: the oracles do not import in $oracles_venv" >&2; return 1; }
+  echo "${oracle_requirements[*]}" >"$stamp"
+}
 
 if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
   echo "install-deps: dpkg-query/apt-get not found; this script supports Debian 12 (bookworm) only." >&2
@@ -58,6 +84,7 @@ done
 
 if (( ${#missing[@]} == 0 )); then
   echo "install-deps: nothing to do (all ${#packages[@]} packages already installed)"
+  (( with_oracles == 0 )) || install_oracles
   exit 0
 fi
 
@@ -91,3 +118,4 @@ echo "install-deps: installed:"
 for p in "${missing[@]}"; do
   printf '  %-24s %s\n' "$p" "$(dpkg-query -W -f='${Version}' "$p")"
 done
+(( with_oracles == 0 )) || install_oracles

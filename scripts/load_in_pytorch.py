@@ -6,7 +6,8 @@ use what minidl trained.
         --data data/tinyshakespeare.txt --seq 256 --windows 64
     -> val_loss=1.4821
 
-The checkpoint is read with struct/json/numpy (no safetensors package needed). The model is a small nanoGPT-style
+The checkpoint is read with struct/json/numpy (no safetensors package needed); --transformers evaluates it with
+Hugging Face's GPT2LMHeadModel instead (the file must be model.safetensors, beside minidl's config.json). The model is a small nanoGPT-style
 GPT-2 whose parameter names are Hugging Face's (transformer.h.0.attn.c_attn.weight, ...) and whose linear weights
 use HF's Conv1D layout (in, out): y = x @ W + b. The output head is tied to transformer.wte.weight.
 
@@ -17,6 +18,7 @@ seq + 1 tokens; each window predicts tokens 1..seq from 0..seq-1. Prints the mea
 import argparse
 import json
 import math
+import os
 import struct
 import sys
 
@@ -189,6 +191,9 @@ def main():
     ap.add_argument("--seq", type=int, required=True, help="tokens per window (at most the model's block_size)")
     ap.add_argument("--windows", type=int, required=True, help="number of validation windows to average over")
     ap.add_argument("--batch", type=int, default=16, help="windows per forward pass")
+    ap.add_argument("--transformers", action="store_true",
+                    help="evaluate with transformers' GPT2LMHeadModel (from the file's folder) instead of this file's "
+                         "own PyTorch GPT")
     args = ap.parse_args()
 
     tensors, metadata = read_safetensors(args.checkpoint)
@@ -197,11 +202,24 @@ def main():
     cfg = json.loads(metadata["config"])
     if args.seq > cfg["block_size"]:
         sys.exit(f"--seq {args.seq} exceeds the model's block_size {cfg['block_size']}")
-    model = GPT(cfg)
-    model.load_state_dict(tensors, strict=True)
-    model.eval()
-    print(f"loaded {args.checkpoint}: {sum(p.numel() for p in model.parameters())} parameters, config {cfg}",
-          file=sys.stderr)
+    if args.transformers:
+        # Hugging Face's own GPT-2 reads the folder: config.json (written beside the file) and model.safetensors.
+        from transformers import GPT2LMHeadModel
+        folder = os.path.dirname(os.path.abspath(args.checkpoint))
+        if os.path.basename(args.checkpoint) != "model.safetensors":
+            sys.exit(f"--transformers: expected a file named model.safetensors (transformers reads that name), got "
+                     f"{args.checkpoint}")
+        hf = GPT2LMHeadModel.from_pretrained(folder)
+        model = lambda ids: hf(ids).logits  # noqa: E731
+        hf.eval()
+        parameters = sum(p.numel() for p in hf.parameters())
+    else:
+        gpt = GPT(cfg)
+        gpt.load_state_dict(tensors, strict=True)
+        gpt.eval()
+        model, parameters = gpt, sum(p.numel() for p in gpt.parameters())
+    print(f"loaded {args.checkpoint}{' with transformers' if args.transformers else ''}: {parameters} parameters, "
+          f"config {cfg}", file=sys.stderr)
 
     data = validation_windows(args.data, vocabulary_bytes(json.loads(metadata["vocab"])), args.seq, args.windows)
     total = 0.0

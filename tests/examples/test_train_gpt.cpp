@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -256,6 +257,28 @@ TEST_F(TrainGpt, TrainSaveReloadEvaluate) {
                    path("m.safetensors"));
   ASSERT_EQ(all.code, 0) << all.out;
   EXPECT_NE(all.out.find("over 24 windows"), std::string::npos) << all.out;  // 420 val tokens / 17
+}
+
+// A real client loads what --save wrote: transformers' own GPT2LMHeadModel reads the folder (model.safetensors and
+// the config.json beside it) and computes the validation loss train_gpt printed, over the same windows
+// (scripts/load_in_pytorch.py --transformers). Skipped without the oracles' environment (scripts/install-deps.sh
+// --with-oracles, which CI runs; transformers is never a build dependency).
+TEST_F(TrainGpt, SavedModelLoadsInTransformers) {
+  const char* venv = std::getenv("MINIDL_ORACLES_VENV");
+  const std::string python = std::string(venv ? venv : "/opt/minidl-oracles") + "/bin/python";
+  if (minidl::testing::run_program(python + " -c 'import transformers'").code != 0)
+    GTEST_SKIP() << python << " has no transformers: scripts/install-deps.sh --with-oracles installs it";
+  fs::create_directories(path("hf"));
+  Result r = run(tiny_flags() + " --steps 10 --lr 3e-3 --save " + path("hf/model.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result hf = minidl::testing::run_program(python + " " + SOURCE_DIR + "/scripts/load_in_pytorch.py " +
+                                           path("hf/model.safetensors") + " --data " + path("tiny.txt") +
+                                           " --seq 16 --windows 4 --transformers");
+  ASSERT_EQ(hf.code, 0) << hf.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(hf.out, m, std::regex("val_loss=([-0-9.e+naif]+)"))) << hf.out;
+  // transformers' kernels sum in their own order, in f32 as ours.
+  EXPECT_TRUE(losses_agree(std::stod(m[1]), summary_field(r.out, "val_loss"), kF32SumOrder)) << hf.out << r.out;
 }
 
 TEST_F(TrainGpt, CheckpointMismatches) {
