@@ -172,7 +172,7 @@ total=0 caught=0
 survivors=() broken=()
 log_dir="$build_dir/mutants"
 mkdir -p "$log_dir"
-while IFS=$'\t' read -r name file tests what old new; do
+while IFS=$'\t' read -r -u 3 name file tests what old new; do
   [[ $# -gt 0 && $wanted != *" $name "* ]] && continue
   total=$((total + 1))
   cp "$file" "$backup"
@@ -209,7 +209,7 @@ PY
   fi
   restore
   echo "[$total] $name: $verdict ($((SECONDS - t0)) s)"
-done < <(records)
+done 3< <(records)
 
 # Rebuild the restored sources, so the tree is what the working copy says.
 cmake --build "$build_dir" -j "$(nproc)" >"$log_dir/restore.log" 2>&1 || echo "mutants: the final rebuild failed" >&2
