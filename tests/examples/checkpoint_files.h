@@ -40,10 +40,10 @@ inline std::map<std::string, std::string> safetensors_files(const std::string& d
 // of one run: ZeRO against DDP, another data-parallel size).
 enum class RunConfig { kSame, kMayDiffer };
 
-// Byte for byte the same model and optimizer files (the same names too) and the same state.json: the step, the
-// schedule's and the optimizer's step counts, the loss scaler's state (scale, clean and skipped steps, hysteresis)
-// and, unless `config` says it may differ, the run's configuration (but for the checkpoints' folder and interval). False, saying what differs, when there is no
-// model file or anything differs.
+// Byte for byte the same model and optimizer files (the same names too) and config.json, and the same state.json:
+// the step, the schedule's and the optimizer's step counts, the loss scaler's state (scale, clean and skipped
+// steps, hysteresis) and, unless `config` says it may differ, the run's configuration (but for the checkpoints'
+// folder and interval). False, saying what differs, when there is no model file or anything differs.
 inline ::testing::AssertionResult same_files(const std::string& a, const std::string& b,
                                              RunConfig config = RunConfig::kSame) {
   const auto fa = safetensors_files(a), fb = safetensors_files(b);
@@ -56,6 +56,9 @@ inline ::testing::AssertionResult same_files(const std::string& a, const std::st
       if (!fa.count(name)) fail << " " << name << " (only in " << b << ")";
     return fail;
   }
+  const std::string ca = read_file(std::filesystem::path(a) / "config.json"),
+                    cb = read_file(std::filesystem::path(b) / "config.json");
+  if (ca.empty() || ca != cb) return ::testing::AssertionFailure() << "config.json differs:\n" << ca << "\n" << cb;
   nlohmann::json sa, sb;
   try {
     sa = nlohmann::json::parse(read_file(std::filesystem::path(a) / "state.json"));
