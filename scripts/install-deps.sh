@@ -28,6 +28,8 @@ packages=(
   libgmock-dev
   libboost-context-dev    # fibers for the CPU emulation of CUDA kernels
   clang                   # libFuzzer for the checkpoint-reader fuzzer (scripts/fuzz.sh)
+  libpcre2-dev            # PCRE2: GPT-2's pre-tokenisation pattern over Unicode categories (data/gpt2_tokenizer.h)
+  pkg-config              # finds PCRE2 (Debian ships no CMake package for it)
   libhwy-dev              # Google Highway: portable SIMD, vector exp/tanh and runtime ISA dispatch (ops/cpu/simd/)
   patchelf                # scripts/gpu-bundle.sh: the bundle's programs and libraries find each other ($ORIGIN)
   xz-utils                # scripts/gpu-bundle.sh: the bundle's .tar.xz
