@@ -25,28 +25,48 @@ std::string read_text_file(const std::string& path) {
 
 TextDataset::TextDataset(const std::string& path) : TextDataset(path, read_text_file(path), nullptr) {}
 
-TextDataset::TextDataset(const std::string& path, const CharTokenizer& tokenizer)
+TextDataset::TextDataset(const std::string& path, const Tokenizer& tokenizer)
     : TextDataset(path, read_text_file(path), &tokenizer) {}
 
-// Checks every byte of `text` against `vocab` first, so the error names the vocabularies rather than a position.
-static CharTokenizer choose_tokenizer(const std::string& path, const std::string& text, const CharTokenizer* given) {
+// A given character vocabulary is checked against every byte of `text` first, so the error names the vocabularies
+// rather than a position.
+static Tokenizer choose_tokenizer(const std::string& path, const std::string& text, const Tokenizer* given) {
+  if (given && !given->chars()) return *given;  // GPT-2's encodes any bytes
   CharTokenizer own = CharTokenizer::from_text(text);
-  if (!given) return own;
+  if (!given) return Tokenizer::chars(std::move(own));
+  const CharTokenizer& vocab = *given->chars();
   for (uint8_t b : own.vocab()) {
-    bool known = std::binary_search(given->vocab().begin(), given->vocab().end(), b);
+    bool known = std::binary_search(vocab.vocab().begin(), vocab.vocab().end(), b);
     MINIDL_CHECK(known, path, ": the corpus has ", own.size(), " distinct bytes, byte ", int(b),
                  (b >= 32 && b < 127 ? std::string(" '") + char(b) + "'" : std::string()),
-                 " among them, which the given vocabulary of ", given->size(), " bytes does not have");
+                 " among them, which the given vocabulary of ", vocab.size(), " bytes does not have");
   }
   return *given;
 }
 
-TextDataset::TextDataset(const std::string& path, const std::string& text, const CharTokenizer* tokenizer)
+// The byte at which the first 90% of the text's characters (UTF-8 code points) end.
+static size_t ninety_percent_of_characters(const std::string& text) {
+  size_t characters = 0;
+  for (unsigned char c : text) characters += (c & 0xC0) != 0x80;
+  const size_t keep = characters * 9 / 10;
+  size_t seen = 0;
+  for (size_t i = 0; i < text.size(); ++i)
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80 && seen++ == keep) return i;
+  return text.size();
+}
+
+TextDataset::TextDataset(const std::string& path, const std::string& text, const Tokenizer* tokenizer)
     : path_(path), tokenizer_(choose_tokenizer(path, text, tokenizer)) {
-  std::vector<int32_t> ids = tokenizer_.encode(text);
-  auto split = ids.begin() + std::ptrdiff_t(ids.size() * 9 / 10);
-  train_.assign(ids.begin(), split);
-  val_.assign(split, ids.end());
+  if (tokenizer_.chars()) {
+    std::vector<int32_t> ids = tokenizer_.encode(text);
+    auto split = ids.begin() + std::ptrdiff_t(ids.size() * 9 / 10);
+    train_.assign(ids.begin(), split);
+    val_.assign(split, ids.end());
+  } else {
+    const size_t cut = ninety_percent_of_characters(text);
+    train_ = tokenizer_.encode(std::string_view(text).substr(0, cut));
+    val_ = tokenizer_.encode(std::string_view(text).substr(cut));
+  }
 }
 
 }  // namespace minidl::data

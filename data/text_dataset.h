@@ -1,8 +1,10 @@
-// TextDataset: a text file tokenized with its own character vocabulary and split into train and validation.
+// TextDataset: a text file tokenized with its own character vocabulary, or with a given tokenizer (a checkpoint's,
+// or GPT-2's), and split into train and validation.
 //
-// The split is nanoGPT's: with n tokens, the first floor(0.9 * n) (computed exactly as n * 9 / 10 in integers) are
-// the training split and the rest the validation split. tinyshakespeare: 1,115,394 tokens -> 1,003,854 train,
-// 111,540 val.
+// The split is nanoGPT's. Characters: with n tokens, the first floor(0.9 * n) (computed exactly as n * 9 / 10 in
+// integers) are the training split and the rest the validation split (tinyshakespeare: 1,115,394 tokens ->
+// 1,003,854 train, 111,540 val). GPT-2's BPE: the text is cut at 90% of its characters (UTF-8 code points), and each
+// part is encoded alone, as nanoGPT's prepare.py does (tinyshakespeare: 301,966 train, 36,059 val).
 //
 //   data::TextDataset ds(data_dir + "/tinyshakespeare.txt");
 //   data::BatchSampler train(ds.train(), seq, global_batch, seed);
@@ -21,21 +23,21 @@ class TextDataset {
  public:
   // Reads the whole file; a missing, unreadable or empty file is an error naming the path.
   explicit TextDataset(const std::string& path);
-  // Tokenizes with a given vocabulary (a checkpoint's); a byte outside it is an error naming the byte and both
-  // vocabulary sizes.
-  TextDataset(const std::string& path, const CharTokenizer& tokenizer);
+  // Tokenizes with a given tokenizer (a checkpoint's, or GPT-2's); with characters, a byte outside the vocabulary
+  // is an error naming the byte and both vocabulary sizes.
+  TextDataset(const std::string& path, const Tokenizer& tokenizer);
 
   const std::string& path() const { return path_; }
-  const CharTokenizer& tokenizer() const { return tokenizer_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
   const std::vector<int32_t>& train() const { return train_; }
   const std::vector<int32_t>& val() const { return val_; }
 
  private:
   // tokenizer == nullptr: the vocabulary of the whole text (both splits).
-  TextDataset(const std::string& path, const std::string& text, const CharTokenizer* tokenizer);
+  TextDataset(const std::string& path, const std::string& text, const Tokenizer* tokenizer);
 
   std::string path_;
-  CharTokenizer tokenizer_;
+  Tokenizer tokenizer_;
   std::vector<int32_t> train_, val_;
 };
 

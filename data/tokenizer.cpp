@@ -1,5 +1,6 @@
 #include "data/tokenizer.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 
@@ -72,6 +73,45 @@ CharTokenizer CharTokenizer::from_json(const nlohmann::json& j) {
     vocab.push_back(uint8_t(b.get<int64_t>()));
   }
   return CharTokenizer(std::move(vocab));
+}
+
+void Tokenizer::check_kind(const std::string& kind) {
+  MINIDL_CHECK(kind == "char" || kind == "gpt2", "--tokenizer: expected char or gpt2, got '", kind, "'");
+}
+
+Tokenizer Tokenizer::chars_of(std::string_view text) { return chars(CharTokenizer::from_text(text)); }
+
+Tokenizer Tokenizer::chars(CharTokenizer tokenizer) {
+  Tokenizer t;
+  t.chars_ = std::make_shared<const CharTokenizer>(std::move(tokenizer));
+  return t;
+}
+
+Tokenizer Tokenizer::gpt2(const std::string& encoding_file) {
+  Tokenizer t;
+  t.gpt2_ = std::make_shared<const Gpt2Tokenizer>(Gpt2Tokenizer::from_file(encoding_file));
+  return t;
+}
+
+Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& gpt2_encoding_file) {
+  if (j.is_object() && j.value("type", "") == "gpt2") return gpt2(gpt2_encoding_file);
+  return chars(CharTokenizer::from_json(j));
+}
+
+nlohmann::json Tokenizer::to_json() const { return gpt2_ ? nlohmann::json{{"type", "gpt2"}} : chars_->to_json(); }
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  return gpt2_ ? gpt2_->encode(text) : chars_->encode(text);
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+  return gpt2_ ? gpt2_->decode(ids) : chars_->decode(ids);
+}
+
+int32_t Tokenizer::sample_start() const {
+  if (gpt2_) return Gpt2Tokenizer::kEndOfText;
+  const auto& v = chars_->vocab();
+  return std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? chars_->encode("\n")[0] : 0;
 }
 
 }  // namespace minidl::data

@@ -27,7 +27,11 @@ namespace {
 
 void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
-  app.add_option("--data", o.data, "Text file to train on (bytes are the tokens)")->capture_default_str();
+  app.add_option("--data", o.data, "Text file to train on")->capture_default_str();
+  app.add_option("--tokenizer", o.tokenizer, "char (the corpus's bytes are the tokens) or gpt2 (GPT-2's byte-level "
+                 "BPE, 50,257 tokens); default: the checkpoint's with --init-from or --resume, else char");
+  app.add_option("--gpt2-encoding", o.gpt2_encoding, "GPT-2's encoding file, for --tokenizer gpt2")
+      ->capture_default_str();
   // The shape flags are optional: unset, they take the default or, with --init-from, the checkpoint's value.
   app.add_option("--layers", o.layers, "Transformer blocks [default: 4, or the checkpoint's]");
   app.add_option("--heads", o.heads, "Attention heads per block (must divide --embd) [default: 4, or the checkpoint's]");
@@ -163,10 +167,11 @@ int main(int argc, char** argv) {
   // MPI first (a plain process is a world of one). Every rank parses the same flags; rank 0 speaks for them.
   dist::Context ctx = dist::init(argc, argv);
   const bool speaks = ctx.rank() == 0;
-  CLI::App app{"Train a GPT-2-shaped character-level language model with minidl.\n"
+  CLI::App app{"Train a GPT-2-shaped language model (characters or GPT-2 tokens) with minidl.\n"
                "Data-parallel: mpirun -n N build/bin/train_gpt [flags] (--batch is the global batch)."};
   train::TrainConfig config;
   config.data = MINIDL_DEFAULT_DATA;
+  config.gpt2_encoding = MINIDL_DEFAULT_GPT2_ENCODING;
   add_flags(app, config);
   double plan_gib = 0;
   app.add_option("--plan-memory", plan_gib,

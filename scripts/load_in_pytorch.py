@@ -12,8 +12,9 @@ GPT-2 whose parameter names are Hugging Face's (transformer.h.0.attn.c_attn.weig
 use HF's Conv1D layout (in, out): y = x @ W + b. The output head is tied to transformer.wte.weight.
 
 Validation data: the last 10% of the corpus bytes (from byte n * 9 // 10, as minidl's dataset splits 90/10),
-tokenized with the vocabulary stored in the checkpoint's metadata, cut into the first K non-overlapping windows of
-seq + 1 tokens; each window predicts tokens 1..seq from 0..seq-1. Prints the mean loss over the windows.
+tokenized with the vocabulary stored in the checkpoint's metadata (a model trained with --tokenizer gpt2: the text
+after its first 90% of characters, encoded by tiktoken), cut into the first K non-overlapping windows of seq + 1
+tokens; each window predicts tokens 1..seq from 0..seq-1. Prints the mean loss over the windows.
 """
 import argparse
 import json
@@ -168,7 +169,24 @@ def vocabulary_bytes(vocab):
     return out
 
 
-def validation_windows(path, vocab, seq, windows):
+def gpt2_validation_tokens(path, encoding_file):
+    """GPT-2's ids of the validation split, as minidl's TextDataset makes them: the text after its first 90% of
+    characters, encoded alone, by tiktoken (the real client) from the encoding file."""
+    import base64
+
+    import tiktoken
+    with open(encoding_file) as f:
+        ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in f if line.strip())}
+    pattern = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    enc = tiktoken.Encoding("gpt2-offline", pat_str=pattern, mergeable_ranks=ranks,
+                            special_tokens={"<|endoftext|>": 50256})
+    with open(path, encoding="utf-8", newline="") as f:
+        text = f.read()
+    return np.array(enc.encode_ordinary(text[len(text) * 9 // 10:]), dtype=np.int64)
+
+
+def char_validation_tokens(path, vocab):
+    """The last 10% of the corpus bytes through the checkpoint's character vocabulary."""
     with open(path, "rb") as f:
         corpus = f.read()
     val = corpus[len(corpus) * 9 // 10:]
@@ -178,6 +196,10 @@ def validation_windows(path, vocab, seq, windows):
     if (tokens < 0).any():
         bad = val[int(np.argmax(tokens < 0))]
         sys.exit(f"{path}: byte {bad!r} of the validation split is not in the checkpoint's vocabulary")
+    return tokens
+
+
+def validation_windows(path, tokens, seq, windows):
     available = len(tokens) // (seq + 1)
     if windows > available:
         sys.exit(f"{path}: asked for {windows} windows of {seq + 1} tokens, the validation split holds {available}")
@@ -191,6 +213,9 @@ def main():
     ap.add_argument("--seq", type=int, required=True, help="tokens per window (at most the model's block_size)")
     ap.add_argument("--windows", type=int, required=True, help="number of validation windows to average over")
     ap.add_argument("--batch", type=int, default=16, help="windows per forward pass")
+    ap.add_argument("--gpt2-encoding", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                                                            "gpt2.tiktoken"),
+                    help="GPT-2's encoding file, for a checkpoint trained with --tokenizer gpt2 (needs tiktoken)")
     ap.add_argument("--transformers", action="store_true",
                     help="evaluate with transformers' GPT2LMHeadModel (from the file's folder) instead of this file's "
                          "own PyTorch GPT")
@@ -221,7 +246,12 @@ def main():
     print(f"loaded {args.checkpoint}{' with transformers' if args.transformers else ''}: {parameters} parameters, "
           f"config {cfg}", file=sys.stderr)
 
-    data = validation_windows(args.data, vocabulary_bytes(json.loads(metadata["vocab"])), args.seq, args.windows)
+    vocab = json.loads(metadata["vocab"])
+    if isinstance(vocab, dict) and vocab.get("type") == "gpt2":
+        tokens = gpt2_validation_tokens(args.data, args.gpt2_encoding)
+    else:
+        tokens = char_validation_tokens(args.data, vocabulary_bytes(vocab))
+    data = validation_windows(args.data, tokens, args.seq, args.windows)
     total = 0.0
     with torch.no_grad():
         for chunk in data.split(args.batch):

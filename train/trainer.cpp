@@ -76,6 +76,7 @@ int dp_size(const TrainConfig& c, int world) { return c.dp > 0 ? c.dp : std::max
 }  // namespace
 
 void TrainConfig::validate(int world) const {
+  if (!tokenizer.empty()) data::Tokenizer::check_kind(tokenizer);
   MINIDL_CHECK(tp >= 1, "--tp: expected at least 1, got ", tp);
   MINIDL_CHECK(pp >= 1, "--pp: expected at least 1, got ", pp);
   MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
@@ -147,7 +148,9 @@ void TrainConfig::validate(int world) const {
 
 std::string plan_memory(const TrainConfig& o, int world, double gib) {
   MINIDL_CHECK(gib > 0 && std::isfinite(gib), "--plan-memory: expected a positive number of GiB, got ", gib);
-  data::TextDataset ds(o.data);
+  const data::TextDataset ds = o.tokenizer == "gpt2"
+                                   ? data::TextDataset(o.data, data::Tokenizer::gpt2(o.gpt2_encoding))
+                                   : data::TextDataset(o.data);
   nn::GPTConfig m{int64_t(ds.tokenizer().size()), o.seq_or_default(), o.layers_or_default(), o.heads_or_default(),
                   o.embd_or_default(), o.dropout, true, o.vocab_pad};
   m.validate();
@@ -263,6 +266,7 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
   const TrainConfig& o = cfg;
   auto opt = [](const std::optional<int64_t>& v) { return v ? str(*v) : std::string("default"); };
   return {{"data", o.data + " (" + str(ds->train().size()) + " train tokens)"},
+          {"tokenizer", ds->tokenizer().kind()},
           {"layers", opt(o.layers)}, {"heads", opt(o.heads)}, {"embd", opt(o.embd)}, {"seq", opt(o.seq)},
           {"vocab_pad", str(o.vocab_pad)},
           {"batch", str(o.batch)}, {"steps", str(o.steps)}, {"lr", str(o.lr)}, {"min_lr", str(o.min_lr.value_or(-1))},
@@ -337,12 +341,12 @@ void Trainer::State::print_header() const {
   const dist::Grid& g = topo->grid();
   std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
               "threads=%d dp=%d tp=%d pp=%d zero=%d grad_accum=%lld amp=%s recompute=%s device=%s data=%s "
-              "(%zu train / %zu val tokens)\n",
+              "(%zu train / %zu val tokens) tokenizer=%s\n",
               (long long)num_params, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd,
               (long long)seq, (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp,
               cfg.zero, (long long)cfg.grad_accum, cfg.amp.c_str(), cfg.recompute.c_str(),
               device.is_cpu() ? "cpu" : (cfg.device + " (" + device_name(device) + ")").c_str(), cfg.data.c_str(),
-              ds->train().size(), ds->val().size());
+              ds->train().size(), ds->val().size(), ds->tokenizer().kind());
   if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
   if (scaler)
     std::printf("amp fp16: dynamic loss scaling from %g (x%g every %lld clean steps, x%g on overflow; the run stops "
@@ -384,7 +388,12 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     auto it = s.ckpt->metadata.find("vocab");
     MINIDL_CHECK(it != s.ckpt->metadata.end(), "--init-from ", s.ckpt_source,
                  ": the checkpoint has no \"vocab\" metadata");
-    s.ds.emplace(o.data, data::CharTokenizer::from_json(nlohmann::json::parse(it->second)));
+    const data::Tokenizer saved = data::Tokenizer::from_json(nlohmann::json::parse(it->second), o.gpt2_encoding);
+    MINIDL_CHECK(o.tokenizer.empty() || o.tokenizer == saved.kind(), "--tokenizer ", o.tokenizer, ": the checkpoint ",
+                 s.ckpt_source, " was trained with the ", saved.kind(), " tokenizer");
+    s.ds.emplace(o.data, saved);
+  } else if (o.tokenizer == "gpt2") {
+    s.ds.emplace(o.data, data::Tokenizer::gpt2(o.gpt2_encoding));
   } else {
     s.ds.emplace(o.data);
   }
@@ -653,10 +662,8 @@ int Trainer::run() {
     if (s.logger) std::printf("saved %s\n", o.save.c_str());
   }
   if (o.sample > 0 && whole_model_here) {  // with tp > 1 the tp group computes every token together
-    // Start from a newline when the vocabulary has one (a fresh paragraph), else from token 0.
-    const auto& v = s.ds->tokenizer().vocab();
-    std::vector<int32_t> prompt{
-        std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? s.ds->tokenizer().encode("\n")[0] : 0};
+    // Start from a fresh paragraph: a newline (characters), <|endoftext|> (GPT-2).
+    std::vector<int32_t> prompt{s.ds->tokenizer().sample_start()};
     std::vector<int32_t> out = train::sample(*whole, prompt, o.sample, o.temperature, o.seed);
     if (s.logger) std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
   }

@@ -31,7 +31,11 @@
 namespace minidl::train {
 
 struct TrainConfig {
-  std::string data;                 // text file; bytes are the tokens
+  std::string data;                 // text file
+  // "char" (the corpus's bytes are the tokens) or "gpt2" (GPT-2's byte-level BPE, read from gpt2_encoding); empty:
+  // the checkpoint's (--init-from, --resume), else char.
+  std::string tokenizer;
+  std::string gpt2_encoding;        // GPT-2's encoding file (data/gpt2.tiktoken)
   // Model shape: unset means the default (4, 4, 128, 64) or, with init_from, the checkpoint's; set ones must
   // agree with a checkpoint.
   std::optional<int64_t> layers, heads, embd, seq;

@@ -268,17 +268,44 @@ TEST_F(TrainGpt, SavedModelLoadsInTransformers) {
   const std::string python = std::string(venv ? venv : "/opt/minidl-oracles") + "/bin/python";
   if (minidl::testing::run_program(python + " -c 'import transformers'").code != 0)
     GTEST_SKIP() << python << " has no transformers: scripts/install-deps.sh --with-oracles installs it";
-  fs::create_directories(path("hf"));
-  Result r = run(tiny_flags() + " --steps 10 --lr 3e-3 --save " + path("hf/model.safetensors"));
+  for (const std::string tokenizer : {"char", "gpt2"}) {  // the corpus's bytes, and GPT-2's 50,257 tokens
+    SCOPED_TRACE("--tokenizer " + tokenizer);
+    const std::string dir = path("hf_" + tokenizer);
+    fs::create_directories(dir);
+    Result r = run(tiny_flags() + " --steps 10 --lr 3e-3 --tokenizer " + tokenizer + " --save " + dir +
+                   "/model.safetensors");
+    ASSERT_EQ(r.code, 0) << r.out;
+    Result hf = minidl::testing::run_program(python + " " + SOURCE_DIR + "/scripts/load_in_pytorch.py " + dir +
+                                             "/model.safetensors --data " + path("tiny.txt") +
+                                             " --seq 16 --windows 4 --transformers");
+    ASSERT_EQ(hf.code, 0) << hf.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(hf.out, m, std::regex("val_loss=([-0-9.e+naif]+)"))) << hf.out;
+    // transformers' kernels sum in their own order, in f32 as ours.
+    EXPECT_TRUE(losses_agree(std::stod(m[1]), summary_field(r.out, "val_loss"), kF32SumOrder)) << hf.out << r.out;
+  }
+}
+
+// --tokenizer gpt2: GPT-2's vocabulary of 50,257 (the model's padded to 50,304), a loss that falls from about
+// ln 50257 = 10.8, and a checkpoint that carries the choice: --init-from continues with GPT-2's tokens unasked,
+// and asking for characters with it is refused by name; a tokenizer that does not exist is refused too.
+TEST_F(TrainGpt, Gpt2TokenizerTrainsAndItsCheckpointsKeepIt) {
+  fs::create_directories(path("bpe"));  // --save writes config.json beside the file
+  Result r = run(tiny_flags() + " --steps 20 --lr 1e-2 --tokenizer gpt2 --progress lines --log-every 1 --save " +
+                 path("bpe/model.safetensors"));
   ASSERT_EQ(r.code, 0) << r.out;
-  Result hf = minidl::testing::run_program(python + " " + SOURCE_DIR + "/scripts/load_in_pytorch.py " +
-                                           path("hf/model.safetensors") + " --data " + path("tiny.txt") +
-                                           " --seq 16 --windows 4 --transformers");
-  ASSERT_EQ(hf.code, 0) << hf.out;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(hf.out, m, std::regex("val_loss=([-0-9.e+naif]+)"))) << hf.out;
-  // transformers' kernels sum in their own order, in f32 as ours.
-  EXPECT_TRUE(losses_agree(std::stod(m[1]), summary_field(r.out, "val_loss"), kF32SumOrder)) << hf.out << r.out;
+  std::smatch first, last;
+  ASSERT_TRUE(std::regex_search(r.out, first, std::regex("step 1/20 \\| loss ([0-9.]+)"))) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, last, std::regex("step 20/20 \\| loss ([0-9.]+)"))) << r.out;
+  EXPECT_NEAR(std::stod(first[1]), std::log(50257.0), 0.5) << r.out;
+  EXPECT_LT(std::stod(last[1]), std::stod(first[1]) - 3) << r.out;
+  EXPECT_NE(r.out.find("tokenizer=gpt2"), std::string::npos) << r.out;
+  Result again = run(tiny_flags() + " --steps 0 --init-from " + path("bpe/model.safetensors"));
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(losses_agree(summary_field(again.out, "val_loss"), summary_field(r.out, "val_loss"), kF32SumOrder));
+  expect_rejected(tiny_flags() + " --steps 0 --tokenizer char --init-from " + path("bpe/model.safetensors"),
+                  {"--tokenizer char", "trained with the gpt2 tokenizer"});
+  expect_rejected(tiny_flags() + " --steps 1 --tokenizer words", {"--tokenizer", "char or gpt2", "words"});
 }
 
 TEST_F(TrainGpt, CheckpointMismatches) {
