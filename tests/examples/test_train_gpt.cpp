@@ -306,6 +306,15 @@ TEST_F(TrainGpt, Gpt2TokenizerTrainsAndItsCheckpointsKeepIt) {
   expect_rejected(tiny_flags() + " --steps 0 --tokenizer char --init-from " + path("bpe/model.safetensors"),
                   {"--tokenizer char", "trained with the gpt2 tokenizer"});
   expect_rejected(tiny_flags() + " --steps 1 --tokenizer words", {"--tokenizer", "char or gpt2", "words"});
+  // The padded vocabulary of 50,304 split over tensor-parallel ranks, and ZeRO's shards of it: one process's run.
+  const std::string small = tiny_flags() + " --steps 4 --tokenizer gpt2";
+  Result one = run(small);
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (const char* extra : {" --tp 2", " --zero 2"}) {
+    Result two = run_with(mpiexec(2), small + extra);
+    ASSERT_EQ(two.code, 0) << extra << "\n" << two.out;
+    EXPECT_TRUE(same_loss(two, one, "val_loss", kF32SumOrder)) << extra << "\n" << two.out;
+  }
 }
 
 TEST_F(TrainGpt, CheckpointMismatches) {
