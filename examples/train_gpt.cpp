@@ -80,8 +80,14 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--resume", o.resume,
                  "Continue a run bit for bit from a checkpoint directory, or 'auto': the newest complete one in "
                  "--checkpoint-dir (a fresh start when there is none), so the same command restarts a crashed job");
-  app.add_option("--sample", o.sample, "After training, generate this many characters of text")->capture_default_str();
-  app.add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
+  app.add_option("--sample,--max-new-tokens", o.sample, "After training, generate this many tokens of text")
+      ->capture_default_str();
+  app.add_option("--prompt", o.prompt, "With --sample: the text to continue (default: a fresh paragraph)");
+  app.add_option("--temperature", o.temperature, "Sampling temperature; 0 takes the most likely token (greedy)")
+      ->capture_default_str();
+  app.add_option("--top-k", o.top_k, "Draw only among the k most likely tokens (0: all)")->capture_default_str();
+  app.add_flag("!--no-kv-cache", o.kv_cache, "Recompute the whole window for every generated token instead of "
+               "keeping each block's keys and values");
   app.add_option("--dp", o.dp,
                  "Data-parallel ranks (run under mpirun -n N); each takes batch/dp of every global batch. "
                  "dp x tp x pp must equal N. Default: N / (tp x pp)");

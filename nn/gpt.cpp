@@ -71,6 +71,33 @@ Tensor Block::forward(const Tensor& x) const {
   return y.sum + mlp->forward(y.y);
 }
 
+Tensor Block::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const {
+  const int64_t t = x.size(1), C = x.size(2), H = attn->n_head, D = C / H;
+  MINIDL_CHECK(x.dim() == 3 && x.size(0) == 1 && (length == 0 || t == 1) && length + t <= block_size,
+               "Block::forward_cached: expected x of shape (1, t, C) with t == 1 after the first call and at most ",
+               block_size, " positions in all, got ", x.shape(), " after ", length, " positions");
+  const Tensor qkv = attn->c_attn->forward(ln_1->forward(x));  // (1, t, 3C)
+  // (1, t, C) -> (H, t, D)
+  auto heads = [&](int64_t part) { return qkv.narrow(2, part * C, C).reshape({t, H, D}).transpose(0, 1).contiguous(); };
+  if (!kv.k.defined()) {
+    MemoryTagGuard tag(MemTag::kActivations);
+    kv.k = Tensor::empty({H, block_size, D}, qkv.dtype(), qkv.device());
+    kv.v = Tensor::empty({H, block_size, D}, qkv.dtype(), qkv.device());
+  }
+  kv.k.narrow(1, length, t).copy_(heads(1));
+  kv.v.narrow(1, length, t).copy_(heads(2));
+  Tensor y;
+  if (length == 0) {
+    y = causal_attention(qkv, int(H));  // forward()'s own attention
+  } else {
+    const Tensor keys = kv.k.narrow(1, 0, length + 1).contiguous(), values = kv.v.narrow(1, 0, length + 1).contiguous();
+    const Tensor p = softmax(mul(matmul(heads(0), keys, false, true), 1.0 / std::sqrt(double(D))));  // (H, 1, L + 1)
+    y = matmul(p, values).transpose(0, 1).contiguous().reshape({1, 1, C});
+  }
+  const AddLayerNorm sum = ln_2->forward_add(x, attn->resid_dropout->forward(attn->c_proj->forward(y)));
+  return sum.sum + mlp->forward(sum.y);
+}
+
 GPT::GPT(const GPTConfig& cfg, uint64_t seed) : GPT(cfg, seed, GPTStage{}) {}
 
 GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage, NoModules)
@@ -276,6 +303,33 @@ Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reductio
 }
 
 Tensor GPT::forward(const Tensor& ids) const { return head(blocks(0, cfg_.n_layer, embed(ids))); }
+
+bool GPT::supports_kv_cache() const {
+  return stage_.embedding && stage_.head && stage_.first_block == 0 && stage_.last_block == cfg_.n_layer && h &&
+         int64_t(h->size()) == cfg_.n_layer;
+}
+
+Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
+  MINIDL_CHECK(supports_kv_cache(), "GPT::forward_cached: needs the whole model's modules in this process (not a ",
+               "pipeline stage or a tensor-parallel split)");
+  MINIDL_CHECK(ids.dim() == 2 && ids.size(0) == 1 && ids.size(1) >= 1 &&
+                   cache.length + ids.size(1) <= cfg_.block_size,
+               "GPT::forward_cached: expected ids of shape (1, t) with ", cache.length, " + t <= block_size = ",
+               cfg_.block_size, ", got ", ids.shape());
+  check_ids(ids, "token ids", false);
+  const int64_t t = ids.size(1);
+  position_ids(t, ids.device());  // builds positions_ on this device
+  Tensor x;
+  {
+    ops::HostCheckedIndicesGuard in_range;  // [length, length + t) within block_size
+    x = drop->forward(wte->forward(ids) + wpe->forward(positions_.narrow(0, cache.length, t)));
+  }
+  cache.blocks.resize(size_t(cfg_.n_layer));
+  for (int64_t i = 0; i < cfg_.n_layer; ++i)
+    x = (*(h->begin() + i))->forward_cached(x, cache.blocks[size_t(i)], cache.length, cfg_.block_size);
+  cache.length += t;
+  return head(x);
+}
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets, Reduction reduction) const {
   MINIDL_CHECK(targets.shape() == ids.shape(), "GPT::loss: expected targets of the ids' shape ", ids.shape(), ", got ",

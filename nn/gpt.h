@@ -104,12 +104,21 @@ class MLP : public Module {
   std::shared_ptr<Dropout> dropout;
 };
 
+// One block's keys and values of the positions a generation has computed (KVCache).
+struct BlockKV {
+  Tensor k, v;  // (n_head, block_size, head_dim), filled up to KVCache::length
+};
+
 // Pre-LN block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Uses dropout streams first_stream and first_stream + 1.
 class Block : public Module {
  public:
   Block(const GPTConfig& cfg, uint64_t first_stream, std::shared_ptr<const DropoutContext> ctx);
   // x: (B, T, C) -> (B, T, C)
   Tensor forward(const Tensor& x) const;
+  // Inference with a cache: x (1, t, C) at positions [length, length + t). length == 0: forward() itself (the fused
+  // causal attention over the t positions), keeping their keys and values in `kv`; length > 0: t == 1, the new
+  // query against the kept keys and values (a product and a softmax: one position's work).
+  Tensor forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const;
 
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
@@ -125,6 +134,13 @@ struct GPTStage {
   int64_t last_block = -1;  // -1: n_layer
   bool embedding = true;
   bool head = true;
+};
+
+// The keys and values of every block for the positions a generation has computed: with them each new token costs
+// one position instead of the whole window (GPT::forward_cached, train::generate). Batch 1.
+struct KVCache {
+  std::vector<BlockKV> blocks;
+  int64_t length = 0;  // positions computed
 };
 
 class GPT : public Module {
@@ -145,6 +161,14 @@ class GPT : public Module {
   // them back to check them again (ops::HostCheckedIndicesGuard), so a training step makes no host round trip
   // for them.
   Tensor loss(const Tensor& ids, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
+  // Generation with a cache (inference, batch 1): ids (1, t) at positions [cache.length, cache.length + t) ->
+  // their logits (1, t, vocab_size), reading and extending `cache`. The first call (cache.length == 0) runs
+  // forward()'s arithmetic (its logits are forward(ids)'s bit for bit); later calls take one id each. Needs the
+  // whole model in this process (supports_kv_cache()) and cache.length + t <= block_size.
+  Tensor forward_cached(const Tensor& ids, KVCache& cache) const;
+  // Whether forward_cached works here: the whole model's modules in this process (not a pipeline stage, not a
+  // tensor-parallel split, whose layers are its own).
+  bool supports_kv_cache() const;
 
   // The pieces of forward; each throws if this stage does not hold the part it needs.
   // ids: (B, T) as in forward -> drop(wte(ids) + wpe(0 .. T-1)): (B, T, C)

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 
 #include "autograd/node.h"
 #include "core/memory.h"
@@ -42,35 +44,78 @@ double evaluate(nn::GPT& model, const data::Batch& windows, int64_t batch, dist:
   return total / double(n);
 }
 
-std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> tokens, int64_t n, double temperature,
-                            uint64_t seed) {
+namespace {
+
+// The next token from the last position's logits: greedy at temperature 0, else drawn from softmax(logits / T)
+// over the top k (all when k <= 0) with the uniform u in [0, 1).
+int32_t pick(const std::vector<double>& logits, const GenerateOptions& o, double u) {
+  const int64_t V = int64_t(logits.size());
+  if (o.temperature == 0) return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  double floor = -std::numeric_limits<double>::infinity();  // logits below it cannot be drawn
+  if (o.top_k > 0 && o.top_k < V) {
+    std::vector<double> sorted(logits);
+    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<>());
+    floor = sorted[size_t(o.top_k - 1)];
+  }
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> probs(size_t(V), 0.0);
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v)
+    if (logits[size_t(v)] >= floor) sum += probs[size_t(v)] = std::exp((logits[size_t(v)] - mx) / o.temperature);
+  u *= sum;
+  for (int64_t v = 0; v < V; ++v) {
+    u -= probs[size_t(v)];
+    if (u < 0 && probs[size_t(v)] > 0) return int32_t(v);
+  }
+  for (int64_t v = V - 1; v >= 0; --v)  // rounding left u >= 0: the last token that can be drawn
+    if (probs[size_t(v)] > 0) return int32_t(v);
+  return int32_t(V - 1);
+}
+
+}  // namespace
+
+std::vector<int32_t> generate(nn::GPT& model, std::vector<int32_t> tokens, const GenerateOptions& o) {
+  MINIDL_CHECK(!tokens.empty(), "generate: expected a prompt of at least one token");
+  MINIDL_CHECK(o.temperature >= 0 && std::isfinite(o.temperature), "generate: expected a temperature >= 0, got ",
+               o.temperature);
+  MINIDL_CHECK(o.max_new_tokens >= 0, "generate: expected max_new_tokens >= 0, got ", o.max_new_tokens);
   autograd::NoGradGuard no_grad;
   bool was_training = model.is_training();
   model.eval();
-  const int64_t block = model.config().block_size, V = model.config().vocab_size;
-  Philox rng(seed, /*stream=*/0x53414D504C45ull);  // "SAMPLE"
-  std::vector<double> probs(static_cast<size_t>(V));
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t T = std::min<int64_t>(int64_t(tokens.size()), block);
-    std::vector<int32_t> ctx(tokens.end() - T, tokens.end());
-    Tensor ids = Tensor::from_vector(ctx, Shape{1, T}).to(model_device(model));
-    Tensor logits = model.forward(ids);  // (1, T, V)
-    std::vector<double> last = logits.narrow(1, T - 1, 1).to_vector();
-    double mx = *std::max_element(last.begin(), last.end()), sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += probs[size_t(v)] = std::exp((last[size_t(v)] - mx) / temperature);
-    double u = rng.uniform(uint64_t(i)) * sum;
-    int32_t next = int32_t(V - 1);
-    for (int64_t v = 0; v < V; ++v) {
-      u -= probs[size_t(v)];
-      if (u < 0) {
-        next = int32_t(v);
-        break;
+  const int64_t block = model.config().block_size;
+  const bool cached = o.kv_cache && model.supports_kv_cache();
+  const Device device = model_device(model);
+  Philox rng(o.seed, /*stream=*/0x53414D504C45ull);  // "SAMPLE"
+  nn::KVCache cache;
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    const int64_t T = std::min<int64_t>(int64_t(tokens.size()), block);
+    Tensor logits;
+    if (cached && cache.length > 0 && cache.length < block) {  // one new position
+      logits = model.forward_cached(Tensor::from_vector(std::vector<int32_t>{tokens.back()}, Shape{1, 1}).to(device),
+                                    cache);
+    } else {  // the whole window: the first token, or a window that slid
+      const Tensor ids = Tensor::from_vector(std::vector<int32_t>(tokens.end() - T, tokens.end()), Shape{1, T}).to(device);
+      if (cached) {
+        cache = nn::KVCache{};
+        logits = model.forward_cached(ids, cache);
+      } else {
+        logits = model.forward(ids);
       }
     }
-    tokens.push_back(next);
+    const std::vector<double> last = logits.narrow(1, logits.size(1) - 1, 1).to_vector();
+    tokens.push_back(pick(last, o, rng.uniform(uint64_t(i))));
   }
   if (was_training) model.train();
   return tokens;
+}
+
+std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> prompt, int64_t n, double temperature,
+                            uint64_t seed) {
+  GenerateOptions o;
+  o.max_new_tokens = n;
+  o.temperature = temperature;
+  o.seed = seed;
+  return generate(model, std::move(prompt), o);
 }
 
 }  // namespace minidl::train

@@ -19,8 +19,25 @@ namespace minidl::train {
 // then adds in batch order: the result has the bits one process computes, `size` times faster.
 double evaluate(nn::GPT& model, const data::Batch& windows, int64_t batch, dist::ProcessGroup* dp_group = nullptr);
 
-// Generates n tokens after `prompt` by sampling from softmax(logits / temperature) with Philox(seed). Every rank
-// that holds the whole model computes the same tokens.
+// How generate() picks each next token.
+struct GenerateOptions {
+  int64_t max_new_tokens = 100;
+  double temperature = 1.0;  // softmax(logits / temperature); 0: the most likely token (greedy)
+  int64_t top_k = 0;         // > 0: only the k most likely tokens can be drawn (ties at the k-th all stay)
+  uint64_t seed = 0;         // token i is drawn with Philox(seed)'s i-th uniform
+  // Keep each block's keys and values (nn::KVCache): a new token costs one position, not the window. Where the
+  // model is not whole in this process (tensor-parallel ranks, which compute every token together), the window is
+  // recomputed instead. Either way the same tokens: the cache changes only the order of the attention's sums.
+  bool kv_cache = true;
+};
+
+// `prompt` (at least one token) followed by max_new_tokens generated ones. The context is the last block_size
+// tokens: once the window is full it slides, and positions restart (GPT-2's absolute positions), so the cache is
+// refilled from the window at each token from then on. Every rank that holds the whole model computes the same
+// tokens.
+std::vector<int32_t> generate(nn::GPT& model, std::vector<int32_t> prompt, const GenerateOptions& options);
+
+// generate() with sampling at `temperature`, no top-k.
 std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> prompt, int64_t n, double temperature,
                             uint64_t seed);
 

@@ -136,7 +136,8 @@ void TrainConfig::validate(int world) const {
   parse_progress_mode(progress);
   amp_dtype(amp);
   nn::parse_recompute(recompute);
-  MINIDL_CHECK(temperature > 0, "--temperature: expected a positive number, got ", temperature);
+  MINIDL_CHECK(temperature >= 0, "--temperature: expected 0 (greedy) or a positive number, got ", temperature);
+  MINIDL_CHECK(top_k >= 0, "--top-k: expected 0 (every token) or more, got ", top_k);
   if (!checkpoint_dir.empty() && std::filesystem::exists(checkpoint_dir))
     MINIDL_CHECK(std::filesystem::is_directory(checkpoint_dir), "--checkpoint-dir: ", checkpoint_dir,
                  " exists and is not a directory");
@@ -397,6 +398,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   } else {
     s.ds.emplace(o.data);
   }
+  if (!o.prompt.empty()) s.ds->tokenizer().encode(o.prompt);  // a prompt the tokens cannot spell: say so now
   if (ctx.world_size() > 1) dist::check_same_config(ctx, s.config_fields());
   s.seq = o.seq || !s.ckpt ? o.seq_or_default() : s.ckpt->config.block_size;
   MINIDL_CHECK(int64_t(s.ds->train().size()) >= s.seq + 1 && int64_t(s.ds->val().size()) >= s.seq + 1, "--data ",
@@ -662,9 +664,16 @@ int Trainer::run() {
     if (s.logger) std::printf("saved %s\n", o.save.c_str());
   }
   if (o.sample > 0 && whole_model_here) {  // with tp > 1 the tp group computes every token together
-    // Start from a fresh paragraph: a newline (characters), <|endoftext|> (GPT-2).
-    std::vector<int32_t> prompt{s.ds->tokenizer().sample_start()};
-    std::vector<int32_t> out = train::sample(*whole, prompt, o.sample, o.temperature, o.seed);
+    // The prompt's tokens, or a fresh paragraph: a newline (characters), <|endoftext|> (GPT-2).
+    std::vector<int32_t> prompt = o.prompt.empty() ? std::vector<int32_t>{s.ds->tokenizer().sample_start()}
+                                                   : s.ds->tokenizer().encode(o.prompt);
+    GenerateOptions g;
+    g.max_new_tokens = o.sample;
+    g.temperature = o.temperature;
+    g.top_k = o.top_k;
+    g.seed = o.seed;
+    g.kv_cache = o.kv_cache;
+    std::vector<int32_t> out = train::generate(*whole, prompt, g);
     if (s.logger) std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
   }
   if (s.pipe) {

@@ -47,6 +47,11 @@ struct TrainConfig {
   uint64_t seed = 1337;
   int threads = 0;                  // 0: the host's cores divided among its ranks
   int64_t eval_every = 250, eval_windows = 256, log_every = 10, sample = 0;
+  // Generation after training (sample > 0 tokens): the text it continues (empty: a fresh paragraph), the top-k
+  // filter (0: every token) and the KV cache (train::generate).
+  std::string prompt;
+  int64_t top_k = 0;
+  bool kv_cache = true;
   std::string progress = "auto";    // auto | redraw | lines (train/progress.h)
   std::string save, init_from;
   // Training checkpoints (train/checkpoint.h): directories step-XXXXXXXX/ in checkpoint_dir, every save_every steps

@@ -317,6 +317,28 @@ TEST_F(TrainGpt, Gpt2TokenizerTrainsAndItsCheckpointsKeepIt) {
   }
 }
 
+// Prompted generation after training: the sample starts with the prompt and continues it; with the KV cache and
+// with the window recomputed per token the same text (temperature, top-k, past the window); a prompt the
+// vocabulary cannot spell is refused before training, by name.
+TEST_F(TrainGpt, PromptedGenerationWithAndWithoutTheCache) {
+  const std::string flags = tiny_flags() + " --steps 20 --lr 3e-3 --sample 40 --prompt 'the qu' --top-k 5 "
+                            "--temperature 0.8";
+  Result cached = run(flags);
+  ASSERT_EQ(cached.code, 0) << cached.out;
+  Result recomputed = run(flags + " --no-kv-cache");
+  ASSERT_EQ(recomputed.code, 0) << recomputed.out;
+  auto sample_of = [](const std::string& out) {
+    const size_t a = out.find("---- sample ----\n"), b = out.find("\n----------------", a);
+    return a == std::string::npos || b == std::string::npos ? std::string() : out.substr(a + 17, b - a - 17);
+  };
+  const std::string text = sample_of(cached.out);
+  EXPECT_EQ(text.rfind("the qu", 0), 0u) << cached.out;
+  EXPECT_EQ(text.size(), 6u + 40u) << cached.out;  // characters: one token each
+  EXPECT_EQ(text, sample_of(recomputed.out));
+  expect_rejected(tiny_flags() + " --steps 2 --sample 5 --prompt 'QZ'", {"byte", "'Q'"});
+  expect_rejected(tiny_flags() + " --steps 2 --sample 5 --top-k -1", {"--top-k", "-1"});
+}
+
 TEST_F(TrainGpt, CheckpointMismatches) {
   ASSERT_EQ(run(tiny_flags() + " --steps 2 --save " + path("m.safetensors")).code, 0);
   fs::rename(path("m.safetensors"), path("keep.safetensors"));
