@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include "core/error.h"
 
@@ -172,6 +173,31 @@ std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) const {
     offset = end;
   }
   pcre2_match_data_free(match);
+  return ids;
+}
+
+std::vector<int32_t> Gpt2Tokenizer::encode_parallel(std::string_view text, int threads) const {
+  // Cuts near i * size / threads, moved forward to between the two newlines of "\n\n" followed by a byte that is not
+  // whitespace. There a whole text splits the run of whitespace before the word into all of it but its last newline
+  // (\s+(?!\S)) and that newline (\s+), and so do the two parts: the first ends with the run less its newline (all
+  // taken by \s+(?!\S) at the end), the second starts with the newline and the word. (Cut after both newlines, the
+  // first part would end with "\n\n" as one piece, GPT-2's token 271, where the whole text has two 198s.)
+  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
+  std::vector<size_t> cuts{0};
+  for (int i = 1; i < threads; ++i) {
+    size_t at = std::max(cuts.back(), text.size() / size_t(threads) * size_t(i));
+    while (at + 1 < text.size() && !(at >= 1 && text[at - 1] == '\n' && text[at] == '\n' && !is_space(text[at + 1])))
+      ++at;
+    if (at + 1 < text.size() && at > cuts.back()) cuts.push_back(at);
+  }
+  cuts.push_back(text.size());
+  std::vector<std::vector<int32_t>> parts(cuts.size() - 1);
+  std::vector<std::thread> workers;
+  for (size_t p = 0; p + 1 < cuts.size(); ++p)
+    workers.emplace_back([&, p] { parts[p] = encode(text.substr(cuts[p], cuts[p + 1] - cuts[p])); });
+  for (std::thread& w : workers) w.join();
+  std::vector<int32_t> ids;
+  for (const auto& part : parts) ids.insert(ids.end(), part.begin(), part.end());
   return ids;
 }
 

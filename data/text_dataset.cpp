@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/token_shards.h"
 
 namespace minidl::data {
 
@@ -67,6 +68,26 @@ TextDataset::TextDataset(const std::string& path, const std::string& text, const
     train_ = tokenizer_.encode(std::string_view(text).substr(0, cut));
     val_ = tokenizer_.encode(std::string_view(text).substr(cut));
   }
+}
+
+TextDataset::TextDataset(std::string path, Tokenizer tokenizer, std::vector<int32_t> train, std::vector<int32_t> val)
+    : path_(std::move(path)), tokenizer_(std::move(tokenizer)), train_(std::move(train)), val_(std::move(val)) {}
+
+TextDataset TextDataset::from_shards(const std::string& pattern, const Tokenizer& tokenizer) {
+  std::vector<int32_t> train, val;
+  int train_shards = 0, val_shards = 0;
+  for (const std::string& file : shard_files(pattern)) {
+    const std::vector<int32_t> tokens = read_token_shard(file);
+    for (size_t i = 0; i < tokens.size(); ++i)
+      MINIDL_CHECK(tokens[i] < tokenizer.size(), "token shard ", file, ": token ", i, " is ", tokens[i],
+                   ", not an id of the ", tokenizer.kind(), " tokenizer (", tokenizer.size(), " ids)");
+    std::vector<int32_t>& into = is_validation_shard(file) ? val : train;
+    (is_validation_shard(file) ? val_shards : train_shards) += 1;
+    into.insert(into.end(), tokens.begin(), tokens.end());
+  }
+  MINIDL_CHECK(train_shards > 0 && val_shards > 0, "--data ", pattern, ": expected training shards and validation ",
+               "shards (a \"val\" in the file name), found ", train_shards, " and ", val_shards);
+  return TextDataset(pattern, tokenizer, std::move(train), std::move(val));
 }
 
 }  // namespace minidl::data

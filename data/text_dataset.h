@@ -26,6 +26,10 @@ class TextDataset {
   // Tokenizes with a given tokenizer (a checkpoint's, or GPT-2's); with characters, a byte outside the vocabulary
   // is an error naming the byte and both vocabulary sizes.
   TextDataset(const std::string& path, const Tokenizer& tokenizer);
+  // Token shards (data/token_shards.h) matching `pattern`: the shards whose names hold "val" are the validation
+  // split, the others (in name order) the training split, as llm.c's scripts write them; both must be there, and
+  // every token must be one of `tokenizer`'s ids.
+  static TextDataset from_shards(const std::string& pattern, const Tokenizer& tokenizer);
 
   const std::string& path() const { return path_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
@@ -35,6 +39,7 @@ class TextDataset {
  private:
   // tokenizer == nullptr: the vocabulary of the whole text (both splits).
   TextDataset(const std::string& path, const std::string& text, const Tokenizer* tokenizer);
+  TextDataset(std::string path, Tokenizer tokenizer, std::vector<int32_t> train, std::vector<int32_t> val);
 
   std::string path_;
   Tokenizer tokenizer_;

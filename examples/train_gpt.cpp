@@ -27,7 +27,8 @@ namespace {
 
 void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
-  app.add_option("--data", o.data, "Text file to train on")->capture_default_str();
+  app.add_option("--data", o.data, "Text file to train on, or GPT-2 token shards in llm.c's format (a glob such as "
+                 "'out/shakespeare_*.bin', from tokenize_shards; files named *val* validate)")->capture_default_str();
   app.add_option("--tokenizer", o.tokenizer, "char (the corpus's bytes are the tokens) or gpt2 (GPT-2's byte-level "
                  "BPE, 50,257 tokens); default: the checkpoint's with --init-from or --resume, else char");
   app.add_option("--gpt2-encoding", o.gpt2_encoding, "GPT-2's encoding file, for --tokenizer gpt2")

@@ -12,6 +12,7 @@
 
 #include "core/parallel.h"
 #include "data/text_dataset.h"
+#include "data/token_shards.h"
 #include "dist/topology.h"
 #include "nn/checkpoint.h"
 #include "ops/matmul.h"
@@ -147,11 +148,23 @@ void TrainConfig::validate(int world) const {
   }
 }
 
+data::TextDataset open_dataset(const TrainConfig& o, const data::Tokenizer* saved) {
+  const bool shards = data::names_token_shards(o.data);
+  // Token shards hold GPT-2's ids (llm.c's scripts): they default to its tokenizer.
+  const std::string kind = saved ? saved->kind() : !o.tokenizer.empty() ? o.tokenizer : shards ? "gpt2" : "char";
+  if (shards) {
+    MINIDL_CHECK(kind == "gpt2", "--data ", o.data, ": token shards hold GPT-2's ids, expected --tokenizer gpt2, got ",
+                 kind);
+    return data::TextDataset::from_shards(o.data, saved ? *saved : data::Tokenizer::gpt2(o.gpt2_encoding));
+  }
+  if (saved) return data::TextDataset(o.data, *saved);
+  if (kind == "gpt2") return data::TextDataset(o.data, data::Tokenizer::gpt2(o.gpt2_encoding));
+  return data::TextDataset(o.data);
+}
+
 std::string plan_memory(const TrainConfig& o, int world, double gib) {
   MINIDL_CHECK(gib > 0 && std::isfinite(gib), "--plan-memory: expected a positive number of GiB, got ", gib);
-  const data::TextDataset ds = o.tokenizer == "gpt2"
-                                   ? data::TextDataset(o.data, data::Tokenizer::gpt2(o.gpt2_encoding))
-                                   : data::TextDataset(o.data);
+  const data::TextDataset ds = open_dataset(o, nullptr);
   nn::GPTConfig m{int64_t(ds.tokenizer().size()), o.seq_or_default(), o.layers_or_default(), o.heads_or_default(),
                   o.embd_or_default(), o.dropout, true, o.vocab_pad};
   m.validate();
@@ -392,11 +405,9 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     const data::Tokenizer saved = data::Tokenizer::from_json(nlohmann::json::parse(it->second), o.gpt2_encoding);
     MINIDL_CHECK(o.tokenizer.empty() || o.tokenizer == saved.kind(), "--tokenizer ", o.tokenizer, ": the checkpoint ",
                  s.ckpt_source, " was trained with the ", saved.kind(), " tokenizer");
-    s.ds.emplace(o.data, saved);
-  } else if (o.tokenizer == "gpt2") {
-    s.ds.emplace(o.data, data::Tokenizer::gpt2(o.gpt2_encoding));
+    s.ds.emplace(open_dataset(o, &saved));
   } else {
-    s.ds.emplace(o.data);
+    s.ds.emplace(open_dataset(o, nullptr));
   }
   if (!o.prompt.empty()) s.ds->tokenizer().encode(o.prompt);  // a prompt the tokens cannot spell: say so now
   if (ctx.world_size() > 1) dist::check_same_config(ctx, s.config_fields());

@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 
+#include "data/text_dataset.h"
 #include "dist/init.h"
 
 namespace minidl::train {
@@ -98,6 +99,10 @@ struct TrainConfig {
   // Throws minidl::Error naming the flag, what was expected and what was given. Same answer on every rank.
   void validate(int world_size) const;
 };
+
+// The run's dataset: --data as a text file tokenized with `saved` (a checkpoint's tokenizer), --tokenizer or the
+// file's characters; or, for a shard pattern (data/token_shards.h), its shards' GPT-2 ids.
+data::TextDataset open_dataset(const TrainConfig& config, const data::Tokenizer* saved);
 
 // The pipeline of a configuration with pp > 1 (validated): the header line and the per-rank timeline of its
 // schedule with the simulated bubble (dist::draw_schedule). Needs no MPI: train_gpt --print-schedule.

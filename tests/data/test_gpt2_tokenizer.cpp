@@ -140,3 +140,13 @@ TEST(Gpt2Tokenizer, MalformedEncodingFilesAreRefusedByName) {
   EXPECT_THROW(Gpt2Tokenizer::from_file((dir / "absent.tiktoken").string()), minidl::Error);
   fs::remove_all(dir);
 }
+
+// The parallel encoding cuts the text only where the pattern ends a piece: the ids are the serial ones, for every
+// thread count, on the corpus (blank lines between speeches) and on the stress text.
+TEST(Gpt2Tokenizer, ParallelEncodingIsTheSerialOne) {
+  const std::string corpus = read(data_dir() + "/tinyshakespeare.txt");
+  const std::vector<int32_t> serial = tokenizer().encode(corpus);
+  for (int threads : {1, 2, 3, 8}) EXPECT_EQ(tokenizer().encode_parallel(corpus, threads), serial) << threads;
+  const std::string stress = std::string(kStress) + "\n\n" + kStress + "\n\n\n  " + kStress;
+  EXPECT_EQ(tokenizer().encode_parallel(stress, 4), tokenizer().encode(stress));
+}

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "data/gpt2_tokenizer.h"
+#include "data/token_shards.h"
 #include "support/loss_agreement.h"
 #include "support/run_program.h"
 
@@ -337,6 +339,45 @@ TEST_F(TrainGpt, PromptedGenerationWithAndWithoutTheCache) {
   EXPECT_EQ(text, sample_of(recomputed.out));
   expect_rejected(tiny_flags() + " --steps 2 --sample 5 --prompt 'QZ'", {"byte", "'Q'"});
   expect_rejected(tiny_flags() + " --steps 2 --sample 5 --top-k -1", {"--top-k", "-1"});
+}
+
+// tokenize_shards writes llm.c's shards of GPT-2 ids (<|endoftext|>, then the file's tokens: val first, train
+// after, each at most --shard-tokens), and train_gpt trains on them through a glob; shards are GPT-2's ids only;
+// a missing input writes nothing.
+TEST_F(TrainGpt, TrainsOnTokenShardsWrittenByTokenizeShards) {
+  const std::string encoding = std::string(SOURCE_DIR) + "/data/gpt2.tiktoken";
+  Result made = minidl::testing::run_program(std::string(TOKENIZE_SHARDS_BIN) + " --out " + path("shards") +
+                                             " --name tiny --shard-tokens 400 --threads 2 " + path("tiny.txt"));
+  ASSERT_EQ(made.code, 0) << made.out;
+  std::vector<int32_t> stream;  // the val shard (000000), then the training shards in order: the text's own order
+  for (const char* split : {"val", "train"})
+    for (const std::string& f : minidl::data::shard_files(path("shards") + "/tiny_" + split + "_*.bin")) {
+      const std::vector<int32_t> t = minidl::data::read_token_shard(f);
+      EXPECT_LE(t.size(), 400u) << f;
+      stream.insert(stream.end(), t.begin(), t.end());
+    }
+  std::vector<int32_t> want{minidl::data::Gpt2Tokenizer::kEndOfText};
+  const std::vector<int32_t> ids =
+      minidl::data::Gpt2Tokenizer::from_file(encoding).encode(repeat("the quick brown fox. ", 200));
+  want.insert(want.end(), ids.begin(), ids.end());
+  EXPECT_EQ(stream, want);
+  EXPECT_TRUE(fs::exists(path("shards/tiny_val_000000.bin")));
+
+  Result r = run(tiny_flags() + " --data '" + path("shards") + "/tiny_*.bin' --steps 20 --lr 1e-2 --progress lines "
+                 "--log-every 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokenizer=gpt2"), std::string::npos) << r.out;
+  std::smatch first, last;
+  ASSERT_TRUE(std::regex_search(r.out, first, std::regex("step 1/20 \\| loss ([0-9.]+)"))) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, last, std::regex("step 20/20 \\| loss ([0-9.]+)"))) << r.out;
+  EXPECT_LT(std::stod(last[1]), std::stod(first[1]) - 3) << r.out;
+  expect_rejected(tiny_flags() + " --steps 1 --tokenizer char --data '" + path("shards") + "/tiny_*.bin'",
+                  {"token shards hold GPT-2's ids", "--tokenizer gpt2"});
+  Result missing = minidl::testing::run_program(std::string(TOKENIZE_SHARDS_BIN) + " --out " + path("none") + " " +
+                                                path("absent.txt") + " 2>&1");
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_NE(missing.out.find("tokenize_shards: error:"), std::string::npos) << missing.out;
+  EXPECT_FALSE(fs::exists(path("none"))) << "nothing written";
 }
 
 TEST_F(TrainGpt, CheckpointMismatches) {
