@@ -678,12 +678,8 @@ int Trainer::run() {
     // The prompt's tokens, or a fresh paragraph: a newline (characters), <|endoftext|> (GPT-2).
     std::vector<int32_t> prompt = o.prompt.empty() ? std::vector<int32_t>{s.ds->tokenizer().sample_start()}
                                                    : s.ds->tokenizer().encode(o.prompt);
-    GenerateOptions g;
-    g.max_new_tokens = o.sample;
-    g.temperature = o.temperature;
-    g.top_k = o.top_k;
-    g.seed = o.seed;
-    g.kv_cache = o.kv_cache;
+    const GenerateOptions g{.max_new_tokens = o.sample, .temperature = o.temperature, .top_k = o.top_k,
+                            .seed = o.seed, .kv_cache = o.kv_cache};
     std::vector<int32_t> out = train::generate(*whole, prompt, g);
     if (s.logger) std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
   }
