@@ -22,6 +22,14 @@ Tensor ParallelBlock::forward(const Tensor& x) const {
   return y + mlp->forward(ln_2->forward(y));
 }
 
+Tensor ParallelBlock::forward_cached(const Tensor& x, nn::BlockKV& kv, int64_t length, int64_t block_size) const {
+  // As ParallelSelfAttention::forward (dropout is off at inference), with the cache's attention.
+  const Tensor a =
+      nn::cached_attention(attn->c_attn->forward(ln_1->forward(x)), attn->local_heads, kv, length, block_size);
+  Tensor y = x + attn->c_proj->forward(a);
+  return y + mlp->forward(ln_2->forward(y));
+}
+
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -158,6 +166,23 @@ Tensor TensorParallelGPT::embed(const Tensor& ids) const {
     pos_emb = wpe->forward(position_ids(T, ids.device()));
   }
   return drop->forward(vocab_embedding->forward(ids) + pos_emb);
+}
+
+// As embed: sequence parallelism splits the positions only over more than one rank.
+bool TensorParallelGPT::supports_kv_cache() const {
+  return !(sequence_parallel_ && group_.size() > 1) && nn::GPT::supports_kv_cache();
+}
+
+Tensor TensorParallelGPT::embed_at(const Tensor& ids, int64_t first) const {
+  MINIDL_CHECK(supports_kv_cache(), "TensorParallelGPT: the KV cache needs the whole sequence on every rank (no ",
+               "sequence parallelism)");
+  const Tensor positions = position_ids(config().block_size, ids.device()).narrow(0, first, ids.size(1));
+  ops::HostCheckedIndicesGuard in_range;
+  return drop->forward(vocab_embedding->forward(ids) + wpe->forward(positions));
+}
+
+Tensor TensorParallelGPT::forward_block_cached(int64_t i, const Tensor& x, nn::BlockKV& kv, int64_t length) const {
+  return (*(parallel_blocks->begin() + (i - stage().first_block)))->forward_cached(x, kv, length, config().block_size);
 }
 
 Tensor TensorParallelGPT::head(const Tensor& x) const {

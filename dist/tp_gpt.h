@@ -36,6 +36,8 @@ class ParallelBlock : public nn::Module {
                 std::shared_ptr<const nn::DropoutContext> ctx);
   // x: (B, T, C), replicated -> (B, T, C), replicated
   Tensor forward(const Tensor& x) const;
+  // Generation with a cache (nn::cached_attention over this rank's heads): x (1, t, C), replicated.
+  Tensor forward_cached(const Tensor& x, nn::BlockKV& kv, int64_t length, int64_t block_size) const;
 
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<ParallelSelfAttention> attn;
@@ -85,8 +87,13 @@ class TensorParallelGPT : public nn::GPT {
   std::shared_ptr<VocabParallelEmbedding> vocab_embedding;  // transformer.wte (null on a stage without it)
   std::shared_ptr<nn::ModuleList<ParallelBlock>> parallel_blocks;  // transformer.h: global blocks of the stage
 
+  // The KV cache works on a split without sequence parallelism: each rank keeps its own heads' keys and values.
+  bool supports_kv_cache() const override;
+
  protected:
   Tensor forward_block(int64_t i, const Tensor& x) const override;
+  Tensor embed_at(const Tensor& ids, int64_t first) const override;
+  Tensor forward_block_cached(int64_t i, const Tensor& x, nn::BlockKV& kv, int64_t length) const override;
 
  private:
   ProcessGroup& group_;

@@ -71,12 +71,13 @@ Tensor Block::forward(const Tensor& x) const {
   return y.sum + mlp->forward(y.y);
 }
 
-Tensor Block::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const {
-  const int64_t t = x.size(1), C = x.size(2), H = attn->n_head, D = C / H;
-  MINIDL_CHECK(x.dim() == 3 && x.size(0) == 1 && (length == 0 || t == 1) && length + t <= block_size,
-               "Block::forward_cached: expected x of shape (1, t, C) with t == 1 after the first call and at most ",
-               block_size, " positions in all, got ", x.shape(), " after ", length, " positions");
-  const Tensor qkv = attn->c_attn->forward(ln_1->forward(x));  // (1, t, 3C)
+Tensor cached_attention(const Tensor& qkv, int64_t H, BlockKV& kv, int64_t length, int64_t block_size) {
+  MINIDL_CHECK(qkv.dim() == 3 && qkv.size(0) == 1 && qkv.size(2) % (3 * H) == 0, "cached_attention: expected qkv of ",
+               "shape (1, t, 3 * heads * head_dim) with heads = ", H, ", got ", qkv.shape());
+  const int64_t t = qkv.size(1), C = qkv.size(2) / 3, D = C / H;
+  MINIDL_CHECK((length == 0 || t == 1) && length + t <= block_size, "cached_attention: expected one new position ",
+               "after the first call and at most block_size = ", block_size, " positions in all, got ", t,
+               " after ", length);
   // (1, t, C) -> (H, t, D)
   auto heads = [&](int64_t part) { return qkv.narrow(2, part * C, C).reshape({t, H, D}).transpose(0, 1).contiguous(); };
   if (!kv.k.defined()) {
@@ -86,14 +87,14 @@ Tensor Block::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64
   }
   kv.k.narrow(1, length, t).copy_(heads(1));
   kv.v.narrow(1, length, t).copy_(heads(2));
-  Tensor y;
-  if (length == 0) {
-    y = causal_attention(qkv, int(H));  // forward()'s own attention
-  } else {
-    const Tensor keys = kv.k.narrow(1, 0, length + 1).contiguous(), values = kv.v.narrow(1, 0, length + 1).contiguous();
-    const Tensor p = softmax(mul(matmul(heads(0), keys, false, true), 1.0 / std::sqrt(double(D))));  // (H, 1, L + 1)
-    y = matmul(p, values).transpose(0, 1).contiguous().reshape({1, 1, C});
-  }
+  if (length == 0) return causal_attention(qkv, int(H));  // the uncached forward's own attention
+  const Tensor keys = kv.k.narrow(1, 0, length + 1).contiguous(), values = kv.v.narrow(1, 0, length + 1).contiguous();
+  const Tensor p = softmax(mul(matmul(heads(0), keys, false, true), 1.0 / std::sqrt(double(D))));  // (H, 1, L + 1)
+  return matmul(p, values).transpose(0, 1).contiguous().reshape({1, 1, C});
+}
+
+Tensor Block::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const {
+  const Tensor y = cached_attention(attn->c_attn->forward(ln_1->forward(x)), attn->n_head, kv, length, block_size);
   const AddLayerNorm sum = ln_2->forward_add(x, attn->resid_dropout->forward(attn->c_proj->forward(y)));
   return sum.sum + mlp->forward(sum.y);
 }
@@ -305,29 +306,31 @@ Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reductio
 Tensor GPT::forward(const Tensor& ids) const { return head(blocks(0, cfg_.n_layer, embed(ids))); }
 
 bool GPT::supports_kv_cache() const {
-  return stage_.embedding && stage_.head && stage_.first_block == 0 && stage_.last_block == cfg_.n_layer && h &&
-         int64_t(h->size()) == cfg_.n_layer;
+  return stage_.embedding && stage_.head && stage_.first_block == 0 && stage_.last_block == cfg_.n_layer;
+}
+
+Tensor GPT::embed_at(const Tensor& ids, int64_t first) const {
+  const Tensor positions = position_ids(cfg_.block_size, ids.device()).narrow(0, first, ids.size(1));
+  ops::HostCheckedIndicesGuard in_range;  // [first, first + t) within block_size
+  return drop->forward(wte->forward(ids) + wpe->forward(positions));
+}
+
+Tensor GPT::forward_block_cached(int64_t i, const Tensor& x, BlockKV& kv, int64_t length) const {
+  return (*(h->begin() + (i - stage_.first_block)))->forward_cached(x, kv, length, cfg_.block_size);
 }
 
 Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
-  MINIDL_CHECK(supports_kv_cache(), "GPT::forward_cached: needs the whole model's modules in this process (not a ",
-               "pipeline stage or a tensor-parallel split)");
+  MINIDL_CHECK(supports_kv_cache(), "GPT::forward_cached: needs the whole model (not a pipeline stage, nor a ",
+               "sequence-parallel split)");
   MINIDL_CHECK(ids.dim() == 2 && ids.size(0) == 1 && ids.size(1) >= 1 &&
                    cache.length + ids.size(1) <= cfg_.block_size,
                "GPT::forward_cached: expected ids of shape (1, t) with ", cache.length, " + t <= block_size = ",
                cfg_.block_size, ", got ", ids.shape());
   check_ids(ids, "token ids", false);
-  const int64_t t = ids.size(1);
-  position_ids(t, ids.device());  // builds positions_ on this device
-  Tensor x;
-  {
-    ops::HostCheckedIndicesGuard in_range;  // [length, length + t) within block_size
-    x = drop->forward(wte->forward(ids) + wpe->forward(positions_.narrow(0, cache.length, t)));
-  }
+  Tensor x = embed_at(ids, cache.length);
   cache.blocks.resize(size_t(cfg_.n_layer));
-  for (int64_t i = 0; i < cfg_.n_layer; ++i)
-    x = (*(h->begin() + i))->forward_cached(x, cache.blocks[size_t(i)], cache.length, cfg_.block_size);
-  cache.length += t;
+  for (int64_t i = 0; i < cfg_.n_layer; ++i) x = forward_block_cached(i, x, cache.blocks[size_t(i)], cache.length);
+  cache.length += ids.size(1);
   return head(x);
 }
 

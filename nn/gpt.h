@@ -106,8 +106,15 @@ class MLP : public Module {
 
 // One block's keys and values of the positions a generation has computed (KVCache).
 struct BlockKV {
-  Tensor k, v;  // (n_head, block_size, head_dim), filled up to KVCache::length
+  Tensor k, v;  // (heads, block_size, head_dim) of this process's heads, filled up to KVCache::length
 };
+
+// The attention of a block's new positions with a cache, what every block kind shares (nn::Block, the
+// tensor-parallel block of dist/tp_gpt.h): qkv (1, t, 3 * heads * D), this process's q, k and v heads, at positions
+// [length, length + t) -> (1, t, heads * D). length == 0: the fused causal attention over the t positions (the
+// uncached forward's own arithmetic), keeping their keys and values in `kv`; length > 0: t == 1, the new query
+// against the kept keys and values (a product and a softmax: one position's work).
+Tensor cached_attention(const Tensor& qkv, int64_t heads, BlockKV& kv, int64_t length, int64_t block_size);
 
 // Pre-LN block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Uses dropout streams first_stream and first_stream + 1.
 class Block : public Module {
@@ -115,9 +122,7 @@ class Block : public Module {
   Block(const GPTConfig& cfg, uint64_t first_stream, std::shared_ptr<const DropoutContext> ctx);
   // x: (B, T, C) -> (B, T, C)
   Tensor forward(const Tensor& x) const;
-  // Inference with a cache: x (1, t, C) at positions [length, length + t). length == 0: forward() itself (the fused
-  // causal attention over the t positions), keeping their keys and values in `kv`; length > 0: t == 1, the new
-  // query against the kept keys and values (a product and a softmax: one position's work).
+  // Inference with a cache: x (1, t, C) at positions [length, length + t), its attention by cached_attention.
   Tensor forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const;
 
   std::shared_ptr<LayerNorm> ln_1, ln_2;
@@ -166,9 +171,9 @@ class GPT : public Module {
   // forward()'s arithmetic (its logits are forward(ids)'s bit for bit); later calls take one id each. Needs the
   // whole model in this process (supports_kv_cache()) and cache.length + t <= block_size.
   Tensor forward_cached(const Tensor& ids, KVCache& cache) const;
-  // Whether forward_cached works here: the whole model's modules in this process (not a pipeline stage, not a
-  // tensor-parallel split, whose layers are its own).
-  bool supports_kv_cache() const;
+  // Whether forward_cached works here: the whole model (not a pipeline stage). A tensor-parallel split overrides
+  // it (and the two pieces below); its ranks then generate together.
+  virtual bool supports_kv_cache() const;
 
   // The pieces of forward; each throws if this stage does not hold the part it needs.
   // ids: (B, T) as in forward -> drop(wte(ids) + wpe(0 .. T-1)): (B, T, C)
@@ -219,6 +224,10 @@ class GPT : public Module {
   std::shared_ptr<DropoutContext> dropout_context_ptr() const { return dropout_ctx_; }
   // x through global block i under the recompute setting.
   virtual Tensor forward_block(int64_t i, const Tensor& x) const;
+  // forward_cached's pieces: the embedding of ids (1, t) at positions [first, first + t), and x through global
+  // block i with its cache.
+  virtual Tensor embed_at(const Tensor& ids, int64_t first) const;
+  virtual Tensor forward_block_cached(int64_t i, const Tensor& x, BlockKV& kv, int64_t length) const;
   // part(x) as an activation-checkpointed region of global block `block` (autograd::checkpoint over `params`)
   // whose recomputation draws this forward's dropout masks and is wrapped in the block hooks.
   Tensor checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,

@@ -25,9 +25,10 @@ struct GenerateOptions {
   double temperature = 1.0;  // softmax(logits / temperature); 0: the most likely token (greedy)
   int64_t top_k = 0;         // > 0: only the k most likely tokens can be drawn (ties at the k-th all stay)
   uint64_t seed = 0;         // token i is drawn with Philox(seed)'s i-th uniform
-  // Keep each block's keys and values (nn::KVCache): a new token costs one position, not the window. Where the
-  // model is not whole in this process (tensor-parallel ranks, which compute every token together), the window is
-  // recomputed instead. Either way the same tokens: the cache changes only the order of the attention's sums.
+  // Keep each block's keys and values (nn::KVCache; on tensor-parallel ranks, which generate together, each its
+  // own heads'): a new token costs one position, not the window. Where the model cannot keep them
+  // (supports_kv_cache(): a sequence-parallel split) the window is recomputed instead. Either way the same tokens:
+  // the cache changes only the order of the attention's sums.
   bool kv_cache = true;
 };
 

@@ -21,6 +21,7 @@
 #include "nn/checkpoint.h"
 #include "optim/sgd.h"
 #include "support/mpi_test.h"
+#include "train/evaluate.h"
 #include "train/step.h"
 #include "train/tp_sync.h"
 
@@ -174,6 +175,33 @@ void expect_close(const TrainRun& a, const TrainRun& b, double tol) {
 
 // Clipping at 0.5 is active in the early steps: a norm that counted the replicated parameters (LayerNorms, wpe,
 // row-parallel biases) tp times would clip differently and drift.
+// Generation on a tensor-parallel split (every rank of the group calls it): with the KV cache (each rank keeping
+// its own heads' keys and values) the same tokens as with the window recomputed, greedy and sampled, through a
+// window that fills and slides (block 16, 40 new tokens); and the one-process model's greedy tokens. A
+// sequence-parallel split recomputes the window (the cache needs the whole sequence on every rank).
+TEST(TensorParallel, KvCachedGenerationEqualsRecomputedAndOneProcess) {
+  const int tp = ctx().world_size();
+  dist::Topology topo(ctx().world(), {1, tp, 1}, "ring");
+  dist::TensorParallelGPT split(config(), 1337, topo.tp_group());
+  EXPECT_TRUE(split.supports_kv_cache());
+  nn::GPT one(config(), 1337);
+  const std::vector<int32_t> prompt{5, 17, 42};
+  for (double temperature : {0.0, 0.9}) {
+    SCOPED_TRACE("temperature " + std::to_string(temperature));
+    train::GenerateOptions o;
+    o.max_new_tokens = 40;
+    o.temperature = temperature;
+    o.top_k = temperature > 0 ? 8 : 0;
+    o.seed = 3;
+    const std::vector<int32_t> cached = train::generate(split, prompt, o);
+    o.kv_cache = false;
+    EXPECT_EQ(cached, train::generate(split, prompt, o));
+    if (temperature == 0) EXPECT_EQ(cached, train::generate(one, prompt, o));
+  }
+  dist::TensorParallelGPT sp(config(), 1337, topo.tp_group(), /*sequence_parallel=*/true);
+  EXPECT_EQ(sp.supports_kv_cache(), tp == 1);
+}
+
 TEST(TensorParallel, SgdEqualsOneProcess) {
   const int world = ctx().world_size();
   const TrainRun one = train_run(0, 0, 0.0, nn::Recompute::kNone, 1, 0.5, 20);
