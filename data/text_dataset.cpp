@@ -74,20 +74,28 @@ TextDataset::TextDataset(std::string path, Tokenizer tokenizer, std::vector<int3
     : path_(std::move(path)), tokenizer_(std::move(tokenizer)), train_(std::move(train)), val_(std::move(val)) {}
 
 TextDataset TextDataset::from_shards(const std::string& pattern, const Tokenizer& tokenizer) {
-  std::vector<int32_t> train, val;
-  int train_shards = 0, val_shards = 0;
+  std::vector<int32_t> val;
+  std::vector<std::string> train;
+  int64_t train_tokens = 0, val_shards = 0;
   for (const std::string& file : shard_files(pattern)) {
+    if (!is_validation_shard(file)) {
+      train_tokens += shard_token_count(file);  // the header checked; the tokens stay on disk
+      train.push_back(file);
+      continue;
+    }
     const std::vector<int32_t> tokens = read_token_shard(file);
     for (size_t i = 0; i < tokens.size(); ++i)
       MINIDL_CHECK(tokens[i] < tokenizer.size(), "token shard ", file, ": token ", i, " is ", tokens[i],
                    ", not an id of the ", tokenizer.kind(), " tokenizer (", tokenizer.size(), " ids)");
-    std::vector<int32_t>& into = is_validation_shard(file) ? val : train;
-    (is_validation_shard(file) ? val_shards : train_shards) += 1;
-    into.insert(into.end(), tokens.begin(), tokens.end());
+    val.insert(val.end(), tokens.begin(), tokens.end());
+    ++val_shards;
   }
-  MINIDL_CHECK(train_shards > 0 && val_shards > 0, "--data ", pattern, ": expected training shards and validation ",
-               "shards (a \"val\" in the file name), found ", train_shards, " and ", val_shards);
-  return TextDataset(pattern, tokenizer, std::move(train), std::move(val));
+  MINIDL_CHECK(!train.empty() && val_shards > 0, "--data ", pattern, ": expected training shards and validation ",
+               "shards (a \"val\" in the file name), found ", train.size(), " and ", val_shards);
+  TextDataset ds(pattern, tokenizer, {}, std::move(val));
+  ds.train_shards_ = std::move(train);
+  ds.train_shard_tokens_ = train_tokens;
+  return ds;
 }
 
 }  // namespace minidl::data

@@ -27,13 +27,17 @@ class TextDataset {
   // is an error naming the byte and both vocabulary sizes.
   TextDataset(const std::string& path, const Tokenizer& tokenizer);
   // Token shards (data/token_shards.h) matching `pattern`: the shards whose names hold "val" are the validation
-  // split, the others (in name order) the training split, as llm.c's scripts write them; both must be there, and
-  // every token must be one of `tokenizer`'s ids.
+  // split, read whole (every token one of `tokenizer`'s ids), the others (in name order) the training split, which
+  // stays on disk: train() is empty, train_shards() names the files (data::ShardSampler streams them), as llm.c's
+  // scripts write them; both kinds must be there.
   static TextDataset from_shards(const std::string& pattern, const Tokenizer& tokenizer);
 
   const std::string& path() const { return path_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const std::vector<int32_t>& train() const { return train_; }
+  // The training shards of a dataset made from_shards (empty otherwise), and the training split's token count.
+  const std::vector<std::string>& train_shards() const { return train_shards_; }
+  int64_t train_tokens() const { return train_shards_.empty() ? int64_t(train_.size()) : train_shard_tokens_; }
   const std::vector<int32_t>& val() const { return val_; }
 
  private:
@@ -44,6 +48,8 @@ class TextDataset {
   std::string path_;
   Tokenizer tokenizer_;
   std::vector<int32_t> train_, val_;
+  std::vector<std::string> train_shards_;
+  int64_t train_shard_tokens_ = 0;
 };
 
 // The bytes of a file; errors name the path and the problem (missing, unreadable, empty).

@@ -41,8 +41,10 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens)
   MINIDL_CHECK(!ec, "token shard ", path, ": cannot rename ", tmp, " into place: ", ec.message());
 }
 
-std::vector<int32_t> read_token_shard(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+namespace {
+
+// Opens `path`, reads and checks its header (against the file's size too); returns the token count.
+int64_t read_header(const std::string& path, std::ifstream& in) {
   MINIDL_CHECK(in.good(), "token shard ", path, ": cannot open the file");
   std::vector<int32_t> header(size_t(kShardHeaderInts), 0);
   in.read(reinterpret_cast<char*>(header.data()), std::streamsize(header.size() * sizeof(int32_t)));
@@ -57,7 +59,19 @@ std::vector<int32_t> read_token_shard(const std::string& path) {
                  have = uint64_t(std::filesystem::file_size(path));
   MINIDL_CHECK(have == want, "token shard ", path, ": the header counts ", header[2], " tokens (", want,
                " bytes with the header), the file has ", have, " bytes", have < want ? " (truncated)" : "");
-  std::vector<uint16_t> body(static_cast<size_t>(header[2]));
+  return header[2];
+}
+
+}  // namespace
+
+int64_t shard_token_count(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return read_header(path, in);
+}
+
+std::vector<int32_t> read_token_shard(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<uint16_t> body(static_cast<size_t>(read_header(path, in)));
   in.read(reinterpret_cast<char*>(body.data()), std::streamsize(body.size() * sizeof(uint16_t)));
   MINIDL_CHECK(in.gcount() == std::streamsize(body.size() * sizeof(uint16_t)), "token shard ", path,
                ": reading its tokens failed");

@@ -27,6 +27,9 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens)
 // does not match the header's count (truncated or extended).
 std::vector<int32_t> read_token_shard(const std::string& path);
 
+// The token count in a shard's header, the header checked as read_token_shard checks it (the tokens not read).
+int64_t shard_token_count(const std::string& path);
+
 // The files matching a glob pattern (glob(3): *, ?, [...]), sorted by name; throws when none matches.
 std::vector<std::string> shard_files(const std::string& pattern);
 

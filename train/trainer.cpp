@@ -12,6 +12,7 @@
 
 #include "core/parallel.h"
 #include "data/text_dataset.h"
+#include "data/shard_sampler.h"
 #include "data/token_shards.h"
 #include "dist/topology.h"
 #include "nn/checkpoint.h"
@@ -279,7 +280,7 @@ nn::GPTConfig Trainer::State::model_config(int64_t vocab) const {
 std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields() const {
   const TrainConfig& o = cfg;
   auto opt = [](const std::optional<int64_t>& v) { return v ? str(*v) : std::string("default"); };
-  return {{"data", o.data + " (" + str(ds->train().size()) + " train tokens)"},
+  return {{"data", o.data + " (" + str(ds->train_tokens()) + " train tokens)"},
           {"tokenizer", ds->tokenizer().kind()},
           {"layers", opt(o.layers)}, {"heads", opt(o.heads)}, {"embd", opt(o.embd)}, {"seq", opt(o.seq)},
           {"vocab_pad", str(o.vocab_pad)},
@@ -360,7 +361,7 @@ void Trainer::State::print_header() const {
               (long long)seq, (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp,
               cfg.zero, (long long)cfg.grad_accum, cfg.amp.c_str(), cfg.recompute.c_str(),
               device.is_cpu() ? "cpu" : (cfg.device + " (" + device_name(device) + ")").c_str(), cfg.data.c_str(),
-              ds->train().size(), ds->val().size(), ds->tokenizer().kind());
+              size_t(ds->train_tokens()), ds->val().size(), ds->tokenizer().kind());
   if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
   if (scaler)
     std::printf("amp fp16: dynamic loss scaling from %g (x%g every %lld clean steps, x%g on overflow; the run stops "
@@ -412,9 +413,11 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   if (!o.prompt.empty()) s.ds->tokenizer().encode(o.prompt);  // a prompt the tokens cannot spell: say so now
   if (ctx.world_size() > 1) dist::check_same_config(ctx, s.config_fields());
   s.seq = o.seq || !s.ckpt ? o.seq_or_default() : s.ckpt->config.block_size;
-  MINIDL_CHECK(int64_t(s.ds->train().size()) >= s.seq + 1 && int64_t(s.ds->val().size()) >= s.seq + 1, "--data ",
+  MINIDL_CHECK(s.ds->train_tokens() >= s.seq + 1 && int64_t(s.ds->val().size()) >= s.seq + 1, "--data ",
                o.data, ": expected at least ", s.seq + 1, " tokens in each split for --seq ", s.seq, ", found ",
-               s.ds->train().size(), " (train) and ", s.ds->val().size(), " (validation)");
+               s.ds->train_tokens(), " (train) and ", s.ds->val().size(), " (validation)");
+  MINIDL_CHECK(s.ds->train_shards().empty() || !o.cuda_graph, "--cuda-graph with --data ", o.data, ": a graph draws ",
+               "its batch on the device from a split held there, and token shards stream from disk");
   // Non-overlapping windows of seq + 1 tokens; asking for more than the split holds uses them all.
   s.windows = std::min<int64_t>(o.eval_windows, int64_t(s.ds->val().size()) / (s.seq + 1));
   nn::GPTConfig model_cfg = s.model_config(s.ds->tokenizer().size());
@@ -496,7 +499,13 @@ int Trainer::run() {
   const TrainConfig& o = s.cfg;
   dist::ProcessGroup& dp_group = s.topo->dp_group();
   optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
-  data::BatchSampler sampler(s.ds->train(), s.seq, o.batch, o.seed);
+  // The training windows: from the split in memory, or streamed from token shards one shard at a time.
+  std::optional<data::BatchSampler> in_memory;
+  std::optional<data::ShardSampler> streamed;
+  if (s.ds->train_shards().empty())
+    in_memory.emplace(s.ds->train(), s.seq, o.batch, o.seed);
+  else
+    streamed.emplace(s.ds->train_shards(), s.seq, o.batch, o.seed, s.ds->tokenizer().size());
   const data::Batch val = data::eval_windows(s.ds->val(), s.seq, s.windows);
 
   const double tokens_per_step = double(o.batch * s.seq);  // the global batch
@@ -505,7 +514,7 @@ int Trainer::run() {
   // On a device the batch is drawn there from the split uploaded once: no copy per step. Declared before the
   // graph, which replays kernels reading its buffers: it must outlive the graph.
   std::optional<data::DeviceBatchSampler> device_batches;
-  if (s.device.is_cuda())
+  if (s.device.is_cuda() && in_memory)
     device_batches.emplace(device_sampler(s.pipe ? *s.pipe->chunks().front() : *s.model, s.ds->train(), s.seq,
                                           o.batch, o.seed));
   std::unique_ptr<CudaGraphStep> graph_step;  // --cuda-graph
@@ -514,7 +523,8 @@ int Trainer::run() {
     if (graph_step)  // --cuda-graph needs --device cuda, so device_batches is there
       return graph_step->step(*device_batches, step, s.first_sample, s.local_batch, so.lr);
     const data::Batch b = device_batches ? draw_checked(*device_batches, step, s.first_sample, s.local_batch, so)
-                                         : sampler.batch(step, s.first_sample, s.local_batch);
+                          : in_memory    ? in_memory->batch(step, s.first_sample, s.local_batch)
+                                         : streamed->batch(step, s.first_sample, s.local_batch);
     return s.pipe ? pipeline_train_step(*s.pipe, *s.optimizer, b, so) : train_step(*s.model, *s.optimizer, b, so);
   };
   auto run_eval = [&] {

@@ -7,10 +7,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "data/shard_sampler.h"
 #include "data/text_dataset.h"
 #include "data/token_shards.h"
 
@@ -86,10 +88,12 @@ TEST_F(TokenShards, BadShardsAreRefusedByName) {
 TEST_F(TokenShards, AGlobSplitsIntoTrainingAndValidationByName) {
   data::write_token_shard(path("s_val_000000.bin"), std::vector<int32_t>{7, 8});
   data::write_token_shard(path("s_train_000002.bin"), std::vector<int32_t>{3, 4});
-  data::write_token_shard(path("s_train_000001.bin"), std::vector<int32_t>{1, 2});
+  data::write_token_shard(path("s_train_000001.bin"), std::vector<int32_t>{1, 2, 5});
   const data::Tokenizer chars = data::Tokenizer::chars_of("abcdefghij");  // 10 ids
   const data::TextDataset ds = data::TextDataset::from_shards(path("s_*.bin"), chars);
-  EXPECT_EQ(ds.train(), (std::vector<int32_t>{1, 2, 3, 4}));  // in name order
+  EXPECT_EQ(ds.train_shards(), (std::vector<std::string>{path("s_train_000001.bin"), path("s_train_000002.bin")}));
+  EXPECT_TRUE(ds.train().empty()) << "training shards stay on disk";
+  EXPECT_EQ(ds.train_tokens(), 5);
   EXPECT_EQ(ds.val(), (std::vector<int32_t>{7, 8}));
   EXPECT_TRUE(data::names_token_shards(path("s_*.bin")));
   EXPECT_TRUE(data::names_token_shards("x.bin"));
@@ -101,13 +105,72 @@ TEST_F(TokenShards, AGlobSplitsIntoTrainingAndValidationByName) {
     EXPECT_NE(std::string(e.what()).find("found 2 and 0"), std::string::npos) << e.what();
   }
   EXPECT_THROW(data::TextDataset::from_shards(path("nothing_*.bin"), chars), Error);
-  data::write_token_shard(path("s_train_000003.bin"), std::vector<int32_t>{10});
+  data::write_token_shard(path("s_val_000003.bin"), std::vector<int32_t>{10});
   try {
     data::TextDataset::from_shards(path("s_*.bin"), chars);
     ADD_FAILURE() << "token 10 of a 10-id tokenizer was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("token 0 is 10"), std::string::npos) << e.what();
   }
+}
+
+// The streaming sampler: a step's global batch is a function of (seed, step) alone (the same whatever was drawn
+// before, whichever shard is loaded, however the rows are split), each row a window of the shard with its targets
+// one token ahead, every window of every shard used once per epoch, shards visited in an order that changes with
+// the epoch; a shard too small for one global batch, and a token outside the vocabulary, named.
+TEST_F(TokenShards, StreamingSamplerIsAFunctionOfTheStep) {
+  const int64_t seq = 4, B = 3;
+  std::vector<std::string> files;
+  for (int f = 0; f < 3; ++f) {
+    std::vector<int32_t> tokens(size_t(seq * (7 + f) + 1));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(1000 * f + i);  // the token says where it is
+    files.push_back(path("t_train_" + std::to_string(f) + ".bin"));
+    data::write_token_shard(files.back(), tokens);
+  }
+  data::ShardSampler a(files, seq, B, 5), b(files, seq, B, 5);
+  EXPECT_EQ(a.steps_per_epoch(), 2 + 2 + 3);  // floor(7/3) + floor(8/3) + floor(9/3)
+  const int64_t steps = 3 * a.steps_per_epoch();
+  std::vector<std::vector<double>> forward;
+  for (int64_t s = 0; s < steps; ++s) forward.push_back(a.batch(s, 0, B).x.to_vector());
+  for (int64_t s = steps - 1; s >= 0; --s) {  // backwards, in two slices: the same rows
+    const data::Batch lo = b.batch(s, 0, 1), hi = b.batch(s, 1, 2);
+    std::vector<double> x = lo.x.to_vector(), more = hi.x.to_vector();
+    x.insert(x.end(), more.begin(), more.end());
+    EXPECT_EQ(x, forward[size_t(s)]) << "step " << s;
+  }
+  std::vector<std::string> first_shards;
+  for (int64_t e = 0; e < 3; ++e) {
+    std::set<double> starts;
+    for (int64_t s = e * a.steps_per_epoch(); s < (e + 1) * a.steps_per_epoch(); ++s) {
+      const data::Batch batch = a.batch(s, 0, B);
+      const std::vector<double> x = batch.x.to_vector(), y = batch.y.to_vector();
+      for (int64_t r = 0; r < B; ++r) {
+        EXPECT_TRUE(starts.insert(x[size_t(r * seq)]).second) << "a window twice in epoch " << e;
+        EXPECT_EQ(int64_t(x[size_t(r * seq)]) % 1000 % seq, 0) << "windows start at multiples of seq";
+        for (int64_t i = 0; i < seq; ++i) EXPECT_EQ(y[size_t(r * seq + i)], x[size_t(r * seq + i)] + 1);
+      }
+    }
+    first_shards.push_back(a.shard_of(e * a.steps_per_epoch()));
+  }
+  EXPECT_FALSE(first_shards[0] == first_shards[1] && first_shards[1] == first_shards[2]) << "the order is drawn";
+  data::write_token_shard(path("small_train.bin"), std::vector<int32_t>(size_t(seq * 2 + 1), 1));
+  try {
+    data::ShardSampler small({path("small_train.bin")}, seq, B, 5);
+    ADD_FAILURE() << "a shard of 2 windows served a batch of 3";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("small_train.bin"), std::string::npos) << e.what();
+  }
+  data::ShardSampler checked(files, seq, B, 5, /*vocab=*/500);  // shards 1 and 2 hold tokens from 1000 on
+  std::string refused;
+  for (int64_t s = 0; s < checked.steps_per_epoch() && refused.empty(); ++s) {
+    try {
+      checked.batch(s, 0, B);
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+  }
+  EXPECT_NE(refused.find("not one of the tokenizer's 500 ids"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("t_train_"), std::string::npos) << refused;
 }
 
 }  // namespace

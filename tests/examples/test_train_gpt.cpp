@@ -16,6 +16,7 @@
 #include "data/gpt2_tokenizer.h"
 #include "data/token_shards.h"
 #include "support/loss_agreement.h"
+#include "tests/examples/checkpoint_files.h"
 #include "support/run_program.h"
 
 namespace fs = std::filesystem;
@@ -373,6 +374,17 @@ TEST_F(TrainGpt, TrainsOnTokenShardsWrittenByTokenizeShards) {
   EXPECT_LT(std::stod(last[1]), std::stod(first[1]) - 3) << r.out;
   expect_rejected(tiny_flags() + " --steps 1 --tokenizer char --data '" + path("shards") + "/tiny_*.bin'",
                   {"token shards hold GPT-2's ids", "--tokenizer gpt2"});
+  // The windows stream from the shards as a function of the step: two data-parallel ranks draw one process's
+  // batches, and a run resumed at step 4 ends with the uninterrupted run's checkpoint, byte for byte.
+  const std::string sharded = tiny_flags() + " --data '" + path("shards") + "/tiny_*.bin' --lr 3e-3";
+  Result one = run(sharded + " --steps 8");
+  ASSERT_EQ(one.code, 0) << one.out;
+  Result two = run_with(mpiexec(2), sharded + " --steps 8");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_TRUE(same_loss(two, one, "val_loss", kF32SumOrder)) << two.out;
+  minidl::testing::expect_straight_equals_four_plus_four(
+      [&](int steps, const std::string& args) { return run(sharded + " --steps " + std::to_string(steps) + args); },
+      path("a"), path("b"));
   Result missing = minidl::testing::run_program(std::string(TOKENIZE_SHARDS_BIN) + " --out " + path("none") + " " +
                                                 path("absent.txt") + " 2>&1");
   EXPECT_EQ(missing.code, 2) << missing.out;
