@@ -318,6 +318,15 @@ TEST_F(TrainGpt, Gpt2TokenizerTrainsAndItsCheckpointsKeepIt) {
     ASSERT_EQ(two.code, 0) << extra << "\n" << two.out;
     EXPECT_TRUE(same_loss(two, one, "val_loss", kF32SumOrder)) << extra << "\n" << two.out;
   }
+  // And over two pipeline stages (the embedding on the first, the head's copy of it on the last), against one
+  // process accumulating over the same micro-batches.
+  std::string two_layers = small;
+  two_layers.replace(two_layers.find("--layers 1"), 10, "--layers 2");
+  Result accumulated = run(two_layers + " --grad-accum 2");
+  ASSERT_EQ(accumulated.code, 0) << accumulated.out;
+  Result piped = run_with(mpiexec(2), two_layers + " --pp 2 --micro-batches 2");
+  ASSERT_EQ(piped.code, 0) << piped.out;
+  EXPECT_TRUE(same_loss(piped, accumulated, "val_loss", kF32SumOrder)) << piped.out;
 }
 
 // Prompted generation after training: the sample starts with the prompt and continues it; with the KV cache and
