@@ -88,7 +88,8 @@ Tensor cached_attention(const Tensor& qkv, int64_t H, BlockKV& kv, int64_t lengt
   kv.k.narrow(1, length, t).copy_(heads(1));
   kv.v.narrow(1, length, t).copy_(heads(2));
   if (length == 0) return causal_attention(qkv, int(H));  // the uncached forward's own attention
-  const Tensor keys = kv.k.narrow(1, 0, length + 1).contiguous(), values = kv.v.narrow(1, 0, length + 1).contiguous();
+  // Views of the kept rows: the products read them in place (one stride per head, rows head_dim apart).
+  const Tensor keys = kv.k.narrow(1, 0, length + 1), values = kv.v.narrow(1, 0, length + 1);
   const Tensor p = softmax(mul(matmul(heads(0), keys, false, true), 1.0 / std::sqrt(double(D))));  // (H, 1, L + 1)
   return matmul(p, values).transpose(0, 1).contiguous().reshape({1, 1, C});
 }
