@@ -289,6 +289,9 @@ void gemm_2d(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
              T beta, T* C, int64_t ldc, const T* bias = nullptr) {
   const bool small = 2.0 * double(M) * double(N) * double(K) < kSplitMinFlops;
   if constexpr (std::is_same_v<T, float>) {
+    // One row against a row-major B (a generated token's products): gemm_sum's row path, on this thread.
+    if (M == 1 && !tb && (beta == 0.0f || beta == 1.0f) && own_gemm())
+      return gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
     if ((beta == 0.0f || beta == 1.0f) && takes_halves(M, N, K))
       return gemm_halves(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, nullptr);
   }

@@ -627,9 +627,11 @@ TEST(Simd, GemmSumIsARunningSumOverKInOrder) {
   struct Case {
     int M, N, K;
   };
-  // {29, 40, 70}: a last panel one or two vectors wide, in blocks of 12 x 1 or 6 x 2 rows, then 4 and 1.
-  const Case cases[] = {{1, 1, 1},    {7, 17, 5},   {13, 49, 300}, {6, 100, 0},
-                        {50, 33, 600}, {5, 1100, 40}, {64, 64, 257}, {29, 40, 70}};
+  // {29, 40, 70}: a last panel one or two vectors wide, in blocks of 12 x 1 or 6 x 2 rows, then 4 and 1. One row
+  // ({1, 100, 70}, {1, 37, 300}: groups of four vectors, single vectors, last columns) takes the row path of a
+  // generated token's products, with the tiles' bits.
+  const Case cases[] = {{1, 1, 1},     {7, 17, 5},   {13, 49, 300}, {6, 100, 0},  {50, 33, 600},
+                        {5, 1100, 40}, {64, 64, 257}, {29, 40, 70}, {1, 100, 70}, {1, 37, 300}};
   for_each_isa([&] {
     const bool fma = simd::current_isa() != simd::CpuIsa::kSse4;
     for (const Case& t : cases)

@@ -304,6 +304,45 @@ void GemmSumBlocked(size_t M, size_t N, size_t K, const float* A, size_t a_row, 
 // Whether a product runs the 4 x 3 kernel (a transposed A; see above) or the 6 x 2 one.
 HWY_INLINE bool TransposedAKernel(size_t M, size_t a_row) { return a_row == 1 && M > 1; }
 
+// One row of op(A) against a row-major op(B) (b_col == 1): a generated token's products (nn::KVCache), where
+// copying B into panels for six-row tiles costs more than the row's arithmetic. Each element is the tiles' running
+// sum, from 0, C or the bias, over k in order, with the same operations (MulAdd on whole vectors, std::fma on the
+// last columns): the same bits, with B read once, in place.
+void RowSum(size_t N, size_t K, const float* a, size_t a_col, const float* B, size_t b_row, bool accumulate, float* C,
+            const float* bias) {
+  const hn::ScalableTag<float> d;
+  const size_t L = hn::Lanes(d);
+  size_t j = 0;
+  auto start = [&](size_t at) {
+    return accumulate ? hn::LoadU(d, C + at) : bias ? hn::LoadU(d, bias + at) : hn::Zero(d);
+  };
+  for (; j + 4 * L <= N; j += 4 * L) {
+    auto c0 = start(j), c1 = start(j + L), c2 = start(j + 2 * L), c3 = start(j + 3 * L);
+    for (size_t k = 0; k < K; ++k) {
+      const auto av = hn::Set(d, a[k * a_col]);
+      const float* b = B + k * b_row + j;
+      c0 = hn::MulAdd(av, hn::LoadU(d, b), c0);
+      c1 = hn::MulAdd(av, hn::LoadU(d, b + L), c1);
+      c2 = hn::MulAdd(av, hn::LoadU(d, b + 2 * L), c2);
+      c3 = hn::MulAdd(av, hn::LoadU(d, b + 3 * L), c3);
+    }
+    hn::StoreU(c0, d, C + j);
+    hn::StoreU(c1, d, C + j + L);
+    hn::StoreU(c2, d, C + j + 2 * L);
+    hn::StoreU(c3, d, C + j + 3 * L);
+  }
+  for (; j + L <= N; j += L) {
+    auto c = start(j);
+    for (size_t k = 0; k < K; ++k) c = hn::MulAdd(hn::Set(d, a[k * a_col]), hn::LoadU(d, B + k * b_row + j), c);
+    hn::StoreU(c, d, C + j);
+  }
+  for (; j < N; ++j) {  // the last columns, past a whole vector
+    float sum = accumulate ? C[j] : bias ? bias[j] : 0.0f;
+    for (size_t k = 0; k < K; ++k) sum = std::fma(a[k * a_col], B[k * b_row + j], sum);
+    C[j] = sum;
+  }
+}
+
 void GemmSum(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t a_col, const float* B, size_t b_row,
              size_t b_col, bool accumulate, float* C, size_t ldc, const float* bias) {
   if (K == 0) {
@@ -311,6 +350,7 @@ void GemmSum(size_t M, size_t N, size_t K, const float* A, size_t a_row, size_t 
       for (size_t j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : 0.0f;
     return;
   }
+  if (M == 1 && b_col == 1) return RowSum(N, K, A, a_col, B, b_row, accumulate, C, bias);
   if (TransposedAKernel(M, a_row))
     GemmSumBlocked<4, 3>(M, N, K, A, a_row, a_col, B, b_row, b_col, accumulate, C, ldc, bias);
   else
