@@ -80,17 +80,17 @@ Tensor cached_attention(const Tensor& qkv, int64_t H, BlockKV& kv, int64_t lengt
                " after ", length);
   // (1, t, C) -> (H, t, D)
   auto heads = [&](int64_t part) { return qkv.narrow(2, part * C, C).reshape({t, H, D}).transpose(0, 1).contiguous(); };
-  if (!kv.k.defined()) {
+  if (!kv.k_t.defined()) {
     MemoryTagGuard tag(MemTag::kActivations);
-    kv.k = Tensor::empty({H, block_size, D}, qkv.dtype(), qkv.device());
+    kv.k_t = Tensor::empty({H, D, block_size}, qkv.dtype(), qkv.device());
     kv.v = Tensor::empty({H, block_size, D}, qkv.dtype(), qkv.device());
   }
-  kv.k.narrow(1, length, t).copy_(heads(1));
+  kv.k_t.narrow(2, length, t).copy_(heads(1).transpose(1, 2));
   kv.v.narrow(1, length, t).copy_(heads(2));
   if (length == 0) return causal_attention(qkv, int(H));  // the uncached forward's own attention
-  // Views of the kept rows: the products read them in place (one stride per head, rows head_dim apart).
-  const Tensor keys = kv.k.narrow(1, 0, length + 1), values = kv.v.narrow(1, 0, length + 1);
-  const Tensor p = softmax(mul(matmul(heads(0), keys, false, true), 1.0 / std::sqrt(double(D))));  // (H, 1, L + 1)
+  // Views of the kept columns and rows: the products read them in place (one stride per head).
+  const Tensor keys_t = kv.k_t.narrow(2, 0, length + 1), values = kv.v.narrow(1, 0, length + 1);
+  const Tensor p = softmax(mul(matmul(heads(0), keys_t), 1.0 / std::sqrt(double(D))));  // (H, 1, L + 1)
   return matmul(p, values).transpose(0, 1).contiguous().reshape({1, 1, C});
 }
 

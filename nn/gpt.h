@@ -106,7 +106,10 @@ class MLP : public Module {
 
 // One block's keys and values of the positions a generation has computed (KVCache).
 struct BlockKV {
-  Tensor k, v;  // (heads, block_size, head_dim) of this process's heads, filled up to KVCache::length
+  // This process's heads, filled up to KVCache::length: the keys transposed, (heads, head_dim, block_size), so a
+  // new query's scores are one row against a row-major matrix (the products' row path), and the values
+  // (heads, block_size, head_dim).
+  Tensor k_t, v;
 };
 
 // The attention of a block's new positions with a cache, what every block kind shares (nn::Block, the
