@@ -221,6 +221,7 @@ int main(int argc, char** argv) {
     tc.tp = tp;
     tc.zero = zero;
     tc.sequence_parallel = sequence_parallel;
+    tc.micro_batches = grad_accum;
     tc.recompute = recompute;
     tc.seed = 1337;
     // "mpi" serves CPU tensors only: a device run (one process included) takes "nccl" unless --backend ring.
@@ -228,11 +229,11 @@ int main(int argc, char** argv) {
                               !device.is_cpu() && (tp > 1 || backend == "mpi") ? std::string("nccl") : backend, device);
     const int data_rank = topo.coord().dp;
     train::ParallelModel built = train::build_model_and_sync(tc, model_cfg, topo, device, data_rank * batch, {});
-    nn::GPT& model = *built.model;
+    train::Stage& stage = *built.stage;
+    nn::GPT& model = stage.chunk(0);
     std::unique_ptr<train::GradSync> sync = std::move(built.sync);
     std::optional<optim::GradScaler> scaler;
     train::StepOptions options;
-    options.grad_accum = grad_accum;
     options.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;
     if (amp == "fp16") options.scaler = &scaler.emplace();
     options.grad_sync = sync.get();
@@ -277,10 +278,11 @@ int main(int argc, char** argv) {
       dist::reset_tensor_parallel_traffic();
       train::StepResult r;
       if (device_batches && graph) r = graph->step(*device_batches, batch_step, data_rank * batch, batch, 1e-3);
-      else if (device_batches)
-        r = train::train_step(model, opt, *device_batches, batch_step, data_rank * batch, batch, options);
-      else if (graph) r = graph->step(b, 1e-3);
-      else r = train::train_step(model, opt, b, options);
+      else if (device_batches) {
+        train::StepOptions o = options;
+        r = train::train_step(stage, opt, train::draw_checked(*device_batches, batch_step, data_rank * batch, batch, o), o);
+      } else if (graph) r = graph->step(b, 1e-3);
+      else r = train::train_step(stage, opt, b, options);
       if (s >= warmup) counted.end();
       if (device.is_cuda()) device_backend(device, "synchronize").synchronize(device.index);  // the step's GPU work
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -296,7 +298,7 @@ int main(int argc, char** argv) {
     if (ceiling_products) rounds.push_back(ceiling_products->measure(num_threads()));  // after the last group
     if (!speaks) return 0;
     double tokens_per_step = double(batch * seq);
-    const double mflop_per_step = model.flops_per_token(seq) * tokens_per_step / 1e6;
+    const double mflop_per_step = stage.flops_per_token(seq) * tokens_per_step / 1e6;
     // %ceil: each step's GFLOP/s over the mean of the two rounds around its group, then the median over steps.
     std::vector<double> pct;
     for (size_t i = 0; i < ms.size() && !rounds.empty(); ++i) {

@@ -17,7 +17,8 @@
 #include "dist/init.h"
 #include "dist/pipeline.h"
 #include "dist/topology.h"
-#include "train/pipeline_step.h"
+#include "train/stage.h"
+#include "train/step.h"
 
 namespace minidl::bench {
 
@@ -40,10 +41,10 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
   const int64_t C = b.model.n_embd, V = b.model.vocab_size;
   std::vector<int64_t> starts = dist::split_layers(b.model.n_layer, chunks, 12 * C * C + 13 * C,
                                                    V * C + b.model.block_size * C, 2 * C + V * C);
-  train::PipelineModel pipe(b.model, 1337, b.spec, starts, topo);
+  train::Stage pipe(b.model, 1337, b.spec, starts, topo);
   pipe.train();
   pipe.set_recompute(b.recompute);
-  train::PipelineSync sync(pipe, topo);
+  train::GradSync sync(pipe, topo);
   train::StepOptions o = b.options;
   o.grad_sync = &sync;
   optim::AdamW opt(optim::decay_groups(pipe.named_parameters(), 0.1), {1e-3});
@@ -57,7 +58,7 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
     data::Batch batch = sampler.batch(s);
     topo.pp_group().barrier()->wait();  // every stage starts the step together
     auto t0 = std::chrono::steady_clock::now();
-    train::pipeline_train_step(pipe, opt, batch, o);
+    train::train_step(pipe, opt, batch, o);
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= b.warmup) ms.push_back(train::max_over(topo.pp_group(), dt));  // the slowest stage's step
     if (s + 1 == b.warmup) pipe.reset_timing();
@@ -68,8 +69,8 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
   act[size_t(pipe.rank())] = double(ledger(Device::cpu()).peak(MemTag::kActivations)) / double(1 << 20);
   for (double& a : act) a = train::sum_over(topo.pp_group(), a);
   const double bubble = dist::simulate(pipe.schedule()).bubble_fraction();
-  // Measured: the stages' mean time blocked on a peer over their schedule time (train/pipeline_step.h).
-  const train::PipelineModel::Timing& t = pipe.timing();
+  // Measured: the stages' mean time blocked on a peer over their schedule time (train/stage.h).
+  const train::Stage::Timing& t = pipe.timing();
   const double measured =
       train::sum_over(topo.pp_group(), t.schedule_ms > 0 ? t.wait_ms / t.schedule_ms : 0.0) / b.spec.stages;
   if (ctx.rank() != 0) return 0;

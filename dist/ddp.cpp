@@ -15,15 +15,19 @@ ReducerOptions reducer_options(const DDPOptions& o) {
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGroup& group, DDPOptions options)
-    : module_(module),
-      reducer_(module.named_parameters(), group,
+    : DistributedDataParallel(module.named_parameters(), group, options) {
+  if (options.broadcast_at_start)
+    for (auto& [name, t] : module.named_buffers()) group.broadcast(t, 0)->wait();
+}
+
+DistributedDataParallel::DistributedDataParallel(const std::vector<std::pair<std::string, Tensor>>& params,
+                                                 ProcessGroup& group, DDPOptions options)
+    : reducer_(params, group,
                [](ProcessGroup& g, size_t, Tensor& bucket) { return g.all_reduce(bucket, ReduceOp::kAvg); },
                reducer_options(options)) {
-  if (options.broadcast_at_start) {
-    // Every rank starts from rank 0's weights (and buffers), whatever its own initialisation was.
-    for (auto& [name, p] : module.named_parameters()) group.broadcast(p, 0)->wait();
-    for (auto& [name, t] : module.named_buffers()) group.broadcast(t, 0)->wait();
-  }
+  // Every rank starts from rank 0's weights, whatever its own initialisation was.
+  if (options.broadcast_at_start)
+    for (auto [name, p] : params) group.broadcast(p, 0)->wait();
 }
 
 }  // namespace minidl::dist

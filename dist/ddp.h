@@ -46,8 +46,11 @@ using DDPStepStats = ReducerStats;
 class DistributedDataParallel {
  public:
   DistributedDataParallel(nn::Module& module, ProcessGroup& group, DDPOptions options = {});
+  // The same over (name, parameter) pairs that no one module holds (a model chunk without its tied weight); no
+  // buffers.
+  DistributedDataParallel(const std::vector<std::pair<std::string, Tensor>>& params, ProcessGroup& group,
+                          DDPOptions options = {});
 
-  nn::Module& module() { return module_; }
   ProcessGroup& group() { return reducer_.group(); }
   const std::vector<BucketSpec>& buckets() const { return reducer_.buckets(); }
   const DDPStepStats& last_step() const { return reducer_.last_step(); }
@@ -57,7 +60,6 @@ class DistributedDataParallel {
   [[nodiscard]] NoSyncGuard no_sync() { return reducer_.no_sync(); }
 
  private:
-  nn::Module& module_;
   Reducer reducer_;
 };
 

@@ -102,9 +102,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "--dp, --tp (stages of tensor-parallel blocks), --zero 0-2, --save, --init-from, --sample and "
                  "training checkpoints (whole tensors: they resume at any --pp, --tp, --dp and --zero)")
       ->capture_default_str();
-  app.add_option("--micro-batches", o.micro_batches,
-                 "With --pp > 1: micro-batches per step, the pipeline's gradient accumulation (default: --pp); "
-                 "--batch must be a multiple of dp x micro-batches");
+  app.add_option("--micro-batches,--grad-accum", o.micro_batches,
+                 "Micro-batches per step (--grad-accum is the same flag): the step's forward and backward run over "
+                 "this many equal parts of each rank's batch, their gradients accumulated; with --pp > 1 what the "
+                 "pipeline's schedule interleaves (default: --pp); --batch must be a multiple of dp x micro-batches");
   app.add_option("--schedule", o.schedule,
                  "With --pp > 1: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward: at most "
                  "pp - s micro-batches of activations on stage s) or interleaved (1f1b over --virtual-stages chunks "
@@ -121,9 +122,6 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--backend", o.backend,
                  "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "
                  "either device); default: mpi on the CPU, nccl with --device cuda")
-      ->capture_default_str();
-  app.add_option("--grad-accum", o.grad_accum,
-                 "Split each step's --batch into this many micro-batches (gradient accumulation)")
       ->capture_default_str();
   app.add_option("--zero", o.zero,
                  "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (AdamW state sharded: 8/dp bytes per "

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "autograd/node.h"
 #include "dist/tp_gpt.h"
 #include "nn/atomic_file.h"
 #include "nn/checkpoint.h"
@@ -34,12 +35,6 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// The shape of parameter `name` in one process: a tensor-parallel rank holds a slice of it.
-Shape logical_shape(const nn::Module& model, const std::string& name, const Tensor& p) {
-  if (auto* split = dynamic_cast<const dist::TensorParallelGPT*>(&model)) return split->layout(name).full_shape;
-  return p.shape();
-}
-
 bool is_step_dir(const fs::path& p) {
   const std::string name = p.filename().string();
   return name.rfind("step-", 0) == 0 && name.find('.') == std::string::npos && fs::is_directory(p);
@@ -54,18 +49,6 @@ std::string checkpoint_name(int64_t step) {
   char s[32];
   std::snprintf(s, sizeof s, "step-%08lld", (long long)step);
   return s;
-}
-
-OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradSync& sync, const nn::Module& model,
-                                            const KeepTensors& keep) {
-  const optim::AdamWState opt = optimizer.state();
-  return {opt.step, sync.logical_state(optimizer, opt.m, model, keep), sync.logical_state(optimizer, opt.v, model, keep)};
-}
-
-void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
-                     const optim::AdamW& optimizer, const TrainingState& state) {
-  GradSync one_process;
-  save_checkpoint(dir, &model, vocab_json, logical_optimizer_state(optimizer, one_process, model, true), state, {});
 }
 
 std::string optimizer_file_name(int index, int count) {
@@ -86,16 +69,6 @@ KeepTensors checkpoint_share(const std::vector<std::pair<std::string, int64_t>>&
     first += numel;
   }
   return KeepTensors([mine](const std::string& name) { return mine->count(name) > 0; });
-}
-
-std::vector<std::pair<std::string, int64_t>> logical_sizes(const nn::Module& model) {
-  std::vector<std::pair<std::string, int64_t>> out;
-  for (const auto& [name, p] : model.named_parameters()) {
-    int64_t n = 1;
-    for (int64_t d : logical_shape(model, name, p)) n *= d;
-    out.emplace_back(name, n);
-  }
-  return out;
 }
 
 void save_checkpoint(const std::string& dir, const nn::GPT* model, const std::string& vocab_json,
@@ -219,54 +192,6 @@ Checkpoint load_checkpoint(const std::string& dir) {
   return c;
 }
 
-void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& optimizer) {
-  GradSync one_process;
-  restore_model(c, model);
-  restore_optimizer(c, model, optimizer, one_process);
-}
-
-void restore_model(const Checkpoint& c, nn::GPT& model) {
-  nn::GPTConfig want = model.config(), have = c.model_config;
-  want.dropout = have.dropout = 0;  // dropout is a training choice, not the model's shape
-  MINIDL_CHECK(want == have, "checkpoint ", c.dir, ": its model (", nn::gpt_config_to_json(c.model_config),
-               ") is not the one configured (", nn::gpt_config_to_json(model.config()), ")");
-  const std::string path = (fs::path(c.dir) / kModelFile).string();
-  if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(&model))
-    dist::load_tensor_parallel_gpt(*split, path);  // this rank's slices of the whole tensors
-  else
-    nn::load_into(model, path);
-}
-
-std::shared_ptr<const nn::GPT> consolidated_model(const nn::GPT& model, bool keep) {
-  auto* split = dynamic_cast<const dist::TensorParallelGPT*>(&model);
-  if (!split) return keep ? std::shared_ptr<const nn::GPT>(&model, [](const nn::GPT*) {}) : nullptr;
-  nn::StateDict whole = split->gather_state_dict();  // collective over the tp group
-  if (!keep) return nullptr;
-  auto one = std::make_shared<nn::GPT>(model.config());
-  one->load_state_dict(whole, /*strict=*/true);
-  return one;
-}
-
-void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::AdamW& optimizer, GradSync& sync) {
-  std::map<std::string, Tensor> m_of, v_of;
-  for (const auto& [name, p] : model.named_parameters()) {
-    auto im = c.exp_avg.find(name), iv = c.exp_avg_sq.find(name);
-    MINIDL_CHECK(im != c.exp_avg.end() && iv != c.exp_avg_sq.end(), "checkpoint ", c.dir, "/", kOptimizerFile,
-                 ": no optimizer state for ", name);
-    const Shape want = logical_shape(model, name, p);
-    MINIDL_CHECK(im->second.shape() == want && iv->second.shape() == want, "checkpoint ", c.dir, "/",
-                 kOptimizerFile, ": optimizer state for ", name, " has shape ", im->second.shape(), ", expected ",
-                 want);
-    m_of[name] = im->second;
-    v_of[name] = iv->second;
-  }
-  Tensor m = Tensor::zeros({optimizer.numel()}), v = Tensor::zeros({optimizer.numel()});
-  sync.load_logical_state(optimizer, m, model, m_of);
-  sync.load_logical_state(optimizer, v, model, v_of);
-  const Device device = optimizer.state().m.device();
-  optimizer.load_state({c.optimizer_step, m.to(device), v.to(device)});
-}
-
 std::optional<std::string> latest_checkpoint(const std::string& parent,
                                              const std::function<void(const std::string&)>& log) {
   if (!fs::is_directory(parent)) return std::nullopt;
@@ -300,5 +225,207 @@ void install_preemption_handlers() {
 }
 
 bool preemption_requested() { return g_preempted.load(); }
+
+
+// ---- every layout through the stage: gathers to one process's tensors, and back ----
+
+namespace {
+
+constexpr const char* kWte = "transformer.wte.weight";
+
+// The tensors chunk v of this rank sends: its parameters', but wte only from global chunk 0 (the last chunk's head
+// copy is the same tensor).
+std::vector<size_t> sent_by_chunk(const Stage& stage, int v, size_t first, size_t count, const nn::NamedTensors& local) {
+  std::vector<size_t> out;
+  for (size_t i = first; i < first + count; ++i)
+    if (local[i].first != kWte || stage.global_chunk(v) == 0) out.push_back(i);
+  return out;
+}
+
+// Names and shapes of `tensors` as a byte tensor: what the receiver allocates before the tensors themselves arrive.
+Tensor header_of(const nn::NamedTensors& local, const std::vector<size_t>& which) {
+  nlohmann::json j = nlohmann::json::array();
+  for (size_t i : which) j.push_back({{"name", local[i].first}, {"shape", local[i].second.shape().vec()}});
+  const std::string text = j.dump();
+  Tensor t = Tensor::empty({int64_t(text.size())}, DType::u8);
+  std::copy(text.begin(), text.end(), static_cast<char*>(t.raw_data()));
+  return t;
+}
+
+// Collective over the tp group: `local` (one tensor per stage.named_parameters(), this rank's slices) as whole
+// tensors on the CPU, chunk by chunk, those `keep` names (every rank takes part in every all-gather).
+nn::NamedTensors gather_over_tp(const Stage& stage, const nn::NamedTensors& local,
+                                const std::function<bool(const std::string&)>& keep) {
+  nn::NamedTensors whole;
+  size_t at = 0;
+  for (int v = 0; v < stage.chunk_count(); ++v) {
+    const size_t n = stage.chunk(v).named_parameters().size();
+    MINIDL_ASSERT(at + n <= local.size(), "gather_over_tp: ", local.size(), " tensors for more parameters");
+    for (auto& t : stage.split(v)->gather_whole(nn::NamedTensors(local.begin() + at, local.begin() + at + n), keep))
+      whole.push_back(std::move(t));
+    at += n;
+  }
+  MINIDL_ASSERT(at == local.size(), "gather_over_tp: ", local.size(), " tensors for ", at, " parameters");
+  return whole;
+}
+
+int dp_rank(const Stage& stage) { return stage.topology() ? stage.topology()->coord().dp : 0; }
+int tp_rank(const Stage& stage) { return stage.split(0) ? stage.split(0)->group().rank() : 0; }
+
+}  // namespace
+
+nn::NamedTensors gather_stages(const Stage& stage, const nn::NamedTensors& local_slices, bool keep) {
+  autograd::NoGradGuard no_grad;
+  nn::NamedTensors whole;
+  if (dp_rank(stage) != 0) return whole;  // the other replicas hold the same values
+  // At tp > 1 every stage's tp group first makes its slices whole; its tp rank 0 takes part in the stages' gather.
+  const nn::NamedTensors local = stage.tp() > 1 ? gather_over_tp(stage, local_slices, {}) : local_slices;
+  if (tp_rank(stage) != 0) return whole;
+  const int stages = stage.spec().stages, chunks = stage.spec().chunks();
+  // Where each local chunk's tensors start in `local` (stage.named_parameters() lists the chunks in order).
+  std::vector<size_t> first(size_t(stage.chunk_count()) + 1, 0);
+  for (int v = 0; v < stage.chunk_count(); ++v)
+    first[size_t(v) + 1] = first[size_t(v)] + stage.chunk(v).named_parameters().size();
+  MINIDL_ASSERT(first.back() == local.size(), "gather_stages: ", local.size(), " tensors for ", first.back(),
+                " parameters");
+  if (stage.rank() != 0) {  // send every chunk, in global order, to pp rank 0
+    dist::ProcessGroup& pp = *stage.pp_group();
+    for (int v = 0; v < stage.chunk_count(); ++v) {
+      const std::vector<size_t> which = sent_by_chunk(stage, v, first[size_t(v)], first[size_t(v) + 1] - first[size_t(v)], local);
+      Tensor header = header_of(local, which).to(pp.device());
+      Tensor length = Tensor::full({1}, double(header.numel()), DType::i64).to(pp.device());
+      pp.send(length, 0, 0)->wait();
+      pp.send(header, 0, 0)->wait();
+      for (size_t i : which) pp.send(local[i].second.to(pp.device()).contiguous(), 0, 0)->wait();
+    }
+    return whole;
+  }
+  for (int c = 0; c < chunks; ++c) {
+    const int owner = c % stages;
+    if (owner == 0) {
+      const int v = c / stages;
+      for (size_t i : sent_by_chunk(stage, v, first[size_t(v)], first[size_t(v) + 1] - first[size_t(v)], local))
+        whole.emplace_back(local[i].first, local[i].second.to(Device::cpu()).clone());
+      continue;
+    }
+    dist::ProcessGroup& pp = *stage.pp_group();
+    const Device dev = pp.device();
+    Tensor length = Tensor::empty({1}, DType::i64, dev);
+    pp.recv(length, owner, 0)->wait();
+    Tensor header = Tensor::empty({int64_t(length.item())}, DType::u8, dev);
+    pp.recv(header, owner, 0)->wait();
+    header = header.to(Device::cpu());
+    const char* bytes = static_cast<const char*>(header.raw_data());
+    for (const auto& e : nlohmann::json::parse(bytes, bytes + header.numel())) {
+      Tensor t = Tensor::empty(Shape(e.at("shape").get<std::vector<int64_t>>()), local.front().second.dtype(), dev);
+      pp.recv(t, owner, 0)->wait();
+      whole.emplace_back(e.at("name").get<std::string>(), t.to(Device::cpu()));
+    }
+  }
+  if (!keep) whole.clear();
+  return whole;
+}
+
+std::shared_ptr<nn::GPT> consolidated_model(const Stage& stage, bool keep) {
+  if (stage.spec().chunks() == 1 && stage.tp() == 1)  // one process's whole model: itself
+    return keep ? std::shared_ptr<nn::GPT>(&stage.chunk(0), [](nn::GPT*) {}) : nullptr;
+  nn::NamedTensors whole = gather_stages(stage, stage.named_parameters(), keep);
+  if (!keep) return nullptr;
+  auto one = std::make_shared<nn::GPT>(stage.config());
+  one->load_state_dict(nn::StateDict(whole.begin(), whole.end()), /*strict=*/true);
+  return one;
+}
+
+std::vector<std::pair<std::string, int64_t>> logical_sizes(const Stage& stage) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (int v = 0; v < stage.chunk_count(); ++v)
+    for (const auto& [name, p] : stage.chunk(v).named_parameters()) {
+      if (!stage.owns(name)) continue;
+      int64_t n = 1;
+      for (int64_t d : stage.logical_shape(v, name, p)) n *= d;
+      out.emplace_back(name, n);
+    }
+  return out;
+}
+
+KeepTensors checkpoint_share(const Stage& stage) {
+  const int dp = stage.topology() ? stage.topology()->grid().dp : 1;
+  return checkpoint_share(logical_sizes(stage), dp_rank(stage) * stage.tp() + tp_rank(stage), dp * stage.tp());
+}
+
+OptimizerCheckpoint optimizer_state(const optim::AdamW& optimizer, const Stage& stage, GradSync& sync,
+                                    const KeepTensors& keep) {
+  autograd::NoGradGuard no_grad;
+  const optim::AdamWState opt = optimizer.state();
+  auto mine = [&stage, &keep](const std::string& name) { return stage.owns(name) && keep(name); };
+  // One tensor per stage parameter shaped like this rank's (every rank of a tp group needs all its slices for the
+  // all-gathers, whatever it keeps), then whole.
+  auto moments = [&](const Tensor& flat) {
+    nn::NamedTensors local;
+    for (int v = 0; v < stage.chunk_count(); ++v)
+      for (auto& t : sync.state(optimizer, flat, stage, v, stage.tp() > 1 ? KeepTensors(true) : KeepTensors(mine)))
+        local.push_back(std::move(t));
+    return stage.tp() > 1 ? gather_over_tp(stage, local, mine) : local;
+  };
+  return {opt.step, moments(opt.m), moments(opt.v)};
+}
+
+void load_model(Stage& stage, const std::string& path) {
+  nn::SafetensorsFile file = nn::load_safetensors(path);
+  try {
+    for (int v = 0; v < stage.chunk_count(); ++v) {
+      if (dist::TensorParallelGPT* split = stage.split(v)) {
+        split->load_whole_state_dict(file.tensors);  // this rank's slices; throws naming a missing tensor
+        continue;
+      }
+      const nn::GPTStage& part = stage.chunk(v).stage();
+      if (part.embedding && part.head && part.first_block == 0 && part.last_block == stage.config().n_layer) {
+        stage.chunk(v).load_state_dict(file.tensors, /*strict=*/true);  // the whole model: nothing left over
+        continue;
+      }
+      nn::StateDict mine;
+      for (const auto& [name, p] : stage.chunk(v).named_parameters()) {
+        auto it = file.tensors.find(name);
+        MINIDL_CHECK(it != file.tensors.end(), "no tensor ", name);
+        mine[name] = it->second;
+      }
+      stage.chunk(v).load_state_dict(mine, /*strict=*/true);
+    }
+  } catch (const Error& e) {
+    MINIDL_CHECK(false, "load ('", path, "'): ", e.what());
+  }
+}
+
+void restore_model(const Checkpoint& c, Stage& stage) {
+  nn::GPTConfig want = stage.config(), have = c.model_config;
+  want.dropout = have.dropout = 0;  // dropout is a training choice, not the model's shape
+  MINIDL_CHECK(want == have, "checkpoint ", c.dir, ": its model (", nn::gpt_config_to_json(c.model_config),
+               ") is not the one configured (", nn::gpt_config_to_json(stage.config()), ")");
+  load_model(stage, (fs::path(c.dir) / kModelFile).string());
+}
+
+void restore_optimizer(const Checkpoint& c, const Stage& stage, GradSync& sync, optim::AdamW& optimizer) {
+  autograd::NoGradGuard no_grad;
+  Tensor m = Tensor::zeros({optimizer.numel()}), v = Tensor::zeros({optimizer.numel()});
+  for (int k = 0; k < stage.chunk_count(); ++k) {
+    // This rank's part of each logical tensor: a tp slice at tp > 1 (padding zero), by name.
+    const dist::TensorParallelGPT* split = stage.split(k);
+    std::map<std::string, Tensor> m_of, v_of;
+    for (const auto& [name, p] : stage.chunk(k).named_parameters()) {
+      auto im = c.exp_avg.find(name), iv = c.exp_avg_sq.find(name);
+      MINIDL_CHECK(im != c.exp_avg.end() && iv != c.exp_avg_sq.end(), "checkpoint ", c.dir,
+                   ": no optimizer state for ", name, " in its optimizer files");
+      const Shape want = stage.logical_shape(k, name, p);
+      MINIDL_CHECK(im->second.shape() == want && iv->second.shape() == want, "checkpoint ", c.dir,
+                   ": optimizer state for ", name, " has shape ", im->second.shape(), ", expected ", want);
+      m_of[name] = split ? split->layout(name).slice(im->second).contiguous() : im->second;
+      v_of[name] = split ? split->layout(name).slice(iv->second).contiguous() : iv->second;
+    }
+    sync.load_state(optimizer, m, stage, k, m_of);  // ZeRO: this rank's shard of each (padding stays zero)
+    sync.load_state(optimizer, v, stage, k, v_of);
+  }
+  const Device device = optimizer.state().m.device();
+  optimizer.load_state({c.optimizer_step, m.to(device), v.to(device)});
+}
 
 }  // namespace minidl::train

@@ -18,15 +18,18 @@
 // barrier, then the leader's manifest and DONE), so a crash mid-save leaves the previous checkpoint intact. Loading verifies every size and checksum and
 // names the file and what is wrong (truncated, corrupted, missing), before anything is overwritten.
 //
-//   train::save_checkpoint(dir / "step-00000020", model, vocab_json, optimizer, state);
-//   // at N ranks (collective: every rank calls both; the weights whole on the leader: consolidated_model):
-//   train::OptimizerCheckpoint opt = train::logical_optimizer_state(optimizer, sync, model,
-//                                       train::checkpoint_share(train::logical_sizes(model), rank, N));
-//   train::save_checkpoint(dir / "step-00000020", leader ? &whole : nullptr, vocab_json, opt, state,
-//                          {rank, N, leader, barrier});
+// Every layout writes the same files: the model as one process holds it (gathered over tp, and from every pipeline
+// stage to pp rank 0), and AdamW's moments of the logical tensors, each rank writing a share of its stage's own
+// (gathered from ZeRO's shards over dp and from the tp slices first), so a checkpoint from any dp, tp, pp or ZeRO
+// loads into any other (or into PyTorch, for the model).
+//
+//   // collective: every rank calls these
+//   train::OptimizerCheckpoint opt = train::optimizer_state(optimizer, stage, sync, train::checkpoint_share(stage));
+//   auto whole = train::consolidated_model(stage, leader);             // the one-process GPT on the leader
+//   train::save_checkpoint(dir / "step-00000020", whole.get(), vocab_json, opt, state, {index, N, leader, barrier});
 //   train::Checkpoint c = train::load_checkpoint(dir / "step-00000020");   // verified
-//   train::restore_model(c, model);                   // before the GradSync shards the parameters
-//   train::restore_optimizer(c, model, optimizer, sync);
+//   train::restore_model(c, stage);                    // before the GradSync shards the parameters
+//   train::restore_optimizer(c, stage, sync, optimizer);
 //   std::optional<std::string> latest = train::latest_checkpoint(dir, log); // newest complete one
 #pragma once
 
@@ -41,6 +44,7 @@
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
 #include "train/grad_sync.h"
+#include "train/stage.h"
 
 namespace minidl::train {
 
@@ -66,11 +70,6 @@ struct OptimizerCheckpoint {
   nn::NamedTensors exp_avg, exp_avg_sq;
 };
 
-// The optimizer's state per logical parameter, of the tensors `keep` names. Collective over the dp group under ZeRO
-// and over the tp group at tp > 1 (every rank calls it, whatever it keeps).
-OptimizerCheckpoint logical_optimizer_state(const optim::AdamW& optimizer, GradSync& sync, const nn::Module& model,
-                                            const KeepTensors& keep);
-
 // Who writes what. Every rank writes one optimizer file holding its share of the logical tensors (`index` of
 // `count` files: "optimizer.safetensors" when count is 1, else "optimizer-00001-of-00004.safetensors"); the leader
 // also writes the model, state.json, and, after every file is written, manifest.json and DONE, then renames the
@@ -86,37 +85,43 @@ std::string optimizer_file_name(int index, int count);
 // size, tensor i going to the writer whose share holds its first element: which of them writer `writer` keeps.
 // Pure, so every rank (and every parallel layout of the same tensors) agrees.
 KeepTensors checkpoint_share(const std::vector<std::pair<std::string, int64_t>>& logical, int writer, int writers);
-// The model's logical tensors in named_parameters() order with their one-process element counts (a
-// TensorParallelGPT's whole shapes).
-std::vector<std::pair<std::string, int64_t>> logical_sizes(const nn::Module& model);
+// The logical tensors this stage owns (its chunks' parameters, wte only on the first stage), in order, with their
+// one-process element counts; and this rank's share of them: share dp·tp + tp of the stage's dp × tp writers.
+std::vector<std::pair<std::string, int64_t>> logical_sizes(const Stage& stage);
+KeepTensors checkpoint_share(const Stage& stage);
+// AdamW's m and v of the logical tensors of this stage that `keep` names, whole. Collective over the dp group under
+// ZeRO and over the tp group at tp > 1 (every rank calls it, whatever it keeps); local otherwise.
+OptimizerCheckpoint optimizer_state(const optim::AdamW& optimizer, const Stage& stage, GradSync& sync,
+                                    const KeepTensors& keep);
 
 // Name of the checkpoint directory for a step: "step-00000020".
 std::string checkpoint_name(int64_t step);
 
-// Writes the checkpoint directory `dir` (which must not exist yet) atomically, as described above.
-void save_checkpoint(const std::string& dir, const nn::GPT& model, const std::string& vocab_json,
-                     const optim::AdamW& optimizer, const TrainingState& state);
-// Collective over the writers: this rank's part of the checkpoint (`model`, whole, is read on the leader only and
-// may be null elsewhere; `optimizer` holds this rank's share of the logical tensors).
+// Collective over the writers: this rank's part of the checkpoint directory `dir` (which must not exist yet),
+// written atomically as described above (`model`, whole, is read on the leader only and may be null elsewhere;
+// `optimizer` holds this rank's share of the logical tensors).
 void save_checkpoint(const std::string& dir, const nn::GPT* model, const std::string& vocab_json,
                      const OptimizerCheckpoint& optimizer, const TrainingState& state, const CheckpointWriter& writer);
 
-// The model as one process holds it, for save_checkpoint: `model` itself, or for a dist::TensorParallelGPT its
-// parameters gathered over the tp group (collective there: every rank of the group calls it) into a one-process
-// GPT. Null where `keep` is false.
-std::shared_ptr<const nn::GPT> consolidated_model(const nn::GPT& model, bool keep);
+// Collective over the pp and tp groups of this dp replica (the other replicas hold the same values and return at
+// once): `local` (one tensor per stage.named_parameters(), in that order, shaped like the parameter: a tp slice at
+// tp > 1) as the whole model's tensors in nn::GPT's named_parameters() order (wte once, whole), on the CPU, where
+// `keep` (the rank at grid coordinate (0, 0, 0) only; elsewhere an empty list).
+nn::NamedTensors gather_stages(const Stage& stage, const nn::NamedTensors& local, bool keep);
+// The whole model as a one-process GPT on the CPU where `keep` (null elsewhere): the stage's own model when it is
+// one process's whole model. Collective as gather_stages.
+std::shared_ptr<nn::GPT> consolidated_model(const Stage& stage, bool keep);
 
 // Reads and verifies a checkpoint directory; throws naming the file and the problem.
 Checkpoint load_checkpoint(const std::string& dir);
 
-// Puts the checkpoint's weights and optimizer state into `model` and `optimizer` (built for the same config);
-// throws naming what does not match. One process, or DDP.
-void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& optimizer);
-// The two halves, for any GradSync. restore_model: the weights (before a ZeRO GradSync shards them).
-// restore_optimizer: AdamW's m, v and step; each rank takes its owned pieces (ZeRO: its shard) of the logical
-// tensors, local. A dist::TensorParallelGPT takes its slices of the whole tensors (any tp, padding zero).
-void restore_model(const Checkpoint& c, nn::GPT& model);
-void restore_optimizer(const Checkpoint& c, const nn::Module& model, optim::AdamW& optimizer, GradSync& sync);
+// Every chunk's parameters from the whole model's tensors (by name; both copies of wte; at tp > 1 this rank's
+// slices). Local. Throws naming a missing or misshapen tensor and the file.
+void load_model(Stage& stage, const std::string& path);
+// The checkpoint's weights (after checking its model config; before the GradSync shards them), and AdamW's m, v
+// and step of this stage's parameters (this rank's slices at tp > 1, its shard under ZeRO). Local.
+void restore_model(const Checkpoint& c, Stage& stage);
+void restore_optimizer(const Checkpoint& c, const Stage& stage, GradSync& sync, optim::AdamW& optimizer);
 
 // The newest complete checkpoint (step-* with DONE) in `parent`, or none. Incomplete ones are reported through
 // `log` and skipped.

@@ -11,36 +11,48 @@
 
 namespace minidl::train {
 
-namespace {
-
-// Where the model's parameters live: windows are built on the host and moved there a batch at a time.
-Device model_device(const nn::GPT& model) { return model.parameters().front().device(); }
-
-}  // namespace
-
-double evaluate(nn::GPT& model, const data::Batch& windows, int64_t batch, dist::ProcessGroup* dp_group) {
+double evaluate(Stage& stage, const data::Batch& windows, int64_t batch, dist::ProcessGroup* dp_group) {
   autograd::NoGradGuard no_grad;
   MemoryTagGuard tag(MemTag::kActivations);
-  bool was_training = model.is_training();
-  model.eval();
-  const int64_t n = windows.x.size(0), batches = (n + batch - 1) / batch;
+  const bool was_training = stage.chunk(0).is_training();
+  stage.train(false);
+  dist::ProcessGroup* pp = stage.pp_group();
+  const int p = stage.spec().stages, C = stage.spec().chunks();
   const int ranks = dp_group ? dp_group->size() : 1, me = dp_group ? dp_group->rank() : 0;
-  // Batch i's summed loss on the rank that computed it, 0 elsewhere: adding the ranks' vectors is exact.
+  const Device device = stage.device();
+  const int64_t n = windows.x.size(0), batches = (n + batch - 1) / batch, T = windows.x.size(1);
   std::vector<double> sums(size_t(batches), 0.0);
-  const Device device = model_device(model);
   for (int64_t i = me; i < batches; i += ranks) {
-    int64_t b = i * batch, m = std::min(batch, n - b);
-    Tensor loss = model.loss(windows.x.narrow(0, b, m).to(device), windows.y.narrow(0, b, m).to(device));
-    sums[size_t(i)] = loss.item() * double(m);  // every window has the same number of targets
+    const int64_t b = i * batch, m = std::min(batch, n - b);
+    // The chunks in global order: a single chain, so blocking sends and receives cannot deadlock.
+    Tensor x;
+    for (int c = 0; c < C; ++c) {
+      if (c % p != stage.rank()) continue;
+      nn::GPT& chunk = stage.chunk(c / p);
+      if (c == 0) {
+        x = chunk.embed(windows.x.narrow(0, b, m).to(device));
+      } else {
+        x = Tensor::empty({m, stage.positions_per_rank(T), stage.config().n_embd}, DType::f32, device);
+        pp->recv(x, (c - 1) % p, 0)->wait();
+      }
+      x = chunk.blocks(chunk.stage().first_block, chunk.stage().last_block, x);
+      if (c == C - 1) {
+        sums[size_t(i)] = chunk.head_loss(x, windows.y.narrow(0, b, m).to(device)).item() * double(m);
+      } else {
+        x = x.contiguous();
+        pp->send(x, (c + 1) % p, 0)->wait();
+      }
+    }
   }
-  if (ranks > 1) {
-    Tensor all = Tensor::from_vector(sums, {batches}, DType::f64).to(dp_group->device());
-    dp_group->all_reduce(all, dist::ReduceOp::kSum)->wait();
+  if (p > 1 || ranks > 1) {
+    Tensor all = Tensor::from_vector(sums, {batches}, DType::f64).to(pp ? pp->device() : dp_group->device());
+    if (p > 1) pp->all_reduce(all, dist::ReduceOp::kSum)->wait();
+    if (ranks > 1) dp_group->all_reduce(all, dist::ReduceOp::kSum)->wait();
     sums = all.to_vector();
   }
   double total = 0;
   for (double s : sums) total += s;  // in batch order, as one process adds them
-  if (was_training) model.train();
+  if (was_training) stage.train(true);
   return total / double(n);
 }
 
@@ -84,7 +96,7 @@ std::vector<int32_t> generate(nn::GPT& model, std::vector<int32_t> tokens, const
   model.eval();
   const int64_t block = model.config().block_size;
   const bool cached = o.kv_cache && model.supports_kv_cache();
-  const Device device = model_device(model);
+  const Device device = model.parameters().front().device();
   Philox rng(o.seed, /*stream=*/0x53414D504C45ull);  // "SAMPLE"
   nn::KVCache cache;
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {

@@ -1,6 +1,6 @@
-// Evaluation and sampling, collective over the data-parallel group: every rank calls them.
+// Evaluation and sampling. Evaluation is collective over the stage's pp and dp groups: every rank calls it.
 //
-//   double val = train::evaluate(model, windows, /*batch=*/12, &topology.dp_group());   // the same on every rank
+//   double val = train::evaluate(stage, windows, /*batch=*/12, &topology.dp_group());   // the same on every rank
 //   auto text = train::sample(model, prompt, 500, /*temperature=*/1.0, seed);            // the same on every rank
 #pragma once
 
@@ -10,14 +10,17 @@
 #include "data/sampler.h"
 #include "dist/process_group.h"
 #include "nn/gpt.h"
+#include "train/stage.h"
 
 namespace minidl::train {
 
 // Mean loss over the given windows (x, y of shape (n, seq)), in eval mode without recording gradients.
-// Windows are processed `batch` at a time; the result does not depend on `batch`. With a data-parallel group, the
-// ranks take the batches in turn (batch i on rank i mod size) and exchange the per-batch losses, which every rank
-// then adds in batch order: the result has the bits one process computes, `size` times faster.
-double evaluate(nn::GPT& model, const data::Batch& windows, int64_t batch, dist::ProcessGroup* dp_group = nullptr);
+// Windows are processed `batch` at a time; the result does not depend on `batch`. Each batch flows through the
+// stage's chunks in global order (sent on between pipeline stages). With a data-parallel group, the ranks take the
+// batches in turn (batch i on rank i mod size); the per-batch loss sums (on the rank that computed them, zeros
+// elsewhere: exact) are summed over the pp and dp groups, and every rank adds them in batch order: the result has
+// the bits one process computes.
+double evaluate(Stage& stage, const data::Batch& windows, int64_t batch, dist::ProcessGroup* dp_group = nullptr);
 
 // How generate() picks each next token.
 struct GenerateOptions {

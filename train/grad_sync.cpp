@@ -1,5 +1,9 @@
 #include "train/grad_sync.h"
 
+#include <chrono>
+
+#include "dist/tensor_parallel.h"
+#include "ops/elementwise.h"
 #include "optim/clip.h"
 
 namespace minidl::train {
@@ -30,64 +34,252 @@ const Tensor& max_over(dist::ProcessGroup& group, const Tensor& t) {
   return t;
 }
 
-double GradSync::grad_norm_squared(const std::vector<Tensor>& params) { return optim::grad_norm_squared(params); }
+// One chunk's data-parallel engine: DDP, ZeRO 1-2 or ZeRO-3 (at most one of them), and its no_sync guard.
+struct GradSync::Engine {
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  std::unique_ptr<dist::ZeroDataParallel> zero;
+  std::unique_ptr<dist::ZeroStage3> zero3;
+  std::vector<std::string> names;  // the chunk's parameters, in order
+  // false: every backward runs under no_sync and the buckets are reduced after the step's last one (a ZeRO chunk
+  // holding the tied wte, whose gradient needs the other stage's half first).
+  bool overlaps = true;
+  std::optional<dist::Reducer::NoSyncGuard> no_sync;
 
-Tensor GradSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
-  return optim::grad_norm_squared_tensor(params, device);
+  dist::ZeroShards* shards() const {
+    if (zero) return zero.get();
+    return zero3.get();
+  }
+  dist::Reducer* reducer() const {
+    if (ddp) return &ddp->reducer();
+    return shards() ? &shards()->reducer() : nullptr;
+  }
+};
+
+GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptions o)
+    : stage_(stage), topology_(&topology), zero_(o.zero) {
+  MINIDL_CHECK(o.zero >= 0 && o.zero <= 3, "ZeRO: expected stage 0, 1, 2 or 3, got ", o.zero);
+  MINIDL_CHECK(o.zero < 3 || stage.spec().stages == 1, "--zero 3 with --pp ", stage.spec().stages, ": ZeRO-3 "
+               "gathers each block's parameters just before use, which a pipeline stage's interleaved micro-batches "
+               "would gather and free again and again (DeepSpeed refuses it too); use --zero 1 or 2 with --pp");
+  dist::ProcessGroup& dp = topology.dp_group();
+  Tensor tied = stage.tied_weight();
+  for (int v = 0; v < stage.chunk_count(); ++v) {
+    auto e = std::make_unique<Engine>();
+    std::vector<std::pair<std::string, Tensor>> params;
+    bool holds_tied = false;
+    for (auto& [name, p] : stage.chunk(v).named_parameters()) {
+      e->names.push_back(name);
+      holds_tied = holds_tied || (tied.defined() && p.impl() == tied.impl());
+      // DDP leaves the tied wte to the embedding group's sum and its own average, after the last backward.
+      if (o.zero > 0 || !tied.defined() || p.impl() != tied.impl()) params.emplace_back(name, p);
+    }
+    if (o.zero == 3) {
+      e->zero3 = std::make_unique<dist::ZeroStage3>(stage.chunk(v), dp, dist::Zero3Options{o.broadcast_at_start});
+    } else if (o.zero > 0) {
+      e->zero = std::make_unique<dist::ZeroDataParallel>(
+          params, dp, dist::ZeroOptions{.stage = o.zero, .caps = o.caps, .broadcast_at_start = o.broadcast_at_start});
+      e->overlaps = !holds_tied;
+    } else if (dp.size() > 1) {
+      e->ddp = std::make_unique<dist::DistributedDataParallel>(
+          params, dp, dist::DDPOptions{.caps = o.caps, .broadcast_at_start = o.broadcast_at_start, .buckets = o.buckets});
+      if (holds_tied && o.broadcast_at_start) dp.broadcast(tied, 0)->wait();
+    }
+    if (!e->overlaps) e->no_sync.emplace(*e->reducer());  // for good: after_backward reduce-scatters
+    if (const dist::ZeroShards* z = e->shards())
+      for (size_t i = 0; i < z->shard_params().size(); ++i)
+        origin_[z->shard_params()[i].impl()] = z->reducer().params()[z->shard_owners()[i]];
+    engines_.push_back(std::move(e));
+  }
 }
 
-nn::NamedTensors GradSync::logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
-                                         const KeepTensors& keep) {
-  nn::NamedTensors out;
-  for (const auto& [name, p] : model.named_parameters())
-    if (keep(name)) out.emplace_back(name, opt.state_of(flat, p));
+GradSync::GradSync() = default;
+GradSync::~GradSync() = default;
+
+std::string GradSync::name() const {
+  if (!topology_) return "none";
+  std::string n = zero_ > 0 ? "zero" + std::to_string(zero_) : topology_->grid().dp > 1 ? "ddp" : "none";
+  if (topology_->grid().pp > 1) n += "+pipeline";
+  if (topology_->grid().tp > 1) n += "+tp";
+  return n;
+}
+
+void GradSync::before_backward(int chunk, bool last) {
+  if (engines_.empty()) return;
+  Engine& e = *engines_[size_t(chunk)];
+  if (!e.overlaps || !e.reducer()) return;
+  e.no_sync.reset();
+  if (!last) e.no_sync.emplace(*e.reducer());
+}
+
+void GradSync::after_backward() {
+  if (!topology_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& e : engines_)
+    if (e->overlaps) e->no_sync.reset();
+  if (dist::ProcessGroup* emb = topology_->embedding_group(); emb && stage_->tied_weight().defined()) {
+    // The first stage's wte gradient comes from the embedding, the last stage's from the head: both need the sum,
+    // then (outside ZeRO, which reduce-scatters it below) the average over dp, as every other gradient had.
+    Tensor g = stage_->tied_weight().grad();
+    emb->all_reduce(g, dist::ReduceOp::kSum)->wait();
+    if (zero_ == 0 && topology_->dp_group().size() > 1) topology_->dp_group().all_reduce(g, dist::ReduceOp::kAvg)->wait();
+  }
+  for (auto& e : engines_)
+    if (!e->overlaps) e->zero->reduce_scatter_gradients();
+  pipeline_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!stage_->sequence_parallel()) return;
+  // The replicated parameters act on this rank's positions only: one all-reduce over a flat copy of every partial
+  // gradient (LayerNorm-sized vectors and wpe), or of their ZeRO shards. The sum over tp of the average over dp is
+  // the average of the sums.
+  std::vector<Tensor> grads;
+  for (const Tensor& p : owned_params(stage_->parameters()))
+    if (stage_->replicated(origin(p)) && p.grad().defined()) grads.push_back(p.grad());
+  dist::all_reduce_sum(grads, topology_->tp_group());
+}
+
+dist::ZeroDataParallel& GradSync::zero(int v) const {
+  MINIDL_ASSERT(size_t(v) < engines_.size() && engines_[size_t(v)]->zero, "GradSync: chunk ", v, " has no ZeRO 1-2");
+  return *engines_[size_t(v)]->zero;
+}
+
+dist::ZeroStage3& GradSync::zero3(int v) const {
+  MINIDL_ASSERT(size_t(v) < engines_.size() && engines_[size_t(v)]->zero3, "GradSync: chunk ", v, " has no ZeRO-3");
+  return *engines_[size_t(v)]->zero3;
+}
+
+std::vector<Tensor> GradSync::owned_params(const std::vector<Tensor>& params) const {
+  if (zero_ == 0 || engines_.empty()) return params;
+  std::vector<Tensor> out;
+  for (const auto& e : engines_)
+    for (const Tensor& p : e->shards()->shard_params()) out.push_back(p);
   return out;
 }
 
-void GradSync::load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
-                                  const std::map<std::string, Tensor>& logical) {
-  for (const auto& [name, p] : model.named_parameters()) opt.state_of(flat, p).copy_(logical.at(name));
+Tensor GradSync::origin(const Tensor& owned) const {
+  if (zero_ == 0) return owned;
+  auto it = origin_.find(owned.impl());
+  MINIDL_ASSERT(it != origin_.end(), "ZeRO: a tensor that is not one of this rank's shard parameters");
+  return it->second;
 }
 
-DDPSync::DDPSync(nn::Module& model, const dist::Topology& topology, dist::DDPOptions options)
-    : topology_(topology), ddp_(model, topology.dp_group(), options) {}
-
-void DDPSync::before_backward(bool sync) {
-  no_sync_.reset();
-  if (!sync) no_sync_.emplace(ddp_.reducer());
+std::vector<optim::ParamGroup> GradSync::optimizer_groups(std::vector<optim::ParamGroup> groups) const {
+  if (zero_ == 0 || engines_.empty()) return groups;
+  std::vector<optim::ParamGroup> out;
+  for (const auto& e : engines_)
+    for (optim::ParamGroup& g : e->shards()->shard_groups(groups)) out.push_back(std::move(g));
+  return out;
 }
 
-double DDPSync::grad_norm_squared(const std::vector<Tensor>& params) {
-  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared(params));
+void GradSync::after_step() {
+  for (auto& e : engines_) {
+    if (e->zero) e->zero->gather_parameters();
+    if (e->zero3) e->zero3->gather_parameters();
+  }
 }
 
-Tensor DDPSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
-  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared_tensor(params, device));
+void GradSync::hold_full_parameters(bool hold) {
+  for (auto& e : engines_)
+    if (e->zero3) e->zero3->hold_full(hold);
 }
 
-void DDPSync::combine_overflow_on_device(const Tensor& found_inf) {
-  max_over(topology_.model_parallel_group(), max_over(topology_.dp_group(), found_inf));
+dist::ReducerStats GradSync::comm_stats() const {
+  dist::ReducerStats s;
+  for (const auto& e : engines_)
+    if (const dist::Reducer* r = e->reducer()) {
+      s.comm_ms += r->last_step().comm_ms;
+      s.exposed_comm_ms += r->last_step().exposed_comm_ms;
+    }
+  if (topology_ && topology_->grid().pp > 1) {  // the tied wte and what waited for it: all exposed
+    s.comm_ms += pipeline_ms_;
+    s.exposed_comm_ms += pipeline_ms_;
+  }
+  return s;
 }
 
-bool DDPSync::combine_overflow(bool local) {
-  double any = max_over(topology_.dp_group(), local ? 1.0 : 0.0);
-  return max_over(topology_.model_parallel_group(), any) > 0;
+double GradSync::part_squared(const std::vector<Tensor>& params) const {
+  std::vector<Tensor> counted;
+  for (const Tensor& p : params)
+    if (!stage_->tied_copy(origin(p))) counted.push_back(p);
+  double mine = optim::grad_norm_squared(counted);
+  if (zero_ > 0) mine = sum_over(topology_->dp_group(), mine);  // each dp rank holds its shard
+  return sum_over(topology_->model_parallel_group(), mine);
 }
 
-double ModelParallelSync::grad_norm_squared(const std::vector<Tensor>& params) {
-  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared(params));
+Tensor GradSync::part_squared_on_device(const std::vector<Tensor>& params, Device device) const {
+  std::vector<Tensor> counted;  // as part_squared
+  for (const Tensor& p : params)
+    if (!stage_->tied_copy(origin(p))) counted.push_back(p);
+  Tensor mine = optim::grad_norm_squared_tensor(counted, device);
+  if (zero_ > 0) mine = sum_over(topology_->dp_group(), mine);
+  return sum_over(topology_->model_parallel_group(), mine);
 }
 
-bool ModelParallelSync::combine_overflow(bool local) {
-  return max_over(topology_.model_parallel_group(), local ? 1.0 : 0.0) > 0;
+double GradSync::grad_norm_squared(const std::vector<Tensor>& params) const {
+  if (!topology_) return optim::grad_norm_squared(params);
+  if (stage_->tp() == 1) return part_squared(params);
+  // A replicated parameter is held tp times but counts once: the split ones' squares plus 1/tp of the replicated
+  // ones', two collectives of one number each, in the same order on every rank.
+  std::vector<Tensor> split, replicated;
+  for (const Tensor& p : params) (stage_->replicated(origin(p)) ? replicated : split).push_back(p);
+  const double split_sq = part_squared(split);
+  return split_sq + part_squared(replicated) / stage_->tp();
 }
 
-Tensor ModelParallelSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) {
-  return sum_over(topology_.model_parallel_group(), optim::grad_norm_squared_tensor(params, device));
+Tensor GradSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) const {
+  if (!topology_) return optim::grad_norm_squared_tensor(params, device);
+  if (stage_->tp() == 1) return part_squared_on_device(params, device);
+  std::vector<Tensor> split, replicated;  // as grad_norm_squared, the sums staying on the device
+  for (const Tensor& p : params) (stage_->replicated(origin(p)) ? replicated : split).push_back(p);
+  const Tensor split_sq = part_squared_on_device(split, device);
+  return ops::add(split_sq, ops::mul(part_squared_on_device(replicated, device), 1.0 / stage_->tp()));
 }
 
-void ModelParallelSync::combine_overflow_on_device(const Tensor& found_inf) {
-  max_over(topology_.model_parallel_group(), found_inf);
+bool GradSync::combine_overflow(bool local) const {
+  if (!topology_) return local;
+  const double any = max_over(topology_->dp_group(), local ? 1.0 : 0.0);
+  return max_over(topology_->model_parallel_group(), any) > 0;
+}
+
+void GradSync::combine_overflow_on_device(const Tensor& found_inf) const {
+  if (!topology_) return;
+  max_over(topology_->model_parallel_group(), max_over(topology_->dp_group(), found_inf));
+}
+
+nn::NamedTensors GradSync::state(const optim::Optimizer& opt, const Tensor& flat, const Stage& stage, int v,
+                                 const KeepTensors& keep) {
+  const Engine* e = engines_.empty() ? nullptr : engines_[size_t(v)].get();
+  dist::ZeroShards* z = e ? e->shards() : nullptr;
+  nn::NamedTensors out;
+  if (!z) {
+    for (const auto& [name, p] : stage.chunk(v).named_parameters())
+      if (keep(name)) out.emplace_back(name, opt.state_of(flat, p));
+    return out;
+  }
+  dist::Reducer& reducer = z->reducer();
+  std::vector<Tensor> values;
+  for (const Tensor& p : z->shard_params()) values.push_back(opt.state_of(flat, p));
+  std::vector<bool> kept(reducer.params().size());
+  for (size_t i = 0; i < kept.size(); ++i) kept[i] = keep(reducer.names()[i]);
+  std::vector<Tensor> whole = dist::gather_logical(reducer, z->shard_pieces(), values, kept);
+  std::map<std::string, Tensor> by_name;
+  for (size_t i = 0; i < whole.size(); ++i)
+    if (kept[i]) by_name[reducer.names()[i]] = whole[i];
+  for (const std::string& name : e->names)
+    if (keep(name)) out.emplace_back(name, by_name.at(name));
+  return out;
+}
+
+void GradSync::load_state(const optim::Optimizer& opt, Tensor& flat, const Stage& stage, int v,
+                          const std::map<std::string, Tensor>& logical) const {
+  const Engine* e = engines_.empty() ? nullptr : engines_[size_t(v)].get();
+  const dist::ZeroShards* z = e ? e->shards() : nullptr;
+  if (!z) {
+    for (const auto& [name, p] : stage.chunk(v).named_parameters()) opt.state_of(flat, p).copy_(logical.at(name));
+    return;
+  }
+  std::vector<Tensor> whole;
+  for (const std::string& name : z->reducer().names()) whole.push_back(logical.at(name));
+  std::vector<Tensor> mine = dist::slice_logical(z->reducer(), z->shard_pieces(), whole);
+  for (size_t i = 0; i < z->shard_params().size(); ++i) opt.state_of(flat, z->shard_params()[i]).copy_(mine[i]);
 }
 
 }  // namespace minidl::train

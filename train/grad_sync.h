@@ -1,14 +1,28 @@
-// GradSync: how a training step makes gradients consistent across ranks — the strategy train_step calls around
-// backward, and the one place that knows which ranks hold which gradients (so it also combines the gradient norm
-// for clipping and the fp16 overflow flag).
+// GradSync: how a training step makes gradients consistent across ranks, for every layout, and the one place that
+// knows which ranks hold which gradients (so it also combines the gradient norm for clipping and the fp16
+// overflow flag).
 //
-//   train::DDPSync ddp(model, topology);        // DDP over topology.dp_group()
+//   train::Stage stage = train::Stage::of(model);
+//   train::GradSync sync(stage, topology, {.zero = 2});   // ZeRO-2 over topology.dp_group()
+//   optim::AdamW opt(sync.optimizer_groups(optim::decay_groups(stage.named_parameters(), 0.1)), {.lr = 1e-3});
 //   train::StepOptions o;
-//   o.grad_sync = &ddp;
-//   train::train_step(model, optimizer, batch, o);
+//   o.grad_sync = &sync;
+//   train::train_step(stage, opt, batch, o);              // unscale, clip and AdamW on this rank's shard
 //
-// Strategies: none (one process: the defaults below), DDP (here), ZeRO-1/2 (train/zero_sync.h: the optimizer
-// steps on this rank's shard, the norm adds up every shard once).
+// One data-parallel engine per model chunk, over the dp group, told by the executor which backward is the chunk's
+// last of the step (before_backward), so its buckets reduce while that backward runs, for pp > 1 too:
+//   zero 0, dp > 1:  DDP (dist/ddp.h): every gradient averaged by bucketed all-reduces;
+//   zero 1 or 2:     ZeroDataParallel (dist/zero.h): reduce-scattered into this rank's shard, the optimizer steps
+//                    on the shard, after_step all-gathers the parameters (at dp 1 too: shards of the whole bucket);
+//   zero 3:          ZeroStage3 (dist/zero3.h): the blocks' parameters sharded too, gathered per block.
+// What remains pipeline-specific is the tied wte of the first and last stage: its two gradients are summed over the
+// embedding group after the last backward, then averaged over dp; so DDP leaves it out of its buckets, and a ZeRO
+// chunk holding it reduce-scatters after that sum instead of during the backward. With sequence parallelism the
+// replicated parameters' gradients are partial sums over the tp group: all-reduced there after the last backward.
+//
+// The gradient norm counts each logical element once: the tied copy of wte is left out, ZeRO's shards are summed
+// over dp, every stage and tp rank's part over the model-parallel group, and tp-replicated parameters count 1/tp on
+// each tp rank. The overflow flag is the max over the dp and model-parallel groups.
 #pragma once
 
 #include <functional>
@@ -16,17 +30,20 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dist/ddp.h"
 #include "dist/topology.h"
-#include "nn/module.h"
+#include "dist/zero.h"
+#include "dist/zero3.h"
 #include "optim/optimizer.h"
+#include "train/stage.h"
 
 namespace minidl::train {
 
 // Which logical tensors (by parameter name) a rank keeps of a collective checkpoint gather: all (true), none
-// (false), or those a predicate names (the tensors this rank writes: train/checkpoint.h's checkpoint_owner).
+// (false), or those a predicate names (the tensors this rank writes: train/checkpoint.h's checkpoint_share).
 class KeepTensors {
  public:
   KeepTensors(bool all) : all_(all) {}  // NOLINT: implicit, so `keep` may stay a bool where it is all or nothing
@@ -39,88 +56,79 @@ class KeepTensors {
   std::function<bool(const std::string&)> owns_;
 };
 
+struct SyncOptions {
+  int zero = 0;                           // 0: DDP over dp (when dp > 1); 1, 2, 3: ZeRO's stage
+  dist::BucketCaps caps;                  // bucket sizes (DDP and ZeRO)
+  std::vector<dist::BucketSpec> buckets;  // DDP: an explicit assignment instead (tests give ZeRO-3's per block)
+  bool broadcast_at_start = true;         // every dp rank starts from dp rank 0's weights
+};
+
 class GradSync {
  public:
-  virtual ~GradSync() = default;
-  virtual const char* name() const { return "none"; }
-  // Before each micro-batch's backward. sync: this is the step's last backward, which must leave every rank with
-  // the synchronised gradients; the earlier ones only accumulate locally.
-  virtual void before_backward(bool /*sync*/) {}
+  // One process: nothing to synchronise.
+  GradSync();
+  // Collective over the topology's groups: the engines of `stage`'s chunks (which must be on their device: the
+  // buckets follow the parameters).
+  GradSync(const Stage& stage, const dist::Topology& topology, SyncOptions options = {});
+  virtual ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // "none", "ddp", "zero1" ... with "+pipeline" and "+tp" where they apply.
+  std::string name() const;
+  // Before each backward of local chunk `chunk`; last: its last backward of the step, which reduces its buckets.
+  virtual void before_backward(int chunk, bool last);
   // After the step's last backward.
-  virtual void after_backward() {}
+  virtual void after_backward();
   // The tensors whose .grad() this rank owns after the last backward: what the loss scaler unscales, clipping
-  // scales and the optimizer updates. Every parameter by default; ZeRO: this rank's shard.
-  virtual std::vector<Tensor> owned_params(const std::vector<Tensor>& params) { return params; }
-  // The model parameter an element of owned_params is (by default), or is a piece of (ZeRO: the parameter its
-  // shard was cut from): what a decorator such as TensorParallelSync classifies owned gradients by.
-  virtual Tensor origin(const Tensor& owned) const { return owned; }
+  // scales and the optimizer updates. `params` by default; ZeRO: this rank's shard of every chunk.
+  std::vector<Tensor> owned_params(const std::vector<Tensor>& params) const;
+  // The model parameter an element of owned_params is, or is a piece of (ZeRO's shard).
+  Tensor origin(const Tensor& owned) const;
   // The optimizer's parameter groups given the model's (ZeRO: the same weight decays over the shard).
-  virtual std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) { return groups; }
+  std::vector<optim::ParamGroup> optimizer_groups(std::vector<optim::ParamGroup> groups) const;
   // After the optimizer step or its skip, before zero_grad (ZeRO: all-gather the updated parameters).
-  virtual void after_step() {}
+  void after_step();
   // Sum of the squares of every gradient element of the logical model, each counted once: this rank's part of
   // `params` (owned_params) combined with the parts other ranks hold. Identical on every rank.
-  virtual double grad_norm_squared(const std::vector<Tensor>& params);
+  double grad_norm_squared(const std::vector<Tensor>& params) const;
   // Whether any rank that holds gradients saw an inf/NaN (the loss scaler's step is skipped on every rank).
-  virtual bool combine_overflow(bool local) { return local; }
+  bool combine_overflow(bool local) const;
   // The same two on a CUDA device, without a host round trip (train::apply_step on a device): the sum of squares
-  // as an f32 {1} tensor on `device`, combined over the same groups by all-reduces of that tensor; the overflow
-  // flag (i32 {1}) ORed in place over the same ranks as combine_overflow.
-  virtual Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device);
-  virtual void combine_overflow_on_device(const Tensor& /*found_inf*/) {}
-  // Communication time of the last synchronising backward.
-  virtual dist::ReducerStats comm_stats() const { return {}; }
+  // as an f32 {1} tensor on `device`; the overflow flag (i32 {1}) maxed in place over the same ranks.
+  Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) const;
+  void combine_overflow_on_device(const Tensor& found_inf) const;
+  // Communication time of the last step's synchronisation.
+  dist::ReducerStats comm_stats() const;
   // Collective over the dp group: every parameter whole on this rank (true) for evaluation, sampling or saving,
-  // or back to training's state (false). Only ZeRO-3 has something to do (train/zero3_sync.h).
-  virtual void hold_full_parameters(bool /*hold*/) {}
-  // Checkpoints. An optimizer state buffer over owned_params (`flat`: Optimizer::numel() elements, e.g. AdamW's m)
-  // as one tensor per logical parameter of `model`, by name, in named_parameters() order. ZeRO: collective over the
-  // dp group (the shards are all-gathered, dist/zero_state.h); a rank takes part whatever it keeps, and gets the
-  // tensors `keep` names (in named_parameters() order).
-  virtual nn::NamedTensors logical_state(const optim::Optimizer& opt, const Tensor& flat, const nn::Module& model,
-                                         const KeepTensors& keep);
-  // The inverse, local: `flat`'s owned pieces copied from `logical` (by name, shaped like the parameters; ZeRO:
-  // this rank's slice of each, the padding left as it is).
-  virtual void load_logical_state(const optim::Optimizer& opt, Tensor& flat, const nn::Module& model,
-                                  const std::map<std::string, Tensor>& logical);
-};
-
-// Data parallelism: every rank holds the whole model; gradients are averaged over the dp group by DDP's bucketed
-// all-reduce during the last backward (no_sync before it). After it every dp rank holds the same gradients, so the
-// norm needs no data-parallel communication; it is summed over the model-parallel group (tp · pp ranks: each
-// holds a different part of the model), and the overflow flag is combined over both.
-class DDPSync final : public GradSync {
- public:
-  DDPSync(nn::Module& model, const dist::Topology& topology, dist::DDPOptions options = {});
-  const char* name() const override { return "ddp"; }
-  void before_backward(bool sync) override;
-  void after_backward() override { no_sync_.reset(); }
-  double grad_norm_squared(const std::vector<Tensor>& params) override;
-  bool combine_overflow(bool local) override;
-  Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) override;
-  void combine_overflow_on_device(const Tensor& found_inf) override;
-  dist::ReducerStats comm_stats() const override { return ddp_.last_step(); }
-  dist::DistributedDataParallel& ddp() { return ddp_; }
+  // or back to training's state (false). Only ZeRO-3 has something to do.
+  void hold_full_parameters(bool hold);
+  // Checkpoints: an optimizer state buffer over owned_params (`flat`, e.g. AdamW's m) as one tensor per parameter
+  // of chunk v, shaped like this rank's parameter (a tp slice at tp > 1), those `keep` names, in the chunk's order.
+  // ZeRO: collective over the dp group (the shards are all-gathered: dist/zero_state.h). load_state is the
+  // inverse, local: `flat`'s owned pieces copied from `logical` (by name; ZeRO: this rank's slice of each).
+  // `stage` is the one this GradSync synchronises (or any, for the one-process GradSync).
+  nn::NamedTensors state(const optim::Optimizer& opt, const Tensor& flat, const Stage& stage, int v,
+                         const KeepTensors& keep);
+  void load_state(const optim::Optimizer& opt, Tensor& flat, const Stage& stage, int v,
+                  const std::map<std::string, Tensor>& logical) const;
+  // Chunk v's ZeRO engine (stage 1-2, stage 3), for what inspects its buffers (memory reports, tests).
+  dist::ZeroDataParallel& zero(int v = 0) const;
+  dist::ZeroStage3& zero3(int v = 0) const;
 
  private:
-  const dist::Topology& topology_;
-  dist::DistributedDataParallel ddp_;
-  std::optional<dist::Reducer::NoSyncGuard> no_sync_;
-};
+  struct Engine;  // one chunk's DDP or ZeRO
+  std::optional<Stage> stage_;
+  const dist::Topology* topology_ = nullptr;
+  int zero_ = 0;
+  std::vector<std::unique_ptr<Engine>> engines_;
+  std::unordered_map<const TensorImpl*, Tensor> origin_;  // ZeRO: shard parameter -> its parameter
+  double pipeline_ms_ = 0;                                 // the tied wte's synchronisation, last step
 
-// No data parallelism (dp 1) but model parallelism (tp · pp ranks hold different parts of the model): nothing to
-// synchronise, the norm is summed and the overflow flag combined over the model-parallel group.
-class ModelParallelSync final : public GradSync {
- public:
-  explicit ModelParallelSync(const dist::Topology& topology) : topology_(topology) {}
-  const char* name() const override { return "model-parallel"; }
-  double grad_norm_squared(const std::vector<Tensor>& params) override;
-  bool combine_overflow(bool local) override;
-  Tensor grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) override;
-  void combine_overflow_on_device(const Tensor& found_inf) override;
-
- private:
-  const dist::Topology& topology_;
+  // The squares of `params`' gradients with the tied copy left out, summed over the groups that hold the other
+  // parts (the dp group too when sharded): on the host, and on a device.
+  double part_squared(const std::vector<Tensor>& params) const;
+  Tensor part_squared_on_device(const std::vector<Tensor>& params, Device device) const;
 };
 
 // Sum (resp. max) of one number over a group, on the group's device; the value itself when the group has one rank.

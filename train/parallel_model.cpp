@@ -1,89 +1,97 @@
 #include "train/parallel_model.h"
 
-#include "dist/tp_gpt.h"
-#include "train/tp_sync.h"
-#include "train/trainer_pipeline.h"
-#include "train/zero3_sync.h"
-#include "train/zero_sync.h"
+#include <cstdio>
 
 namespace minidl::train {
 
-std::vector<std::pair<std::string, Tensor>> ParallelModel::named_parameters() const {
-  return pipe ? pipe->named_parameters() : model->named_parameters();
-}
-
-namespace {
-
-// pp > 1: this rank's chunks (tensor-parallel ones with tp > 1) and the pipeline's synchronisation.
-void build_pipeline(ParallelModel& m, const TrainConfig& o, const nn::GPTConfig& model_cfg,
-                    const dist::Topology& topo, Device device, int64_t first_sample,
-                    const std::function<void(PipelineModel&)>& load) {
+ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& model_cfg, const dist::Topology& topo,
+                                   Device device, int64_t first_sample, const std::function<void(Stage&)>& load) {
+  ParallelModel m;
   // The schedule is validated here, before anything is sent.
   const std::vector<int64_t> starts = pipeline_starts(o, model_cfg);
-  m.pipe = std::make_unique<PipelineModel>(model_cfg, o.seed, pipeline_spec(o), starts, topo, o.sequence_parallel);
-  if (load) load(*m.pipe);
-  m.pipe->to(device);  // before ZeRO's flat buffers, which follow the parameters' device
-  m.pipe->train();
-  m.pipe->set_dropout(0, first_sample);
-  m.pipe->set_recompute(nn::parse_recompute(o.recompute));
-  m.sync = std::make_unique<PipelineSync>(*m.pipe, topo, o.zero);
-  m.num_params = m.pipe->num_parameters();
-  m.notes.push_back(pipeline_note(o, starts));
-}
-
-// pp = 1: the whole model (split over the tp group with tp > 1) and its data-parallel strategy.
-void build_whole(ParallelModel& m, const TrainConfig& o, const nn::GPTConfig& model_cfg, const dist::Topology& topo,
-                 Device device, int64_t first_sample, const std::function<void(nn::GPT&)>& load) {
-  const dist::Grid& grid = topo.grid();
-  if (grid.tp > 1)  // the same weights, split over the tp group (dist/tp_gpt.h)
-    m.model = std::make_unique<dist::TensorParallelGPT>(model_cfg, o.seed, topo.tp_group(), o.sequence_parallel);
-  else
-    m.model = std::make_unique<nn::GPT>(model_cfg, o.seed);
-  if (load) load(*m.model);  // before ZeRO shards the parameters
-  m.model->to(device);       // before DDP and the optimizer, whose buffers follow the parameters' device
-  m.model->train();
-  m.num_params = m.model->num_parameters();
-  if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(m.model.get()))
-    m.num_params = split->logical_num_parameters();
-  m.model->dropout_context().first_sample = first_sample;
-  m.model->set_recompute(nn::parse_recompute(o.recompute));
-  if (o.zero == 3)
-    m.sync = std::make_unique<Zero3Sync>(*m.model, topo);
-  else if (o.zero > 0)  // at dp 1 too: the same code path, with shards of the whole bucket
-    m.sync = std::make_unique<ZeroSync>(*m.model, topo, o.zero);
-  else if (grid.dp > 1)
-    m.sync = std::make_unique<DDPSync>(*m.model, topo);
-  else if (grid.tp > 1)
-    m.sync = std::make_unique<ModelParallelSync>(topo);
-  else
-    m.sync = std::make_unique<GradSync>();
-}
-
-}  // namespace
-
-ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& model_cfg,
-                                   const dist::Topology& topo, Device device, int64_t first_sample,
-                                   const std::function<void(nn::GPT&)>& load,
-                                   const std::function<void(PipelineModel&)>& load_stage) {
-  ParallelModel m;
-  const dist::Grid& grid = topo.grid();
-  if (grid.pp > 1)
-    build_pipeline(m, o, model_cfg, topo, device, first_sample, load_stage);
-  else
-    build_whole(m, o, model_cfg, topo, device, first_sample, load);
-  if (grid.tp > 1) {
+  m.stage = std::make_unique<Stage>(model_cfg, o.seed, pipeline_spec(o), starts, topo, o.sequence_parallel);
+  if (load) load(*m.stage);
+  m.stage->to(device);  // before DDP's buckets, ZeRO's flat buffers and the optimizer: they follow the parameters
+  m.stage->train();
+  m.stage->set_dropout(0, first_sample);
+  m.stage->set_recompute(nn::parse_recompute(o.recompute));
+  m.sync = std::make_unique<GradSync>(*m.stage, topo, SyncOptions{.zero = o.zero});
+  m.num_params = m.stage->num_parameters();
+  if (o.pp > 1) m.notes.push_back(pipeline_note(o, starts));
+  if (o.sequence_parallel) {
     const int64_t seq = o.seq ? *o.seq : model_cfg.block_size;  // the trained sequence length
-    if (o.sequence_parallel)
-      m.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
-                        std::to_string(seq / grid.tp) + " of " + std::to_string(seq) + " positions per rank");
-    if (m.pipe)
-      m.sync = std::make_unique<TensorParallelSync>(std::move(m.sync), m.pipe->parameters(),
-                                                    m.pipe->replicated_parameters(), o.sequence_parallel, topo);
-    else  // the whole model's: it also gathers checkpoints
-      m.sync = std::make_unique<TensorParallelSync>(
-          std::move(m.sync), static_cast<const dist::TensorParallelGPT&>(*m.model), topo);
+    m.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
+                      std::to_string(seq / o.tp) + " of " + std::to_string(seq) + " positions per rank");
   }
   return m;
+}
+
+dist::PipelineSpec pipeline_spec(const TrainConfig& c) {
+  dist::PipelineSpec spec{dist::parse_schedule_kind(c.schedule), c.pp, int(c.micro_batches_or_default()),
+                          c.virtual_stages};
+  spec.validate();
+  return spec;
+}
+
+std::vector<int64_t> pipeline_starts(const TrainConfig& c, const nn::GPTConfig& m) {
+  const int chunks = c.pp * c.virtual_stages;
+  if (chunks == 1) return {0, m.n_layer};
+  if (!c.pp_layers.empty()) return dist::parse_layer_split(c.pp_layers, m.n_layer, chunks);
+  // Parameters of one block (c_attn, c_proj, c_fc, c_proj and two LayerNorms), of the embeddings (wte, wpe) on the
+  // first chunk and of ln_f plus the head (the tied wte again: the head's matmul is as much work) on the last.
+  const int64_t C = m.n_embd, block = 12 * C * C + (m.bias ? 13 : 2) * C;
+  return dist::split_layers(m.n_layer, chunks, block, m.vocab_size * C + m.block_size * C,
+                            (m.bias ? 2 : 1) * C + m.vocab_size * C);
+}
+
+void validate_pipeline(const TrainConfig& c, int d) {
+  MINIDL_CHECK(!c.micro_batches || *c.micro_batches >= 1, "--micro-batches (--grad-accum): expected at least 1, got ",
+               c.micro_batches.value_or(0));
+  MINIDL_CHECK(c.virtual_stages >= 1, "--virtual-stages: expected at least 1, got ", c.virtual_stages);
+  if (c.pp == 1) {
+    MINIDL_CHECK(c.virtual_stages == 1, "--virtual-stages needs --pp > 1 and --schedule interleaved");
+    MINIDL_CHECK(c.pp_layers.empty(), "--pp-layers needs --pp > 1");
+  }
+  MINIDL_CHECK(c.zero <= 2 || c.pp == 1, "--zero ", c.zero, " with --pp ", c.pp, ": ZeRO-3 shards the parameters "
+               "each block gathers just before use, which a pipeline stage's interleaved micro-batches would gather "
+               "and free again and again (DeepSpeed refuses it too); use --zero 1 or 2 with --pp");
+  pipeline_spec(c);
+  const int64_t M = c.micro_batches_or_default();
+  MINIDL_CHECK(c.batch % (int64_t(d) * M) == 0, "--batch ", c.batch, " does not split into ", d,
+               " data-parallel rank(s) x ", M, " micro-batches",
+               c.micro_batches ? " (--micro-batches / --grad-accum " + std::to_string(M) + ")"
+                               : std::string(" (--micro-batches default: --pp)"),
+               " of equal size: --batch must be a multiple of ", int64_t(d) * M);
+  const int64_t layers = c.layers_or_default(), chunks = int64_t(c.pp) * c.virtual_stages;
+  MINIDL_CHECK(layers >= chunks, "--pp ", c.pp, c.virtual_stages > 1 ? " x --virtual-stages " +
+               std::to_string(c.virtual_stages) : std::string(), " = ", chunks, " pipeline stages but the model has "
+               "only ", layers, " blocks (--layers): every stage needs at least one block");
+  if (!c.pp_layers.empty()) dist::parse_layer_split(c.pp_layers, layers, int(chunks));
+}
+
+std::string pipeline_note(const TrainConfig& c, const std::vector<int64_t>& starts) {
+  dist::PipelineSpec spec = pipeline_spec(c);
+  dist::SimResult sim = dist::simulate(dist::make_schedule(spec));
+  std::string blocks;
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    if (i) blocks += ',';
+    blocks += std::to_string(starts[i + 1] - starts[i]);
+  }
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "pipeline: schedule %s, %d micro-batches, %d chunk(s) per rank, blocks per chunk %s; "
+                "simulated bubble %.1f%% (formula %.1f%%)",
+                dist::schedule_kind_name(spec.kind), spec.micro_batches, spec.virtual_stages, blocks.c_str(),
+                100 * sim.bubble_fraction(), 100 * dist::bubble_formula(spec));
+  return line;
+}
+
+std::string describe_pipeline(const TrainConfig& c) {
+  MINIDL_CHECK(c.pp > 1, "--print-schedule needs --pp > 1, got --pp ", c.pp);
+  nn::GPTConfig m{.vocab_size = 65, .block_size = c.seq_or_default(), .n_layer = c.layers_or_default(),
+                  .n_head = c.heads_or_default(), .n_embd = c.embd_or_default()};
+  return pipeline_note(c, pipeline_starts(c, m)) + " (vocab 65 assumed for the split)\n" +
+         dist::draw_schedule(dist::make_schedule(pipeline_spec(c)));
 }
 
 }  // namespace minidl::train

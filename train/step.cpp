@@ -1,16 +1,21 @@
 #include "train/step.h"
 
-#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "core/upload.h"
 #include "ops/cast.h"
 #include "ops/embedding.h"
 #include "optim/clip.h"
 
 namespace minidl::train {
+
+using dist::Action;
+using dist::ActionKind;
 
 int64_t count_targets(const Tensor& y) {
   int64_t n = 0;
@@ -18,20 +23,191 @@ int64_t count_targets(const Tensor& y) {
   return n;
 }
 
-StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch,
-                      const StepOptions& o) {
-  const int64_t rows = batch.x.size(0), k = o.grad_accum;
-  MINIDL_CHECK(k >= 1 && rows % k == 0, "train_step: a batch of ", rows, " sequences does not split into grad_accum = ",
-               k, " equal micro-batches");
+namespace {
+
+double elapsed_ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One step's execution state on a rank: the tensors of every (micro, chunk) between its forward and its backward,
+// the posted receives and sends.
+struct Executor {
+  Stage& stage;
+  const StepOptions& o;
+  // The ids (first stage) and targets (last stage) of the whole batch where the chunks read them: the host batch
+  // on the CPU; on a device, checked on the host and uploaded once per step (select_inputs).
+  Tensor ids, targets;
+  int64_t micro = 0, T = 0;
+  double inv_targets = 1;
+  uint64_t step = 0;
+  int64_t first_sample = 0;
+  Device device;
+  // What crosses a stage boundary: a block's output, which under autocast is in the autocast dtype (as in one
+  // process, where the next block reads it), and its gradient in the same dtype.
+  DType wire = DType::f32;
+  struct Saved {
+    Tensor input;   // the received activation (a leaf requiring grad); undefined on chunk 0
+    Tensor output;  // the chunk's output, or the (scaled) loss on the last chunk
+  };
+  std::map<std::pair<int, int>, Saved> saved;  // (micro, chunk)
+  struct Posted {
+    Tensor buffer;
+    std::shared_ptr<dist::Work> work;
+  };
+  std::map<std::tuple<bool, int, int>, Posted> received;  // (gradient?, micro, chunk)
+  std::vector<std::pair<Tensor, std::shared_ptr<dist::Work>>> sends;
+  Tensor loss_sum;
+  double wait_ms = 0;  // idle: blocked on a peer
+
+  void wait_for(dist::Work& work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work.wait();
+    wait_ms += elapsed_ms(t0);
+  }
+
+  Tensor take(bool grad, int m, int v) {
+    auto it = received.find({grad, m, v});
+    MINIDL_ASSERT(it != received.end(), "pipeline: no receive posted for ", grad ? "gradient" : "activation",
+                  " m=", m, " v=", v, " (the schedule was validated)");
+    wait_for(*it->second.work);
+    Tensor t = it->second.buffer;
+    received.erase(it);
+    return t;
+  }
+
+  void run(const Action& a) {
+    const int tag = a.peer >= 0 ? dist::message_tag(stage.spec(), a, stage.rank()) : 0;
+    switch (a.kind) {
+      case ActionKind::kRecvActivation:
+      case ActionKind::kRecvGrad: {
+        Posted p{Tensor::empty({micro, stage.positions_per_rank(T), stage.config().n_embd}, wire, device), nullptr};
+        p.work = stage.pp_group()->recv(p.buffer, a.peer, tag);
+        received[{a.kind == ActionKind::kRecvGrad, a.micro, a.chunk}] = p;
+        break;
+      }
+      case ActionKind::kForward: {
+        nn::GPT& chunk = stage.chunk(a.chunk);
+        // Micro-batch m's dropout masks are those of its samples in one big batch (a recomputation in backward
+        // pins the context it saw here: nn/gpt.cpp).
+        stage.set_dropout(step, first_sample + a.micro * micro);
+        Saved s;
+        Tensor x;
+        if (stage.global_chunk(a.chunk) == 0) {
+          x = chunk.embed(ids.narrow(0, a.micro * micro, micro).to(device));
+        } else {
+          s.input = take(false, a.micro, a.chunk);
+          s.input.set_requires_grad(true);
+          x = s.input;
+        }
+        Tensor y = chunk.blocks(chunk.stage().first_block, chunk.stage().last_block, x);
+        if (stage.is_last_chunk(a.chunk)) {
+          Tensor loss = mul(chunk.head_loss(y, targets.narrow(0, a.micro * micro, micro).to(device), Reduction::kSum),
+                            inv_targets);
+          // Summed where the loss lives and read once after the step (on a GPU: one sync per step).
+          loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
+          y = o.scaler ? o.scaler->scale(loss) : loss;
+        } else {
+          MINIDL_ASSERT(y.dtype() == wire, "pipeline: expected a ", wire, " activation between stages, got ",
+                        y.dtype());
+        }
+        s.output = y;
+        saved[{a.micro, a.chunk}] = s;
+        break;
+      }
+      case ActionKind::kSendActivation: {
+        Tensor y = saved.at({a.micro, a.chunk}).output.detach().contiguous();
+        sends.push_back({y, stage.pp_group()->send(y, a.peer, tag)});
+        break;
+      }
+      case ActionKind::kBackward: {
+        auto it = saved.find({a.micro, a.chunk});
+        Saved s = it->second;
+        saved.erase(it);
+        // The chunk's last backward of the step launches its data-parallel buckets (DDP, ZeRO) while it runs.
+        if (o.grad_sync) o.grad_sync->before_backward(a.chunk, a.micro + 1 == stage.spec().micro_batches);
+        if (stage.is_last_chunk(a.chunk)) s.output.backward();
+        else s.output.backward(take(true, a.micro, a.chunk));
+        if (s.input.defined()) saved[{a.micro, a.chunk}] = Saved{s.input, Tensor()};  // its gradient, to send
+        break;
+      }
+      case ActionKind::kSendGrad: {
+        auto it = saved.find({a.micro, a.chunk});
+        Tensor g = it->second.input.grad().contiguous();
+        MINIDL_ASSERT(g.dtype() == wire, "pipeline: expected a ", wire, " gradient between stages, got ", g.dtype());
+        saved.erase(it);
+        sends.push_back({g, stage.pp_group()->send(g, a.peer, tag)});
+        break;
+      }
+      case ActionKind::kOptimizerStep:
+        for (auto& s : sends) wait_for(*s.second);
+        sends.clear();
+        break;
+    }
+  }
+};
+
+// On a device, a host batch is range-checked on the host (GPT::check_ids: the same messages) and uploaded once as
+// i64, the device kernels' index type, through pinned staging without a host wait (core/upload.h); returns whether
+// the ids and targets the executor reads were checked that way (then ops::HostCheckedIndicesGuard spares the device
+// ops a copy back per micro-batch).
+bool select_inputs(Executor& ex, const data::Batch& batch) {
+  ex.ids = batch.x;
+  ex.targets = batch.y;
+  if (ex.o.batch_checked) return true;  // a device batch drawn from a checked split (StepOptions::batch_checked)
+  if (!ex.device.is_cuda() || !batch.x.device().is_cpu() || !batch.y.device().is_cpu()) return false;
+  const nn::GPT& first = ex.stage.chunk(0);
+  if (first.stage().embedding) {
+    first.check_ids(batch.x, "token ids", false);
+    ex.ids = upload_async(ops::cast(batch.x.contiguous(), DType::i64), ex.device);
+  }
+  const nn::GPT& last = ex.stage.chunk(ex.stage.chunk_count() - 1);
+  if (last.stage().head) {
+    last.check_ids(batch.y, "targets", true);
+    ex.targets = upload_async(ops::cast(batch.y.contiguous(), DType::i64), ex.device);
+  }
+  return true;
+}
+
+}  // namespace
+
+Tensor forward_backward(Stage& stage, const data::Batch& batch, const StepOptions& o) {
+  const int64_t rows = batch.x.size(0), M = stage.spec().micro_batches;
+  MINIDL_CHECK(rows % M == 0, "train_step: a batch of ", rows, " sequences does not split into ", M,
+               " equal micro-batches (--micro-batches)");
   MINIDL_CHECK(o.amp == DType::f32 || ops::is_half(o.amp), "train_step: amp must be f32 (off), bf16 or f16, got ",
                o.amp);
-  const int64_t micro = rows / k;
+  Executor ex{stage, o};
+  ex.micro = rows / M;
+  ex.T = batch.x.size(1);
   // The normaliser of the whole step. Under DDP each rank divides by its own slice's count and DDP averages over
   // ranks: with equal-sized slices and no ignored targets that is the global mean exactly.
-  const int64_t targets = o.target_count >= 0 ? o.target_count : count_targets(batch.y);
-  const double inv_targets = 1.0 / double(std::max<int64_t>(1, targets));
+  ex.inv_targets = 1.0 / double(std::max<int64_t>(1, o.target_count >= 0 ? o.target_count : count_targets(batch.y)));
+  ex.step = stage.dropout_step();
+  ex.first_sample = stage.dropout_first_sample();
+  ex.device = stage.device();
+  ex.wire = o.amp;
+  std::optional<ops::HostCheckedIndicesGuard> checked;
+  if (select_inputs(ex, batch)) checked.emplace();
+  {
+    MemoryTagGuard tag(MemTag::kActivations);
+    // One guard over the whole schedule: the 16-bit weight copies are made once per step (autograd/autocast.h).
+    std::optional<autograd::AutocastGuard> autocast;
+    if (o.amp != DType::f32) autocast.emplace(o.amp);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const Action& a : stage.schedule().ranks[size_t(stage.rank())]) ex.run(a);
+    Stage::Timing& timing = stage.timing();
+    timing.schedule_ms += elapsed_ms(t0);
+    timing.wait_ms += ex.wait_ms;
+    timing.steps += 1;
+    if (o.grad_sync) o.grad_sync->after_backward();
+  }
+  stage.set_dropout(ex.step + 1, ex.first_sample);
+  return ex.loss_sum;
+}
+
+StepResult train_step(Stage& stage, optim::Optimizer& optimizer, const data::Batch& batch, const StepOptions& o) {
   StepResult r;
-  const Device device = model.parameters().front().device();
+  const Device device = stage.device();
   if (o.scaler && device.is_cuda()) {
     o.scaler->keep_state_on(device);  // the scale stays there (apply_step)
     r.loss_scale = NAN;
@@ -39,44 +215,37 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
   } else {
     r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
   }
-  {
-    MemoryTagGuard tag(MemTag::kActivations);
-    std::optional<ops::HostCheckedIndicesGuard> checked;  // a sampled device batch: checked with its split
-    if (o.batch_checked) checked.emplace();
-    // One guard over every micro-batch: the 16-bit weight copies are made once per step (autograd/autocast.h).
-    std::optional<autograd::AutocastGuard> autocast;
-    if (o.amp != DType::f32) autocast.emplace(o.amp);
-    // Micro-batch m holds samples [first + m * micro, ...) of the global batch: its dropout masks are those one big
-    // batch would draw for the same samples (nn::DropoutContext).
-    nn::DropoutContext& dropout = model.dropout_context();
-    const int64_t first = dropout.first_sample;
-    Tensor loss_sum;
-    for (int64_t m = 0; m < k; ++m) {
-      // The batch goes to the model as it is: GPT::loss checks a host batch's ids and targets on the host and uploads
-      // them once (on a device no host copy is read back to check them); a sampled device batch is used in place.
-      Tensor x = batch.x.narrow(0, m * micro, micro), y = batch.y.narrow(0, m * micro, micro);
-      dropout.first_sample = first + m * micro;
-      Tensor loss = mul(model.loss(x, y, Reduction::kSum), inv_targets);
-      // Summed where the loss lives and read once after the last micro-batch (on a GPU: one sync per step).
-      loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
-      if (o.scaler) loss = o.scaler->scale(loss);
-      // DDP: no_sync() for all but the last micro-batch, whose backward launches the bucketed all-reduce.
-      if (o.grad_sync) o.grad_sync->before_backward(/*sync=*/m + 1 == k);
-      loss.backward();
-    }
-    if (o.grad_sync) o.grad_sync->after_backward();
-    dropout.first_sample = first;
-    dropout.step += 1;
-    if (device.is_cuda()) {
-      r.loss = NAN;
-      r.on_device.loss = loss_sum;
-    } else {
-      r.loss = loss_sum.item();
-    }
+  Tensor loss_sum = forward_backward(stage, batch, o);
+  dist::ProcessGroup* pp = stage.pp_group();
+  if (!device.is_cuda()) {
+    // The loss exists on the last stage: share it (zeros elsewhere, so the sum is exact).
+    r.loss = loss_sum.defined() ? loss_sum.item() : 0.0;
+    if (pp) r.loss = sum_over(*pp, r.loss);
+  } else {
+    r.loss = NAN;
+    // Shared by an all-reduce on the device, zeros on the stages without the loss: x + 0 is x, so the value read
+    // back is the last stage's f32 sum.
+    if (pp && pp->size() > 1)
+      loss_sum = sum_over(*pp, loss_sum.defined() ? ops::cast(loss_sum, DType::f32).reshape({}).contiguous()
+                                                  : Tensor::zeros({}, DType::f32, device));
+    r.on_device.loss = loss_sum;
   }
   // The gradients this rank owns: every parameter's, or (ZeRO) its shard's.
-  std::vector<Tensor> params = o.grad_sync ? o.grad_sync->owned_params(model.parameters()) : model.parameters();
-  return apply_step(optimizer, params, o, std::move(r));
+  const std::vector<Tensor> params = stage.parameters();
+  return apply_step(optimizer, o.grad_sync ? o.grad_sync->owned_params(params) : params, o, std::move(r));
+}
+
+StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, const StepOptions& o) {
+  Stage stage = Stage::of(model, int(o.micro_batches));
+  return train_step(stage, optimizer, batch, o);
+}
+
+StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,
+                      double grad_clip) {
+  StepOptions o;
+  o.lr = lr;
+  o.grad_clip = grad_clip;
+  return train_step(model, optimizer, batch, o);
 }
 
 void StepResult::read() {
@@ -164,14 +333,6 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, data::DeviceB
                       int64_t begin, int64_t n, StepOptions options) {
   const data::Batch batch = draw_checked(sampler, step, begin, n, options);
   return train_step(model, optimizer, batch, options);
-}
-
-StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,
-                      double grad_clip) {
-  StepOptions o;
-  o.lr = lr;
-  o.grad_clip = grad_clip;
-  return train_step(model, optimizer, batch, o);
 }
 
 }  // namespace minidl::train

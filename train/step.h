@@ -1,11 +1,19 @@
-// One optimizer step of a GPT: the micro-batch loop, mixed precision, loss scaling, the gradient-synchronisation
-// strategy, clipping and the optimizer. train::Trainer (train/trainer.h) calls it once a step; bench_gpt_step and
-// the tests call it directly.
+// One optimizer step, for every layout: the executor runs this rank's action list of the stage's schedule (forwards,
+// backwards, the sends and receives between stages), then the second half (apply_step): unscale, clip, the
+// optimizer. With pp = 1 the schedule is 1F1B over one stage, forward and backward of micro-batch 0, 1, ..., M − 1:
+// gradient accumulation. train::Trainer (train/trainer.h) calls it once a step; bench_gpt_step and the tests call
+// it directly.
 //
 //   train::StepOptions o;
 //   o.lr = 1e-3;
-//   o.grad_accum = 2;
-//   train::StepResult r = train::train_step(model, optimizer, batch, o);   // r.loss, r.grad_norm, r.applied
+//   o.micro_batches = 2;                                                     // for a plain GPT
+//   train::StepResult r = train::train_step(model, optimizer, batch, o);     // r.loss, r.grad_norm, r.applied
+//   train::StepResult s = train::train_step(stage, optimizer, batch, o);     // M = the stage's schedule's
+//
+// Equivalence: every chunk runs the backward of micro-batch 0, 1, ..., M − 1 in that order, with the same
+// normaliser (1 / target tokens of the whole batch) and the same dropout positions as one process accumulating
+// over the same micro-batches, so every gradient is bitwise the same, except with pp > 1 the tied wte's, whose
+// embedding and head halves are added in another order (the all-reduce over the embedding group adds the two sums).
 #pragma once
 
 #include <cstdint>
@@ -16,17 +24,17 @@
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
 #include "train/grad_sync.h"
+#include "train/stage.h"
 
 namespace minidl::train {
 
 struct StepOptions {
   double lr = 1e-3;
-  double grad_clip = 1.0;     // global L2 norm; <= 0 disables clipping
-  int64_t grad_accum = 1;     // micro-batches per optimizer step; must divide the batch's rows
-  DType amp = DType::f32;     // bf16 / f16: forward and backward under AutocastGuard(amp) (autograd/autocast.h)
+  double grad_clip = 1.0;      // global L2 norm; <= 0 disables clipping
+  int64_t micro_batches = 1;   // train_step(nn::GPT&, ...): micro-batches per step (a Stage has its schedule's)
+  DType amp = DType::f32;      // bf16 / f16: forward and backward under AutocastGuard(amp) (autograd/autocast.h)
   optim::GradScaler* scaler = nullptr;  // dynamic loss scaling (f16); null: none
   // How gradients are synchronised across ranks (train/grad_sync.h); null: one process, nothing to synchronise.
-  // It also combines the gradient norm and the fp16 overflow flag over the ranks that hold gradients.
   GradSync* grad_sync = nullptr;
   // On a CUDA device the step's second half never reads anything back: the gradient norm, the clip, the overflow
   // flag, the loss scale and the optimizer's skip stay on the device (apply_step). read_back: fill the StepResult's
@@ -44,7 +52,7 @@ struct StepOptions {
 };
 
 struct StepResult {
-  double loss = 0;         // mean cross-entropy over every target token of this rank's batch
+  double loss = 0;         // mean cross-entropy over every target token of this rank's batch (on every pp rank)
   double grad_norm = 0;    // global L2 norm before clipping (unscaled; inf when the step overflowed)
   bool applied = true;     // false: the scaler skipped the update (inf/NaN gradients)
   std::string skip_reason;
@@ -61,26 +69,33 @@ struct StepResult {
   void read();
 };
 
-// The targets of a host batch that count towards the loss (all but the ignore index -1): the divisor of the
-// step's mean loss, for train_step and the pipeline step alike.
+// The targets of a host batch that count towards the loss (all but the ignore index -1): the step's divisor.
 int64_t count_targets(const Tensor& y);
 
-// One optimizer step over `batch`, split into options.grad_accum micro-batches of equal size:
-//   for each micro-batch: loss_m = sum of its token losses / (target tokens in the whole batch), backward
-//   (the gradients add up to those of the mean over the whole batch, exactly as one big batch would give);
-//   then unscale (with a scaler), clip, the optimizer's step at options.lr (or a skip), zero_grad; unscaling,
-//   clipping and the step work on the gradients this rank owns (GradSync::owned_params: ZeRO's shard).
-// A non-finite loss under a scaler is an overflow like any other: its gradients are non-finite, the scaler skips
-// the step and backs off (applied = false), as PyTorch's GradScaler does.
-// The dropout context advances by one step per call; micro-batch m sees first_sample + m * micro, so its masks are
-// those of the same samples in one big batch (nn::DropoutContext).
+// The forward and backward half of a step: runs this rank's action list over `batch` (this dp rank's slice, every
+// pp rank passing the same one; split into the schedule's M micro-batches) and then options.grad_sync's
+// after_backward, leaving the gradients (scaled by the scaler, if any) in .grad(); advances the dropout step.
+// Returns the batch's loss summed where it was computed (the last stage; undefined elsewhere), not read back.
+// A non-finite loss under a scaler is an overflow like any other: its gradients are non-finite and the scaler skips.
+// On a CUDA device a host batch is checked on the host and uploaded once (ids to the first stage, targets to the
+// last). Collective over the pp group.
+Tensor forward_backward(Stage& stage, const data::Batch& batch, const StepOptions& options);
+
+// One optimizer step over `batch`: forward_backward, the loss shared over the pp group (computed on the last stage;
+// on a device by an all-reduce of a device scalar, waiting in r.on_device.loss with read_back false), then
+// apply_step on the gradients this rank owns (GradSync::owned_params: ZeRO's shard).
+StepResult train_step(Stage& stage, optim::Optimizer& optimizer, const data::Batch& batch, const StepOptions& options);
+// The same for a whole model this process holds (Stage::of(model, options.micro_batches)).
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch,
                       const StepOptions& options);
+// With defaults: full precision, one micro-batch.
+StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,
+                      double grad_clip);
 
-// The second half of a step, after the backward passes (train_step's, or a pipeline schedule's): on `params`, the
-// gradients this rank owns (GradSync::owned_params), unscale and check for overflow (combined over the ranks by
-// the GradSync), the gradient norm into r.grad_norm, clipping, the optimizer's step at options.lr (or the
-// scaler's skip into r.applied / r.skip_reason), GradSync::after_step, zero_grad.
+// The second half of a step, after the backward passes: on `params`, the gradients this rank owns, unscale and check
+// for overflow (combined over the ranks by the GradSync), the gradient norm into r.grad_norm, clipping, the
+// optimizer's step at options.lr (or the scaler's skip into r.applied / r.skip_reason), GradSync::after_step,
+// zero_grad.
 StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& params, const StepOptions& options,
                       StepResult r);
 
@@ -91,18 +106,12 @@ data::DeviceBatchSampler device_sampler(const nn::GPT& model, const std::vector<
                                         int64_t global_batch, uint64_t seed);
 
 // Samples [begin, begin + n) of the global batch of `step`, drawn by `sampler` on the device, with `options` told
-// so (target_count, batch_checked): what train_step and pipeline_train_step need to read nothing back for it.
+// so (target_count, batch_checked): what train_step needs to read nothing back for it.
 data::Batch draw_checked(data::DeviceBatchSampler& sampler, int64_t step, int64_t begin, int64_t n,
                          StepOptions& options);
 
-// train_step on samples [begin, begin + n) of the global batch of `step` drawn by `sampler` on the device
-// (data::DeviceBatchSampler, from train::device_sampler): the batch BatchSampler::batch(step, begin, n) gives, with
-// no copy to the device and nothing read back for it (options.target_count and batch_checked are set here).
+// train_step on samples [begin, begin + n) of the global batch of `step` drawn by `sampler` on the device.
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, data::DeviceBatchSampler& sampler, int64_t step,
                       int64_t begin, int64_t n, StepOptions options);
-
-// The same with defaults: full precision, one micro-batch.
-StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,
-                      double grad_clip);
 
 }  // namespace minidl::train

@@ -15,6 +15,7 @@
 #include "data/shard_sampler.h"
 #include "data/token_shards.h"
 #include "dist/topology.h"
+#include "dist/tp_gpt.h"
 #include "nn/checkpoint.h"
 #include "ops/matmul.h"
 #include "optim/schedule.h"
@@ -24,15 +25,9 @@
 #include "train/evaluate.h"
 #include "train/grad_sync.h"
 #include "train/parallel_model.h"
-#include "train/pipeline_checkpoint.h"
-#include "train/pipeline_step.h"
 #include "train/progress.h"
 #include "train/step.h"
-#include "train/zero3_sync.h"
 #include "train/zero_memory.h"
-#include "train/tp_sync.h"
-#include "train/trainer_pipeline.h"
-#include "train/zero_sync.h"
 
 namespace minidl::train {
 
@@ -95,13 +90,9 @@ void TrainConfig::validate(int world) const {
   const int d = dp_size(*this, world);
   MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
                " does not match the ", world, " ranks this job runs on (mpirun -n)");
-  // The global batch splits into dp ranks x grad_accum micro-batches of equal size.
+  // The global batch splits into dp ranks x micro-batches of equal size.
   MINIDL_CHECK(batch >= 1, "--batch: expected at least 1, got ", batch);
-  MINIDL_CHECK(grad_accum >= 1, "--grad-accum: expected at least 1, got ", grad_accum);
   validate_pipeline(*this, d);
-  MINIDL_CHECK(batch % (d * grad_accum) == 0, "--batch ", batch, " does not split into ", d,
-               " data-parallel rank(s) x --grad-accum ", grad_accum,
-               " equal micro-batches: --batch must be a multiple of ", d * grad_accum);
   MINIDL_CHECK(zero >= 0 && zero <= 3, "--zero: expected 0, 1, 2 or 3, got ", zero);
   MINIDL_CHECK(backend.empty() || backend == "mpi" || backend == "ring" || backend == "nccl",
                "--backend: expected mpi, ring or nccl, got '", backend, "'");
@@ -184,8 +175,7 @@ struct Trainer::State {
   std::vector<std::string> notes;         // printed by the logger once it is known
   std::optional<data::TextDataset> ds;
   int64_t seq = 0, windows = 0, local_batch = 0, first_sample = 0;
-  std::unique_ptr<nn::GPT> model;          // pp = 1: the whole model
-  std::unique_ptr<PipelineModel> pipe;     // pp > 1: this stage's chunks (train/pipeline_step.h)
+  std::unique_ptr<Stage> stage;            // this rank's chunks: the whole model at pp = 1 (train/stage.h)
   int64_t num_params = 0;                  // the whole model's (collective to count with pp > 1)
   std::unique_ptr<GradSync> sync;
   std::optional<optim::GradScaler> scaler;
@@ -194,12 +184,18 @@ struct Trainer::State {
   nn::GPTConfig model_config(int64_t vocab) const;
   std::vector<std::pair<std::string, std::string>> config_fields() const;
   void print_header() const;
-  // Collective: checkpoint_dir/step-N, every rank writing its share (checkpoint_writer), the logger the rest; every
-  // rank waits for it. Returns the directory, with its size and the time the write took on the logger.
+  // Collective: checkpoint_dir/step-N, every rank writing its share, the logger the rest; every rank waits for it.
+  // Returns the directory, with its size and the time the write took on the logger.
   std::string save_checkpoint(int64_t steps_done, int64_t schedule_step) const;
-  CheckpointWriter checkpoint_writer() const;
   void print_zero_memory() const;
   void print_tensor_parallel_step() const;
+  // Collective: the validation loss (ZeRO-3: the parameters held whole meanwhile, the ranks evaluating different
+  // batches).
+  double evaluate(const data::Batch& val) const;
+  // Collective: the run's end after the last step (its checkpoint, the validation loss, --save, the sample, the
+  // pipeline's per-stage report); returns the validation loss.
+  double finish(const data::Batch& val, int64_t schedule_step) const;
+  void print_pipeline_report() const;
 };
 
 // ZeRO's proof by ledger, on every rank after the first step: the bytes held by tag beside train/zero_memory.h's
@@ -208,8 +204,9 @@ struct Trainer::State {
 // (an estimate, the formula's known approximation).
 void Trainer::State::print_zero_memory() const {
   const MemoryLedger& mem = ledger(device);
-  MemoryQuery q{model->config(), cfg.zero, topo->grid().dp, amp, model->recompute(), local_batch / cfg.grad_accum,
-                seq, cfg.grad_accum, topo->grid().tp, cfg.sequence_parallel};
+  const int64_t M = stage->spec().micro_batches;
+  MemoryQuery q{stage->config(), cfg.zero, topo->grid().dp, amp, stage->chunk(0).recompute(), local_batch / M,
+                seq, M, topo->grid().tp, cfg.sequence_parallel};
   const MemoryPlan p = predict_memory(q);
   const double mib = double(1 << 20);
   auto pct = [](double measured, double predicted) { return predicted > 0 ? 100 * (measured / predicted - 1) : 0.0; };
@@ -229,20 +226,14 @@ void Trainer::State::print_zero_memory() const {
 // by tag beside the prediction (split parameters / tp + replicated ones, f32), and what the step asked the tp
 // group to move (dist::tensor_parallel_traffic: payload bytes; README has the formula).
 void Trainer::State::print_tensor_parallel_step() const {
-  std::vector<const dist::TensorParallelGPT*> parts;  // the whole model's split, or this pipeline stage's chunks
-  if (pipe)
-    for (const auto& chunk : pipe->chunks()) parts.push_back(static_cast<const dist::TensorParallelGPT*>(chunk.get()));
-  else
-    parts.push_back(static_cast<const dist::TensorParallelGPT*>(model.get()));
   const MemoryLedger& mem = ledger(device);
   const double mib = double(1 << 20), tp = topo->grid().tp;
   double predicted = 0;
-  for (const dist::TensorParallelGPT* split : parts)
-    for (const auto& [name, p] : split->named_parameters()) {
-      const dist::ShardLayout& l = split->layout(name);
+  for (int v = 0; v < stage->chunk_count(); ++v)
+    for (const auto& [name, p] : stage->chunk(v).named_parameters()) {
       double whole = 4;
-      for (int64_t d : l.full_shape) whole *= double(d);
-      predicted += l.is_split() ? whole / tp : whole;
+      for (int64_t d : stage->logical_shape(v, name, p)) whole *= double(d);
+      predicted += stage->split(v)->layout(name).is_split() ? whole / tp : whole;
     }
   const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();
   std::printf("tp memory, tp rank %d of %d (dp rank %d): params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB "
@@ -289,28 +280,11 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
           {"grad_clip", str(o.grad_clip)}, {"seed", str(o.seed)}, {"init_from", o.init_from},
           {"backend", o.backend}, {"dp", str(o.dp)}, {"tp", str(o.tp)}, {"pp", str(o.pp)},
           {"sequence_parallel", str(o.sequence_parallel)},
-          {"grad_accum", str(o.grad_accum)}, {"zero", str(o.zero)}, {"amp", o.amp}, {"recompute", o.recompute},
+          {"zero", str(o.zero)}, {"amp", o.amp}, {"recompute", o.recompute},
           {"device", o.device}, {"tf32", str(o.tf32)}, {"advance_lr_on_skip", str(o.advance_lr_on_skip)},
           {"checkpoint_dir", o.checkpoint_dir}, {"save_every", str(o.save_every)},
-          {"micro_batches", str(o.micro_batches)}, {"schedule", o.schedule},
+          {"micro_batches", opt(o.micro_batches)}, {"schedule", o.schedule},
           {"virtual_stages", str(o.virtual_stages)}, {"pp_layers", o.pp_layers}};
-}
-
-// Every rank writes one optimizer file: rank (pp s, dp d, tp t) writes file (s·dp + d)·tp + t of all ranks' (with
-// pp = 1 a share of the whole model's tensors, with pp > 1 its (dp, tp) share of the stage's). The logging rank
-// leads. The two barriers together wait for every rank: each dp group, then each replica.
-CheckpointWriter Trainer::State::checkpoint_writer() const {
-  const dist::Grid& g = topo->grid();
-  const dist::GridCoord me = topo->coord();
-  CheckpointWriter w;
-  w.index = (me.pp * g.dp + me.dp) * g.tp + me.tp;
-  w.count = g.pp * g.dp * g.tp;
-  w.leader = logger;
-  w.barrier = [this] {
-    topo->dp_group().barrier()->wait();
-    topo->model_parallel_group().barrier()->wait();
-  };
-  return w;
 }
 
 std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule_step) const {
@@ -318,17 +292,19 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
   std::string what = dir;
   if (std::filesystem::exists(dir)) return what;  // every rank sees it (one shared directory): none writes
   auto t0 = std::chrono::steady_clock::now();
-  const CheckpointWriter writer = checkpoint_writer();
-  // Every rank writes AdamW's state of its share of the logical tensors (ZeRO: all-gathered bucket by bucket, tp:
-  // all-gathered tensor by tensor, pp: this stage's own, gathered so too); the leader also writes the whole model
-  // (ZeRO-3: gathered, tp and pp: gathered into a one-process GPT).
+  // Every rank writes one optimizer file: rank (pp s, dp d, tp t) writes file (s·dp + d)·tp + t, AdamW's state of
+  // its share of its stage's logical tensors (ZeRO: all-gathered bucket by bucket, tp: tensor by tensor); the
+  // leader also writes the whole model (gathered into a one-process GPT). The two barriers together wait for every
+  // rank: each dp group, then each replica.
+  const dist::Grid& g = topo->grid();
+  const dist::GridCoord me = topo->coord();
+  CheckpointWriter writer{(me.pp * g.dp + me.dp) * g.tp + me.tp, g.pp * g.dp * g.tp, logger, [this] {
+                            topo->dp_group().barrier()->wait();
+                            topo->model_parallel_group().barrier()->wait();
+                          }};
   sync->hold_full_parameters(true);
-  const OptimizerCheckpoint opt =
-      pipe ? pipeline_optimizer_state(*optimizer, *pipe, *sync, pipeline_checkpoint_share(*pipe))
-           : logical_optimizer_state(*optimizer, *sync, *model,
-                                     checkpoint_share(logical_sizes(*model), writer.index, writer.count));
-  const std::shared_ptr<const nn::GPT> whole =
-      pipe ? consolidated_pipeline_model(*pipe, logger) : consolidated_model(*model, logger);
+  const OptimizerCheckpoint opt = optimizer_state(*optimizer, *stage, *sync, checkpoint_share(*stage));
+  const std::shared_ptr<const nn::GPT> whole = consolidated_model(*stage, logger);
   if (logger) std::filesystem::create_directories(cfg.checkpoint_dir);
   nlohmann::json run = nlohmann::json::object();
   for (const auto& [k, v] : config_fields()) run[k] = v;
@@ -343,23 +319,21 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
     if (cfg.keep_last > 0) prune_checkpoints(cfg.checkpoint_dir, cfg.keep_last);
   }
   sync->hold_full_parameters(false);
-  // Nobody goes on (or exits) before the checkpoint is complete.
-  topo->dp_group().barrier()->wait();
-  topo->model_parallel_group().barrier()->wait();
+  writer.barrier();  // nobody goes on (or exits) before the checkpoint is complete
   return what;
 }
 
 void Trainer::State::print_header() const {
   if (!logger) return;
   for (const std::string& n : notes) std::printf("%s\n", n.c_str());
-  const nn::GPTConfig& c = pipe ? pipe->config() : model->config();
+  const nn::GPTConfig& c = stage->config();
   const dist::Grid& g = topo->grid();
   std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
-              "threads=%d dp=%d tp=%d pp=%d zero=%d grad_accum=%lld amp=%s recompute=%s device=%s data=%s "
+              "threads=%d dp=%d tp=%d pp=%d zero=%d micro_batches=%d amp=%s recompute=%s device=%s data=%s "
               "(%zu train / %zu val tokens) tokenizer=%s\n",
               (long long)num_params, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd,
               (long long)seq, (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp,
-              cfg.zero, (long long)cfg.grad_accum, cfg.amp.c_str(), cfg.recompute.c_str(),
+              cfg.zero, stage->spec().micro_batches, cfg.amp.c_str(), cfg.recompute.c_str(),
               device.is_cpu() ? "cpu" : (cfg.device + " (" + device_name(device) + ")").c_str(), cfg.data.c_str(),
               size_t(ds->train_tokens()), ds->val().size(), ds->tokenizer().kind());
   if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
@@ -437,25 +411,13 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   // are those of the same samples in one process.
   s.local_batch = o.batch / grid.dp;
   s.first_sample = me.dp * s.local_batch;
-  // The model (whole, split over tp, or this pipeline stage's chunks) and its GradSync (train/parallel_model.h);
-  // checkpoint weights go in before anything moves or is sharded.
-  auto load_whole = [&](nn::GPT& m) {
-    if (s.resume)
-      restore_model(*s.resume, m);  // with tp > 1: this rank's slices of the checkpoint's whole tensors
-    else if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(&m); split && s.ckpt)
-      dist::load_tensor_parallel_gpt(*split, o.init_from);
-    else if (s.ckpt)
-      nn::load_into(m, o.init_from);
-  };
-  auto load_stage = [&](PipelineModel& pipe) {
-    if (s.resume)
-      restore_pipeline_model(*s.resume, pipe);  // each chunk takes its tensors of the whole model
-    else if (s.ckpt)
-      load_pipeline_model(pipe, o.init_from);
-  };
-  ParallelModel built = build_model_and_sync(o, model_cfg, *s.topo, s.device, s.first_sample, load_whole, load_stage);
-  s.model = std::move(built.model);
-  s.pipe = std::move(built.pipe);
+  // This rank's stage and its GradSync (train/parallel_model.h); checkpoint weights go in before anything moves or
+  // is sharded (each chunk takes its tensors of the whole model; at tp > 1 its slices).
+  ParallelModel built = build_model_and_sync(o, model_cfg, *s.topo, s.device, s.first_sample, [&](Stage& stage) {
+    if (s.resume) restore_model(*s.resume, stage);
+    else if (s.ckpt) load_model(stage, o.init_from);
+  });
+  s.stage = std::move(built.stage);
   s.sync = std::move(built.sync);
   s.num_params = built.num_params;
   s.notes.insert(s.notes.end(), built.notes.begin(), built.notes.end());
@@ -472,21 +434,14 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
       s.scaler->load_state(scaler_state_from_json(it->second));
   }
   s.optimizer = std::make_unique<optim::AdamW>(
-      s.sync->optimizer_groups(
-          optim::decay_groups(s.pipe ? s.pipe->named_parameters() : s.model->named_parameters(), o.weight_decay)),
+      s.sync->optimizer_groups(optim::decay_groups(s.stage->named_parameters(), o.weight_decay)),
       optim::AdamWOptions{o.lr});
   if (s.resume) {
-    if (s.pipe)
-      restore_pipeline_optimizer(*s.resume, *s.pipe, *s.sync, *s.optimizer);  // this stage's: slices, shard
-    else
-      restore_optimizer(*s.resume, *s.model, *s.optimizer, *s.sync);  // AdamW's m, v, step: this rank's shard
+    restore_optimizer(*s.resume, *s.stage, *s.sync, *s.optimizer);  // AdamW's m, v, step: this rank's part
     MINIDL_CHECK(s.resume->state.step <= o.steps, "--resume ", s.resume->dir, ": the checkpoint is at step ",
                  s.resume->state.step, ", past --steps ", o.steps);
     // The data sampler and the dropout masks are functions of (seed, step): the step is their whole position.
-    if (s.pipe)
-      s.pipe->set_dropout(uint64_t(s.resume->state.step), s.first_sample);
-    else
-      s.model->dropout_context().step = uint64_t(s.resume->state.step);
+    s.stage->set_dropout(uint64_t(s.resume->state.step), s.first_sample);
   }
   if (!o.checkpoint_dir.empty()) install_preemption_handlers();
   s.print_header();
@@ -494,246 +449,279 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
 
 Trainer::~Trainer() = default;
 
-int Trainer::run() {
-  State& s = *s_;
-  const TrainConfig& o = s.cfg;
-  dist::ProcessGroup& dp_group = s.topo->dp_group();
-  optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
-  // The training windows: from the split in memory, or streamed from token shards one shard at a time.
-  std::optional<data::BatchSampler> in_memory;
-  std::optional<data::ShardSampler> streamed;
-  if (s.ds->train_shards().empty())
-    in_memory.emplace(s.ds->train(), s.seq, o.batch, o.seed);
-  else
-    streamed.emplace(s.ds->train_shards(), s.seq, o.batch, o.seed, s.ds->tokenizer().size());
-  const data::Batch val = data::eval_windows(s.ds->val(), s.seq, s.windows);
+namespace {
 
-  const double tokens_per_step = double(o.batch * s.seq);  // the global batch
-  const double flops_per_step =
-      (s.pipe ? s.pipe->flops_per_token(s.seq) : s.model->flops_per_token(s.seq)) * tokens_per_step;
-  // On a device the batch is drawn there from the split uploaded once: no copy per step. Declared before the
-  // graph, which replays kernels reading its buffers: it must outlive the graph.
-  std::optional<data::DeviceBatchSampler> device_batches;
-  if (s.device.is_cuda() && in_memory)
-    device_batches.emplace(device_sampler(s.pipe ? *s.pipe->chunks().front() : *s.model, s.ds->train(), s.seq,
-                                          o.batch, o.seed));
-  std::unique_ptr<CudaGraphStep> graph_step;  // --cuda-graph
-  // One step and one evaluation, of the whole model or of this pipeline stage.
-  auto run_step = [&](int64_t step, StepOptions so) {
-    if (graph_step)  // --cuda-graph needs --device cuda, so device_batches is there
-      return graph_step->step(*device_batches, step, s.first_sample, s.local_batch, so.lr);
-    const data::Batch b = device_batches ? draw_checked(*device_batches, step, s.first_sample, s.local_batch, so)
-                          : in_memory    ? in_memory->batch(step, s.first_sample, s.local_batch)
-                                         : streamed->batch(step, s.first_sample, s.local_batch);
-    return s.pipe ? pipeline_train_step(*s.pipe, *s.optimizer, b, so) : train_step(*s.model, *s.optimizer, b, so);
-  };
-  auto run_eval = [&] {
-    return s.pipe ? pipeline_evaluate(*s.pipe, val, o.batch) : evaluate(*s.model, val, o.batch, &dp_group);
-  };
-  // MFU: achieved FLOP/s over the GPU's dense peak for the dtype the products run in (GPUs in the table only).
-  const double peak_tflops = s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : 0.0;
-  StepOptions step_options;
-  step_options.grad_clip = o.grad_clip;
-  step_options.grad_accum = o.grad_accum;
-  step_options.amp = s.amp;
-  step_options.scaler = s.scaler ? &*s.scaler : nullptr;
-  step_options.grad_sync = s.sync.get();
-  if (o.cuda_graph) {  // one process (validate): the GradSync has nothing to synchronise
-    StepOptions captured = step_options;
-    captured.grad_sync = nullptr;
-    graph_step = std::make_unique<CudaGraphStep>(*s.model, *s.optimizer, captured);
+// Where a step's batch comes from: the split in memory, token shards streamed one at a time, or (on a device) drawn
+// there from the split uploaded once, by the step itself when it is a captured CUDA graph.
+class Batches {
+ public:
+  Batches(const data::TextDataset& ds, const Stage& stage, const TrainConfig& o, int64_t seq, int64_t first,
+          int64_t n)
+      : first_(first), n_(n) {
+    if (!ds.train_shards().empty())
+      streamed_.emplace(ds.train_shards(), seq, o.batch, o.seed, ds.tokenizer().size());
+    else if (stage.device().is_cuda())
+      on_device_.emplace(device_sampler(stage.chunk(0), ds.train(), seq, o.batch, o.seed));
+    else
+      in_memory_.emplace(ds.train(), seq, o.batch, o.seed);
   }
-  ProgressLine progress(parse_progress_mode(o.progress), o.log_every, s.logger);
-  const int64_t first_step = s.resume ? s.resume->state.step : 0;
-  int64_t schedule_step = s.resume ? s.resume->state.schedule_step : 0;  // holds still on skipped steps unless
-                                                                         // --advance-lr-on-skip
-  int64_t skipped_in_a_row = 0;
-  double timed_ms = 0, compute_ms = 0, comm_ms = 0, exposed_ms = 0, recent_loss = 0;
-  int64_t timed_steps = 0, recent = 0;
-  // On a CUDA device a step's loss, norm and overflow flag stay there (StepResult::read) until the loop needs them:
-  // on the steps it prints, evaluates, saves or stops at and the summary's last 10; every step on the CPU, and
-  // every step with fp16 when the learning rate holds on skipped steps and is not constant (it needs each skip).
-  const bool holds_on_skip = s.scaler && !o.advance_lr_on_skip;
-  const bool reads_every_step =
-      !s.device.is_cuda() || (holds_on_skip && !(o.warmup == 0 && schedule.min_lr() == schedule.lr()));
-  double window_ms = 0;
-  int64_t window_steps = 0, unread_steps = 0, skipped_seen = s.scaler ? s.scaler->skipped_steps() : 0;
-  // Reads the last step's numbers and settles what the steps since the last read decided (the held schedule, the
-  // run of skipped steps; --max-skipped-steps and the divergence check run here). Collective over the dp group.
-  auto settle = [&](StepResult& r, int64_t step) {
-    if (unread_steps == 0) return;
+  // One step of `stage` on this rank's slice of step `step`'s global batch.
+  StepResult step(Stage& stage, optim::AdamW& optimizer, int64_t step, StepOptions so) {
+    if (graph_) return graph_->step(*on_device_, step, first_, n_, so.lr);
+    const data::Batch b = on_device_  ? draw_checked(*on_device_, step, first_, n_, so)
+                          : in_memory_ ? in_memory_->batch(step, first_, n_)
+                                       : streamed_->batch(step, first_, n_);
+    return train_step(stage, optimizer, b, so);
+  }
+  // --cuda-graph (one process on a device: validate): the step captured once and replayed.
+  void capture(Stage& stage, optim::AdamW& optimizer, StepOptions so) {
+    so.grad_sync = nullptr;  // one process: nothing to synchronise
+    so.micro_batches = stage.spec().micro_batches;
+    graph_ = std::make_unique<CudaGraphStep>(stage.chunk(0), optimizer, so);
+  }
+
+ private:
+  int64_t first_, n_;
+  std::optional<data::BatchSampler> in_memory_;
+  std::optional<data::ShardSampler> streamed_;
+  std::optional<data::DeviceBatchSampler> on_device_;  // declared before the graph, whose kernels read its buffers
+  std::unique_ptr<CudaGraphStep> graph_;
+};
+
+// When the loop reads a step's numbers back. On a CUDA device a step's loss, norm and overflow flag stay there
+// (StepResult::read) until the loop needs them: on the steps it prints, evaluates, saves or stops at and the
+// summary's last 10; every step on the CPU, and every step with fp16 when the learning rate holds on skipped steps
+// and is not constant (it needs each skip). Reading settles what the steps since the last read decided: the held
+// schedule, the run of skipped steps (--max-skipped-steps), the divergence check.
+class ReadBack {
+ public:
+  ReadBack(const TrainConfig& o, const optim::CosineSchedule& schedule, optim::GradScaler* scaler, Device device,
+           dist::ProcessGroup& dp, int64_t schedule_step)
+      : o_(o), scaler_(scaler), dp_(dp), holds_on_skip_(scaler && !o.advance_lr_on_skip),
+        every_step_(!device.is_cuda() ||
+                    (holds_on_skip_ && !(o.warmup == 0 && schedule.min_lr() == schedule.lr()))),
+        schedule_step_(schedule_step), skipped_seen_(scaler ? scaler->skipped_steps() : 0) {}
+  int64_t schedule_step() const { return schedule_step_; }
+  bool every_step() const { return every_step_; }
+  // After each step: the schedule advances now unless it holds on skipped steps (then settle() advances it).
+  void stepped() {
+    if (!holds_on_skip_) ++schedule_step_;
+    ++unread_;
+  }
+  // Reads the last step's numbers. Collective over the dp group.
+  void settle(StepResult& r, int64_t step) {
+    if (unread_ == 0) return;
     r.read();
     // The global batch's loss: the mean of the dp ranks' (equal-sized) slices.
-    if (dp_group.size() > 1) r.loss = sum_over(dp_group, r.loss) / dp_group.size();
-    if (s.scaler) {
-      const int64_t skipped = s.scaler->skipped_steps(), new_skips = skipped - skipped_seen;
-      skipped_seen = skipped;
-      if (holds_on_skip) schedule_step += unread_steps - new_skips;
+    if (dp_.size() > 1) r.loss = sum_over(dp_, r.loss) / dp_.size();
+    if (scaler_) {
+      const int64_t skipped = scaler_->skipped_steps(), new_skips = skipped - skipped_seen_;
+      skipped_seen_ = skipped;
+      if (holds_on_skip_) schedule_step_ += unread_ - new_skips;
       // A non-finite loss or gradient is an overflow the scaler skipped and backed off from; only a long run of
       // them means the model itself is broken. Between reads a run counts only the skips known to be in a row.
-      skipped_in_a_row = new_skips == unread_steps ? skipped_in_a_row + new_skips : (r.applied ? 0 : 1);
-      MINIDL_CHECK(skipped_in_a_row < o.max_skipped_steps, "training diverged: the fp16 loss scaler skipped ",
-                   skipped_in_a_row, " steps in a row (loss ", r.loss, ", scale now ", s.scaler->current_scale(),
-                   ") at step ", step + 1, "; try a lower --lr or --amp bf16");
+      in_a_row_ = new_skips == unread_ ? in_a_row_ + new_skips : (r.applied ? 0 : 1);
+      MINIDL_CHECK(in_a_row_ < o_.max_skipped_steps, "training diverged: the fp16 loss scaler skipped ", in_a_row_,
+                   " steps in a row (loss ", r.loss, ", scale now ", scaler_->current_scale(), ") at step ", step + 1,
+                   "; try a lower --lr or --amp bf16");
     } else {
       MINIDL_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step + 1,
                    "; try a lower --lr");
     }
-    unread_steps = 0;
-  };
-  for (int64_t step = first_step; step < o.steps; ++step) {
-    double lr = schedule(schedule_step);
-    auto t0 = std::chrono::steady_clock::now();
-    step_options.lr = lr;
-    if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
-    step_options.read_back = false;
-    StepResult r = run_step(step, step_options);
-    if (step == first_step && o.tp > 1) s.print_tensor_parallel_step();
-    if (step == first_step && s.pipe && o.steps > first_step + 1) s.pipe->reset_timing();  // time as timed_ms does
-    if (!holds_on_skip) ++schedule_step;
-    ++unread_steps;
-    if (step == first_step && (o.zero > 0 || o.memory_report) && s.model) s.print_zero_memory();
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    dist::ReducerStats comm = s.sync->comm_stats();
-    const bool last = step + 1 == o.steps;
-    const bool evaluates = o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last;
-    const bool shows = progress.shows(step + 1, o.steps);
-    if (reads_every_step || evaluates || shows || step >= o.steps - 10) {
-      settle(r, step);
-      if (s.device.is_cuda())  // the read drained the device's queue
-        ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    }
-    // On a device the queue drains only when a step is read: a printed line shows the mean over the steps since
-    // the last one (the summary's ms_per_step is exact either way).
-    window_ms += ms;
-    ++window_steps;
-    const double shown_ms = s.device.is_cuda() ? window_ms / double(window_steps) : ms;
-    if (shows) window_ms = 0, window_steps = 0;
-    if (step > first_step || o.steps == first_step + 1) {  // the first step warms caches and the allocator
-      timed_ms += ms;
-      compute_ms += ms - comm.exposed_comm_ms;
-      comm_ms += comm.comm_ms;
-      exposed_ms += comm.exposed_comm_ms;
-      ++timed_steps;
-    }
-    if (step >= o.steps - 10 && std::isfinite(r.loss)) {
-      recent_loss += r.loss;
-      ++recent;
-    }
-    if (shows) {  // the line reads the scaler's state (on a device: a synchronisation)
-      const double gflops = flops_per_step / shown_ms / 1e6;
-      std::string line = "step " + std::to_string(step + 1) + "/" + std::to_string(o.steps) + " | loss " +
-                         fmt("%.4f", r.loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", shown_ms) + " ms | " +
-                         fmt("%.0f", tokens_per_step / shown_ms * 1e3) + " tok/s | " + fmt("%.1f", gflops) + " GFLOP/s";
-      if (peak_tflops > 0) line += " | MFU " + fmt("%.1f", 100 * gflops / (peak_tflops * 1e3)) + "%";
-      line += " | peak " + fmt("%.0f", peak_rss_mb()) + " MB";
-      if (s.scaler)
-        line += " | scale " + fmt("%g", s.scaler->current_scale()) + " | skipped " +
-                std::to_string(s.scaler->skipped_steps());
-      if (dp_group.size() > 1)
-        line += " | comm " + fmt("%.1f", comm.comm_ms) + " ms, exposed " + fmt("%.1f", comm.exposed_comm_ms) + " ms";
-      progress.update(step + 1, o.steps, line);
-    }
-    if (evaluates) {
-      s.sync->hold_full_parameters(true);  // ZeRO-3: the ranks evaluate different batches
-      double v = run_eval();  // collective: every rank takes part
-      s.sync->hold_full_parameters(false);
-      progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", v));
-    }
-    if (!o.checkpoint_dir.empty()) {
-      // A stop asked of any rank (SIGTERM/SIGUSR1) stops every rank after this step, with a checkpoint.
-      bool stop = preemption_requested();
-      if (dp_group.size() > 1 || s.topo->model_parallel_group().size() > 1)
-        stop = max_over(s.topo->model_parallel_group(), max_over(dp_group, stop ? 1.0 : 0.0)) > 0;
-      if (stop || (o.save_every > 0 && (step + 1) % o.save_every == 0 && !last)) {
-        settle(r, step);  // the schedule step and the scaler's state a checkpoint saves
-        std::string dir = s.save_checkpoint(step + 1, schedule_step);
-        progress.print((stop ? "preempted: saved " : "saved ") + dir);
-      }
-      if (stop) {
-        progress.finish();
-        return 0;
-      }
-    }
-  }
-  progress.finish();
-  if (!o.checkpoint_dir.empty() && o.save_every > 0 && o.steps > first_step) {
-    std::string dir = s.save_checkpoint(o.steps, schedule_step);
-    if (s.logger) std::printf("saved %s\n", dir.c_str());
+    unread_ = 0;
   }
 
-  s.sync->hold_full_parameters(true);  // ZeRO-3: the whole model for evaluation, saving and sampling
-  const double val_loss = run_eval();
-  if (s.logger)
-    std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)s.windows,
-                (long long)s.seq);
-  // Every rank holds the whole model: the logging rank writes it (temporary name, then rename). With tp > 1 the
-  // tp group of the logging rank gathers the whole parameters first (collective), and the logging rank writes.
-  // With pp > 1 the stages' weights are gathered on the first stage (collective over the pp and tp groups), which
-  // saves and samples alone.
-  const bool whole_model_here = s.logger || (!s.pipe && s.topo->grid().tp > 1 && s.topo->coord().dp == 0);
-  std::shared_ptr<nn::GPT> gathered;
-  if (s.pipe && (!o.save.empty() || o.sample > 0)) gathered = consolidated_pipeline_model(*s.pipe, s.logger);
-  nn::GPT* whole = s.pipe ? gathered.get() : s.model.get();
-  if (!o.save.empty() && whole_model_here) {
-    nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
-    if (s.scaler) extras["grad_scaler"] = scaler_state_json(s.scaler->state());
-    if (auto* split = dynamic_cast<dist::TensorParallelGPT*>(s.model.get()))
-      dist::save_tensor_parallel_gpt(o.save, *split, s.ds->tokenizer().to_json().dump(), extras, s.logger);
-    else
-      nn::save_gpt(o.save, *whole, s.ds->tokenizer().to_json().dump(), extras);
-    if (s.logger) std::printf("saved %s\n", o.save.c_str());
+ private:
+  const TrainConfig& o_;
+  optim::GradScaler* scaler_;
+  dist::ProcessGroup& dp_;
+  const bool holds_on_skip_, every_step_;
+  int64_t schedule_step_, skipped_seen_, unread_ = 0, in_a_row_ = 0;
+};
+
+// The step times the summary reports and the progress lines: the first step (caches and the allocator warming)
+// is left out of the means; on a device the queue drains only when a step is read, so a printed line shows the
+// mean over the steps since the last one.
+class Meter {
+ public:
+  Meter(const TrainConfig& o, double flops_per_step, double tokens_per_step, double peak_tflops, bool device)
+      : o_(o), flops_(flops_per_step), tokens_(tokens_per_step), peak_tflops_(peak_tflops), device_(device) {}
+  void add(int64_t step, int64_t first_step, double ms, const dist::ReducerStats& comm, double loss) {
+    if (!device_) window_ms_ = 0, window_steps_ = 0;  // the CPU's lines show their own step
+    window_ms_ += ms;
+    ++window_steps_;
+    comm_ = comm;
+    if (step > first_step || o_.steps == first_step + 1) {
+      timed_ms_ += ms, compute_ms_ += ms - comm.exposed_comm_ms, comm_ms_ += comm.comm_ms;
+      exposed_ms_ += comm.exposed_comm_ms, ++timed_;
+    }
+    if (step >= o_.steps - 10 && std::isfinite(loss)) recent_loss_ += loss, ++recent_;
   }
-  if (o.sample > 0 && whole_model_here) {  // with tp > 1 the tp group computes every token together
+  // The progress line of step `step` (reads the scaler's state: on a device, a synchronisation).
+  std::string line(int64_t step, double loss, double lr, const optim::GradScaler* scaler, bool data_parallel) {
+    const double ms = device_ ? window_ms_ / double(window_steps_) : window_ms_;
+    window_ms_ = 0, window_steps_ = 0;
+    const double gflops = flops_ / ms / 1e6;
+    std::string l = "step " + std::to_string(step + 1) + "/" + std::to_string(o_.steps) + " | loss " +
+                    fmt("%.4f", loss) + " | lr " + fmt("%.2e", lr) + " | " + fmt("%.1f", ms) + " ms | " +
+                    fmt("%.0f", tokens_ / ms * 1e3) + " tok/s | " + fmt("%.1f", gflops) + " GFLOP/s";
+    if (peak_tflops_ > 0) l += " | MFU " + fmt("%.1f", 100 * gflops / (peak_tflops_ * 1e3)) + "%";
+    l += " | peak " + fmt("%.0f", peak_rss_mb()) + " MB";
+    if (scaler)
+      l += " | scale " + fmt("%g", scaler->current_scale()) + " | skipped " + std::to_string(scaler->skipped_steps());
+    if (data_parallel)
+      l += " | comm " + fmt("%.1f", comm_.comm_ms) + " ms, exposed " + fmt("%.1f", comm_.exposed_comm_ms) + " ms";
+    return l;
+  }
+  // The summary line (scripts parse it: README.md documents each field).
+  void print_summary(double val_loss, const optim::GradScaler* scaler, Device device) const {
+    auto per_step = [&](double total) { return timed_ ? total / double(timed_) : 0.0; };
+    const double ms = per_step(timed_ms_), gflops = ms > 0 ? flops_ / ms / 1e6 : 0.0;
+    const MemoryLedger& mem = ledger(device);  // the training device's ledger (the GPU's, with --device cuda)
+    auto mb = [&](MemTag tag) { return double(mem.peak(tag)) / double(1 << 20); };
+    std::printf("summary: steps=%lld train_loss=%.9g val_loss=%.9g ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
+                "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.2f exposed_comm_ms=%.2f loss_scale=%g skipped_steps=%lld "
+                "act_peak_mb=%.2f param_mb=%.2f grad_mb=%.2f optim_mb=%.2f mfu=%.4f\n",
+                (long long)o_.steps, recent_ ? recent_loss_ / double(recent_) : NAN, val_loss, ms,
+                ms > 0 ? tokens_ / ms * 1e3 : 0.0, gflops, peak_rss_mb(), per_step(compute_ms_), per_step(comm_ms_),
+                per_step(exposed_ms_), scaler ? scaler->current_scale() : 1.0,
+                (long long)(scaler ? scaler->skipped_steps() : 0), mb(MemTag::kActivations), mb(MemTag::kParams),
+                mb(MemTag::kGrads), mb(MemTag::kOptimizer), peak_tflops_ > 0 ? gflops / (peak_tflops_ * 1e3) : 0.0);
+    std::fflush(stdout);
+  }
+
+ private:
+  const TrainConfig& o_;
+  const double flops_, tokens_, peak_tflops_;
+  const bool device_;
+  dist::ReducerStats comm_;
+  double window_ms_ = 0, timed_ms_ = 0, compute_ms_ = 0, comm_ms_ = 0, exposed_ms_ = 0, recent_loss_ = 0;
+  int64_t window_steps_ = 0, timed_ = 0, recent_ = 0;
+};
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+double Trainer::State::evaluate(const data::Batch& val) const {
+  sync->hold_full_parameters(true);  // ZeRO-3: the ranks evaluate different batches
+  const double v = train::evaluate(*stage, val, cfg.batch, &topo->dp_group());  // collective
+  sync->hold_full_parameters(false);
+  return v;
+}
+
+int Trainer::run() {
+  State& s = *s_;
+  const TrainConfig& o = s.cfg;
+  const optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
+  const data::Batch val = data::eval_windows(s.ds->val(), s.seq, s.windows);
+  Batches batches(*s.ds, *s.stage, o, s.seq, s.first_sample, s.local_batch);
+  StepOptions so{.grad_clip = o.grad_clip, .amp = s.amp, .scaler = s.scaler ? &*s.scaler : nullptr,
+                 .grad_sync = s.sync.get(), .read_back = false};
+  if (o.cuda_graph) batches.capture(*s.stage, *s.optimizer, so);
+  const int64_t first_step = s.resume ? s.resume->state.step : 0;
+  ReadBack reads(o, schedule, so.scaler, s.device, s.topo->dp_group(), s.resume ? s.resume->state.schedule_step : 0);
+  // MFU: achieved FLOP/s over the GPU's dense peak for the dtype the products run in (GPUs in the table only).
+  Meter meter(o, s.stage->flops_per_token(s.seq) * double(o.batch * s.seq), double(o.batch * s.seq),
+              s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : 0.0, s.device.is_cuda());
+  ProgressLine progress(parse_progress_mode(o.progress), o.log_every, s.logger);
+  for (int64_t step = first_step; step < o.steps; ++step) {
+    const double lr = schedule(reads.schedule_step());
+    const auto t0 = std::chrono::steady_clock::now();
+    if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
+    so.lr = lr;
+    StepResult r = batches.step(*s.stage, *s.optimizer, step, so);
+    reads.stepped();
+    if (step == first_step) {  // the first step's proofs by ledger; the bubble timed from the second step on
+      if (o.tp > 1) s.print_tensor_parallel_step();
+      if ((o.zero > 0 || o.memory_report) && o.pp == 1) s.print_zero_memory();
+      if (o.steps > first_step + 1) s.stage->reset_timing();
+    }
+    const bool last = step + 1 == o.steps, evaluates = o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last;
+    const bool shows = progress.shows(step + 1, o.steps);
+    double ms = ms_since(t0);
+    const dist::ReducerStats comm = s.sync->comm_stats();
+    if (reads.every_step() || evaluates || shows || step >= o.steps - 10) {
+      reads.settle(r, step);
+      if (s.device.is_cuda()) ms = ms_since(t0);  // the read drained the device's queue
+    }
+    meter.add(step, first_step, ms, comm, r.loss);
+    if (shows) progress.update(step + 1, o.steps, meter.line(step, r.loss, lr, so.scaler, s.topo->grid().dp > 1));
+    if (evaluates) progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", s.evaluate(val)));
+    if (o.checkpoint_dir.empty()) continue;
+    // A stop asked of any rank (SIGTERM/SIGUSR1) stops every rank after this step, with a checkpoint.
+    const bool stop = max_over(s.topo->model_parallel_group(),
+                               max_over(s.topo->dp_group(), preemption_requested() ? 1.0 : 0.0)) > 0;
+    if (stop || (o.save_every > 0 && (step + 1) % o.save_every == 0 && !last)) {
+      reads.settle(r, step);  // the schedule step and the scaler's state a checkpoint saves
+      progress.print((stop ? "preempted: saved " : "saved ") + s.save_checkpoint(step + 1, reads.schedule_step()));
+    }
+    if (stop) return progress.finish(), 0;
+  }
+  progress.finish();
+  const double val_loss = s.finish(val, reads.schedule_step());
+  if (s.logger) meter.print_summary(val_loss, so.scaler, s.device);
+  return 0;
+}
+
+double Trainer::State::finish(const data::Batch& val, int64_t schedule_step) const {
+  const TrainConfig& o = cfg;
+  if (!o.checkpoint_dir.empty() && o.save_every > 0 && o.steps > (resume ? resume->state.step : 0)) {
+    const std::string dir = save_checkpoint(o.steps, schedule_step);
+    if (logger) std::printf("saved %s\n", dir.c_str());
+  }
+  sync->hold_full_parameters(true);  // ZeRO-3: the whole model for evaluation, saving and sampling
+  const double val_loss = train::evaluate(*stage, val, o.batch, &topo->dp_group());
+  if (logger)
+    std::printf("validation: %.4f over %lld windows of %lld tokens\n", val_loss, (long long)windows, (long long)seq);
+  // The whole model as one process holds it (gathered over tp and from every stage; collective) on the logging
+  // rank, which writes it (temporary name, then rename) and samples from it alone.
+  std::shared_ptr<nn::GPT> whole;
+  if (!o.save.empty() || o.sample > 0) whole = consolidated_model(*stage, logger);
+  if (!o.save.empty() && logger) {
+    nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
+    if (scaler) extras["grad_scaler"] = scaler_state_json(scaler->state());
+    nn::save_gpt(o.save, *whole, ds->tokenizer().to_json().dump(), extras);
+    std::printf("saved %s\n", o.save.c_str());
+  }
+  if (o.sample > 0 && logger) {
     // The prompt's tokens, or a fresh paragraph: a newline (characters), <|endoftext|> (GPT-2).
-    std::vector<int32_t> prompt = o.prompt.empty() ? std::vector<int32_t>{s.ds->tokenizer().sample_start()}
-                                                   : s.ds->tokenizer().encode(o.prompt);
+    const std::vector<int32_t> prompt = o.prompt.empty() ? std::vector<int32_t>{ds->tokenizer().sample_start()}
+                                                         : ds->tokenizer().encode(o.prompt);
     const GenerateOptions g{.max_new_tokens = o.sample, .temperature = o.temperature, .top_k = o.top_k,
                             .seed = o.seed, .kv_cache = o.kv_cache};
-    std::vector<int32_t> out = train::generate(*whole, prompt, g);
-    if (s.logger) std::printf("---- sample ----\n%s\n----------------\n", s.ds->tokenizer().decode(out).c_str());
+    const std::vector<int32_t> out = train::generate(*whole, prompt, g);
+    std::printf("---- sample ----\n%s\n----------------\n", ds->tokenizer().decode(out).c_str());
   }
-  if (s.pipe) {
-    // Every stage's activation peak (the logger's ledger has only the first stage's): 1F1B keeps about
-    // min(M, pp - s) micro-batches on stage s, GPipe all M (dist/pipeline.h).
-    // And the measured bubble: each stage's time blocked on a peer over its schedule's time (timed steps).
-    dist::ProcessGroup& pp = s.topo->pp_group();
-    const int64_t n = pp.size();
-    std::vector<double> per_stage(size_t(2 * n), 0.0);
-    per_stage[size_t(pp.rank())] = double(ledger(s.device).peak(MemTag::kActivations)) / double(1 << 20);
-    const PipelineModel::Timing& t = s.pipe->timing();
-    per_stage[size_t(n + pp.rank())] = t.schedule_ms > 0 ? t.wait_ms / t.schedule_ms : 0.0;
-    Tensor all = Tensor::from_vector(per_stage, {2 * n}, DType::f64).to(pp.device());
-    pp.all_reduce(all, dist::ReduceOp::kSum)->wait();
-    const std::vector<double> v = all.to_vector();
-    std::string peaks = "pipeline activation peak per stage (MiB):", waits = "pipeline measured bubble per stage (%):";
-    double mean_wait = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      peaks += fmt(" %.3f", v[size_t(i)]);
-      waits += fmt(" %.1f", 100 * v[size_t(n + i)]);
-      mean_wait += v[size_t(n + i)] / double(n);
-    }
-    if (s.logger)
-      std::printf("%s\n%s; mean %.1f%% (time blocked on a peer / schedule time, over %lld step(s))\n", peaks.c_str(),
-                  waits.c_str(), 100 * mean_wait, (long long)t.steps);
+  if (o.pp > 1) print_pipeline_report();
+  return val_loss;
+}
+
+// Every stage's activation peak (the logger's ledger has only the first stage's): 1F1B keeps about min(M, pp - s)
+// micro-batches on stage s, GPipe all M (dist/pipeline.h). And the measured bubble: each stage's time blocked on a
+// peer over its schedule's time (timed steps). Collective over the pp group.
+void Trainer::State::print_pipeline_report() const {
+  dist::ProcessGroup& pp = topo->pp_group();
+  const int64_t n = pp.size();
+  std::vector<double> per_stage(size_t(2 * n), 0.0);
+  per_stage[size_t(pp.rank())] = double(ledger(device).peak(MemTag::kActivations)) / double(1 << 20);
+  const Stage::Timing& t = stage->timing();
+  per_stage[size_t(n + pp.rank())] = t.schedule_ms > 0 ? t.wait_ms / t.schedule_ms : 0.0;
+  Tensor all = Tensor::from_vector(per_stage, {2 * n}, DType::f64).to(pp.device());
+  pp.all_reduce(all, dist::ReduceOp::kSum)->wait();
+  const std::vector<double> v = all.to_vector();
+  std::string peaks = "pipeline activation peak per stage (MiB):", waits = "pipeline measured bubble per stage (%):";
+  double mean_wait = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    peaks += fmt(" %.3f", v[size_t(i)]);
+    waits += fmt(" %.1f", 100 * v[size_t(n + i)]);
+    mean_wait += v[size_t(n + i)] / double(n);
   }
-  if (!s.logger) return 0;
-  auto per_step = [&](double total) { return timed_steps ? total / double(timed_steps) : 0.0; };
-  double ms_per_step = per_step(timed_ms);
-  const double gflops = ms_per_step > 0 ? flops_per_step / ms_per_step / 1e6 : 0.0;
-  const MemoryLedger& mem = ledger(s.device);  // the training device's ledger (the GPU's, with --device cuda)
-  auto mb = [&](MemTag tag) { return double(mem.peak(tag)) / double(1 << 20); };
-  std::printf("summary: steps=%lld train_loss=%.9g val_loss=%.9g ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
-              "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.2f exposed_comm_ms=%.2f loss_scale=%g skipped_steps=%lld "
-              "act_peak_mb=%.2f param_mb=%.2f grad_mb=%.2f optim_mb=%.2f mfu=%.4f\n",
-              (long long)o.steps, recent ? recent_loss / double(recent) : NAN, val_loss, ms_per_step,
-              ms_per_step > 0 ? tokens_per_step / ms_per_step * 1e3 : 0.0, gflops, peak_rss_mb(),
-              per_step(compute_ms), per_step(comm_ms), per_step(exposed_ms),
-              s.scaler ? s.scaler->current_scale() : 1.0, (long long)(s.scaler ? s.scaler->skipped_steps() : 0),
-              mb(MemTag::kActivations), mb(MemTag::kParams), mb(MemTag::kGrads), mb(MemTag::kOptimizer),
-              peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0);
-  std::fflush(stdout);
-  return 0;
+  if (logger)
+    std::printf("%s\n%s; mean %.1f%% (time blocked on a peer / schedule time, over %lld step(s))\n", peaks.c_str(),
+                waits.c_str(), 100 * mean_wait, (long long)t.steps);
 }
 
 }  // namespace minidl::train

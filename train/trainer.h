@@ -65,15 +65,15 @@ struct TrainConfig {
   int dp = 0, tp = 1, pp = 1;       // dp 0: the world size / (tp · pp)
   // tp > 1: the residual stream between the tensor-parallel layers split along the sequence (dist/sequence_parallel.h)
   bool sequence_parallel = false;
-  // Pipeline parallelism (pp > 1; train/pipeline_step.h): micro-batches per step (0: pp), the schedule (gpipe,
-  // 1f1b, interleaved), model chunks per rank (interleaved), blocks per chunk ("2,2,...", empty: split by parameter
-  // count); print_schedule: draw the schedule and exit (programs do it with describe_pipeline, without training).
-  int64_t micro_batches = 0;
+  // The schedule every step runs (train/stage.h, train/step.h): micro-batches per step (--micro-batches, alias
+  // --grad-accum; unset: pp), and with pp > 1 the schedule (gpipe, 1f1b, interleaved), model chunks per rank
+  // (interleaved), blocks per chunk ("2,2,...", empty: split by parameter count); print_schedule: draw the schedule
+  // and exit (programs do it with describe_pipeline, without training).
+  std::optional<int64_t> micro_batches;
   std::string schedule = "1f1b", pp_layers;
   int virtual_stages = 1;
   bool print_schedule = false;
   std::string backend;              // empty: mpi on the CPU, nccl on CUDA devices
-  int64_t grad_accum = 1;
   // ZeRO stage over the dp group (dist/zero.h, dist/zero3.h): 0 = DDP, 1 = optimizer state sharded, 2 = gradients
   // too, 3 = block parameters too.
   int zero = 0;
@@ -95,7 +95,7 @@ struct TrainConfig {
   int64_t heads_or_default() const { return heads.value_or(4); }
   int64_t embd_or_default() const { return embd.value_or(128); }
   int64_t seq_or_default() const { return seq.value_or(64); }
-  int64_t micro_batches_or_default() const { return micro_batches > 0 ? micro_batches : pp; }
+  int64_t micro_batches_or_default() const { return micro_batches.value_or(pp); }
   // Throws minidl::Error naming the flag, what was expected and what was given. Same answer on every rank.
   void validate(int world_size) const;
 };

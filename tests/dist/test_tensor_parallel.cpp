@@ -23,7 +23,6 @@
 #include "support/mpi_test.h"
 #include "train/evaluate.h"
 #include "train/step.h"
-#include "train/tp_sync.h"
 
 using namespace minidl;
 
@@ -133,9 +132,7 @@ TrainRun train_run(int tp, int dp, double dropout, nn::Recompute recompute, int6
   } else {
     topo = std::make_unique<dist::Topology>(ctx().world(), dist::Grid{dp, tp, 1}, "ring");
     auto split = std::make_unique<dist::TensorParallelGPT>(config(dropout), 1337, topo->tp_group(), sequence_parallel);
-    std::unique_ptr<train::GradSync> inner = dp > 1 ? std::make_unique<train::DDPSync>(*split, *topo)
-                                                    : std::make_unique<train::GradSync>();
-    sync = std::make_unique<train::TensorParallelSync>(std::move(inner), *split, *topo);
+    sync = std::make_unique<train::GradSync>(train::Stage::of(*split), *topo);  // DDP over dp when dp > 1
     model = std::move(split);
     dp_rank = topo->coord().dp;
   }
@@ -147,7 +144,7 @@ TrainRun train_run(int tp, int dp, double dropout, nn::Recompute recompute, int6
   train::StepOptions o;
   o.lr = 0.1;
   o.grad_clip = clip;
-  o.grad_accum = grad_accum;
+  o.micro_batches = grad_accum;
   o.grad_sync = sync.get();
   TrainRun r;
   for (int s = 0; s < steps; ++s) {
@@ -227,7 +224,7 @@ TEST(TensorParallel, SavesOneWholeModelFileThatOneProcessLoads) {
   dist::Topology topo(ctx().world(), {1, tp, 1}, "ring");
   dist::TensorParallelGPT split(config(), 1337, topo.tp_group());
   optim::SGD opt(optim::decay_groups(split.named_parameters(), 0.0), optim::SGDOptions{.lr = 0.1});
-  train::TensorParallelSync sync(std::make_unique<train::GradSync>(), split, topo);
+  train::GradSync sync(train::Stage::of(split), topo);
   train::StepOptions o;
   o.lr = 0.5;
   o.grad_sync = &sync;
@@ -263,7 +260,7 @@ TEST(TensorParallel, SavesOneWholeModelFileThatOneProcessLoads) {
 }
 
 // Sequence parallelism: the loss and every gradient of one process (the replicated parameters' only after
-// TensorParallelSync all-reduces their partial sums: leaving LayerNorm gradients unreduced is the classic bug, and
+// GradSync all-reduces their partial sums: leaving LayerNorm gradients unreduced is the classic bug, and
 // fails here), and SGD training with dropout (per-position masks of one process), block recomputation, clipping
 // and, at world 4, tp 2 x dp 2 with accumulation.
 TEST(TensorParallel, SequenceParallelEqualsOneProcess) {
@@ -272,7 +269,7 @@ TEST(TensorParallel, SequenceParallelEqualsOneProcess) {
     dist::Topology topo(ctx().world(), {1, world, 1}, "ring");
     nn::GPT one(config(), 1337);
     dist::TensorParallelGPT split(config(), 1337, topo.tp_group(), /*sequence_parallel=*/true);
-    train::TensorParallelSync sync(std::make_unique<train::GradSync>(), split, topo);
+    train::GradSync sync(train::Stage::of(split), topo);
     data::Batch b = global_batch(0, 3, /*ignore_some=*/true);
     Tensor x = split.embed(b.x);
     EXPECT_EQ(x.shape(), (Shape{3, kSeq / world, 32}));
@@ -280,7 +277,7 @@ TEST(TensorParallel, SequenceParallelEqualsOneProcess) {
     Tensor l1 = one.loss(b.x, b.y), l2 = split.loss(b.x, b.y);
     EXPECT_NEAR(l1.item(), l2.item(), 1e-6);
     l1.backward();
-    sync.before_backward(true);
+    sync.before_backward(0, true);
     l2.backward();
     sync.after_backward();
     const nn::NamedTensors one_params = one.named_parameters();
@@ -316,11 +313,11 @@ TEST(TensorParallel, TrafficMatchesTheFormula) {
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
     dist::TensorParallelGPT split(config(), 1337, topo.tp_group(), sp);
-    train::TensorParallelSync sync(std::make_unique<train::GradSync>(), split, topo);
+    train::GradSync sync(train::Stage::of(split), topo);
     int64_t replicated = 0;
     for (const Tensor& p : split.replicated_parameters()) replicated += p.numel();
     dist::reset_tensor_parallel_traffic();
-    sync.before_backward(true);
+    sync.before_backward(0, true);
     split.loss(b.x, b.y).backward();
     sync.after_backward();
     const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();

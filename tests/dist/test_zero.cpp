@@ -15,8 +15,6 @@
 #include "optim/sgd.h"
 #include "support/mpi_test.h"
 #include "train/step.h"
-#include "train/zero3_sync.h"
-#include "train/zero_sync.h"
 
 using namespace minidl;
 
@@ -68,14 +66,15 @@ RunResult run(const Case& c) {
   if (!c.one_process) {
     topo = std::make_unique<dist::Topology>(ctx().world(), dist::Grid{n, 1, 1}, "ring");
     if (c.zero == 0 && c.block_buckets)
-      sync = std::make_unique<train::DDPSync>(
-          model, *topo, dist::DDPOptions{.buckets = dist::block_buckets(model.named_parameters(), 0, 2)});
+      sync = std::make_unique<train::GradSync>(
+          train::Stage::of(model), *topo, train::SyncOptions{.buckets = dist::block_buckets(model.named_parameters(), 0, 2)});
     else if (c.zero == 0)
-      sync = std::make_unique<train::DDPSync>(model, *topo, dist::DDPOptions{.caps = small_buckets()});
+      sync = std::make_unique<train::GradSync>(train::Stage::of(model), *topo, train::SyncOptions{.caps = small_buckets()});
     else if (c.zero == 3)
-      sync = std::make_unique<train::Zero3Sync>(model, *topo);
+      sync = std::make_unique<train::GradSync>(train::Stage::of(model), *topo, train::SyncOptions{.zero = 3});
     else
-      sync = std::make_unique<train::ZeroSync>(model, *topo, c.zero, dist::ZeroOptions{.caps = small_buckets()});
+      sync = std::make_unique<train::GradSync>(train::Stage::of(model), *topo,
+                                               train::SyncOptions{.zero = c.zero, .caps = small_buckets()});
   }
   auto groups = sync->optimizer_groups(optim::decay_groups(model.named_parameters(), c.sgd ? 0.0 : 0.1));
   std::unique_ptr<optim::Optimizer> opt;
@@ -88,7 +87,7 @@ RunResult run(const Case& c) {
   train::StepOptions o;
   o.lr = opt->lr();
   o.grad_clip = c.grad_clip;
-  o.grad_accum = c.grad_accum;
+  o.micro_batches = c.grad_accum;
   o.amp = c.amp;
   o.grad_sync = c.one_process ? nullptr : sync.get();
   RunResult result;
@@ -191,13 +190,13 @@ TEST(Zero, GradientNormEqualsOneProcess) {
 namespace {
 
 // ZeRO with an inf planted in the last rank's shard after the last backward of the first step.
-class PlantingZeroSync : public train::ZeroSync {
+class PlantingZeroSync : public train::GradSync {
  public:
-  using ZeroSync::ZeroSync;
+  using GradSync::GradSync;
   void after_backward() override {
-    ZeroSync::after_backward();
+    GradSync::after_backward();
     if (planted_ || ctx().rank() != ctx().world_size() - 1) return;
-    zero().shard_params().back().grad().fill_(INFINITY);
+    owned_params({}).back().grad().fill_(INFINITY);
     planted_ = true;
   }
 
@@ -216,7 +215,7 @@ TEST(Zero, OverflowInOneRanksShardSkipsTheStepOnEveryRank) {
     nn::GPT model(nn::GPTConfig{kVocab, kSeq, 2, 2, 16, 0.0, true}, 1337);
     model.train();
     dist::Topology topo(ctx().world(), dist::Grid{n, 1, 1}, "ring");
-    PlantingZeroSync sync(model, topo, stage, dist::ZeroOptions{.caps = small_buckets()});
+    PlantingZeroSync sync(train::Stage::of(model), topo, train::SyncOptions{.zero = stage, .caps = small_buckets()});
     optim::AdamW opt(sync.optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {.lr = 1e-2});
     optim::GradScaler scaler;
     train::StepOptions o;
@@ -255,7 +254,7 @@ TEST(Zero, LedgerMatchesThePrediction) {
     // The model's tied table lives in a buffer padded to vocab_pad rows; ZeRO's flat buffers take the real rows only.
     const double vocab_padding = 4.0 * double(model.config().padded_vocab() - kVocab) * 16;
     dist::Topology topo(ctx().world(), dist::Grid{n, 1, 1}, "ring");
-    train::ZeroSync sync(model, topo, stage, dist::ZeroOptions{.caps = small_buckets()});
+    train::GradSync sync(train::Stage::of(model), topo, train::SyncOptions{.zero = stage, .caps = small_buckets()});
     optim::AdamW opt(sync.optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {.lr = 1e-2});
     const double padding = double(sync.zero().padded_numel()) - psi;  // elements, < N per bucket
     EXPECT_LT(padding, double(n * sync.zero().buckets().size()));
@@ -377,13 +376,13 @@ TEST(Zero3, AccumulationCountsEveryMicroBatchOnceBitwise) {
 namespace {
 
 // ZeRO-3 with an inf planted in the last rank's shard after the last backward of the first step.
-class PlantingZero3Sync : public train::Zero3Sync {
+class PlantingZero3Sync : public train::GradSync {
  public:
-  using Zero3Sync::Zero3Sync;
+  using GradSync::GradSync;
   void after_backward() override {
-    Zero3Sync::after_backward();
+    GradSync::after_backward();
     if (planted_ || ctx().rank() != ctx().world_size() - 1) return;
-    zero().shard_params().front().grad().fill_(INFINITY);  // a block's shard
+    owned_params({}).front().grad().fill_(INFINITY);  // a block's shard
     planted_ = true;
   }
 
@@ -399,7 +398,7 @@ TEST(Zero3, OverflowInOneRanksShardSkipsTheStepOnEveryRank) {
   nn::GPT model(nn::GPTConfig{kVocab, kSeq, 2, 2, 16, 0.0, true}, 1337);
   model.train();
   dist::Topology topo(ctx().world(), dist::Grid{n, 1, 1}, "ring");
-  PlantingZero3Sync sync(model, topo);
+  PlantingZero3Sync sync(train::Stage::of(model), topo, train::SyncOptions{.zero = 3});
   optim::AdamW opt(sync.optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {.lr = 1e-2});
   optim::GradScaler scaler;
   train::StepOptions o;
@@ -441,9 +440,9 @@ TEST(Zero3, LedgerMatchesThePredictionAndBlocksGatherTwicePerStep) {
     model.set_recompute(rc);
     const double psi = double(model.num_parameters());
     dist::Topology topo(ctx().world(), dist::Grid{n, 1, 1}, "ring");
-    train::Zero3Sync sync(model, topo);
+    train::GradSync sync(train::Stage::of(model), topo, train::SyncOptions{.zero = 3});
     optim::AdamW opt(sync.optimizer_groups(optim::decay_groups(model.named_parameters(), 0.1)), {.lr = 1e-2});
-    dist::ZeroStage3& z = sync.zero();
+    dist::ZeroStage3& z = sync.zero3();
     const double phi = double(z.persistent_numel()), padding = double(z.padded_numel()) - psi;
     EXPECT_LT(padding, double(n * z.buckets().size()));
     EXPECT_GT(phi, 0.0);

@@ -746,7 +746,7 @@ TEST_F(TrainGpt, TopologyFlags) {
 
 // Every flag that changes the collectives or the numerics is in the cross-rank check.
 TEST_F(TrainGpt, RanksThatDisagreeOnNumericsAllStop) {
-  for (const char* flag : {"--amp bf16", "--grad-accum 2", "--recompute block"}) {
+  for (const char* flag : {"--amp bf16", "--micro-batches 2", "--recompute block"}) {
     std::string cmd = std::string(MPIEXEC) + " --oversubscribe --allow-run-as-root -n 1 " + TRAIN_GPT_BIN + " " +
                       tiny_flags() + " --steps 2 : -n 1 " + TRAIN_GPT_BIN + " " + tiny_flags() + " --steps 2 " + flag;
     Result r = minidl::testing::run_program(cmd);
@@ -800,7 +800,6 @@ TEST_F(TrainGpt, PipelineMatchesOneProcess) {
                   {"--batch 4", "1 data-parallel rank(s) x 3 micro-batches"});
   expect_rejected(tiny_flags() + " --layers 4 --pp 2 --zero 3 --print-schedule", {"--zero 3 with --pp 2", "ZeRO-3"});
   expect_rejected(tiny_flags() + " --layers 4 --pp 2 --pp-layers 3,2 --print-schedule", {"--pp-layers", "5"});
-  expect_rejected(tiny_flags() + " --micro-batches 2", {"--micro-batches needs --pp > 1"});
 }
 
 // dp x tp x pp x ZeRO together (train/parallel_model.h), at 2, 4 and 8 ranks (8 oversubscribed): the summary of one
@@ -811,12 +810,12 @@ TEST_F(TrainGpt, ThreeDMatchesOneProcess) {
   std::string flags = tiny_flags();
   flags.replace(flags.find("--layers 1"), 10, "--layers 4");
   flags.replace(flags.find("--embd 16"), 9, "--embd 32");
-  flags += " --steps 5 --lr 3e-3 --grad-clip 0.1 --dropout 0.1 --batch 8 --grad-accum 4";
-  Result one = run(flags);
+  flags += " --steps 5 --lr 3e-3 --grad-clip 0.1 --dropout 0.1 --batch 8";
+  Result one = run(flags + " --grad-accum 4");
   ASSERT_EQ(one.code, 0) << one.out;
-  Result one_bf16 = run(flags + " --amp bf16");
+  Result one_bf16 = run(flags + " --grad-accum 4 --amp bf16");
   ASSERT_EQ(one_bf16.code, 0) << one_bf16.out;
-  const std::string without_accum = " --grad-accum 1";  // the pipelines accumulate over their micro-batches
+  const std::string without_accum;  // the pipelines accumulate over their micro-batches (default: --pp)
   struct Grid { int ranks; std::string extra; const Result* ref; };
   for (const Grid& c : {Grid{8, without_accum + " --dp 2 --tp 2 --pp 2", &one},
                         Grid{8, without_accum + " --tp 2 --pp 4 --recompute block", &one},

@@ -73,7 +73,7 @@ class DistDeviceTest : public CudaTest {
     optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-2});
     optim::GradScaler scaler;
     train::StepOptions o = tiny_step_options(fp16, true, scaler);
-    o.grad_accum = grad_accum;
+    o.micro_batches = grad_accum;
     std::vector<double> losses;
     for (int s = 0; s < steps; ++s) losses.push_back(train::train_step(model, opt, batch(s), o).loss);
     return losses;

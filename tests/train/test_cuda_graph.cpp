@@ -53,7 +53,7 @@ Outcome run_steps(bool graph, bool fp16, int steps, double dropout = 0.0, int64_
   train::StepOptions o;
   o.grad_clip = 0.05;  // below the norm: the clip is applied
   if (fp16) o.amp = DType::f16, o.scaler = &scaler;
-  o.grad_accum = grad_accum;
+  o.micro_batches = grad_accum;
   o.read_back = false;
   std::unique_ptr<train::CudaGraphStep> g;
   if (graph) g = std::make_unique<train::CudaGraphStep>(model, opt, o);

@@ -120,7 +120,7 @@ Outcome run(Source source, int steps) {
   train::StepOptions o;
   o.grad_clip = 0.05;
   o.read_back = false;
-  o.grad_accum = 2;
+  o.micro_batches = 2;
   const std::vector<int32_t> tokens = split(200);
   data::BatchSampler host(tokens, 8, 4, 7);
   data::DeviceBatchSampler device = train::device_sampler(model, tokens, 8, 4, 7);

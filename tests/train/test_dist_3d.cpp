@@ -78,7 +78,7 @@ void expect_steps_match(const Grid3& g) {
   dist::Topology topo(ctx().world(), {g.dp, g.tp, g.pp}, "mpi");
   const int64_t local = kRows / g.dp, first = topo.coord().dp * local;
   train::ParallelModel m = train::build_model_and_sync(cfg, model_config(), topo, Device::cpu(), first, {});
-  optim::AdamW opt(m.sync->optimizer_groups(optim::decay_groups(m.named_parameters(), 0.1)),
+  optim::AdamW opt(m.sync->optimizer_groups(optim::decay_groups(m.stage->named_parameters(), 0.1)),
                    optim::AdamWOptions{.lr = 1e-2});
   train::StepOptions o;
   o.lr = 1e-2;
@@ -91,14 +91,13 @@ void expect_steps_match(const Grid3& g) {
   optim::AdamW ref_opt(optim::decay_groups(whole.named_parameters(), 0.1), optim::AdamWOptions{.lr = 1e-2});
   train::StepOptions ro = o;
   ro.grad_sync = nullptr;
-  ro.grad_accum = int64_t(g.dp) * (g.pp > 1 ? g.pp : 1);
+  ro.micro_batches = int64_t(g.dp) * (g.pp > 1 ? g.pp : 1);
 
   for (int step = 0; step < 3; ++step) {
     const data::Batch b = global_batch(step);
     const train::StepResult want = train::train_step(whole, ref_opt, b, ro);
     const data::Batch mine{b.x.narrow(0, first, local), b.y.narrow(0, first, local)};
-    train::StepResult got = m.pipe ? train::pipeline_train_step(*m.pipe, opt, mine, o)
-                                   : train::train_step(*m.model, opt, mine, o);
+    train::StepResult got = train::train_step(*m.stage, opt, mine, o);
     got.loss = train::sum_over(topo.dp_group(), got.loss) / g.dp;
     EXPECT_GT(want.grad_norm, 4 * o.grad_clip) << "clipping must be active for the norm to matter";
     EXPECT_LE(std::abs(got.loss - want.loss), 1e-5 * want.loss)

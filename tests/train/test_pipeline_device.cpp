@@ -17,7 +17,8 @@
 #include "support/dist_device_test.h"
 #include "support/mpi_test.h"
 #include "train/grad_sync.h"
-#include "train/pipeline_step.h"
+#include "train/stage.h"
+#include "train/step.h"
 #include "train/step.h"
 
 namespace minidl {
@@ -60,26 +61,26 @@ class PipelineOnDevice : public testing::DistDeviceTest {
   // its optimizer.
   struct Stages {
     dist::PipelineSpec spec{dist::ScheduleKind::k1F1B, 2, kMicroBatches};
-    train::PipelineModel pipe;
-    train::PipelineSync sync;
+    train::Stage pipe;
+    train::GradSync sync;
     optim::AdamW opt;
     optim::GradScaler scaler;
-    static train::PipelineModel& on_device_in_training(train::PipelineModel& p, Device device) {
+    static train::Stage& on_device_in_training(train::Stage& p, Device device) {
       p.to(device);
       p.train();
       return p;
     }
     explicit Stages(const PipelineOnDevice& t)
         : pipe(kConfig, 1337, spec, {0, 1, 2}, *t.topo_),
-          sync(on_device_in_training(pipe, t.device_), *t.topo_, t.zero_),
+          sync(on_device_in_training(pipe, t.device_), *t.topo_, {.zero = t.zero_}),
           opt(sync.optimizer_groups(optim::decay_groups(pipe.named_parameters(), 0.1)), {1e-2}) {}
   };
 
   Outcome pipeline(bool fp16, Mode mode, int steps) {
     const bool read_back = mode != Mode::kUnread;
     Stages st(*this);
-    train::PipelineModel& pipe = st.pipe;
-    train::PipelineSync& sync = st.sync;
+    train::Stage& pipe = st.pipe;
+    train::GradSync& sync = st.sync;
     optim::AdamW& opt = st.opt;
     train::StepOptions o = options(fp16, read_back, st.scaler);
     o.grad_sync = &sync;
@@ -90,10 +91,11 @@ class PipelineOnDevice : public testing::DistDeviceTest {
       train::StepResult r;
       if (mode == Mode::kHostReference) {
         r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
-        r.loss = train::sum_over(pipe.pp_group(), train::pipeline_forward_backward(pipe, batch, o));
+        const Tensor loss = train::forward_backward(pipe, batch, o);
+        r.loss = train::sum_over(*pipe.pp_group(), loss.defined() ? loss.item() : 0.0);
         r = train::apply_step(opt, sync.owned_params(pipe.parameters()), o, std::move(r));
       } else {
-        r = train::pipeline_train_step(pipe, opt, batch, o);
+        r = train::train_step(pipe, opt, batch, o);
       }
       run.last_step = cuda::counters() - before;
       EXPECT_EQ(r.pending(), !read_back) << "step " << s;
@@ -121,7 +123,7 @@ class PipelineOnDevice : public testing::DistDeviceTest {
   // (data::DeviceBatchSampler, as train_gpt does) or by the host's BatchSampler (uploaded by the step).
   Outcome sampled(bool on_device, int steps) {
     Stages st(*this);
-    train::PipelineModel& pipe = st.pipe;
+    train::Stage& pipe = st.pipe;
     optim::AdamW& opt = st.opt;
     train::StepOptions o = options(false, false, st.scaler);
     o.grad_sync = &st.sync;
@@ -129,7 +131,7 @@ class PipelineOnDevice : public testing::DistDeviceTest {
     for (size_t i = 0; i < split.size(); ++i) split[i] = int32_t((i * 7 + i * i % 13) % 17);
     const int64_t global = kRows * topo_->grid().dp, begin = kRows * topo_->coord().dp;
     data::BatchSampler host(split, 8, global, 7);
-    data::DeviceBatchSampler device = train::device_sampler(*pipe.chunks().front(), split, 8, global, 7);
+    data::DeviceBatchSampler device = train::device_sampler(pipe.chunk(0), split, 8, global, 7);
     Outcome run;
     for (int s = 0; s < steps; ++s) {
       train::StepOptions so = o;
@@ -142,7 +144,7 @@ class PipelineOnDevice : public testing::DistDeviceTest {
         batch = host.batch(s, begin, kRows);
       }
       const cuda::Counters before = cuda::counters();
-      train::StepResult r = train::pipeline_train_step(pipe, opt, batch, so);
+      train::StepResult r = train::train_step(pipe, opt, batch, so);
       run.last_step = cuda::counters() - before;
       r.read();
       run.losses.push_back(r.loss);
@@ -224,9 +226,9 @@ TEST_F(PipelineOnDevice, UnreadStepsEqualReadStepsAndOneProcess) {
 TEST_F(PipelineOnDevice, BadHostBatchIsRefusedBeforeUpload) {
   if (!pp_only()) GTEST_SKIP() << "runs at pp 2 alone";
   dist::PipelineSpec spec{dist::ScheduleKind::k1F1B, 2, kMicroBatches};
-  train::PipelineModel pipe(kConfig, 1337, spec, {0, 1, 2}, *topo_);
+  train::Stage pipe(kConfig, 1337, spec, {0, 1, 2}, *topo_);
   pipe.to(device_);
-  train::PipelineSync sync(pipe, *topo_);
+  train::GradSync sync(pipe, *topo_);
   optim::AdamW opt(optim::decay_groups(pipe.named_parameters(), 0.1), {1e-2});
   optim::GradScaler scaler;
   train::StepOptions o = options(false, false, scaler);
@@ -237,7 +239,7 @@ TEST_F(PipelineOnDevice, BadHostBatchIsRefusedBeforeUpload) {
   const data::Batch bad{Tensor::from_vector(ids, {kRows, 8}), Tensor::from_vector(targets, {kRows, 8})};
   const cuda::Counters before = cuda::counters();
   try {
-    train::pipeline_train_step(pipe, opt, bad, o);
+    train::train_step(pipe, opt, bad, o);
     ADD_FAILURE() << "a bad batch was accepted";
   } catch (const Error& e) {
     const std::string expected = pipe.first_stage() ? "token ids must lie in [0, vocab_size = 17), got 17 at flat index 5"

@@ -74,7 +74,7 @@ WeightDiff weight_diff(const std::vector<std::vector<double>>& a, const std::vec
 
 TEST(GradAccum, FourMicroBatchesEqualOneBatchOverTwentySteps) {
   train::StepOptions one, four;
-  four.grad_accum = 4;  // micro-batches of 3
+  four.micro_batches = 4;  // micro-batches of 3
   Trained a = run_training(one, 20), b = run_training(four, 20);
   for (size_t s = 0; s < a.losses.size(); ++s)
     EXPECT_NEAR(b.losses[s], a.losses[s], 1e-4 * std::abs(a.losses[s])) << "step " << s;
@@ -85,11 +85,11 @@ TEST(GradAccum, FourMicroBatchesEqualOneBatchOverTwentySteps) {
 
 TEST(GradAccum, NoSyncHookSeesAllButTheLastMicroBatch) {
   train::StepOptions o;
-  o.grad_accum = 3;
+  o.micro_batches = 3;
   struct Recorder : train::GradSync {
     std::vector<bool> calls;
     int ends = 0;
-    void before_backward(bool sync) override { calls.push_back(sync); }
+    void before_backward(int, bool last) override { calls.push_back(last); }
     void after_backward() override { ++ends; }
   } recorder;
   o.grad_sync = &recorder;
@@ -100,14 +100,14 @@ TEST(GradAccum, NoSyncHookSeesAllButTheLastMicroBatch) {
 
 TEST(GradAccum, ABatchThatDoesNotSplitIsAnError) {
   train::StepOptions o;
-  o.grad_accum = 5;
+  o.micro_batches = 5;
   try {
     run_training(o, 1);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("12"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("grad_accum = 5"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("into 5 equal micro-batches"), std::string::npos) << msg;
   }
 }
 

@@ -65,7 +65,7 @@ class TensorParallelOnDevice : public testing::DistDeviceTest {
     cfg.sequence_parallel = sequence_parallel;
     cfg.weight_decay = 0.1;
     train::ParallelModel m = train::build_model_and_sync(cfg, kConfig, topo, device_, first, {});
-    optim::AdamW opt(m.sync->optimizer_groups(optim::decay_groups(m.named_parameters(), 0.1)), {1e-2});
+    optim::AdamW opt(m.sync->optimizer_groups(optim::decay_groups(m.stage->named_parameters(), 0.1)), {1e-2});
     optim::GradScaler scaler;
     train::StepOptions o = testing::tiny_step_options(fp16, /*read_back=*/false, scaler);
     o.grad_sync = m.sync.get();
@@ -73,7 +73,7 @@ class TensorParallelOnDevice : public testing::DistDeviceTest {
     for (size_t i = 0; i < split.size(); ++i) split[i] = int32_t((i * 7 + i * i % 13) % 17);
     data::BatchSampler host(split, kSeq, kRows, 7);
     data::DeviceBatchSampler device =
-        train::device_sampler(m.pipe ? *m.pipe->chunks().front() : *m.model, split, kSeq, kRows, 7);
+        train::device_sampler(m.stage->chunk(0), split, kSeq, kRows, 7);
     Outcome run;
     for (int s = 0; s < steps; ++s) {
       const data::Batch whole = tiny_batch(s);
@@ -83,8 +83,7 @@ class TensorParallelOnDevice : public testing::DistDeviceTest {
       if (batches == Batches::kHostSampler) batch = host.batch(s, first, local);
       if (batches == Batches::kDeviceSampler) batch = device.batch(s, first, local);
       const cuda::Counters before = cuda::counters();
-      train::StepResult r = m.pipe ? train::pipeline_train_step(*m.pipe, opt, batch, o)
-                                   : train::train_step(*m.model, opt, batch, o);
+      train::StepResult r = train::train_step(*m.stage, opt, batch, o);
       run.last_step = cuda::counters() - before;
       EXPECT_TRUE(r.pending()) << "step " << s;
       r.read();

@@ -111,7 +111,7 @@ TEST(Training, IgnoredTargetsAreLeftOutOfTheLossMean) {
     ASSERT_EQ(counted, rows * seq * 2 / 3);
     optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-3});
     train::StepOptions o;
-    o.grad_accum = accum;
+    o.micro_batches = accum;
     const train::StepResult r = train::train_step(model, opt, batch, o);
     EXPECT_NEAR(r.loss, sum / double(counted), 1e-5 * sum / double(counted));  // f32 logits and sums
   }

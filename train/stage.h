@@ -1,0 +1,124 @@
+// train::Stage: the part of the model one rank trains, as one or more model chunks, and the schedule that runs
+// them. Every run is a pipeline: pp = 1 is one stage holding one chunk with the whole model, whose schedule (1F1B
+// over one stage) is the gradient-accumulation loop; pp > 1 splits the blocks over the stages; tp > 1 splits every
+// chunk over the tensor-parallel group (dist::TensorParallelGPT). The executor (train/step.h) runs the schedule,
+// whatever the layout.
+//
+//   dist::Topology topo(world, {.dp = 1, .tp = 1, .pp = 2}, "mpi");
+//   dist::PipelineSpec spec{.kind = dist::ScheduleKind::k1F1B, .stages = 2, .micro_batches = 4};
+//   train::Stage stage(cfg, seed, spec, dist::split_layers(...), topo);    // validates the schedule
+//   train::Stage one = train::Stage::of(model, /*micro_batches=*/4);       // a one-process GPT, not owned
+//
+// What a rank holds: local chunk v is global chunk c = v·pp + pp_rank, a GPT holding blocks
+// [starts[c], starts[c + 1]), plus the embedding (wte, wpe) on chunk 0 and ln_f with the tied head on the last
+// chunk, so with pp > 1 wte lives on the first and the last stage (two copies, initialised identically by global
+// parameter index: nn/gpt.h).
+//
+// The layout of every parameter is the stage's answer, recorded when the chunks are built: held whole, split over
+// the tp group, or replicated on it (the same values on every tp rank: LayerNorms, wpe, row-parallel biases), and
+// whether it is the tied copy of wte on the last stage (the first stage's copy is the one that counts).
+#pragma once
+
+#include <memory>
+#include <unordered_set>
+#include <vector>
+
+#include "dist/pipeline.h"
+#include "dist/topology.h"
+#include "nn/gpt.h"
+
+namespace minidl::dist {
+class TensorParallelGPT;
+}  // namespace minidl::dist
+
+namespace minidl::train {
+
+class Stage {
+ public:
+  // This rank's chunks of the whole model (cfg, seed) for `spec` on `topology`, and the schedule, validated (throws
+  // naming the ranks and the action on a bad schedule, before anything is sent). starts: chunks + 1 block
+  // boundaries (dist::split_layers). With tp > 1 every chunk is a dist::TensorParallelGPT split over the tp group,
+  // and sequence_parallel splits what crosses a stage boundary along the sequence too: (micro, T / tp, C).
+  Stage(const nn::GPTConfig& cfg, uint64_t seed, const dist::PipelineSpec& spec, const std::vector<int64_t>& starts,
+        const dist::Topology& topology, bool sequence_parallel = false);
+  // A model the caller owns (it must outlive the stage) as one stage of one chunk over `micro_batches`: what one
+  // process, or a data-parallel rank, trains. A tensor-parallel split keeps its layouts.
+  static Stage of(nn::GPT& model, int micro_batches = 1);
+  static Stage of(dist::TensorParallelGPT& model, int micro_batches = 1);
+
+  const dist::Schedule& schedule() const { return schedule_; }
+  const dist::PipelineSpec& spec() const { return schedule_.spec; }
+  int rank() const { return rank_; }
+  bool first_stage() const { return rank_ == 0; }
+  bool last_stage() const { return rank_ == spec().stages - 1; }
+  int64_t global_chunk(int v) const { return int64_t(v) * spec().stages + rank_; }
+  bool is_last_chunk(int v) const { return global_chunk(v) == spec().chunks() - 1; }
+  int chunk_count() const { return int(chunks_.size()); }
+  nn::GPT& chunk(int v) const { return *chunks_[size_t(v)]; }
+  // Chunk v's tensor-parallel split, or null (tp 1).
+  const dist::TensorParallelGPT* split(int v) const { return splits_[size_t(v)]; }
+  dist::TensorParallelGPT* split(int v) { return splits_[size_t(v)]; }
+  const nn::GPTConfig& config() const { return chunks_.front()->config(); }
+  // The topology and its pp group (null for Stage::of: one process, or one rank of a group the caller drives).
+  const dist::Topology* topology() const { return topology_; }
+  dist::ProcessGroup* pp_group() const { return topology_ ? &topology_->pp_group() : nullptr; }
+
+  // Every chunk's parameters, whole-model names, chunk by chunk.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  Device device() const { return parameters().front().device(); }
+
+  // Layouts.
+  bool replicated(const Tensor& p) const { return replicated_.count(p.impl()) > 0; }
+  bool tied_copy(const Tensor& p) const { return tied_copy_.defined() && p.impl() == tied_copy_.impl(); }
+  // The tied wte this stage holds when pp > 1 (the embedding's on the first stage, the head's on the last; their
+  // gradients are summed over the embedding group); undefined otherwise.
+  Tensor tied_weight() const { return tied_weight_; }
+  // The whole (one-process) shape of parameter `name` of chunk v.
+  Shape logical_shape(int v, const std::string& name, const Tensor& p) const;
+  // Whether this stage writes `name` in a checkpoint: every parameter but the last stage's copy of wte.
+  bool owns(const std::string& name) const;
+  // Positions of a sequence of T tokens that one rank holds between blocks (T / tp with sequence parallelism): the
+  // second dimension of what crosses a stage boundary.
+  int64_t positions_per_rank(int64_t T) const { return sequence_parallel_ ? T / tp_ : T; }
+  bool sequence_parallel() const { return sequence_parallel_; }
+  int tp() const { return tp_; }
+
+  void to(Device device);
+  void train(bool on = true);
+  void set_recompute(nn::Recompute r);
+  // The dropout position of every chunk (all chunks draw as the whole model would).
+  void set_dropout(uint64_t step, int64_t first_sample);
+  uint64_t dropout_step() const { return chunks_.front()->dropout_context().step; }
+  int64_t dropout_first_sample() const { return chunks_.front()->dropout_context().first_sample; }
+  // Collective over the pp group: the whole model's parameter count (wte once, whole tensors) and training FLOPs
+  // per token.
+  int64_t num_parameters() const;
+  double flops_per_token(int64_t T) const;
+
+  // The measured bubble: how long this rank's schedule ran, and how much of that it sat waiting for a peer (on a
+  // posted receive, or on its sends before the optimizer step), summed over the steps since reset_timing(). On an
+  // ideal machine wait_ms / schedule_ms is the simulated bubble, (p - 1) / (M + p - 1) under GPipe and 1F1B.
+  struct Timing {
+    double schedule_ms = 0, wait_ms = 0;
+    int64_t steps = 0;
+  };
+  Timing& timing() const { return *timing_; }
+  void reset_timing() { *timing_ = {}; }
+
+ private:
+  Stage(const dist::PipelineSpec& spec, const dist::Topology* topology);
+  void add_chunk(std::shared_ptr<nn::GPT> chunk, dist::TensorParallelGPT* split);
+
+  const dist::Topology* topology_ = nullptr;
+  dist::Schedule schedule_;
+  int rank_ = 0, tp_ = 1;
+  bool sequence_parallel_ = false;
+  std::vector<std::shared_ptr<nn::GPT>> chunks_;
+  std::vector<dist::TensorParallelGPT*> splits_;
+  std::unordered_set<const TensorImpl*> replicated_;
+  Tensor tied_weight_, tied_copy_;
+  std::shared_ptr<Timing> timing_ = std::make_shared<Timing>();
+};
+
+}  // namespace minidl::train
