@@ -75,7 +75,12 @@ GPTCheckpoint load_gpt(const std::string& path) {
   auto it = header.metadata.find("config");
   MINIDL_CHECK(it != header.metadata.end(), "load_gpt('", path,
                "'): no \"config\" in the file's __metadata__; was it written by save_gpt?");
-  return {gpt_config_from_json(it->second), std::move(header.metadata)};
+  try {
+    return {gpt_config_from_json(it->second), std::move(header.metadata)};
+  } catch (const Error& e) {
+    MINIDL_CHECK(false, "load_gpt('", path, "'): __metadata__ field \"config\": ", e.what());
+    throw;
+  }
 }
 
 void load_into(GPT& model, const std::string& path) {

@@ -15,6 +15,7 @@
 
 #include "data/gpt2_tokenizer.h"
 #include "data/token_shards.h"
+#include "nn/safetensors.h"
 #include "support/loss_agreement.h"
 #include "tests/examples/checkpoint_files.h"
 #include "support/run_program.h"
@@ -414,6 +415,21 @@ TEST_F(TrainGpt, CheckpointMismatches) {
                   {"vocabulary"});
   // Not a checkpoint at all.
   expect_rejected(tiny_flags() + " --steps 2 --init-from " + path("tiny.txt"), {"tiny.txt"});
+  // A malformed field of the model file's metadata: the file, the field and what was expected, not a bare JSON
+  // parser message.
+  const minidl::nn::SafetensorsFile good = minidl::nn::load_safetensors(path("keep.safetensors"));
+  for (const char* field : {"config", "vocab", "grad_scaler"}) {
+    SCOPED_TRACE(field);
+    minidl::nn::Metadata metadata = good.metadata;
+    metadata[field] = "no";
+    minidl::nn::save_safetensors(path("broken.safetensors"),
+                                 minidl::nn::NamedTensors(good.tensors.begin(), good.tensors.end()), metadata);
+    Result r = run(tiny_flags() + " --steps 2 --amp fp16 --init-from " + path("broken.safetensors"));
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(path("broken.safetensors")), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string("\"") + field + "\""), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("expected"), std::string::npos) << r.out;
+  }
 }
 
 TEST_F(TrainGpt, DataParallelMatchesOneProcess) {
