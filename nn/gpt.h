@@ -189,7 +189,7 @@ class GPT : public Module {
   virtual Tensor head_loss(const Tensor& x, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
   // Throws unless every value of ids (i32/i64, (B, T)) lies in [0, vocab_size), or is -1 with allow_ignore; `what`
   // names them in the message ("token ids", "targets"). A device tensor is checked on a host copy unless
-  // ops::HostCheckedIndicesGuard vouches for it: loss() and the pipeline step check a host batch before upload.
+  // ops::HostCheckedIndicesGuard vouches for it: loss() and the training step check a host batch before upload.
   void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
 
   // Training FLOPs per token (forward + backward) at sequence length T, nanoGPT's estimate_mfu formula:

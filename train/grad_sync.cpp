@@ -195,42 +195,49 @@ dist::ReducerStats GradSync::comm_stats() const {
   return s;
 }
 
-double GradSync::part_squared(const std::vector<Tensor>& params) const {
-  std::vector<Tensor> counted;
-  for (const Tensor& p : params)
-    if (!stage_->tied_copy(origin(p))) counted.push_back(p);
-  double mine = optim::grad_norm_squared(counted);
-  if (zero_ > 0) mine = sum_over(topology_->dp_group(), mine);  // each dp rank holds its shard
-  return sum_over(topology_->model_parallel_group(), mine);
+namespace {
+
+// The squares of gradients on the host, or on a device without a host round trip; a split part plus 1/tp of a
+// replicated one (host: a division, device: a multiplication by the reciprocal).
+double squares(const std::vector<Tensor>& params, double*, Device) { return optim::grad_norm_squared(params); }
+Tensor squares(const std::vector<Tensor>& params, Tensor*, Device device) {
+  return optim::grad_norm_squared_tensor(params, device);
+}
+double plus_share(double split, double replicated, int tp) { return split + replicated / tp; }
+Tensor plus_share(const Tensor& split, const Tensor& replicated, int tp) {
+  return ops::add(split, ops::mul(replicated, 1.0 / tp));
 }
 
-Tensor GradSync::part_squared_on_device(const std::vector<Tensor>& params, Device device) const {
-  std::vector<Tensor> counted;  // as part_squared
-  for (const Tensor& p : params)
-    if (!stage_->tied_copy(origin(p))) counted.push_back(p);
-  Tensor mine = optim::grad_norm_squared_tensor(counted, device);
-  if (zero_ > 0) mine = sum_over(topology_->dp_group(), mine);
-  return sum_over(topology_->model_parallel_group(), mine);
-}
+}  // namespace
 
-double GradSync::grad_norm_squared(const std::vector<Tensor>& params) const {
-  if (!topology_) return optim::grad_norm_squared(params);
-  if (stage_->tp() == 1) return part_squared(params);
+template <class T>
+T GradSync::norm_squared(const std::vector<Tensor>& params, Device device) const {
+  if (!topology_) return squares(params, static_cast<T*>(nullptr), device);
+  // The squares with the tied copy left out, summed over the groups that hold the other parts (the dp group too
+  // when sharded).
+  auto part = [&](const std::vector<Tensor>& some) {
+    std::vector<Tensor> counted;
+    for (const Tensor& p : some)
+      if (!stage_->tied_copy(origin(p))) counted.push_back(p);
+    T mine = squares(counted, static_cast<T*>(nullptr), device);
+    if (zero_ > 0) mine = sum_over(topology_->dp_group(), mine);  // each dp rank holds its shard
+    return T(sum_over(topology_->model_parallel_group(), mine));
+  };
+  if (stage_->tp() == 1) return part(params);
   // A replicated parameter is held tp times but counts once: the split ones' squares plus 1/tp of the replicated
   // ones', two collectives of one number each, in the same order on every rank.
   std::vector<Tensor> split, replicated;
   for (const Tensor& p : params) (stage_->replicated(origin(p)) ? replicated : split).push_back(p);
-  const double split_sq = part_squared(split);
-  return split_sq + part_squared(replicated) / stage_->tp();
+  const T split_sq = part(split);
+  return plus_share(split_sq, part(replicated), stage_->tp());
+}
+
+double GradSync::grad_norm_squared(const std::vector<Tensor>& params) const {
+  return norm_squared<double>(params, Device::cpu());
 }
 
 Tensor GradSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, Device device) const {
-  if (!topology_) return optim::grad_norm_squared_tensor(params, device);
-  if (stage_->tp() == 1) return part_squared_on_device(params, device);
-  std::vector<Tensor> split, replicated;  // as grad_norm_squared, the sums staying on the device
-  for (const Tensor& p : params) (stage_->replicated(origin(p)) ? replicated : split).push_back(p);
-  const Tensor split_sq = part_squared_on_device(split, device);
-  return ops::add(split_sq, ops::mul(part_squared_on_device(replicated, device), 1.0 / stage_->tp()));
+  return norm_squared<Tensor>(params, device);
 }
 
 bool GradSync::combine_overflow(bool local) const {

@@ -125,10 +125,9 @@ class GradSync {
   std::unordered_map<const TensorImpl*, Tensor> origin_;  // ZeRO: shard parameter -> its parameter
   double pipeline_ms_ = 0;                                 // the tied wte's synchronisation, last step
 
-  // The squares of `params`' gradients with the tied copy left out, summed over the groups that hold the other
-  // parts (the dp group too when sharded): on the host, and on a device.
-  double part_squared(const std::vector<Tensor>& params) const;
-  Tensor part_squared_on_device(const std::vector<Tensor>& params, Device device) const;
+  // grad_norm_squared on the host (T = double) or on `device` (T = Tensor).
+  template <class T>
+  T norm_squared(const std::vector<Tensor>& params, Device device) const;
 };
 
 // Sum (resp. max) of one number over a group, on the group's device; the value itself when the group has one rank.
