@@ -13,13 +13,6 @@ namespace minidl::dist {
 
 namespace {
 
-// The global block index of a parameter named "transformer.h.<i>.<...>", or -1 (a persistent parameter).
-int64_t block_of(const std::string& name) {
-  const std::string prefix = "transformer.h.";
-  if (name.rfind(prefix, 0) != 0) return -1;
-  return std::stoll(name.substr(prefix.size(), name.find('.', prefix.size()) - prefix.size()));
-}
-
 BucketSpec make_bucket(const std::vector<size_t>& params, const std::vector<int64_t>& numel) {
   BucketSpec b{DType::f32, {}, {}, 0};
   for (size_t p : params) {
@@ -35,25 +28,27 @@ Tensor flat_view(const Tensor& flat, int64_t offset, int64_t numel) { return fla
 ReducerOptions reducer_options(const nn::GPT& model) {
   ReducerOptions r;
   r.release_buffers = true;  // stage 2's gradient memory: a bucket lives from its first gradient to its scatter
-  r.buckets = block_buckets(model.named_parameters(), model.stage().first_block, model.stage().last_block);
+  r.buckets = block_buckets(model);
   return r;
 }
 
 }  // namespace
 
-std::vector<BucketSpec> block_buckets(const std::vector<std::pair<std::string, Tensor>>& params, int64_t first_block,
-                                      int64_t last_block) {
+std::vector<BucketSpec> block_buckets(const nn::GPT& model) {
+  // The units are the model's: each block's parameters, as the model lists them (GPT::block_parameters).
+  const int64_t first_block = model.stage().first_block, last_block = model.stage().last_block;
+  std::unordered_map<const TensorImpl*, int64_t> block_of;
+  for (int64_t b = first_block; b < last_block; ++b)
+    for (const Tensor& p : model.block_parameters(b)) block_of[p.impl()] = b;
   std::vector<std::vector<size_t>> per_block(size_t(last_block - first_block));
   std::vector<size_t> persistent;
   std::vector<int64_t> numel;
-  for (const auto& [name, p] : params) {
+  for (const Tensor& p : model.parameters()) {
     if (!p.requires_grad()) continue;
     const size_t index = numel.size();
     numel.push_back(p.numel());
-    const int64_t block = block_of(name);
-    MINIDL_CHECK(block < 0 || (block >= first_block && block < last_block), "ZeRO-3: parameter ", name,
-                 " belongs to no block of [", first_block, ", ", last_block, ")");
-    (block < 0 ? persistent : per_block[size_t(block - first_block)]).push_back(index);
+    auto it = block_of.find(p.impl());
+    (it == block_of.end() ? persistent : per_block[size_t(it->second - first_block)]).push_back(index);
   }
   std::vector<BucketSpec> buckets;
   for (auto it = per_block.rbegin(); it != per_block.rend(); ++it) {

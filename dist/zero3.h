@@ -71,11 +71,11 @@
 
 namespace minidl::dist {
 
-// ZeRO-3's gradient buckets for `params` (those that require grad, in order; the others are skipped, as the
-// Reducer does): one per block of [first_block, last_block), latest block first, then one of the persistent
-// parameters; each in reverse registration order. A pure function, so DDP can be given the same buckets.
-std::vector<BucketSpec> block_buckets(const std::vector<std::pair<std::string, Tensor>>& params, int64_t first_block,
-                                      int64_t last_block);
+// ZeRO-3's gradient buckets for `model`'s parameters (those that require grad, in named_parameters() order; the
+// others are skipped, as the Reducer does): one per block the model holds (GPT::block_parameters: the model says
+// which parameters make a block), latest block first, then one of the persistent parameters; each in reverse
+// registration order. A pure function, so DDP can be given the same buckets.
+std::vector<BucketSpec> block_buckets(const nn::GPT& model);
 
 struct Zero3Options {
   // Broadcast rank 0's parameters and buffers at construction (off only for tests that build identical models).

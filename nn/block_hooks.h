@@ -1,5 +1,6 @@
-// BlockHooks: calls nn::GPT makes around each transformer block, the seam for code that must act per block — ZeRO-3
-// gathers a block's parameters before it runs and frees them after, and gathers them again before its backward.
+// BlockHooks: calls nn::GPT makes around each transformer block, the seam for code that must act per block — e.g.
+// gather a block's sharded parameters (GPT::block_parameters) before it runs, free them after, and gather them again
+// before its backward (dist/zero3.h).
 //
 //   struct Gather : nn::BlockHooks {
 //     void before_block(int64_t block, bool) override { all_gather(block); }

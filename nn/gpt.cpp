@@ -257,8 +257,8 @@ Tensor GPT::padded_head_weight() const {
     return w.impl()->storage == padded_wte_.lock() && w.impl()->offset == 0 && w.is_contiguous();
   };
   // A weight alone in its storage (a fresh model, or one Module::to moved: no other tensor views that storage) goes
-  // (back) into a padded buffer; one that is a view into a shared buffer (ZeRO's flat shards) stays where its owner
-  // put it.
+  // (back) into a padded buffer; one that is a view into a shared buffer (a flat buffer of many parameters) stays
+  // where its owner put it.
   const bool alone = w.impl()->offset == 0 && w.is_contiguous() && w.impl()->storage.use_count() == 1;
   if (!in_padded_buffer() && alone) {
     MemoryTagGuard tag(MemTag::kParams);
@@ -321,8 +321,8 @@ Tensor GPT::forward_block_cached(int64_t i, const Tensor& x, BlockKV& kv, int64_
 }
 
 Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
-  MINIDL_CHECK(supports_kv_cache(), "GPT::forward_cached: needs the whole model (not a pipeline stage, nor a ",
-               "sequence-parallel split)");
+  MINIDL_CHECK(supports_kv_cache(), "GPT::forward_cached: needs the whole model in this process (not a part of ",
+               "it; supports_kv_cache() is false)");
   MINIDL_CHECK(ids.dim() == 2 && ids.size(0) == 1 && ids.size(1) >= 1 &&
                    cache.length + ids.size(1) <= cfg_.block_size,
                "GPT::forward_cached: expected ids of shape (1, t) with ", cache.length, " + t <= block_size = ",
@@ -440,6 +440,18 @@ Tensor GPT::forward_block(int64_t i, const Tensor& x) const {
     }
   }
   return block->forward(x);
+}
+
+std::vector<Tensor> GPT::block_parameters(int64_t i) const {
+  MINIDL_CHECK(i >= stage_.first_block && i < stage_.last_block, "GPT: block ", i, " is not held here (blocks [",
+               stage_.first_block, ", ", stage_.last_block, "))");
+  auto child = [](const Module& m, const std::string& name) -> const Module& {
+    for (const auto& [n, c] : m.children())
+      if (n == name) return *c;
+    MINIDL_CHECK(false, "GPT: no module ", name);
+    return m;
+  };
+  return child(child(child(*this, "transformer"), "h"), std::to_string(i)).parameters();
 }
 
 double GPT::flops_per_token(int64_t T) const {

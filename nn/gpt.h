@@ -9,8 +9,8 @@
 //   loss.backward();
 //   model.set_recompute(Recompute::kBlock);       // activation checkpointing per block (autograd/checkpoint.h)
 //
-// forward and loss are compositions of embed, blocks and head / head_loss, which a pipeline stage (or a ZeRO-3
-// hook) runs piece by piece:
+// forward and loss are compositions of embed, blocks and head / head_loss, which a caller holding only part of the
+// model runs piece by piece:
 //   GPT first(cfg, 1337, {.first_block = 0, .last_block = 2, .head = false});      // wte, wpe, blocks 0, 1
 //   GPT last(cfg, 1337, {.first_block = 2, .embedding = false});                   // blocks 2 .. n_layer-1, ln_f, wte
 //   Tensor loss = last.head_loss(last.blocks(2, cfg.n_layer, first.blocks(0, 2, first.embed(ids))), targets);
@@ -52,7 +52,7 @@ struct GPTConfig {
   // layout only, invisible outside the model: the parameter transformer.wte.weight is (vocab_size, C) (the first
   // rows of the padded buffer), checkpoints, gradients, optimizer state and parameter counts are those of
   // vocab_size, losses ignore the padding, and logits are (B, T, vocab_size). Not stored in checkpoints and not
-  // compared by ==. 1: no padding. (A tensor-parallel model pads to a multiple of tp instead: dist/tp_gpt.h.)
+  // compared by ==. 1: no padding.
   int64_t vocab_pad = 64;
 
   int64_t padded_vocab() const {
@@ -112,8 +112,8 @@ struct BlockKV {
   Tensor k_t, v;
 };
 
-// The attention of a block's new positions with a cache, what every block kind shares (nn::Block, the
-// tensor-parallel block of dist/tp_gpt.h): qkv (1, t, 3 * heads * D), this process's q, k and v heads, at positions
+// The attention of a block's new positions with a cache, what every block kind shares (nn::Block and a subclass's
+// blocks): qkv (1, t, 3 * heads * D), this process's q, k and v heads, at positions
 // [length, length + t) -> (1, t, heads * D). length == 0: the fused causal attention over the t positions (the
 // uncached forward's own arithmetic), keeping their keys and values in `kv`; length > 0: t == 1, the new query
 // against the kept keys and values (a product and a softmax: one position's work).
@@ -133,7 +133,7 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp;
 };
 
-// The part of the model a GPT holds (a pipeline stage): blocks [first_block, last_block), the embedding (wte, wpe
+// The part of the model a GPT holds (one chunk of a model cut into parts): blocks [first_block, last_block), the embedding (wte, wpe
 // and the embedding dropout) and the head (ln_f and the tied wte, so the first and the last stage both hold a
 // copy of wte). Parameters keep their whole-model names ("transformer.h.5.ln_1.weight" on any stage holding block
 // 5), initial values and dropout streams.
@@ -174,8 +174,8 @@ class GPT : public Module {
   // forward()'s arithmetic (its logits are forward(ids)'s bit for bit); later calls take one id each. Needs the
   // whole model in this process (supports_kv_cache()) and cache.length + t <= block_size.
   Tensor forward_cached(const Tensor& ids, KVCache& cache) const;
-  // Whether forward_cached works here: the whole model (not a pipeline stage). A tensor-parallel split overrides
-  // it (and the two pieces below); its ranks then generate together.
+  // Whether forward_cached works here: the whole model (not a chunk of it). A subclass with other blocks
+  // overrides it (and the two pieces below).
   virtual bool supports_kv_cache() const;
 
   // The pieces of forward; each throws if this stage does not hold the part it needs.
@@ -209,6 +209,9 @@ class GPT : public Module {
   void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
   // What this GPT holds; last_block is resolved (never -1).
   const GPTStage& stage() const { return stage_; }
+  // The parameters of global block i (held here), as registered under "transformer.h.<i>" by this model or a
+  // subclass: the unit a parameter-sharding scheme gathers and frees around the block's hooks.
+  std::vector<Tensor> block_parameters(int64_t i) const;
 
   // Null where the stage does not hold them (GPTStage); h holds blocks [first_block, last_block), entry i being
   // global block first_block + i.
@@ -218,9 +221,9 @@ class GPT : public Module {
   std::shared_ptr<LayerNorm> ln_f;
 
  protected:
-  // For a subclass that registers and initialises its own modules under the same names (dist::TensorParallelGPT,
-  // whose layers are split across ranks and which overrides embed, head, head_loss and forward_block): the config,
-  // the stage and the dropout context only; every module pointer above stays null.
+  // For a subclass that registers and initialises its own modules under the same names (and overrides embed, head,
+  // head_loss and forward_block): the config, the stage and the dropout context only; every module pointer above
+  // stays null.
   struct NoModules {};
   GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage, NoModules);
   // The context every Dropout of the model shares (what a subclass's dropouts are built with).
@@ -243,7 +246,8 @@ class GPT : public Module {
   // wte's weight (V, C) as the first rows of the (Vp, C) table the head multiplies by, differentiably (the padded
   // rows' gradient is dropped). Free when the weight still lies in its padded buffer; after Module::to (which moves
   // only the V rows) the weight is put back into one (Tensor::set_data, so every holder sees it), and when the
-  // weight is a view into someone else's buffer (ZeRO's flat shards) the padded table is a copy made per call.
+  // weight is a view into someone else's buffer (a flat buffer of many parameters) the padded table is a copy made
+  // per call.
   Tensor padded_head_weight() const;
 
  private:

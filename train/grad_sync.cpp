@@ -132,7 +132,7 @@ void GradSync::after_backward() {
   // the average of the sums.
   std::vector<Tensor> grads;
   for (const Tensor& p : owned_params(stage_->parameters()))
-    if (stage_->replicated(origin(p)) && p.grad().defined()) grads.push_back(p.grad());
+    if (stage_->layout(origin(p)) == Layout::kReplicated && p.grad().defined()) grads.push_back(p.grad());
   dist::all_reduce_sum(grads, topology_->tp_group());
 }
 
@@ -218,7 +218,7 @@ T GradSync::norm_squared(const std::vector<Tensor>& params, Device device) const
   auto part = [&](const std::vector<Tensor>& some) {
     std::vector<Tensor> counted;
     for (const Tensor& p : some)
-      if (!stage_->tied_copy(origin(p))) counted.push_back(p);
+      if (stage_->layout(origin(p)) != Layout::kTiedCopy) counted.push_back(p);
     T mine = squares(counted, static_cast<T*>(nullptr), device);
     if (zero_ > 0) mine = sum_over(topology_->dp_group(), mine);  // each dp rank holds its shard
     return T(sum_over(topology_->model_parallel_group(), mine));
@@ -227,7 +227,7 @@ T GradSync::norm_squared(const std::vector<Tensor>& params, Device device) const
   // A replicated parameter is held tp times but counts once: the split ones' squares plus 1/tp of the replicated
   // ones', two collectives of one number each, in the same order on every rank.
   std::vector<Tensor> split, replicated;
-  for (const Tensor& p : params) (stage_->replicated(origin(p)) ? replicated : split).push_back(p);
+  for (const Tensor& p : params) (stage_->layout(origin(p)) == Layout::kReplicated ? replicated : split).push_back(p);
   const T split_sq = part(split);
   return plus_share(split_sq, part(replicated), stage_->tp());
 }

@@ -33,6 +33,10 @@ class TensorParallelGPT;
 
 namespace minidl::train {
 
+// How a parameter of this rank lies in the whole model: held whole (tp 1), split over the tp group, replicated on
+// it, or the last stage's tied copy of wte (whole or split: its values are the first stage's copy's).
+enum class Layout { kWhole, kSplit, kReplicated, kTiedCopy };
+
 class Stage {
  public:
   // This rank's chunks of the whole model (cfg, seed) for `spec` on `topology`, and the schedule, validated (throws
@@ -68,9 +72,12 @@ class Stage {
   std::vector<Tensor> parameters() const;
   Device device() const { return parameters().front().device(); }
 
-  // Layouts.
-  bool replicated(const Tensor& p) const { return replicated_.count(p.impl()) > 0; }
-  bool tied_copy(const Tensor& p) const { return tied_copy_.defined() && p.impl() == tied_copy_.impl(); }
+  // The layout of one of this stage's parameters.
+  Layout layout(const Tensor& p) const {
+    if (tied_copy_.defined() && p.impl() == tied_copy_.impl()) return Layout::kTiedCopy;
+    if (replicated_.count(p.impl())) return Layout::kReplicated;
+    return tp_ > 1 ? Layout::kSplit : Layout::kWhole;
+  }
   // The tied wte this stage holds when pp > 1 (the embedding's on the first stage, the head's on the last; their
   // gradients are summed over the embedding group); undefined otherwise.
   Tensor tied_weight() const { return tied_weight_; }

@@ -247,7 +247,7 @@ void Trainer::State::print_tensor_parallel_step() const {
     for (const auto& [name, p] : stage->chunk(v).named_parameters()) {
       double whole = 4;
       for (int64_t d : stage->logical_shape(v, name, p)) whole *= double(d);
-      predicted += stage->split(v)->layout(name).is_split() ? whole / tp : whole;
+      predicted += stage->layout(p) == Layout::kReplicated ? whole : whole / tp;
     }
   const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();
   std::printf("tp memory, tp rank %d of %d (dp rank %d): params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB "

@@ -67,7 +67,7 @@ RunResult run(const Case& c) {
     topo = std::make_unique<dist::Topology>(ctx().world(), dist::Grid{n, 1, 1}, "ring");
     if (c.zero == 0 && c.block_buckets)
       sync = std::make_unique<train::GradSync>(
-          train::Stage::of(model), *topo, train::SyncOptions{.buckets = dist::block_buckets(model.named_parameters(), 0, 2)});
+          train::Stage::of(model), *topo, train::SyncOptions{.buckets = dist::block_buckets(model)});
     else if (c.zero == 0)
       sync = std::make_unique<train::GradSync>(train::Stage::of(model), *topo, train::SyncOptions{.caps = small_buckets()});
     else if (c.zero == 3)
