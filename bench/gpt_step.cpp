@@ -320,7 +320,7 @@ int main(int argc, char** argv) {
     if (device.is_cuda() && peak_tflops <= 0) peak_tflops = train::gpu_peak_tflops(name, options.amp, tf32);
     const double mfu = peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0;
     if (ctx.world_size() > 1 || zero > 0)
-      std::printf("ranks: %d (dp %d x tp %d), %s over %s\n", ctx.world_size(), world, tp, sync->name(),
+      std::printf("ranks: %d (dp %d x tp %d), %s over %s\n", ctx.world_size(), world, tp, sync->name().c_str(),
                   topo.backend().c_str());
     std::printf("device: %s%s\n", name.c_str(),
                 device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str()

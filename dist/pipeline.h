@@ -1,7 +1,7 @@
 // Pipeline schedules as data: for every pipeline rank, the ordered list of what it does in one optimizer step
 // (forward micro-batch m through model chunk v, backward, post a send or a receive of an activation or of its
 // gradient, the optimizer step). Nothing here talks to MPI: a schedule is built, validated, simulated and drawn as
-// plain data, and an executor (train/pipeline_step.h) then runs the list it is given, action by action.
+// plain data, and an executor (train/step.h) then runs the list it is given, action by action.
 //
 //   dist::PipelineSpec spec{.kind = dist::ScheduleKind::k1F1B, .stages = 4, .micro_batches = 8};
 //   dist::Schedule s = dist::make_schedule(spec);        // s.ranks[r]: rank r's actions, in posting order

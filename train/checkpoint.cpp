@@ -45,6 +45,20 @@ extern "C" void on_preemption_signal(int) { g_preempted.store(true); }
 
 }  // namespace
 
+std::string scaler_state_json(const optim::GradScalerState& s) {
+  return nlohmann::json{{"scale", s.scale},
+                        {"clean_steps", s.clean_steps},
+                        {"overflows_left", s.overflows_left},
+                        {"skipped_steps", s.skipped_steps}}
+      .dump();
+}
+
+optim::GradScalerState scaler_state_from_json(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  return {j.at("scale").get<double>(), j.at("clean_steps").get<int64_t>(), j.at("overflows_left").get<int64_t>(),
+          j.at("skipped_steps").get<int64_t>()};
+}
+
 std::string checkpoint_name(int64_t step) {
   char s[32];
   std::snprintf(s, sizeof s, "step-%08lld", (long long)step);
@@ -101,11 +115,7 @@ void save_checkpoint(const std::string& dir, const nn::GPT* model, const std::st
                        {"optimizer_step", opt.step},
                        {"model_config", nlohmann::json::parse(nn::gpt_config_to_json(model->config()))},
                        {"run_config", nlohmann::json::parse(state.config)}};
-  if (state.scaler)
-    st["grad_scaler"] = {{"scale", state.scaler->scale},
-                         {"clean_steps", state.scaler->clean_steps},
-                         {"overflows_left", state.scaler->overflows_left},
-                         {"skipped_steps", state.scaler->skipped_steps}};
+  if (state.scaler) st["grad_scaler"] = nlohmann::json::parse(scaler_state_json(*state.scaler));
   nn::write_text_file_atomically((tmp / kStateFile).string(), st.dump(2));
 
   Manifest manifest;
@@ -170,12 +180,7 @@ Checkpoint load_checkpoint(const std::string& dir) {
     c.state.schedule_step = st.at("schedule_step").get<int64_t>();
     c.optimizer_step = st.at("optimizer_step").get<int64_t>();
     c.state.config = st.at("run_config").dump();
-    if (st.contains("grad_scaler")) {
-      const auto& g = st["grad_scaler"];
-      c.state.scaler = optim::GradScalerState{g.at("scale").get<double>(), g.at("clean_steps").get<int64_t>(),
-                                              g.at("overflows_left").get<int64_t>(),
-                                              g.at("skipped_steps").get<int64_t>()};
-    }
+    if (st.contains("grad_scaler")) c.state.scaler = scaler_state_from_json(st["grad_scaler"].dump());
   } catch (const nlohmann::json::exception& e) {
     MINIDL_CHECK(false, "checkpoint ", state_path, ": missing or mistyped field (", e.what(), ")");
   }

@@ -94,6 +94,11 @@ KeepTensors checkpoint_share(const Stage& stage);
 OptimizerCheckpoint optimizer_state(const optim::AdamW& optimizer, const Stage& stage, GradSync& sync,
                                     const KeepTensors& keep);
 
+// The loss scaler's state as JSON text (scale, clean_steps, overflows_left, skipped_steps: in state.json and in a
+// --save file's metadata) and back; the reader throws nlohmann::json's exception on a missing or mistyped field.
+std::string scaler_state_json(const optim::GradScalerState& s);
+optim::GradScalerState scaler_state_from_json(const std::string& text);
+
 // Name of the checkpoint directory for a step: "step-00000020".
 std::string checkpoint_name(int64_t step);
 

@@ -121,13 +121,4 @@ std::vector<int32_t> generate(nn::GPT& model, std::vector<int32_t> tokens, const
   return tokens;
 }
 
-std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> prompt, int64_t n, double temperature,
-                            uint64_t seed) {
-  GenerateOptions o;
-  o.max_new_tokens = n;
-  o.temperature = temperature;
-  o.seed = seed;
-  return generate(model, std::move(prompt), o);
-}
-
 }  // namespace minidl::train

@@ -1,7 +1,7 @@
 // Evaluation and sampling. Evaluation is collective over the stage's pp and dp groups: every rank calls it.
 //
 //   double val = train::evaluate(stage, windows, /*batch=*/12, &topology.dp_group());   // the same on every rank
-//   auto text = train::sample(model, prompt, 500, /*temperature=*/1.0, seed);            // the same on every rank
+//   std::vector<int32_t> ids = train::generate(model, prompt, {.max_new_tokens = 500});   // prompt + 500 tokens
 #pragma once
 
 #include <cstdint>
@@ -40,9 +40,5 @@ struct GenerateOptions {
 // refilled from the window at each token from then on. Every rank that holds the whole model computes the same
 // tokens.
 std::vector<int32_t> generate(nn::GPT& model, std::vector<int32_t> prompt, const GenerateOptions& options);
-
-// generate() with sampling at `temperature`, no top-k.
-std::vector<int32_t> sample(nn::GPT& model, std::vector<int32_t> prompt, int64_t n, double temperature,
-                            uint64_t seed);
 
 }  // namespace minidl::train

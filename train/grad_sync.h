@@ -49,7 +49,6 @@ class KeepTensors {
   KeepTensors(bool all) : all_(all) {}  // NOLINT: implicit, so `keep` may stay a bool where it is all or nothing
   explicit KeepTensors(std::function<bool(const std::string&)> owns) : owns_(std::move(owns)) {}
   bool operator()(const std::string& name) const { return owns_ ? owns_(name) : all_; }
-  bool none() const { return !owns_ && !all_; }
 
  private:
   bool all_ = false;

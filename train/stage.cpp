@@ -30,16 +30,13 @@ Stage::Stage(const nn::GPTConfig& cfg, uint64_t seed, const dist::PipelineSpec& 
   }
 }
 
-Stage Stage::of(nn::GPT& model, int micro_batches) {
-  Stage s({dist::ScheduleKind::k1F1B, 1, micro_batches, 1}, nullptr);
-  s.add_chunk(std::shared_ptr<nn::GPT>(&model, [](nn::GPT*) {}), nullptr);
-  return s;
-}
+Stage Stage::of(nn::GPT& model, int micro_batches) { return of(model, nullptr, micro_batches); }
+Stage Stage::of(dist::TensorParallelGPT& model, int micro_batches) { return of(model, &model, micro_batches); }
 
-Stage Stage::of(dist::TensorParallelGPT& model, int micro_batches) {
+Stage Stage::of(nn::GPT& model, dist::TensorParallelGPT* split, int micro_batches) {
   Stage s({dist::ScheduleKind::k1F1B, 1, micro_batches, 1}, nullptr);
-  s.sequence_parallel_ = model.sequence_parallel();
-  s.add_chunk(std::shared_ptr<nn::GPT>(&model, [](nn::GPT*) {}), &model);
+  s.sequence_parallel_ = split && split->sequence_parallel();
+  s.add_chunk(std::shared_ptr<nn::GPT>(&model, [](nn::GPT*) {}), split);  // not owned
   return s;
 }
 

@@ -115,6 +115,7 @@ class Stage {
 
  private:
   Stage(const dist::PipelineSpec& spec, const dist::Topology* topology);
+  static Stage of(nn::GPT& model, dist::TensorParallelGPT* split, int micro_batches);
   void add_chunk(std::shared_ptr<nn::GPT> chunk, dist::TensorParallelGPT* split);
 
   const dist::Topology* topology_ = nullptr;

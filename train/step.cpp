@@ -240,14 +240,6 @@ StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::B
   return train_step(stage, optimizer, batch, o);
 }
 
-StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,
-                      double grad_clip) {
-  StepOptions o;
-  o.lr = lr;
-  o.grad_clip = grad_clip;
-  return train_step(model, optimizer, batch, o);
-}
-
 void StepResult::read() {
   if (!pending()) return;
   if (on_device.loss.defined()) loss = on_device.loss.item();

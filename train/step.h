@@ -88,9 +88,6 @@ StepResult train_step(Stage& stage, optim::Optimizer& optimizer, const data::Bat
 // The same for a whole model this process holds (Stage::of(model, options.micro_batches)).
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch,
                       const StepOptions& options);
-// With defaults: full precision, one micro-batch.
-StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, double lr,
-                      double grad_clip);
 
 // The second half of a step, after the backward passes: on `params`, the gradients this rank owns, unscale and check
 // for overflow (combined over the ranks by the GradSync), the gradient norm into r.grad_norm, clipping, the

@@ -40,32 +40,19 @@ DType amp_dtype(const std::string& amp) {
   return DType::f32;
 }
 
-// A field of a model file's metadata holding JSON, parsed by `read`; any error names the file, the field and what
-// was expected.
+// A field of a model file's metadata holding JSON, read by `read`; any error names the file, the field and what was
+// expected.
 template <class F>
 auto metadata_field(const std::string& file, const nn::Metadata& metadata, const std::string& field,
                     const char* expected, F read) {
   const std::string& text = metadata.at(field);
   try {
-    return read(nlohmann::json::parse(text));
+    return read(text);
   } catch (const std::exception& e) {
     MINIDL_CHECK(false, file, ": __metadata__ field \"", field, "\": expected ", expected, ", got '",
                  text.substr(0, 80), "' (", e.what(), ")");
     throw;
   }
-}
-
-// GradScalerState <-> the JSON string stored in a checkpoint's metadata under "grad_scaler".
-std::string scaler_state_json(const optim::GradScalerState& s) {
-  return nlohmann::json{{"scale", s.scale},
-                        {"clean_steps", s.clean_steps},
-                        {"overflows_left", s.overflows_left},
-                        {"skipped_steps", s.skipped_steps}}
-      .dump();
-}
-optim::GradScalerState scaler_state_from_json(const nlohmann::json& j) {
-  return {j.at("scale").get<double>(), j.at("clean_steps").get<int64_t>(), j.at("overflows_left").get<int64_t>(),
-          j.at("skipped_steps").get<int64_t>()};
 }
 
 std::string fmt(const char* f, double v) {
@@ -393,7 +380,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
                  ": the checkpoint has no \"vocab\" metadata");
     const data::Tokenizer saved = metadata_field(
         s.ckpt_source, s.ckpt->metadata, "vocab", "the tokenizer as JSON (save_gpt's)",
-        [&](const nlohmann::json& j) { return data::Tokenizer::from_json(j, o.gpt2_encoding); });
+        [&](const std::string& t) { return data::Tokenizer::from_json(nlohmann::json::parse(t), o.gpt2_encoding); });
     MINIDL_CHECK(o.tokenizer.empty() || o.tokenizer == saved.kind(), "--tokenizer ", o.tokenizer, ": the checkpoint ",
                  s.ckpt_source, " was trained with the ", saved.kind(), " tokenizer");
     s.ds.emplace(open_dataset(o, &saved));

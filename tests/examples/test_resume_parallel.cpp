@@ -1,7 +1,7 @@
 // Training checkpoints of model-parallel runs (train/checkpoint.h): a checkpoint stores every tensor as one process
 // holds it (the logical tensor), so a tensor-parallel run resumes bit for bit at its own tp and continues at another
 // tp (or dp) within rounding, and the consolidated --save of a tp run loads at another tp and in PyTorch; the same
-// for pipelines (train/pipeline_checkpoint.h), with tp inside the stages (tp 2 x pp 2) and ZeRO 1-2 over them.
+// for pipelines (train/checkpoint.h), with tp inside the stages (tp 2 x pp 2) and ZeRO 1-2 over them.
 //
 // Oracles: the uninterrupted run (bitwise, same topology); one process (the same steps, within kF32SumOrder where
 // the topology changes the summation order: support/loss_agreement.h); the one-process checkpoint itself (the gathered AdamW moments and weights

@@ -1,6 +1,6 @@
 // A pipeline-parallel step (pp 2, 1F1B, "nccl") on the emulated CUDA device without host round trips (issue #15),
 // on a host batch or on one drawn on the device (data::DeviceBatchSampler):
-// train::pipeline_train_step with StepOptions::read_back false leaves the loss, shared over the pp group by a
+// train::train_step on a pipeline stage with StepOptions::read_back false leaves the loss, shared over the pp group by a
 // device all-reduce, in StepResult::on_device like train_step. Oracles: the backend's counters (nothing read back,
 // the batch uploaded once), the same steps with read_back true (bit for bit) and one process accumulating over the
 // same micro-batches on the same device.
@@ -34,8 +34,8 @@ train::StepOptions options(bool fp16, bool read_back, optim::GradScaler& scaler)
   return testing::tiny_step_options(fp16, read_back, scaler);
 }
 
-// How a run's steps are made: read_back false or true, or the host-side reference (what pipeline_train_step did
-// before: the last stage's loss read by pipeline_forward_backward, summed over the pp group on the host, then
+// How a run's steps are made: read_back false or true, or the host-side reference (what train_step did
+// before: the last stage's loss read from forward_backward, summed over the pp group on the host, then
 // apply_step).
 enum class Mode { kUnread, kRead, kHostReference };
 

@@ -126,7 +126,7 @@ TEST_F(TensorParallelOnDevice, SteadyStateStepMakesNoRoundTrip) {
   }
 }
 
-// dp 2 x tp 2 at 4 ranks, under DDP and under ZeRO 2 (the TensorParallelSync around them combines the device
+// dp 2 x tp 2 at 4 ranks, under DDP and under ZeRO 2 (the GradSync over them combines the device
 // norm): the same counts, the batch being each dp rank's half.
 TEST_F(TensorParallelOnDevice, DataTimesTensorParallelStepMakesNoRoundTrip) {
   if (pp_ == 1) GTEST_SKIP() << "dp 2 x tp 2: runs at 4 ranks";

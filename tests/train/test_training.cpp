@@ -32,7 +32,7 @@ std::vector<double> run_losses(const data::TextDataset& ds, int steps, int threa
   optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {3e-3});
   data::BatchSampler sampler(ds.train(), seq, 8, 1337);
   std::vector<double> losses;
-  for (int s = 0; s < steps; ++s) losses.push_back(train::train_step(model, opt, sampler.batch(s), 3e-3, 1.0).loss);
+  for (int s = 0; s < steps; ++s) losses.push_back(train::train_step(model, opt, sampler.batch(s), {.lr = 3e-3}).loss);
   return losses;
 }
 
@@ -73,9 +73,9 @@ TEST(Training, SteadyStateStepsDoNotAskTheSystemForMemory) {
   model.train();
   optim::AdamW opt(optim::decay_groups(model.named_parameters(), 0.1), {1e-3});
   data::BatchSampler sampler(ds.train(), 32, 8, 1);
-  for (int s = 0; s < 3; ++s) train::train_step(model, opt, sampler.batch(s), 1e-3, 1.0);  // warm the cache
+  for (int s = 0; s < 3; ++s) train::train_step(model, opt, sampler.batch(s), {});  // warm the cache
   int64_t before = cpu_system_allocs();
-  for (int s = 3; s < 13; ++s) train::train_step(model, opt, sampler.batch(s), 1e-3, 1.0);
+  for (int s = 3; s < 13; ++s) train::train_step(model, opt, sampler.batch(s), {});
   EXPECT_EQ(cpu_system_allocs(), before) << "the caching allocator should serve every steady-state allocation";
 }
 
