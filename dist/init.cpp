@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/parallel.h"
+#include "dist/flight_recorder.h"
 
 namespace minidl::dist {
 
@@ -53,6 +54,7 @@ Context::Context(Context&& o) noexcept
       thread_level_(o.thread_level_) {}
 
 Context::~Context() {
+  stop_watchdog();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (owns_mpi_ && !finalized) MPI_Finalize();
@@ -109,6 +111,11 @@ Context init(int& argc, char**& argv) {
   ctx.ranks_on_host_ = local_size;
   ctx.threads_per_rank_ = default_num_threads(local_size);
   set_num_threads(ctx.threads_per_rank_);
+  // The watchdog (dist/flight_recorder.h), configured from the environment; the job's id (rank 0's process id)
+  // names its default debug directory, the same on every rank.
+  int job = int(::getpid());
+  MINIDL_MPI_CHECK(MPI_Bcast(&job, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  start_watchdog(watchdog_options_from_environment(std::to_string(job)), ctx.rank_);
   return ctx;
 }
 

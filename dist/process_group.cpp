@@ -5,6 +5,8 @@
 #include <mutex>
 #include <utility>
 
+#include "dist/flight_recorder.h"
+#include "dist/init.h"
 #include "dist/mpi_backend.h"
 #include "dist/reduce.h"
 #include "dist/ring_backend.h"
@@ -51,6 +53,37 @@ class ThenWork final : public Work {
   std::function<void()> finish_;
 };
 
+// A Work whose completion (or failure) is reported to the flight recorder.
+class RecordedWork final : public Work {
+ public:
+  RecordedWork(std::shared_ptr<Work> inner, int64_t id) : inner_(std::move(inner)), id_(id) {}
+  ~RecordedWork() override {
+    if (!done_) record_done(id_, FlightEntry::State::kDropped);
+  }
+  void wait() override {
+    try {
+      inner_->wait();
+    } catch (...) {
+      finish(FlightEntry::State::kFailed);
+      throw;
+    }
+    finish(FlightEntry::State::kCompleted);
+  }
+  bool is_completed() override {
+    const bool completed = inner_->is_completed();
+    if (completed) finish(FlightEntry::State::kCompleted);
+    return completed;
+  }
+
+ private:
+  void finish(FlightEntry::State state) {
+    if (!std::exchange(done_, true)) record_done(id_, state);
+  }
+  std::shared_ptr<Work> inner_;
+  int64_t id_;
+  bool done_ = false;
+};
+
 bool is_half(DType dt) { return dt == DType::f16 || dt == DType::bf16; }
 
 // True when the byte ranges of two contiguous tensors intersect.
@@ -76,6 +109,26 @@ std::shared_ptr<Work> completed_work() {
   return done;
 }
 
+std::vector<int> ProcessGroup::world_ranks() const {
+  if (!world_ranks_.empty()) return world_ranks_;
+  std::vector<int> ranks(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) ranks[size_t(r)] = r;
+  return ranks;
+}
+
+template <class Call>
+std::shared_ptr<Work> ProcessGroup::recorded(const char* op, const Tensor& t, int peer, const char* reduce_op,
+                                             Call call) {
+  const int64_t id = record_call(*this, op, t.defined() ? t.dtype() : DType::u8, t.defined() ? t.numel() : 0, peer,
+                                 reduce_op);
+  try {
+    return std::make_shared<RecordedWork>(call(), id);
+  } catch (...) {
+    record_done(id, FlightEntry::State::kFailed);
+    throw;
+  }
+}
+
 void ProcessGroup::unsupported(const char* op) const {
   throw Error(::minidl::detail::concat("backend ", name(), " does not support ", op));
 }
@@ -91,10 +144,12 @@ void ProcessGroup::check_tensor(const char* op, const Tensor& t) const {
 std::shared_ptr<Work> ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
   check_tensor("all_reduce", tensor);
   if (tensor.numel() == 0) return completed_work();
-  if (!is_half(tensor.dtype())) return do_all_reduce(tensor, op);
-  Tensor staged = comm_copy(tensor, DType::f32);
-  return std::make_shared<ThenWork>(do_all_reduce(staged, op),
-                                    [tensor, staged]() mutable { convert_into(tensor, staged); });
+  return recorded("all_reduce", tensor, -1, reduce_op_name(op), [&]() -> std::shared_ptr<Work> {
+    if (!is_half(tensor.dtype())) return do_all_reduce(tensor, op);
+    Tensor staged = comm_copy(tensor, DType::f32);
+    return std::make_shared<ThenWork>(do_all_reduce(staged, op),
+                                      [tensor, staged]() mutable { convert_into(tensor, staged); });
+  });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
@@ -105,12 +160,14 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor&
   MINIDL_CHECK(input.numel() == output.numel() * size(), name(), " reduce_scatter: input must hold size() = ",
                size(), " times the output's ", output.numel(), " elements, got ", input.numel());
   if (output.numel() == 0) return completed_work();
-  if (is_half(input.dtype())) {
-    Tensor staged_out = comm_copy(output, DType::f32);
-    auto inner = do_reduce_scatter(staged_out, comm_copy(input, DType::f32), op);
-    return std::make_shared<ThenWork>(inner, [output, staged_out]() mutable { convert_into(output, staged_out); });
-  }
-  return do_reduce_scatter(output, overlaps(output, input) ? comm_copy(input, input.dtype()) : input, op);
+  return recorded("reduce_scatter", input, -1, reduce_op_name(op), [&]() -> std::shared_ptr<Work> {
+    if (is_half(input.dtype())) {
+      Tensor staged_out = comm_copy(output, DType::f32);
+      auto inner = do_reduce_scatter(staged_out, comm_copy(input, DType::f32), op);
+      return std::make_shared<ThenWork>(inner, [output, staged_out]() mutable { convert_into(output, staged_out); });
+    }
+    return do_reduce_scatter(output, overlaps(output, input) ? comm_copy(input, input.dtype()) : input, op);
+  });
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather(Tensor& output, const Tensor& input) {
@@ -121,7 +178,9 @@ std::shared_ptr<Work> ProcessGroup::all_gather(Tensor& output, const Tensor& inp
   MINIDL_CHECK(output.numel() == input.numel() * size(), name(), " all_gather: output must hold size() = ", size(),
                " times the input's ", input.numel(), " elements, got ", output.numel());
   if (input.numel() == 0) return completed_work();
-  return do_all_gather(output, overlaps(output, input) ? comm_copy(input, input.dtype()) : input);
+  return recorded("all_gather", output, -1, nullptr, [&] {
+    return do_all_gather(output, overlaps(output, input) ? comm_copy(input, input.dtype()) : input);
+  });
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(Tensor& tensor, int root) {
@@ -129,7 +188,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(Tensor& tensor, int root) {
   MINIDL_CHECK(root >= 0 && root < size(), name(), " broadcast: root ", root, " is not a rank of this group of ",
                size());
   if (tensor.numel() == 0) return completed_work();
-  return do_broadcast(tensor, root);
+  return recorded("broadcast", tensor, root, nullptr, [&] { return do_broadcast(tensor, root); });
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
@@ -138,7 +197,7 @@ std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag)
                size());
   MINIDL_CHECK(tag >= 0 && tag <= kMaxTag, name(), " send: tag must be in 0..", kMaxTag, ", got ", tag);
   if (tensor.numel() == 0) return completed_work();
-  return do_send(tensor, dst, tag);
+  return recorded("send", tensor, dst, nullptr, [&] { return do_send(tensor, dst, tag); });
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, int tag) {
@@ -146,10 +205,12 @@ std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, int tag) {
   MINIDL_CHECK(src >= 0 && src < size(), name(), " recv: source ", src, " is not a rank of this group of ", size());
   MINIDL_CHECK(tag >= 0 && tag <= kMaxTag, name(), " recv: tag must be in 0..", kMaxTag, ", got ", tag);
   if (tensor.numel() == 0) return completed_work();
-  return do_recv(tensor, src, tag);
+  return recorded("recv", tensor, src, nullptr, [&] { return do_recv(tensor, src, tag); });
 }
 
-std::shared_ptr<Work> ProcessGroup::barrier() { return do_barrier(); }
+std::shared_ptr<Work> ProcessGroup::barrier() {
+  return recorded("barrier", Tensor(), -1, nullptr, [&] { return do_barrier(); });
+}
 
 std::shared_ptr<Work> ProcessGroup::do_all_reduce(Tensor&, ReduceOp) { unsupported("all_reduce"); }
 std::shared_ptr<Work> ProcessGroup::do_reduce_scatter(Tensor&, const Tensor&, ReduceOp) {
@@ -183,8 +244,9 @@ void register_process_group_factory(const std::string& backend, ProcessGroupFact
     r.factories.erase(backend);
 }
 
-std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI_Comm comm,
-                                                 std::optional<Device> device) {
+namespace {
+
+std::unique_ptr<ProcessGroup> make_backend(const std::string& backend, MPI_Comm comm, std::optional<Device> device) {
   if (backend == "mpi") {
     MINIDL_CHECK(!device || device->is_cpu(), "make_process_group: backend mpi serves CPU tensors, not ", *device,
                  " (use 'nccl' or 'ring' for device tensors)");
@@ -203,6 +265,24 @@ std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI
                "NCCL are found) and call minidl::cuda::register_backend() first");
   throw Error(::minidl::detail::concat("make_process_group: unknown backend '", backend,
                                        "'; expected 'mpi', 'ring' or 'nccl'"));
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI_Comm comm,
+                                                 std::optional<Device> device) {
+  std::unique_ptr<ProcessGroup> group = make_backend(backend, comm, device);
+  // The group's ranks in MPI_COMM_WORLD, which the watchdog names.
+  MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MINIDL_MPI_CHECK(MPI_Comm_group(comm, &mine));
+  MINIDL_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> ranks(size_t(group->size())), world_ranks(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = int(r);
+  MINIDL_MPI_CHECK(MPI_Group_translate_ranks(mine, int(ranks.size()), ranks.data(), world, world_ranks.data()));
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  group->set_world_ranks(std::move(world_ranks));
+  return group;
 }
 
 }  // namespace minidl::dist

@@ -32,6 +32,9 @@
 //   ("nccl", and "ring" on a device) the messages between two ranks match in the order they were posted; the
 //   tag is still checked for range.
 // - An operation a backend does not implement throws "backend <name> does not support <op>".
+// - Every call is stamped with the group's next sequence number and recorded in the flight recorder, whose
+//   watchdog ends a job whose call does not complete in time, naming the ranks that have not joined it
+//   (dist/flight_recorder.h). Zero-element calls are no-ops and are not recorded.
 #pragma once
 
 #include <mpi.h>
@@ -39,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -85,6 +89,13 @@ class ProcessGroup {
   // Completes on a rank once every rank of the group has called it.
   std::shared_ptr<Work> barrier();
 
+  // What the flight recorder and the watchdog call the group ("dp", "tp", ...; default: the backend's name), and its
+  // ranks' ranks in MPI_COMM_WORLD (make_process_group sets them; a group made otherwise: 0 .. size() - 1).
+  std::string label() const { return label_.empty() ? name() : label_; }
+  void set_label(std::string label) { label_ = std::move(label); }
+  std::vector<int> world_ranks() const;
+  void set_world_ranks(std::vector<int> ranks) { world_ranks_ = std::move(ranks); }
+
  protected:
   // What a backend implements. The public methods above have validated the arguments, skipped empty tensors,
   // staged f16/bf16 reductions through f32 and separated overlapping inputs, so a backend sees contiguous,
@@ -101,6 +112,12 @@ class ProcessGroup {
  private:
   [[noreturn]] void unsupported(const char* op) const;
   void check_tensor(const char* op, const Tensor& t) const;
+  // Records the call in the flight recorder, runs it, and hands back a Work that reports its completion.
+  template <class Call>
+  std::shared_ptr<Work> recorded(const char* op, const Tensor& t, int peer, const char* reduce_op, Call call);
+
+  std::string label_;
+  std::vector<int> world_ranks_;
 };
 
 // Makes a process group of `backend` ("mpi", "ring" or "nccl") over the ranks of `comm` (which it duplicates, so

@@ -59,6 +59,12 @@ Topology::Topology(MPI_Comm world, Grid grid, const std::string& backend, std::o
   embedding_group_ = split_group(world, holds_embedding ? c.dp * grid_.tp + c.tp : MPI_UNDEFINED, c.pp, backend,
                                  device);
   model_parallel_group_ = split_group(world, c.dp, c.pp * grid_.tp + c.tp, backend, device);
+  // What the flight recorder and the watchdog call them.
+  dp_group_->set_label("dp");
+  tp_group_->set_label("tp");
+  pp_group_->set_label("pp");
+  if (embedding_group_) embedding_group_->set_label("embedding");
+  model_parallel_group_->set_label("model_parallel");
 }
 
 }  // namespace minidl::dist

@@ -123,6 +123,14 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "
                  "either device); default: mpi on the CPU, nccl with --device cuda")
       ->capture_default_str();
+  app.add_option("--collective-timeout", o.collective_timeout,
+                 "Seconds a collective or send/recv may take before every rank that can still run writes its flight "
+                 "recorder to --debug-dir and the job ends (exit code 3) naming the group, the sequence number, the "
+                 "op and the ranks that have not joined it (default: $MINIDL_COLLECTIVE_TIMEOUT, else 600; 0: off)");
+  app.add_option("--debug-dir", o.debug_dir,
+                 "Where the watchdog writes each rank's progress and, on a timeout, flight recorder "
+                 "(scripts/flight_recorder.py reads them); all ranks must see it (default: $MINIDL_DEBUG_DIR, else "
+                 "$TMPDIR or /tmp, in minidl-<job id>)");
   app.add_option("--zero", o.zero,
                  "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (AdamW state sharded: 8/dp bytes per "
                  "parameter), 2 (gradients sharded too: 4/dp), 3 (block parameters sharded too, gathered per block: "

@@ -197,16 +197,29 @@ Checkpoint load_checkpoint(const std::string& dir) {
   return c;
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& parent,
-                                             const std::function<void(const std::string&)>& log) {
-  if (!fs::is_directory(parent)) return std::nullopt;
+std::vector<std::string> complete_checkpoints(const std::string& parent,
+                                              const std::function<void(const std::string&)>& log) {
+  std::vector<std::string> out;
+  if (!fs::is_directory(parent)) return out;
   std::vector<fs::path> dirs;
   for (const auto& e : fs::directory_iterator(parent))
     if (is_step_dir(e.path())) dirs.push_back(e.path());
   std::sort(dirs.begin(), dirs.end());
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
-    if (fs::exists(*it / kDoneFile)) return it->string();
-    log("skipping " + it->string() + ": incomplete (no DONE marker)");
+    if (fs::exists(*it / kDoneFile)) out.push_back(it->string());
+    else log("skipping " + it->string() + ": incomplete (no DONE marker)");
+  }
+  return out;
+}
+
+std::optional<Checkpoint> latest_checkpoint(const std::string& parent,
+                                            const std::function<void(const std::string&)>& log) {
+  for (const std::string& dir : complete_checkpoints(parent, log)) {
+    try {
+      return load_checkpoint(dir);
+    } catch (const Error& e) {
+      log("skipping " + dir + ": " + e.what());
+    }
   }
   return std::nullopt;
 }

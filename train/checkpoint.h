@@ -30,7 +30,7 @@
 //   train::Checkpoint c = train::load_checkpoint(dir / "step-00000020");   // verified
 //   train::restore_model(c, stage);                    // before the GradSync shards the parameters
 //   train::restore_optimizer(c, stage, sync, optimizer);
-//   std::optional<std::string> latest = train::latest_checkpoint(dir, log); // newest complete one
+//   std::optional<train::Checkpoint> latest = train::latest_checkpoint(dir, log);   // newest that verifies
 #pragma once
 
 #include <cstdint>
@@ -128,9 +128,13 @@ void load_model(Stage& stage, const std::string& path);
 void restore_model(const Checkpoint& c, Stage& stage);
 void restore_optimizer(const Checkpoint& c, const Stage& stage, GradSync& sync, optim::AdamW& optimizer);
 
-// The newest complete checkpoint (step-* with DONE) in `parent`, or none. Incomplete ones are reported through
-// `log` and skipped.
-std::optional<std::string> latest_checkpoint(const std::string& parent, const std::function<void(const std::string&)>& log);
+// The complete checkpoints (step-* with DONE) in `parent`, newest first. Incomplete ones are reported through `log`
+// and left out.
+std::vector<std::string> complete_checkpoints(const std::string& parent,
+                                              const std::function<void(const std::string&)>& log);
+// The newest of them that loads and verifies (load_checkpoint), or none: one that fails is reported through `log`
+// with the reason and skipped, so a restart after a crash never sticks on a damaged directory.
+std::optional<Checkpoint> latest_checkpoint(const std::string& parent, const std::function<void(const std::string&)>& log);
 
 // Deletes all but the newest `keep` complete checkpoints in `parent` (and any *.tmp left by a crash).
 void prune_checkpoints(const std::string& parent, int64_t keep);

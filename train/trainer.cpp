@@ -14,6 +14,7 @@
 #include "data/text_dataset.h"
 #include "data/shard_sampler.h"
 #include "data/token_shards.h"
+#include "dist/flight_recorder.h"
 #include "dist/topology.h"
 #include "dist/tp_gpt.h"
 #include "nn/checkpoint.h"
@@ -53,6 +54,10 @@ auto metadata_field(const std::string& file, const nn::Metadata& metadata, const
                  text.substr(0, 80), "' (", e.what(), ")");
     throw;
   }
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::string fmt(const char* f, double v) {
@@ -132,6 +137,8 @@ void TrainConfig::validate(int world) const {
   nn::parse_recompute(recompute);
   MINIDL_CHECK(temperature >= 0, "--temperature: expected 0 (greedy) or a positive number, got ", temperature);
   MINIDL_CHECK(top_k >= 0, "--top-k: expected 0 (every token) or more, got ", top_k);
+  MINIDL_CHECK(!collective_timeout || (*collective_timeout >= 0 && std::isfinite(*collective_timeout)),
+               "--collective-timeout: expected 0 (off) or a number of seconds, got ", collective_timeout.value_or(0));
   if (!checkpoint_dir.empty() && std::filesystem::exists(checkpoint_dir))
     MINIDL_CHECK(std::filesystem::is_directory(checkpoint_dir), "--checkpoint-dir: ", checkpoint_dir,
                  " exists and is not a directory");
@@ -352,24 +359,25 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   s.cfg = config;
   const TrainConfig& o = s.cfg;
   set_num_threads(o.threads > 0 ? o.threads : ctx.threads_per_rank());
-
-  std::string resume_dir = o.resume;
-  if (o.resume == "auto") {
-    auto latest = latest_checkpoint(o.checkpoint_dir, [&](const std::string& m) { s.notes.push_back(m); });
-    resume_dir = latest.value_or("");
-    s.notes.push_back(latest ? "resuming from " + *latest
-                             : "no complete checkpoint in " + o.checkpoint_dir + ": starting fresh");
-  } else if (!o.resume.empty()) {
-    s.notes.push_back("resuming from " + o.resume);
+  if (o.collective_timeout || !o.debug_dir.empty()) {  // the flags over the environment's watchdog options
+    dist::WatchdogOptions w = dist::watchdog_options();
+    if (o.collective_timeout) w.timeout_s = *o.collective_timeout;
+    if (!o.debug_dir.empty()) w.debug_dir = o.debug_dir;
+    dist::start_watchdog(w, ctx.rank());
   }
-  if (!resume_dir.empty()) {
-    auto t0 = std::chrono::steady_clock::now();
-    s.resume = load_checkpoint(resume_dir);  // verified: sizes, checksums, DONE
-    s.notes.push_back("checkpoint read and verified in " +
-                      fmt("%.0f", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                                      .count()) + " ms");
-    s.ckpt_source = resume_dir;
-    s.ckpt = nn::load_gpt((std::filesystem::path(resume_dir) / "model.safetensors").string());
+
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.resume == "auto") {  // the newest checkpoint that verifies; damaged ones are skipped by name
+    s.resume = latest_checkpoint(o.checkpoint_dir, [&](const std::string& m) { s.notes.push_back(m); });
+    if (!s.resume) s.notes.push_back("no complete checkpoint in " + o.checkpoint_dir + " verifies: starting fresh");
+  } else if (!o.resume.empty()) {
+    s.resume = load_checkpoint(o.resume);  // verified: sizes, checksums, DONE
+  }
+  if (s.resume) {
+    s.notes.push_back("resuming from " + s.resume->dir + " (read and verified in " + fmt("%.0f", ms_since(t0)) +
+                      " ms)");
+    s.ckpt_source = s.resume->dir;
+    s.ckpt = nn::load_gpt((std::filesystem::path(s.resume->dir) / "model.safetensors").string());
   } else if (!o.init_from.empty()) {
     s.ckpt_source = o.init_from;
     s.ckpt = nn::load_gpt(o.init_from);
@@ -603,10 +611,6 @@ class Meter {
   double window_ms_ = 0, timed_ms_ = 0, compute_ms_ = 0, comm_ms_ = 0, exposed_ms_ = 0, recent_loss_ = 0;
   int64_t window_steps_ = 0, timed_ = 0, recent_ = 0;
 };
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace
 

@@ -90,6 +90,11 @@ struct TrainConfig {
   std::string device = "cpu";
   bool tf32 = false;
   bool cuda_graph = false;          // capture one step as a CUDA graph and replay it (train/cuda_graph.h)
+  // The watchdog (dist/flight_recorder.h): seconds a collective may take before every rank dumps its flight
+  // recorder into debug_dir and the job ends naming the ranks that did not join (unset: MINIDL_COLLECTIVE_TIMEOUT,
+  // else 600; 0: off); debug_dir empty: MINIDL_DEBUG_DIR, else a directory in $TMPDIR or /tmp named for the job.
+  std::optional<double> collective_timeout;
+  std::string debug_dir;
 
   int64_t layers_or_default() const { return layers.value_or(4); }
   int64_t heads_or_default() const { return heads.value_or(4); }

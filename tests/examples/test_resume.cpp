@@ -181,6 +181,15 @@ TEST_F(Resume, BadCheckpointsAreRefusedByName) {
   EXPECT_EQ(skip.code, 0) << skip.out;
   EXPECT_NE(skip.out.find("skipping " + path("ck") + "/step-00000003: incomplete"), std::string::npos) << skip.out;
   EXPECT_NE(skip.out.find("resuming from " + good), std::string::npos) << skip.out;
+  // --resume auto skips a newer checkpoint that fails verification (one flipped byte), naming it and the problem, so
+  // a crash-restart loop cannot stick on a damaged directory; an explicit --resume of it is still refused (above).
+  fs::remove_all(path("ck") + "/step-00000003");
+  fs::copy(c, path("ck") + "/step-00000003", fs::copy_options::recursive);
+  Result past = run(1, flags(4) + " --checkpoint-dir " + path("ck") + " --resume auto");
+  EXPECT_EQ(past.code, 0) << past.out;
+  EXPECT_NE(past.out.find("skipping " + path("ck") + "/step-00000003: "), std::string::npos) << past.out;
+  EXPECT_NE(past.out.find("(corrupted)"), std::string::npos) << past.out;
+  EXPECT_NE(past.out.find("resuming from " + good), std::string::npos) << past.out;
 }
 
 // Resharding: a checkpoint written by one process continues at two data-parallel ranks (the optimizer state is

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""No silent hangs (dist/flight_recorder.h), end to end under mpirun:
+
+- 4 ranks of train_gpt with --collective-timeout 2; rank 3 stopped (SIGSTOP) mid-run: the job ends within 7 s with
+  exit code 3, the first error line names rank 3 and the stuck call's sequence number, the other ranks' flight
+  recorders are in --debug-dir, scripts/flight_recorder.py names the same rank and sequence number, and no process
+  is left behind;
+- the jobs of the `hang` program (an extra all_reduce on one rank, a recv whose send never comes) end within the
+  timeout with exit code 3, naming the call.
+
+    test_hangs.py MPIEXEC TRAIN_GPT HANG DATA_FILE
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+failures = []
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def pid_alive(pid):
+    """Whether the process runs or is stopped (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    print(f"process {pid} state {state}", flush=True)
+    return state not in ("Z", "X")
+
+
+def stopped_rank(mpiexec, train_gpt, data):
+    debug = tempfile.mkdtemp(prefix="minidl_hang_")
+    log = open(os.path.join(debug, "job.log"), "w+")
+    cmd = [mpiexec, "-n", "4", "--oversubscribe", "--allow-run-as-root", train_gpt, "--data", data, "--layers", "2",
+           "--heads", "2", "--embd", "32", "--seq", "32", "--batch", "8", "--steps", "1000000", "--threads", "1",
+           "--eval-every", "0", "--progress", "lines", "--log-every", "1000", "--collective-timeout", "2",
+           "--debug-dir", debug]
+    job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    progress = os.path.join(debug, "progress-rank3.json")
+    deadline = time.time() + 120
+    while not os.path.exists(progress) and time.time() < deadline and job.poll() is None:
+        time.sleep(0.2)
+    check(os.path.exists(progress), "rank 3 writes its progress file while training")
+    if not os.path.exists(progress):
+        job.kill()
+        return
+    time.sleep(1.0)  # well into training
+    pid = json.load(open(progress))["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        code = job.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        os.kill(pid, signal.SIGKILL)
+        check(False, "the job ended after rank 3 stopped (still running after 30 s)")
+        return
+    elapsed = time.time() - t0
+    log.seek(0)
+    out = log.read()
+    check(code == 3, f"the job exits with code 3 (got {code})")
+    check(elapsed <= 7.0, f"the job ends within 7 s of the stop (took {elapsed:.1f} s)")
+    first = next((l for l in out.splitlines() if l.startswith("minidl: collective timeout")), "")
+    check(bool(first), "a rank prints 'minidl: collective timeout ...'")
+    m = re.search(r"group (\w+) \(ranks [\d,]+\) sequence (\d+) .*ranks not joined: 3 \(", first)
+    check(m is not None, f"the first timeout line names rank 3 as not joined: {first}")
+    dumps = [os.path.join(debug, f"flight-rank{r}.json") for r in range(3)]
+    check(all(os.path.exists(d) for d in dumps), "ranks 0, 1 and 2 wrote their flight recorders")
+    analysis = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "flight_recorder.py"), debug, "--json"],
+                              capture_output=True, text=True)
+    check(analysis.returncode == 0, f"the analyzer finds the stuck call (exit {analysis.returncode}: {analysis.stderr})")
+    if analysis.returncode == 0 and m:
+        groups = [g for g in json.loads(analysis.stdout)["groups"] if g["group"] == m.group(1)]
+        check(bool(groups) and groups[0]["missing"] == [3] and groups[0]["stuck_seq"] == int(m.group(2)),
+              f"the analyzer names rank 3 and sequence {m.group(2)} in group {m.group(1)}: {groups}")
+    deadline = time.time() + 5
+    while pid_alive(pid) and time.time() < deadline:
+        time.sleep(0.2)
+    alive = pid_alive(pid)
+    check(not alive, "the stopped rank is gone: no process left behind")
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+
+
+def mismatch(mpiexec, hang, mode, expected):
+    env = dict(os.environ, MINIDL_COLLECTIVE_TIMEOUT="2", MINIDL_DEBUG_DIR=tempfile.mkdtemp(prefix="minidl_hang_"))
+    t0 = time.time()
+    try:
+        r = subprocess.run([mpiexec, "-n", "2", "--oversubscribe", "--allow-run-as-root", hang, mode], env=env,
+                           capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        check(False, f"{mode}: the job ended (still running after 60 s)")
+        return
+    out = r.stdout + r.stderr
+    check(r.returncode == 3, f"{mode}: exit code 3 (got {r.returncode}) after {time.time() - t0:.1f} s")
+    check(re.search(expected, out) is not None, f"{mode}: the message matches '{expected}'")
+
+
+def main():
+    mpiexec, train_gpt, hang, data = sys.argv[1:5]
+    stopped_rank(mpiexec, train_gpt, data)
+    mismatch(mpiexec, hang, "extra_all_reduce", r"group world \(ranks 0,1\) sequence 2 (all_reduce|barrier)")
+    mismatch(mpiexec, hang, "send_without_recv", r"group world \(ranks 0,1\) sequence 2 recv f32 x 1024 peer 1")
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
