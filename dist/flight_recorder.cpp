@@ -38,6 +38,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+bool is_p2p(const std::string& op) { return op == "send" || op == "recv"; }
+
 // The process's recorder: the ring, the calls not yet completed, and per group the last sequence number called and
 // completed (what the progress file tells the other ranks).
 struct Recorder {
@@ -47,9 +49,11 @@ struct Recorder {
   std::deque<FlightEntry> ring;
   int64_t first_id = 0, next_id = 0;          // ring.front() is entry first_id
   std::unordered_map<int64_t, FlightEntry> open;  // enqueued, by id (kept when the ring drops them)
+  // Collectives and point-to-point calls count apart: every rank of a group makes the same collectives, in the
+  // same order, but not the same sends and receives.
   struct Group {
     std::vector<int> world_ranks;
-    int64_t called = 0, completed = 0;
+    int64_t called = 0, completed = 0, p2p_called = 0, p2p_completed = 0;
   };
   std::map<std::string, Group> groups;
 
@@ -91,6 +95,7 @@ struct Watchdog {
   bool stop = false;
   WatchdogOptions options;
   int rank = 0, world_size = 1;
+  nlohmann::json verdict;  // set when this rank's watchdog fired: the call and the ranks it named
 
   std::string path(const char* kind, int r) const {
     return (fs::path(options.debug_dir) / (std::string(kind) + "-rank" + std::to_string(r) + ".json")).string();
@@ -102,7 +107,8 @@ struct Watchdog {
     {
       std::lock_guard<std::mutex> lock(rec.mu);
       for (const auto& [label, g] : rec.groups)
-        groups[label] = {{"ranks", g.world_ranks}, {"called", g.called}, {"completed", g.completed}};
+        groups[label] = {{"ranks", g.world_ranks}, {"called", g.called}, {"completed", g.completed},
+                         {"p2p_called", g.p2p_called}, {"p2p_completed", g.p2p_completed}};
     }
     const nlohmann::json j = {{"rank", rank}, {"pid", int(::getpid())}, {"time", wall_s()}, {"groups", groups}};
     try {
@@ -113,10 +119,12 @@ struct Watchdog {
   }
 
   // The ranks of `e`'s group that have not called it, with why we think so, from their progress files.
-  std::string missing_ranks(const FlightEntry& e, const std::vector<int>& world_ranks) const {
+  std::string missing_ranks(const FlightEntry& e, const std::vector<int>& world_ranks, std::vector<int>& named) const {
+    const bool p2p = is_p2p(e.op);
     std::string out;
-    for (int r : world_ranks) {
-      if (r == rank) continue;
+    for (size_t i = 0; i < world_ranks.size(); ++i) {
+      const int r = world_ranks[i];
+      if (r == rank || (p2p && int(i) != e.peer)) continue;  // a send or receive waits for its peer only
       std::string why;
       try {
         std::ifstream in(path("progress", r));
@@ -129,7 +137,7 @@ struct Watchdog {
           // Every live rank's watchdog rewrites its file each second: an older one is a rank that stopped running.
           const double silent = wall_s() - p.at("time").get<double>();
           const std::string quiet = silent > 2.5 ? ", silent for " + std::to_string(int(silent)) + " s" : "";
-          if (called < e.seq)
+          if (!p2p && called < e.seq)
             why = "has not called it: last called sequence " + std::to_string(called) + quiet;
           else if (!quiet.empty())
             why = "called it, then stopped running" + quiet;
@@ -138,6 +146,7 @@ struct Watchdog {
         why = std::string("unreadable progress file: ") + x.what();
       }
       if (why.empty()) continue;
+      named.push_back(r);
       out += (out.empty() ? "" : "; ") + std::to_string(r) + " (" + why + ")";
     }
     return out.empty() ? "none known (every rank's progress file shows the call: a rank is stuck inside it)" : out;
@@ -149,7 +158,13 @@ struct Watchdog {
       std::lock_guard<std::mutex> lock(recorder().mu);
       world_ranks = recorder().groups[e.group].world_ranks;
     }
-    const std::string missing = missing_ranks(e, world_ranks);
+    // The peers' files are up to a second old: show ours fresh, give theirs a moment to refresh (their watchdogs
+    // keep writing, or wrote on expiring too), then read them.
+    write_progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    std::vector<int> named;
+    const std::string missing = missing_ranks(e, world_ranks, named);
+    verdict = {{"group", e.group}, {"seq", e.seq}, {"op", e.op}, {"named_ranks", named}};
     std::string dump;
     try {
       dump = dump_flight_recorder(path("flight", rank));
@@ -169,7 +184,7 @@ struct Watchdog {
     std::fflush(stderr);
     // The other ranks that can still run time out on the same call at about the same moment: give them a moment
     // to write their dumps before the abort takes the job down.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -214,7 +229,8 @@ int64_t record_call(ProcessGroup& group, const char* op, DType dtype, int64_t co
   if (rec.capacity == 0) return -1;  // recording off
   Recorder::Group& g = rec.groups[group.label()];
   if (g.world_ranks.empty()) g.world_ranks = group.world_ranks();
-  FlightEntry e{group.label(), ++g.called, op, dtype, count, peer, reduce_op ? reduce_op : "", rec.now_s()};
+  FlightEntry e{group.label(), is_p2p(op) ? ++g.p2p_called : ++g.called, op, dtype, count, peer,
+                reduce_op ? reduce_op : "", rec.now_s()};
   const int64_t id = rec.next_id++;
   rec.ring.push_back(e);
   while (rec.ring.size() > rec.capacity) {
@@ -231,7 +247,8 @@ void record_done(int64_t id, FlightEntry::State state) {
   auto it = rec.open.find(id);
   if (it == rec.open.end()) return;
   Recorder::Group& g = rec.groups[it->second.group];
-  g.completed = std::max(g.completed, it->second.seq);
+  int64_t& completed = is_p2p(it->second.op) ? g.p2p_completed : g.completed;
+  completed = std::max(completed, it->second.seq);
   rec.open.erase(it);
   if (id < rec.first_id) return;  // the ring has dropped it already
   FlightEntry& e = rec.ring[size_t(id - rec.first_id)];
@@ -254,11 +271,13 @@ std::string dump_flight_recorder(const std::string& path) {
     now = rec.now_s();
     for (const FlightEntry& e : rec.ring) entries.push_back(entry_json(e));
     for (const auto& [label, g] : rec.groups)
-      groups[label] = {{"ranks", g.world_ranks}, {"called", g.called}, {"completed", g.completed}};
+      groups[label] = {{"ranks", g.world_ranks}, {"called", g.called}, {"completed", g.completed},
+                       {"p2p_called", g.p2p_called}, {"p2p_completed", g.p2p_completed}};
   }
-  const nlohmann::json j = {{"rank", watchdog().rank}, {"pid", int(::getpid())}, {"now_s", now},
-                            {"timeout_s", watchdog().options.timeout_s}, {"capacity", rec.capacity},
-                            {"groups", groups}, {"entries", entries}};
+  nlohmann::json j = {{"rank", watchdog().rank}, {"pid", int(::getpid())}, {"now_s", now},
+                      {"timeout_s", watchdog().options.timeout_s}, {"capacity", rec.capacity},
+                      {"groups", groups}, {"entries", entries}};
+  if (!watchdog().verdict.is_null()) j["timeout"] = watchdog().verdict;
   fs::create_directories(fs::path(path).parent_path());
   write_atomically(path, j.dump(1));
   return path;

@@ -36,7 +36,7 @@ constexpr int kCollectiveTimeoutExit = 3;
 
 struct FlightEntry {
   std::string group;       // the group's label ("dp", "tp", "pp", "world", ...)
-  int64_t seq = 0;         // per group, from 1
+  int64_t seq = 0;         // per group, from 1: collectives and point-to-point calls (send, recv) count apart
   std::string op;          // "all_reduce", "send", ...
   DType dtype = DType::f32;
   int64_t count = 0;       // elements

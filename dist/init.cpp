@@ -8,6 +8,7 @@
 
 #include "core/parallel.h"
 #include "dist/flight_recorder.h"
+#include "dist/process_group.h"
 
 namespace minidl::dist {
 
@@ -116,6 +117,8 @@ Context init(int& argc, char**& argv) {
   int job = int(::getpid());
   MINIDL_MPI_CHECK(MPI_Bcast(&job, 1, MPI_INT, 0, MPI_COMM_WORLD));
   start_watchdog(watchdog_options_from_environment(std::to_string(job)), ctx.rank_);
+  if (const char* check = std::getenv("MINIDL_CHECK_COLLECTIVES"); check && std::string(check) == "1")
+    set_checking_collectives(true);
   return ctx;
 }
 

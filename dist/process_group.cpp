@@ -1,6 +1,9 @@
 #include "dist/process_group.h"
 
+#include <algorithm>
+#include <atomic>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -116,12 +119,89 @@ std::vector<int> ProcessGroup::world_ranks() const {
   return ranks;
 }
 
+ProcessGroup::~ProcessGroup() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (check_comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&check_comm_);
+}
+
+namespace {
+
+std::atomic<bool> g_check_collectives{false};
+
+const char* const kOps[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"};
+
+int64_t op_code(const char* op) {
+  for (int64_t i = 0; i < int64_t(std::size(kOps)); ++i)
+    if (std::string(op) == kOps[i]) return i;
+  return -1;
+}
+
+// A call's fingerprint: what every rank of a collective (or both ends of a message) must agree on.
+struct Fingerprint {
+  int64_t seq, op, dtype, count, peer, reduce;
+  bool operator==(const Fingerprint&) const = default;
+  std::string text() const {
+    std::string s = kOps[op];
+    if (op != 6) s += std::string(" ") + dtype_name(DType(dtype)) + " x " + std::to_string(count);
+    if (reduce >= 0) s += std::string(" (") + reduce_op_name(ReduceOp(reduce)) + ")";
+    if (peer >= 0) s += (op == 3 ? " root " : " peer ") + std::to_string(peer);
+    return s;
+  }
+};
+
+}  // namespace
+
+void set_checking_collectives(bool on) { g_check_collectives = on; }
+bool checking_collectives() { return g_check_collectives; }
+
+void ProcessGroup::check_fingerprint(const char* op, const Tensor& t, int peer, const char* reduce_op, int tag) {
+  const bool p2p = tag >= 0;
+  int64_t reduce = -1;
+  for (ReduceOp r : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax})
+    if (reduce_op && std::string(reduce_op) == reduce_op_name(r)) reduce = int64_t(r);
+  const Fingerprint mine{p2p ? 0 : ++checked_seq_, op_code(op), t.defined() ? int64_t(t.dtype()) : 0,
+                         t.defined() ? t.numel() : 0, peer, reduce};
+  const std::string where = "--check-collectives: group " + label() + " (" + name() + ", rank " +
+                            std::to_string(rank()) + " of " + std::to_string(size()) + ")";
+  if (p2p) {
+    // The sender tells, the receiver compares: a message's fingerprint travels ahead of it with the same tag.
+    if (std::string(op) == "send") {
+      MINIDL_MPI_CHECK(MPI_Send(&mine, 6, MPI_INT64_T, peer, tag, check_comm_));
+      return;
+    }
+    Fingerprint theirs{};
+    MINIDL_MPI_CHECK(MPI_Recv(&theirs, 6, MPI_INT64_T, peer, tag, check_comm_, MPI_STATUS_IGNORE));
+    MINIDL_CHECK(theirs.dtype == mine.dtype && theirs.count == mine.count, where, ": tag ", tag, ": rank ", rank(),
+                 " receives ", dtype_name(DType(mine.dtype)), " x ", mine.count, " but rank ", peer, " sends ",
+                 dtype_name(DType(theirs.dtype)), " x ", theirs.count);
+    return;
+  }
+  std::vector<Fingerprint> all(static_cast<size_t>(size()));
+  MINIDL_MPI_CHECK(MPI_Allgather(&mine, 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, check_comm_));
+  // Every rank holds the same table: every rank throws the same message, or none does.
+  std::vector<std::pair<Fingerprint, std::string>> distinct;
+  for (int r = 0; r < size(); ++r) {
+    auto it = std::find_if(distinct.begin(), distinct.end(), [&](const auto& d) { return d.first == all[size_t(r)]; });
+    if (it == distinct.end()) distinct.push_back({all[size_t(r)], std::to_string(r)});
+    else it->second += "," + std::to_string(r);
+  }
+  if (distinct.size() == 1) return;
+  std::string calls;
+  for (const auto& [f, ranks] : distinct)
+    calls += (calls.empty() ? "" : "; ") + std::string("ranks ") + ranks + " call sequence " + std::to_string(f.seq) +
+             ": " + f.text();
+  throw Error(::minidl::detail::concat(where, ": the ranks disagree on collective ", mine.seq, ": ", calls));
+}
+
 template <class Call>
 std::shared_ptr<Work> ProcessGroup::recorded(const char* op, const Tensor& t, int peer, const char* reduce_op,
-                                             Call call) {
+                                             Call call, int tag) {
   const int64_t id = record_call(*this, op, t.defined() ? t.dtype() : DType::u8, t.defined() ? t.numel() : 0, peer,
                                  reduce_op);
   try {
+    // On record first, so the watchdog sees a fingerprint exchange that some rank never joins.
+    if (check_comm_ != MPI_COMM_NULL) check_fingerprint(op, t, peer, reduce_op, tag);
     return std::make_shared<RecordedWork>(call(), id);
   } catch (...) {
     record_done(id, FlightEntry::State::kFailed);
@@ -197,7 +277,7 @@ std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag)
                size());
   MINIDL_CHECK(tag >= 0 && tag <= kMaxTag, name(), " send: tag must be in 0..", kMaxTag, ", got ", tag);
   if (tensor.numel() == 0) return completed_work();
-  return recorded("send", tensor, dst, nullptr, [&] { return do_send(tensor, dst, tag); });
+  return recorded("send", tensor, dst, nullptr, [&] { return do_send(tensor, dst, tag); }, tag);
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, int tag) {
@@ -205,7 +285,7 @@ std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, int tag) {
   MINIDL_CHECK(src >= 0 && src < size(), name(), " recv: source ", src, " is not a rank of this group of ", size());
   MINIDL_CHECK(tag >= 0 && tag <= kMaxTag, name(), " recv: tag must be in 0..", kMaxTag, ", got ", tag);
   if (tensor.numel() == 0) return completed_work();
-  return recorded("recv", tensor, src, nullptr, [&] { return do_recv(tensor, src, tag); });
+  return recorded("recv", tensor, src, nullptr, [&] { return do_recv(tensor, src, tag); }, tag);
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier() {
@@ -282,6 +362,11 @@ std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI
   MPI_Group_free(&mine);
   MPI_Group_free(&world);
   group->set_world_ranks(std::move(world_ranks));
+  if (checking_collectives()) {
+    MPI_Comm check = MPI_COMM_NULL;
+    MINIDL_MPI_CHECK(MPI_Comm_dup(comm, &check));
+    group->set_check_channel(check);
+  }
   return group;
 }
 

@@ -66,7 +66,7 @@ std::shared_ptr<Work> completed_work();
 
 class ProcessGroup {
  public:
-  virtual ~ProcessGroup() = default;
+  virtual ~ProcessGroup();
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;  // "mpi", "ring", "nccl"
@@ -95,6 +95,11 @@ class ProcessGroup {
   void set_label(std::string label) { label_ = std::move(label); }
   std::vector<int> world_ranks() const;
   void set_world_ranks(std::vector<int> ranks) { world_ranks_ = std::move(ranks); }
+  // --check-collectives: before each call the ranks exchange its fingerprint (sequence number, op, dtype, count,
+  // root or peer, reduce op) over `comm`, a side channel of their own (make_process_group sets one up while
+  // dist::checking_collectives() is on), and every rank throws naming both fingerprints and their ranks on a
+  // mismatch. A collective compares over the whole group; a recv compares with the matching send's.
+  void set_check_channel(MPI_Comm comm) { check_comm_ = comm; }
 
  protected:
   // What a backend implements. The public methods above have validated the arguments, skipped empty tensors,
@@ -114,11 +119,21 @@ class ProcessGroup {
   void check_tensor(const char* op, const Tensor& t) const;
   // Records the call in the flight recorder, runs it, and hands back a Work that reports its completion.
   template <class Call>
-  std::shared_ptr<Work> recorded(const char* op, const Tensor& t, int peer, const char* reduce_op, Call call);
+  std::shared_ptr<Work> recorded(const char* op, const Tensor& t, int peer, const char* reduce_op, Call call,
+                                 int tag = -1);
+
+  void check_fingerprint(const char* op, const Tensor& t, int peer, const char* reduce_op, int tag);
 
   std::string label_;
   std::vector<int> world_ranks_;
+  MPI_Comm check_comm_ = MPI_COMM_NULL;
+  int64_t checked_seq_ = 0;
 };
+
+// Whether new process groups get a fingerprint side channel (--check-collectives; MINIDL_CHECK_COLLECTIVES=1 at
+// dist::init). Set it before the groups are made.
+void set_checking_collectives(bool on);
+bool checking_collectives();
 
 // Makes a process group of `backend` ("mpi", "ring" or "nccl") over the ranks of `comm` (which it duplicates, so
 // the caller's own traffic on `comm` never mixes with the group's), serving tensors on `device`:

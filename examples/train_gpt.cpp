@@ -131,6 +131,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "Where the watchdog writes each rank's progress and, on a timeout, flight recorder "
                  "(scripts/flight_recorder.py reads them); all ranks must see it (default: $MINIDL_DEBUG_DIR, else "
                  "$TMPDIR or /tmp, in minidl-<job id>)");
+  app.add_flag("--check-collectives", o.check_collectives,
+               "Before every collective the ranks of its group exchange its fingerprint (op, dtype, count, root, "
+               "reduce op, sequence number) on a side channel, and a receive checks its send's: a mismatch stops "
+               "every rank naming both calls and their ranks (debugging; MINIDL_CHECK_COLLECTIVES=1 for any program)");
   app.add_option("--zero", o.zero,
                  "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (AdamW state sharded: 8/dp bytes per "
                  "parameter), 2 (gradients sharded too: 4/dp), 3 (block parameters sharded too, gathered per block: "

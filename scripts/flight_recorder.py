@@ -74,7 +74,7 @@ def analyse(ranks):
             g = source["groups"][label]
             called[r], completed[r] = g["called"], g["completed"]
             for e in d.get("flight", {}).get("entries", []):
-                if e["group"] == label:
+                if e["group"] == label and e["op"] not in ("send", "recv"):  # sends and receives count apart
                     by_seq.setdefault(e["seq"], {})[r] = e
         if not called:
             continue
@@ -86,8 +86,16 @@ def analyse(ranks):
         # Missing: a rank that has not called it, or (when others dumped) one that wrote no dump: its watchdog did not
         # run, so the rank is stopped, dead or stuck outside minidl.
         dumped = any("flight" in ranks.get(r, {}) for r in members)
+        # The watchdogs' verdicts: each rank whose watchdog fired on this call named the ranks it found missing
+        # (their progress files); a rank most of them named is missing (it may have dumped later itself: a stopped
+        # rank that is continued to be killed fires too).
+        verdicts = [d["flight"]["timeout"] for r in members for d in [ranks.get(r, {})]
+                    if "flight" in d and d["flight"].get("timeout", {}).get("group") == label
+                    and d["flight"]["timeout"].get("seq") == stuck]
+        named = {r for r in members if verdicts and
+                 2 * sum(r in v.get("named_ranks", []) for v in verdicts) > len(verdicts)}
         missing = sorted(r for r in members if stuck is not None and (
-            r not in called or called[r] < stuck or (dumped and "flight" not in ranks.get(r, {}))))
+            r not in called or called[r] < stuck or r in named or (dumped and "flight" not in ranks.get(r, {}))))
         joined = sorted(r for r in called if stuck is not None and called[r] >= stuck and r not in missing)
         mismatches = []
         for seq, calls in sorted(by_seq.items()):
@@ -105,10 +113,14 @@ def analyse(ranks):
         last = {}
         for r in members:
             done = [e for e in ranks.get(r, {}).get("flight", {}).get("entries", [])
-                    if e["group"] == label and e["state"] == "completed"]
+                    if e["group"] == label and e["state"] == "completed" and e["op"] not in ("send", "recv")]
             if done:
                 last[r] = f'seq {done[-1]["seq"]} {describe(done[-1])}'
         entry["last_completed"] = last
+        # Sends and receives still open on a dumped rank: each waits for its one peer.
+        entry["open_p2p"] = [f'rank {r}: {describe(e)} (group rank {e["peer"]} is the peer)'
+                             for r in members for e in ranks.get(r, {}).get("flight", {}).get("entries", [])
+                             if e["group"] == label and e["op"] in ("send", "recv") and e["state"] == "enqueued"]
         report["groups"].append(entry)
     return report
 
@@ -127,7 +139,7 @@ def main():
               file=sys.stderr)
         return 2
     report = analyse(ranks)
-    found = any(g["stuck_seq"] is not None or g["mismatches"] for g in report["groups"])
+    found = any(g["stuck_seq"] is not None or g["mismatches"] or g["open_p2p"] for g in report["groups"])
     if args.json:
         print(json.dumps(report, indent=1))
         return 0 if found else 1
@@ -140,6 +152,8 @@ def main():
             call = g.get("stuck_call", "?")
             print(f'{head}: not all ranks joined collective {g["stuck_seq"]} ({call}); joined: {g["joined"]}; '
                   f'missing ranks: {g["missing"]}')
+        for p in g["open_p2p"]:
+            print(f'{head}: still waiting: {p}')
         for m in g["mismatches"]:
             sides = "; ".join(f'ranks {c["ranks"]}: {c["call"]}' for c in m["calls"])
             print(f'{head}: sequence {m["seq"]} differs across ranks: {sides}')

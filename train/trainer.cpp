@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <thread>
+#include <cstring>
 
 #include "core/parallel.h"
 #include "data/text_dataset.h"
@@ -359,6 +362,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   s.cfg = config;
   const TrainConfig& o = s.cfg;
   set_num_threads(o.threads > 0 ? o.threads : ctx.threads_per_rank());
+  if (o.check_collectives) dist::set_checking_collectives(true);  // before the groups are made
   if (o.collective_timeout || !o.debug_dir.empty()) {  // the flags over the environment's watchdog options
     dist::WatchdogOptions w = dist::watchdog_options();
     if (o.collective_timeout) w.timeout_s = *o.collective_timeout;
@@ -481,11 +485,14 @@ class Batches {
   // One step of `stage` on this rank's slice of step `step`'s global batch.
   StepResult step(Stage& stage, optim::AdamW& optimizer, int64_t step, StepOptions so) {
     if (graph_) return graph_->step(*on_device_, step, first_, n_, so.lr);
+    const auto t0 = std::chrono::steady_clock::now();
     const data::Batch b = on_device_  ? draw_checked(*on_device_, step, first_, n_, so)
                           : in_memory_ ? in_memory_->batch(step, first_, n_)
                                        : streamed_->batch(step, first_, n_);
+    data_ms = ms_since(t0);
     return train_step(stage, optimizer, b, so);
   }
+  double data_ms = 0;  // the last step's time drawing its batch
   // --cuda-graph (one process on a device: validate): the step captured once and replayed.
   void capture(Stage& stage, optim::AdamW& optimizer, StepOptions so) {
     so.grad_sync = nullptr;  // one process: nothing to synchronise
@@ -614,6 +621,40 @@ class Meter {
 
 }  // namespace
 
+// Every --log-every steps at more than one rank: every rank's step, data, compute and exposed-communication times
+// gathered, and the logging rank prints the slowest and the fastest rank of each with their ranks, flagging a rank
+// whose compute (the step less its exposed communication: the others wait for it there) took more than 1.2x the
+// median's (the lower median: at 2 ranks, the faster one). Collective over the world.
+void report_stragglers(ProgressLine& progress, bool logger, int64_t step, const std::array<double, 4>& mine) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  std::vector<double> all(4 * size_t(world));
+  MINIDL_MPI_CHECK(MPI_Allgather(mine.data(), 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, MPI_COMM_WORLD));
+  if (!logger) return;
+  auto at = [&](int r, int k) { return all[4 * size_t(r) + size_t(k)]; };
+  std::string line = "step " + std::to_string(step + 1) + " per rank (slowest / fastest):";
+  const char* names[] = {"step", "data", "compute", "exposed comm"};
+  for (int k = 0; k < 4; ++k) {
+    int slow = 0, fast = 0;
+    for (int r = 1; r < world; ++r) {
+      if (at(r, k) > at(slow, k)) slow = r;
+      if (at(r, k) < at(fast, k)) fast = r;
+    }
+    line += std::string(k ? ";" : "") + " " + names[k] + " " + fmt("%.2f", at(slow, k)) + " ms (rank " +
+            std::to_string(slow) + ") / " + fmt("%.2f", at(fast, k)) + " ms (rank " + std::to_string(fast) + ")";
+  }
+  std::vector<double> compute(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) compute[size_t(r)] = at(r, 2);
+  std::vector<double> sorted = compute;
+  std::nth_element(sorted.begin(), sorted.begin() + (world - 1) / 2, sorted.end());
+  const double median = sorted[size_t((world - 1) / 2)];
+  for (int r = 0; r < world; ++r)
+    if (compute[size_t(r)] > 1.2 * median)
+      line += "; rank " + std::to_string(r) + " is a straggler (compute " + fmt("%.2f", compute[size_t(r)] / median) +
+              "x the median)";
+  progress.print(line);
+}
+
 double Trainer::State::evaluate(const data::Batch& val) const {
   sync->hold_full_parameters(true);  // ZeRO-3: the ranks evaluate different batches
   const double v = train::evaluate(*stage, val, cfg.batch, &topo->dp_group());  // collective
@@ -636,9 +677,14 @@ int Trainer::run() {
   Meter meter(o, s.stage->flops_per_token(s.seq) * double(o.batch * s.seq), double(o.batch * s.seq),
               s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : 0.0, s.device.is_cuda());
   ProgressLine progress(parse_progress_mode(o.progress), o.log_every, s.logger);
+  // MINIDL_TEST_SLOW_RANK=R:MS makes world rank R this many ms slower a step (the straggler report's test).
+  double slow_ms = 0;
+  if (const char* slow = std::getenv("MINIDL_TEST_SLOW_RANK"); slow && std::atoi(slow) == s.topo->rank())
+    if (const char* colon = std::strchr(slow, ':')) slow_ms = std::atof(colon + 1);
   for (int64_t step = first_step; step < o.steps; ++step) {
     const double lr = schedule(reads.schedule_step());
     const auto t0 = std::chrono::steady_clock::now();
+    if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms));
     if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
     so.lr = lr;
     StepResult r = batches.step(*s.stage, *s.optimizer, step, so);
@@ -657,6 +703,8 @@ int Trainer::run() {
       if (s.device.is_cuda()) ms = ms_since(t0);  // the read drained the device's queue
     }
     meter.add(step, first_step, ms, comm, r.loss);
+    if (s.topo->grid().size() > 1 && (step + 1) % o.log_every == 0)
+      report_stragglers(progress, s.logger, step, {ms, batches.data_ms, ms - comm.exposed_comm_ms, comm.exposed_comm_ms});
     if (shows) progress.update(step + 1, o.steps, meter.line(step, r.loss, lr, so.scaler, s.topo->grid().dp > 1));
     if (evaluates) progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", s.evaluate(val)));
     if (o.checkpoint_dir.empty()) continue;

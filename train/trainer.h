@@ -95,6 +95,9 @@ struct TrainConfig {
   // else 600; 0: off); debug_dir empty: MINIDL_DEBUG_DIR, else a directory in $TMPDIR or /tmp named for the job.
   std::optional<double> collective_timeout;
   std::string debug_dir;
+  // Before every collective the ranks compare its fingerprint (op, dtype, count, root, reduce op, sequence number)
+  // and all stop naming both sides of a mismatch (dist::set_checking_collectives; a cost per call).
+  bool check_collectives = false;
 
   int64_t layers_or_default() const { return layers.value_or(4); }
   int64_t heads_or_default() const { return heads.value_or(4); }

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 failures = []
 
 
-def check(ok, what):
+def check_(ok, what):
     print(("ok: " if ok else "FAIL: ") + what, flush=True)
     if not ok:
         failures.append(what)
@@ -52,7 +52,7 @@ def stopped_rank(mpiexec, train_gpt, data):
     deadline = time.time() + 120
     while not os.path.exists(progress) and time.time() < deadline and job.poll() is None:
         time.sleep(0.2)
-    check(os.path.exists(progress), "rank 3 writes its progress file while training")
+    check_(os.path.exists(progress), "rank 3 writes its progress file while training")
     if not os.path.exists(progress):
         job.kill()
         return
@@ -65,54 +65,69 @@ def stopped_rank(mpiexec, train_gpt, data):
     except subprocess.TimeoutExpired:
         job.kill()
         os.kill(pid, signal.SIGKILL)
-        check(False, "the job ended after rank 3 stopped (still running after 30 s)")
+        check_(False, "the job ended after rank 3 stopped (still running after 30 s)")
         return
     elapsed = time.time() - t0
     log.seek(0)
     out = log.read()
-    check(code == 3, f"the job exits with code 3 (got {code})")
-    check(elapsed <= 7.0, f"the job ends within 7 s of the stop (took {elapsed:.1f} s)")
+    check_(code == 3, f"the job exits with code 3 (got {code})")
+    check_(elapsed <= 7.0, f"the job ends within 7 s of the stop (took {elapsed:.1f} s)")
     first = next((l for l in out.splitlines() if l.startswith("minidl: collective timeout")), "")
-    check(bool(first), "a rank prints 'minidl: collective timeout ...'")
+    check_(bool(first), "a rank prints 'minidl: collective timeout ...'")
     m = re.search(r"group (\w+) \(ranks [\d,]+\) sequence (\d+) .*ranks not joined: 3 \(", first)
-    check(m is not None, f"the first timeout line names rank 3 as not joined: {first}")
+    check_(m is not None, f"the first timeout line names rank 3 as not joined: {first}")
     dumps = [os.path.join(debug, f"flight-rank{r}.json") for r in range(3)]
-    check(all(os.path.exists(d) for d in dumps), "ranks 0, 1 and 2 wrote their flight recorders")
+    check_(all(os.path.exists(d) for d in dumps), "ranks 0, 1 and 2 wrote their flight recorders")
     analysis = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "flight_recorder.py"), debug, "--json"],
                               capture_output=True, text=True)
-    check(analysis.returncode == 0, f"the analyzer finds the stuck call (exit {analysis.returncode}: {analysis.stderr})")
+    check_(analysis.returncode == 0, f"the analyzer finds the stuck call (exit {analysis.returncode}: {analysis.stderr})")
     if analysis.returncode == 0 and m:
         groups = [g for g in json.loads(analysis.stdout)["groups"] if g["group"] == m.group(1)]
-        check(bool(groups) and groups[0]["missing"] == [3] and groups[0]["stuck_seq"] == int(m.group(2)),
+        check_(bool(groups) and groups[0]["missing"] == [3] and groups[0]["stuck_seq"] == int(m.group(2)),
               f"the analyzer names rank 3 and sequence {m.group(2)} in group {m.group(1)}: {groups}")
     deadline = time.time() + 5
     while pid_alive(pid) and time.time() < deadline:
         time.sleep(0.2)
     alive = pid_alive(pid)
-    check(not alive, "the stopped rank is gone: no process left behind")
+    check_(not alive, "the stopped rank is gone: no process left behind")
     if alive:
         os.kill(pid, signal.SIGKILL)
 
 
-def mismatch(mpiexec, hang, mode, expected):
-    env = dict(os.environ, MINIDL_COLLECTIVE_TIMEOUT="2", MINIDL_DEBUG_DIR=tempfile.mkdtemp(prefix="minidl_hang_"))
+def mismatch(mpiexec, hang, mode, expected, check=False, code=3, within=None):
+    env = dict(os.environ, MINIDL_COLLECTIVE_TIMEOUT="2", MINIDL_DEBUG_DIR=tempfile.mkdtemp(prefix="minidl_hang_"),
+               MINIDL_CHECK_COLLECTIVES="1" if check else "0")
+    what = f"{mode}{' --check-collectives' if check else ''}"
     t0 = time.time()
     try:
         r = subprocess.run([mpiexec, "-n", "2", "--oversubscribe", "--allow-run-as-root", hang, mode], env=env,
                            capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        check(False, f"{mode}: the job ended (still running after 60 s)")
+        check_(False, f"{what}: the job ended (still running after 60 s)")
         return
+    elapsed = time.time() - t0
     out = r.stdout + r.stderr
-    check(r.returncode == 3, f"{mode}: exit code 3 (got {r.returncode}) after {time.time() - t0:.1f} s")
-    check(re.search(expected, out) is not None, f"{mode}: the message matches '{expected}'")
+    check_(r.returncode == code, f"{what}: exit code {code} (got {r.returncode}) after {elapsed:.1f} s")
+    if within:
+        check_(elapsed <= within, f"{what}: ended within {within} s (took {elapsed:.1f} s)")
+    check_(re.search(expected, out) is not None, f"{what}: the message matches '{expected}'" +
+           ("" if re.search(expected, out) else f"; got: {out[-600:]}"))
 
 
 def main():
     mpiexec, train_gpt, hang, data = sys.argv[1:5]
     stopped_rank(mpiexec, train_gpt, data)
+    # Without the fingerprints the watchdog ends each within the timeout, naming the call.
     mismatch(mpiexec, hang, "extra_all_reduce", r"group world \(ranks 0,1\) sequence 2 (all_reduce|barrier)")
-    mismatch(mpiexec, hang, "send_without_recv", r"group world \(ranks 0,1\) sequence 2 recv f32 x 1024 peer 1")
+    mismatch(mpiexec, hang, "send_without_recv", r"group world \(ranks 0,1\) sequence 1 recv f32 x 1024 peer 1")
+    # With them every rank stops at once naming the sequence number and both calls with their ranks.
+    fp = r"ranks disagree on collective 2: ranks 0 call sequence 2: {}; ranks 1 call sequence 2: {}"
+    for mode, zero, one in [("extra_all_reduce", "barrier", r"all_reduce f32 x 1024 \(sum\)"),
+                            ("count_mismatch", r"all_reduce f32 x 1024 \(sum\)", r"all_reduce f32 x 512 \(sum\)"),
+                            ("dtype_mismatch", r"all_reduce f32 x 1024 \(sum\)", r"all_reduce f64 x 1024 \(sum\)"),
+                            ("gather_vs_reduce", r"all_gather f32 x 2048", r"all_reduce f32 x 1024 \(sum\)")]:
+        mismatch(mpiexec, hang, mode, fp.format(zero, one), check=True, code=2, within=5)
+    mismatch(mpiexec, hang, "send_without_recv", r"sequence 1 recv f32 x 1024 peer 1", check=True, within=5)
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

@@ -760,6 +760,18 @@ TEST_F(TrainGpt, TopologyFlags) {
   EXPECT_NE(r.out.find("--dp 1 x --tp 1 x --pp 1 = 1 does not match the 2 ranks"), std::string::npos) << r.out;
 }
 
+// Stragglers: every --log-every steps the logging rank prints each time's slowest and fastest rank, and names a rank
+// whose compute took more than 1.2x the median (rank 1 made 40 ms slower a step here; rank 0's own steps are ~1 ms).
+TEST_F(TrainGpt, StragglerReportNamesTheSlowRank) {
+  Result r = run_with("MINIDL_TEST_SLOW_RANK=1:40 " + mpiexec(2) + "-x MINIDL_TEST_SLOW_RANK ",
+                      tiny_flags() + " --steps 10 --log-every 5 --progress lines");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 5 per rank (slowest / fastest): step "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("compute "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 is a straggler"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rank 0 is a straggler"), std::string::npos) << r.out;
+}
+
 // Every flag that changes the collectives or the numerics is in the cross-rank check.
 TEST_F(TrainGpt, RanksThatDisagreeOnNumericsAllStop) {
   for (const char* flag : {"--amp bf16", "--micro-batches 2", "--recompute block"}) {
