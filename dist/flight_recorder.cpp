@@ -3,7 +3,9 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -65,6 +67,17 @@ Recorder& recorder() {
   return r;
 }
 
+// The live groups, for their asynchronous errors.
+struct Watched {
+  std::mutex mu;
+  std::vector<ProcessGroup*> groups;
+};
+
+Watched& watched() {
+  static Watched w;
+  return w;
+}
+
 nlohmann::json entry_json(const FlightEntry& e) {
   return {{"group", e.group},         {"seq", e.seq},
           {"op", e.op},               {"dtype", std::string(dtype_name(e.dtype))},
@@ -91,8 +104,14 @@ double wall_s() {
 struct Watchdog {
   std::mutex mu;
   std::condition_variable cv;
-  std::thread thread;
+  std::thread thread, monitor;
   bool stop = false;
+  // The watchdog's own heartbeat (each poll), which the monitor thread checks: a watchdog stuck in a file system or
+  // a backend's error query must not leave the job unwatched.
+  std::atomic<int64_t> heartbeat{0};
+  std::mutex monitor_mu;
+  std::condition_variable monitor_cv;
+  bool monitor_stop = false;
   WatchdogOptions options;
   int rank = 0, world_size = 1;
   nlohmann::json verdict;  // set when this rank's watchdog fired: the call and the ranks it named
@@ -147,9 +166,35 @@ struct Watchdog {
       }
       if (why.empty()) continue;
       named.push_back(r);
-      out += (out.empty() ? "" : "; ") + std::to_string(r) + " (" + why + ")";
+      if (!out.empty()) out += "; ";
+      out += std::to_string(r);
+      out += " (" + why + ")";
     }
     return out.empty() ? "none known (every rank's progress file shows the call: a rank is stuck inside it)" : out;
+  }
+
+  // A backend's asynchronous error ends the job as a timeout does, with the error's name.
+  [[noreturn]] void fail(const std::string& group, const std::string& error) {
+    verdict = {{"group", group}, {"async_error", error}};
+    std::string dump;
+    try {
+      dump = dump_flight_recorder(path("flight", rank));
+    } catch (const std::exception& x) {
+      dump = std::string("(could not be written: ") + x.what() + ")";
+    }
+    std::fprintf(stderr, "minidl: asynchronous communication error on rank %d: group %s: %s; flight recorder: %s; "
+                 "ending the job with exit code %d\n", rank, group.c_str(), error.c_str(), dump.c_str(),
+                 kCollectiveTimeoutExit);
+    std::fflush(stderr);
+    abort_job();
+  }
+
+  [[noreturn]] void abort_job() {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, kCollectiveTimeoutExit);
+    std::_Exit(kCollectiveTimeoutExit);
   }
 
   [[noreturn]] void expire(const FlightEntry& e) {
@@ -172,7 +217,10 @@ struct Watchdog {
       dump = std::string("(could not be written: ") + x.what() + ")";
     }
     std::string ranks;
-    for (int r : world_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    for (int r : world_ranks) {
+      if (!ranks.empty()) ranks += ",";
+      ranks += std::to_string(r);
+    }
     std::fprintf(stderr,
                  "minidl: collective timeout on rank %d: group %s (ranks %s) sequence %lld %s %s x %lld%s%s has not "
                  "completed after %.1f s; ranks not joined: %s; flight recorder: %s (every rank's: "
@@ -185,11 +233,7 @@ struct Watchdog {
     // The other ranks that can still run time out on the same call at about the same moment: give them a moment
     // to write their dumps before the abort takes the job down.
     std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, kCollectiveTimeoutExit);
-    std::_Exit(kCollectiveTimeoutExit);
+    abort_job();
   }
 
   void run() {
@@ -198,6 +242,7 @@ struct Watchdog {
     while (!stop) {
       cv.wait_for(lock, std::chrono::milliseconds(100));
       if (stop) break;
+      ++heartbeat;
       if (world_size > 1 && Clock::now() - last_progress >= std::chrono::seconds(1)) {
         write_progress();
         last_progress = Clock::now();
@@ -211,6 +256,16 @@ struct Watchdog {
           if (now - e.enqueued_s > options.timeout_s && (!late || e.enqueued_s < late->enqueued_s)) late = e;
       }
       if (late) expire(*late);
+      std::string group, error;
+      {
+        std::lock_guard<std::mutex> wlock(watched().mu);
+        for (ProcessGroup* g : watched().groups)
+          if (error = g->async_error(); !error.empty()) {
+            group = g->label();
+            break;
+          }
+      }
+      if (!error.empty()) fail(group, error);
     }
   }
 };
@@ -220,7 +275,42 @@ Watchdog& watchdog() {
   return w;
 }
 
+// The monitor: when the watchdog's heartbeat has not moved for the collective timeout (at least 10 s), the watchdog
+// itself is stuck: say so and end the job.
+void monitor(Watchdog& w) {
+  const double limit = std::max(10.0, w.options.timeout_s);
+  int64_t seen = -1;
+  auto since = Clock::now();
+  while (true) {
+    {
+      std::unique_lock<std::mutex> stop_lock(w.monitor_mu);
+      if (w.monitor_cv.wait_for(stop_lock, std::chrono::milliseconds(500), [&] { return w.monitor_stop; })) return;
+    }
+    const int64_t beat = w.heartbeat.load();
+    if (beat != seen) {
+      seen = beat;
+      since = Clock::now();
+    } else if (std::chrono::duration<double>(Clock::now() - since).count() > limit) {
+      std::fprintf(stderr, "minidl: the collective watchdog of rank %d has not run for %.0f s (stuck itself); "
+                   "ending the job with exit code %d\n", w.rank, limit, kCollectiveTimeoutExit);
+      std::fflush(stderr);
+      w.abort_job();
+    }
+  }
+}
+
 }  // namespace
+
+void watch_group(ProcessGroup* group) {
+  std::lock_guard<std::mutex> lock(watched().mu);
+  watched().groups.push_back(group);
+}
+
+void unwatch_group(ProcessGroup* group) {
+  std::lock_guard<std::mutex> lock(watched().mu);
+  auto& g = watched().groups;
+  g.erase(std::remove(g.begin(), g.end(), group), g.end());
+}
 
 int64_t record_call(ProcessGroup& group, const char* op, DType dtype, int64_t count, int peer,
                     const char* reduce_op) {
@@ -302,7 +392,9 @@ void start_watchdog(const WatchdogOptions& options, int world_rank) {
   // The progress files (several ranks only) live in the debug directory from the start; dumps join them there.
   if (w.world_size > 1) fs::create_directories(options.debug_dir);
   w.stop = false;
+  w.monitor_stop = false;
   w.thread = std::thread([&w] { w.run(); });
+  w.monitor = std::thread([&w] { monitor(w); });
 }
 
 void stop_watchdog() {
@@ -314,6 +406,12 @@ void stop_watchdog() {
   }
   w.cv.notify_all();
   w.thread.join();
+  {
+    std::lock_guard<std::mutex> lock(w.monitor_mu);
+    w.monitor_stop = true;
+  }
+  w.monitor_cv.notify_all();
+  w.monitor.join();
   // A run that ends well leaves nothing behind: its progress file, and the directory once no rank's is left.
   std::error_code ignored;
   fs::remove(w.path("progress", w.rank), ignored);

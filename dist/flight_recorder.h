@@ -56,6 +56,11 @@ struct WatchdogOptions {
 // Records a call of `group` (its label and world ranks come from the group) and returns its entry's id. Called by
 // ProcessGroup's public methods before the backend runs, so a call that blocks is already on record.
 int64_t record_call(ProcessGroup& group, const char* op, DType dtype, int64_t count, int peer, const char* reduce_op);
+// The groups whose asynchronous errors the watchdog polls (ProcessGroup::async_error): make_process_group adds
+// each group, its destructor removes it.
+void watch_group(ProcessGroup* group);
+void unwatch_group(ProcessGroup* group);
+
 // The call `id` completed (or failed, or its Work was dropped without a wait).
 void record_done(int64_t id, FlightEntry::State state = FlightEntry::State::kCompleted);
 // The recorder's entries, oldest first.

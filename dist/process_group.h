@@ -100,6 +100,9 @@ class ProcessGroup {
   // dist::checking_collectives() is on), and every rank throws naming both fingerprints and their ranks on a
   // mismatch. A collective compares over the whole group; a recv compares with the matching send's.
   void set_check_channel(MPI_Comm comm) { check_comm_ = comm; }
+  // An error the backend found outside any call (NCCL's asynchronous errors: a peer died, a link broke), as text;
+  // empty when there is none. The watchdog polls it from its own thread.
+  virtual std::string async_error() { return ""; }
 
  protected:
   // What a backend implements. The public methods above have validated the arguments, skipped empty tensors,

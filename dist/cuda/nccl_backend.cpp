@@ -83,6 +83,15 @@ class NcclPointToPointWork final : public Work {
 
 }  // namespace
 
+std::string NcclProcessGroup::async_error() {
+  ncclResult_t error = ncclSuccess;
+  if (ncclCommGetAsyncError(transport_->comm(), &error) != ncclSuccess || error == ncclSuccess) return "";
+  const char* names[] = {"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+                         "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"};
+  const std::string name = int(error) >= 0 && int(error) < 8 ? names[int(error)] : "nccl error " + std::to_string(int(error));
+  return name + ": " + ncclGetErrorString(error);
+}
+
 NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, Device device) {
   MINIDL_CHECK(device.is_cuda(), "nccl: the backend serves CUDA tensors, got device ", device);
   transport_ = std::make_unique<NcclTransport>(comm, device);

@@ -31,6 +31,8 @@ class NcclProcessGroup final : public ProcessGroup {
   int size() const override { return transport_->size(); }
   std::string name() const override { return "nccl"; }
   Device device() const override { return transport_->device(); }
+  // ncclCommGetAsyncError's result, named ("ncclRemoteError: remote process exited ..."), or empty.
+  std::string async_error() override;
 
  protected:
   std::shared_ptr<Work> do_all_reduce(Tensor& tensor, ReduceOp op) override;

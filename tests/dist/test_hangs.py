@@ -8,7 +8,10 @@
 - the jobs of the `hang` program (an extra all_reduce on one rank, a recv whose send never comes) end within the
   timeout with exit code 3, naming the call.
 
-    test_hangs.py MPIEXEC TRAIN_GPT HANG DATA_FILE
+- on the emulated CUDA device, an NCCL asynchronous error (injected by the emulated NCCL) ends a 2-rank job with the
+  error's name and exit code 3.
+
+    test_hangs.py MPIEXEC TRAIN_GPT HANG DATA_FILE [emulated|none]
 """
 import json
 import os
@@ -114,8 +117,28 @@ def mismatch(mpiexec, hang, mode, expected, check=False, code=3, within=None):
            ("" if re.search(expected, out) else f"; got: {out[-600:]}"))
 
 
+def nccl_async_error(mpiexec, train_gpt, data):
+    env = dict(os.environ, MINIDL_NCCL_EMU_ASYNC_ERROR="40", MINIDL_COLLECTIVE_TIMEOUT="60",
+               MINIDL_DEBUG_DIR=tempfile.mkdtemp(prefix="minidl_hang_"))
+    cmd = [mpiexec, "-n", "2", "--oversubscribe", "--allow-run-as-root", "-x", "MINIDL_NCCL_EMU_ASYNC_ERROR", train_gpt,
+           "--data", data, "--layers", "1", "--heads", "2", "--embd", "32", "--seq", "16", "--batch", "4", "--steps",
+           "1000", "--threads", "1", "--eval-every", "0", "--device", "cuda"]
+    t0 = time.time()
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        check_(False, "nccl async error: the job ended (still running after 120 s)")
+        return
+    out = r.stdout + r.stderr
+    check_(r.returncode == 3, f"nccl async error: exit code 3 (got {r.returncode}) after {time.time() - t0:.1f} s")
+    check_("asynchronous communication error" in out and "ncclRemoteError" in out,
+           "nccl async error: the message names ncclRemoteError" + ("" if "ncclRemoteError" in out else f": {out[-600:]}"))
+
+
 def main():
     mpiexec, train_gpt, hang, data = sys.argv[1:5]
+    if len(sys.argv) > 5 and sys.argv[5] == "emulated":
+        nccl_async_error(mpiexec, train_gpt, data)
     stopped_rank(mpiexec, train_gpt, data)
     # Without the fingerprints the watchdog ends each within the timeout, naming the call.
     mismatch(mpiexec, hang, "extra_all_reduce", r"group world \(ranks 0,1\) sequence 2 (all_reduce|barrier)")

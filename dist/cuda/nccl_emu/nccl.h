@@ -68,6 +68,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
 int minidl_nccl_emu_communicators_created();
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+// The communicator's asynchronous error (ncclSuccess while there is none). The emulator raises one for tests:
+// MINIDL_NCCL_EMU_ASYNC_ERROR=N makes the N-th operation of the process (on any communicator) leave
+// ncclRemoteError on its communicator, as a peer that died or a broken link would.
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
 const char* ncclGetErrorString(ncclResult_t result);

@@ -17,12 +17,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 struct ncclComm {
   MPI_Comm comm;
   int rank, size;
+  mutable std::atomic<int> async_error{ncclSuccess};  // read by a watchdog thread (ncclCommGetAsyncError)
 };
 
 namespace {
@@ -72,7 +74,21 @@ bool mpi_op(ncclRedOp_t op, MPI_Op* out) {
   }
 }
 
-bool valid(const ncclComm* comm, size_t count) { return comm != nullptr && count <= size_t(INT_MAX); }
+// Every operation passes here: where MINIDL_NCCL_EMU_ASYNC_ERROR's injected error is raised.
+void count_operation(const ncclComm* comm) {
+  static const long inject_at = [] {
+    const char* v = std::getenv("MINIDL_NCCL_EMU_ASYNC_ERROR");
+    return v ? std::atol(v) : 0L;
+  }();
+  static std::atomic<long> operations{0};
+  if (inject_at > 0 && ++operations == inject_at) comm->async_error = ncclRemoteError;
+}
+
+bool valid(const ncclComm* comm, size_t count) {
+  if (comm == nullptr || count > size_t(INT_MAX)) return false;
+  count_operation(comm);
+  return true;
+}
 
 bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
@@ -164,6 +180,12 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  if (comm == nullptr || asyncError == nullptr) return ncclInvalidArgument;
+  *asyncError = ncclResult_t(comm->async_error.load());
+  return ncclSuccess;
+}
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   if (comm == nullptr || count == nullptr) return ncclInvalidArgument;
