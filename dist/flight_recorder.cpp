@@ -18,6 +18,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "core/error.h"
 #include "dist/process_group.h"
@@ -41,6 +42,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 bool is_p2p(const std::string& op) { return op == "send" || op == "recv"; }
+
+thread_local std::string t_site;  // CallSite's label for this thread's calls
 
 // The process's recorder: the ring, the calls not yet completed, and per group the last sequence number called and
 // completed (what the progress file tells the other ranks).
@@ -79,7 +82,7 @@ Watched& watched() {
 }
 
 nlohmann::json entry_json(const FlightEntry& e) {
-  return {{"group", e.group},         {"seq", e.seq},
+  return {{"group", e.group},         {"seq", e.seq},           {"site", e.site},
           {"op", e.op},               {"dtype", std::string(dtype_name(e.dtype))},
           {"count", e.count},         {"peer", e.peer},
           {"reduce_op", e.reduce_op}, {"enqueued_s", e.enqueued_s},
@@ -301,6 +304,9 @@ void monitor(Watchdog& w) {
 
 }  // namespace
 
+CallSite::CallSite(std::string label) : previous_(std::exchange(t_site, std::move(label))) {}
+CallSite::~CallSite() { t_site = std::move(previous_); }
+
 void watch_group(ProcessGroup* group) {
   std::lock_guard<std::mutex> lock(watched().mu);
   watched().groups.push_back(group);
@@ -320,7 +326,7 @@ int64_t record_call(ProcessGroup& group, const char* op, DType dtype, int64_t co
   Recorder::Group& g = rec.groups[group.label()];
   if (g.world_ranks.empty()) g.world_ranks = group.world_ranks();
   FlightEntry e{group.label(), is_p2p(op) ? ++g.p2p_called : ++g.called, op, dtype, count, peer,
-                reduce_op ? reduce_op : "", rec.now_s()};
+                reduce_op ? reduce_op : "", rec.now_s(), -1, FlightEntry::State::kEnqueued, t_site};
   const int64_t id = rec.next_id++;
   rec.ring.push_back(e);
   while (rec.ring.size() > rec.capacity) {

@@ -44,6 +44,20 @@ struct FlightEntry {
   std::string reduce_op;   // "sum", "avg", "max" or empty
   double enqueued_s = 0, completed_s = -1;  // seconds since the recorder started; -1: not completed
   enum class State { kEnqueued, kCompleted, kFailed, kDropped } state = State::kEnqueued;
+  std::string site;        // the call site's label (CallSite), or empty
+};
+
+// Labels the calls this thread makes while it lives ("ddp bucket 3", "pipeline send m=2 v=0", ...): what a flight
+// record says about where a call came from. Nested sites replace the outer one until they end.
+class CallSite {
+ public:
+  explicit CallSite(std::string label);
+  ~CallSite();
+  CallSite(const CallSite&) = delete;
+  CallSite& operator=(const CallSite&) = delete;
+
+ private:
+  std::string previous_;
 };
 const char* state_name(FlightEntry::State s);
 

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "autograd/node.h"
+#include "dist/flight_recorder.h"
 #include "dist/shard.h"
 
 namespace minidl::dist {
@@ -189,6 +190,9 @@ void Reducer::comm_loop() {
     std::shared_ptr<Work> work;
     std::exception_ptr error;
     try {
+      std::string label = "bucket ";
+      label += std::to_string(b);
+      const CallSite site(std::move(label));
       work = collective_(group_, b, state_[b].buffer);
     } catch (...) {
       error = std::current_exception();

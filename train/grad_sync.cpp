@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "dist/flight_recorder.h"
 #include "dist/tensor_parallel.h"
 #include "ops/elementwise.h"
 #include "optim/clip.h"
@@ -119,6 +120,7 @@ void GradSync::after_backward() {
   if (dist::ProcessGroup* emb = topology_->embedding_group(); emb && stage_->tied_weight().defined()) {
     // The first stage's wte gradient comes from the embedding, the last stage's from the head: both need the sum,
     // then (outside ZeRO, which reduce-scatters it below) the average over dp, as every other gradient had.
+    const dist::CallSite site("tied wte");
     Tensor g = stage_->tied_weight().grad();
     emb->all_reduce(g, dist::ReduceOp::kSum)->wait();
     if (zero_ == 0 && topology_->dp_group().size() > 1) topology_->dp_group().all_reduce(g, dist::ReduceOp::kAvg)->wait();

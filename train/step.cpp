@@ -8,6 +8,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "core/upload.h"
+#include "dist/flight_recorder.h"
 #include "ops/cast.h"
 #include "ops/embedding.h"
 #include "optim/clip.h"
@@ -32,6 +33,7 @@ double elapsed_ms(std::chrono::steady_clock::time_point t0) {
 // One step's execution state on a rank: the tensors of every (micro, chunk) between its forward and its backward,
 // the posted receives and sends.
 struct Executor {
+  Executor(Stage& s, const StepOptions& options) : stage(s), o(options) {}
   Stage& stage;
   const StepOptions& o;
   // The ids (first stage) and targets (last stage) of the whole batch where the chunks read them: the host batch
@@ -77,6 +79,9 @@ struct Executor {
 
   void run(const Action& a) {
     const int tag = a.peer >= 0 ? dist::message_tag(stage.spec(), a, stage.rank()) : 0;
+    std::string label;
+    if (a.peer >= 0) label = "pipeline ", label += dist::describe(a);
+    const dist::CallSite site(std::move(label));
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGrad: {
@@ -176,7 +181,7 @@ Tensor forward_backward(Stage& stage, const data::Batch& batch, const StepOption
                " equal micro-batches (--micro-batches)");
   MINIDL_CHECK(o.amp == DType::f32 || ops::is_half(o.amp), "train_step: amp must be f32 (off), bf16 or f16, got ",
                o.amp);
-  Executor ex{stage, o};
+  Executor ex(stage, o);
   ex.micro = rows / M;
   ex.T = batch.x.size(1);
   // The normaliser of the whole step. Under DDP each rank divides by its own slice's count and DDP averages over
