@@ -77,7 +77,9 @@ def stopped_rank(mpiexec, train_gpt, data):
     check_(elapsed <= 7.0, f"the job ends within 7 s of the stop (took {elapsed:.1f} s)")
     first = next((l for l in out.splitlines() if l.startswith("minidl: collective timeout")), "")
     check_(bool(first), "a rank prints 'minidl: collective timeout ...'")
-    m = re.search(r"group (\w+) \(ranks [\d,]+\) sequence (\d+) .*ranks not joined: 3 \(", first)
+    # Rank 3 is named (a live rank whose progress file is a moment stale under load may be named beside it: the
+    # analyzer, reading every dump, settles that).
+    m = re.search(r"group (\w+) \(ranks [\d,]+\) sequence (\d+) .*ranks not joined: (.*; )?3 \(", first)
     check_(m is not None, f"the first timeout line names rank 3 as not joined: {first}")
     dumps = [os.path.join(debug, f"flight-rank{r}.json") for r in range(3)]
     check_(all(os.path.exists(d) for d in dumps), "ranks 0, 1 and 2 wrote their flight recorders")
