@@ -131,6 +131,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "Where the watchdog writes each rank's progress and, on a timeout, flight recorder "
                  "(scripts/flight_recorder.py reads them); all ranks must see it (default: $MINIDL_DEBUG_DIR, else "
                  "$TMPDIR or /tmp, in minidl-<job id>)");
+  app.add_option("--tensorboard", o.tensorboard,
+                 "Write TensorBoard event files to this directory (tensorboard --logdir DIR): train/loss, val/loss, "
+                 "lr, grad_norm, loss_scale, skipped_steps, tokens_per_s, mfu, step_ms, exposed_comm_ms and memory by "
+                 "ledger tag, at every --log-every step");
   app.add_flag("--check-collectives", o.check_collectives,
                "Before every collective the ranks of its group exchange its fingerprint (op, dtype, count, root, "
                "reduce op, sequence number) on a side channel, and a receive checks its send's: a mismatch stops "

@@ -15,7 +15,9 @@ ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& mo
   m.stage->train();
   m.stage->set_dropout(0, first_sample);
   m.stage->set_recompute(nn::parse_recompute(o.recompute));
-  m.sync = std::make_unique<GradSync>(*m.stage, topo, SyncOptions{.zero = o.zero});
+  SyncOptions sync;
+  sync.zero = o.zero;
+  m.sync = std::make_unique<GradSync>(*m.stage, topo, sync);
   m.num_params = m.stage->num_parameters();
   if (o.pp > 1) m.notes.push_back(pipeline_note(o, starts));
   if (o.sequence_parallel) {

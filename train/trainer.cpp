@@ -31,6 +31,7 @@
 #include "train/parallel_model.h"
 #include "train/progress.h"
 #include "train/step.h"
+#include "train/tensorboard.h"
 #include "train/zero_memory.h"
 
 namespace minidl::train {
@@ -579,7 +580,7 @@ class Meter {
   }
   // The progress line of step `step` (reads the scaler's state: on a device, a synchronisation).
   std::string line(int64_t step, double loss, double lr, const optim::GradScaler* scaler, bool data_parallel) {
-    const double ms = device_ ? window_ms_ / double(window_steps_) : window_ms_;
+    const double ms = shown_ms = device_ ? window_ms_ / double(window_steps_) : window_ms_;
     window_ms_ = 0, window_steps_ = 0;
     const double gflops = flops_ / ms / 1e6;
     std::string l = "step " + std::to_string(step + 1) + "/" + std::to_string(o_.steps) + " | loss " +
@@ -594,6 +595,25 @@ class Meter {
     return l;
   }
   // The summary line (scripts parse it: README.md documents each field).
+  // The numbers of the last line shown, as TensorBoard scalars at `step` (1-based).
+  void log(EventWriter& tb, int64_t step, const StepResult& r, double lr, const optim::GradScaler* scaler,
+           Device device) const {
+    tb.scalar("train/loss", r.loss, step);
+    tb.scalar("lr", lr, step);
+    tb.scalar("grad_norm", r.grad_norm, step);
+    if (scaler) tb.scalar("loss_scale", scaler->current_scale(), step), tb.scalar("skipped_steps",
+                                                                                 double(scaler->skipped_steps()), step);
+    tb.scalar("step_ms", shown_ms, step);
+    tb.scalar("tokens_per_s", tokens_ / shown_ms * 1e3, step);
+    if (peak_tflops_ > 0) tb.scalar("mfu", flops_ / shown_ms / 1e9 / peak_tflops_, step);
+    tb.scalar("exposed_comm_ms", comm_.exposed_comm_ms, step);
+    const MemoryLedger& mem = ledger(device);
+    for (auto [tag, name] : {std::pair{MemTag::kParams, "params"}, {MemTag::kGrads, "grads"},
+                             {MemTag::kOptimizer, "optimizer"}, {MemTag::kActivations, "activations"}})
+      tb.scalar(std::string("memory_mb/") + name, double(mem.peak(tag)) / double(1 << 20), step);
+  }
+  double shown_ms = 0;
+
   void print_summary(double val_loss, const optim::GradScaler* scaler, Device device) const {
     auto per_step = [&](double total) { return timed_ ? total / double(timed_) : 0.0; };
     const double ms = per_step(timed_ms_), gflops = ms > 0 ? flops_ / ms / 1e6 : 0.0;
@@ -677,6 +697,8 @@ int Trainer::run() {
   Meter meter(o, s.stage->flops_per_token(s.seq) * double(o.batch * s.seq), double(o.batch * s.seq),
               s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : 0.0, s.device.is_cuda());
   ProgressLine progress(parse_progress_mode(o.progress), o.log_every, s.logger);
+  std::unique_ptr<EventWriter> tb;  // --tensorboard, on the logging rank
+  if (s.logger && !o.tensorboard.empty()) tb = std::make_unique<EventWriter>(o.tensorboard);
   // MINIDL_TEST_SLOW_RANK=R:MS makes world rank R this many ms slower a step (the straggler report's test).
   double slow_ms = 0;
   if (const char* slow = std::getenv("MINIDL_TEST_SLOW_RANK"); slow && std::atoi(slow) == s.topo->rank())
@@ -706,7 +728,12 @@ int Trainer::run() {
     if (s.topo->grid().size() > 1 && (step + 1) % o.log_every == 0)
       report_stragglers(progress, s.logger, step, {ms, batches.data_ms, ms - comm.exposed_comm_ms, comm.exposed_comm_ms});
     if (shows) progress.update(step + 1, o.steps, meter.line(step, r.loss, lr, so.scaler, s.topo->grid().dp > 1));
-    if (evaluates) progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", s.evaluate(val)));
+    if (shows && tb) meter.log(*tb, step + 1, r, lr, so.scaler, s.device);
+    if (evaluates) {
+      const double v = s.evaluate(val);
+      progress.print("step " + std::to_string(step + 1) + ": val_loss " + fmt("%.4f", v));
+      if (tb) tb->scalar("val/loss", v, step + 1);
+    }
     if (o.checkpoint_dir.empty()) continue;
     // A stop asked of any rank (SIGTERM/SIGUSR1) stops every rank after this step, with a checkpoint.
     const bool stop = max_over(s.topo->model_parallel_group(),
@@ -719,6 +746,7 @@ int Trainer::run() {
   }
   progress.finish();
   const double val_loss = s.finish(val, reads.schedule_step());
+  if (tb) tb->scalar("val/loss", val_loss, o.steps);
   if (s.logger) meter.print_summary(val_loss, so.scaler, s.device);
   return 0;
 }

@@ -98,6 +98,9 @@ struct TrainConfig {
   // Before every collective the ranks compare its fingerprint (op, dtype, count, root, reduce op, sequence number)
   // and all stop naming both sides of a mismatch (dist::set_checking_collectives; a cost per call).
   bool check_collectives = false;
+  // TensorBoard event files (train/tensorboard.h) in this directory, from the logging rank: the progress line's
+  // numbers at every printed step, the validation loss, memory by ledger tag. Empty: none.
+  std::string tensorboard;
 
   int64_t layers_or_default() const { return layers.value_or(4); }
   int64_t heads_or_default() const { return heads.value_or(4); }

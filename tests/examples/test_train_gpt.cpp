@@ -2,6 +2,8 @@
 // found, and no file written; a tiny run trains, saves, reloads and evaluates to the same loss.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -288,6 +290,44 @@ TEST_F(TrainGpt, SavedModelLoadsInTransformers) {
     // transformers' kernels sum in their own order, in f32 as ours.
     EXPECT_TRUE(losses_agree(std::stod(m[1]), summary_field(r.out, "val_loss"), kF32SumOrder)) << hf.out << r.out;
   }
+}
+
+// --tensorboard: TensorBoard's own EventAccumulator (the oracles' environment, as above) reads every tag the run
+// wrote, and the values are the run's: train/loss and lr as the progress lines print them, val/loss as the evaluation
+// line and the summary do.
+TEST_F(TrainGpt, TensorBoardReadsTheEventFiles) {
+  const char* venv = std::getenv("MINIDL_ORACLES_VENV");
+  const std::string python = std::string(venv ? venv : "/opt/minidl-oracles") + "/bin/python";
+  if (minidl::testing::run_program(python + " -c 'import tensorboard'").code != 0)
+    GTEST_SKIP() << python << " has no tensorboard: scripts/install-deps.sh --with-oracles installs it";
+  Result r = run(tiny_flags() + " --steps 20 --log-every 5 --eval-every 10 --progress lines --amp fp16 "
+                 "--tensorboard " + path("tb"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result tb = minidl::testing::run_program(python + " " + SOURCE_DIR + "/tests/examples/read_tensorboard.py " +
+                                           path("tb"));
+  ASSERT_EQ(tb.code, 0) << tb.out;
+  const nlohmann::json scalars = nlohmann::json::parse(tb.out.substr(tb.out.find('{')));
+  for (const char* tag : {"train/loss", "val/loss", "lr", "grad_norm", "loss_scale", "skipped_steps", "tokens_per_s",
+                          "step_ms", "exposed_comm_ms", "memory_mb/params", "memory_mb/grads", "memory_mb/optimizer",
+                          "memory_mb/activations"})
+    EXPECT_TRUE(scalars.contains(tag)) << tag << " missing from " << tb.out;
+  auto at = [&](const char* tag, int64_t step) -> double {
+    for (const auto& e : scalars.at(tag))
+      if (e[0].get<int64_t>() == step) return e[1].get<double>();
+    ADD_FAILURE() << tag << " has no value at step " << step;
+    return NAN;
+  };
+  for (int64_t step : {5, 10, 15, 20}) {
+    std::smatch m;
+    const std::regex line("step " + std::to_string(step) + "/20 \\| loss ([0-9.]+) \\| lr ([0-9.e+-]+)");
+    ASSERT_TRUE(std::regex_search(r.out, m, line)) << r.out;
+    EXPECT_NEAR(at("train/loss", step), std::stod(m[1]), 5e-5) << "step " << step;
+    EXPECT_NEAR(at("lr", step), std::stod(m[2]), 5e-3 * std::stod(m[2])) << "step " << step;
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("step 10: val_loss ([0-9.]+)"))) << r.out;
+  EXPECT_NEAR(at("val/loss", 10), std::stod(m[1]), 5e-5);
+  EXPECT_NEAR(at("val/loss", 20), summary_field(r.out, "val_loss"), 1e-6 * summary_field(r.out, "val_loss"));
 }
 
 // --tokenizer gpt2: GPT-2's vocabulary of 50,257 (the model's padded to 50,304), a loss that falls from about
