@@ -101,6 +101,7 @@ TEST(PredictPipeline, APredictionsBubbleIsSimulatesForItsOwnCosts) {
   EXPECT_NEAR(p.time.bubble, sim.makespan - 8 * (p.forward + p.backward), 1e-15);
   // 1F1B keeps up to p micro-batches in flight on the first rank.
   EXPECT_EQ(p.activations_in_flight, 4);
+  EXPECT_DOUBLE_EQ(p.activation_bytes, 4 * p.memory.activations);
 }
 
 TEST(PredictStep, BreakdownAddsUpAndRatesFollowFromIt) {
