@@ -262,7 +262,8 @@ std::vector<PlanRow> plan(const Workload& w, int gpus, DType amp, const Machine&
                   row.prediction = predict_unchecked(w, l, machine, true);
                   if (row.prediction.memory_peak > budget_bytes) {
                     std::ostringstream os;
-                    os.precision(3);
+                    os.setf(std::ios::fixed);
+                    os.precision(1);
                     os << "needs " << row.prediction.memory_peak / double(1ull << 30) << " GiB per GPU, over the "
                        << budget_bytes / double(1ull << 30) << " GiB budget";
                     row.refused = os.str();

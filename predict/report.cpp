@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cstdio>
 #include <map>
 
@@ -52,6 +53,15 @@ nlohmann::json to_json(const Prediction& p) {
           {"scaling_efficiency", p.efficiency}};
 }
 
+// A refusal's reason with its numbers as "N", so the reasons left unprinted are counted by kind.
+std::string reason_kind(const std::string& reason) {
+  std::string kind;
+  for (char c : reason)
+    if (!std::isdigit(static_cast<unsigned char>(c)) && c != '.') kind += c;
+    else if (kind.empty() || kind.back() != 'N') kind += 'N';
+  return kind;
+}
+
 }  // namespace
 
 std::string format_prediction(const Prediction& p, const Machine& m) {
@@ -63,9 +73,9 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
               (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)c.block_size,
               (long long)c.vocab_size, (long long)p.workload.global_batch);
   out += line("layout: %s (%d GPUs)\n", layout_text(p).c_str(), p.layout.gpus());
-  out += line("\n%-34s %10s %7s\n", "step time", "ms", "share");
+  out += line("\n%-44s %10s %7s\n", "step time", "ms", "share");
   const double total = t.total();
-  auto row = [&](const char* name, double s) { out += line("%-34s %10.3f %6.1f%%\n", name, s * kMs, 100 * s / total); };
+  auto row = [&](const char* name, double s) { out += line("%-44s %10.3f %6.1f%%\n", name, s * kMs, 100 * s / total); };
   row("compute (forward, backward)", t.compute);
   row("tp collectives", t.tp_comm);
   row("pp send/recv (exposed)", t.pp_comm);
@@ -73,16 +83,16 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
   row(dp.c_str(), t.dp_comm);
   row("pipeline bubble", t.bubble);
   row("optimizer", t.optimizer);
-  out += line("%-34s %10.3f\n", "total", total * kMs);
+  out += line("%-44s %10.3f\n", "total", total * kMs);
   out += line("dp communication in all: %.3f ms (%.3f hidden behind backward); bubble fraction %.1f%%\n",
               p.dp_comm_total * kMs, (p.dp_comm_total - t.dp_comm) * kMs, 100 * p.bubble_fraction);
-  out += line("\n%-34s %10s\n", "memory per GPU (busiest rank)", "MiB");
-  out += line("%-34s %10.1f\n", "params", (p.memory.params_rest + p.memory.params_step) / kMiB);
-  out += line("%-34s %10.1f\n", "grads", (p.memory.grads_rest + p.memory.grads_step) / kMiB);
-  out += line("%-34s %10.1f\n", "optimizer", p.memory.optimizer / kMiB);
-  out += line("%-34s %10.1f\n", ("activations (" + std::to_string(p.activations_in_flight) + " in flight)").c_str(),
+  out += line("\n%-44s %10s\n", "memory per GPU (busiest rank)", "MiB");
+  out += line("%-44s %10.1f\n", "params", (p.memory.params_rest + p.memory.params_step) / kMiB);
+  out += line("%-44s %10.1f\n", "grads", (p.memory.grads_rest + p.memory.grads_step) / kMiB);
+  out += line("%-44s %10.1f\n", "optimizer", p.memory.optimizer / kMiB);
+  out += line("%-44s %10.1f\n", ("activations (" + std::to_string(p.activations_in_flight) + " in flight)").c_str(),
               p.activation_bytes / kMiB);
-  out += line("%-34s %10.1f  of %.1f: %s\n", "peak", p.memory_peak / kMiB, m.mem_capacity / kMiB,
+  out += line("%-44s %10.1f  of %.1f: %s\n", "peak", p.memory_peak / kMiB, m.mem_capacity / kMiB,
               p.fits ? "fits" : "DOES NOT FIT");
   out += line("\ntokens/s %.0f   MFU %.1f%%   scaling efficiency %.1f%% (one GPU: %.3f ms per step)\n",
               p.tokens_per_s, 100 * p.mfu, 100 * p.efficiency, p.single_gpu_step * kMs);
@@ -105,18 +115,18 @@ std::string format_plan(const std::vector<PlanRow>& rows, const Machine& m, int 
       ++valid;
       if (shown++ < top) {
         const Prediction& p = r.prediction;
-        out += line("%-4d %-46s %10.3f %8.1f %6.1f%% %5.1f%% %10.0f\n", valid, layout_text(p).c_str(),
+        out += line("%-4d %-56s %10.3f %8.1f %6.1f%% %5.1f%% %10.0f\n", valid, layout_text(p).c_str(),
                     p.time.total() * kMs, p.memory_peak / kMiB, 100 * p.mfu, 100 * p.efficiency, p.tokens_per_s);
       }
       continue;
     }
     if (refused == 0) out += line("\nrefused:\n");
-    if (refused++ < refused_lines) out += line("  %-46s %s\n", describe(r.layout).c_str(), r.refused.c_str());
-    else ++rest[r.refused.substr(0, r.refused.find_first_of("0123456789"))];
+    if (refused++ < refused_lines) out += line("  %-56s %s\n", describe(r.layout).c_str(), r.refused.c_str());
+    else ++rest[reason_kind(r.refused)];
   }
   if (valid == 0) out += "no layout is valid\n";
   if (valid > top) out += line("(%d more valid layouts; --plan-top to see them)\n", valid - top);
-  for (const auto& [reason, n] : rest) out += line("  ... %d more refused: %s...\n", n, reason.c_str());
+  for (const auto& [reason, n] : rest) out += line("  ... %d more refused: %s\n", n, reason.c_str());
   return out;
 }
 
