@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
                  "one); overrides --machine");
   app.add_flag("--list-machines", list, "Print the presets as JSON and exit");
   app.add_option("--gpus-per-node", gpus_per_node, "Override: ranks per node")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--peak-tflops", peak_tflops, "Override: dense TFLOP/s per GPU for the products' dtype")
+  app.add_option("--peak-tflops", peak_tflops, "Override: dense TFLOP/s per GPU (for f32 and 16-bit products alike)")
       ->check(CLI::PositiveNumber);
   app.add_option("--mem-bw-gbs", mem_bw_gbs, "Override: memory bandwidth, GB/s")->check(CLI::PositiveNumber);
   app.add_option("--mem-gib", mem_gib, "Override: memory per GPU, GiB")->check(CLI::PositiveNumber);

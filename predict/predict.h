@@ -2,7 +2,7 @@
 // micro-batches, ZeRO stage, recompute, amp, sequence parallelism) on a machine (predict/machine.h), from costs
 // derived per op and per collective, not fitted to step times.
 //
-//   predict::Workload w{nn::GPTConfig{50257, 1024, 24, 16, 2048, 0.0, true}, .global_batch = 512};
+//   predict::Workload w{nn::GPTConfig{50257, 1024, 24, 16, 2048, 0.0, true}, 512};  // 512 sequences per step
 //   predict::Layout l{.dp = 8, .tp = 4, .pp = 1, .micro_batches = 8, .amp = DType::bf16};
 //   predict::Prediction p = predict::predict(w, l, predict::find_machine("a100-sxm"));
 //   p.time.total(); p.memory_peak; p.mfu; p.efficiency;
