@@ -36,7 +36,7 @@ ROWS = [
 
 def run(cmd):
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env)
+    out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace", env=env)
     if out.returncode != 0:
         sys.exit(f"predict_oracle: {' '.join(map(str, cmd))} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -33,7 +33,7 @@ MEM_OPS = ["layernorm", "layernorm_backward", "bias_gelu", "bias_gelu_backward",
 def run(cmd, env=None):
     full_env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                     **(env or {}))
-    out = subprocess.run(cmd, capture_output=True, text=True, env=full_env)
+    out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=full_env)
     if out.returncode != 0:
         sys.exit(f"predict_calibrate: {' '.join(cmd)} failed ({out.returncode}):\n{out.stderr}")
     return out.stdout
