@@ -67,6 +67,21 @@ double ops_seconds(const std::vector<OpCost>& ops, const Machine& m, DType amp) 
   return t;
 }
 
+ClassSeconds& ClassSeconds::operator+=(const ClassSeconds& o) {
+  gemm += o.gemm;
+  attention += o.attention;
+  elementwise += o.elementwise;
+  return *this;
+}
+
+ClassSeconds class_seconds(const std::vector<OpCost>& ops, const Machine& m, DType amp) {
+  ClassSeconds out;
+  for (const OpCost& op : ops)
+    (op.cls == OpClass::kGemm ? out.gemm : op.cls == OpClass::kAttention ? out.attention : out.elementwise) +=
+        op_seconds(op, m, amp);
+  return out;
+}
+
 std::vector<OpCost> block_forward_ops(const ComputeQuery& q) {
   const Dims d = dims(q);
   std::vector<OpCost> ops = attn_half(d);

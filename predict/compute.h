@@ -52,6 +52,15 @@ struct ComputeQuery {
 double op_seconds(const OpCost& op, const Machine& machine, DType amp);
 double ops_seconds(const std::vector<OpCost>& ops, const Machine& machine, DType amp);
 
+// The same time split by op class: where compute goes.
+struct ClassSeconds {
+  double gemm = 0, attention = 0, elementwise = 0;
+  double total() const { return gemm + attention + elementwise; }
+  ClassSeconds& operator+=(const ClassSeconds& o);
+  ClassSeconds operator*(double k) const { return {gemm * k, attention * k, elementwise * k}; }
+};
+ClassSeconds class_seconds(const std::vector<OpCost>& ops, const Machine& machine, DType amp);
+
 std::vector<OpCost> block_forward_ops(const ComputeQuery& q);
 std::vector<OpCost> block_backward_ops(const ComputeQuery& q);  // recompute's forward included
 std::vector<OpCost> head_forward_ops(const ComputeQuery& q);

@@ -77,9 +77,21 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
     if (r == 0) rc.fc += emb_f, rc.ft += tp_emb_f, rc.bc += emb_b;
     if (r == p - 1) rc.fc += head_f, rc.ft += tp_head_f, rc.bc += head_b, rc.bt += tp_head_b;
   }
-  const RankCost slow = *std::max_element(ranks.begin(), ranks.end(), [](const RankCost& a, const RankCost& b) {
+  const auto slowest = std::max_element(ranks.begin(), ranks.end(), [](const RankCost& a, const RankCost& b) {
     return a.f() + a.b() < b.f() + b.b();
   });
+  const RankCost slow = *slowest;
+  const int slow_rank = int(slowest - ranks.begin());
+  // The slowest rank's compute by op class: its blocks, and the embedding or the head if it holds them.
+  auto both = [&](const std::vector<OpCost>& forward, const std::vector<OpCost>& backward) {
+    ClassSeconds c = class_seconds(forward, m, l.amp);
+    c += class_seconds(backward, m, l.amp);
+    return c;
+  };
+  ClassSeconds by_class = both(block_forward_ops(cq), block_backward_ops(cq)) * double(blocks[size_t(slow_rank)]);
+  if (slow_rank == 0) by_class += both(embedding_forward_ops(cq), embedding_backward_ops(cq));
+  if (slow_rank == p - 1) by_class += both(head_forward_ops(cq), head_backward_ops(cq));
+  out.compute_by_class = by_class * double(M);
   const PipelineTime pipe = pipeline_time(pipeline_spec(l), slow.f(), slow.b());
   out.forward = slow.f();
   out.backward = slow.b();

@@ -37,6 +37,7 @@
 #include "core/dtype.h"
 #include "dist/pipeline.h"
 #include "nn/gpt.h"
+#include "predict/compute.h"
 #include "predict/machine.h"
 #include "train/zero_memory.h"
 
@@ -75,6 +76,7 @@ struct Prediction {
   Workload workload;
   Layout layout;
   StepTime time;
+  ClassSeconds compute_by_class;   // time.compute by op class (products, attention, memory-bound ops)
   double dp_comm_total = 0;        // all of data parallelism's collective time, hidden or not
   const char* dp_collective = "";  // "all-reduce", "reduce-scatter + all-gather", ...
   int64_t micro_batch = 0;         // b: sequences per micro-batch per rank

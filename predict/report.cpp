@@ -37,6 +37,9 @@ nlohmann::json to_json(const Prediction& p) {
            {{"compute", t.compute * kMs}, {"tp_comm", t.tp_comm * kMs}, {"pp_comm", t.pp_comm * kMs},
             {"dp_comm_exposed", t.dp_comm * kMs}, {"dp_comm_total", p.dp_comm_total * kMs},
             {"bubble", t.bubble * kMs}, {"optimizer", t.optimizer * kMs}}},
+          {"compute_by_class_ms",
+           {{"gemm", p.compute_by_class.gemm * kMs}, {"attention", p.compute_by_class.attention * kMs},
+            {"elementwise", p.compute_by_class.elementwise * kMs}}},
           {"dp_collective", p.dp_collective},
           {"bubble_fraction", p.bubble_fraction},
           {"memory_mib",
@@ -84,6 +87,8 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
   row("pipeline bubble", t.bubble);
   row("optimizer", t.optimizer);
   out += line("%-44s %10.3f\n", "total", total * kMs);
+  out += line("compute by op class: products %.3f ms, attention %.3f, memory-bound ops %.3f\n",
+              p.compute_by_class.gemm * kMs, p.compute_by_class.attention * kMs, p.compute_by_class.elementwise * kMs);
   out += line("dp communication in all: %.3f ms (%.3f hidden behind backward); bubble fraction %.1f%%\n",
               p.dp_comm_total * kMs, (p.dp_comm_total - t.dp_comm) * kMs, 100 * p.bubble_fraction);
   out += line("\n%-44s %10s\n", "memory per GPU (busiest rank)", "MiB");

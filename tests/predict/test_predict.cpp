@@ -114,6 +114,7 @@ TEST(PredictStep, BreakdownAddsUpAndRatesFollowFromIt) {
   const Prediction p = predict(w, l, toy_machine());
   const StepTime& t = p.time;
   EXPECT_DOUBLE_EQ(t.total(), t.compute + t.tp_comm + t.pp_comm + t.dp_comm + t.bubble + t.optimizer);
+  EXPECT_NEAR(p.compute_by_class.total(), t.compute, 1e-12 * t.compute);
   EXPECT_GT(t.tp_comm, 0);
   EXPECT_GT(t.pp_comm, 0);
   EXPECT_GT(p.dp_comm_total, 0);
