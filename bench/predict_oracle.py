@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """minidl_predict against measurements on this host: bench_gpt_step's baby config (layers 4, heads 4, embd 128,
 seq 64, batch 12 per data-parallel rank, vocab 65) at one rank and at two (dp, ZeRO, tp, pp), one thread per rank,
-beside the prediction for the calibrated cpu-host machine (scripts/predict_calibrate.py).
+beside the prediction for the calibrated cpu-host machine (scripts/predict_calibrate.py). The calibration measures
+the sgemm ceiling at the baby config's shapes, so two larger configs at one rank (embd 256, and nanoGPT's 6 x 384
+at seq 256) check the products' time out of that sample.
 
     bench/predict_oracle.py                       # build/bin, 3 runs of each in turns
     bench/predict_oracle.py --bin build42/bin --reps 5 --json
@@ -19,8 +21,12 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# (name, ranks, bench_gpt_step flags, minidl_predict flags)
+# (name, ranks, bench_gpt_step flags, minidl_predict flags); the baby config unless the flags say otherwise.
+MEDIUM = ["--layers", 4, "--heads", 4, "--embd", 256, "--seq", 128, "--batch", 8]
+NANOGPT = ["--layers", 6, "--heads", 6, "--embd", 384, "--seq", 256, "--batch", 8]
 ROWS = [
+    ("1 rank, L4 C256 T128 B8", 1, MEDIUM, MEDIUM),
+    ("1 rank, L6 C384 T256 B8", 1, NANOGPT + ["--steps", 5], NANOGPT),
     ("1 rank", 1, [], ["--batch", 12]),
     ("1 rank, recompute block", 1, ["--recompute", "block"], ["--batch", 12, "--recompute", "block"]),
     ("dp 2 (DDP)", 2, [], ["--dp", 2, "--batch", 24]),
@@ -58,7 +64,8 @@ def main():
     measured = {name: [] for name, *_ in ROWS}
     for _ in range(args.reps):
         for name, ranks, flags, _ in ROWS:
-            cmd = [bench, "--threads", 1, "--steps", args.steps, "--warmup", 3, "--json"] + flags
+            steps = [] if "--steps" in flags else ["--steps", args.steps]
+            cmd = [bench, "--threads", 1, "--warmup", 3, "--json"] + steps + flags
             if ranks > 1:
                 cmd = ["mpirun", "-n", ranks, "--oversubscribe", "--bind-to", "none"] + cmd
             measured[name].append(run(cmd)["ms_per_step"])
