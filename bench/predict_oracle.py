@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""minidl_predict against measurements on this host: bench_gpt_step's baby config (layers 4, heads 4, embd 128,
+seq 64, batch 12 per data-parallel rank, vocab 65) at one rank and at two (dp, ZeRO, tp, pp), one thread per rank,
+beside the prediction for the calibrated cpu-host machine (scripts/predict_calibrate.py). The calibration measures
+the sgemm ceiling at the baby config's shapes, so two larger configs at one rank (embd 256, and nanoGPT's 6 x 384
+at seq 256) check the products' time out of that sample.
+
+    bench/predict_oracle.py                       # build/bin, 3 runs of each in turns
+    bench/predict_oracle.py --bin build42/bin --reps 5 --json
+
+Each row's runs alternate with the other rows' (so a busy minute hits all of them), and the table gives the
+median and the fastest run; the error is the prediction's against the median. The host's load average is printed
+before and after: two ranks on a two-core host that something else is using measure that too.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, ranks, bench_gpt_step flags, minidl_predict flags); the baby config unless the flags say otherwise.
+MEDIUM = ["--layers", 4, "--heads", 4, "--embd", 256, "--seq", 128, "--batch", 8]
+NANOGPT = ["--layers", 6, "--heads", 6, "--embd", 384, "--seq", 256, "--batch", 8]
+ROWS = [
+    ("1 rank, L4 C256 T128 B8", 1, MEDIUM, MEDIUM),
+    ("1 rank, L6 C384 T256 B8", 1, NANOGPT + ["--steps", 5], NANOGPT),
+    ("1 rank", 1, [], ["--batch", 12]),
+    ("1 rank, recompute block", 1, ["--recompute", "block"], ["--batch", 12, "--recompute", "block"]),
+    ("dp 2 (DDP)", 2, [], ["--dp", 2, "--batch", 24]),
+    ("dp 2, ZeRO-1", 2, ["--zero", 1], ["--dp", 2, "--batch", 24, "--zero", 1]),
+    ("dp 2, ZeRO-2", 2, ["--zero", 2], ["--dp", 2, "--batch", 24, "--zero", 2]),
+    ("dp 2, ZeRO-3", 2, ["--zero", 3], ["--dp", 2, "--batch", 24, "--zero", 3]),
+    ("tp 2", 2, ["--tp", 2], ["--tp", 2, "--batch", 12]),
+    ("pp 2, 1F1B, M 1", 2, ["--pp", 2, "--micro-batches", 1], ["--pp", 2, "--micro-batches", 1, "--batch", 12]),
+    ("pp 2, 1F1B, M 2", 2, ["--pp", 2, "--micro-batches", 2], ["--pp", 2, "--micro-batches", 2, "--batch", 12]),
+    ("pp 2, 1F1B, M 4", 2, ["--pp", 2, "--micro-batches", 4], ["--pp", 2, "--micro-batches", 4, "--batch", 12]),
+]
+
+
+def run(cmd):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace", env=env)
+    if out.returncode != 0:
+        sys.exit(f"predict_oracle: {' '.join(map(str, cmd))} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def load():
+    return open("/proc/loadavg").read().split()[0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    bench, predict = os.path.join(args.bin, "bench_gpt_step"), os.path.join(args.bin, "minidl_predict")
+    load_before = load()
+    measured = {name: [] for name, *_ in ROWS}
+    for _ in range(args.reps):
+        for name, ranks, flags, _ in ROWS:
+            steps = [] if "--steps" in flags else ["--steps", args.steps]
+            cmd = [bench, "--threads", 1, "--warmup", 3, "--json"] + steps + flags
+            if ranks > 1:
+                cmd = ["mpirun", "-n", ranks, "--oversubscribe", "--bind-to", "none"] + cmd
+            measured[name].append(run(cmd)["ms_per_step"])
+    rows = []
+    for name, ranks, _, pflags in ROWS:
+        p = run([predict, "--machine", "cpu-host", "--json"] + pflags)
+        median = statistics.median(measured[name])
+        rows.append({"row": name, "ranks": ranks, "measured_ms": measured[name], "median_ms": median,
+                     "predicted_ms": p["step_ms"], "error": (p["step_ms"] - median) / median})
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    fields = dict(l.split(":", 1) for l in cpu.splitlines() if ":" in l)
+    name = "{} family {} model {}, {} CPUs".format(*(fields.get(k, "?").strip() for k in
+                                                    ("Model name", "CPU family", "Model", "CPU(s)")))
+    if args.json:
+        print(json.dumps({"cpu": name, "load_before": load_before, "load_after": load(), "rows": rows}, indent=1))
+        return
+    print(f"# cpu: {name}; load average {load_before} before, {load()} after; {args.reps} runs each")
+    print(f"{'configuration':28} {'median_ms':>9} {'fastest':>8} {'predicted':>9} {'error':>7}")
+    for r in rows:
+        print(f"{r['row']:28} {r['median_ms']:9.2f} {min(r['measured_ms']):8.2f} {r['predicted_ms']:9.2f} "
+              f"{100 * r['error']:+6.0f}%")
+
+
+if __name__ == "__main__":
+    main()

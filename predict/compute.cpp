@@ -1,0 +1,137 @@
+#include "predict/compute.h"
+
+#include <algorithm>
+
+namespace minidl::predict {
+
+namespace {
+
+struct Dims {
+  double BT, T, C, Vp, tp, s, f = 4, stream;  // stream: the share of the residual stream a rank holds
+};
+
+Dims dims(const ComputeQuery& q) {
+  const double T = double(q.seq > 0 ? q.seq : q.model.block_size), tp = std::max(1, q.tp);
+  // The head's rows: the padded vocabulary at tp 1, rounded up to a multiple of tp otherwise (dist/tp_gpt.h).
+  const double vp = q.tp > 1 ? double((q.model.vocab_size + q.tp - 1) / q.tp * q.tp) : double(q.model.padded_vocab());
+  return {double(q.micro_batch) * T, T, double(q.model.n_embd), vp, tp, q.amp == DType::f32 ? 4.0 : 2.0, 4.0,
+          q.sequence_parallel && q.tp > 1 ? 1.0 / tp : 1.0};
+}
+
+OpCost gemm(std::string name, double m, double k, double n, double s) {
+  return {std::move(name), OpClass::kGemm, 2 * m * k * n, s * (m * k + k * n + m * n)};
+}
+
+// The block's forward, split into its two halves (what --recompute attn and mlp re-run).
+std::vector<OpCost> attn_half(const Dims& d) {
+  return {{"layernorm + residual (attn)", OpClass::kElementwise, 0, d.stream * d.BT * d.C * (d.f + d.s + 3 * d.f)},
+          gemm("qkv", d.BT, d.C, 3 * d.C / d.tp, d.s),
+          {"attention", OpClass::kAttention, 4 * d.BT * d.T * d.C / d.tp, d.s * 4 * d.BT * d.C / d.tp},
+          gemm("attn proj", d.BT, d.C / d.tp, d.C, d.s)};
+}
+std::vector<OpCost> mlp_half(const Dims& d) {
+  return {{"layernorm + residual (mlp)", OpClass::kElementwise, 0, d.stream * d.BT * d.C * (d.f + d.s + 3 * d.f)},
+          gemm("fc", d.BT, d.C, 4 * d.C / d.tp, d.s),
+          {"gelu", OpClass::kElementwise, 0, d.s * 2 * 4 * d.BT * d.C / d.tp},
+          gemm("mlp proj", d.BT, 4 * d.C / d.tp, d.C, d.s)};
+}
+
+std::vector<OpCost> backward_of(const std::vector<OpCost>& forward) {
+  std::vector<OpCost> out;
+  for (const OpCost& op : forward) {
+    if (op.cls == OpClass::kGemm) {
+      out.push_back({op.name + " bwd dx", op.cls, op.flops, op.bytes});
+      out.push_back({op.name + " bwd dw", op.cls, op.flops, op.bytes});
+    } else {
+      out.push_back({op.name + " bwd", op.cls, 2 * op.flops, 2 * op.bytes});
+    }
+  }
+  return out;
+}
+
+void append(std::vector<OpCost>& to, const std::vector<OpCost>& from, const std::string& prefix = "") {
+  for (const OpCost& op : from) to.push_back({prefix + op.name, op.cls, op.flops, op.bytes});
+}
+
+}  // namespace
+
+double op_seconds(const OpCost& op, const Machine& m, DType amp) {
+  if (op.cls == OpClass::kElementwise) return op.bytes / (m.mem_bw * m.eff.elementwise);
+  const double eff = op.cls == OpClass::kGemm ? m.eff.gemm : m.eff.attention;
+  return std::max(op.flops / (m.peak_flops(amp) * eff), op.bytes / m.mem_bw);
+}
+
+double ops_seconds(const std::vector<OpCost>& ops, const Machine& m, DType amp) {
+  double t = 0;
+  for (const OpCost& op : ops) t += op_seconds(op, m, amp);
+  return t;
+}
+
+ClassSeconds& ClassSeconds::operator+=(const ClassSeconds& o) {
+  gemm += o.gemm;
+  attention += o.attention;
+  elementwise += o.elementwise;
+  return *this;
+}
+
+ClassSeconds class_seconds(const std::vector<OpCost>& ops, const Machine& m, DType amp) {
+  ClassSeconds out;
+  for (const OpCost& op : ops)
+    (op.cls == OpClass::kGemm ? out.gemm : op.cls == OpClass::kAttention ? out.attention : out.elementwise) +=
+        op_seconds(op, m, amp);
+  return out;
+}
+
+std::vector<OpCost> block_forward_ops(const ComputeQuery& q) {
+  const Dims d = dims(q);
+  std::vector<OpCost> ops = attn_half(d);
+  append(ops, mlp_half(d));
+  return ops;
+}
+
+std::vector<OpCost> block_backward_ops(const ComputeQuery& q) {
+  const Dims d = dims(q);
+  std::vector<OpCost> ops;
+  switch (q.recompute) {
+    case nn::Recompute::kNone: break;
+    case nn::Recompute::kBlock: append(ops, block_forward_ops(q), "recompute "); break;
+    case nn::Recompute::kAttn: append(ops, attn_half(d), "recompute "); break;
+    case nn::Recompute::kMlp: append(ops, mlp_half(d), "recompute "); break;
+  }
+  append(ops, backward_of(block_forward_ops(q)));
+  return ops;
+}
+
+std::vector<OpCost> head_forward_ops(const ComputeQuery& q) {
+  const Dims d = dims(q);
+  return {{"ln_f", OpClass::kElementwise, 0, d.stream * d.BT * d.C * (d.f + d.s)},
+          gemm("lm head", d.BT, d.C, d.Vp / d.tp, d.s),
+          {"cross-entropy", OpClass::kElementwise, 0, d.s * d.BT * d.Vp / d.tp}};
+}
+
+std::vector<OpCost> head_backward_ops(const ComputeQuery& q) { return backward_of(head_forward_ops(q)); }
+
+std::vector<OpCost> embedding_forward_ops(const ComputeQuery& q) {
+  const Dims d = dims(q);
+  return {{"embedding", OpClass::kElementwise, 0, d.f * 3 * d.BT * d.C}};  // wte rows, wpe rows, their sum
+}
+
+std::vector<OpCost> embedding_backward_ops(const ComputeQuery& q) {
+  const Dims d = dims(q);
+  return {{"embedding bwd", OpClass::kElementwise, 0, d.f * 3 * d.BT * d.C}};  // dy read, two scatter-adds
+}
+
+std::vector<OpCost> optimizer_ops(double params, double cast_params, DType amp) {
+  std::vector<OpCost> ops{{"adamw + grad norm + zero_grad", OpClass::kElementwise, 0, (28 + 4 + 4) * params}};
+  if (amp != DType::f32) ops.push_back({"16-bit weight copies", OpClass::kElementwise, 0, 6 * cast_params});
+  return ops;
+}
+
+double model_flops_per_token(const nn::GPTConfig& m, int64_t seq) {
+  const double C = double(m.n_embd), L = double(m.n_layer);
+  const double block = m.bias ? 12 * C * C + 13 * C : 12 * C * C + 2 * C;
+  const double params = double(m.vocab_size) * C + L * block + (m.bias ? 2 * C : C);  // wte, blocks, ln_f
+  return 6 * params + 12 * L * C * double(seq);
+}
+
+}  // namespace minidl::predict

@@ -1,0 +1,78 @@
+// Compute time of a GPT's pieces on one rank, from FLOPs and bytes per op: a roofline, max(flops / (peak · eff),
+// bytes / bandwidth), with one efficiency factor per op class (predict/machine.h). The op list is the one
+// bench/roofline.h times for a whole step, per block and for one of tp ranks (bench/ is a program layer: this is its
+// per-rank counterpart, which tensor parallelism and pipeline stages need).
+//
+// For a micro-batch of b sequences of T tokens (BT = b·T), width C, tp ranks, s bytes per activation (2 under
+// --amp, else 4), f = 4 (the f32 residual stream), one block on one rank does, forward:
+//   qkv        GEMM  2·BT·C·3C/tp FLOPs      s·(BT·C + 3C²/tp + 3BT·C/tp) bytes
+//   attention        4·BT·T·C/tp             s·4BT·C/tp  (Q, K, V in, O out; nanoGPT's count, causal not halved)
+//   attn proj  GEMM  2·BT·C·C/tp             s·(BT·C/tp + C²/tp + BT·C)
+//   fc         GEMM  2·BT·C·4C/tp            s·(BT·C + 4C²/tp + 4BT·C/tp)
+//   GELU       elementwise                   s·2·4BT·C/tp
+//   mlp proj   GEMM  2·BT·4C·C/tp            s·(4BT·C/tp + 4C²/tp + BT·C)
+//   2 layer norms + 2 residual adds          (2·(f + s) + 2·3f)·BT·C, over tp under sequence parallelism
+// Backward: every GEMM twice (the input's gradient and the weight's, each the forward's FLOPs and bytes),
+// attention twice the forward's FLOPs and bytes (8·BT·T·C/tp), elementwise ops twice their bytes.
+// The head (last stage): ln_f, the tied head GEMM 2·BT·C·Vp/tp, cross-entropy over BT·Vp/tp logits; backward two
+// GEMMs and the loss's gradient. The embedding (first stage): a gather of BT rows and wpe, its backward a
+// scatter-add of as many.
+// Recompute adds the recomputed part's forward to the backward: all of the block (block), ln_1 + qkv + attention +
+// attn proj (attn), or ln_2 + fc + GELU + mlp proj (mlp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "nn/gpt.h"
+#include "predict/machine.h"
+
+namespace minidl::predict {
+
+enum class OpClass { kGemm, kAttention, kElementwise };
+
+struct OpCost {
+  std::string name;
+  OpClass cls = OpClass::kElementwise;
+  double flops = 0, bytes = 0;
+};
+
+struct ComputeQuery {
+  nn::GPTConfig model;
+  int tp = 1;
+  bool sequence_parallel = false;
+  DType amp = DType::f32;
+  int64_t micro_batch = 1;  // b sequences
+  int64_t seq = 0;          // T; 0: model.block_size
+  nn::Recompute recompute = nn::Recompute::kNone;
+};
+
+// The roofline time of one op on `machine` with products in amp's precision.
+double op_seconds(const OpCost& op, const Machine& machine, DType amp);
+double ops_seconds(const std::vector<OpCost>& ops, const Machine& machine, DType amp);
+
+// The same time split by op class: where compute goes.
+struct ClassSeconds {
+  double gemm = 0, attention = 0, elementwise = 0;
+  double total() const { return gemm + attention + elementwise; }
+  ClassSeconds& operator+=(const ClassSeconds& o);
+  ClassSeconds operator*(double k) const { return {gemm * k, attention * k, elementwise * k}; }
+};
+ClassSeconds class_seconds(const std::vector<OpCost>& ops, const Machine& machine, DType amp);
+
+std::vector<OpCost> block_forward_ops(const ComputeQuery& q);
+std::vector<OpCost> block_backward_ops(const ComputeQuery& q);  // recompute's forward included
+std::vector<OpCost> head_forward_ops(const ComputeQuery& q);
+std::vector<OpCost> head_backward_ops(const ComputeQuery& q);
+std::vector<OpCost> embedding_forward_ops(const ComputeQuery& q);
+std::vector<OpCost> embedding_backward_ops(const ComputeQuery& q);
+// AdamW over `params` f32 parameters (reads p, g, m, v, writes p, m, v: 28 bytes each), the gradient norm (4) and
+// the gradients' zeroing (4); with amp, the 16-bit weight copies of `cast_params` parameters (4 read + 2 written).
+std::vector<OpCost> optimizer_ops(double params, double cast_params, DType amp);
+
+// The model's FLOPs per token, nanoGPT's convention as nn::GPT::flops_per_token: 6 per parameter but wpe's,
+// plus 12·L·C·T for attention.
+double model_flops_per_token(const nn::GPTConfig& model, int64_t seq);
+
+}  // namespace minidl::predict

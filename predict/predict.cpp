@@ -1,0 +1,298 @@
+#include "predict/predict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+#include "predict/collectives.h"
+#include "predict/compute.h"
+#include "predict/overlap.h"
+
+namespace minidl::predict {
+
+namespace {
+
+// Per micro-batch on one pipeline rank: compute and tensor-parallel communication, forward and backward.
+struct RankCost {
+  double fc = 0, ft = 0, bc = 0, bt = 0;
+  double f() const { return fc + ft; }
+  double b() const { return bc + bt; }
+};
+
+dist::PipelineSpec pipeline_spec(const Layout& l) {
+  const bool interleaved = l.virtual_stages > 1;
+  return {interleaved ? dist::ScheduleKind::kInterleaved : l.schedule, l.pp, l.micro_batches,
+          interleaved ? l.virtual_stages : 1};
+}
+
+Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
+  const nn::GPTConfig& model = w.model;
+  const int64_t T = model.block_size, b = w.global_batch / (int64_t(l.dp) * l.micro_batches);
+  const double C = double(model.n_embd), s = l.amp == DType::f32 ? 4.0 : 2.0;
+  const dist::Grid grid{l.dp, l.tp, l.pp};
+  const int p = l.pp, V = l.virtual_stages, M = l.micro_batches;
+  Prediction out;
+  out.workload = w;
+  out.layout = l;
+  out.micro_batch = b;
+
+  // ---- per micro-batch costs of a block, the embedding and the head ----
+  const ComputeQuery cq{model, l.tp, l.sequence_parallel, l.amp, b, T, l.recompute};
+  const double block_f = ops_seconds(block_forward_ops(cq), m, l.amp);
+  const double block_b = ops_seconds(block_backward_ops(cq), m, l.amp);
+  const double head_f = ops_seconds(head_forward_ops(cq), m, l.amp);
+  const double head_b = ops_seconds(head_backward_ops(cq), m, l.amp);
+  const double emb_f = ops_seconds(embedding_forward_ops(cq), m, l.amp);
+  const double emb_b = ops_seconds(embedding_backward_ops(cq), m, l.amp);
+  // Tensor parallelism: all-reduces of the b·T·C activations, 2 per block each way (Megatron's g and its
+  // conjugate f), recomputation repeating its part's; the embedding's one forward, the head input's one backward,
+  // and the vocabulary-parallel loss's three of b·T floats (max, sum of exps, target logit).
+  double tp_block_f = 0, tp_block_b = 0, tp_emb_f = 0, tp_head_f = 0, tp_head_b = 0;
+  if (l.tp > 1) {
+    const Link& link = group_link(grid, Axis::kTp, m);
+    const double act = all_reduce(l.tp, double(b) * double(T) * C * s, link);
+    const double rerun = l.recompute == nn::Recompute::kBlock  ? 2
+                         : l.recompute == nn::Recompute::kNone ? 0
+                                                               : 1;
+    tp_block_f = 2 * act;
+    tp_block_b = (2 + rerun) * act;
+    tp_emb_f = act;
+    tp_head_f = 3 * all_reduce(l.tp, double(b) * double(T) * 4, link);
+    tp_head_b = act;
+  }
+
+  // ---- pipeline: blocks per rank as the trainer splits them, the slowest rank's costs into simulate ----
+  const train::MemoryQuery mq{model, l.zero, l.dp, l.amp, l.recompute, b, T, M, l.tp, l.sequence_parallel};
+  const train::MemoryPlan whole = train::predict_memory(mq);
+  const std::vector<int64_t> starts = dist::split_layers(model.n_layer, p * V, int64_t(whole.block),
+                                                         int64_t(whole.persistent), int64_t(whole.persistent));
+  std::vector<int64_t> blocks(size_t(p), 0);
+  for (int c = 0; c < p * V; ++c) blocks[size_t(c % p)] += starts[size_t(c) + 1] - starts[size_t(c)];
+  std::vector<RankCost> ranks(static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    RankCost& rc = ranks[size_t(r)];
+    const double n = double(blocks[size_t(r)]);
+    rc = {n * block_f, n * tp_block_f, n * block_b, n * tp_block_b};
+    if (r == 0) rc.fc += emb_f, rc.ft += tp_emb_f, rc.bc += emb_b;
+    if (r == p - 1) rc.fc += head_f, rc.ft += tp_head_f, rc.bc += head_b, rc.bt += tp_head_b;
+  }
+  const auto slowest = std::max_element(ranks.begin(), ranks.end(), [](const RankCost& a, const RankCost& b) {
+    return a.f() + a.b() < b.f() + b.b();
+  });
+  const RankCost slow = *slowest;
+  const int slow_rank = int(slowest - ranks.begin());
+  // The slowest rank's compute by op class: its blocks, and the embedding or the head if it holds them.
+  auto both = [&](const std::vector<OpCost>& forward, const std::vector<OpCost>& backward) {
+    ClassSeconds c = class_seconds(forward, m, l.amp);
+    c += class_seconds(backward, m, l.amp);
+    return c;
+  };
+  ClassSeconds by_class = both(block_forward_ops(cq), block_backward_ops(cq)) * double(blocks[size_t(slow_rank)]);
+  if (slow_rank == 0) by_class += both(embedding_forward_ops(cq), embedding_backward_ops(cq));
+  if (slow_rank == p - 1) by_class += both(head_forward_ops(cq), head_backward_ops(cq));
+  out.compute_by_class = by_class * double(M);
+  const PipelineTime pipe = pipeline_time(pipeline_spec(l), slow.f(), slow.b());
+  out.forward = slow.f();
+  out.backward = slow.b();
+  out.bubble_fraction = pipe.bubble_fraction;
+  out.time.compute = M * (slow.fc + slow.bc);
+  out.time.tp_comm = M * (slow.ft + slow.bt);
+  out.time.bubble = pipe.bubble;
+  if (p > 1) {
+    const Link& link = group_link(grid, Axis::kPp, m);
+    const double message = double(b) * double(T) * C * s / (l.sequence_parallel ? l.tp : 1);
+    const double wte = double((model.vocab_size + l.tp - 1) / l.tp) * C * 4;
+    out.time.pp_comm = 2 * (p - 1) * point_to_point(message, link) + all_reduce(2, wte, link);
+  }
+
+  // ---- data parallelism on the first pipeline rank (all of the model when pp = 1) ----
+  const double ln_f = model.bias ? 2 * C : C;
+  const double rank0_params = whole.persistent - (p > 1 ? ln_f : 0) + double(blocks[0]) * whole.block;
+  if (l.dp > 1) {
+    const Link& link = group_link(grid, Axis::kDp, m);
+    // Units in registration order (embedding, blocks, ln_f), ready as the last micro-batch's backward passes them:
+    // the head and ln_f first, the blocks from the last, the embedding (and the tied wte) at the end.
+    const RankCost& r0 = ranks[0];
+    std::vector<GradUnit> units;
+    double t = p == 1 ? head_b + tp_head_b : 0;
+    const double per_block = block_b + tp_block_b;
+    const double end = r0.b();
+    units.push_back({int64_t(whole.persistent - ln_f), end});
+    for (int64_t i = 0; i < blocks[0]; ++i)
+      units.push_back({int64_t(whole.block), t + double(blocks[0] - i) * per_block});
+    if (p == 1) units.push_back({int64_t(ln_f), t});
+    std::vector<BucketTiming> timed;
+    for (const Bucket& bk : gradient_buckets(units)) {
+      const double bytes = 4 * double(bk.numel);
+      const double cost = l.zero == 0 ? all_reduce(l.dp, bytes, link) : ring_reduce_scatter(l.dp, bytes, link);
+      timed.push_back({bk.ready, cost});
+    }
+    const OverlapResult o = overlap_buckets(timed, end);
+    out.time.dp_comm = o.exposed;
+    out.dp_comm_total = o.comm_total;
+    out.dp_collective = l.zero == 0 ? "all-reduce" : "reduce-scatter + all-gather";
+    if (l.zero == 1 || l.zero == 2) {
+      const double gather = ring_all_gather(l.dp, 4 * rank0_params, link);
+      out.time.dp_comm += gather;
+      out.dp_comm_total += gather;
+    } else if (l.zero == 3) {
+      // Blocks gathered before their forward and their backward (a recomputation finds its block gathered),
+      // prefetched while the previous block computes: the first gather waits, the others only where longer.
+      const double g = ring_all_gather(l.dp, 4 * whole.block, link);
+      const double n = double(model.n_layer), bf = block_f + tp_block_f;
+      const double exposed = 2 * g + (n - 1) * (std::max(0.0, g - bf) + std::max(0.0, g - per_block));
+      const double persistent = ring_all_gather(l.dp, 4 * whole.persistent, link);
+      out.time.dp_comm += M * exposed + persistent;
+      out.dp_comm_total += M * 2 * n * g + persistent;
+      out.dp_collective = "reduce-scatter + all-gather (blocks gathered per pass)";
+    }
+  }
+
+  // ---- optimizer ----
+  const double updated = l.zero >= 1 ? rank0_params / l.dp : rank0_params;
+  out.time.optimizer = ops_seconds(optimizer_ops(updated, rank0_params, l.amp), m, l.amp);
+
+  // ---- memory: the rank holding the most blocks, its activations times the chunks in flight ----
+  nn::GPTConfig worst = model;
+  worst.n_layer = *std::max_element(blocks.begin(), blocks.end());
+  train::MemoryQuery wq = mq;
+  wq.model = worst;
+  out.memory = train::predict_memory(wq);
+  out.activations_in_flight = pipe.peak_in_flight;
+  out.activation_bytes = out.memory.activations * pipe.peak_in_flight / V;
+  out.memory_peak = out.memory.peak() - out.memory.activations + out.activation_bytes;
+  out.fits = out.memory_peak <= m.mem_capacity;
+
+  // ---- rates ----
+  const double step = out.time.total();
+  out.model_flops = model_flops_per_token(model, T) * double(w.global_batch) * double(T);
+  out.mfu = out.model_flops / (step * l.gpus() * m.peak_flops(l.amp));
+  out.tokens_per_s = double(w.global_batch) * double(T) / step;
+  out.single_gpu_step = step;
+  if (with_baseline && l.gpus() > 1) {
+    Layout one;
+    one.micro_batches = int(w.global_batch / b);
+    one.recompute = l.recompute;
+    one.amp = l.amp;
+    out.single_gpu_step = predict_unchecked(w, one, m, false).time.total();
+  }
+  out.efficiency = out.single_gpu_step / (l.gpus() * step);
+  return out;
+}
+
+}  // namespace
+
+std::string describe(const Layout& l) {
+  std::ostringstream os;
+  os << "dp " << l.dp << " tp " << l.tp << " pp " << l.pp;
+  if (l.virtual_stages > 1) os << " V " << l.virtual_stages;
+  os << " M " << l.micro_batches << " zero " << l.zero;
+  if (l.recompute != nn::Recompute::kNone) os << " recompute " << nn::recompute_name(l.recompute);
+  if (l.sequence_parallel) os << " sp";
+  if (l.pp > 1 && l.virtual_stages == 1 && l.schedule != dist::ScheduleKind::k1F1B)
+    os << " " << dist::schedule_kind_name(l.schedule);
+  return os.str();
+}
+
+std::string refusal(const Workload& w, const Layout& l) {
+  const nn::GPTConfig& m = w.model;
+  std::ostringstream why;
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.micro_batches < 1)
+    why << "dp, tp, pp, virtual stages and micro-batches must be >= 1";
+  else if (m.n_head % l.tp != 0)
+    why << "tp " << l.tp << " does not divide the " << m.n_head << " heads";
+  else if (int64_t(l.pp) * l.virtual_stages > m.n_layer)
+    why << "pp " << l.pp << " x virtual stages " << l.virtual_stages << " exceeds the " << m.n_layer << " layers";
+  else if (w.global_batch % l.dp != 0)
+    why << "dp " << l.dp << " does not divide the global batch " << w.global_batch;
+  else if ((w.global_batch / l.dp) % l.micro_batches != 0)
+    why << l.micro_batches << " micro-batches do not divide the per-rank batch " << w.global_batch / l.dp;
+  else if (l.zero < 0 || l.zero > 3)
+    why << "ZeRO stage must be 0-3, got " << l.zero;
+  else if (l.zero == 3 && l.pp > 1)
+    why << "ZeRO-3 with pp > 1 (minidl gathers blocks per pass, not per pipeline chunk)";
+  else if (l.sequence_parallel && l.tp == 1)
+    why << "sequence parallelism needs tp > 1";
+  else if (l.virtual_stages > 1 && (l.pp == 1 || l.micro_batches % l.pp != 0))
+    why << "interleaving needs pp > 1 and micro-batches a multiple of pp (" << l.micro_batches << ", pp " << l.pp
+        << ")";
+  else {
+    try {
+      pipeline_spec(l).validate();
+    } catch (const Error& e) {
+      why << e.what();
+    }
+  }
+  return why.str();
+}
+
+Prediction predict(const Workload& w, const Layout& l, const Machine& machine) {
+  machine.validate();
+  w.model.validate();
+  MINIDL_CHECK(w.global_batch >= 1, "predict: the global batch must be >= 1, got ", w.global_batch);
+  const std::string why = refusal(w, l);
+  MINIDL_CHECK(why.empty(), "predict: layout ", describe(l), " refused: ", why);
+  return predict_unchecked(w, l, machine, true);
+}
+
+PipelineTime pipeline_time(const dist::PipelineSpec& spec, double forward, double backward) {
+  const dist::SimResult sim = dist::simulate(dist::make_schedule(spec), forward, backward);
+  PipelineTime out;
+  out.makespan = sim.makespan;
+  // The busiest rank computes M·(F + B); the rest of the makespan it waits.
+  out.bubble = std::max(0.0, sim.makespan - spec.micro_batches * (forward + backward));
+  out.bubble_fraction = sim.bubble_fraction();
+  out.peak_in_flight = *std::max_element(sim.peak_in_flight.begin(), sim.peak_in_flight.end());
+  return out;
+}
+
+std::vector<PlanRow> plan(const Workload& w, int gpus, DType amp, const Machine& machine, double budget_bytes,
+                          int max_micro_batches) {
+  MINIDL_CHECK(gpus >= 1, "plan: the GPU count must be >= 1, got ", gpus);
+  machine.validate();
+  w.model.validate();
+  std::vector<PlanRow> valid, refused;
+  for (int dp = 1; dp <= gpus; ++dp) {
+    if (gpus % dp != 0) continue;
+    for (int tp = 1; tp <= gpus / dp; ++tp) {
+      if ((gpus / dp) % tp != 0) continue;
+      const int pp = gpus / dp / tp;
+      std::vector<int> micro;
+      if (w.global_batch % dp != 0) micro.push_back(1);  // refused for dp; one row says so
+      else
+        for (int64_t mb = 1; mb <= std::min<int64_t>(w.global_batch / dp, max_micro_batches); ++mb)
+          if ((w.global_batch / dp) % mb == 0) micro.push_back(int(mb));
+      for (int V : pp > 1 ? std::vector<int>{1, 2} : std::vector<int>{1})
+        for (int M : micro)
+          for (int zero = 0; zero <= 3; ++zero)
+            for (nn::Recompute rc : {nn::Recompute::kNone, nn::Recompute::kBlock})
+              for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+                Layout l{dp, tp, pp, V, M, zero, rc, amp, sp};
+                PlanRow row{l, refusal(w, l), {}};
+                if (row.refused.empty()) {
+                  row.prediction = predict_unchecked(w, l, machine, true);
+                  if (row.prediction.memory_peak > budget_bytes) {
+                    std::ostringstream os;
+                    os.setf(std::ios::fixed);
+                    os.precision(1);
+                    os << "needs " << row.prediction.memory_peak / double(1ull << 30) << " GiB per GPU, over the "
+                       << budget_bytes / double(1ull << 30) << " GiB budget";
+                    row.refused = os.str();
+                  }
+                }
+                (row.refused.empty() ? valid : refused).push_back(std::move(row));
+              }
+    }
+  }
+  std::stable_sort(valid.begin(), valid.end(), [](const PlanRow& a, const PlanRow& b) {
+    const double ta = a.prediction.time.total(), tb = b.prediction.time.total();
+    if (ta != tb) return ta < tb;
+    if (a.prediction.memory_peak != b.prediction.memory_peak) return a.prediction.memory_peak < b.prediction.memory_peak;
+    return describe(a.layout) < describe(b.layout);
+  });
+  for (PlanRow& r : refused) valid.push_back(std::move(r));
+  return valid;
+}
+
+}  // namespace minidl::predict

@@ -1,0 +1,123 @@
+// The scaling predictor: step time, memory and efficiency of a GPT training layout (dp × tp × pp, virtual stages,
+// micro-batches, ZeRO stage, recompute, amp, sequence parallelism) on a machine (predict/machine.h), from costs
+// derived per op and per collective, not fitted to step times.
+//
+//   predict::Workload w{nn::GPTConfig{50257, 1024, 24, 16, 2048, 0.0, true}, 512};  // 512 sequences per step
+//   predict::Layout l{.dp = 8, .tp = 4, .pp = 1, .micro_batches = 8, .amp = DType::bf16};
+//   predict::Prediction p = predict::predict(w, l, predict::find_machine("a100-sxm"));
+//   p.time.total(); p.memory_peak; p.mfu; p.efficiency;
+//
+// How the step is put together, on the busiest rank:
+// - compute: per micro-batch, a pipeline rank's forward F and backward B are the roofline times of its blocks'
+//   ops (predict/compute.h; plus the embedding on the first rank and the head on the last), with tensor
+//   parallelism's all-reduces (2 per block forward, 2 backward, each of b·T·C activations; sequence parallelism's
+//   reduce-scatter + all-gather cost the same) on the critical path inside them. The blocks are cut into chunks by
+//   dist::split_layers, as the trainer cuts them; the slowest rank's F and B are the pipeline's per-rank costs.
+// - pipeline: the schedule's action lists (dist::make_schedule) run through dist::simulate with those costs; the
+//   makespan less M·(F + B) is the bubble. Sends and receives overlap the other micro-batches' compute except on
+//   the fill and the drain: 2·(p − 1) messages of b·T·C activations are exposed, plus the tied embedding's
+//   all-reduce between the first and the last stage.
+// - data parallelism: the gradients of the first pipeline rank (all of the model when pp = 1) are bucketed as
+//   dist::assign_buckets buckets them (reverse order, 1 MiB first, 25 MiB cap), each bucket ready when backward
+//   has passed its last block in the last micro-batch (accumulation does not synchronise before it); DDP
+//   all-reduces each bucket, ZeRO 1-3 reduce-scatter it, on one stream overlapping the rest of that backward
+//   (predict/overlap.h). ZeRO 1-2 then all-gather the updated parameters (exposed); ZeRO-3 also gathers every
+//   block before its forward and its backward, each gather prefetched during the previous block's compute.
+// - optimizer: AdamW's pass over the rank's parameters (its shard under ZeRO), a memory-bound op.
+// - memory: train::predict_memory's formulas by tag for the rank holding the most blocks, its activations times
+//   the micro-batch chunks simulate() finds in flight on it (1F1B: up to p on the first rank).
+// Efficiency against one GPU: the same global batch and micro-batch on one GPU (accumulating), over N times this
+// layout's step time; MFU: nanoGPT's model FLOPs over step time × N × the dense peak of the products' dtype.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "dist/pipeline.h"
+#include "nn/gpt.h"
+#include "predict/compute.h"
+#include "predict/machine.h"
+#include "train/zero_memory.h"
+
+namespace minidl::predict {
+
+struct Workload {
+  nn::GPTConfig model;        // block_size is the sequence length T
+  int64_t global_batch = 1;   // sequences per optimizer step, over all data-parallel ranks
+};
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  int virtual_stages = 1;  // V > 1: the interleaved schedule
+  int micro_batches = 1;   // M per step on each data-parallel rank (accumulation when pp = 1)
+  int zero = 0;            // 0: DDP
+  nn::Recompute recompute = nn::Recompute::kNone;
+  DType amp = DType::f32;
+  bool sequence_parallel = false;
+  dist::ScheduleKind schedule = dist::ScheduleKind::k1F1B;  // taken as interleaved when virtual_stages > 1
+  int gpus() const { return dp * tp * pp; }
+};
+std::string describe(const Layout& l);  // "dp 8 tp 4 pp 1 M 8 zero 1 bf16 ..."
+
+// Seconds per optimizer step, by where they go. total() is their sum.
+struct StepTime {
+  double compute = 0;    // forward, backward and recompute of M micro-batches on the busiest rank
+  double tp_comm = 0;    // tensor parallelism's collectives (blocking, inside forward and backward)
+  double pp_comm = 0;    // pipeline sends and receives exposed on the fill and drain; the tied embedding's all-reduce
+  double dp_comm = 0;    // data parallelism's exposed collectives (last buckets, ZeRO's gathers)
+  double bubble = 0;     // pipeline idle time on the busiest rank
+  double optimizer = 0;  // AdamW (and the 16-bit weight copies)
+  double total() const { return compute + tp_comm + pp_comm + dp_comm + bubble + optimizer; }
+};
+
+struct Prediction {
+  Workload workload;
+  Layout layout;
+  StepTime time;
+  ClassSeconds compute_by_class;   // time.compute by op class (products, attention, memory-bound ops)
+  double dp_comm_total = 0;        // all of data parallelism's collective time, hidden or not
+  const char* dp_collective = "";  // "all-reduce", "reduce-scatter + all-gather", ...
+  int64_t micro_batch = 0;         // b: sequences per micro-batch per rank
+  double forward = 0, backward = 0;  // per micro-batch on the busiest pipeline rank, passed to dist::simulate
+  double bubble_fraction = 0;      // dist::simulate's, for those costs
+  train::MemoryPlan memory;        // of one micro-batch in flight
+  int activations_in_flight = 1;   // micro-batch chunks held at once (simulate's peak, over V chunks)
+  double activation_bytes = 0;     // memory.activations × in flight / V
+  double memory_peak = 0;
+  bool fits = false;               // memory_peak <= the machine's capacity
+  double model_flops = 0;          // per step (nanoGPT's convention)
+  double mfu = 0, tokens_per_s = 0;
+  double single_gpu_step = 0, efficiency = 1;
+};
+
+// Why a layout cannot run this workload (empty when it can; memory is not checked here): the grid, tp dividing
+// the heads, pp·V at most the layers, micro-batches dividing the per-rank batch, interleaving's M multiple of pp,
+// ZeRO stage 0-3 and not 3 with pp > 1, sequence parallelism only with tp > 1.
+std::string refusal(const Workload& w, const Layout& l);
+
+// Throws minidl::Error with refusal()'s reason when the layout cannot run.
+Prediction predict(const Workload& w, const Layout& l, const Machine& machine);
+
+// The pipeline part alone: dist::simulate's makespan and bubble for per-rank costs F and B (tests compare it with
+// simulate and with (p − 1)/(V·M + p − 1)).
+struct PipelineTime {
+  double makespan = 0, bubble = 0, bubble_fraction = 0;
+  int peak_in_flight = 1;
+};
+PipelineTime pipeline_time(const dist::PipelineSpec& spec, double forward, double backward);
+
+// --plan: every layout of `gpus` GPUs (dp·tp·pp = gpus; V 1, or 2 with pp > 1; M dividing the per-rank batch, at
+// most max_micro_batches; ZeRO 0-3; recompute none or block; sequence parallelism off, or on with tp > 1; amp as
+// given) with its prediction, or the reason it is refused (including not fitting in budget_bytes per GPU).
+struct PlanRow {
+  Layout layout;
+  std::string refused;     // empty: valid
+  Prediction prediction;   // when valid
+};
+// Valid rows first, fastest first (ties: less memory, then the layout's text), then the refused ones.
+std::vector<PlanRow> plan(const Workload& w, int gpus, DType amp, const Machine& machine, double budget_bytes,
+                          int max_micro_batches = 64);
+
+}  // namespace minidl::predict

@@ -1,0 +1,173 @@
+// The predictor put together: its memory is train::predict_memory's, its bubble dist::simulate's (and the
+// formula's), its breakdown adds up, its compute follows the roofline, and --plan ranks by predicted time.
+#include <gtest/gtest.h>
+
+#include "dist/pipeline.h"
+#include "predict/compute.h"
+#include "predict/predict.h"
+#include "train/zero_memory.h"
+
+namespace minidl::predict {
+namespace {
+
+nn::GPTConfig baby() { return nn::GPTConfig{65, 64, 4, 4, 128, 0.0, true}; }
+
+// A made-up machine with round numbers: 1 TFLOP/s, 100 GB/s, every efficiency 1, 4 GPUs per node.
+Machine toy_machine() {
+  Machine m;
+  m.name = "toy";
+  m.gpus_per_node = 4;
+  m.peak_flops_16 = m.peak_flops_32 = 1e12;
+  m.mem_bw = 100e9;
+  m.mem_capacity = 1e12;
+  m.intra = {1e-6, 10e9};
+  m.inter = {1e-5, 1e9};
+  m.eff = {1, 1, 1};
+  return m;
+}
+
+TEST(PredictCompute, RooflineIsTheSlowerOfFlopsAndBytes) {
+  const Machine m = toy_machine();
+  // 2e9 FLOPs and 1e6 bytes: compute-bound, 2 ms at 1 TFLOP/s; with 1e9 bytes, memory-bound, 10 ms.
+  EXPECT_DOUBLE_EQ(op_seconds({"gemm", OpClass::kGemm, 2e9, 1e6}, m, DType::f32), 2e-3);
+  EXPECT_DOUBLE_EQ(op_seconds({"gemm", OpClass::kGemm, 2e9, 1e9}, m, DType::f32), 1e-2);
+  Machine half = m;
+  half.eff.gemm = 0.5;  // half the peak: twice the time
+  EXPECT_DOUBLE_EQ(op_seconds({"gemm", OpClass::kGemm, 2e9, 1e6}, half, DType::f32), 4e-3);
+  // Elementwise: bytes over bandwidth × efficiency.
+  half.eff.elementwise = 0.5;
+  EXPECT_DOUBLE_EQ(op_seconds({"ln", OpClass::kElementwise, 0, 1e9}, half, DType::f32), 2e-2);
+}
+
+TEST(PredictCompute, BlockFlopsAreNanoGptsCountSplitOverTp) {
+  // Per token and block: 6·12C² for the products (forward 2, backward 4) and 12·C·T for attention (nanoGPT).
+  ComputeQuery q{baby(), 1, false, DType::f32, 3, 64, nn::Recompute::kNone};
+  double flops = 0;
+  for (const auto& ops : {block_forward_ops(q), block_backward_ops(q)})
+    for (const OpCost& op : ops) flops += op.flops;
+  const double C = 128, T = 64, BT = 3 * 64;
+  EXPECT_DOUBLE_EQ(flops, BT * (6 * 12 * C * C + 12 * C * T));
+  q.tp = 2;
+  double split = 0;
+  for (const OpCost& op : block_forward_ops(q)) split += op.flops;
+  EXPECT_DOUBLE_EQ(split, BT * (2 * 12 * C * C + 4 * C * T) / 2);
+}
+
+TEST(PredictMemory, EqualsTrainPredictMemoryForTheSameQuery) {
+  const Workload w{baby(), 24};
+  Layout l;
+  l.dp = 2;
+  l.tp = 2;
+  l.micro_batches = 2;
+  l.zero = 2;
+  l.recompute = nn::Recompute::kBlock;
+  l.amp = DType::bf16;
+  l.sequence_parallel = true;
+  const Prediction p = predict(w, l, toy_machine());
+  // b = 24 / (2 · 2) = 6 sequences per micro-batch, accumulated over 2.
+  const train::MemoryPlan want =
+      train::predict_memory({baby(), 2, 2, DType::bf16, nn::Recompute::kBlock, 6, 64, 2, 2, true});
+  EXPECT_EQ(p.micro_batch, 6);
+  EXPECT_DOUBLE_EQ(p.memory.params_rest, want.params_rest);
+  EXPECT_DOUBLE_EQ(p.memory.params_step, want.params_step);
+  EXPECT_DOUBLE_EQ(p.memory.grads_rest, want.grads_rest);
+  EXPECT_DOUBLE_EQ(p.memory.grads_step, want.grads_step);
+  EXPECT_DOUBLE_EQ(p.memory.optimizer, want.optimizer);
+  EXPECT_DOUBLE_EQ(p.activation_bytes, want.activations);  // pp = 1: one micro-batch in flight
+  EXPECT_DOUBLE_EQ(p.memory_peak, want.peak());
+}
+
+TEST(PredictPipeline, BubbleIsSimulatesAndTheFormulas) {
+  for (dist::ScheduleKind kind : {dist::ScheduleKind::kGPipe, dist::ScheduleKind::k1F1B}) {
+    const dist::PipelineSpec spec{kind, 4, 8, 1};
+    const PipelineTime t = pipeline_time(spec, 1.0, 2.0);
+    EXPECT_DOUBLE_EQ(t.bubble_fraction, dist::simulate(dist::make_schedule(spec), 1.0, 2.0).bubble_fraction());
+    EXPECT_NEAR(t.bubble_fraction, 3.0 / 11.0, 1e-12);  // (p − 1)/(M + p − 1)
+    EXPECT_NEAR(t.bubble, 3.0 * (1.0 + 2.0), 1e-12);    // (p − 1)(F + B) on the busiest rank
+  }
+  const dist::PipelineSpec interleaved{dist::ScheduleKind::kInterleaved, 2, 4, 2};
+  EXPECT_NEAR(pipeline_time(interleaved, 1.0, 2.0).bubble_fraction, 1.0 / 9.0, 1e-12);  // (p−1)/(V·M + p−1)
+}
+
+TEST(PredictPipeline, APredictionsBubbleIsSimulatesForItsOwnCosts) {
+  const Workload w{nn::GPTConfig{65, 64, 8, 4, 128, 0.0, true}, 16};
+  Layout l;
+  l.pp = 4;
+  l.micro_batches = 8;
+  const Prediction p = predict(w, l, toy_machine());
+  const dist::SimResult sim = dist::simulate(dist::make_schedule({dist::ScheduleKind::k1F1B, 4, 8, 1}), p.forward,
+                                             p.backward);
+  EXPECT_DOUBLE_EQ(p.bubble_fraction, sim.bubble_fraction());
+  EXPECT_NEAR(p.time.bubble, sim.makespan - 8 * (p.forward + p.backward), 1e-15);
+  // 1F1B keeps up to p micro-batches in flight on the first rank.
+  EXPECT_EQ(p.activations_in_flight, 4);
+  EXPECT_DOUBLE_EQ(p.activation_bytes, 4 * p.memory.activations);
+}
+
+TEST(PredictStep, BreakdownAddsUpAndRatesFollowFromIt) {
+  const Workload w{baby(), 24};
+  Layout l;
+  l.dp = 2;
+  l.tp = 2;
+  l.pp = 2;
+  l.micro_batches = 2;
+  const Prediction p = predict(w, l, toy_machine());
+  const StepTime& t = p.time;
+  EXPECT_DOUBLE_EQ(t.total(), t.compute + t.tp_comm + t.pp_comm + t.dp_comm + t.bubble + t.optimizer);
+  EXPECT_NEAR(p.compute_by_class.total(), t.compute, 1e-12 * t.compute);
+  EXPECT_GT(t.tp_comm, 0);
+  EXPECT_GT(t.pp_comm, 0);
+  EXPECT_GT(p.dp_comm_total, 0);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s, 24.0 * 64 / t.total());
+  EXPECT_DOUBLE_EQ(p.mfu, p.model_flops / (t.total() * 8 * 1e12));
+  EXPECT_DOUBLE_EQ(p.efficiency, p.single_gpu_step / (8 * t.total()));
+}
+
+TEST(PredictStep, RefusesWhatCannotRunNamingWhy) {
+  const Workload w{baby(), 12};
+  Layout l;
+  l.tp = 3;
+  EXPECT_NE(refusal(w, l).find("tp 3 does not divide the 4 heads"), std::string::npos);
+  l = {};
+  l.pp = 2;
+  l.zero = 3;
+  EXPECT_NE(refusal(w, l).find("ZeRO-3 with pp > 1"), std::string::npos);
+  l = {};
+  l.micro_batches = 5;
+  EXPECT_NE(refusal(w, l).find("5 micro-batches do not divide the per-rank batch 12"), std::string::npos);
+  l = {};
+  l.pp = 8;
+  EXPECT_NE(refusal(w, l).find("exceeds the 4 layers"), std::string::npos);
+  EXPECT_THROW(predict(w, l, toy_machine()), Error);
+}
+
+TEST(PredictPlan, RanksByPredictedTimeAndSaysWhyOthersAreRefused) {
+  // 2 GPUs with communication almost free: splitting the batch (dp 2) halves every op; tp 2 leaves the layer norms
+  // and the stream replicated, pp 2 idles in its bubble. So dp 2 comes first and every valid row is at least as
+  // slow as the one before.
+  Machine m = toy_machine();
+  m.intra = m.inter = {0.0, 1e18};
+  const Workload w{baby(), 12};
+  const std::vector<PlanRow> rows = plan(w, 2, DType::f32, m, 1e12);
+  ASSERT_FALSE(rows.empty());
+  ASSERT_TRUE(rows[0].refused.empty());
+  EXPECT_EQ(rows[0].layout.dp, 2);
+  bool seen_refused = false, zero3_pp_refused = false;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    if (!rows[i].refused.empty()) {
+      seen_refused = true;
+      zero3_pp_refused |= rows[i].layout.zero == 3 && rows[i].layout.pp == 2 &&
+                          rows[i].refused.find("ZeRO-3 with pp > 1") != std::string::npos;
+      continue;
+    }
+    EXPECT_FALSE(seen_refused) << "valid rows come before the refused ones";
+    EXPECT_LE(rows[i - 1].prediction.time.total(), rows[i].prediction.time.total());
+  }
+  EXPECT_TRUE(zero3_pp_refused);
+  // A budget below any layout's needs refuses them all, saying so.
+  for (const PlanRow& r : plan(w, 2, DType::f32, m, 1024))
+    EXPECT_FALSE(r.refused.empty()) << describe(r.layout);
+}
+
+}  // namespace
+}  // namespace minidl::predict
