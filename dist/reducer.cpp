@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "autograd/node.h"
+#include "core/trace.h"
 #include "dist/flight_recorder.h"
 #include "dist/shard.h"
 
@@ -172,6 +173,7 @@ void Reducer::launch_ready_buckets() {
 }
 
 void Reducer::comm_loop() {
+  trace::name_thread("comm");
   for (;;) {
     Task task;
     {
@@ -192,6 +194,7 @@ void Reducer::comm_loop() {
     try {
       std::string label = "bucket ";
       label += std::to_string(b);
+      const trace::Span span(label);
       const CallSite site(std::move(label));
       work = collective_(group_, b, state_[b].buffer);
     } catch (...) {
@@ -247,6 +250,7 @@ void Reducer::finish_backward() {
     }
   }
   auto t0 = Clock::now();
+  const trace::Span exposed("wait for buckets");  // the communication the backward could not hide
   try {
     MINIDL_CHECK(unused.empty(), "DDP: these parameters received no gradient in this backward: ", unused,
                  ". Every rank must use every parameter, or construct the reducer with "

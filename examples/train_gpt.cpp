@@ -135,6 +135,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "Write TensorBoard event files to this directory (tensorboard --logdir DIR): train/loss, val/loss, "
                  "lr, grad_norm, loss_scale, skipped_steps, tokens_per_s, mfu, step_ms, exposed_comm_ms and memory by "
                  "ledger tag, at every --log-every step");
+  app.add_option("--trace", o.trace,
+                 "Write a Chrome trace per rank to this directory (rank<R>.json; open in https://ui.perfetto.dev or "
+                 "chrome://tracing; scripts/merge_traces.py joins them): steps, data, forwards and backwards, "
+                 "pipeline waits, the optimizer, DDP's bucket collectives and the wait for them, memory by tag");
   app.add_flag("--check-collectives", o.check_collectives,
                "Before every collective the ranks of its group exchange its fingerprint (op, dtype, count, root, "
                "reduce op, sequence number) on a side channel, and a receive checks its send's: a mismatch stops "

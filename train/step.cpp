@@ -7,6 +7,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "core/trace.h"
 #include "core/upload.h"
 #include "dist/flight_recorder.h"
 #include "ops/cast.h"
@@ -62,6 +63,7 @@ struct Executor {
   double wait_ms = 0;  // idle: blocked on a peer
 
   void wait_for(dist::Work& work) {
+    const trace::Span span("wait for peer");
     const auto t0 = std::chrono::steady_clock::now();
     work.wait();
     wait_ms += elapsed_ms(t0);
@@ -91,6 +93,7 @@ struct Executor {
         break;
       }
       case ActionKind::kForward: {
+        const trace::Span span(trace::enabled() ? dist::describe(a) : std::string());
         nn::GPT& chunk = stage.chunk(a.chunk);
         // Micro-batch m's dropout masks are those of its samples in one big batch (a recomputation in backward
         // pins the context it saw here: nn/gpt.cpp).
@@ -125,6 +128,7 @@ struct Executor {
         break;
       }
       case ActionKind::kBackward: {
+        const trace::Span span(trace::enabled() ? dist::describe(a) : std::string());
         auto it = saved.find({a.micro, a.chunk});
         Saved s = it->second;
         saved.erase(it);
@@ -287,6 +291,7 @@ StepResult apply_step_on_device(optim::Optimizer& optimizer, const std::vector<T
 
 StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& params, const StepOptions& o,
                       StepResult r) {
+  const trace::Span span("optimizer");
   if (!params.empty() && params.front().device().is_cuda())
     return apply_step_on_device(optimizer, params, o, std::move(r), params.front().device());
   if (o.scaler && o.grad_sync)  // every rank skips the step when any rank that holds gradients overflowed

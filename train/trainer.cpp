@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "core/parallel.h"
+#include "core/trace.h"
 #include "data/text_dataset.h"
 #include "data/shard_sampler.h"
 #include "data/token_shards.h"
@@ -303,6 +304,7 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
   const std::string dir = (std::filesystem::path(cfg.checkpoint_dir) / checkpoint_name(steps_done)).string();
   std::string what = dir;
   if (std::filesystem::exists(dir)) return what;  // every rank sees it (one shared directory): none writes
+  const trace::Span span("checkpoint");
   auto t0 = std::chrono::steady_clock::now();
   // Every rank writes one optimizer file: rank (pp s, dp d, tp t) writes file (s·dp + d)·tp + t, AdamW's state of
   // its share of its stage's logical tensors (ZeRO: all-gathered bucket by bucket, tp: tensor by tensor); the
@@ -422,6 +424,12 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   s.topo = std::make_unique<dist::Topology>(ctx.world(), grid, backend, s.device);
   const dist::GridCoord me = s.topo->coord();
   s.logger = me == dist::GridCoord{};
+  if (!o.trace.empty()) {  // every rank's clock starts at the same barrier
+    MINIDL_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    trace::name_thread("main");
+    trace::start((std::filesystem::path(o.trace) / ("rank" + std::to_string(ctx.rank()) + ".json")).string(),
+                 ctx.rank());
+  }
 
   // Data parallelism: dp rank d takes samples [d * local, (d + 1) * local) of each global batch; its dropout masks
   // are those of the same samples in one process.
@@ -487,10 +495,12 @@ class Batches {
   StepResult step(Stage& stage, optim::AdamW& optimizer, int64_t step, StepOptions so) {
     if (graph_) return graph_->step(*on_device_, step, first_, n_, so.lr);
     const auto t0 = std::chrono::steady_clock::now();
+    std::optional<trace::Span> span(std::in_place, "data");
     const data::Batch b = on_device_  ? draw_checked(*on_device_, step, first_, n_, so)
                           : in_memory_ ? in_memory_->batch(step, first_, n_)
                                        : streamed_->batch(step, first_, n_);
     data_ms = ms_since(t0);
+    span.reset();
     return train_step(stage, optimizer, b, so);
   }
   double data_ms = 0;  // the last step's time drawing its batch
@@ -675,7 +685,18 @@ void report_stragglers(ProgressLine& progress, bool logger, int64_t step, const 
   progress.print(line);
 }
 
+// --trace's memory track: the ledger's bytes by tag after each step.
+void trace_memory(Device device) {
+  if (!trace::enabled()) return;
+  const MemoryLedger& mem = ledger(device);
+  auto mib = [&](MemTag t) { return double(mem.current(t)) / double(1 << 20); };
+  trace::counter("memory MiB", {{"params", mib(MemTag::kParams)}, {"grads", mib(MemTag::kGrads)},
+                                {"optimizer", mib(MemTag::kOptimizer)},
+                                {"activations peak", double(mem.peak(MemTag::kActivations)) / double(1 << 20)}});
+}
+
 double Trainer::State::evaluate(const data::Batch& val) const {
+  const trace::Span span("evaluate");
   sync->hold_full_parameters(true);  // ZeRO-3: the ranks evaluate different batches
   const double v = train::evaluate(*stage, val, cfg.batch, &topo->dp_group());  // collective
   sync->hold_full_parameters(false);
@@ -709,7 +730,10 @@ int Trainer::run() {
     if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms));
     if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
     so.lr = lr;
+    std::optional<trace::Span> span(std::in_place, trace::enabled() ? "step " + std::to_string(step + 1) : "");
     StepResult r = batches.step(*s.stage, *s.optimizer, step, so);
+    span.reset();
+    trace_memory(s.device);
     reads.stepped();
     if (step == first_step) {  // the first step's proofs by ledger; the bubble timed from the second step on
       if (o.tp > 1) s.print_tensor_parallel_step();
@@ -742,11 +766,13 @@ int Trainer::run() {
       reads.settle(r, step);  // the schedule step and the scaler's state a checkpoint saves
       progress.print((stop ? "preempted: saved " : "saved ") + s.save_checkpoint(step + 1, reads.schedule_step()));
     }
-    if (stop) return progress.finish(), 0;
+    if (stop) return progress.finish(), trace::finish(), 0;
   }
   progress.finish();
   const double val_loss = s.finish(val, reads.schedule_step());
   if (tb) tb->scalar("val/loss", val_loss, o.steps);
+  const std::string traced = trace::finish();
+  if (s.logger && !traced.empty()) std::printf("trace: %s (and every rank's beside it)\n", traced.c_str());
   if (s.logger) meter.print_summary(val_loss, so.scaler, s.device);
   return 0;
 }

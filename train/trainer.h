@@ -101,6 +101,10 @@ struct TrainConfig {
   // TensorBoard event files (train/tensorboard.h) in this directory, from the logging rank: the progress line's
   // numbers at every printed step, the validation loss, memory by ledger tag. Empty: none.
   std::string tensorboard;
+  // A Chrome trace per rank in this directory (core/trace.h: rank<R>.json, the ranks' clocks started together):
+  // steps, data, each forward and backward, waits for pipeline peers, the optimizer, DDP's buckets on the
+  // communication thread and the wait for them, evaluation, checkpoints, memory by ledger tag. Empty: none.
+  std::string trace;
 
   int64_t layers_or_default() const { return layers.value_or(4); }
   int64_t heads_or_default() const { return heads.value_or(4); }

@@ -1,0 +1,110 @@
+#include "core/trace.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+
+namespace minidl::trace {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Recorder {
+  std::atomic<bool> on{false};
+  std::mutex mu;
+  std::string path;
+  int pid = 0;
+  Clock::time_point start;
+  std::vector<nlohmann::json> events;
+  int next_tid = 0;
+};
+
+Recorder& recorder() {
+  static Recorder r;
+  return r;
+}
+
+double now_us() { return std::chrono::duration<double, std::micro>(Clock::now() - recorder().start).count(); }
+
+// This thread's track id, named on first use ("thread N" unless name_thread named it).
+thread_local int t_tid = -1;
+thread_local std::string t_name;
+
+int tid_locked(Recorder& r) {
+  if (t_tid < 0) {
+    t_tid = r.next_tid++;
+    r.events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r.pid}, {"tid", t_tid},
+                        {"args", {{"name", t_name.empty() ? "thread " + std::to_string(t_tid) : t_name}}}});
+  }
+  return t_tid;
+}
+
+}  // namespace
+
+bool enabled() { return recorder().on.load(std::memory_order_relaxed); }
+
+void start(const std::string& path, int pid) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.path = path;
+  r.pid = pid;
+  r.start = Clock::now();
+  r.events.clear();
+  r.events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
+  r.on = true;
+}
+
+std::string finish() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.on.exchange(false)) return "";
+  std::filesystem::create_directories(std::filesystem::path(r.path).parent_path());
+  const std::string tmp = r.path + ".tmp";
+  {
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    MINIDL_CHECK(f != nullptr, "--trace: cannot write ", tmp);
+    const std::string text = nlohmann::json{{"traceEvents", r.events}, {"displayTimeUnit", "ms"}}.dump();
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+  std::filesystem::rename(tmp, r.path);
+  r.events.clear();
+  return r.path;
+}
+
+void name_thread(const std::string& name) { t_name = name; }
+
+Span::Span(std::string name) {
+  if (!enabled()) return;
+  name_ = std::move(name);
+  start_us_ = now_us();
+}
+
+Span::~Span() {
+  if (start_us_ < 0 || !enabled()) return;
+  const double end = now_us();
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.events.push_back({{"name", name_}, {"ph", "X"}, {"ts", start_us_}, {"dur", end - start_us_}, {"pid", r.pid},
+                      {"tid", tid_locked(r)}});
+}
+
+void counter(const std::string& name, std::initializer_list<std::pair<const char*, double>> values) {
+  if (!enabled()) return;
+  nlohmann::json args = nlohmann::json::object();
+  for (const auto& [k, v] : values) args[k] = v;
+  const double ts = now_us();
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.events.push_back({{"name", name}, {"ph", "C"}, {"ts", ts}, {"pid", r.pid}, {"tid", tid_locked(r)},
+                      {"args", args}});
+}
+
+}  // namespace minidl::trace
