@@ -8,7 +8,7 @@
 //   mpirun -n 2 build/bin/bench_gpt_step --pp 2 --micro-batches 4 --schedule 1f1b   # pipeline (bench/pipeline_bench.h)
 //
 // act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce). On the
-// CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (bench/sgemm_ceiling.h), measured in
+// CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (ops/sgemm_ceiling.h), measured in
 // rounds between groups of --ceiling-every steps (the median round), and %ceil the median over steps of each
 // step's GFLOP/s against the rounds around it. The line after the table splits the timed steps' core time (ms
 // times threads) into the BLAS calls of the linear layers (ops::blas_count: their thread time, and their rate per
@@ -34,7 +34,7 @@
 #include <string>
 
 #include "bench/pipeline_bench.h"
-#include "bench/sgemm_ceiling.h"
+#include "ops/sgemm_ceiling.h"
 #include "bench/timing.h"
 #include "core/device_backend.h"
 #include "core/parallel.h"
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
   app.add_option("--ceiling-every", ceiling_every, "On the CPU (f32, one process): time a round of the sgemm "
                  "ceiling's products before the first timed step and after every this many, and compare each step "
-                 "with the rounds around it (bench/sgemm_ceiling.h)")
+                 "with the rounds around it (ops/sgemm_ceiling.h)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30))->capture_default_str();
   app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")
       ->capture_default_str();
@@ -255,11 +255,11 @@ int main(int argc, char** argv) {
       graph = std::make_unique<train::CudaGraphStep>(model, opt, captured);
     }
 
-    // The sgemm ceiling, measured between groups of --ceiling-every steps (bench/sgemm_ceiling.h). Not under
+    // The sgemm ceiling, measured between groups of --ceiling-every steps (ops/sgemm_ceiling.h). Not under
     // mpirun: the other ranks would share the cores with the measurement.
-    std::optional<bench::SgemmCeiling> ceiling_products;
+    std::optional<ops::SgemmCeiling> ceiling_products;
     if (device.is_cpu() && options.amp == DType::f32 && ctx.world_size() == 1)
-      ceiling_products.emplace(bench::GptShape{layers, embd, vocab, batch * seq});
+      ceiling_products.emplace(ops::GptShape{layers, embd, vocab, batch * seq});
     std::vector<double> rounds;  // GFLOP/s; round g comes before timed step g * ceiling_every
 
     std::vector<double> ms;

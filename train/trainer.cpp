@@ -23,6 +23,7 @@
 #include "dist/tp_gpt.h"
 #include "nn/checkpoint.h"
 #include "ops/matmul.h"
+#include "ops/sgemm_ceiling.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/cuda_graph.h"
@@ -209,6 +210,7 @@ struct Trainer::State {
   // pipeline's per-stage report); returns the validation loss.
   double finish(const data::Batch& val, int64_t schedule_step) const;
   void print_pipeline_report() const;
+  double cpu_ceiling_tflops() const;
 };
 
 // ZeRO's proof by ledger, on every rank after the first step: the bytes held by tag beside train/zero_memory.h's
@@ -685,6 +687,16 @@ void report_stragglers(ProgressLine& progress, bool logger, int64_t step, const 
   progress.print(line);
 }
 
+// The CPU's peak for MFU: the sgemm ceiling at the step's own product shapes (ops/sgemm_ceiling.h: every product of
+// a micro-batch once, on one thread, times this rank's threads), one round measured before the first step, summed
+// over the ranks (the whole model's shapes: a tensor-parallel rank's are smaller, so its MFU is approximate).
+double Trainer::State::cpu_ceiling_tflops() const {
+  const nn::GPTConfig& c = stage->config();
+  const int64_t rows = local_batch / stage->spec().micro_batches * seq;
+  const double gflops = ops::SgemmCeiling({c.n_layer, c.n_embd, c.vocab_size, rows}).measure(num_threads());
+  return sum_over(topo->model_parallel_group(), sum_over(topo->dp_group(), gflops)) / 1e3;
+}
+
 // --trace's memory track: the ledger's bytes by tag after each step.
 void trace_memory(Device device) {
   if (!trace::enabled()) return;
@@ -714,9 +726,11 @@ int Trainer::run() {
   if (o.cuda_graph) batches.capture(*s.stage, *s.optimizer, so);
   const int64_t first_step = s.resume ? s.resume->state.step : 0;
   ReadBack reads(o, schedule, so.scaler, s.device, s.topo->dp_group(), s.resume ? s.resume->state.schedule_step : 0);
-  // MFU: achieved FLOP/s over the GPU's dense peak for the dtype the products run in (GPUs in the table only).
+  // MFU: achieved FLOP/s over the GPU's dense peak for the dtype the products run in (GPUs in the table), or the
+  // CPU's sgemm ceiling at the step's shapes.
   Meter meter(o, s.stage->flops_per_token(s.seq) * double(o.batch * s.seq), double(o.batch * s.seq),
-              s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : 0.0, s.device.is_cuda());
+              s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : s.cpu_ceiling_tflops(),
+              s.device.is_cuda());
   ProgressLine progress(parse_progress_mode(o.progress), o.log_every, s.logger);
   std::unique_ptr<EventWriter> tb;  // --tensorboard, on the logging rank
   if (s.logger && !o.tensorboard.empty()) tb = std::make_unique<EventWriter>(o.tensorboard);

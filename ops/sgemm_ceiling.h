@@ -2,7 +2,7 @@
 // timed alone, single-threaded, times the number of cores. A step that spends all its time in GEMMs at full speed
 // on every core would reach it; the gap is the elementwise ops, attention and the threads' imbalance.
 //
-//   bench::SgemmCeiling ceiling({layers, embd, vocab, batch * seq});
+//   ops::SgemmCeiling ceiling({layers, embd, vocab, batch * seq});
 //   double gflops = ceiling.measure(threads);   // one round: every product once, warm, on one thread
 //
 // Products per linear layer (x: rows x in, W: in x out, the Conv1D layout of nn::Linear): the forward x W, the
@@ -12,7 +12,8 @@
 //
 // A shared machine's speed drifts over seconds (a cloud VM's neighbours), so a ceiling measured once, before or
 // after the steps, can be 20% off the speed the steps saw. bench_gpt_step therefore measures a round between
-// groups of steps and compares each step with the round nearest in time.
+// groups of steps and compares each step with the round nearest in time; train_gpt measures one round before its
+// first step, for the MFU its lines print on the CPU.
 #pragma once
 
 #include <cblas.h>
@@ -23,7 +24,7 @@
 
 #include "core/tensor.h"
 
-namespace minidl::bench {
+namespace minidl::ops {
 
 struct GptShape {
   int64_t layers, embd, vocab, rows;  // rows = batch * seq tokens
@@ -55,6 +56,7 @@ class SgemmCeiling {
   // block (the step's gradients are alive between steps) and add their bytes to the process's peak (peak_MB):
   // about 1 MB for the baby config (63.0 -> 64.1 MB).
   double measure(int threads) const {
+    const int previous = openblas_get_num_threads();  // restored after: the caller's BLAS setting stays
     openblas_set_num_threads(1);
     double flops = 0, seconds = 0;
     for (const Product& p : products_) {
@@ -70,7 +72,7 @@ class SgemmCeiling {
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * double(p.count);
       flops += 2.0 * double(p.M) * double(p.N) * double(p.K) * double(p.count);
     }
-    openblas_set_num_threads(threads);
+    openblas_set_num_threads(previous);
     return flops / seconds / 1e9 * threads;
   }
 
@@ -82,4 +84,4 @@ class SgemmCeiling {
   std::vector<Product> products_;
 };
 
-}  // namespace minidl::bench
+}  // namespace minidl::ops
