@@ -3,7 +3,7 @@
 #
 #   scripts/install-deps.sh                # build + test dependencies
 #   scripts/install-deps.sh --with-torch   # also python3-torch and python3-numpy (bench/compare_pytorch.py only)
-#   scripts/install-deps.sh --with-plot    # also python3-matplotlib (the PNG of bench/scaling.py --plot only)
+#   scripts/install-deps.sh --with-plot    # also python3-matplotlib (scripts/plot.py, bench/scaling.py --plot; CI too)
 #   scripts/install-deps.sh --with-oracles # the real clients the tests compare with (CI installs them): Debian's
 #                                          # python3-torch, and transformers, safetensors, tiktoken and tensorboard
 #                                          # from PyPI in a virtual environment (MINIDL_ORACLES_VENV, default

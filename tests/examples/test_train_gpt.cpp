@@ -329,6 +329,19 @@ TEST_F(TrainGpt, TensorBoardReadsTheEventFiles) {
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex("step 10: val_loss ([0-9.]+)"))) << r.out;
   EXPECT_NEAR(at("val/loss", 10), std::stod(m[1]), 5e-5);
   EXPECT_NEAR(at("val/loss", 20), summary_field(r.out, "val_loss"), 1e-6 * summary_field(r.out, "val_loss"));
+  // scripts/plot.py reads the same files with its own reader and draws them (Debian's matplotlib, CI installs it).
+  if (minidl::testing::run_program("/usr/bin/python3 -c 'import matplotlib'").code == 0) {
+    Result plot = minidl::testing::run_program("/usr/bin/python3 " + std::string(SOURCE_DIR) + "/scripts/plot.py loss " +
+                                               path("tb") + " -o " + path("loss.png"));
+    EXPECT_EQ(plot.code, 0) << plot.out;
+    EXPECT_GT(fs::exists(path("loss.png")) ? fs::file_size(path("loss.png")) : 0u, 1000u) << plot.out;
+    Result read = minidl::testing::run_program(
+        "/usr/bin/python3 -c \"import sys, json; sys.path.insert(0, '" + std::string(SOURCE_DIR) +
+        "/scripts'); import plot; print(json.dumps(plot.scalars('" + path("tb") + "')))\"");
+    ASSERT_EQ(read.code, 0) << read.out;
+    const nlohmann::json own = nlohmann::json::parse(read.out.substr(read.out.find('{')));
+    EXPECT_EQ(own.at("train/loss"), scalars.at("train/loss")) << "plot.py's reader disagrees with TensorBoard's";
+  }
 }
 
 // --trace at 2 ranks: each rank's file is Chrome trace JSON with the required fields; every step has its span, its
