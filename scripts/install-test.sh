@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# minidl as another project uses it: build the libraries (not the tests or programs), `cmake --install` them to a
+# temporary prefix, then configure, build and run examples/consumer/ against that prefix; then move the prefix
+# elsewhere and do it again (the package must hold no absolute path of its own).
+#
+#   scripts/install-test.sh                     # CPU-only build in build-install/ (-DMINIDL_ENABLE_CUDA=OFF ...)
+#   MINIDL_BUILD_DIR=build scripts/install-test.sh   # install an already configured tree instead (its CUDA targets
+#                                                     # too: the CI's test stage's build, with the emulated backend)
+#   MINIDL_CMAKE_ARGS="-D..." scripts/install-test.sh   # extra configure arguments (split at spaces)
+#
+# Uses CMAKE_BUILD_PARALLEL_LEVEL jobs (default: nproc). Leaves nothing behind but the build tree.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+jobs="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+
+if [[ -n "${MINIDL_BUILD_DIR:-}" ]]; then
+  build_dir="$MINIDL_BUILD_DIR"
+  if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
+    echo "install-test: MINIDL_BUILD_DIR=$build_dir is not a configured build tree (no CMakeCache.txt)" >&2
+    exit 2
+  fi
+else
+  build_dir=build-install
+  read -ra env_args <<<"${MINIDL_CMAKE_ARGS:-}"
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIDL_ENABLE_CUDA=OFF -DMINIDL_CUDA_EMULATOR=OFF \
+    -DMINIDL_BUILD_TESTS=OFF -DMINIDL_BUILD_BENCH=OFF "${env_args[@]}"
+fi
+cmake --build "$build_dir" -j "$jobs" --target minidl_libraries
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/minidl-install-test.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+prefix="$work/prefix"
+cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log"
+echo "install-test: installed $(grep -c '^-- Installing' "$work/install.log") files under $prefix"
+
+# No path of this machine's build may be in the package: the prefix is about to move.
+if grep -rlF -e "$root" -e "$prefix" "$prefix/lib/cmake/minidl"; then
+  echo "install-test: the files above hold an absolute path ($root or $prefix)" >&2
+  exit 1
+fi
+
+# consumer PREFIX NAME: configure, build and run examples/consumer against PREFIX (its own build tree, out of
+# minidl's), 8 steps whose loss must fall (the program checks).
+consumer() {
+  local at="$1" name="$2" out="$work/consumer-$2"
+  echo "install-test: examples/consumer against $at ($name)"
+  cmake -S examples/consumer -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$at" >"$out.log" ||
+    { cat "$out.log"; echo "install-test: configuring the consumer against $at failed" >&2; exit 1; }
+  cmake --build "$out" -j "$jobs"
+  OMP_NUM_THREADS=2 "$out/tiny_shakespeare" 8
+}
+consumer "$prefix" installed
+
+mv "$prefix" "$work/moved"
+consumer "$work/moved" moved
+echo "install-test: passed"
