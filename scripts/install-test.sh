@@ -41,8 +41,15 @@ if grep -rlF -e "$root" -e "$prefix" "$prefix/lib/cmake/minidl"; then
   exit 1
 fi
 
+# A package whose minidl::device is the emulated CUDA backend (-DMINIDL_CUDA_EMULATION=ON) runs the consumer on
+# device "cuda" too: that the backend, linked whole from its archive, registers itself in another project's program.
+emulated=no
+if grep -q '^add_library(minidl::cuda_backend_emu ' "$prefix/lib/cmake/minidl/minidlTargets.cmake"; then
+  emulated=yes
+fi
+
 # consumer PREFIX NAME: configure, build and run examples/consumer against PREFIX (its own build tree, out of
-# minidl's), 8 steps whose loss must fall (the program checks).
+# minidl's), 8 steps on the CPU whose loss must fall (the program checks), and 4 on the emulated device if any.
 consumer() {
   local at="$1" name="$2" out="$work/consumer-$2"
   echo "install-test: examples/consumer against $at ($name)"
@@ -50,6 +57,9 @@ consumer() {
     { cat "$out.log"; echo "install-test: configuring the consumer against $at failed" >&2; exit 1; }
   cmake --build "$out" -j "$jobs"
   OMP_NUM_THREADS=2 "$out/tiny_shakespeare" 8
+  if [[ $emulated == yes ]]; then
+    OMP_NUM_THREADS=2 "$out/tiny_shakespeare" 4 cuda
+  fi
 }
 consumer "$prefix" installed
 

@@ -1,8 +1,9 @@
 // A tiny character-level GPT trained for a few steps on Shakespeare with AdamW, through an installed minidl:
 // the smallest program of one's own (examples/consumer/CMakeLists.txt builds it). Prints the loss of each step;
-// exits 1 if the last loss is not clearly below the first.
+// exits 1 if the last loss is not clearly below the first, 2 on a usage error.
 //
-//   tiny_shakespeare [STEPS] [CORPUS]     # 30 steps on the corpus installed with minidl by default
+//   tiny_shakespeare [STEPS] [DEVICE] [CORPUS]   # 30 steps, cpu, the corpus installed with minidl by default
+//   tiny_shakespeare 8 cuda                      # on GPU 0, when minidl was built with a CUDA backend
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -15,17 +16,12 @@
 #include "data/sampler.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
+#include "train/device.h"
 #include "train/step.h"
 
-int main(int argc, char** argv) {
-  using namespace minidl;
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 30;
-  const std::string path = argc > 2 ? argv[2] : CORPUS;
-  if (steps < 1) {
-    std::fprintf(stderr, "usage: tiny_shakespeare [STEPS] [CORPUS]: STEPS must be a whole number >= 1, got '%s'\n",
-                 argv[1]);
-    return 2;
-  }
+using namespace minidl;
+
+int run(int steps, const std::string& device_flag, const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     std::fprintf(stderr, "tiny_shakespeare: cannot read the corpus '%s'\n", path.c_str());
@@ -43,6 +39,10 @@ int main(int argc, char** argv) {
   config.n_head = 2;
   config.n_embd = 64;
   nn::GPT model(config, /*seed=*/1);
+  const Device device = train::select_device(device_flag);
+  model.to(device);  // before the optimizer: it keeps views of the parameters
+  std::printf("a GPT of %lld parameters on %s\n", (long long)model.num_parameters(),
+              train::device_name(device).c_str());
   optim::AdamW optimizer(optim::decay_groups(model.named_parameters(), 0.1), {.lr = 3e-3});
   data::BatchSampler sampler(tokens, config.block_size, /*global_batch=*/8, /*seed=*/1);
 
@@ -59,4 +59,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 30;
+  if (steps < 1) {
+    std::fprintf(stderr, "usage: tiny_shakespeare [STEPS] [DEVICE] [CORPUS]: STEPS must be a whole number >= 1, "
+                 "got '%s'\n", argv[1]);
+    return 2;
+  }
+  try {
+    return run(steps, argc > 2 ? argv[2] : "cpu", argc > 3 ? argv[3] : CORPUS);
+  } catch (const Error& e) {  // minidl's errors say what was expected and what was found
+    std::fprintf(stderr, "tiny_shakespeare: error: %s\n", e.what());
+    return 2;
+  }
 }
