@@ -38,9 +38,11 @@ endif()
 # Which optional CUDA libraries the real backend links, for the package to find again.
 set(MINIDL_EXPORT_CUDNN OFF)
 set(MINIDL_EXPORT_NCCL OFF)
-if(MINIDL_EXPORT_CUDA)
-  set(MINIDL_EXPORT_CUDNN ${CUDNN_FOUND})
-  set(MINIDL_EXPORT_NCCL ${NCCL_FOUND})
+if(MINIDL_EXPORT_CUDA AND CUDNN_FOUND)
+  set(MINIDL_EXPORT_CUDNN ON)
+endif()
+if(MINIDL_EXPORT_CUDA AND NCCL_FOUND)
+  set(MINIDL_EXPORT_NCCL ON)
 endif()
 
 # minidl::<name without the minidl_ prefix>; minidl itself is minidl::minidl.

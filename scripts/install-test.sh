@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # minidl as another project uses it: build the libraries (not the tests or programs), `cmake --install` them to a
 # temporary prefix, then configure, build and run examples/consumer/ against that prefix; then move the prefix
-# elsewhere and do it again (the package must hold no absolute path of its own).
+# elsewhere and do it again (the package must hold no absolute path of its own). A package whose minidl::device is
+# the emulated CUDA backend also trains on device "cuda"; one with the real backend also links a program to it.
 #
 #   scripts/install-test.sh                     # CPU-only build in build-install/ (-DMINIDL_ENABLE_CUDA=OFF ...)
 #   MINIDL_BUILD_DIR=build scripts/install-test.sh   # install an already configured tree instead (its CUDA targets
@@ -65,4 +66,24 @@ consumer "$prefix" installed
 
 mv "$prefix" "$work/moved"
 consumer "$work/moved" moved
+
+# A package with the real CUDA backend: a program linking minidl::cuda_backend builds (its libraries, CUDA's
+# runtime, cuDNN, NCCL, found again by the package) and starts (the backend registers itself; no GPU is touched).
+if grep -q '^add_library(minidl::cuda_backend ' "$work/moved/lib/cmake/minidl/minidlTargets.cmake"; then
+  echo "install-test: a program linking minidl::cuda_backend"
+  mkdir -p "$work/cuda-link"
+  cat >"$work/cuda-link/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(cuda_link LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 20)
+find_package(minidl CONFIG REQUIRED)
+add_executable(cuda_link main.cpp)
+target_link_libraries(cuda_link PRIVATE minidl::cuda_backend)
+CMAKE
+  printf '#include "core/tensor.h"\nint main() { return minidl::Tensor::zeros({2}).numel() == 2 ? 0 : 1; }\n' \
+    >"$work/cuda-link/main.cpp"
+  cmake -S "$work/cuda-link" -B "$work/cuda-link/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/moved" >/dev/null
+  cmake --build "$work/cuda-link/build"
+  "$work/cuda-link/build/cuda_link"
+fi
 echo "install-test: passed"
