@@ -8,6 +8,7 @@
 
 #include "core/parallel.h"
 #include "dist/flight_recorder.h"
+#include "dist/local_rank.h"
 #include "dist/process_group.h"
 
 namespace minidl::dist {
@@ -31,15 +32,6 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
 }  // namespace detail
 
 namespace {
-
-// Reads a non-negative integer environment variable; -1 when unset or malformed.
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return -1;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  return (*end == '\0' && x >= 0) ? int(x) : -1;
-}
 
 // FNV-1a: a stable hash (std::hash may differ between builds, and ranks may run different binaries by mistake).
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
@@ -98,10 +90,13 @@ Context init(int& argc, char**& argv) {
   ::minidl::detail::set_process_rank(ctx.rank_);
   MINIDL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &ctx.world_size_));
 
-  // Open MPI's launcher tells each process where it stands on its host; other launchers (and a singleton) get
-  // the same numbers from a split of the world into shared-memory islands.
-  int local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK"), local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (local_rank < 0 || local_size <= local_rank) {
+  // The launcher (mpirun, srun, ...) tells each process where it stands on its host (dist/local_rank.h); without
+  // one (a singleton, an unknown launcher) the same numbers come from a split of the world into shared-memory islands.
+  int local_rank = 0, local_size = 1;
+  if (auto placement = local_rank_from_environment(ctx.rank_, [](const char* name) { return std::getenv(name); })) {
+    local_rank = placement->local_rank;
+    local_size = placement->ranks_on_host;
+  } else {
     MPI_Comm node;
     MINIDL_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, ctx.rank_, MPI_INFO_NULL, &node));
     MINIDL_MPI_CHECK(MPI_Comm_rank(node, &local_rank));

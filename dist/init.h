@@ -63,10 +63,11 @@ bool under_mpi_launcher();
 // Initialises MPI (MPI_THREAD_MULTIPLE if the library provides it, else at least SERIALIZED: DDP's communication
 // thread needs one of them). Started without a launcher (no mpirun: under_mpi_launcher() is false), the process is
 // a world of one that starts no Open MPI daemon (ess_singleton_isolated): a GPU node with no Open MPI installed
-// runs single-process programs from the bundled libraries alone (scripts/gpu-bundle.sh). It then finds the local rank (OMPI_COMM_WORLD_LOCAL_RANK, else a shared-memory split of
-// MPI_COMM_WORLD) and sets the thread pool to threads_per_rank(). If MPI is already initialised, uses it and
-// leaves finalising to whoever initialised it. MPI errors on MPI_COMM_WORLD (and communicators made from it)
-// are returned, not fatal, so MINIDL_MPI_CHECK can report them.
+// runs single-process programs from the bundled libraries alone (scripts/gpu-bundle.sh). It then finds the local
+// rank (from the launcher's variables: mpirun's, srun's, ...: dist/local_rank.h; else from a shared-memory split of
+// MPI_COMM_WORLD) and sets the thread pool to threads_per_rank(). If MPI is already initialised, uses it and leaves
+// finalising to whoever initialised it. MPI errors on MPI_COMM_WORLD (and communicators made from it) are returned,
+// not fatal, so MINIDL_MPI_CHECK can report them.
 Context init(int& argc, char**& argv);
 
 // Whether an MPI launcher (mpirun/mpiexec, srun, hydra) started this process: it set one of the rank variables
