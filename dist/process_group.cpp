@@ -185,13 +185,15 @@ void ProcessGroup::check_fingerprint(const char* op, const Tensor& t, int peer, 
   for (int r = 0; r < size(); ++r) {
     auto it = std::find_if(distinct.begin(), distinct.end(), [&](const auto& d) { return d.first == all[size_t(r)]; });
     if (it == distinct.end()) distinct.push_back({all[size_t(r)], std::to_string(r)});
-    else it->second += "," + std::to_string(r);
+    else it->second.append(",").append(std::to_string(r));
   }
   if (distinct.size() == 1) return;
   std::string calls;
-  for (const auto& [f, ranks] : distinct)
-    calls += (calls.empty() ? "" : "; ") + std::string("ranks ") + ranks + " call sequence " + std::to_string(f.seq) +
-             ": " + f.text();
+  for (const auto& [f, ranks] : distinct) {
+    if (!calls.empty()) calls += "; ";
+    calls.append("ranks ").append(ranks).append(" call sequence ").append(std::to_string(f.seq)).append(": ");
+    calls += f.text();
+  }
   throw Error(::minidl::detail::concat(where, ": the ranks disagree on collective ", mine.seq, ": ", calls));
 }
 

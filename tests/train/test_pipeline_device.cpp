@@ -72,7 +72,7 @@ class PipelineOnDevice : public testing::DistDeviceTest {
     }
     explicit Stages(const PipelineOnDevice& t)
         : pipe(kConfig, 1337, spec, {0, 1, 2}, *t.topo_),
-          sync(on_device_in_training(pipe, t.device_), *t.topo_, {.zero = t.zero_}),
+          sync(on_device_in_training(pipe, t.device_), *t.topo_, {.zero = t.zero_, .caps = {}, .buckets = {}}),
           opt(sync.optimizer_groups(optim::decay_groups(pipe.named_parameters(), 0.1)), {1e-2}) {}
   };
 
