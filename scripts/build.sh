@@ -4,6 +4,7 @@
 #   scripts/build.sh                        # cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 #   scripts/build.sh -DMINIDL_NATIVE=OFF    # extra arguments go to the cmake configure step
 #   MINIDL_BUILD_DIR=build-asan scripts/build.sh -DMINIDL_SANITIZE=ON   # a second build tree
+#   MINIDL_BUILD_TARGETS="train_gpt" scripts/build.sh   # only these targets (and what they need)
 #   MINIDL_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=80;90" scripts/test.sh  # configure arguments for callers
 #                                                                          # (split at spaces, before "$@")
 #
@@ -26,4 +27,5 @@ fi
 
 read -ra env_args <<<"${MINIDL_CMAKE_ARGS:-}"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${env_args[@]}" "$@"
-cmake --build "$build_dir" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+read -ra targets <<<"${MINIDL_BUILD_TARGETS:-}"
+cmake --build "$build_dir" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" ${targets[@]:+--target "${targets[@]}"}

@@ -12,7 +12,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${MINIDL_BUILD_DIR:-build}"
 
 "$root/scripts/install-deps.sh"
-"$root/scripts/build.sh"
+MINIDL_BUILD_TARGETS="${MINIDL_BUILD_TARGETS:-train_gpt}" "$root/scripts/build.sh"  # only what the demo runs
 
 train_gpt="$root/$build_dir/bin/train_gpt"
 if [[ ! -x "$train_gpt" ]]; then
