@@ -632,7 +632,7 @@ class Meter {
     const MemoryLedger& mem = ledger(device);  // the training device's ledger (the GPU's, with --device cuda)
     auto mb = [&](MemTag tag) { return double(mem.peak(tag)) / double(1 << 20); };
     std::printf("summary: steps=%lld train_loss=%.9g val_loss=%.9g ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
-                "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.2f exposed_comm_ms=%.2f loss_scale=%g skipped_steps=%lld "
+                "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.3f exposed_comm_ms=%.3f loss_scale=%g skipped_steps=%lld "
                 "act_peak_mb=%.2f param_mb=%.2f grad_mb=%.2f optim_mb=%.2f mfu=%.4f\n",
                 (long long)o_.steps, recent_ ? recent_loss_ / double(recent_) : NAN, val_loss, ms,
                 ms > 0 ? tokens_ / ms * 1e3 : 0.0, gflops, peak_rss_mb(), per_step(compute_ms_), per_step(comm_ms_),

@@ -538,7 +538,7 @@ TEST_F(TrainGpt, DataParallelMatchesOneProcess) {
     ASSERT_EQ(two.code, 0) << two.out;
     EXPECT_TRUE(same_loss(two, one, "train_loss", kF32SumOrder)) << two.out;
     EXPECT_TRUE(same_loss(two, one, "val_loss", kF32SumOrder)) << two.out;
-    // Two ranks communicate every step (printed per step to 0.01 ms): the collectives' time and the main thread's
+    // Two ranks communicate every step (printed per step to 0.001 ms): the collectives' time and the main thread's
     // wait for them, both within the step's time.
     const double step_ms = summary_field(two.out, "ms_per_step");
     EXPECT_GT(summary_field(two.out, "comm_ms"), 0.0) << two.out;
