@@ -65,7 +65,8 @@ std::string finish() {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
   if (!r.on.exchange(false)) return "";
-  std::filesystem::create_directories(std::filesystem::path(r.path).parent_path());
+  std::error_code ignored;  // every rank creates the directory at once
+  std::filesystem::create_directories(std::filesystem::path(r.path).parent_path(), ignored);
   const std::string tmp = r.path + ".tmp";
   {
     std::FILE* f = std::fopen(tmp.c_str(), "wb");

@@ -374,7 +374,8 @@ std::string dump_flight_recorder(const std::string& path) {
                       {"timeout_s", watchdog().options.timeout_s}, {"capacity", rec.capacity},
                       {"groups", groups}, {"entries", entries}};
   if (!watchdog().verdict.is_null()) j["timeout"] = watchdog().verdict;
-  fs::create_directories(fs::path(path).parent_path());
+  std::error_code ignored;  // another rank may be creating it too
+  fs::create_directories(fs::path(path).parent_path(), ignored);
   write_atomically(path, j.dump(1));
   return path;
 }
@@ -396,7 +397,9 @@ void start_watchdog(const WatchdogOptions& options, int world_rank) {
   if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &w.world_size);
   if (options.timeout_s == 0) return;
   // The progress files (several ranks only) live in the debug directory from the start; dumps join them there.
-  if (w.world_size > 1) fs::create_directories(options.debug_dir);
+  // Several ranks create it at once: an "exists" from the race is no error (the error_code form does not throw).
+  std::error_code ignored;
+  if (w.world_size > 1) fs::create_directories(options.debug_dir, ignored);
   w.stop = false;
   w.monitor_stop = false;
   w.thread = std::thread([&w] { w.run(); });
