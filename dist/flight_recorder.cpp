@@ -176,15 +176,19 @@ struct Watchdog {
     return out.empty() ? "none known (every rank's progress file shows the call: a rank is stuck inside it)" : out;
   }
 
+  // This rank's recorder in the debug directory: its path, or why it could not be written.
+  std::string write_dump() {
+    try {
+      return dump_flight_recorder(path("flight", rank));
+    } catch (const std::exception& x) {
+      return std::string("(could not be written: ") + x.what() + ")";
+    }
+  }
+
   // A backend's asynchronous error ends the job as a timeout does, with the error's name.
   [[noreturn]] void fail(const std::string& group, const std::string& error) {
     verdict = {{"group", group}, {"async_error", error}};
-    std::string dump;
-    try {
-      dump = dump_flight_recorder(path("flight", rank));
-    } catch (const std::exception& x) {
-      dump = std::string("(could not be written: ") + x.what() + ")";
-    }
+    const std::string dump = write_dump();
     std::fprintf(stderr, "minidl: asynchronous communication error on rank %d: group %s: %s; flight recorder: %s; "
                  "ending the job with exit code %d\n", rank, group.c_str(), error.c_str(), dump.c_str(),
                  kCollectiveTimeoutExit);
@@ -213,12 +217,7 @@ struct Watchdog {
     std::vector<int> named;
     const std::string missing = missing_ranks(e, world_ranks, named);
     verdict = {{"group", e.group}, {"seq", e.seq}, {"op", e.op}, {"named_ranks", named}};
-    std::string dump;
-    try {
-      dump = dump_flight_recorder(path("flight", rank));
-    } catch (const std::exception& x) {
-      dump = std::string("(could not be written: ") + x.what() + ")";
-    }
+    const std::string dump = write_dump();
     std::string ranks;
     for (int r : world_ranks) {
       if (!ranks.empty()) ranks += ",";
