@@ -88,8 +88,11 @@ def stopped_rank(mpiexec, train_gpt, data):
     check_(analysis.returncode == 0, f"the analyzer finds the stuck call (exit {analysis.returncode}: {analysis.stderr})")
     if analysis.returncode == 0 and m:
         groups = [g for g in json.loads(analysis.stdout)["groups"] if g["group"] == m.group(1)]
-        check_(bool(groups) and groups[0]["missing"] == [3] and groups[0]["stuck_seq"] == int(m.group(2)),
-              f"the analyzer names rank 3 and sequence {m.group(2)} in group {m.group(1)}: {groups}")
+        # A rank can still be inside the call before (a ring that needs rank 3's part to finish it) while others
+        # completed it: the analyzer then names that earlier call, one before the message's.
+        check_(bool(groups) and groups[0]["missing"] == [3] and
+               groups[0]["stuck_seq"] in (int(m.group(2)) - 1, int(m.group(2))),
+               f"the analyzer names rank 3 and sequence {m.group(2)} (or the one before) in group {m.group(1)}: {groups}")
     deadline = time.time() + 5
     while pid_alive(pid) and time.time() < deadline:
         time.sleep(0.2)
