@@ -1,5 +1,5 @@
 # Install rules: `cmake --install build --prefix P` puts minidl's libraries, headers, CMake package and data under P,
-# and another project then uses it with find_package(minidl CONFIG) (examples/consumer/, README).
+# and another project then uses it with find_package(minidl CONFIG) (examples/consumer/, docs/library.md).
 #
 #   P/lib/libminidl.a, libminidl_train.a, ...     the static libraries
 #   P/include/minidl/core/tensor.h, ...            the headers, in the source tree's layout: #include "core/tensor.h"

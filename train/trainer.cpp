@@ -239,7 +239,7 @@ void Trainer::State::print_zero_memory() const {
 
 // Tensor parallelism's proof by ledger and counters, on every rank after the first step: this rank's live bytes
 // by tag beside the prediction (split parameters / tp + replicated ones, f32), and what the step asked the tp
-// group to move (dist::tensor_parallel_traffic: payload bytes; README has the formula).
+// group to move (dist::tensor_parallel_traffic: payload bytes; docs/parallelism.md has the formula).
 void Trainer::State::print_tensor_parallel_step() const {
   const MemoryLedger& mem = ledger(device);
   const double mib = double(1 << 20), tp = topo->grid().tp;
@@ -606,7 +606,7 @@ class Meter {
       l += " | comm " + fmt("%.1f", comm_.comm_ms) + " ms, exposed " + fmt("%.1f", comm_.exposed_comm_ms) + " ms";
     return l;
   }
-  // The summary line (scripts parse it: README.md documents each field).
+  // The summary line (scripts parse it: docs/train_gpt.md documents each field).
   // The numbers of the last line shown, as TensorBoard scalars at `step` (1-based).
   void log(EventWriter& tb, int64_t step, const StepResult& r, double lr, const optim::GradScaler* scaler,
            Device device) const {

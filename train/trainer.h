@@ -15,7 +15,7 @@
 // coordinate, DDP and the loss average the dp group, the gradient norm and the overflow flag the model-parallel
 // group. The rank at grid coordinate (0, 0, 0) prints.
 //
-// The summary line (scripts parse it; README.md documents each field):
+// The summary line (scripts parse it; docs/train_gpt.md documents each field):
 //   summary: steps=N train_loss=X val_loss=X ms_per_step=X tokens_per_s=X gflops=X peak_mem_mb=X compute_ms=X
 //            comm_ms=X exposed_comm_ms=X loss_scale=X skipped_steps=N act_peak_mb=X param_mb=X grad_mb=X optim_mb=X
 //            mfu=X

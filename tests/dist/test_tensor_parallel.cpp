@@ -298,8 +298,8 @@ TEST(TensorParallel, SequenceParallelEqualsOneProcess) {
   }
 }
 
-// What one training forward + backward moves (dist::tensor_parallel_traffic), against the arithmetic of README's
-// "Tensor parallelism": L blocks, N = B·T tokens, C = n_embd, f32.
+// What one training forward + backward moves (dist::tensor_parallel_traffic), against the arithmetic of
+// docs/parallelism.md, "Tensor parallelism": L blocks, N = B·T tokens, C = n_embd, f32.
 //   tp:  all-reduces of (4L + 2)·N·C (two forward and two backward per block, the embedding's g, the head's f)
 //        plus 3·N for the loss (row max, sum of exponentials, target logit);
 //   sp:  all-gathers of (6L + 2)·N·C (per block: two before the column-parallel layers, again in backward, and the

@@ -801,7 +801,7 @@ TEST_F(TrainGpt, Fp16OverflowingForwardIsSkippedUntilTooManyInARow) {
   EXPECT_EQ(r.out.find("loss is"), std::string::npos) << "not the f32 divergence stop: " << r.out;
 }
 
-// fp16 with a warmup + cosine schedule: a step the loss scaler skips does not advance the schedule (the README's
+// fp16 with a warmup + cosine schedule: a step the loss scaler skips does not advance the schedule (docs/train_gpt.md's
 // promise; --advance-lr-on-skip changes it). The oracle is the bf16 run of the same flags, which skips nothing: its
 // learning rate at step p is the schedule's p-th. The fp16 run starts at the largest scale (2^24), so its first steps
 // overflow and back off; each step's printed rate must be the bf16 run's at (steps before it - skips before it).
