@@ -19,7 +19,7 @@ namespace minidl {
 // default (300,000 pauses when OMP_WAIT_POLICY is unset) keeps a thread spinning through most serial gaps of a
 // training step. Where two vCPUs share one physical core (the Zen 1 cloud VM this was measured on), the spinning
 // takes the core from the thread doing the work: the baby config's 2-thread step took 96-107 ms with the default,
-// 77-78 ms at 10,000, 80 ms at 0 (passive) and 100-112 ms at 100,000 (bench_gpt_step, docs/decisions.md).
+// 77-78 ms at 10,000, 80 ms at 0 (passive) and 100-112 ms at 100,000 (bench_gpt_step; docs/building.md, "CPU threads").
 // 10,000 pauses still cover the short gaps between the parallel loops of one op.
 //
 // The environment has to say so before libgomp's initialiser runs, and libc's own initialiser discards a setenv

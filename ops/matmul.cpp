@@ -200,7 +200,7 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
       };
       // The copy: the (product, panel) pairs split evenly among the threads, so with two halves on 2 threads each
       // copies its half's B, whose rows it wrote (claiming pairs as the rows are claimed made the copies read the
-      // other core's rows, and a baby step slower: docs/decisions.md, "the CPU's f32 GEMM").
+      // other core's rows, and a baby step slower: docs/decisions.md, "GEMM on several threads").
       const int64_t pairs = int64_t(P) * panels_per_chunk;
       for (int64_t e = pairs * t / nt, e1 = pairs * (t + 1) / nt; e < e1;) {
         const int p = int(e / panels_per_chunk);

@@ -646,8 +646,8 @@ TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
   }
 }
 
-// Sequence parallelism's activation saving against its formula (docs/decisions.md, "How much sequence parallelism
-// saves"). Per block, in units of B*T*C values, a rank keeps 4 + 12/tp without it (LayerNorm and linear inputs of
+// Sequence parallelism's activation saving against its formula (docs/parallelism.md, "Tensor parallelism").
+// Per block, in units of B*T*C values, a rank keeps 4 + 12/tp without it (LayerNorm and linear inputs of
 // the residual stream are whole on every rank; q, k, v, the attention output and the MLP's 4C-wide pre-activation
 // and GELU output are split) and 16/tp with it: at most (tp + 3) / 4 = 1.25x less at tp 2 and 1.75x at tp 4.
 // Measured on the ledger's activation peak (which adds the embedding, the head and workspaces): at least 1.12x at

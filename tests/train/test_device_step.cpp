@@ -106,7 +106,7 @@ TEST_F(DeviceStep, ClipOnTheDeviceMatchesTheHostFormula) {
 // whose numbers are not read back, the host never waits, nothing is read back, nothing is cudaMalloc'ed, and the
 // one thing that crosses to the device is the batch: ids and targets as i64, each one asynchronous copy from
 // pinned staging (core/upload.h). The "0 host<->device copies" means "none besides the batch", which a
-// step cannot do without (docs/decisions.md, "Zero host round trips and CUDA graphs").
+// step cannot do without (docs/decisions.md, "No host round trips in a device step").
 TEST_F(DeviceStep, SteadyStateTrainStepWithClipAndFp16MakesNoRoundTrip) {
   for (const DType amp : {DType::f32, DType::bf16, DType::f16}) {
     const bool fp16 = amp == DType::f16;

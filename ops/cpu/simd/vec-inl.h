@@ -169,7 +169,7 @@ HWY_INLINE V ExpNonPositive(D d, V x) {
 // In AVX2 code the loops that call this wait on the multiply-add pipes (two of the four on a Zen core, llvm-mca
 // -mcpu=znver3), and adds run on the other two: 6 multiplies or multiply-adds per exp here (5 without kTiny),
 // 10 in ExpNonPositive with its two-step reduction by ln 2. With it and GeluGate's Newton step and sign select,
-// GELU forward ran 1.43x as fast on AVX2 (AMD EPYC family 25 model 17; docs/decisions.md).
+// GELU forward ran 1.43x as fast on AVX2 (AMD EPYC family 25 model 17, November 2026).
 template <bool kTiny = true, size_t K, class D, class V>
 HWY_INLINE void Exp2NonPositive(D d, V (&y)[K]) {
   const hn::RebindToSigned<D> di;

@@ -114,8 +114,8 @@ TEST_F(CudaCounters, UploadAsyncCopiesWithoutWaiting) {
 // A steady-state training step on the device (forward from a host batch, backward, AdamW, zero_grad, no loss read):
 // no cudaMalloc, nothing read back, no host wait, and only the batch's upload (ids and targets, asynchronous copies
 // from pinned staging) crosses to the device. train::train_step with clipping and fp16 loss scaling adds nothing to that when
-// its numbers are not read back (tests/train/test_device_step.cpp; docs/decisions.md, "Device round trips per
-// step").
+// its numbers are not read back (tests/train/test_device_step.cpp; docs/decisions.md, "No host round trips in a
+// device step").
 TEST_F(CudaCounters, SteadyStateTrainingStepMakesNoRoundTrip) {
   nn::GPT model(nn::GPTConfig{17, 8, 2, 2, 32, 0.0, true}, 1337);
   model.to(kCuda);

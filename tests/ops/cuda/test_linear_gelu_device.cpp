@@ -70,7 +70,7 @@ TEST_F(GemmEpilogues, GeluAuxBiasAndDgeluBgradRunFusedAndMatchTheCpu) {
 
 // linear's weight and bias gradients in one GEMM (BGRADA in gpu.*), against the CPU. Same-dtype outputs must run
 // fused (one launch); bf16 inputs with f32 outputs (mixed precision) are checked for values, and whether cuBLASLt
-// fused them is printed (the fallback is correct too: docs/decisions.md).
+// fused them is printed (the fallback is correct too: docs/decisions.md, "Linear's bias on a GPU").
 TEST_F(GemmEpilogues, BgradaRunsFusedAndMatchesTheCpu) {
   const Device cuda_dev = Device::cuda(0);
   const int64_t rows = 96, k = 32, n = 64;
