@@ -19,13 +19,14 @@
 // (the received activation and gradient are the values one process computes at the cut), and each parameter
 // accumulates its M gradient pieces in micro-batch order, the order a one-process loop adds them.
 //
-// Schedule and its cost, S = 2 stages:
-//   rank 0:  F0 F1 .. F(M-1)  .   .   ..  B0 B1 .. B(M-1)
-//   rank 1:  .  F0 F1 .. F(M-1) B0 B1 ..  B(M-1)  .
-// Each stage waits (the "bubble") for S - 1 = 1 slot at the start of forward and the end of backward: idle
-// (S-1)/(M+S-1) of the time, so more micro-batches shrink it. Memory: all M micro-batches' activations stay
-// alive from their forward to their backward: GPipe's price. 1F1B (production) starts each backward as early as
-// possible, keeping at most S micro-batches in flight, with the same bubble.
+// Schedule and its cost, S = 2 stages, here M = 4, one time slot per forward or backward:
+//   slot:    1   2   3   4   5   6   7   8   9   10
+//   rank 0:  F0  F1  F2  F3  .   .   B0  B1  B2  B3
+//   rank 1:  .   F0  F1  F2  F3  B0  B1  B2  B3  .
+// The idle slots are the "bubble": 2(S-1) of 2(M+S-1) slots, a fraction (S-1)/(M+S-1), so more micro-batches
+// shrink it. Memory: all M micro-batches' activations stay alive from their forward to their backward: GPipe's
+// price. 1F1B (production) starts each backward as early as possible, keeping at most S micro-batches in flight,
+// with the same bubble.
 //
 // What production adds: any number of stages and virtual stages, 1F1B and interleaved 1F1B, schedules validated
 // before the first step (matching sends and receives) and simulated for their bubble, asynchronous sends,

@@ -18,7 +18,8 @@
 //
 // Communication per step, per rank, with a ring: reduce-scatter (N-1)/N·Ψ + all-gather (N-1)/N·Ψ = 2(N-1)/N·Ψ,
 // exactly DDP's all-reduce: the memory saving is free. Memory, f32: params 4Ψ + grads 4Ψ + AdamW 8Ψ/N, against
-// DDP's 16Ψ (ZeRO-2 would also keep only the gradient shard: 4Ψ + 12Ψ/N).
+// DDP's 16Ψ (ZeRO-2 would also keep only the gradient shard: 4Ψ + 12Ψ/N). This version also keeps a flat copy of
+// the gradients (4Ψ); production's gradients are views of its buckets, so it has none.
 //
 // What the production version (dist/zero.h) adds: buckets (one reduce-scatter per bucket, overlapped with backward
 // on a communication thread, as DDP's all-reduces are), ZeRO-2's freed gradient buckets, gradient accumulation,

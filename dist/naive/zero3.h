@@ -24,8 +24,8 @@
 // updating each shard where it lives gives the weights DDP would have, and the next gather reassembles them.
 //
 // Communication per step, per rank, ring, block parameters Ψ: two all-gathers (forward, backward) and one
-// reduce-scatter, 3(N-1)/N·Ψ elements: 1.5x DDP's all-reduce. Memory: params, grads and optimizer state all 1/N
-// (16Ψ/N with AdamW), plus one whole block (and its whole gradient) at a time.
+// reduce-scatter, 3(N-1)/N·Ψ elements: 1.5x DDP's all-reduce. Memory for them: params, grads and optimizer state
+// all 1/N (16Ψ/N with AdamW), plus the one or two blocks running and their gradients until scattered.
 //
 // Limits: one backward per optimizer step (the shard gradient is overwritten), one weight decay per block shard.
 // Production (dist/zero3.h) lifts both (accumulation; shards cut at parameter boundaries), prefetches block i+1
