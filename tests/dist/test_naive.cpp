@@ -1,0 +1,297 @@
+// The teaching tier (dist/naive/) against what production or one process computes, at 2 and 3 ranks. Each rank
+// initialises its model from its own seed, so the start-up broadcast is part of what is compared.
+// - naive DDP = dist::DistributedDataParallel, bitwise at 2 ranks, within 1e-5 at 3; = one process within 1e-4
+//   (one process's GEMMs sum over the whole batch, in another order than the per-rank GEMMs and the average);
+// - naive ZeRO-1 + AdamW = production DDP + AdamW with one bucket laid out like the naive flat vector, over "ring",
+//   bitwise at every size (the ring's all-reduce is its reduce-scatter plus all-gather of the same chunks, and AdamW
+//   is elementwise); = production ZeRO-1 bitwise at 2 ranks;
+// - naive ZeRO-3 = production dist::ZeroStage3, bitwise at 2 ranks, within 1e-5 at 3; blocks are freed after their
+//   forward and backward;
+// - naive tensor-parallel MLP and attention = the unsplit nn::MLP / nn::CausalSelfAttention within 1e-5 (below);
+// - naive GPipe (2 ranks) = one process accumulating the same 4 micro-batches: every gradient bitwise but the tied
+//   wte's (its embedding and head halves are summed in another order), within 1e-6.
+// Bitwise at 2 ranks, whatever the layout: a sum of two floats does not depend on their order, and the average
+// divides it by 2 exactly. At 3 ranks a ring adds an element's three terms in an order set by which chunk holds it,
+// and naive DDP and ZeRO-3 cut their buffers (per parameter, per block) differently from production's buckets.
+// The comparisons within a tolerance train with SGD: AdamW divides by the gradient's own magnitude, which turns
+// rounding noise in gradients that are zero in exact arithmetic (the attention key bias) into full-size updates.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include "autograd/functions.h"
+#include "core/rng.h"
+#include "dist/ddp.h"
+#include "dist/naive/ddp.h"
+#include "dist/naive/gpipe.h"
+#include "dist/naive/tensor_parallel.h"
+#include "dist/naive/zero1.h"
+#include "dist/naive/zero3.h"
+#include "dist/process_group.h"
+#include "dist/zero.h"
+#include "dist/zero3.h"
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+#include "optim/sgd.h"
+#include "support/mpi_test.h"
+
+using namespace minidl;
+
+namespace {
+
+constexpr int64_t kVocab = 13, kSeq = 8, kGlobalBatch = 24;
+
+const dist::Context& ctx() { return minidl::testing::mpi_context(); }
+nn::GPTConfig tiny(int64_t layers = 2) { return nn::GPTConfig{kVocab, kSeq, layers, 2, 16, 0.0, true}; }
+
+std::pair<Tensor, Tensor> global_batch(int step, int64_t rows = kGlobalBatch) {
+  std::vector<int32_t> x(rows * kSeq), y(rows * kSeq);
+  Philox rng(99, uint64_t(step));
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = int32_t(rng.draw(i).x % kVocab);
+    y[i] = int32_t(rng.draw(i).y % kVocab);
+  }
+  return {Tensor::from_vector(x, {rows, kSeq}), Tensor::from_vector(y, {rows, kSeq})};
+}
+
+// Naive ZeRO-3 keeps a block whole only while it runs: between a pass's blocks, only the shards hold memory.
+void expect_blocks_released(const nn::GPT& model, const char* when) {
+  for (int64_t i = 0; i < model.config().n_layer; ++i)
+    EXPECT_EQ(model.block_parameters(i)[0].impl()->storage->data(), nullptr) << "block " << i << " whole " << when;
+}
+
+enum class Mode { kOneProcess, kNaiveDDP, kDDP, kDDPOneBucket, kNaiveZero1, kZero1, kNaiveZero3, kZero3 };
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> weights;
+};
+
+// `steps` steps of AdamW (adamw) or SGD with momentum on the global batch, each rank taking its slice.
+RunResult train(Mode mode, bool adamw, int steps = 8) {
+  auto pg = dist::make_process_group("ring", ctx().world());
+  const bool one = mode == Mode::kOneProcess;
+  const int n = one ? 1 : pg->size(), rank = one ? 0 : pg->rank();
+  nn::GPT model(tiny(), 1337 + uint64_t(rank));  // each rank's own init: the broadcast must replace it
+  auto groups = optim::decay_groups(model.named_parameters(), adamw ? 0.1 : 0.0);
+  std::unique_ptr<dist::naive::DataParallel> naive_ddp;
+  std::unique_ptr<dist::naive::Zero1AdamW> naive_zero1;
+  std::unique_ptr<dist::naive::Zero3> naive_zero3;
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  std::unique_ptr<dist::ZeroDataParallel> zero1;
+  std::unique_ptr<dist::ZeroStage3> zero3;
+  if (mode == Mode::kNaiveDDP) naive_ddp = std::make_unique<dist::naive::DataParallel>(model, *pg);
+  if (mode == Mode::kDDP) ddp = std::make_unique<dist::DistributedDataParallel>(model, *pg);
+  if (mode == Mode::kDDPOneBucket) {  // one bucket, the parameters in the naive ZeRO-1's flat order (group order)
+    const auto named = model.named_parameters();
+    dist::BucketSpec bucket{DType::f32, {}, {}, 0};
+    for (const optim::ParamGroup& g : groups)
+      for (const Tensor& p : g.params)
+        for (size_t i = 0; i < named.size(); ++i)
+          if (named[i].second.impl() == p.impl()) {
+            bucket.params.push_back(i);
+            bucket.offsets.push_back(bucket.numel);
+            bucket.numel += p.numel();
+          }
+    ddp = std::make_unique<dist::DistributedDataParallel>(model, *pg, dist::DDPOptions{.buckets = {bucket}});
+  }
+  if (mode == Mode::kNaiveZero1)
+    naive_zero1 = std::make_unique<dist::naive::Zero1AdamW>(model, *pg, groups, optim::AdamWOptions{.lr = 1e-2});
+  if (mode == Mode::kZero1) {
+    zero1 = std::make_unique<dist::ZeroDataParallel>(model, *pg);
+    groups = zero1->shard_groups(groups);
+  }
+  if (mode == Mode::kNaiveZero3) {
+    naive_zero3 = std::make_unique<dist::naive::Zero3>(model, *pg);
+    groups = {{naive_zero3->parameters(), 0.0}};
+  }
+  if (mode == Mode::kZero3) {
+    zero3 = std::make_unique<dist::ZeroStage3>(model, *pg);
+    groups = zero3->shard_groups(groups);
+  }
+  std::unique_ptr<optim::Optimizer> opt;
+  if (adamw && !naive_zero1) opt = std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{.lr = 1e-2});
+  if (!adamw) opt = std::make_unique<optim::SGD>(groups, optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  const int64_t rows = kGlobalBatch / n;
+  RunResult run;
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = global_batch(s);
+    Tensor loss = model.loss(x.narrow(0, rank * rows, rows), y.narrow(0, rank * rows, rows));
+    if (naive_zero3) expect_blocks_released(model, "after the forward");
+    loss.backward();
+    if (naive_ddp) naive_ddp->average_gradients();
+    Tensor l = Tensor::scalar(loss.item());
+    if (!one) pg->all_reduce(l, dist::ReduceOp::kAvg)->wait();
+    run.losses.push_back(l.item());
+    if (naive_zero1) {
+      naive_zero1->step();
+      continue;
+    }
+    opt->step();
+    opt->zero_grad();
+    if (zero1) zero1->gather_parameters();
+    if (zero3) zero3->gather_parameters();
+  }
+  if (zero3) zero3->hold_full(true);
+  if (naive_zero3) {
+    expect_blocks_released(model, "after the backward");
+    for (int64_t i = 0; i < 2; ++i) naive_zero3->gather(i);
+  }
+  for (const Tensor& p : model.parameters()) run.weights.push_back(p.to_vector());
+  return run;
+}
+
+void expect_bitwise(const RunResult& a, const RunResult& b) {
+  EXPECT_EQ(a.losses, b.losses);
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (size_t i = 0; i < a.weights.size(); ++i) EXPECT_EQ(a.weights[i], b.weights[i]) << "parameter " << i;
+}
+
+void expect_close(const RunResult& a, const RunResult& b, double rel) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t s = 0; s < a.losses.size(); ++s) EXPECT_NEAR(a.losses[s], b.losses[s], rel * b.losses[s]) << "step " << s;
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (size_t i = 0; i < a.weights.size(); ++i)
+    for (size_t j = 0; j < a.weights[i].size(); ++j)
+      ASSERT_NEAR(a.weights[i][j], b.weights[i][j], rel * std::max(1.0, std::abs(b.weights[i][j])))
+          << "parameter " << i << " element " << j;
+}
+
+// Bitwise at 2 ranks; at more, within `rel` (the summation order of a parameter's terms differs, see the top).
+void expect_equal_at_two(const RunResult& a, const RunResult& b, double rel) {
+  if (ctx().world_size() <= 2) expect_bitwise(a, b);
+  else expect_close(a, b, rel);
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  std::vector<double> u = a.to_vector(), v = b.to_vector();
+  double m = u.size() == v.size() ? 0.0 : INFINITY;
+  for (size_t i = 0; i < std::min(u.size(), v.size()); ++i) m = std::max(m, std::abs(u[i] - v[i]));
+  return m;
+}
+
+Tensor random_tensor(const Shape& shape, uint64_t seed, double scale) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  std::vector<float> v(static_cast<size_t>(numel));
+  Philox rng(seed, 0);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(scale) * rng.normal(i);
+  return Tensor::from_vector(v, shape);
+}
+
+}  // namespace
+
+TEST(Naive, DDPEqualsProductionDDPAndOneProcess) {
+  const RunResult naive = train(Mode::kNaiveDDP, false);
+  expect_equal_at_two(naive, train(Mode::kDDP, false), 1e-5);
+  expect_close(naive, train(Mode::kOneProcess, false), 1e-4);
+}
+
+TEST(Naive, Zero1EqualsDDPWithAdamWBitwise) {
+  const RunResult naive = train(Mode::kNaiveZero1, true);
+  expect_bitwise(naive, train(Mode::kDDPOneBucket, true));
+  if (ctx().world_size() <= 2) expect_bitwise(naive, train(Mode::kZero1, true));
+}
+
+TEST(Naive, Zero3EqualsProductionZero3) {
+  const RunResult naive = train(Mode::kNaiveZero3, false);
+  expect_equal_at_two(naive, train(Mode::kZero3, false), 1e-5);
+  expect_close(naive, train(Mode::kOneProcess, false), 1e-4);
+}
+
+// The split layers against the whole ones: forward, the input's gradient, and each weight slice's gradient. Within
+// 1e-5, not bitwise: the row-parallel layer sums its N partial products through the all-reduce, where the whole
+// layer's GEMM sums the same products inside one dot product, in another order.
+TEST(Naive, TensorParallelMLPAndAttentionEqualTheWholeLayers) {
+  auto pg = dist::make_process_group("ring", ctx().world());
+  const int n = pg->size(), r = pg->rank();
+  const nn::GPTConfig cfg{kVocab, kSeq, 1, 6, 12, 0.0, true};  // 6 heads, 48 hidden units: split 1, 2 or 3 ways
+  auto dropout = std::make_shared<nn::DropoutContext>();
+  nn::MLP mlp(cfg, 0, dropout);
+  nn::CausalSelfAttention attn(cfg, 1, dropout);
+  uint64_t seed = 1;
+  for (nn::Module* m : {static_cast<nn::Module*>(&mlp), static_cast<nn::Module*>(&attn)})
+    for (auto [name, p] : m->named_parameters()) p.copy_(random_tensor(p.shape(), seed++, 0.3));
+  const Tensor x = random_tensor({2, kSeq, 12}, 100, 1.0), dy = random_tensor({2, kSeq, 12}, 101, 1.0);
+  const int64_t C = 12, c = C / n, h = 4 * C / n;
+  // The whole layer's gradient that split parameter `part` must equal: its columns or rows of the whole one.
+  auto cut = [](const Tensor& whole_grad, int dim, int64_t begin, int64_t len) {
+    return whole_grad.narrow(dim, begin, len);
+  };
+  auto qkv_cut = [&](const Tensor& whole_grad, int dim) {  // this rank's columns of q, of k and of v, side by side
+    Shape shape = whole_grad.shape();
+    shape[size_t(dim)] = 3 * c;
+    Tensor out = Tensor::empty(shape);
+    for (int64_t j = 0; j < 3; ++j) out.narrow(dim, j * c, c).copy_(whole_grad.narrow(dim, j * C + r * c, c));
+    return out;
+  };
+  auto check = [&](const char* what, const std::function<Tensor(const Tensor&)>& whole,
+                   const std::function<Tensor(const Tensor&)>& split,
+                   const std::function<std::vector<std::pair<Tensor, Tensor>>()>& slices) {
+    SCOPED_TRACE(what);
+    Tensor x1 = x.clone().set_requires_grad(true), x2 = x.clone().set_requires_grad(true);
+    Tensor y1 = whole(x1), y2 = split(x2);
+    sum(mul(y1, dy)).backward();
+    sum(mul(y2, dy)).backward();
+    EXPECT_LE(max_abs_diff(y1, y2), 1e-5) << "forward";
+    EXPECT_LE(max_abs_diff(x1.grad(), x2.grad()), 1e-5) << "input gradient";
+    int i = 0;
+    for (const auto& [part, of_whole] : slices())
+      EXPECT_LE(max_abs_diff(part.grad(), of_whole), 1e-5) << "weight " << i++;
+  };
+  dist::naive::ParallelMLP pmlp(mlp, *pg);
+  check("MLP", [&](const Tensor& in) { return mlp.forward(in); }, [&](const Tensor& in) { return pmlp.forward(in); },
+        [&]() -> std::vector<std::pair<Tensor, Tensor>> {
+          return {{pmlp.fc_weight, cut(mlp.c_fc->weight.grad(), 1, r * h, h)},
+                  {pmlp.fc_bias, cut(mlp.c_fc->bias.grad(), 0, r * h, h)},
+                  {pmlp.proj_weight, cut(mlp.c_proj->weight.grad(), 0, r * h, h)},
+                  {pmlp.proj_bias, mlp.c_proj->bias.grad()}};
+        });
+  dist::naive::ParallelAttention pattn(attn, *pg);
+  check("attention", [&](const Tensor& in) { return attn.forward(in); },
+        [&](const Tensor& in) { return pattn.forward(in); },
+        [&]() -> std::vector<std::pair<Tensor, Tensor>> {
+          return {{pattn.attn_weight, qkv_cut(attn.c_attn->weight.grad(), 1)},
+                  {pattn.attn_bias, qkv_cut(attn.c_attn->bias.grad(), 0)},
+                  {pattn.proj_weight, cut(attn.c_proj->weight.grad(), 0, r * c, c)},
+                  {pattn.proj_bias, attn.c_proj->bias.grad()}};
+        });
+}
+
+// Two stages, 4 micro-batches of 2 sequences, 4 blocks (2 per stage): one step's gradients.
+TEST(Naive, GPipeEqualsOneProcessWithGradientAccumulation) {
+  if (ctx().world_size() != 2) GTEST_SKIP() << "a two-stage pipeline needs 2 ranks";
+  auto pg = dist::make_process_group("mpi", ctx().world());
+  constexpr int M = 4;
+  constexpr int64_t rows = 2, L = 4;
+  auto [x, y] = global_batch(0, M * rows);
+  nn::GPT one(tiny(L), 1337), piped(tiny(L), 1337);
+  double want = 0;
+  for (int m = 0; m < M; ++m) {
+    Tensor loss = mul(one.loss(x.narrow(0, m * rows, rows), y.narrow(0, m * rows, rows)), 1.0 / M);
+    loss.backward();
+    want += loss.item();
+  }
+  const double loss = dist::naive::gpipe_step(
+      *pg, M, {rows, kSeq, 16},
+      [&](int m) { return piped.blocks(0, L / 2, piped.embed(x.narrow(0, m * rows, rows))); },
+      [&](const Tensor& act, int m) {
+        return piped.head_loss(piped.blocks(L / 2, L, act), y.narrow(0, m * rows, rows));
+      });
+  dist::naive::sum_shared_gradients(*pg, {piped.wte->weight});
+  if (pg->rank() == 1) EXPECT_EQ(loss, want);
+  const auto a = piped.named_parameters(), b = one.named_parameters();
+  int compared = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].second.grad().defined()) continue;  // a parameter of the other stage
+    ++compared;
+    if (a[i].first == "transformer.wte.weight")
+      EXPECT_LE(max_abs_diff(a[i].second.grad(), b[i].second.grad()), 1e-6) << a[i].first;
+    else
+      EXPECT_EQ(a[i].second.grad().to_vector(), b[i].second.grad().to_vector()) << a[i].first;
+  }
+  EXPECT_GT(compared, 4);
+}
