@@ -137,6 +137,25 @@ Tensor Tensor::arange(int64_t n, DType dtype) {
   return from_vector(v, Shape{n}, dtype);
 }
 
+template <class Draw>
+static Tensor random_tensor(const Shape& shape, DType dtype, Device device, Draw draw) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = draw(uint64_t(i));
+  if (dtype == DType::f32 && device.is_cpu()) return t;
+  Tensor out = Tensor::empty(shape, dtype, device);
+  out.copy_(t);  // converts and moves (core's raw copy: nothing recorded)
+  return out;
+}
+
+Tensor Tensor::randn(const Shape& shape, const Philox& rng, DType dtype, Device device) {
+  return random_tensor(shape, dtype, device, [&](uint64_t i) { return rng.normal(i); });
+}
+
+Tensor Tensor::rand(const Shape& shape, const Philox& rng, DType dtype, Device device) {
+  return random_tensor(shape, dtype, device, [&](uint64_t i) { return rng.uniform(i); });
+}
+
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
   for (int i = dim() - 1; i >= 0; --i) {

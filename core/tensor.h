@@ -1,7 +1,7 @@
 // Tensor: a handle (shared pointer) to storage + byte offset + shape + strides + dtype + autograd metadata.
 //
 //   Tensor x = Tensor::zeros({B, T, C});          // f32 on the CPU
-//   Tensor w = Tensor::randn({C, C}, rng) .set_requires_grad(true);
+//   Tensor w = Tensor::randn({C, C}, Philox(/*seed=*/1)).set_requires_grad(true);
 //   Tensor y = matmul(x, w);                      // differentiable ops: autograd/functions.h
 //   y.sum().backward();  w.grad();
 //
@@ -25,6 +25,7 @@
 #include "core/device_backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/memory.h"
 #include "core/shape.h"
 
@@ -72,6 +73,9 @@ struct AutogradMeta {
   uint32_t output_nr = 0;                      // which output of grad_fn
   std::weak_ptr<autograd::Node> accumulator;   // a leaf's AccumulateGrad node, made on first use
   std::vector<GradReadyHook> grad_ready_hooks; // fired after this leaf's gradient is final for a backward
+  // Set by a scheme that takes over this parameter's update (ZeRO steps its shard parameters instead): an optimizer
+  // built over the parameter refuses it with this message, which names what to optimise instead.
+  std::string update_owner;
 };
 
 struct TensorImpl {
@@ -100,6 +104,10 @@ class Tensor {
   static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, DType dtype = DType::i64);
   static Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, DType dtype = DType::i32);
   static Tensor arange(int64_t n, DType dtype = DType::f32);
+  // Element i is rng.normal(i) (standard normal) or rng.uniform(i) (in [0, 1)), computed in f32 and converted to
+  // dtype: a pure function of the generator's (seed, stream) and the shape, the same on every machine and rank.
+  static Tensor randn(const Shape& shape, const Philox& rng, DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor rand(const Shape& shape, const Philox& rng, DType dtype = DType::f32, Device device = Device::cpu());
 
   // ---- metadata ----
   bool defined() const { return impl_ != nullptr; }

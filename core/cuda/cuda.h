@@ -3,7 +3,7 @@
 // stream per device, events, a device guard and pinned host buffers. Core itself never includes this file or
 // links a CUDA runtime; it reaches the device through the hook table in core/device_backend.h.
 //
-//   Tensor x = Tensor::randn({B, T, C}, rng).to(Device::cuda(0));
+//   Tensor x = Tensor::randn({B, T, C}, Philox(/*seed=*/1), DType::f32, Device::cuda(0));
 //   cuda::Event done;  done.record(cuda::current_stream(0));  ...  done.synchronize();
 //
 // Allocator: blocks are rounded up to 512 bytes and cached by size; a freed block remembers the stream it was

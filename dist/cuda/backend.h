@@ -3,7 +3,7 @@
 // device kernels). It lives here, in the highest layer with CUDA code, because it calls into all of them.
 //
 //   minidl::cuda::register_backend();   // once, at program start (train::select_device does it)
-//   Tensor x = Tensor::randn({B, T, C}, rng).to(Device::cuda(0));
+//   Tensor x = Tensor::randn({B, T, C}, Philox(/*seed=*/1), DType::f32, Device::cuda(0));
 //
 // Core's backend and the ops' kernels also register themselves when the backend library is linked (it is linked
 // whole, core/cuda/CMakeLists.txt); register_backend() is idempotent and also restores what a test removed.

@@ -19,6 +19,23 @@ TEST(Tensor, FactoriesAndMetadata) {
   EXPECT_THROW(t.size(2), Error);
 }
 
+// randn and rand (the factories the headers' examples use): element i is the generator's i-th draw, so a tensor is
+// a pure function of (seed, stream, shape), in any dtype.
+TEST(Tensor, RandomFactoriesArePhiloxDraws) {
+  const Philox rng(42, 3);
+  const Tensor n = Tensor::randn({3, 4}, rng), u = Tensor::rand({5}, rng, DType::f64);
+  EXPECT_EQ(n.shape(), (Shape{3, 4}));
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(n.to_vector()[size_t(i)], double(rng.normal(uint64_t(i))));
+  for (int64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(u.to_vector()[size_t(i)], double(rng.uniform(uint64_t(i))));
+    EXPECT_GE(u.to_vector()[size_t(i)], 0.0);
+    EXPECT_LT(u.to_vector()[size_t(i)], 1.0);
+  }
+  EXPECT_EQ(u.dtype(), DType::f64);
+  EXPECT_EQ(Tensor::randn({3, 4}, Philox(42, 3)).to_vector(), n.to_vector());
+  EXPECT_NE(Tensor::randn({3, 4}, Philox(42, 4)).to_vector(), n.to_vector());
+}
+
 TEST(Tensor, TransposeIsAViewAndContiguousCopies) {
   Tensor x = iota({2, 3});
   Tensor t = x.transpose(0, 1);
