@@ -79,6 +79,7 @@ TensorParallelGPT::TensorParallelGPT(const nn::GPTConfig& cfg, uint64_t seed, Pr
   MINIDL_CHECK(cfg.n_head % group.size() == 0, "tensor parallelism: --tp ", group.size(), " must divide --heads ",
                cfg.n_head, " (attention is split by heads)");
   const nn::GPTStage& part = stage();
+  const nn::SkipDefaultInit skip;  // the parameters are initialised below, as one process's GPT would be
   const uint64_t base = nn::DropoutContext::kDropoutStreamBase;
   std::shared_ptr<nn::DropoutContext> ctx = dropout_context_ptr();
   // The whole model's module tree and names (nn::GPT's constructor), with parallel layers in place of the split ones.

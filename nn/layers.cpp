@@ -1,5 +1,10 @@
 #include "nn/layers.h"
 
+#include <atomic>
+#include <cmath>
+#include <optional>
+#include <utility>
+
 #include "ops/kernels/dropout.h"
 
 #include "autograd/functions.h"
@@ -50,12 +55,59 @@ void init_normal_slice(Tensor& t, double std, uint64_t seed, uint64_t stream, co
   });
 }
 
+void init_uniform(Tensor& t, double low, double high, uint64_t seed, uint64_t stream) {
+  MINIDL_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.device() == Device::cpu(),
+               "init_uniform: expected a contiguous f32 CPU tensor, got ", t.dtype(), " ", t.shape());
+  float* p = t.data<float>();
+  const Philox rng(seed, stream);
+  const float lo = float(low), width = float(high - low);
+  parallel_for(0, t.numel(), 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) p[i] = lo + width * rng.uniform(uint64_t(i));
+  });
+}
+
+namespace {
+
+// The default initialisation's seed and next stream. Streams start far above the ones models number their
+// parameters with (GPT: 0, 1, ...; dropout: DropoutContext::kDropoutStreamBase + ...).
+constexpr uint64_t kDefaultInitStreamBase = uint64_t(1) << 40;
+std::atomic<uint64_t> g_default_seed{0};
+std::atomic<uint64_t> g_next_stream{kDefaultInitStreamBase};
+thread_local int t_skip_default_init = 0;
+
+// (seed, stream) for the next layer's default draws; nullopt under SkipDefaultInit.
+std::optional<std::pair<uint64_t, uint64_t>> next_default_init() {
+  if (t_skip_default_init > 0) return std::nullopt;
+  return std::make_pair(g_default_seed.load(), g_next_stream.fetch_add(1));
+}
+
+}  // namespace
+
+void manual_seed(uint64_t seed) {
+  g_default_seed = seed;
+  g_next_stream = kDefaultInitStreamBase;
+}
+
+SkipDefaultInit::SkipDefaultInit() { ++t_skip_default_init; }
+SkipDefaultInit::~SkipDefaultInit() { --t_skip_default_init; }
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias) {
   MINIDL_CHECK(in_features > 0 && out_features > 0, "Linear: expected positive sizes, got in=", in_features,
                " out=", out_features);
   MemoryTagGuard tag(MemTag::kParams);
   weight = register_parameter("weight", Tensor::zeros({in_features, out_features}));
   if (bias) this->bias = register_parameter("bias", Tensor::zeros({out_features}));
+  if (auto init = next_default_init()) {
+    const double bound = 1.0 / std::sqrt(double(in_features));
+    init_uniform(weight, -bound, bound, init->first, init->second);
+    // The bias draws from the weight's stream, after the weight's numel() offsets.
+    if (bias) {
+      const Philox rng(init->first, init->second);
+      float* p = this->bias.data<float>();
+      for (int64_t i = 0; i < out_features; ++i)
+        p[i] = float(-bound + 2 * bound * rng.uniform(uint64_t(weight.numel() + i)));
+    }
+  }
 }
 
 Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
@@ -65,6 +117,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) {
                " x ", embedding_dim);
   MemoryTagGuard tag(MemTag::kParams);
   weight = register_parameter("weight", Tensor::zeros({num_embeddings, embedding_dim}));
+  if (auto init = next_default_init()) init_normal(weight, 1.0, init->first, init->second);
 }
 
 Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }

@@ -1,8 +1,8 @@
 // The basic layers: Linear, Embedding, LayerNorm, Dropout. Each is a thin Module over one differentiable op of
 // autograd/functions.h, with parameters named as in Hugging Face GPT-2.
 //
-//   auto fc = std::make_shared<Linear>(768, 3072);      // weight (768, 3072), bias (3072)
-//   init_normal(fc->weight, 0.02, seed, /*stream=*/0);  // layers start at zero/one; the model initialises them
+//   nn::manual_seed(1);                                 // the default initialisation's seed (else 0)
+//   auto fc = std::make_shared<Linear>(768, 3072);      // weight (768, 3072), bias (3072): PyTorch's default init
 //   Tensor y = fc->forward(x);                          // x: (..., 768) -> (..., 3072)
 //
 // Parameters are allocated under MemoryTagGuard(kParams), so the memory ledger shows them as "params".
@@ -29,6 +29,26 @@ void init_normal(Tensor& t, double std, uint64_t seed, uint64_t stream, uint64_t
 void init_normal_slice(Tensor& t, double std, uint64_t seed, uint64_t stream, const Shape& full_shape, int64_t dim,
                        int64_t start);
 
+// Fills t (f32, contiguous, CPU) with U(low, high): element i from Philox(seed, stream).uniform(i).
+void init_uniform(Tensor& t, double low, double high, uint64_t seed, uint64_t stream);
+
+// Default initialisation, PyTorch's rules: a Linear's weight and bias U(-1/sqrt(in), 1/sqrt(in)) (torch.nn.Linear's
+// kaiming_uniform with a = sqrt(5)), an Embedding's weight N(0, 1), LayerNorm 1 and 0. Each layer draws from
+// Philox(seed, stream) with the seed of manual_seed (0 until it is called) and the next stream of a per-seed
+// counter, so a program that builds its layers in the same order gets the same weights on every run and every rank.
+// manual_seed also restarts the counter.
+void manual_seed(uint64_t seed);
+
+// While one lives on this thread, Linear and Embedding start at zero and draw nothing: for a model that initialises
+// every parameter itself (GPT: init_weights), so the default draws are not wasted. Nests.
+class SkipDefaultInit {
+ public:
+  SkipDefaultInit();
+  ~SkipDefaultInit();
+  SkipDefaultInit(const SkipDefaultInit&) = delete;
+  SkipDefaultInit& operator=(const SkipDefaultInit&) = delete;
+};
+
 // y = x @ weight + bias. weight: (in, out) — the GPT-2 "Conv1D" layout, the transpose of torch.nn.Linear's.
 class Linear : public Module {
  public:
@@ -36,8 +56,8 @@ class Linear : public Module {
   // x: (..., in) -> (..., out)
   Tensor forward(const Tensor& x) const;
 
-  Tensor weight;  // (in, out), zeros until initialised
-  Tensor bias;    // (out), zeros; undefined when constructed without bias
+  Tensor weight;  // (in, out), U(-1/sqrt(in), 1/sqrt(in)) (zeros under SkipDefaultInit)
+  Tensor bias;    // (out), the same; undefined when constructed without bias
 };
 
 // A lookup table: row ids[i] of weight.
@@ -47,7 +67,7 @@ class Embedding : public Module {
   // ids: integer tensor of any shape, values in [0, num_embeddings) -> (*ids.shape, embedding_dim)
   Tensor forward(const Tensor& ids) const;
 
-  Tensor weight;  // (num_embeddings, embedding_dim), zeros until initialised
+  Tensor weight;  // (num_embeddings, embedding_dim), N(0, 1) (zeros under SkipDefaultInit)
 };
 
 // Layer normalisation over the last dimension (fused op). weight starts at 1, bias at 0.

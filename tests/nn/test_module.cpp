@@ -126,3 +126,39 @@ TEST(Module, GPTHasHuggingFaceNamesInOrder) {
   EXPECT_EQ((*model.h)[1].attn->c_attn->weight.shape(), (Shape{C, 3 * C}));
   EXPECT_EQ((*model.h)[0].mlp->c_proj->weight.shape(), (Shape{4 * C, C}));
 }
+
+// Layers built alone start from PyTorch's default initialisation (a Linear that started at zero trained a user's
+// MLP to a flat loss with no warning): Linear's weight and bias in U(-1/sqrt(in), 1/sqrt(in)), Embedding's weight
+// N(0, 1); the same for the same manual_seed and construction order, different for each layer; and nothing is
+// drawn under SkipDefaultInit (GPT initialises every parameter itself, its biases to zero).
+TEST(Layers, DefaultInitialisationIsPyTorchsAndDeterministic) {
+  manual_seed(5);
+  Linear a(64, 32), b(64, 32);
+  Embedding e(100, 16);
+  const double bound = 1.0 / 8.0;
+  for (const Tensor& t : {a.weight, a.bias}) {
+    const std::vector<double> v = t.to_vector();
+    double lo = 1, hi = -1;
+    for (double x : v) lo = std::min(lo, x), hi = std::max(hi, x);
+    EXPECT_GE(lo, -bound);
+    EXPECT_LT(hi, bound);
+    EXPECT_GT(hi - lo, 1.5 * bound) << "the values fill the range";
+  }
+  EXPECT_NE(a.weight.to_vector(), b.weight.to_vector()) << "each layer draws its own stream";
+  double sum = 0, sq = 0;
+  for (double x : e.weight.to_vector()) sum += x, sq += x * x;
+  EXPECT_NEAR(sum / 1600, 0.0, 0.1);
+  EXPECT_NEAR(sq / 1600, 1.0, 0.1);
+  manual_seed(5);
+  Linear again(64, 32);
+  EXPECT_EQ(again.weight.to_vector(), a.weight.to_vector());
+  EXPECT_EQ(again.bias.to_vector(), a.bias.to_vector());
+  {
+    SkipDefaultInit skip;
+    Linear zero(4, 3);
+    for (double x : zero.weight.to_vector()) EXPECT_EQ(x, 0.0);
+  }
+  GPTConfig cfg{.vocab_size = 11, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8};
+  GPT gpt(cfg, /*seed=*/1);
+  for (double x : (*gpt.h)[0].attn->c_attn->bias.to_vector()) EXPECT_EQ(x, 0.0) << "GPT-2's biases start at zero";
+}
