@@ -25,8 +25,9 @@ BucketSpec make_bucket(const std::vector<size_t>& params, const std::vector<int6
 
 Tensor flat_view(const Tensor& flat, int64_t offset, int64_t numel) { return flat.as_strided({numel}, {1}, offset); }
 
-ReducerOptions reducer_options(const nn::GPT& model) {
+ReducerOptions reducer_options(const nn::BlockModule& model, std::function<void()> before_sync_backward) {
   ReducerOptions r;
+  r.before_sync_backward = std::move(before_sync_backward);
   r.release_buffers = true;  // stage 2's gradient memory: a bucket lives from its first gradient to its scatter
   r.buckets = block_buckets(model);
   return r;
@@ -34,12 +35,21 @@ ReducerOptions reducer_options(const nn::GPT& model) {
 
 }  // namespace
 
-std::vector<BucketSpec> block_buckets(const nn::GPT& model) {
-  // The units are the model's: each block's parameters, as the model lists them (GPT::block_parameters).
-  const int64_t first_block = model.stage().first_block, last_block = model.stage().last_block;
+std::vector<BucketSpec> block_buckets(const nn::BlockModule& model) {
+  // The units are the model's: each block's parameters, as the model lists them (BlockModule::block_parameters).
+  const int64_t first_block = model.first_block(), last_block = first_block + model.num_blocks();
   std::unordered_map<const TensorImpl*, int64_t> block_of;
-  for (int64_t b = first_block; b < last_block; ++b)
-    for (const Tensor& p : model.block_parameters(b)) block_of[p.impl()] = b;
+  for (int64_t b = first_block; b < last_block; ++b) {
+    bool trained = false;
+    for (const Tensor& p : model.block_parameters(b)) {
+      const auto [it, fresh] = block_of.emplace(p.impl(), b);
+      MINIDL_CHECK(fresh, "ZeRO-3: a parameter of block ", b, " is also a parameter of block ", it->second,
+                   " (BlockModule::block_parameters must name each parameter in one block)");
+      trained |= p.requires_grad();
+    }
+    MINIDL_CHECK(trained, "ZeRO-3: block ", b, " has no parameter that requires grad "
+                 "(BlockModule::block_parameters names none): a block is the unit ZeRO-3 gathers and shards");
+  }
   std::vector<std::vector<size_t>> per_block(size_t(last_block - first_block));
   std::vector<size_t> persistent;
   std::vector<int64_t> numel;
@@ -60,17 +70,17 @@ std::vector<BucketSpec> block_buckets(const nn::GPT& model) {
   return buckets;
 }
 
-ZeroStage3::ZeroStage3(nn::GPT& model, ProcessGroup& group, Zero3Options options)
+ZeroStage3::ZeroStage3(nn::BlockModule& model, ProcessGroup& group, Zero3Options options)
     : model_(model),
       rank_(group.rank()),
       world_(group.size()),
-      first_block_(model.stage().first_block),
-      last_block_(model.stage().last_block),
+      first_block_(model.first_block()),
+      last_block_(model.first_block() + model.num_blocks()),
       reducer_(model.named_parameters(), group,
                [this](ProcessGroup& g, size_t b, Tensor& bucket) {
                  return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
                },
-               reducer_options(model)) {
+               reducer_options(model, reduction_check())) {
   if (options.broadcast_at_start) {
     for (auto& [name, p] : model.named_parameters()) group.broadcast(p, 0)->wait();
     for (auto& [name, t] : model.named_buffers()) group.broadcast(t, 0)->wait();
@@ -132,6 +142,7 @@ ZeroStage3::ZeroStage3(nn::GPT& model, ProcessGroup& group, Zero3Options options
         if (auto self = weak.lock()) (*self)->on_block_grad(block);
       });
     }
+  claim_updates(params, "dist::ZeroStage3 (ZeRO-3)");
   model.set_block_hooks(this);
 }
 
@@ -240,6 +251,7 @@ void ZeroStage3::gather_parameters() {
     }
     reducer_.group().all_gather(u.flat, u.shard)->wait();
   }
+  end_gather();
 }
 
 int64_t ZeroStage3::padded_numel() const {

@@ -1,6 +1,7 @@
 // ZeRO stage 3 (Rajbhandari et al. 2020, "P_os+g+p"): the parameters are sharded too. Each of the N ranks of the
-// group keeps 1/N of every transformer block's parameters, with their gradients and AdamW state; a block's whole
-// parameters exist only while the block runs.
+// group keeps 1/N of every block's parameters, with their gradients and AdamW state; a block's whole parameters
+// exist only while the block runs. The model is any nn::BlockModule (nn/block_hooks.h): nn::GPT, whose blocks are
+// its transformer blocks, or a module of one's own that names its blocks and runs each through run_block.
 //
 //   dist::ZeroStage3 zero(gpt, topology.dp_group());      // broadcasts rank 0's weights, shards, sets block hooks
 //   optim::AdamW opt(zero.shard_groups(optim::decay_groups(gpt.named_parameters(), 0.1)), {.lr = 1e-3});
@@ -14,7 +15,7 @@
 // the flat buffer's storage is allocated only while the block is gathered (Storage::release / reallocate): the
 // parameters, and every view autograd saved of them, alias that one storage, so freeing it frees the block even
 // though the graph still holds views, and re-gathering fills the same storage before backward reads it.
-// Persistent parameters: those outside the blocks (wte, wpe, ln_f) stay whole on every rank, like stage 2 (their
+// Persistent parameters: those outside the blocks (GPT: wte, wpe, ln_f) stay whole on every rank, like stage 2 (their
 // gradients and optimizer state sharded, an all-gather after the step). The threshold is structural rather than a
 // byte count: BlockHooks fire only around blocks, so nothing could gather the embeddings and ln_f in time, and the
 // tied wte is used at both ends of the model (embedding first, head last), so sharding it would gather it twice
@@ -66,16 +67,16 @@
 #include "dist/zero.h"
 #include "dist/zero_state.h"
 #include "nn/block_hooks.h"
-#include "nn/gpt.h"
 #include "optim/optimizer.h"
 
 namespace minidl::dist {
 
 // ZeRO-3's gradient buckets for `model`'s parameters (those that require grad, in named_parameters() order; the
-// others are skipped, as the Reducer does): one per block the model holds (GPT::block_parameters: the model says
-// which parameters make a block), latest block first, then one of the persistent parameters; each in reverse
-// registration order. A pure function, so DDP can be given the same buckets.
-std::vector<BucketSpec> block_buckets(const nn::GPT& model);
+// others are skipped, as the Reducer does): one per block the model holds (BlockModule::block_parameters: the model
+// says which parameters make a block), latest block first, then one of the persistent parameters; each in reverse
+// registration order. A pure function, so DDP can be given the same buckets. Throws if a block has no parameter
+// that requires grad or two blocks name the same parameter.
+std::vector<BucketSpec> block_buckets(const nn::BlockModule& model);
 
 struct Zero3Options {
   // Broadcast rank 0's parameters and buffers at construction (off only for tests that build identical models).
@@ -86,7 +87,7 @@ class ZeroStage3 final : public nn::BlockHooks, public ZeroShards {
  public:
   // All parameters that require grad must be contiguous f32 on the group's device. Installs itself as the
   // model's block hooks (and removes them in its destructor).
-  ZeroStage3(nn::GPT& model, ProcessGroup& group, Zero3Options options = {});
+  ZeroStage3(nn::BlockModule& model, ProcessGroup& group, Zero3Options options = {});
   ~ZeroStage3() override;
 
   Reducer& reducer() override { return reducer_; }
@@ -94,7 +95,7 @@ class ZeroStage3 final : public nn::BlockHooks, public ZeroShards {
 
   // After the optimizer step (or its skip): all-gathers the persistent unit. Blocks need nothing: their shards were
   // updated in place and are gathered when the blocks next run.
-  void gather_parameters();
+  void gather_parameters() override;
 
   // Collective: gathers every block and keeps them (hooks do nothing) until hold_full(false), for what must see
   // the whole model on ranks that may run different work: evaluation, sampling, saving.
@@ -129,7 +130,7 @@ class ZeroStage3 final : public nn::BlockHooks, public ZeroShards {
   void release(int64_t block);
   void on_block_grad(int64_t block);
 
-  nn::GPT& model_;
+  nn::BlockModule& model_;
   int rank_, world_;
   int64_t first_block_, last_block_;
   std::vector<Unit> units_;  // blocks first_block_ .. last_block_-1, then the persistent unit

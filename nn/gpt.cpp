@@ -113,6 +113,7 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage, NoModules)
 }
 
 GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage) : GPT(cfg, seed, stage, NoModules{}) {
+  const SkipDefaultInit skip;  // init_weights below sets every parameter (biases stay zero, as GPT-2's)
   const uint64_t base = DropoutContext::kDropoutStreamBase;
   // HF nests everything but the (tied) head under "transformer".
   auto transformer = register_module("transformer", std::make_shared<Module>());
@@ -233,19 +234,7 @@ Tensor GPT::blocks(int64_t a, int64_t b, const Tensor& x) const {
   MINIDL_CHECK(x.dim() == 3 && x.size(2) == cfg_.n_embd, "GPT::blocks: expected x of shape (B, T, n_embd = ",
                cfg_.n_embd, "), got ", x.shape());
   Tensor y = x;
-  for (int64_t i = a; i < b; ++i) {
-    if (hooks_) hooks_->before_block(i, false);
-    y = forward_block(i, y);
-    if (hooks_) hooks_->after_block(i, false);
-    if (hooks_ && autograd::any_requires_grad({y})) {
-      // An identity node on the block's output: its backward runs once the output's gradient is complete, before
-      // anything of the block's own backward.
-      y = autograd::record("BlockBackwardHook", {y}, y.detach(), [hooks = hooks_, i](const Tensor& gy) {
-        hooks->before_block_backward(i);
-        return std::vector<Tensor>{gy};
-      });
-    }
-  }
+  for (int64_t i = a; i < b; ++i) y = run_block(i, y, [&](const Tensor& in) { return forward_block(i, in); });
   return y;
 }
 
@@ -401,7 +390,7 @@ std::vector<Tensor> concat(std::vector<Tensor> a, const std::vector<Tensor>& b) 
 Tensor GPT::checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,
                          int64_t block) const {
   const std::shared_ptr<DropoutContext>& ctx = dropout_ctx_;
-  BlockHooks* hooks = hooks_;
+  BlockHooks* hooks = block_hooks();
   const DropoutContext at_forward = *ctx;
   auto forward_ran = std::make_shared<bool>(false);  // shared by the copies autograd::checkpoint makes
   auto pinned = [part = std::move(part), ctx, at_forward, hooks, block, forward_ran](const Tensor& in) {

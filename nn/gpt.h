@@ -151,7 +151,7 @@ struct KVCache {
   int64_t length = 0;  // positions computed
 };
 
-class GPT : public Module {
+class GPT : public BlockModule {
  public:
   // The whole model.
   explicit GPT(const GPTConfig& cfg, uint64_t seed = 0);
@@ -205,13 +205,13 @@ class GPT : public Module {
   DropoutContext& dropout_context() { return *dropout_ctx_; }
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
-  // Called around every block (nn/block_hooks.h has the exact order); null: none. Not owned.
-  void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
   // What this GPT holds; last_block is resolved (never -1).
   const GPTStage& stage() const { return stage_; }
-  // The parameters of global block i (held here), as registered under "transformer.h.<i>" by this model or a
-  // subclass: the unit a parameter-sharding scheme gathers and frees around the block's hooks.
-  std::vector<Tensor> block_parameters(int64_t i) const;
+  // BlockModule: the blocks of this stage (set_block_hooks: called around each, nn/block_hooks.h has the order),
+  // and the parameters of global block i as registered under "transformer.h.<i>" by this model or a subclass.
+  int64_t first_block() const override { return stage_.first_block; }
+  int64_t num_blocks() const override { return stage_.last_block - stage_.first_block; }
+  std::vector<Tensor> block_parameters(int64_t i) const override;
 
   // Null where the stage does not hold them (GPTStage); h holds blocks [first_block, last_block), entry i being
   // global block first_block + i.
@@ -259,7 +259,6 @@ class GPT : public Module {
   GPTStage stage_;
   std::shared_ptr<DropoutContext> dropout_ctx_;
   Recompute recompute_ = Recompute::kNone;
-  BlockHooks* hooks_ = nullptr;
   mutable Tensor positions_;  // [0, block_size) as i64 on the device of the last embed (not thread-safe)
   // The (Vp, C) buffer wte's weight is the first rows of (weak: it lives as long as the weight uses it).
   mutable std::weak_ptr<Storage> padded_wte_;
