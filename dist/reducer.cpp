@@ -109,6 +109,7 @@ Tensor Reducer::slot(size_t param) const {
 }
 
 void Reducer::begin_backward() {
+  if (options_.before_sync_backward) options_.before_sync_backward();
   reset();
   auto pass = std::make_shared<Pass>();
   pass->reducer = this;

@@ -64,6 +64,9 @@ struct ReducerOptions {
   // An explicit bucket assignment (ZeRO-3: one bucket per transformer block, dist/zero3.h) over the parameters
   // that require grad, in their order; empty: assign_buckets(caps).
   std::vector<BucketSpec> buckets;
+  // Called on the main thread when a synchronising backward begins (its first gradient), before anything is
+  // reduced; an exception from it ends that backward (ZeRO checks that the last step's parameters were gathered).
+  std::function<void()> before_sync_backward;
 };
 
 // Time spent in the last synchronised backward, in milliseconds.

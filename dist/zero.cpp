@@ -10,10 +10,11 @@ namespace minidl::dist {
 
 namespace {
 
-ReducerOptions reducer_options(const ZeroOptions& o) {
+ReducerOptions reducer_options(const ZeroOptions& o, std::function<void()> before_sync_backward) {
   ReducerOptions r;
   r.caps = o.caps;
   r.release_buffers = o.stage == 2;
+  r.before_sync_backward = std::move(before_sync_backward);
   return r;
 }
 
@@ -38,7 +39,7 @@ ZeroDataParallel::ZeroDataParallel(const std::vector<std::pair<std::string, Tens
                [this](ProcessGroup& g, size_t b, Tensor& bucket) {
                  return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
                },
-               reducer_options(options)) {
+               reducer_options(options, reduction_check())) {
   MINIDL_CHECK(options.stage == 1 || options.stage == 2, "ZeRO: expected stage 1 or 2, got ", options.stage,
                " (stage 3 is dist::ZeroStage3)");
   if (options.broadcast_at_start)
@@ -83,6 +84,26 @@ ZeroDataParallel::ZeroDataParallel(const std::vector<std::pair<std::string, Tens
       shard_pieces_.push_back({b, s, begin, end - begin});
     }
   }
+  claim_updates(params, "dist::ZeroDataParallel (ZeRO-" + std::to_string(options.stage) + ")");
+}
+
+ZeroShards::~ZeroShards() {
+  for (Tensor& p : claimed_) p.impl()->autograd.update_owner.clear();
+}
+
+void ZeroShards::claim_updates(const std::vector<Tensor>& params, const std::string& owner) {
+  for (const Tensor& p : params) {
+    p.impl()->autograd.update_owner = owner + ", which shards it: build the optimizer over zero.shard_groups(...) "
+                                              "(this rank's shard of every parameter), not over the model's parameters";
+    claimed_.push_back(p);
+  }
+}
+
+void ZeroShards::begin_reduction() {
+  MINIDL_CHECK(!awaiting_gather_, "ZeRO: this backward reduces gradients again, but the last step's update was "
+               "never gathered: call gather_parameters() after every optimizer step (or skipped step), else each "
+               "rank keeps only its own shard's update and the ranks' weights drift apart");
+  awaiting_gather_ = true;
 }
 
 Tensor ZeroDataParallel::shard_of(const Tensor& flat) const {
@@ -109,6 +130,7 @@ std::vector<optim::ParamGroup> ZeroShards::shard_groups(const std::vector<optim:
 
 void ZeroDataParallel::reduce_scatter_gradients() {
   MINIDL_ASSERT(!reducer_.sync(), "ZeRO: reduce_scatter_gradients() needs every backward under no_sync");
+  begin_reduction();
   const std::vector<Tensor>& params = reducer_.params();
   for (size_t b = 0; b < reducer_.buckets().size(); ++b) {
     const BucketSpec& spec = reducer_.buckets()[b];
@@ -137,6 +159,7 @@ void ZeroDataParallel::gather_parameters() {
   for (Tensor& flat : flat_params_) g.all_gather(flat, shard_of(flat))->wait();
   if (options_.stage == 1)
     for (size_t b = 0; b < flat_params_.size(); ++b) reducer_.buffer(b).zero_();
+  end_gather();
 }
 
 int64_t ZeroDataParallel::padded_numel() const {

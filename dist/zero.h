@@ -10,6 +10,9 @@
 //   zero.gather_parameters();                  // every rank gets every updated parameter back
 //   opt.zero_grad();
 //
+// The pairing is checked: an optimizer over model.parameters() instead of the shard groups, and a backward after a
+// step whose gather_parameters() was forgotten, throw naming the missing call (ZeroShards::claim_updates).
+//
 // Layout. Parameters are bucketed exactly as DDP buckets its gradients (dist/reducer.h, dist/bucketing.h), and a
 // bucket of n elements is padded to P = padded_numel(n, N). The bucket's gradients and its parameters live in flat
 // buffers of P elements with the same layout: the parameters are re-pointed into a flat parameter buffer
@@ -44,6 +47,8 @@
 // the chunks the all-reduce uses and AdamW is elementwise, so stages 1 and 2 give DDP's weights bit for bit.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "dist/reducer.h"
@@ -58,9 +63,11 @@ namespace minidl::dist {
 // that it (and its communication thread) goes first when a stage is destroyed.
 class ZeroShards {
  public:
-  virtual ~ZeroShards() = default;
+  virtual ~ZeroShards();  // unmarks the parameters claim_updates marked
   virtual Reducer& reducer() = 0;
   virtual const Reducer& reducer() const = 0;
+  // After the optimizer step (or its skip): every rank gets the updated parameters back (each stage's own way).
+  virtual void gather_parameters() = 0;
 
   ProcessGroup& group() { return reducer().group(); }
   const std::vector<BucketSpec>& buckets() const { return reducer().buckets(); }
@@ -83,10 +90,26 @@ class ZeroShards {
   [[nodiscard]] NoSyncGuard no_sync() { return reducer().no_sync(); }
 
  protected:
+  // The pairing the caller must keep, checked instead of trusted. Every parameter the stage shards is marked as
+  // updated by it, so an optimizer built over the parameters instead of shard_groups(...) throws naming the fix
+  // (optim::Optimizer reads AutogradMeta::update_owner). And a reduction (a synchronising backward, or
+  // reduce_scatter_gradients) while the previous one's update was never gathered throws naming
+  // gather_parameters(): without it each rank keeps only its own shard's update and the weights drift apart.
+  void claim_updates(const std::vector<Tensor>& params, const std::string& owner);
+  void begin_reduction();            // throws if the last reduction was not followed by gather_parameters()
+  void end_gather() { awaiting_gather_ = false; }
+  std::function<void()> reduction_check() {
+    return [this] { begin_reduction(); };
+  }
+
   std::vector<Tensor> grad_shards_;  // per bucket: P/N elements (stage 1: a view of the bucket buffer)
   std::vector<Tensor> shard_params_;
   std::vector<size_t> shard_owner_;  // shard parameter -> index into reducer().params()
   std::vector<ShardPiece> shard_pieces_;
+
+ private:
+  std::vector<Tensor> claimed_;  // the parameters marked as updated by this stage (unmarked in the destructor)
+  bool awaiting_gather_ = false;
 };
 
 struct ZeroOptions {
@@ -110,7 +133,7 @@ class ZeroDataParallel final : public ZeroShards {
 
   // After the optimizer step (or its skip): all-gathers every bucket's parameters from their owners, in place;
   // stage 1 also zeroes the gradient buckets (their non-shard part holds this rank's unreduced gradients).
-  void gather_parameters();
+  void gather_parameters() override;
 
   // For a caller that synchronises after backward rather than during it (a pipeline stage, whose backward is one
   // autograd call per micro-batch and chunk): with every backward run under no_sync, copies each parameter's

@@ -10,7 +10,9 @@
 //   }
 //
 // Contracts:
-// - Parameters are f32, contiguous leaf tensors that require grad; a tensor may appear in only one group.
+// - Parameters are f32, contiguous leaf tensors that require grad; a tensor may appear in only one group. A
+//   parameter another scheme updates (ZeRO: its shard parameters are what an optimizer steps) is refused with the
+//   scheme's message (AutogradMeta::update_owner).
 // - step() updates every parameter that has a gradient (f32, contiguous, the parameter's numel) and skips one whose
 //   gradient is undefined (no weight decay, no moment update), as PyTorch does for a parameter that took no part in
 //   any backward. Optimizer state is flat and shares one step count (as ZeRO's flat shards do), so a skipped

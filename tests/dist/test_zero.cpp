@@ -345,6 +345,126 @@ TEST(Zero, UnevenSizesArePaddedAndEveryRanksShardIsRight) {
   }
 }
 
+// The two mistakes ZeRO's caller can make silently, now each an error naming the fix (dist/zero.h): an optimizer
+// built over the model's parameters instead of the shard groups (it would train nothing under stage 2, and save no
+// memory), and a step whose gather_parameters() is forgotten (each rank keeps only its shard's update: the weights
+// drift apart). Both stages 1-2 and stage 3 (on a module of its own, below) check them; once the stage is gone, the
+// parameters are plain parameters again.
+TEST(Zero, OptimizerOverTheFullParametersIsRefusedByName) {
+  auto pg = dist::make_process_group("ring", ctx().world());
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    Params m({5, 3, 7});
+    {
+      dist::ZeroDataParallel zero(m, *pg, {.stage = stage});
+      try {
+        optim::AdamW wrong(optim::decay_groups(m.named_parameters(), 0.1), {.lr = 0.05});
+        ADD_FAILURE() << "an optimizer over the sharded parameters was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("zero.shard_groups"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("ZeroDataParallel"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_NO_THROW(optim::AdamW fine(optim::decay_groups(m.named_parameters(), 0.1), {.lr = 0.05}));
+  }
+}
+
+TEST(Zero, ForgottenGatherIsAnErrorAtTheNextBackward) {
+  auto pg = dist::make_process_group("ring", ctx().world());
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    Params m({5, 3, 7});
+    dist::ZeroDataParallel zero(m, *pg, {.stage = stage});
+    optim::AdamW opt(zero.shard_groups(optim::decay_groups(m.named_parameters(), 0.1)), {.lr = 0.05});
+    rank_loss(m, ctx().rank()).backward();
+    opt.step();
+    opt.zero_grad();  // ... and no zero.gather_parameters()
+    try {
+      rank_loss(m, ctx().rank()).backward();
+      ADD_FAILURE() << "a backward after a step without gather_parameters() went through";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("gather_parameters()"), std::string::npos) << e.what();
+    }
+    // Gathered, the next steps run (the reducer is ready again after the refused backward).
+    zero.gather_parameters();
+    EXPECT_NO_THROW({
+      rank_loss(m, ctx().rank()).backward();
+      opt.step();
+      zero.gather_parameters();
+    });
+  }
+}
+
+// ZeRO-3 on a module of one's own (nn::BlockModule: it names its blocks and runs each through run_block): the
+// weights of DDP over the same buckets bit for bit, the same checks as stages 1-2, and a block without trainable
+// parameters refused by name.
+struct TwoBlocks : nn::BlockModule {
+  std::shared_ptr<nn::Linear> a, b;
+  TwoBlocks() {
+    a = register_module("a", std::make_shared<nn::Linear>(6, 10));
+    b = register_module("b", std::make_shared<nn::Linear>(10, 3));
+  }
+  int64_t num_blocks() const override { return 2; }
+  std::vector<Tensor> block_parameters(int64_t i) const override { return (i == 0 ? a : b)->parameters(); }
+  Tensor forward(const Tensor& x) const {
+    Tensor h = run_block(0, x, [&](const Tensor& in) { return gelu(a->forward(in)); });
+    return run_block(1, h, [&](const Tensor& in) { return b->forward(in); });
+  }
+};
+
+Tensor two_blocks_loss(const TwoBlocks& m, int rank) {
+  Tensor x = Tensor::randn({4, 6}, Philox(7, uint64_t(rank)));
+  return mean(square(m.forward(x)));
+}
+
+TEST(Zero3, AnyBlockModuleEqualsDDPBitwiseOverRing) {
+  auto pg = dist::make_process_group("ring", ctx().world());
+  nn::manual_seed(3);
+  TwoBlocks ref;
+  nn::manual_seed(3);
+  TwoBlocks sharded;
+  dist::DistributedDataParallel ddp(ref, *pg, {.buckets = dist::block_buckets(sharded)});
+  dist::ZeroStage3 zero(sharded, *pg);
+  optim::AdamW ddp_opt(optim::decay_groups(ref.named_parameters(), 0.1), {.lr = 0.05});
+  optim::AdamW zero_opt(zero.shard_groups(optim::decay_groups(sharded.named_parameters(), 0.1)), {.lr = 0.05});
+  EXPECT_THROW(optim::AdamW(optim::decay_groups(sharded.named_parameters(), 0.1)), Error);
+  for (int step = 0; step < 5; ++step) {
+    two_blocks_loss(ref, ctx().rank()).backward();
+    ddp_opt.step();
+    ddp_opt.zero_grad();
+    two_blocks_loss(sharded, ctx().rank()).backward();
+    zero_opt.step();
+    zero.gather_parameters();
+    zero_opt.zero_grad();
+  }
+  EXPECT_EQ(zero.block_gathers(), 5 * 2 * 2);  // each block before its forward and its backward, every step
+  zero.hold_full(true);
+  const nn::NamedTensors got = sharded.named_parameters(), want = ref.named_parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].second.to_vector(), want[i].second.to_vector()) << got[i].first;
+  zero.hold_full(false);
+  // A forgotten gather, as for stages 1-2.
+  two_blocks_loss(sharded, ctx().rank()).backward();
+  zero_opt.step();
+  EXPECT_THROW(two_blocks_loss(sharded, ctx().rank()).backward(), Error);
+}
+
+struct EmptyBlock : TwoBlocks {
+  std::vector<Tensor> block_parameters(int64_t i) const override {
+    return i == 0 ? a->parameters() : std::vector<Tensor>{};
+  }
+};
+
+TEST(Zero3, BlockWithoutParametersIsRefusedByName) {
+  EmptyBlock m;
+  try {
+    dist::block_buckets(m);
+    ADD_FAILURE() << "a block without parameters was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block 1 has no parameter"), std::string::npos) << e.what();
+  }
+}
+
 // ---- Stage 3: parameters sharded too, gathered per block through nn::BlockHooks (dist/zero3.h) ----
 
 // 30 AdamW steps: stage 3 gives the losses and weights of DDP with the same buckets (one per block, then the
