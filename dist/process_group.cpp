@@ -123,7 +123,7 @@ ProcessGroup::~ProcessGroup() {
   unwatch_group(this);
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (check_comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&check_comm_);
+  if (check_comm_ && !finalized) MPI_Comm_free(&check_comm_);
 }
 
 namespace {
@@ -204,7 +204,7 @@ std::shared_ptr<Work> ProcessGroup::recorded(const char* op, const Tensor& t, in
                                  reduce_op);
   try {
     // On record first, so the watchdog sees a fingerprint exchange that some rank never joins.
-    if (check_comm_ != MPI_COMM_NULL) check_fingerprint(op, t, peer, reduce_op, tag);
+    if (check_comm_) check_fingerprint(op, t, peer, reduce_op, tag);
     return std::make_shared<RecordedWork>(call(), id);
   } catch (...) {
     record_done(id, FlightEntry::State::kFailed);

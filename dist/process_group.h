@@ -37,7 +37,6 @@
 //   (dist/flight_recorder.h). Zero-element calls are no-ops and are not recorded.
 #pragma once
 
-#include <mpi.h>
 
 #include <memory>
 #include <optional>
@@ -45,6 +44,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/mpi_fwd.h"
 
 namespace minidl::dist {
 
@@ -129,7 +129,7 @@ class ProcessGroup {
 
   std::string label_;
   std::vector<int> world_ranks_;
-  MPI_Comm check_comm_ = MPI_COMM_NULL;
+  MPI_Comm check_comm_ = nullptr;  // none (not MPI_COMM_NULL, which needs <mpi.h>: set_check_channel never stores it)
   int64_t checked_seq_ = 0;
 };
 

@@ -15,7 +15,7 @@
 namespace minidl::train {
 
 // Mean loss over the given windows (x, y of shape (n, seq)), in eval mode without recording gradients.
-// Windows are processed `batch` at a time; the result does not depend on `batch`. Each batch flows through the
+// Windows are processed `batch` at a time: another `batch` groups the sum differently, so its last bits may differ. Each batch flows through the
 // stage's chunks in global order (sent on between pipeline stages). With a data-parallel group, the ranks take the
 // batches in turn (batch i on rank i mod size); the per-batch loss sums (on the rank that computed them, zeros
 // elsewhere: exact) are summed over the pp and dp groups, and every rank adds them in batch order: the result has

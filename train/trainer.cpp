@@ -19,6 +19,7 @@
 #include "data/shard_sampler.h"
 #include "data/token_shards.h"
 #include "dist/flight_recorder.h"
+#include "dist/init.h"
 #include "dist/topology.h"
 #include "dist/tp_gpt.h"
 #include "nn/checkpoint.h"

@@ -27,7 +27,10 @@
 #include <string>
 
 #include "data/text_dataset.h"
-#include "dist/init.h"
+
+namespace minidl::dist {
+class Context;  // dist/init.h: the program includes it to call dist::init
+}  // namespace minidl::dist
 
 namespace minidl::train {
 
