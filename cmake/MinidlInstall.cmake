@@ -8,7 +8,7 @@
 #
 # Exported targets (namespace minidl::):
 #   minidl::minidl        tensors, autograd, nn, optim, data, dist (CPU); MPI, OpenMP, OpenBLAS, Highway, PCRE2
-#   minidl::train         the training layer (minidl_train), with minidl::device
+#   minidl::train         the training layer (minidl_train); no device runtime: a GPU program adds minidl::device
 #   minidl::device        the program's CUDA backend, as the build chose it: the emulated one
 #                         (-DMINIDL_CUDA_EMULATION=ON), the real one (CUDA built) or nothing (CPU-only)
 #   minidl::cuda_backend  the real CUDA backend, when this build has one (the libraries below it come along)

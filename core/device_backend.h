@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <string>
 
 #include "core/device.h"
 #include "core/memory.h"
@@ -36,6 +38,18 @@ struct DeviceBackend {
   // compute stream. The host waits only when every staging buffer still has an upload in flight. Null: the
   // backend has none, and upload_async (core/upload.h) falls back to copy.
   void (*upload_async)(void* dst, const void* src, size_t bytes, int device) = nullptr;
+
+  // What programs ask of the runtime (train/device.h: --device, the device's name for MFU), so that the training
+  // layer reaches a device through this table and a CPU-only program never links a device runtime.
+  int (*device_count)() = nullptr;
+  std::string (*device_name)(int device) = nullptr;
+  bool emulated = false;  // the CPU emulator of the device (cuda_emu/), not the device itself
+  // Graph capture (train/cuda_graph.h): runs `work` with the device's compute stream capturing and returns the
+  // instantiated graph (an opaque handle; throws, capturing nothing, if `work` throws or cannot be captured);
+  // replays it on the compute stream; frees it. Null: the backend cannot capture.
+  void* (*graph_capture)(int device, const std::function<void()>& work) = nullptr;
+  void (*graph_replay)(void* graph) = nullptr;
+  void (*graph_destroy)(void* graph) = nullptr;
 };
 
 // Installs (or, with nullptr, removes) the backend of a device kind. kCPU cannot be replaced.

@@ -1,18 +1,6 @@
 #include "train/cuda_graph.h"
 
-#if MINIDL_HAVE_CUDA_BACKEND
-#include "core/cuda/graph.h"
-#else
-#include <functional>
-namespace minidl::cuda {
-class Graph {  // a CPU-only build: never constructed (CudaGraphStep's constructor refuses first)
- public:
-  bool captured() const { return false; }
-  void capture(const std::function<void()>&) {}
-  void replay() {}
-};
-}  // namespace minidl::cuda
-#endif
+#include "core/device_backend.h"
 #include "core/upload.h"
 #include "ops/cast.h"
 #include "train/trainer.h"
@@ -44,11 +32,8 @@ void validate_cuda_graph(const TrainConfig& c, int world) {
 
 CudaGraphStep::CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const StepOptions& options)
     : model_(model), optimizer_(optimizer), options_(options), device_(model_device(model)) {
-#if MINIDL_HAVE_CUDA_BACKEND
-  graph_ = std::make_unique<cuda::Graph>(device_.index);
-#else
-  MINIDL_CHECK(false, "--cuda-graph: this build of minidl has no CUDA backend");
-#endif
+  backend_ = find_device_backend(DeviceKind::kCUDA);
+  MINIDL_CHECK(backend_ && backend_->graph_capture, "--cuda-graph: this program's CUDA backend cannot capture graphs");
   MINIDL_CHECK(options.grad_sync == nullptr, "--cuda-graph: expected one process without a gradient "
                "synchronisation (dp = tp = pp = 1, no ZeRO)");
   options_.read_back = false;
@@ -65,7 +50,7 @@ CudaGraphStep::CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const Step
 CudaGraphStep::~CudaGraphStep() {
   if (dropout_step_.defined()) model_.dropout_context().step_on_device = Tensor();
 }
-bool CudaGraphStep::captured() const { return graph_ && graph_->captured(); }
+bool CudaGraphStep::captured() const { return graph_ != nullptr; }
 
 StepResult CudaGraphStep::step(const data::Batch& batch, double lr) {
   MINIDL_CHECK(batch.x.shape() == batch.y.shape() && batch.x.dim() == 2, "--cuda-graph: expected ids and targets "
@@ -118,16 +103,18 @@ StepResult CudaGraphStep::run(const std::function<data::Batch()>& inputs, int64_
   if (dropout_step_.defined()) dropout_step_.fill_(double(dropout_step));
   ++steps_;
   if (steps_ <= kWarmupSteps) return train_step(model_, optimizer_, inputs(), o);
-  if (!graph_->captured()) {
+  if (!graph_) {
     target_count_ = targets;
-    graph_->capture([&] {
-      optimizer_.count_next_step_on_device();
-      captured_ = train_step(model_, optimizer_, inputs(), o);
-    });
+    graph_ = {backend_->graph_capture(device_.index,
+                                      [&] {
+                                        optimizer_.count_next_step_on_device();
+                                        captured_ = train_step(model_, optimizer_, inputs(), o);
+                                      }),
+              backend_->graph_destroy};
   }
   MINIDL_CHECK(targets == target_count_, "--cuda-graph: the batch's count of targets is part of the captured step "
                "and must stay ", target_count_, ", got ", targets, " at step ", steps_);
-  graph_->replay();
+  backend_->graph_replay(graph_.get());
   dropout.step = dropout_step + 1;  // what train_step does on the host (the capture's call did it once)
   return captured_;
 }

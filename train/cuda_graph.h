@@ -31,10 +31,6 @@
 
 #include "train/step.h"
 
-namespace minidl::cuda {
-class Graph;  // core/cuda/graph.h: in the program's CUDA backend (minidl_device), absent from a CPU-only build
-}
-
 namespace minidl::train {
 
 struct TrainConfig;
@@ -79,7 +75,9 @@ class CudaGraphStep {
   // The inputs of the captured step: a sampler's slice (sampler_ non-null) or the host batches' buffers above.
   const data::DeviceBatchSampler* sampler_ = nullptr;
   int64_t sample_begin_ = 0, sample_rows_ = 0;
-  std::unique_ptr<cuda::Graph> graph_;
+  // The captured step: a handle of the backend's graph (core/device_backend.h), freed by the destructor.
+  const DeviceBackend* backend_ = nullptr;
+  std::unique_ptr<void, void (*)(void*)> graph_{nullptr, [](void*) {}};
   StepResult captured_;  // its on_device tensors are the graph's outputs
   int64_t steps_ = 0;
 };

@@ -5,11 +5,7 @@
 #include <fstream>
 #include <string>
 
-#if defined(MINIDL_HAVE_CUDA_BACKEND)
-#include "core/cuda/cuda.h"
-#include "dist/cuda/backend.h"
-#endif
-
+#include "core/device_backend.h"
 #include "core/error.h"
 
 namespace minidl::train {
@@ -24,25 +20,24 @@ Device select_device(const std::string& flag, int local_rank) {
     ok = true;
   }
   MINIDL_CHECK(ok, "--device: expected cpu, cuda or cuda:N, got '", flag, "'");
-#if defined(MINIDL_HAVE_CUDA_BACKEND)
-  cuda::register_backend();
-  int count = cuda::device_count();
+  // The backend registers itself when the program links one (minidl_device: real, emulated or none).
+  const DeviceBackend* backend = find_device_backend(DeviceKind::kCUDA);
+  MINIDL_CHECK(backend && backend->device_count, "--device ", flag, ": this program has no CUDA backend (a build "
+               "with nvcc and the CUDA toolkit found, or -DMINIDL_CUDA_EMULATION=ON to run the device path on the CPU "
+               "emulator, links one into minidl's programs; a program of its own links minidl::device)");
+  const int count = backend->device_count();
   MINIDL_CHECK(count > 0, "--device ", flag, ": no CUDA device is visible");
   if (flag == "cuda") index = local_rank % count;  // one GPU per rank; ranks share GPUs when there are fewer
   MINIDL_CHECK(index < count, "--device ", flag, ": no such device (this machine has ", count, " CUDA device",
                count == 1 ? "" : "s", ")");
   return Device::cuda(index);
-#else
-  MINIDL_CHECK(false, "--device ", flag, ": this build has no CUDA backend (configure with nvcc and the CUDA "
-               "toolkit found, or with -DMINIDL_CUDA_EMULATION=ON to run the device path on the CPU emulator)");
-  return Device::cpu();
-#endif
 }
 
 std::string device_name(Device device) {
-#if defined(MINIDL_HAVE_CUDA_BACKEND)
-  if (device.is_cuda()) return cuda::device_name(device.index);
-#endif
+  if (device.is_cuda()) {
+    const DeviceBackend* backend = find_device_backend(DeviceKind::kCUDA);
+    if (backend && backend->device_name) return backend->device_name(device.index);
+  }
   return device.is_cpu() ? "cpu" : "cuda";
 }
 
@@ -64,11 +59,8 @@ double gpu_peak_tflops(const std::string& name, DType dtype, bool tf32) {
 }
 
 bool cuda_is_emulated() {
-#if defined(MINIDL_CUDA_EMULATED)
-  return true;
-#else
-  return false;
-#endif
+  const DeviceBackend* backend = find_device_backend(DeviceKind::kCUDA);
+  return backend && backend->emulated;
 }
 
 double peak_rss_mb() {

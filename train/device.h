@@ -10,9 +10,10 @@
 namespace minidl::train {
 
 // The device a program's --device flag names: "cpu", "cuda" (device `local_rank`, one GPU per rank on a host)
-// or "cuda:N". For a CUDA device it registers the CUDA backend this program was linked with (minidl_device:
-// the real one, or the emulated one in a -DMINIDL_CUDA_EMULATION=ON build) and checks the device exists; a
-// build without one, or a machine without the device, is a clear error.
+// or "cuda:N". For a CUDA device it asks the CUDA backend this program links (it registers itself: minidl_device,
+// the real one or the emulated one in a -DMINIDL_CUDA_EMULATION=ON build; core/device_backend.h) whether the device
+// exists; a program without one, or a machine without the device, is a clear error. The training layer itself
+// never links a device runtime: a CPU-only program that uses the Trainer links no CUDA.
 Device select_device(const std::string& flag, int local_rank = 0);
 // The name of a CUDA device ("NVIDIA H100 80GB HBM3"), or "cpu".
 std::string device_name(Device device);

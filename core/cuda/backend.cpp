@@ -1,8 +1,10 @@
 // The DeviceBackend that core's Storage and Tensor use for cuda devices: the caching allocator, copies and
 // memsets ordered on each device's compute stream.
 #include <cstring>
+#include <memory>
 
 #include "core/cuda/cuda.h"
+#include "core/cuda/graph.h"
 #include "core/device_backend.h"
 
 namespace minidl::cuda {
@@ -88,8 +90,34 @@ void backend_synchronize(int device) {
   detail::count_host_sync();
 }
 
-const DeviceBackend kBackend{backend_allocate, backend_free,        backend_copy, backend_memset_zero,
-                             backend_fill,     backend_synchronize, upload_staged};
+void* backend_graph_capture(int device, const std::function<void()>& work) {
+  auto graph = std::make_unique<Graph>(device);
+  graph->capture(work);
+  return graph.release();
+}
+
+void backend_graph_replay(void* graph) { static_cast<Graph*>(graph)->replay(); }
+void backend_graph_destroy(void* graph) { delete static_cast<Graph*>(graph); }
+
+#if defined(MINIDL_CUDA_EMULATED)
+constexpr bool kEmulated = true;
+#else
+constexpr bool kEmulated = false;
+#endif
+
+const DeviceBackend kBackend{.allocate = backend_allocate,
+                             .free = backend_free,
+                             .copy = backend_copy,
+                             .memset_zero = backend_memset_zero,
+                             .fill = backend_fill,
+                             .synchronize = backend_synchronize,
+                             .upload_async = upload_staged,
+                             .device_count = device_count,
+                             .device_name = device_name,
+                             .emulated = kEmulated,
+                             .graph_capture = backend_graph_capture,
+                             .graph_replay = backend_graph_replay,
+                             .graph_destroy = backend_graph_destroy};
 
 // Registers at static-init time: the backend library is linked whole (core/cuda/CMakeLists.txt), so this object
 // is in every program that links it, whether or not the program names anything of it.
