@@ -13,7 +13,13 @@ The documents: README.md, docs/*.md and every README.md in a source folder (dist
 - a `train_gpt` flag: every --flag on a command line that runs train_gpt, and every --flag in the first column of
   the flag table under "## train_gpt", must be one examples/train_gpt.cpp declares (add_option / add_flag); and
   every flag it declares must have a row in that table (docs/train_gpt.md).
+- a quoted program: a code block right after a line `<!-- from PATH -->` must appear, line for line, in PATH (a
+  program CI builds and runs), so the docs show code that compiles.
+- a header example: in the opening comment of every header of the library layers, each function an example line
+  (`//   code`) calls after `::`, `.` or `->` must be one the code defines somewhere (`Tensor::randn` once named a
+  factory that did not exist); calls into the standard library are not checked.
 """
+import glob
 import os
 import re
 import sys
@@ -24,6 +30,8 @@ PLACEHOLDER = re.compile(r"[<>*{}$]|\.\.\.|…|\bDIR\b|\bFILE\b|\bN\b|XXXX|step-
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 COUNTED = re.compile(r"`([^`\s]+)` \((\d+)\)")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+FROM = re.compile(r"^<!-- from (\S+) -->\s*$")
+LAYERS = ["core", "ops", "autograd", "nn", "optim", "data", "dist", "train", "predict"]
 
 
 def documents(folders):
@@ -49,8 +57,49 @@ def line_count(path):
         return sum(1 for _ in f)
 
 
-def check(doc, folders, flags, tabled):
+def quoted_blocks(doc):
+    """Problems with the code blocks a `<!-- from PATH -->` line says come from PATH."""
+    problems, lines = [], open(doc, encoding="utf-8").read().split("\n")
+    for i, line in enumerate(lines):
+        m = FROM.match(line)
+        if not m:
+            continue
+        where = f"{os.path.relpath(doc, ROOT)}:{i + 1}"
+        source = os.path.join(ROOT, m.group(1))
+        if i + 1 >= len(lines) or not lines[i + 1].startswith("```") or not os.path.isfile(source):
+            problems.append(f"{where}: expected a code block from the file {m.group(1)}")
+            continue
+        end = next((j for j in range(i + 2, len(lines)) if lines[j].startswith("```")), len(lines))
+        block = "\n".join(lines[i + 2:end])
+        if block not in open(source, encoding="utf-8").read():
+            problems.append(f"{where}: the code block is not in {m.group(1)} as written (copy it again)")
+    return problems
+
+
+def header_examples():
+    """Problems with the functions the header examples call."""
+    headers = [p for layer in LAYERS for p in sorted(glob.glob(os.path.join(ROOT, layer, "**", "*.h"), recursive=True))]
+    sources = headers + [p for layer in LAYERS for p in glob.glob(os.path.join(ROOT, layer, "**", "*.cpp"), recursive=True)]
+    defined = set()
+    for path in sources:
+        for line in open(path, encoding="utf-8", errors="replace"):
+            defined.update(re.findall(r"\b([A-Za-z_]\w*)\s*[(<{]", line.split("//")[0]))
     problems = []
+    for path in headers:
+        for number, line in enumerate(open(path, encoding="utf-8", errors="replace"), 1):
+            if line.startswith(("#", "namespace")):
+                break  # the opening comment is over
+            if not line.startswith("//   "):
+                continue
+            for qualifier, name in re.findall(r"(\w*)(?:::|\.|->)\s*([A-Za-z_]\w*)\s*\(", line[5:].split("//")[0]):
+                if qualifier != "std" and name not in defined:
+                    problems.append(f"{os.path.relpath(path, ROOT)}:{number}: the example calls {name}(), which "
+                                    "nothing defines")
+    return problems
+
+
+def check(doc, folders, flags, tabled):
+    problems = quoted_blocks(doc)
     rel = os.path.relpath(doc, ROOT)
     in_flag_table = False
     for number, line in enumerate(open(doc, encoding="utf-8"), 1):
@@ -93,6 +142,7 @@ def main():
     problems = [p for doc in docs for p in check(doc, folders, flags, tabled)]
     problems += [f"examples/train_gpt.cpp: {flag} has no row in the flag table of docs/train_gpt.md"
                  for flag in sorted(flags - tabled - {"--help", "-h"})]
+    problems += header_examples()
     for p in problems:
         print(f"check_docs: {p}")
     print(f"check_docs: {len(docs)} documents, {len(flags)} train_gpt flags, {len(problems)} problem(s)")

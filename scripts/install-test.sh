@@ -58,6 +58,12 @@ consumer() {
     { cat "$out.log"; echo "install-test: configuring the consumer against $at failed" >&2; exit 1; }
   cmake --build "$out" -j "$jobs"
   OMP_NUM_THREADS=2 "$out/tiny_shakespeare" 8
+  # The programs of docs/library.md build against the same prefix and run: the MLP, and ZeRO-3 on it in one process.
+  cmake -S examples/library -B "$out-library" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$at" \
+    >"$out-library.log" || { cat "$out-library.log"; echo "install-test: configuring examples/library failed" >&2; exit 1; }
+  cmake --build "$out-library" -j "$jobs" --target example_mlp example_mlp_zero
+  OMP_NUM_THREADS=2 "$out-library/example_mlp" | tail -1
+  OMP_NUM_THREADS=2 "$out-library/example_mlp_zero" 3 | tail -1
   if [[ $emulated == yes ]]; then
     OMP_NUM_THREADS=2 "$out/tiny_shakespeare" 4 cuda
   fi
