@@ -97,7 +97,10 @@ const DeviceBackend kBackend{backend_allocate, backend_free,        backend_copy
 
 }  // namespace
 
-void install_backend() { register_device_backend(DeviceKind::kCUDA, &kBackend); }
+void install_backend() {
+  register_device_backend(DeviceKind::kCUDA, &kBackend);
+  install_trace_ranges();
+}
 
 void set_fill_kernel(FillKernel kernel) { fill_kernel = kernel; }
 

@@ -188,3 +188,87 @@ TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
         << "idle in the trace " << traced << "%, measured " << measured << "%\n" << r.out;
   }
 }
+
+// The merged trace is on rank 0's clock. Rank 1 starts its clock 200 ms after rank 0's (a test hook standing for a
+// rank that left the barrier late): the offset its file records is that delay (it cannot be less; a loaded host
+// may add a little), scripts/merge_traces.py adds it to every rank-1 timestamp, and then every message arrives after
+// it was sent: stage 1's wait for a forward's activation ends after stage 0's forward of that micro-batch ended
+// (without the offset, 200 ms before). A run without the hook measures an offset of about nothing.
+TEST_F(TrainGptTrace, MergedTraceIsOnRankZerosClock) {
+  const std::string flags = pipeline_flags() + " --steps 2 --trace " + path("trace");
+  Result r = run_with("MINIDL_TEST_TRACE_LATE_RANK=1:200 " + mpiexec(2) + "-x MINIDL_TEST_TRACE_LATE_RANK ", flags);
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result merged = minidl::testing::run_program("python3 " + std::string(SOURCE_DIR) + "/scripts/merge_traces.py " +
+                                               path("trace") + " -o " + path("merged.json"));
+  ASSERT_EQ(merged.code, 0) << merged.out;
+  const nlohmann::json rank0 = read_trace(path("trace"), 0), rank1 = read_trace(path("trace"), 1);
+  const nlohmann::json all = read_trace(path("merged.json"));
+  ASSERT_TRUE(rank1.contains("otherData")) << rank1.dump().substr(0, 300);
+  EXPECT_EQ(rank0.at("otherData").at("clock_offset_us").get<double>(), 0.0);
+  const double offset = rank1.at("otherData").at("clock_offset_us");
+  const double uncertainty = rank1.at("otherData").at("clock_uncertainty_us");
+  EXPECT_GE(offset, 200e3 - uncertainty - 50) << "rank 1's clock started 200 ms late";
+  EXPECT_LE(offset, 230e3);
+
+  std::vector<double> own, shifted;  // rank 1's timestamps in its file and in the merged file, in file order
+  for (const auto& e : rank1.at("traceEvents"))
+    if (e.contains("ts")) own.push_back(e.at("ts"));
+  for (const auto& e : all.at("traceEvents"))
+    if (e.contains("ts") && e.at("pid") == 1) shifted.push_back(e.at("ts"));
+  ASSERT_EQ(shifted.size(), own.size());
+  for (size_t i = 0; i < own.size(); ++i) ASSERT_NEAR(shifted[i], own[i] + offset, 1e-3) << "event " << i;
+
+  const std::vector<Span> merged0 = spans_of(all, 0), merged1 = spans_of(all, 1);
+  const std::vector<Span> sent = named(merged0, "forward"), received = named(merged1, "forward");
+  ASSERT_EQ(sent.size(), received.size());
+  ASSERT_FALSE(sent.empty());
+  for (size_t i = 0; i < sent.size(); ++i) {
+    ASSERT_EQ(sent[i].name, received[i].name);  // "forward m=k ...": the same micro-batch
+    double arrived = -1;
+    for (const Span& wait : merged1)
+      if (wait.name == "wait for peer" && received[i].contains(wait)) arrived = wait.end();
+    ASSERT_GE(arrived, 0) << received[i].name << " has no wait for its activation";
+    EXPECT_GE(arrived + uncertainty, sent[i].end()) << received[i].name << ": received before it was sent";
+  }
+
+  Result local = run_with(mpiexec(2), flags + "_local");
+  ASSERT_EQ(local.code, 0) << local.out;
+  const nlohmann::json plain = read_trace(path("trace_local"), 1).at("otherData");
+  EXPECT_LT(std::abs(plain.at("clock_offset_us").get<double>()), 1e3 + plain.at("clock_uncertainty_us").get<double>())
+      << "two ranks on one host that left one barrier";
+}
+
+// --zero 3 --recompute block at 2 ranks: ZeRO-3's collectives and the recomputations have spans, as many per step
+// as the algorithm makes (dist/zero3.h): each block gathered for its forward and again for its backward (the
+// recomputation finds it gathered), one reduce-scatter per block and one for the persistent unit, one all-gather of
+// the persistent unit after the optimizer; and one recomputation per block. The gathers and reduce-scatters run on
+// the communication thread's track.
+TEST_F(TrainGptTrace, ShowsZeroCollectivesAndRecomputation) {
+  const int steps = 3, layers = 2;
+  std::string flags = tiny_flags() + " --steps " + std::to_string(steps) + " --zero 3 --recompute block --trace " +
+                      path("trace");
+  flags.replace(flags.find("--layers 1"), 10, "--layers " + std::to_string(layers));
+  Result r = run_with(mpiexec(2), flags);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const nlohmann::json trace = read_trace(path("trace"), rank);
+    const std::map<int, std::string> tracks = tracks_of(trace);
+    const std::vector<Span> spans = spans_of(trace), step_spans = named(spans, "step");
+    ASSERT_EQ(step_spans.size(), size_t(steps));
+    std::map<std::string, int> in_steps;  // by the name's first two words
+    for (const Span& s : spans) {
+      bool in_step = false;
+      for (const Span& step : step_spans) in_step |= s.ts >= step.ts && s.end() <= step.end();
+      if (!in_step) continue;
+      const size_t second = s.name.find(' ', s.name.find(' ') + 1);
+      ++in_steps[s.name.substr(0, second)];
+      if (s.starts_with("all-gather block") || s.starts_with("reduce-scatter"))
+        EXPECT_EQ(tracks.at(s.tid), "comm") << s.name;
+    }
+    EXPECT_EQ(in_steps["all-gather block"], steps * 2 * layers);
+    EXPECT_EQ(in_steps["reduce-scatter bucket"], steps * (layers + 1));
+    EXPECT_EQ(in_steps["all-gather parameters"], steps);
+    EXPECT_EQ(in_steps["recompute"], steps * layers);
+  }
+}
