@@ -2,6 +2,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "core/trace.h"
 
 namespace minidl::autograd {
 
@@ -40,7 +41,11 @@ class CheckpointNode final : public Node {
       if (needs_grad_[i]) copy.set_requires_grad(true);
       targets.push_back(copy);
     }
-    std::vector<Tensor> outs = fn(std::vector<Tensor>(targets.begin(), targets.end()));
+    std::vector<Tensor> outs;
+    {
+      const trace::Span span("recompute");
+      outs = fn(std::vector<Tensor>(targets.begin(), targets.end()));
+    }
     MINIDL_CHECK(outs.size() == grads.size(), "checkpoint: the recomputation returned ", outs.size(),
                  " outputs but the forward returned ", grads.size(), "; fn must be deterministic");
     targets.insert(targets.end(), params.begin(), params.end());

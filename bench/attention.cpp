@@ -4,12 +4,12 @@
 //
 // Prints one row per (config, threads): median milliseconds of forward, backward and both, the fastest
 // forward + backward seen (on a shared machine the median carries other processes' noise; the minimum is the
-// kernel), and GFLOP/s of the medians counting the causal half of the tile products (see flops()). --json prints
-// the same rows as a JSON array. --cold writes an array of 4x the last-level cache before each timed forward and
-// backward, so their operands come from memory as in a training step, where the backward's Q, K, V and O were
-// written by the forward long before (baby config, 2 threads, AMD EPYC family 25 model 17: a layer's backward
-// 250 us warm, 370-400 us with --cold, 386-400 us inside the step; 330-420 and 300-316 since the backward reads
-// each sequence's qkv block in order first).
+// kernel), and GFLOP/s of the medians counting the causal half of the tile products (see flops()). --json prints the
+// same rows as JSON ({"provenance": bench/provenance.h, "rows": [...]}). --cold writes an array of 4x the last-level
+// cache before each timed forward and backward, so their operands come from memory as in a training step, where the
+// backward's Q, K, V and O were written by the forward long before (baby config, 2 threads, AMD EPYC family 25 model
+// 17: a layer's backward 250 us warm, 370-400 us with --cold, 386-400 us inside the step; 330-420 and 300-316 since the
+// backward reads each sequence's qkv block in order first).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/cli.h"
+#include "bench/provenance.h"
 #include "bench/timing.h"
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
   app.add_flag("--cold", cold,
                "before each timed forward and backward, write an array of 4x the last-level cache (bytes read from "
                "/sys or sysconf), so the operands come from memory as in a training step");
-  app.add_flag("--json", json, "print a JSON array instead of the table");
+  app.add_flag("--json", json, "print a JSON object (provenance, rows) instead of the table");
   if (std::optional<int> code = bench::parse_flags(app, argc, argv, "bench_attention")) return *code;
 
   const Config configs[] = {{12, 64, 128, 4}, {8, 256, 384, 6}};
@@ -78,6 +79,8 @@ int main(int argc, char** argv) {
       for (int64_t i = b; i < e; ++i) flood[size_t(i)] += 1.0f;
     });
   };
+  const nlohmann::json provenance = bench::provenance(argc, argv);
+  if (!json) std::fputs(bench::provenance_header(provenance).c_str(), stdout);
   if (!json)
     std::printf("# cpu: %s; operands %s\n%4s %5s %5s %3s %4s %7s | %9s %9s %9s %9s | %8s %8s\n", cpu.c_str(),
                 cold ? "cold (--cold)" : "warm", "B", "T", "C", "H", "D", "threads", "fwd(ms)", "bwd(ms)", "total(ms)",
@@ -112,5 +115,5 @@ int main(int argc, char** argv) {
                   flops(c, 2) / f * 1e-6, flops(c, 5) / b * 1e-6);
     }
   }
-  if (json) std::printf("%s\n", rows.dump(2).c_str());
+  if (json) std::printf("%s\n", nlohmann::json{{"provenance", provenance}, {"rows", rows}}.dump(2).c_str());
 }

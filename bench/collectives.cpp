@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/provenance.h"
 #include "dist/init.h"
 #include "dist/process_group.h"
 #ifdef MINIDL_HAVE_CUDA_BACKEND
@@ -194,7 +195,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "untimed iterations before them")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   app.add_option("--dtype", o.dtype, "float, double, half, bfloat16, int32, int64, uint8")->capture_default_str();
   app.add_option("--redop", o.redop, "sum, avg, max")->capture_default_str();
-  app.add_flag("--json", o.json, "print a JSON array of rows instead of the table");
+  app.add_flag("--json", o.json, "print a JSON object (provenance, rows) instead of the table");
   app.add_flag("--check", o.check, "verify every iteration of a second pass and count wrong elements");
   try {
     app.parse(argc, argv);
@@ -216,6 +217,7 @@ int main(int argc, char** argv) {
     for (int64_t bytes = std::max<int64_t>(min_bytes, 1); bytes <= max_bytes; bytes *= o.step_factor)
       rows.push_back(measure(*pg, o, dtype, redop, bytes));
     if (ctx.rank() != 0) return 0;
+    const nlohmann::json provenance = bench::provenance(argc, argv);
 
     double avg_busbw = 0;
     for (const Row& r : rows) avg_busbw += r.busbw / rows.size();
@@ -227,12 +229,13 @@ int main(int argc, char** argv) {
                        {"count", r.count}, {"type", nccl_type_name(dtype)}, {"redop", redop_name}, {"root", -1},
                        {"time", r.time_us}, {"alg_bw", r.algbw}, {"bus_bw", r.busbw},
                        {"nwrong", r.wrong < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.wrong)}});
-      std::printf("%s\n", out.dump(1).c_str());
+      std::printf("%s\n", nlohmann::json{{"provenance", provenance}, {"rows", out}}.dump(1).c_str());
       return 0;
     }
     std::printf("# minidl bench_collectives: %s, backend %s on %s, %d ranks (%d on this host), %d thread(s) per rank\n",
                 o.op.c_str(), o.backend.c_str(), pg->device().is_cpu() ? "cpu" : "cuda", ctx.world_size(),
                 ctx.ranks_on_host(), ctx.threads_per_rank());
+    std::fputs(bench::provenance_header(provenance).c_str(), stdout);
     std::printf("# minBytes %lld maxBytes %lld step: %lld(factor) warmup iters: %d iters: %d validation: %d\n#\n",
                 (long long)min_bytes, (long long)max_bytes, (long long)o.step_factor, o.warmup, o.iters, int(o.check));
     std::printf("# %10s  %12s  %8s  %6s  %10s  %7s  %7s  %6s\n", "size", "count", "type", "redop", "time", "algbw",

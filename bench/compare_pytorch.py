@@ -55,6 +55,8 @@ import subprocess
 import sys
 import time
 
+import provenance
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(REPO_ROOT, "data", "tinyshakespeare.txt")
 VOCAB_SIZE = 65
@@ -296,6 +298,7 @@ def best(rows):
 def print_table(args, rows, notes, ratio):
     s = args.shape
     flops = flops_per_step(count_params_no_wpe(s["layers"], s["embd"], s["seq"]), **s)
+    print(provenance.header(provenance.provenance()), end="")
     print(f"# GPT {args.config}: layers {s['layers']}, heads {s['heads']}, embd {s['embd']}, seq {s['seq']}, "
           f"batch {s['batch']}; {count_params_no_wpe(s['layers'], s['embd'], s['seq']) / 1e6:.2f}M params "
           f"(excl. wpe), {flops / 1e9:.3f} GFLOP/step")
@@ -391,7 +394,8 @@ def main():
             notes.append("minidl's %ceil in each round: " + "; ".join(spread))
 
     if args.json:
-        print(json.dumps(dict(config=args.config, cpu=host_cpu_name(), shape=args.shape, steps=args.steps,
+        print(json.dumps(dict(provenance=provenance.provenance(), config=args.config, cpu=host_cpu_name(),
+                              shape=args.shape, steps=args.steps,
                               warmup=args.warmup, rounds=args.rounds, rows=rows,
                               ratio_minidl_over_pytorch_ms_per_step=ratio, round_ratios=round_ratios, notes=notes),
                          indent=2))

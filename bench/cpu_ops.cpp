@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench/cli.h"
+#include "bench/provenance.h"
 #include "bench/timing.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -111,7 +112,7 @@ constexpr int64_t kWidth = 768, kVocab = 2048, kMlpWidth = 3072;  // the row ops
 
 // Everything after the flags: the measurements and the table (or JSON).
 int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& isa_arg,
-        const std::vector<std::string>& only, bool json);
+        const std::vector<std::string>& only, bool json, const nlohmann::json& provenance);
 
 }  // namespace
 
@@ -139,11 +140,11 @@ int main(int argc, char** argv) {
                  "measure only these ops (comma-separated names as in the table's op column, e.g. "
                  "layernorm,cross_entropy,attention_fwd_bwd); default: all")
       ->delimiter(',');
-  app.add_flag("--json", json, "print a JSON array instead of the table");
+  app.add_flag("--json", json, "print a JSON object (provenance, rows) instead of the table");
   if (std::optional<int> code = bench::parse_flags(app, argc, argv, "bench_cpu_ops")) return *code;
   set_num_threads(threads);
   try {
-    return run(numel, rows, reps, threads, isa_arg, only, json);
+    return run(numel, rows, reps, threads, isa_arg, only, json, bench::provenance(argc, argv));
   } catch (const std::exception& e) {  // minidl's Error (out of CPU memory among them) and std::bad_alloc
     std::fprintf(stderr, "bench_cpu_ops: %s (arrays of --numel %lld floats and --rows %lld; smaller ones need less "
                  "memory)\n", e.what(), (long long)numel, (long long)rows);
@@ -154,7 +155,7 @@ int main(int argc, char** argv) {
 namespace {
 
 int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& isa_arg,
-        const std::vector<std::string>& only, bool json) {
+        const std::vector<std::string>& only, bool json, const nlohmann::json& provenance) {
   const int64_t C = kWidth, V = kVocab, F = kMlpWidth;
   std::vector<simd::CpuIsa> isas;
   if (isa_arg == "all") {
@@ -260,11 +261,12 @@ int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& i
 
   nlohmann::json out = nlohmann::json::array();
   const std::string cpu = simd::host_cpu_name();
+  if (!json) std::fputs(bench::provenance_header(provenance).c_str(), stdout);
   if (!json)
-    std::printf("# cpu: %s\n# copy bandwidth %.1f GB/s at the start (%lld floats, %d threads; each op's %%copy is "
+    std::printf("# copy bandwidth %.1f GB/s at the start (%lld floats, %d threads; each op's %%copy is "
                 "against a copy of its own bytes timed in turns with it, copy_GB/s); attention ceiling: sgemm "
                 "64x64x%lld x %d threads = %.1f GFLOP/s\n%-8s %-24s %10s %10s %11s %8s\n",
-                cpu.c_str(), copy_gbs, (long long)n, threads, (long long)D, threads, sgemm_ceiling, "isa", "op",
+                copy_gbs, (long long)n, threads, (long long)D, threads, sgemm_ceiling, "isa", "op",
                 "time_ms", "GB/s", "copy_GB/s", "%copy");
   for (simd::CpuIsa isa : isas) {
     simd::IsaGuard guard(isa);
@@ -300,7 +302,7 @@ int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& i
       std::printf("%-8s %-24s %10.3f %10.1f %7.0f%%  (GFLOP/s, %% of sgemm)\n", simd::isa_name(isa),
                   "attention_fwd_bwd", s * 1e3, gflops, 100 * gflops / sgemm_ceiling);
   }
-  if (json) std::printf("%s\n", out.dump(2).c_str());
+  if (json) std::printf("%s\n", nlohmann::json{{"provenance", provenance}, {"rows", out}}.dump(2).c_str());
   return 0;
 }
 

@@ -24,6 +24,8 @@ import re
 import subprocess
 import sys
 
+import provenance
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
     "baby": dict(layers=4, heads=4, embd=128, seq=64, batch=12),
@@ -95,6 +97,8 @@ def main():
         if args.machine_baseline:
             rows[-1]["independent_tokens_per_s"] = run_independent(n, args, cfg)
     base = rows[0]["tokens_per_s"] / rows[0]["ranks"]
+    prov = provenance.provenance()
+    print(provenance.header(prov), end="")
     print(f"# weak scaling, {args.config} config ({cfg['batch']} sequences per rank), backend {args.backend}, "
           f"1 thread per rank, {args.steps} steps, {cores} cores")
     print(f"{'ranks':>5} {'batch':>6} {'ms/step':>9} {'tokens/s':>9} {'effic.':>7} {'compute':>8} {'comm':>8} "
@@ -112,7 +116,7 @@ def main():
               f"{100 * r['efficiency']:>6.1f}% {r['compute_ms']:>8.2f} {r['comm_ms']:>8.2f} "
               f"{r['exposed_comm_ms']:>8.2f} {r['exposed_pct']:>5.1f}%{machine}{mark}")
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"provenance": prov, "rows": rows}))
 
 
 if __name__ == "__main__":

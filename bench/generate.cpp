@@ -15,6 +15,7 @@
 
 #include "autograd/node.h"
 #include "bench/cli.h"
+#include "bench/provenance.h"
 #include "bench/timing.h"
 #include "core/device_backend.h"
 #include "core/error.h"
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
     auto sync = [&] {
       if (device.is_cuda()) device_backend(device, "synchronize").synchronize(device.index);
     };
+    std::fputs(bench::provenance_header(bench::provenance(argc, argv)).c_str(), stdout);
     std::printf("# device: %s; %d threads; L%lld H%lld C%lld block %lld vocab %lld\n",
                 device.is_cpu() ? ops::simd::host_cpu_and_kernels().c_str() : train::device_name(device).c_str(),
                 num_threads(), (long long)layers, (long long)heads, (long long)embd, (long long)block,

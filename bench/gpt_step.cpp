@@ -34,6 +34,7 @@
 #include <string>
 
 #include "bench/pipeline_bench.h"
+#include "bench/provenance.h"
 #include "ops/sgemm_ceiling.h"
 #include "bench/timing.h"
 #include "core/device_backend.h"
@@ -191,6 +192,7 @@ int main(int argc, char** argv) {
       b.options.amp = amp == "bf16" ? DType::bf16 : DType::f32;
       b.recompute = nn::parse_recompute(recompute);
       b.json = json;
+      b.provenance = bench::provenance(argc, argv);
       return bench::run_pipeline_bench(ctx, b);
     }
     MINIDL_CHECK(tp >= 1 && ctx.world_size() % tp == 0, "--tp ", tp, " must divide the number of ranks (mpirun -n), "
@@ -322,6 +324,8 @@ int main(int argc, char** argv) {
     if (ctx.world_size() > 1 || zero > 0)
       std::printf("ranks: %d (dp %d x tp %d), %s over %s\n", ctx.world_size(), world, tp, sync->name().c_str(),
                   topo.backend().c_str());
+    const nlohmann::json provenance = bench::provenance(argc, argv);
+    std::fputs(bench::provenance_header(provenance).c_str(), stdout);
     std::printf("device: %s%s\n", name.c_str(),
                 device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str()
                                                     : "");
@@ -366,11 +370,11 @@ int main(int argc, char** argv) {
       std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
                   "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
 "\"sgemm_ceiling_gflops\": %.2f, \"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d, "
-                  "\"loss_first\": %.6g, \"loss_last\": %.6g, \"same_batch\": %s%s%s}\n",
+                  "\"loss_first\": %.6g, \"loss_last\": %.6g, \"same_batch\": %s%s%s, \"provenance\": %s}\n",
                   median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(),
                   mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling, pct_ceiling, world, zero, loss_first,
                   loss_last, same_batch ? "true" : "false", blas_fields,
-                  device.is_cuda() ? counted.json_fields(steps).c_str() : "");
+                  device.is_cuda() ? counted.json_fields(steps).c_str() : "", provenance.dump().c_str());
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt_step: error (rank %d): %s\n", ctx.rank(), e.what());

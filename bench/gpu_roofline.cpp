@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bench/provenance.h"
 #include "bench/roofline.h"
 
 using namespace minidl;
@@ -74,8 +75,9 @@ int main(int argc, char** argv) {
   const double mfu_ceiling = flops / (seconds * peak);
   const double tokens = double(cfg.batch * cfg.seq);
 
+  const nlohmann::json provenance = bench::provenance(argc, argv);
   if (json) {
-    nlohmann::json out = {{"gpu", gpu->name},          {"amp", amp}, {"kernel_set", kernel_set},
+    nlohmann::json out = {{"provenance", provenance}, {"gpu", gpu->name},          {"amp", amp}, {"kernel_set", kernel_set},
                           {"peak_tflops", peak / 1e12}, {"hbm_gbps", gpu->hbm_gbps},
                           {"step_gflop", flops / 1e9},  {"step_gb", bytes / 1e9},
                           {"padding_gflop", padding_flops / 1e9},
@@ -91,6 +93,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
+  std::fputs(bench::provenance_header(provenance).c_str(), stdout);
   std::printf("GPT L%lld H%lld C%lld T%lld B%lld V%lld %s on %s (%.0f TFLOP/s, %.0f GB/s)%s\n", (long long)cfg.layers,
               (long long)cfg.heads, (long long)cfg.embd, (long long)cfg.seq, (long long)cfg.batch,
               (long long)cfg.vocab, amp.c_str(), gpu->name, peak / 1e12, gpu->hbm_gbps,

@@ -17,6 +17,7 @@
 #include "dist/init.h"
 #include "dist/pipeline.h"
 #include "dist/topology.h"
+#include "bench/provenance.h"
 #include "train/stage.h"
 #include "train/step.h"
 
@@ -29,6 +30,7 @@ struct PipelineBench {
   train::StepOptions options;
   nn::Recompute recompute = nn::Recompute::kNone;
   bool json = false;
+  nlohmann::json provenance;  // bench/provenance.h
 };
 
 inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) {
@@ -74,6 +76,7 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
   const double measured =
       train::sum_over(topo.pp_group(), t.schedule_ms > 0 ? t.wait_ms / t.schedule_ms : 0.0) / b.spec.stages;
   if (ctx.rank() != 0) return 0;
+  std::fputs(provenance_header(b.provenance).c_str(), stdout);
   std::printf("%-40s %6s %10s %9s %9s %8s %8s  %s\n", "config", "ranks", "ms/step", "tokens/s", "GFLOP/s", "bubble",
               "measured", "act_MB per stage");
   char cfg[128];
@@ -96,9 +99,9 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
     }
     std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"pp\": %d, \"schedule\": \"%s\", "
                 "\"micro_batches\": %d, \"virtual_stages\": %d, \"bubble_simulated\": %.4f, \"bubble_measured\": %.4f, "
-                "\"act_peak_mb_per_stage\": [%s]}\n",
+                "\"act_peak_mb_per_stage\": [%s], \"provenance\": %s}\n",
                 median, tokens_per_step / median * 1e3, flops, b.spec.stages, dist::schedule_kind_name(b.spec.kind),
-                b.spec.micro_batches, b.spec.virtual_stages, bubble, measured, list.c_str());
+                b.spec.micro_batches, b.spec.virtual_stages, bubble, measured, list.c_str(), b.provenance.dump().c_str());
   }
   return 0;
 }

@@ -19,6 +19,8 @@ import statistics
 import subprocess
 import sys
 
+import provenance
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (name, ranks, bench_gpt_step flags, minidl_predict flags); the baby config unless the flags say otherwise.
@@ -80,8 +82,10 @@ def main():
     name = "{} family {} model {}, {} CPUs".format(*(fields.get(k, "?").strip() for k in
                                                     ("Model name", "CPU family", "Model", "CPU(s)")))
     if args.json:
-        print(json.dumps({"cpu": name, "load_before": load_before, "load_after": load(), "rows": rows}, indent=1))
+        print(json.dumps({"provenance": provenance.provenance(), "cpu": name, "load_before": load_before,
+                          "load_after": load(), "rows": rows}, indent=1))
         return
+    print(provenance.header(provenance.provenance()), end="")
     print(f"# cpu: {name}; load average {load_before} before, {load()} after; {args.reps} runs each")
     print(f"{'configuration':28} {'median_ms':>9} {'fastest':>8} {'predicted':>9} {'error':>7}")
     for r in rows:

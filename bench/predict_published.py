@@ -24,6 +24,8 @@ import os
 import subprocess
 import sys
 
+import provenance
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (billions, heads, hidden, layers, t, p, GPUs, batch, teraFLOP/s per GPU), Table 1 of arXiv:2104.04473.
@@ -77,9 +79,11 @@ def main():
                  "note": err or f"~60% MFU published, {100 * pred['mfu']:.0f}% predicted"})
     for r in rows:
         r["error"] = (r["predicted_s"] - r["published_s"]) / r["published_s"] if r["predicted_s"] else None
+    prov = provenance.provenance()
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"provenance": prov, "rows": rows}, indent=1))
         return
+    print(provenance.header(prov), end="")
     print(f"{'row':62} {'published_s':>11} {'predicted_s':>11} {'error':>7}")
     for r in rows:
         pred = f"{r['predicted_s']:.3f}" if r["predicted_s"] else "-"

@@ -24,6 +24,8 @@ import re
 import subprocess
 import sys
 
+import provenance
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
     "baby": dict(layers=4, heads=4, embd=128, seq=64, batch=8),
@@ -139,6 +141,8 @@ def main():
         e["oversubscribed"] = e["ranks"] > cores
         rows.append(e)
     base = rows[0]
+    prov = provenance.provenance()
+    print(provenance.header(prov), end="")
     print(f"# strong scaling, {args.config} config (global batch {cfg['batch']}, layers {cfg['layers']}, "
           f"embd {cfg['embd']}, seq {cfg['seq']}), 1 thread per rank, {args.steps} steps, {cores} cores")
     print(f"{'configuration':<34} {'ranks':>5} {'ms/step':>9} {'tokens/s':>9} {'effic.':>7} {'bubble':>7} {'meas.':>6} "
@@ -161,7 +165,7 @@ def main():
     if args.plot:
         plot(rows, args.plot)
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"provenance": prov, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/cli.h"
+#include "bench/provenance.h"
 #include "bench/timing.h"
 #include "core/error.h"
 #include "data/gpt2_tokenizer.h"
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
     const data::Gpt2Tokenizer tok = data::Gpt2Tokenizer::from_file(encoding);
     const std::string text = read(text_path);
     const double mb = double(text.size()) / 1e6;
+    std::fputs(bench::provenance_header(bench::provenance(argc, argv)).c_str(), stdout);
     std::printf("# cpu: %s; one thread; %s (%.2f MB)\n", ops::simd::host_cpu_name().c_str(), text_path.c_str(), mb);
     std::vector<double> ours_rounds, theirs_rounds;
     size_t tokens = 0;

@@ -19,6 +19,8 @@ import re
 import subprocess
 import sys
 
+import provenance
+
 LINE = re.compile(
     r"zero-(\d) memory, dp rank (\d+) of (\d+): params=([\d.]+) grads=([\d.]+) optimizer=([\d.]+) "
     r"activations=([\d.]+) comm=([\d.]+) MiB; predicted params=([\d.]+) grads=([\d.]+) optimizer=([\d.]+) "
@@ -61,8 +63,9 @@ def main():
                              "pred_optimizer_mib": v[7], "pred_activations_mib": v[8]})
     rows.sort(key=lambda r: (r["dp"], r["stage"], r["rank"]))
     if a.json:
-        print(json.dumps({"config": vars(a), "rows": rows}, indent=1))
+        print(json.dumps({"provenance": provenance.provenance(), "config": vars(a), "rows": rows}, indent=1))
         return
+    print(provenance.header(provenance.provenance()), end="")
     print(f"# layers {a.layers}, embd {a.embd}, seq {a.seq}, batch {a.batch}, amp {a.amp}, recompute {a.recompute}:"
           " MiB per rank, measured / predicted")
     print(f"{'stage':>5} {'dp':>3} {'rank':>4} {'params':>15} {'grads':>15} {'optimizer':>15} {'activations':>15}")

@@ -22,6 +22,7 @@ struct Recorder {
   std::string path;
   int pid = 0;
   Clock::time_point start;
+  double clock_offset_us = 0, clock_uncertainty_us = 0;
   std::vector<nlohmann::json> events;
   int next_tid = 0;
 };
@@ -31,7 +32,9 @@ Recorder& recorder() {
   return r;
 }
 
-double now_us() { return std::chrono::duration<double, std::micro>(Clock::now() - recorder().start).count(); }
+// Installed once, when the device backend registers (before any span); atomics all the same, for a reinstall.
+std::atomic<void (*)(const char*)> range_push{nullptr};
+std::atomic<void (*)()> range_pop{nullptr};
 
 // This thread's track id, named on first use ("thread N" unless name_thread named it).
 thread_local int t_tid = -1;
@@ -50,12 +53,22 @@ int tid_locked(Recorder& r) {
 
 bool enabled() { return recorder().on.load(std::memory_order_relaxed); }
 
+double now_us() { return std::chrono::duration<double, std::micro>(Clock::now() - recorder().start).count(); }
+
+void set_clock_offset(double offset_us, double uncertainty_us) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.clock_offset_us = offset_us;
+  r.clock_uncertainty_us = uncertainty_us;
+}
+
 void start(const std::string& path, int pid) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
   r.path = path;
   r.pid = pid;
   r.start = Clock::now();
+  r.clock_offset_us = r.clock_uncertainty_us = 0;
   r.events.clear();
   r.events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
   r.on = true;
@@ -71,7 +84,10 @@ std::string finish() {
   {
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
     MINIDL_CHECK(f != nullptr, "--trace: cannot write ", tmp);
-    const std::string text = nlohmann::json{{"traceEvents", r.events}, {"displayTimeUnit", "ms"}}.dump();
+    const nlohmann::json clock{{"clock_offset_us", r.clock_offset_us},
+                               {"clock_uncertainty_us", r.clock_uncertainty_us}};
+    const std::string text =
+        nlohmann::json{{"traceEvents", r.events}, {"displayTimeUnit", "ms"}, {"otherData", clock}}.dump();
     std::fwrite(text.data(), 1, text.size(), f);
     std::fclose(f);
   }
@@ -82,13 +98,34 @@ std::string finish() {
 
 void name_thread(const std::string& name) { t_name = name; }
 
+void set_range_hooks(RangeHooks hooks) {
+  range_push = hooks.push;
+  range_pop = hooks.pop;
+}
+
+Span::Span(const char* name) {
+  if (!enabled()) return;
+  name_ = name;
+  begin();
+}
+
 Span::Span(std::string name) {
   if (!enabled()) return;
   name_ = std::move(name);
+  begin();
+}
+
+void Span::begin() {
+  if (auto push = range_push.load(std::memory_order_relaxed)) {
+    push(name_.c_str());
+    pushed_ = true;
+  }
   start_us_ = now_us();
 }
 
 Span::~Span() {
+  if (pushed_)
+    if (auto pop = range_pop.load(std::memory_order_relaxed)) pop();
   if (start_us_ < 0 || !enabled()) return;
   const double end = now_us();
   Recorder& r = recorder();

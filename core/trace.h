@@ -6,8 +6,14 @@
 //   trace::counter("memory MiB", {{"params", 3.1}, {"activations", 27.5}});   // a counter track ("ph": "C")
 //   trace::finish();                                         // writes the file
 //
-// Off (no start), a Span costs one relaxed atomic load. Events are kept in memory until finish(): a long run at a
-// fine granularity grows (about 100 bytes an event).
+// Off (no start), a Span costs one relaxed atomic load and allocates nothing: name it with a literal, or build a
+// computed name only when enabled() (trace::Span s(trace::enabled() ? describe(a) : std::string())). Events are
+// kept in memory until finish(): a long run at a fine granularity grows (about 100 bytes an event).
+//
+// The ranks' clocks are started after a barrier, but a rank may leave it later than another (descheduled on a
+// loaded host, or simply later in the barrier's tree): each rank's offset from rank 0's clock is measured where
+// MPI is (dist/clock_sync.h) and handed to set_clock_offset(); scripts/merge_traces.py adds it to the rank's
+// timestamps.
 #pragma once
 
 #include <initializer_list>
@@ -23,21 +29,39 @@ void start(const std::string& path, int pid);
 // nothing was recorded).
 std::string finish();
 
+// The trace's clock: microseconds since start() (what the events' "ts" count).
+double now_us();
+// Records that this process's clock reads `offset_us` behind rank 0's (rank 0's time = ts + offset_us), measured
+// to within +-`uncertainty_us`; written in the file's "otherData" as clock_offset_us and clock_uncertainty_us.
+void set_clock_offset(double offset_us, double uncertainty_us);
+
 // Names this thread's track ("main", "comm", ...); a thread without a name is "thread N".
 void name_thread(const std::string& name);
 
 class Span {
  public:
+  explicit Span(const char* name);  // copied only while tracing
   explicit Span(std::string name);
   ~Span();
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
 
  private:
+  void begin();
   std::string name_;
   double start_us_ = -1;  // -1: not recording
+  bool pushed_ = false;   // a range hook's push ran
 };
 
 void counter(const std::string& name, std::initializer_list<std::pair<const char*, double>> values);
+
+// What a device backend installs so that every span recorded is also a range of the device profiler's timeline
+// (NVTX on CUDA: core/cuda/trace_ranges.cpp). push runs where a span starts, pop where it ends, on its thread;
+// spans are not recorded, and nothing is pushed, while tracing is off. Null hooks (the default) push nothing.
+struct RangeHooks {
+  void (*push)(const char* name) = nullptr;
+  void (*pop)() = nullptr;
+};
+void set_range_hooks(RangeHooks hooks);
 
 }  // namespace minidl::trace

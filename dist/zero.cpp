@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "core/memory.h"
+#include "core/trace.h"
 #include "dist/shard.h"
 
 namespace minidl::dist {
@@ -37,6 +38,7 @@ ZeroDataParallel::ZeroDataParallel(const std::vector<std::pair<std::string, Tens
       reducer_(named_params, group,
                // The average of the bucket over the group lands in this rank's gradient shard only.
                [this](ProcessGroup& g, size_t b, Tensor& bucket) {
+                 const trace::Span span(trace::enabled() ? "reduce-scatter bucket " + std::to_string(b) : "");
                  return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
                },
                reducer_options(options, reduction_check())) {
@@ -150,12 +152,14 @@ void ZeroDataParallel::reduce_scatter_gradients() {
         slot.zero_();
       p.set_grad(Tensor());
     }
+    const trace::Span span(trace::enabled() ? "reduce-scatter bucket " + std::to_string(b) : "");
     reducer_.group().reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg)->wait();
   }
 }
 
 void ZeroDataParallel::gather_parameters() {
   ProcessGroup& g = reducer_.group();
+  const trace::Span span("all-gather parameters");
   for (Tensor& flat : flat_params_) g.all_gather(flat, shard_of(flat))->wait();
   if (options_.stage == 1)
     for (size_t b = 0; b < flat_params_.size(); ++b) reducer_.buffer(b).zero_();

@@ -6,6 +6,7 @@
 
 #include "autograd/autocast.h"
 #include "core/memory.h"
+#include "core/trace.h"
 #include "dist/shard.h"
 #include "ops/cast.h"
 
@@ -78,6 +79,7 @@ ZeroStage3::ZeroStage3(nn::BlockModule& model, ProcessGroup& group, Zero3Options
       last_block_(model.first_block() + model.num_blocks()),
       reducer_(model.named_parameters(), group,
                [this](ProcessGroup& g, size_t b, Tensor& bucket) {
+                 const trace::Span span(trace::enabled() ? "reduce-scatter bucket " + std::to_string(b) : "");
                  return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
                },
                reducer_options(model, reduction_check())) {
@@ -163,7 +165,8 @@ void ZeroStage3::prefetch(int64_t block) {
   Unit& u = block_unit(block);
   if (u.gathered || u.pending.valid()) return;
   ++block_gathers_;
-  u.pending = reducer_.run_on_comm_thread([this, &u] {
+  u.pending = reducer_.run_on_comm_thread([this, &u, block] {
+    const trace::Span span(trace::enabled() ? "all-gather block " + std::to_string(block) : "");
     MemoryTagGuard tag(MemTag::kParams);  // the gathered block is parameters, whatever the main thread runs
     u.flat.impl()->storage->reallocate(size_t(u.flat.numel()) * dtype_size(u.flat.dtype()));
     reducer_.group().all_gather(u.flat, u.shard)->wait();
@@ -174,7 +177,10 @@ void ZeroStage3::ensure_gathered(int64_t block) {
   Unit& u = block_unit(block);
   if (u.gathered) return;
   prefetch(block);
-  std::exchange(u.pending, {}).get();
+  {
+    const trace::Span span("wait for all-gather");  // what the prefetch did not hide
+    std::exchange(u.pending, {}).get();
+  }
   u.gathered = true;
   const DType amp = autograd::autocast_dtype();
   if (amp == DType::f32) return;
@@ -243,6 +249,7 @@ void ZeroStage3::hold_full(bool hold) {
 }
 
 void ZeroStage3::gather_parameters() {
+  const trace::Span span("all-gather parameters");
   for (Unit& u : units_) {
     if (size_t(&u - units_.data()) < size_t(last_block_ - first_block_)) {
       // A held block (hold_full) is refreshed from its updated shard; the others gather when they next run.

@@ -3,8 +3,9 @@
 
     scripts/merge_traces.py DIR [-o merged.json]      # then open it in https://ui.perfetto.dev or chrome://tracing
 
-The ranks started their clocks together (at a barrier just before the first step, core/trace.h), so the events
-need no shifting: each keeps its own process id (the rank).
+The ranks start their clocks at a barrier, but not quite together: each file records its clock's offset from
+rank 0's, measured by ping-pongs at the start (dist/clock_sync.h, in "otherData": clock_offset_us), and the merged
+file adds it to the rank's timestamps, so every event is on rank 0's clock. Each rank keeps its process id.
 """
 import argparse
 import glob
@@ -23,13 +24,21 @@ def main():
         print(f"merge_traces: no rank*.json in {args.directory}", file=sys.stderr)
         return 2
     events = []
+    offsets = {}
     for path in files:
         with open(path) as f:
-            events += json.load(f)["traceEvents"]
+            trace = json.load(f)
+        offset = trace.get("otherData", {}).get("clock_offset_us", 0.0)
+        offsets[os.path.basename(path)] = offset
+        for e in trace["traceEvents"]:
+            if "ts" in e:
+                e["ts"] += offset
+            events.append(e)
     output = args.output or os.path.join(args.directory, "merged.json")
     with open(output, "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
-    print(f"{output}: {len(events)} events from {len(files)} ranks")
+    shifts = ", ".join(f"{name} {offset:+.1f} us" for name, offset in offsets.items())
+    print(f"{output}: {len(events)} events from {len(files)} ranks (clock offsets {shifts})")
     return 0
 
 

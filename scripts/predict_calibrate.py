@@ -79,7 +79,7 @@ def main():
     peak = step["sgemm_ceiling_gflops"] * 1e9
 
     ops = json.loads(run([binary("bench_cpu_ops"), "--isa", "best", "--threads", "1", "--reps", "3", "--numel",
-                          str(args.numel), "--ops", ",".join(MEM_OPS + ["attention_fwd_bwd"]), "--json"]))
+                          str(args.numel), "--ops", ",".join(MEM_OPS + ["attention_fwd_bwd"]), "--json"]))["rows"]
     mem = [r for r in ops if r["op"] in MEM_OPS]
     copy = statistics.median(r["copy_GB/s"] for r in mem) * 1e9
     elementwise = statistics.median(r["fraction_of_copy"] for r in mem)
@@ -87,7 +87,7 @@ def main():
 
     rows = json.loads(run(["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none", binary("bench_collectives"),
                            "--op", "all_reduce", "--backend", "mpi", "--min-bytes", "1K", "--max-bytes", "8M",
-                           "--step-factor", "2", "--iters", "20", "--warmup", "5", "--json"]))
+                           "--step-factor", "2", "--iters", "20", "--warmup", "5", "--json"]))["rows"]
     alpha, beta = fit_alpha_beta(rows)
 
     cores = os.cpu_count() or 1

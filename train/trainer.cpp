@@ -18,6 +18,7 @@
 #include "data/text_dataset.h"
 #include "data/shard_sampler.h"
 #include "data/token_shards.h"
+#include "dist/clock_sync.h"
 #include "dist/flight_recorder.h"
 #include "dist/init.h"
 #include "dist/topology.h"
@@ -427,11 +428,17 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   s.topo = std::make_unique<dist::Topology>(ctx.world(), grid, backend, s.device);
   const dist::GridCoord me = s.topo->coord();
   s.logger = me == dist::GridCoord{};
-  if (!o.trace.empty()) {  // every rank's clock starts at the same barrier
+  if (!o.trace.empty()) {  // every rank's clock starts at about the same barrier, and is measured against rank 0's
     MINIDL_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    // MINIDL_TEST_TRACE_LATE_RANK=R:MS starts world rank R's clock this many ms late (the clock alignment's test).
+    if (const char* late = std::getenv("MINIDL_TEST_TRACE_LATE_RANK"); late && std::atoi(late) == ctx.rank())
+      if (const char* colon = std::strchr(late, ':'))
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(std::atof(colon + 1)));
     trace::name_thread("main");
     trace::start((std::filesystem::path(o.trace) / ("rank" + std::to_string(ctx.rank()) + ".json")).string(),
                  ctx.rank());
+    const dist::ClockOffset clock = dist::clock_offset_to_rank0(ctx.world(), trace::now_us);
+    trace::set_clock_offset(clock.offset_us, clock.uncertainty_us);
   }
 
   // Data parallelism: dp rank d takes samples [d * local, (d + 1) * local) of each global batch; its dropout masks

@@ -125,7 +125,10 @@ const DeviceBackend kBackend{.allocate = backend_allocate,
 
 }  // namespace
 
-void install_backend() { register_device_backend(DeviceKind::kCUDA, &kBackend); }
+void install_backend() {
+  register_device_backend(DeviceKind::kCUDA, &kBackend);
+  install_trace_ranges();
+}
 
 void set_fill_kernel(FillKernel kernel) { fill_kernel = kernel; }
 

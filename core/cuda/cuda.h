@@ -28,6 +28,8 @@ namespace minidl::cuda {
 // their own CUDA code (ops/cuda/tensor/register.h); minidl::cuda::register_backend() (dist/cuda/backend.h) does
 // every layer at once.
 void install_backend();
+// Makes every trace span an NVTX range (core/cuda/trace_ranges.cpp); install_backend() does.
+void install_trace_ranges();
 
 // The kernel behind DeviceBackend::fill for values that are not one repeated byte (those are a memset):
 // dst[0..n) = the low element_bytes (2, 4 or 8) bytes of `pattern`. Core has no kernels of its own: ops/cuda

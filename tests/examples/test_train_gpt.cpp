@@ -344,49 +344,6 @@ TEST_F(TrainGpt, TensorBoardReadsTheEventFiles) {
   }
 }
 
-// --trace at 2 ranks: each rank's file is Chrome trace JSON with the required fields; every step has its span, its
-// forwards and backwards; DDP's buckets run on the communication thread's track; and the main thread's waits for
-// them ("wait for buckets", the communication the backward could not hide) add up to the summary's exposed_comm_ms
-// (its mean over the timed steps, within 5% or the summary's rounding).
-TEST_F(TrainGpt, TraceShowsStepsAndTheirCommunication) {
-  Result r = run_with(mpiexec(2), tiny_flags() + " --steps 10 --trace " + path("trace"));
-  ASSERT_EQ(r.code, 0) << r.out;
-  for (int rank : {0, 1}) {
-    SCOPED_TRACE("rank " + std::to_string(rank));
-    std::ifstream in(path("trace") + "/rank" + std::to_string(rank) + ".json");
-    ASSERT_TRUE(in) << "no trace file";
-    const nlohmann::json trace = nlohmann::json::parse(in);
-    std::map<int, std::string> tracks;
-    std::map<std::string, int> spans;
-    double waits_after_first = 0;
-    for (const auto& e : trace.at("traceEvents")) {
-      ASSERT_TRUE(e.contains("name") && e.contains("ph") && e.contains("pid")) << e.dump();
-      EXPECT_EQ(e.at("pid").get<int>(), rank);
-      const std::string ph = e.at("ph"), name = e.at("name");
-      if (ph == "M" && name == "thread_name") tracks[e.at("tid").get<int>()] = e.at("args").at("name");
-      if (ph != "X") continue;
-      ASSERT_TRUE(e.contains("ts") && e.contains("dur") && e.contains("tid")) << e.dump();
-      const std::string kind = name.substr(0, name.find(' '));
-      ++spans[kind];
-      if (kind == "bucket") EXPECT_EQ(tracks[e.at("tid").get<int>()], "comm") << e.dump();
-      if (name == "wait for buckets" && spans["wait"] > 1) waits_after_first += e.at("dur").get<double>() / 1e3;
-    }
-    EXPECT_EQ(spans["step"], 10);
-    EXPECT_EQ(spans["forward"], 10);
-    EXPECT_EQ(spans["backward"], 10);
-    EXPECT_EQ(spans["optimizer"], 10);
-    EXPECT_GE(spans["bucket"], 10);
-    if (rank == 0) {
-      const double summary = summary_field(r.out, "exposed_comm_ms"), traced = waits_after_first / 9;
-      EXPECT_LE(std::abs(traced - summary), std::max(0.05 * summary, 0.006)) << "trace " << traced << " ms";
-    }
-  }
-  Result merged = minidl::testing::run_program("python3 " + std::string(SOURCE_DIR) + "/scripts/merge_traces.py " +
-                                               path("trace"));
-  EXPECT_EQ(merged.code, 0) << merged.out;
-  EXPECT_TRUE(fs::exists(path("trace") + "/merged.json"));
-}
-
 // --tokenizer gpt2: GPT-2's vocabulary of 50,257 (the model's padded to 50,304), a loss that falls from about
 // ln 50257 = 10.8, and a checkpoint that carries the choice: --init-from continues with GPT-2's tokens unasked,
 // and asking for characters with it is refused by name; a tokenizer that does not exist is refused too.

@@ -1,0 +1,274 @@
+// train_gpt --trace end to end: what the per-rank Chrome traces show (steps, DDP's buckets, ZeRO's collectives,
+// recomputation, pipeline actions), checked against what the run measures by other means (the summary's exposed
+// communication, the pipeline's measured bubble, the schedule's counts), and scripts/merge_traces.py putting the
+// ranks on one clock.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "support/run_program.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Result = minidl::testing::ProgramResult;
+
+Result run_with(const std::string& prefix, const std::string& args) {
+  return minidl::testing::run_program(prefix + std::string(TRAIN_GPT_BIN) + " " + args);
+}
+
+std::string mpiexec(int n) {
+  return std::string(MPIEXEC) + " -n " + std::to_string(n) + " --oversubscribe --allow-run-as-root ";
+}
+
+double summary_field(const std::string& out, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("summary: .*" + key + "=([-0-9.e+naif]+)"))) return NAN;
+  return std::stod(m[1]);
+}
+
+nlohmann::json read_trace(const std::string& file) {
+  std::ifstream in(file);
+  return in ? nlohmann::json::parse(in) : nlohmann::json::object();
+}
+
+nlohmann::json read_trace(const std::string& dir, int rank) {
+  return read_trace(dir + "/rank" + std::to_string(rank) + ".json");
+}
+
+// A complete event ("ph": "X") of one rank's trace.
+struct Span {
+  std::string name;
+  double ts = 0, dur = 0;
+  int tid = 0;
+  double end() const { return ts + dur; }
+  bool contains(const Span& s) const { return s.tid == tid && s.ts >= ts && s.end() <= end(); }
+  bool starts_with(const std::string& prefix) const { return name.rfind(prefix, 0) == 0; }
+};
+
+// The spans of `trace` (of rank `pid` only, in a merged trace) in the order they started.
+std::vector<Span> spans_of(const nlohmann::json& trace, int pid = -1) {
+  std::vector<Span> out;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.at("ph") == "X" && (pid < 0 || e.at("pid") == pid))
+      out.push_back({e.at("name"), e.at("ts"), e.at("dur"), e.at("tid")});
+  std::stable_sort(out.begin(), out.end(), [](const Span& a, const Span& b) { return a.ts < b.ts; });
+  return out;
+}
+
+std::vector<Span> named(const std::vector<Span>& spans, const std::string& prefix) {
+  std::vector<Span> out;
+  for (const Span& s : spans)
+    if (s.starts_with(prefix)) out.push_back(s);
+  return out;
+}
+
+// The track names by thread id.
+std::map<int, std::string> tracks_of(const nlohmann::json& trace) {
+  std::map<int, std::string> tracks;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") tracks[e.at("tid").get<int>()] = e.at("args").at("name");
+  return tracks;
+}
+
+class TrainGptTrace : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("minidl_trace_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    std::string text;  // 4 KB of a repeated phrase (vocabulary of 14 bytes)
+    for (int i = 0; i < 200; ++i) text += "the quick brown fox. ";
+    std::ofstream(dir_ / "tiny.txt") << text;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string tiny_flags() const {
+    return "--data " + path("tiny.txt") + " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 "
+           "--eval-windows 4 --log-every 1000";
+  }
+  // Two pipeline stages of one block each, with enough work per forward and backward (a few ms on one core)
+  // that a stage's waits are not lost in the noise of the bookkeeping between actions.
+  std::string pipeline_flags() const {
+    return "--data " + path("tiny.txt") + " --layers 2 --heads 4 --embd 128 --seq 64 --batch 16 --threads 1 "
+           "--eval-windows 4 --log-every 1000 --pp 2 --micro-batches 4";
+  }
+  fs::path dir_;
+};
+
+}  // namespace
+
+// --trace at 2 ranks: each rank's file is Chrome trace JSON with the required fields; every step has its span, its
+// forwards and backwards; DDP's buckets run on the communication thread's track; and the main thread's waits for
+// them ("wait for buckets", the communication the backward could not hide) add up to the summary's exposed_comm_ms
+// (its mean over the timed steps, within 5% or the summary's rounding).
+TEST_F(TrainGptTrace, StepsAndTheirCommunication) {
+  Result r = run_with(mpiexec(2), tiny_flags() + " --steps 10 --trace " + path("trace"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const nlohmann::json trace = read_trace(path("trace"), rank);
+    ASSERT_TRUE(trace.contains("traceEvents")) << "no trace file";
+    std::map<int, std::string> tracks;
+    std::map<std::string, int> spans;
+    double waits_after_first = 0;
+    for (const auto& e : trace.at("traceEvents")) {
+      ASSERT_TRUE(e.contains("name") && e.contains("ph") && e.contains("pid")) << e.dump();
+      EXPECT_EQ(e.at("pid").get<int>(), rank);
+      const std::string ph = e.at("ph"), name = e.at("name");
+      if (ph == "M" && name == "thread_name") tracks[e.at("tid").get<int>()] = e.at("args").at("name");
+      if (ph != "X") continue;
+      ASSERT_TRUE(e.contains("ts") && e.contains("dur") && e.contains("tid")) << e.dump();
+      const std::string kind = name.substr(0, name.find(' '));
+      ++spans[kind];
+      if (kind == "bucket") EXPECT_EQ(tracks[e.at("tid").get<int>()], "comm") << e.dump();
+      if (name == "wait for buckets" && spans["wait"] > 1) waits_after_first += e.at("dur").get<double>() / 1e3;
+    }
+    EXPECT_EQ(spans["step"], 10);
+    EXPECT_EQ(spans["forward"], 10);
+    EXPECT_EQ(spans["backward"], 10);
+    EXPECT_EQ(spans["optimizer"], 10);
+    EXPECT_GE(spans["bucket"], 10);
+    if (rank == 0) {
+      const double summary = summary_field(r.out, "exposed_comm_ms"), traced = waits_after_first / 9;
+      EXPECT_LE(std::abs(traced - summary), std::max(0.05 * summary, 0.006)) << "trace " << traced << " ms";
+    }
+  }
+  Result merged = minidl::testing::run_program("python3 " + std::string(SOURCE_DIR) + "/scripts/merge_traces.py " +
+                                               path("trace"));
+  EXPECT_EQ(merged.code, 0) << merged.out;
+  EXPECT_TRUE(fs::exists(path("trace") + "/merged.json"));
+}
+
+
+// --pp 2 with 4 micro-batches: each stage's idle time read off its trace is the bubble the run measures. From the
+// trace, idle is the time of the schedule's span ("schedule": the window Stage::Timing divides by) that the stage
+// spent outside computing: less its forward and backward spans, to which the waits for a peer nested in them are
+// added back (a forward on stage 1 starts by waiting for its activation). The run measures only the time blocked
+// on a peer ("pipeline measured bubble per stage", over the steps after the first); the two differ by the untraced
+// bookkeeping between actions (posting receives and sends), small beside actions of a few ms: within 10%.
+TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
+  const int steps = 6, micro_batches = 4;
+  Result r = run_with(mpiexec(2), pipeline_flags() + " --steps " + std::to_string(steps) + " --trace " + path("trace"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::smatch m;
+  const std::regex measured_line("pipeline measured bubble per stage \\(%\\): ([0-9.]+) ([0-9.]+)");
+  ASSERT_TRUE(std::regex_search(r.out, m, measured_line)) << r.out;
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("stage " + std::to_string(rank));
+    const std::vector<Span> spans = spans_of(read_trace(path("trace"), rank));
+    const std::vector<Span> windows = named(spans, "schedule");
+    ASSERT_EQ(windows.size(), size_t(steps));
+    EXPECT_EQ(named(spans, "forward").size(), size_t(steps * micro_batches));
+    EXPECT_EQ(named(spans, "backward").size(), size_t(steps * micro_batches));
+    double window_us = 0, compute_us = 0;
+    for (size_t w = 1; w < windows.size(); ++w) {  // the measured bubble leaves the first step out
+      window_us += windows[w].dur;
+      for (const Span& action : spans) {
+        if (!(action.starts_with("forward") || action.starts_with("backward")) || !windows[w].contains(action))
+          continue;
+        compute_us += action.dur;
+        for (const Span& wait : spans)
+          if (wait.name == "wait for peer" && action.contains(wait)) compute_us -= wait.dur;
+      }
+    }
+    const double traced = 100 * (window_us - compute_us) / window_us, measured = std::stod(m[size_t(rank + 1)]);
+    EXPECT_GT(measured, 1.0) << "stage " << rank << " never waited: no bubble to compare\n" << r.out;
+    EXPECT_LE(std::abs(traced - measured), std::max(0.10 * measured, 0.1))
+        << "idle in the trace " << traced << "%, measured " << measured << "%\n" << r.out;
+  }
+}
+
+// The merged trace is on rank 0's clock. Rank 1 starts its clock 200 ms after rank 0's (a test hook standing for a
+// rank that left the barrier late): the offset its file records is that delay (it cannot be less; a loaded host
+// may add a little), scripts/merge_traces.py adds it to every rank-1 timestamp, and then every message arrives after
+// it was sent: stage 1's wait for a forward's activation ends after stage 0's forward of that micro-batch ended
+// (without the offset, 200 ms before). A run without the hook measures an offset of about nothing.
+TEST_F(TrainGptTrace, MergedTraceIsOnRankZerosClock) {
+  const std::string flags = pipeline_flags() + " --steps 2 --trace " + path("trace");
+  Result r = run_with("MINIDL_TEST_TRACE_LATE_RANK=1:200 " + mpiexec(2) + "-x MINIDL_TEST_TRACE_LATE_RANK ", flags);
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result merged = minidl::testing::run_program("python3 " + std::string(SOURCE_DIR) + "/scripts/merge_traces.py " +
+                                               path("trace") + " -o " + path("merged.json"));
+  ASSERT_EQ(merged.code, 0) << merged.out;
+  const nlohmann::json rank0 = read_trace(path("trace"), 0), rank1 = read_trace(path("trace"), 1);
+  const nlohmann::json all = read_trace(path("merged.json"));
+  ASSERT_TRUE(rank1.contains("otherData")) << rank1.dump().substr(0, 300);
+  EXPECT_EQ(rank0.at("otherData").at("clock_offset_us").get<double>(), 0.0);
+  const double offset = rank1.at("otherData").at("clock_offset_us");
+  const double uncertainty = rank1.at("otherData").at("clock_uncertainty_us");
+  EXPECT_GE(offset, 200e3 - uncertainty - 50) << "rank 1's clock started 200 ms late";
+  EXPECT_LE(offset, 230e3);
+
+  std::vector<double> own, shifted;  // rank 1's timestamps in its file and in the merged file, in file order
+  for (const auto& e : rank1.at("traceEvents"))
+    if (e.contains("ts")) own.push_back(e.at("ts"));
+  for (const auto& e : all.at("traceEvents"))
+    if (e.contains("ts") && e.at("pid") == 1) shifted.push_back(e.at("ts"));
+  ASSERT_EQ(shifted.size(), own.size());
+  for (size_t i = 0; i < own.size(); ++i) ASSERT_NEAR(shifted[i], own[i] + offset, 1e-3) << "event " << i;
+
+  const std::vector<Span> merged0 = spans_of(all, 0), merged1 = spans_of(all, 1);
+  const std::vector<Span> sent = named(merged0, "forward"), received = named(merged1, "forward");
+  ASSERT_EQ(sent.size(), received.size());
+  ASSERT_FALSE(sent.empty());
+  for (size_t i = 0; i < sent.size(); ++i) {
+    ASSERT_EQ(sent[i].name, received[i].name);  // "forward m=k ...": the same micro-batch
+    double arrived = -1;
+    for (const Span& wait : merged1)
+      if (wait.name == "wait for peer" && received[i].contains(wait)) arrived = wait.end();
+    ASSERT_GE(arrived, 0) << received[i].name << " has no wait for its activation";
+    EXPECT_GE(arrived + uncertainty, sent[i].end()) << received[i].name << ": received before it was sent";
+  }
+
+  Result local = run_with(mpiexec(2), flags + "_local");
+  ASSERT_EQ(local.code, 0) << local.out;
+  const nlohmann::json plain = read_trace(path("trace_local"), 1).at("otherData");
+  EXPECT_LT(std::abs(plain.at("clock_offset_us").get<double>()), 1e3 + plain.at("clock_uncertainty_us").get<double>())
+      << "two ranks on one host that left one barrier";
+}
+
+// --zero 3 --recompute block at 2 ranks: ZeRO-3's collectives and the recomputations have spans, as many per step
+// as the algorithm makes (dist/zero3.h): each block gathered for its forward and again for its backward (the
+// recomputation finds it gathered), one reduce-scatter per block and one for the persistent unit, one all-gather of
+// the persistent unit after the optimizer; and one recomputation per block. The gathers and reduce-scatters run on
+// the communication thread's track.
+TEST_F(TrainGptTrace, ShowsZeroCollectivesAndRecomputation) {
+  const int steps = 3, layers = 2;
+  std::string flags = tiny_flags() + " --steps " + std::to_string(steps) + " --zero 3 --recompute block --trace " +
+                      path("trace");
+  flags.replace(flags.find("--layers 1"), 10, "--layers " + std::to_string(layers));
+  Result r = run_with(mpiexec(2), flags);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const nlohmann::json trace = read_trace(path("trace"), rank);
+    const std::map<int, std::string> tracks = tracks_of(trace);
+    const std::vector<Span> spans = spans_of(trace), step_spans = named(spans, "step");
+    ASSERT_EQ(step_spans.size(), size_t(steps));
+    std::map<std::string, int> in_steps;  // by the name's first two words
+    for (const Span& s : spans) {
+      bool in_step = false;
+      for (const Span& step : step_spans) in_step |= s.ts >= step.ts && s.end() <= step.end();
+      if (!in_step) continue;
+      const size_t second = s.name.find(' ', s.name.find(' ') + 1);
+      ++in_steps[s.name.substr(0, second)];
+      if (s.starts_with("all-gather block") || s.starts_with("reduce-scatter"))
+        EXPECT_EQ(tracks.at(s.tid), "comm") << s.name;
+    }
+    EXPECT_EQ(in_steps["all-gather block"], steps * 2 * layers);
+    EXPECT_EQ(in_steps["reduce-scatter bucket"], steps * (layers + 1));
+    EXPECT_EQ(in_steps["all-gather parameters"], steps);
+    EXPECT_EQ(in_steps["recompute"], steps * layers);
+  }
+}
