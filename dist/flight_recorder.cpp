@@ -70,10 +70,11 @@ Recorder& recorder() {
   return r;
 }
 
-// The live groups, for their asynchronous errors.
+// The live asynchronous error sources (AsyncErrorWatch). The watchdog polls them holding `mu`, which their
+// destructors take too: a source is never polled once its destructor has returned.
 struct Watched {
   std::mutex mu;
-  std::vector<ProcessGroup*> groups;
+  std::vector<const AsyncErrorWatch*> watches;
 };
 
 Watched& watched() {
@@ -261,9 +262,9 @@ struct Watchdog {
       std::string group, error;
       {
         std::lock_guard<std::mutex> wlock(watched().mu);
-        for (ProcessGroup* g : watched().groups)
-          if (error = g->async_error(); !error.empty()) {
-            group = g->label();
+        for (const AsyncErrorWatch* w : watched().watches)
+          if (error = w->poll(); !error.empty()) {
+            group = w->label;
             break;
           }
       }
@@ -306,15 +307,16 @@ void monitor(Watchdog& w) {
 CallSite::CallSite(std::string label) : previous_(std::exchange(t_site, std::move(label))) {}
 CallSite::~CallSite() { t_site = std::move(previous_); }
 
-void watch_group(ProcessGroup* group) {
+AsyncErrorWatch::AsyncErrorWatch(std::string group_label, std::function<std::string()> poll_fn)
+    : label(std::move(group_label)), poll(std::move(poll_fn)) {
   std::lock_guard<std::mutex> lock(watched().mu);
-  watched().groups.push_back(group);
+  watched().watches.push_back(this);
 }
 
-void unwatch_group(ProcessGroup* group) {
+AsyncErrorWatch::~AsyncErrorWatch() {
   std::lock_guard<std::mutex> lock(watched().mu);
-  auto& g = watched().groups;
-  g.erase(std::remove(g.begin(), g.end(), group), g.end());
+  auto& w = watched().watches;
+  w.erase(std::remove(w.begin(), w.end(), this), w.end());
 }
 
 int64_t record_call(ProcessGroup& group, const char* op, DType dtype, int64_t count, int peer,

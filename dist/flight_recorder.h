@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,10 +71,19 @@ struct WatchdogOptions {
 // Records a call of `group` (its label and world ranks come from the group) and returns its entry's id. Called by
 // ProcessGroup's public methods before the backend runs, so a call that blocks is already on record.
 int64_t record_call(ProcessGroup& group, const char* op, DType dtype, int64_t count, int peer, const char* reduce_op);
-// The groups whose asynchronous errors the watchdog polls (ProcessGroup::async_error): make_process_group adds
-// each group, its destructor removes it.
-void watch_group(ProcessGroup* group);
-void unwatch_group(ProcessGroup* group);
+// An asynchronous error source the watchdog polls once a tick (NCCL's ncclCommGetAsyncError), registered while this
+// lives. `poll` returns the error as text, or empty. The destructor waits for a poll in progress, so a group
+// destroys its watch first, before tearing down what `poll` reads (ProcessGroup::watch_async_errors).
+class AsyncErrorWatch {
+ public:
+  AsyncErrorWatch(std::string group_label, std::function<std::string()> poll);
+  ~AsyncErrorWatch();
+  AsyncErrorWatch(const AsyncErrorWatch&) = delete;
+  AsyncErrorWatch& operator=(const AsyncErrorWatch&) = delete;
+
+  const std::string label;
+  const std::function<std::string()> poll;
+};
 
 // The call `id` completed (or failed, or its Work was dropped without a wait).
 void record_done(int64_t id, FlightEntry::State state = FlightEntry::State::kCompleted);

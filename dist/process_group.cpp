@@ -120,7 +120,6 @@ std::vector<int> ProcessGroup::world_ranks() const {
 }
 
 ProcessGroup::~ProcessGroup() {
-  unwatch_group(this);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (check_comm_ && !finalized) MPI_Comm_free(&check_comm_);
@@ -365,7 +364,7 @@ std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, MPI
   MPI_Group_free(&mine);
   MPI_Group_free(&world);
   group->set_world_ranks(std::move(world_ranks));
-  watch_group(group.get());
+  group->watch_async_errors();
   if (checking_collectives()) {
     MPI_Comm check = MPI_COMM_NULL;
     MINIDL_MPI_CHECK(MPI_Comm_dup(comm, &check));

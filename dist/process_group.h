@@ -92,7 +92,10 @@ class ProcessGroup {
   // What the flight recorder and the watchdog call the group ("dp", "tp", ...; default: the backend's name), and its
   // ranks' ranks in MPI_COMM_WORLD (make_process_group sets them; a group made otherwise: 0 .. size() - 1).
   std::string label() const { return label_.empty() ? name() : label_; }
-  void set_label(std::string label) { label_ = std::move(label); }
+  void set_label(std::string label) {
+    label_ = std::move(label);
+    watch_async_errors();  // again, under the new name
+  }
   std::vector<int> world_ranks() const;
   void set_world_ranks(std::vector<int> ranks) { world_ranks_ = std::move(ranks); }
   // --check-collectives: before each call the ranks exchange its fingerprint (sequence number, op, dtype, count,
@@ -100,9 +103,11 @@ class ProcessGroup {
   // dist::checking_collectives() is on), and every rank throws naming both fingerprints and their ranks on a
   // mismatch. A collective compares over the whole group; a recv compares with the matching send's.
   void set_check_channel(MPI_Comm comm) { check_comm_ = comm; }
-  // An error the backend found outside any call (NCCL's asynchronous errors: a peer died, a link broke), as text;
-  // empty when there is none. The watchdog polls it from its own thread.
-  virtual std::string async_error() { return ""; }
+  // Called by make_process_group once the group has its label: a backend whose errors can arrive outside any call
+  // (NCCL's asynchronous errors: a peer died, a link broke) registers a poll with the watchdog
+  // (dist::AsyncErrorWatch, dist/flight_recorder.h) and destroys it first in its own destructor. Not the base's
+  // job: by the time ~ProcessGroup runs, the backend's part is gone while the watchdog's thread could still poll it.
+  virtual void watch_async_errors() {}
 
  protected:
   // What a backend implements. The public methods above have validated the arguments, skipped empty tensors,

@@ -97,6 +97,13 @@ NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, Device device) {
   transport_ = std::make_unique<NcclTransport>(comm, device);
 }
 
+NcclProcessGroup::~NcclProcessGroup() { watch_.reset(); }  // no poll of the transport from here on
+
+void NcclProcessGroup::watch_async_errors() {
+  watch_.reset();  // one watch at a time (set_label renames the group)
+  watch_ = std::make_unique<AsyncErrorWatch>(label(), [this] { return async_error(); });
+}
+
 template <class Launch>
 std::shared_ptr<Work> NcclProcessGroup::enqueue(std::vector<Tensor> tensors, Launch&& launch) {
   transport_->flush();  // point-to-point queued before this goes first, in the order every rank posted it

@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "dist/cuda/nccl_transport.h"
+#include "dist/flight_recorder.h"
 #include "dist/process_group.h"
 
 namespace minidl::dist {
@@ -31,8 +32,11 @@ class NcclProcessGroup final : public ProcessGroup {
   int size() const override { return transport_->size(); }
   std::string name() const override { return "nccl"; }
   Device device() const override { return transport_->device(); }
+  ~NcclProcessGroup() override;
+  // Registers async_error() with the watchdog (ProcessGroup::watch_async_errors).
+  void watch_async_errors() override;
   // ncclCommGetAsyncError's result, named ("ncclRemoteError: remote process exited ..."), or empty.
-  std::string async_error() override;
+  std::string async_error();
 
  protected:
   std::shared_ptr<Work> do_all_reduce(Tensor& tensor, ReduceOp op) override;
@@ -50,6 +54,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> enqueue(std::vector<Tensor> tensors, Launch&& launch);
 
   std::unique_ptr<NcclTransport> transport_;
+  std::unique_ptr<AsyncErrorWatch> watch_;  // destroyed first (the destructor): the watchdog polls the transport
 };
 
 }  // namespace minidl::dist
