@@ -400,10 +400,9 @@ std::string draw_schedule(const Schedule& s) {
       const Action& a = s.ranks[r][i];
       if (!is_compute(a.kind)) continue;
       auto [t0, t1] = sim.slots[r][i];
-      char cell[16];
-      std::snprintf(cell, sizeof cell, "%c%d%s", a.kind == ActionKind::kForward ? 'F' : 'B', a.micro,
-                    V > 1 ? std::string(1, char('a' + a.chunk % 26)).c_str() : "");
-      std::string text = cell;
+      std::string text(1, a.kind == ActionKind::kForward ? 'F' : 'B');  // not "F" + ...: GCC 12's -Wrestrict misfires
+      text += std::to_string(a.micro);
+      if (V > 1) text += char('a' + a.chunk % 26);
       text.resize(width, ' ');
       for (int c = int(std::lround(t0)); c < int(std::lround(t1)) && c < cells; ++c) row[size_t(c)] = text;
     }
