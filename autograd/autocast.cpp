@@ -59,9 +59,8 @@ Tensor autocast_to(const Tensor& t, DType dt) {
   // A fresh handle per use: each use records its own (stateless) cast node, so a cached copy can be
   // backpropagated through any number of times.
   DType src = t.dtype();
-  return record("autocast_cast", {t}, data.detach(), [src](const Tensor& g) {
-    return std::vector<Tensor>{ops::cast(g, src)};
-  });
+  return record("autocast_cast", {t}, data.detach(),
+                [src](const Tensor& g) { return std::vector<Tensor>{ops::cast(g, src)}; });
 }
 
 Tensor autocast_to_half(const Tensor& t) {

@@ -13,11 +13,7 @@ class CheckpointNode final : public Node {
  public:
   CheckpointNode(CheckpointFn fn, const std::vector<Tensor>& inputs, std::vector<Tensor> params, DType autocast,
                  uint32_t outputs)
-      : Node("checkpoint"),
-        fn_(std::move(fn)),
-        params_(std::move(params)),
-        autocast_(autocast),
-        outputs_(outputs) {
+      : Node("checkpoint"), fn_(std::move(fn)), params_(std::move(params)), autocast_(autocast), outputs_(outputs) {
     for (const Tensor& t : inputs) {
       inputs_.push_back(t.detach());  // the storage, not the history
       needs_grad_.push_back(t.requires_grad() || t.grad_fn() != nullptr);

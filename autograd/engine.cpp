@@ -189,8 +189,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
                    " is not a scalar; pass its gradient explicitly");
       g = Tensor::ones(roots[i].shape(), roots[i].dtype(), roots[i].device());
     }
-    MINIDL_CHECK(g.shape() == roots[i].shape(), "backward: root gradient shape ", g.shape(), " differs from root shape ",
-                 roots[i].shape());
+    MINIDL_CHECK(g.shape() == roots[i].shape(), "backward: root gradient shape ", g.shape(),
+                 " differs from root shape ", roots[i].shape());
     deliver(root_edges[i], g);
   }
 

@@ -39,7 +39,7 @@ inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
 inline Tensor operator-(const Tensor& a) { return neg(a); }
 
 // ---- reductions (autograd/functions/reduce.cpp) ----
-Tensor sum(const Tensor& x);                                 // all elements -> scalar
+Tensor sum(const Tensor& x);  // all elements -> scalar
 Tensor sum(const Tensor& x, int dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, int dim, bool keepdim = false);

@@ -31,9 +31,8 @@ Tensor Tensor::view(const Shape& requested) const {
   MINIDL_CHECK(is_contiguous(), "view: tensor of shape ", shape(), " is not contiguous; use reshape()");
   Shape in_shape = shape();
   Tensor out = as_strided(s, contiguous_strides(s), 0);
-  return autograd::record("view", {*this}, out, [in_shape](const Tensor& g) {
-    return std::vector<Tensor>{g.reshape(in_shape)};
-  });
+  return autograd::record("view", {*this}, out,
+                          [in_shape](const Tensor& g) { return std::vector<Tensor>{g.reshape(in_shape)}; });
 }
 
 Tensor Tensor::reshape(const Shape& requested) const {
@@ -48,15 +47,14 @@ Tensor Tensor::transpose(int d0, int d1) const {
   std::swap(s[a], s[b]);
   std::swap(st[a], st[b]);
   Tensor out = as_strided(s, st, 0);
-  return autograd::record("transpose", {*this}, out, [a, b](const Tensor& g) {
-    return std::vector<Tensor>{g.transpose(a, b)};
-  });
+  return autograd::record("transpose", {*this}, out,
+                          [a, b](const Tensor& g) { return std::vector<Tensor>{g.transpose(a, b)}; });
 }
 
 Tensor Tensor::narrow(int dim, int64_t start, int64_t length) const {
   int d = wrap_dim(dim);
-  MINIDL_CHECK(start >= 0 && length >= 0 && start + length <= size(d), "narrow: range [", start, ", ",
-               start + length, ") is out of bounds for dimension ", d, " of size ", size(d));
+  MINIDL_CHECK(start >= 0 && length >= 0 && start + length <= size(d), "narrow: range [", start, ", ", start + length,
+               ") is out of bounds for dimension ", d, " of size ", size(d));
   Shape s = shape();
   s[d] = length;
   Tensor out = as_strided(s, strides(), start * stride(d));

@@ -106,8 +106,17 @@ int main(int argc, char** argv) {
       }
       double f = bench::median(fwd), b = bench::median(bwd), best = *std::min_element(total.begin(), total.end());
       if (json) {
-        rows.push_back({{"B", c.B}, {"T", c.T}, {"C", c.C}, {"H", c.H}, {"threads", th}, {"fwd_ms", f},
-                        {"bwd_ms", b}, {"total_ms", f + b}, {"best_total_ms", best}, {"cold", cold}, {"cpu", cpu}});
+        rows.push_back({{"B", c.B},
+                        {"T", c.T},
+                        {"C", c.C},
+                        {"H", c.H},
+                        {"threads", th},
+                        {"fwd_ms", f},
+                        {"bwd_ms", b},
+                        {"total_ms", f + b},
+                        {"best_total_ms", best},
+                        {"cold", cold},
+                        {"cpu", cpu}});
         continue;
       }
       std::printf("%4lld %5lld %5lld %3d %4lld %7d | %9.3f %9.3f %9.3f %9.3f | %8.1f %8.1f\n", (long long)c.B,

@@ -19,9 +19,7 @@ inline const CLI::Range kPositiveCount{int64_t(1), int64_t(1) << 30};
 inline std::optional<int> parse_flags(CLI::App& app, int argc, char** argv, const char* program) {
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) { return app.exit(e); } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "%s: error: %s (see --help)\n", program, e.what());
     return 2;
   }

@@ -48,16 +48,16 @@ int64_t parse_bytes(const std::string& s) {
   int64_t value = std::stoll(s, &used);
   std::string suffix = s.substr(used);
   int64_t scale = suffix.empty() ? 1 : suffix == "K" ? 1 << 10 : suffix == "M" ? 1 << 20 : suffix == "G" ? 1 << 30 : 0;
-  MINIDL_CHECK(scale != 0 && value >= 0, "bench_collectives: expected a byte count like 8, 512K, 64M or 1G, got '",
-               s, "'");
+  MINIDL_CHECK(scale != 0 && value >= 0, "bench_collectives: expected a byte count like 8, 512K, 64M or 1G, got '", s,
+               "'");
   return value * scale;
 }
 
 // nccl-tests' type names (and minidl's).
 DType parse_dtype(const std::string& s) {
   const std::vector<std::pair<std::vector<std::string>, DType>> names = {
-      {{"float", "f32"}, DType::f32},  {{"double", "f64"}, DType::f64}, {{"half", "f16"}, DType::f16},
-      {{"bfloat16", "bf16"}, DType::bf16}, {{"int32", "i32"}, DType::i32}, {{"int64", "i64"}, DType::i64},
+      {{"float", "f32"}, DType::f32},      {{"double", "f64"}, DType::f64}, {{"half", "f16"}, DType::f16},
+      {{"bfloat16", "bf16"}, DType::bf16}, {{"int32", "i32"}, DType::i32},  {{"int64", "i64"}, DType::i64},
       {{"uint8", "u8"}, DType::u8}};
   for (const auto& [aliases, dtype] : names)
     for (const auto& alias : aliases)
@@ -80,8 +80,9 @@ std::optional<Device> parse_device(const std::string& device, const dist::Contex
   return Device::cuda(ctx.local_rank() % devices);
 #else
   (void)ctx;
-  throw Error("bench_collectives: --device cuda: this build has no CUDA backend (build with CUDA, or configure "
-              "with -DMINIDL_CUDA_EMULATION=ON for the emulated one)");
+  throw Error(
+      "bench_collectives: --device cuda: this build has no CUDA backend (build with CUDA, or configure "
+      "with -DMINIDL_CUDA_EMULATION=ON for the emulated one)");
 #endif
 }
 
@@ -140,9 +141,12 @@ Row measure(dist::ProcessGroup& pg, const Options& o, DType dtype, ReduceOp redo
 
   Tensor full = Tensor::zeros({count}, dtype, pg.device()), part = Tensor::zeros({count / n}, dtype, pg.device());
   auto run_once = [&] {
-    if (o.op == "all_reduce") pg.all_reduce(full, redop)->wait();
-    else if (o.op == "reduce_scatter") pg.reduce_scatter(part, full, redop)->wait();
-    else pg.all_gather(full, part)->wait();
+    if (o.op == "all_reduce")
+      pg.all_reduce(full, redop)->wait();
+    else if (o.op == "reduce_scatter")
+      pg.reduce_scatter(part, full, redop)->wait();
+    else
+      pg.all_gather(full, part)->wait();
   };
   for (int i = 0; i < o.warmup; ++i) run_once();
   pg.barrier()->wait();
@@ -169,9 +173,12 @@ Row measure(dist::ProcessGroup& pg, const Options& o, DType dtype, ReduceOp redo
         if (redop == ReduceOp::kSum) return sum;
         return is_floating(dtype) ? double(float(sum) / float(n)) : double(int64_t(sum) / n);
       };
-      if (o.op == "all_reduce") row.wrong += count_wrong(full, reduced);
-      else if (o.op == "reduce_scatter") row.wrong += count_wrong(part, [&](int64_t i) { return reduced(rank * part.numel() + i); });
-      else row.wrong += count_wrong(full, [&](int64_t i) { return value(int(i / part.numel()), i % part.numel(), iter); });
+      if (o.op == "all_reduce")
+        row.wrong += count_wrong(full, reduced);
+      else if (o.op == "reduce_scatter")
+        row.wrong += count_wrong(part, [&](int64_t i) { return reduced(rank * part.numel() + i); });
+      else
+        row.wrong += count_wrong(full, [&](int64_t i) { return value(int(i / part.numel()), i % part.numel(), iter); });
     }
     MPI_Allreduce(MPI_IN_PLACE, &row.wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
   }
@@ -190,18 +197,19 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--min-bytes", o.min_bytes, "smallest size (suffixes K, M, G)")->capture_default_str();
   app.add_option("--max-bytes", o.max_bytes, "largest size (suffixes K, M, G)")->capture_default_str();
-  app.add_option("--step-factor", o.step_factor, "multiply the size by this between rows")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--step-factor", o.step_factor, "multiply the size by this between rows")
+      ->check(CLI::Range(2, 1 << 20));
   app.add_option("--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--warmup", o.warmup, "untimed iterations before them")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed iterations before them")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   app.add_option("--dtype", o.dtype, "float, double, half, bfloat16, int32, int64, uint8")->capture_default_str();
   app.add_option("--redop", o.redop, "sum, avg, max")->capture_default_str();
   app.add_flag("--json", o.json, "print a JSON object (provenance, rows) instead of the table");
   app.add_flag("--check", o.check, "verify every iteration of a second pass and count wrong elements");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return ctx.rank() == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 2 : 0);
-  }
+  } catch (const CLI::ParseError& e) { return ctx.rank() == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 2 : 0); }
 
   try {
 #ifdef MINIDL_HAVE_CUDA_BACKEND
@@ -224,10 +232,18 @@ int main(int argc, char** argv) {
     if (o.json) {
       nlohmann::json out = nlohmann::json::array();
       for (const Row& r : rows)
-        out.push_back({{"op", o.op}, {"backend", o.backend}, {"device", pg->device().is_cpu() ? "cpu" : "cuda"},
-                       {"nranks", ctx.world_size()}, {"size", r.bytes},
-                       {"count", r.count}, {"type", nccl_type_name(dtype)}, {"redop", redop_name}, {"root", -1},
-                       {"time", r.time_us}, {"alg_bw", r.algbw}, {"bus_bw", r.busbw},
+        out.push_back({{"op", o.op},
+                       {"backend", o.backend},
+                       {"device", pg->device().is_cpu() ? "cpu" : "cuda"},
+                       {"nranks", ctx.world_size()},
+                       {"size", r.bytes},
+                       {"count", r.count},
+                       {"type", nccl_type_name(dtype)},
+                       {"redop", redop_name},
+                       {"root", -1},
+                       {"time", r.time_us},
+                       {"alg_bw", r.algbw},
+                       {"bus_bw", r.busbw},
                        {"nwrong", r.wrong < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.wrong)}});
       std::printf("%s\n", nlohmann::json{{"provenance", provenance}, {"rows", out}}.dump(1).c_str());
       return 0;

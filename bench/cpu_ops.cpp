@@ -93,8 +93,7 @@ double sgemm_gflops(int M, int N, int K, int reps) {
   openblas_set_num_threads(1);
   double s = time_median(reps, [&] {
     for (int i = 0; i < 32; ++i)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(),
-                  N);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
   });
   best = 32 * 2.0 * M * N * K / s / 1e9;
   openblas_set_num_threads(num_threads());
@@ -146,8 +145,10 @@ int main(int argc, char** argv) {
   try {
     return run(numel, rows, reps, threads, isa_arg, only, json, bench::provenance(argc, argv));
   } catch (const std::exception& e) {  // minidl's Error (out of CPU memory among them) and std::bad_alloc
-    std::fprintf(stderr, "bench_cpu_ops: %s (arrays of --numel %lld floats and --rows %lld; smaller ones need less "
-                 "memory)\n", e.what(), (long long)numel, (long long)rows);
+    std::fprintf(stderr,
+                 "bench_cpu_ops: %s (arrays of --numel %lld floats and --rows %lld; smaller ones need less "
+                 "memory)\n",
+                 e.what(), (long long)numel, (long long)rows);
     return 1;
   }
 }
@@ -181,9 +182,8 @@ int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& i
   float* pd = dst.data<float>();
   const auto copy_of = [&](double bytes) {  // a copy that reads bytes / 2 and writes bytes / 2
     const int64_t count = std::min(copy_max, int64_t(bytes / 8));
-    return std::function<void()>([=] {
-      parallel_for(0, count, 1 << 16, [&](int64_t b, int64_t e) { plain_copy(ps + b, ps + e, pd + b); });
-    });
+    return std::function<void()>(
+        [=] { parallel_for(0, count, 1 << 16, [&](int64_t b, int64_t e) { plain_copy(ps + b, ps + e, pd + b); }); });
   };
   const double copy_gbs = 8.0 * n / time_median(reps, copy_of(8.0 * n)) / 1e9;
   // The exp's own rate: exp_sub_sum over one L1-resident row (no memory traffic), on every thread, summing only
@@ -263,29 +263,39 @@ int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& i
   const std::string cpu = simd::host_cpu_name();
   if (!json) std::fputs(bench::provenance_header(provenance).c_str(), stdout);
   if (!json)
-    std::printf("# copy bandwidth %.1f GB/s at the start (%lld floats, %d threads; each op's %%copy is "
-                "against a copy of its own bytes timed in turns with it, copy_GB/s); attention ceiling: sgemm "
-                "64x64x%lld x %d threads = %.1f GFLOP/s\n%-8s %-24s %10s %10s %11s %8s\n",
-                copy_gbs, (long long)n, threads, (long long)D, threads, sgemm_ceiling, "isa", "op",
-                "time_ms", "GB/s", "copy_GB/s", "%copy");
+    std::printf(
+        "# copy bandwidth %.1f GB/s at the start (%lld floats, %d threads; each op's %%copy is "
+        "against a copy of its own bytes timed in turns with it, copy_GB/s); attention ceiling: sgemm "
+        "64x64x%lld x %d threads = %.1f GFLOP/s\n%-8s %-24s %10s %10s %11s %8s\n",
+        copy_gbs, (long long)n, threads, (long long)D, threads, sgemm_ceiling, "isa", "op", "time_ms", "GB/s",
+        "copy_GB/s", "%copy");
   for (simd::CpuIsa isa : isas) {
     simd::IsaGuard guard(isa);
     const double exps = exp_rate(false), stored = exp_rate(true);
-    out.push_back({{"isa", simd::isa_name(isa)}, {"op", "exp_rate"}, {"cpu", cpu},
-                   {"exps_per_s", exps}, {"stored_exps_per_s", stored},
-                   {"cross_entropy_bound_GB/s", 4.0 * exps / 1e9}, {"softmax_bound_GB/s", 8.0 * stored / 1e9}});
+    out.push_back({{"isa", simd::isa_name(isa)},
+                   {"op", "exp_rate"},
+                   {"cpu", cpu},
+                   {"exps_per_s", exps},
+                   {"stored_exps_per_s", stored},
+                   {"cross_entropy_bound_GB/s", 4.0 * exps / 1e9},
+                   {"softmax_bound_GB/s", 8.0 * stored / 1e9}});
     if (!json)
-      std::printf("# %s exp: %.2f G/s summed, %.2f G/s stored, on %d threads from L1, so cross_entropy (4 bytes per "
-                  "summed exp) <= %.1f GB/s = %.0f%% of the copy at the start, softmax (8 per stored) <= %.1f GB/s "
-                  "= %.0f%%\n",
-                  simd::isa_name(isa), exps / 1e9, stored / 1e9, threads, 4.0 * exps / 1e9,
-                  100 * 4.0 * exps / 1e9 / copy_gbs, 8.0 * stored / 1e9, 100 * 8.0 * stored / 1e9 / copy_gbs);
+      std::printf(
+          "# %s exp: %.2f G/s summed, %.2f G/s stored, on %d threads from L1, so cross_entropy (4 bytes per "
+          "summed exp) <= %.1f GB/s = %.0f%% of the copy at the start, softmax (8 per stored) <= %.1f GB/s "
+          "= %.0f%%\n",
+          simd::isa_name(isa), exps / 1e9, stored / 1e9, threads, 4.0 * exps / 1e9, 100 * 4.0 * exps / 1e9 / copy_gbs,
+          8.0 * stored / 1e9, 100 * 8.0 * stored / 1e9 / copy_gbs);
     for (const MemoryOp& op : mem_ops) {
       if (!wanted(op.name)) continue;
       const auto [s, copy_s] = time_median_beside(reps, op.run, copy_of(op.bytes));
       const double gbs = op.bytes / s / 1e9, beside_gbs = op.bytes / copy_s / 1e9;
-      out.push_back({{"isa", simd::isa_name(isa)}, {"op", op.name}, {"time_ms", s * 1e3}, {"GB/s", gbs},
-                     {"copy_GB/s", beside_gbs}, {"fraction_of_copy", gbs / beside_gbs}});
+      out.push_back({{"isa", simd::isa_name(isa)},
+                     {"op", op.name},
+                     {"time_ms", s * 1e3},
+                     {"GB/s", gbs},
+                     {"copy_GB/s", beside_gbs},
+                     {"fraction_of_copy", gbs / beside_gbs}});
       if (!json)
         std::printf("%-8s %-24s %10.3f %10.1f %11.1f %7.0f%%\n", simd::isa_name(isa), op.name.c_str(), s * 1e3, gbs,
                     beside_gbs, 100 * gbs / beside_gbs);
@@ -296,8 +306,12 @@ int run(int64_t numel, int64_t rows, int reps, int threads, const std::string& i
       ops::causal_attention_backward(dout, qkv, f.out, f.lse, int(H));
     });
     double gflops = attn_flops / s / 1e9;
-    out.push_back({{"isa", simd::isa_name(isa)}, {"op", "attention_fwd_bwd"}, {"time_ms", s * 1e3},
-                   {"GFLOP/s", gflops}, {"sgemm_GFLOP/s", sgemm_ceiling}, {"fraction_of_sgemm", gflops / sgemm_ceiling}});
+    out.push_back({{"isa", simd::isa_name(isa)},
+                   {"op", "attention_fwd_bwd"},
+                   {"time_ms", s * 1e3},
+                   {"GFLOP/s", gflops},
+                   {"sgemm_GFLOP/s", sgemm_ceiling},
+                   {"fraction_of_sgemm", gflops / sgemm_ceiling}});
     if (!json)
       std::printf("%-8s %-24s %10.3f %10.1f %7.0f%%  (GFLOP/s, %% of sgemm)\n", simd::isa_name(isa),
                   "attention_fwd_bwd", s * 1e3, gflops, 100 * gflops / sgemm_ceiling);

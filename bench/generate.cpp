@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   app.add_option("--embd", embd, "Embedding width")->check(bench::kPositiveCount)->capture_default_str();
   app.add_option("--block", block, "Context length (block_size)")->check(bench::kPositiveCount)->capture_default_str();
   app.add_option("--vocab", vocab, "Vocabulary size")->check(bench::kPositiveCount)->capture_default_str();
-  app.add_option("--reps", reps, "Timings per point (the median counts)")->check(bench::kPositiveCount)
+  app.add_option("--reps", reps, "Timings per point (the median counts)")
+      ->check(bench::kPositiveCount)
       ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads; default: all cores");
   app.add_option("--device", device_flag, "cpu, cuda or cuda:N")->capture_default_str();
@@ -70,8 +71,9 @@ int main(int argc, char** argv) {
         // state (the weights as the previous token left them in the caches, not as the prompt pass did).
         const int64_t first = std::max<int64_t>(1, L - kRun), run = L + 1 - first;
         nn::KVCache cache;
-        model.forward_cached(Tensor::from_vector(std::vector<int32_t>(ids.begin(), ids.begin() + first),
-                                                 Shape{1, first}).to(device), cache);
+        model.forward_cached(
+            Tensor::from_vector(std::vector<int32_t>(ids.begin(), ids.begin() + first), Shape{1, first}).to(device),
+            cache);
         std::vector<Tensor> next;
         for (int64_t p = first; p <= L; ++p)
           next.push_back(Tensor::from_vector(std::vector<int32_t>{ids[size_t(p)]}, Shape{1, 1}).to(device));

@@ -65,21 +65,27 @@ struct StepCounters {
   void begin() { before = cuda::counters(); }
   void end() {
     const cuda::Counters d = cuda::counters() - before;
-    total = cuda::Counters{total.kernel_launches + d.kernel_launches, total.memsets + d.memsets,
-                           total.host_syncs + d.host_syncs, total.h2d_copies + d.h2d_copies,
-                           total.h2d_bytes + d.h2d_bytes, total.d2h_copies + d.d2h_copies,
-                           total.d2h_bytes + d.d2h_bytes, total.d2d_copies + d.d2d_copies,
-                           total.d2d_bytes + d.d2d_bytes, total.device_mallocs + d.device_mallocs,
-                           total.device_frees + d.device_frees, total.graph_launches + d.graph_launches};
+    total = cuda::Counters{total.kernel_launches + d.kernel_launches,
+                           total.memsets + d.memsets,
+                           total.host_syncs + d.host_syncs,
+                           total.h2d_copies + d.h2d_copies,
+                           total.h2d_bytes + d.h2d_bytes,
+                           total.d2h_copies + d.d2h_copies,
+                           total.d2h_bytes + d.d2h_bytes,
+                           total.d2d_copies + d.d2d_copies,
+                           total.d2d_bytes + d.d2d_bytes,
+                           total.device_mallocs + d.device_mallocs,
+                           total.device_frees + d.device_frees,
+                           total.graph_launches + d.graph_launches};
   }
   void print(int64_t steps) const {
     const double n = double(steps);
     const cuda::Counters& t = total;
-    std::printf("per step: launches %.1f memsets %.1f syncs %.1f h2d %.1f (%.0f B) d2h %.1f (%.0f B) "
-                "d2d %.1f (%.0f B) cudaMalloc %.1f graph launches %.1f\n",
-                t.kernel_launches / n, t.memsets / n, t.host_syncs / n, t.h2d_copies / n, t.h2d_bytes / n,
-                t.d2h_copies / n, t.d2h_bytes / n, t.d2d_copies / n, t.d2d_bytes / n, t.device_mallocs / n,
-                t.graph_launches / n);
+    std::printf(
+        "per step: launches %.1f memsets %.1f syncs %.1f h2d %.1f (%.0f B) d2h %.1f (%.0f B) "
+        "d2d %.1f (%.0f B) cudaMalloc %.1f graph launches %.1f\n",
+        t.kernel_launches / n, t.memsets / n, t.host_syncs / n, t.h2d_copies / n, t.h2d_bytes / n, t.d2h_copies / n,
+        t.d2h_bytes / n, t.d2d_copies / n, t.d2d_bytes / n, t.device_mallocs / n, t.graph_launches / n);
   }
   // Fields for the --json object: ", \"launches_per_step\": ..." (empty without a CUDA backend).
   std::string json_fields(int64_t steps) const {
@@ -132,36 +138,45 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30))
       ->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
-  app.add_option("--ceiling-every", ceiling_every, "On the CPU (f32, one process): time a round of the sgemm "
+  app.add_option("--ceiling-every", ceiling_every,
+                 "On the CPU (f32, one process): time a round of the sgemm "
                  "ceiling's products before the first timed step and after every this many, and compare each step "
                  "with the rounds around it (ops/sgemm_ceiling.h)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 30))->capture_default_str();
-  app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30))
       ->capture_default_str();
+  app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")->capture_default_str();
   app.add_option("--amp", amp, "Mixed precision: off, bf16 or fp16 (fp16 with dynamic loss scaling)")
       ->capture_default_str();
   app.add_option("--grad-accum", grad_accum, "Micro-batches per step")->capture_default_str();
   app.add_option("--device", device_flag, "cpu, cuda or cuda:N (the emulated CUDA in a MINIDL_CUDA_EMULATION build)")
       ->capture_default_str();
-  app.add_option("--cpu-gemm", cpu_gemm, "f32 matrix products on the CPU: auto (minidl's own kernel under AVX2 and "
+  app.add_option("--cpu-gemm", cpu_gemm,
+                 "f32 matrix products on the CPU: auto (minidl's own kernel under AVX2 and "
                  "AVX-512, OpenBLAS under SSE4), openblas or minidl (ops/matmul.h)")
-      ->check(CLI::IsMember({"auto", "openblas", "minidl"}))->capture_default_str();
+      ->check(CLI::IsMember({"auto", "openblas", "minidl"}))
+      ->capture_default_str();
   app.add_flag("--tf32", tf32, "f32 matrix products on TF32 tensor cores (GPU)");
-  app.add_flag("--cuda-graph", cuda_graph, "With --device cuda, one process: capture a step as a CUDA graph and "
+  app.add_flag("--cuda-graph", cuda_graph,
+               "With --device cuda, one process: capture a step as a CUDA graph and "
                "replay it (train/cuda_graph.h; the capture is the 3rd step, so keep --warmup >= 3)");
   app.add_option("--peak-tflops", peak_tflops,
                  "The GPU's dense peak TFLOP/s for MFU; default: from a table of NVIDIA GPUs by name");
-  app.add_option("--tp", tp, "Tensor-parallel ranks; must divide --heads and the number of ranks (mpirun -n N: "
-                 "N / tp data-parallel groups, with --zero)")->capture_default_str();
+  app.add_option("--tp", tp,
+                 "Tensor-parallel ranks; must divide --heads and the number of ranks (mpirun -n N: "
+                 "N / tp data-parallel groups, with --zero)")
+      ->capture_default_str();
   app.add_flag("--sequence-parallel", sequence_parallel, "With --tp: sequence parallelism");
-  app.add_option("--zero", zero, "Under mpirun: 0 (DDP), or ZeRO stage 1, 2 or 3 over the data-parallel ranks (all "
+  app.add_option("--zero", zero,
+                 "Under mpirun: 0 (DDP), or ZeRO stage 1, 2 or 3 over the data-parallel ranks (all "
                  "ranks / --tp); at one rank, 1-3 run the stage's code path with one shard")
       ->capture_default_str();
-  app.add_option("--backend", backend, "Under mpirun: the collectives' backend, mpi or ring (CPU); with --device "
+  app.add_option("--backend", backend,
+                 "Under mpirun: the collectives' backend, mpi or ring (CPU); with --device "
                  "cuda, mpi means nccl (ring: the device ring)")
       ->capture_default_str();
   app.add_flag("--json", json, "Also print one JSON object as the last line");
-  app.add_flag("--same-batch", same_batch, "Train on one batch, repeated every step: the loss must fall (the "
+  app.add_flag("--same-batch", same_batch,
+               "Train on one batch, repeated every step: the loss must fall (the "
                "loss line gives the first and the last timed step's)");
   app.add_option("--pp", pp, "Pipeline stages (run under mpirun -n PP; CPU, f32/bf16)")->capture_default_str();
   app.add_option("--micro-batches", micro_batches, "With --pp: micro-batches per step (default: --pp)");
@@ -171,9 +186,7 @@ int main(int argc, char** argv) {
   // Flag errors are the same on every rank: each returns 2 and MPI finalises normally.
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return speaks ? app.exit(e) : 0;
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) { return speaks ? app.exit(e) : 0; } catch (const CLI::ParseError& e) {
     if (speaks) std::fprintf(stderr, "bench_gpt_step: error: %s (see --help)\n", e.what());
     return 2;
   }
@@ -195,14 +208,15 @@ int main(int argc, char** argv) {
       b.provenance = bench::provenance(argc, argv);
       return bench::run_pipeline_bench(ctx, b);
     }
-    MINIDL_CHECK(tp >= 1 && ctx.world_size() % tp == 0, "--tp ", tp, " must divide the number of ranks (mpirun -n), "
-                 "got ", ctx.world_size());
+    MINIDL_CHECK(tp >= 1 && ctx.world_size() % tp == 0, "--tp ", tp,
+                 " must divide the number of ranks (mpirun -n), "
+                 "got ",
+                 ctx.world_size());
     MINIDL_CHECK(heads % tp == 0, "--tp ", tp, " must divide --heads ", heads);
     MINIDL_CHECK(zero >= 0 && zero <= 3, "--zero: expected 0, 1, 2 or 3, got ", zero);
     MINIDL_CHECK(steps >= 1 && warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ", steps, " and ", warmup);
     set_num_threads(threads > 0 ? threads : default_num_threads());
-    MINIDL_CHECK(amp == "off" || amp == "bf16" || amp == "fp16", "--amp: expected off, bf16 or fp16, got '", amp,
-                 "'");
+    MINIDL_CHECK(amp == "off" || amp == "bf16" || amp == "fp16", "--amp: expected off, bf16 or fp16, got '", amp, "'");
     const Device device = train::select_device(device_flag);
     ops::set_allow_tf32(tf32);
     ops::set_cpu_gemm(cpu_gemm == "openblas" ? ops::CpuGemm::kOpenBlas
@@ -250,7 +264,8 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) device_batches.emplace(train::device_sampler(model, tokens, seq, batch * world, 1));
     std::unique_ptr<train::CudaGraphStep> graph;  // --cuda-graph
     if (cuda_graph) {
-      MINIDL_CHECK(ctx.world_size() == 1 && tp == 1 && zero == 0, "--cuda-graph: expected one process without "
+      MINIDL_CHECK(ctx.world_size() == 1 && tp == 1 && zero == 0,
+                   "--cuda-graph: expected one process without "
                    "--tp or --zero");
       train::StepOptions captured = options;
       captured.grad_sync = nullptr;  // one process: nothing to synchronise
@@ -279,12 +294,16 @@ int main(int argc, char** argv) {
       if (s >= warmup) counted.begin();
       dist::reset_tensor_parallel_traffic();
       train::StepResult r;
-      if (device_batches && graph) r = graph->step(*device_batches, batch_step, data_rank * batch, batch, 1e-3);
+      if (device_batches && graph)
+        r = graph->step(*device_batches, batch_step, data_rank * batch, batch, 1e-3);
       else if (device_batches) {
         train::StepOptions o = options;
-        r = train::train_step(stage, opt, train::draw_checked(*device_batches, batch_step, data_rank * batch, batch, o), o);
-      } else if (graph) r = graph->step(b, 1e-3);
-      else r = train::train_step(stage, opt, b, options);
+        r = train::train_step(stage, opt, train::draw_checked(*device_batches, batch_step, data_rank * batch, batch, o),
+                              o);
+      } else if (graph)
+        r = graph->step(b, 1e-3);
+      else
+        r = train::train_step(stage, opt, b, options);
       if (s >= warmup) counted.end();
       if (device.is_cuda()) device_backend(device, "synchronize").synchronize(device.index);  // the step's GPU work
       double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -314,10 +333,10 @@ int main(int argc, char** argv) {
     auto mb = [](int64_t b) { return double(b) / (1 << 20); };
     // On the CPU the device line names the host's CPU and the kernels' instruction set, so a pasted table says
     // which machine it came from.
-    const std::string name =
-        device.is_cpu() ? "cpu (" + ops::simd::host_cpu_and_kernels() + ", gemm " +
-                              (ops::cpu_gemm() == ops::CpuGemm::kMinidl ? "minidl" : "openblas") + ")"
-                        : train::device_name(device);
+    const std::string name = device.is_cpu()
+                                 ? "cpu (" + ops::simd::host_cpu_and_kernels() + ", gemm " +
+                                       (ops::cpu_gemm() == ops::CpuGemm::kMinidl ? "minidl" : "openblas") + ")"
+                                 : train::device_name(device);
     // MFU: the model's FLOPs per second over the GPU's dense peak for the dtype its products run in.
     if (device.is_cuda() && peak_tflops <= 0) peak_tflops = train::gpu_peak_tflops(name, options.amp, tf32);
     const double mfu = peak_tflops > 0 ? gflops / (peak_tflops * 1e3) : 0.0;
@@ -326,20 +345,20 @@ int main(int argc, char** argv) {
                   topo.backend().c_str());
     const nlohmann::json provenance = bench::provenance(argc, argv);
     std::fputs(bench::provenance_header(provenance).c_str(), stdout);
-    std::printf("device: %s%s\n", name.c_str(),
-                device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str()
-                                                    : "");
+    std::printf(
+        "device: %s%s\n", name.c_str(),
+        device.is_cuda() && peak_tflops > 0 ? (" (peak " + std::to_string(peak_tflops) + " TFLOP/s)").c_str() : "");
     const double peak_rss = train::peak_rss_mb();
-    std::printf("%-40s %8s %10s %9s %9s %10s %10s %7s %9s %6s\n", "config", "threads", "ms/step", "tokens/s",
-                "GFLOP/s", "peak_MB", "act_MB", "MFU", "ceiling", "%ceil");
+    std::printf("%-40s %8s %10s %9s %9s %10s %10s %7s %9s %6s\n", "config", "threads", "ms/step", "tokens/s", "GFLOP/s",
+                "peak_MB", "act_MB", "MFU", "ceiling", "%ceil");
     char cfg[96];
     std::snprintf(cfg, sizeof cfg, "L%lld H%lld C%lld T%lld B%lld %s %s%s%s", (long long)layers, (long long)heads,
                   (long long)embd, (long long)seq, (long long)batch, amp.c_str(), recompute.c_str(),
                   tp > 1 ? (" tp" + std::to_string(tp)).c_str() : "", sequence_parallel ? " sp" : "");
     std::string mfu_text = mfu > 0 ? std::to_string(mfu * 100).substr(0, 5) + "%" : "-";
     std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f %7s %9.1f %5.0f%%\n", cfg, num_threads(), median,
-                tokens_per_step / median * 1e3, gflops, peak_rss, mb(l.peak(MemTag::kActivations)),
-                mfu_text.c_str(), ceiling, pct_ceiling);
+                tokens_per_step / median * 1e3, gflops, peak_rss, mb(l.peak(MemTag::kActivations)), mfu_text.c_str(),
+                ceiling, pct_ceiling);
     std::printf("ledger peaks (MiB): params %.1f grads %.1f optimizer %.1f activations %.1f total %.1f\n",
                 mb(l.peak(MemTag::kParams)), mb(l.peak(MemTag::kGrads)), mb(l.peak(MemTag::kOptimizer)),
                 mb(l.peak(MemTag::kActivations)), mb(l.peak_total()));
@@ -350,14 +369,18 @@ int main(int argc, char** argv) {
       blas_ms = blas.seconds * 1e3 / double(ms.size());
       blas_gflops = blas.seconds > 0 ? blas.flops / blas.seconds / 1e9 : 0.0;
       rest_ms = core_ms - blas_ms;
-      std::printf("core time per step: %.2f ms in BLAS at %.1f GFLOP/s per core (%.0f%% of the ceiling's %.1f), "
-                  "%.2f ms outside it (%.0f%%)\n", blas_ms, blas_gflops, 100 * blas_gflops * num_threads() / ceiling,
-                  ceiling / num_threads(), rest_ms, 100 * rest_ms / (blas_ms + rest_ms));
+      std::printf(
+          "core time per step: %.2f ms in BLAS at %.1f GFLOP/s per core (%.0f%% of the ceiling's %.1f), "
+          "%.2f ms outside it (%.0f%%)\n",
+          blas_ms, blas_gflops, 100 * blas_gflops * num_threads() / ceiling, ceiling / num_threads(), rest_ms,
+          100 * rest_ms / (blas_ms + rest_ms));
     }
     if (tp > 1) {
       const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();  // the last step's
-      std::printf("tp traffic per step (MiB of payload, per rank): all-reduce %.2f all-gather %.2f "
-                  "reduce-scatter %.2f\n", mb(t.all_reduce_bytes), mb(t.all_gather_bytes), mb(t.reduce_scatter_bytes));
+      std::printf(
+          "tp traffic per step (MiB of payload, per rank): all-reduce %.2f all-gather %.2f "
+          "reduce-scatter %.2f\n",
+          mb(t.all_reduce_bytes), mb(t.all_gather_bytes), mb(t.reduce_scatter_bytes));
     }
     if (device.is_cuda()) counted.print(steps);
     std::printf("loss: first timed step %.4f, last %.4f%s\n", loss_first, loss_last,
@@ -365,16 +388,18 @@ int main(int argc, char** argv) {
     if (json) {
       char blas_fields[160] = "";
       if (ceiling_products)
-        std::snprintf(blas_fields, sizeof blas_fields, ", \"blas_ms_per_step\": %.3f, \"blas_gflops_per_core\": %.2f, "
-                      "\"rest_ms_per_step\": %.3f", blas_ms, blas_gflops, rest_ms);
-      std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
-                  "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
-"\"sgemm_ceiling_gflops\": %.2f, \"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d, "
-                  "\"loss_first\": %.6g, \"loss_last\": %.6g, \"same_batch\": %s%s%s, \"provenance\": %s}\n",
-                  median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(),
-                  mb(l.peak(MemTag::kActivations)), name.c_str(), mfu, ceiling, pct_ceiling, world, zero, loss_first,
-                  loss_last, same_batch ? "true" : "false", blas_fields,
-                  device.is_cuda() ? counted.json_fields(steps).c_str() : "", provenance.dump().c_str());
+        std::snprintf(blas_fields, sizeof blas_fields,
+                      ", \"blas_ms_per_step\": %.3f, \"blas_gflops_per_core\": %.2f, "
+                      "\"rest_ms_per_step\": %.3f",
+                      blas_ms, blas_gflops, rest_ms);
+      std::printf(
+          "{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
+          "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
+          "\"sgemm_ceiling_gflops\": %.2f, \"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d, "
+          "\"loss_first\": %.6g, \"loss_last\": %.6g, \"same_batch\": %s%s%s, \"provenance\": %s}\n",
+          median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(), mb(l.peak(MemTag::kActivations)),
+          name.c_str(), mfu, ceiling, pct_ceiling, world, zero, loss_first, loss_last, same_batch ? "true" : "false",
+          blas_fields, device.is_cuda() ? counted.json_fields(steps).c_str() : "", provenance.dump().c_str());
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt_step: error (rank %d): %s\n", ctx.rank(), e.what());

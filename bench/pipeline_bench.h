@@ -1,6 +1,6 @@
 // bench_gpt_step --pp N (under mpirun -n N): times pipeline-parallel training steps of one model config on random
-// tokens, with the schedule's simulated and measured bubble and the memory ledger's activation peak of every stage. Rank 0
-// prints; every rank takes part.
+// tokens, with the schedule's simulated and measured bubble and the memory ledger's activation peak of every stage.
+// Rank 0 prints; every rank takes part.
 //
 //   mpirun -n 2 build/bin/bench_gpt_step --pp 2 --micro-batches 4 --schedule 1f1b --threads 1
 #pragma once
@@ -41,8 +41,8 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
   MINIDL_CHECK(b.batch % b.spec.micro_batches == 0, "--batch ", b.batch, " does not split into --micro-batches ",
                b.spec.micro_batches);
   const int64_t C = b.model.n_embd, V = b.model.vocab_size;
-  std::vector<int64_t> starts = dist::split_layers(b.model.n_layer, chunks, 12 * C * C + 13 * C,
-                                                   V * C + b.model.block_size * C, 2 * C + V * C);
+  std::vector<int64_t> starts =
+      dist::split_layers(b.model.n_layer, chunks, 12 * C * C + 13 * C, V * C + b.model.block_size * C, 2 * C + V * C);
   train::Stage pipe(b.model, 1337, b.spec, starts, topo);
   pipe.train();
   pipe.set_recompute(b.recompute);
@@ -80,9 +80,9 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
   std::printf("%-40s %6s %10s %9s %9s %8s %8s  %s\n", "config", "ranks", "ms/step", "tokens/s", "GFLOP/s", "bubble",
               "measured", "act_MB per stage");
   char cfg[128];
-  std::snprintf(cfg, sizeof cfg, "L%lld C%lld T%lld B%lld pp%d %s M%d V%d", (long long)b.model.n_layer,
-                (long long)C, (long long)b.model.block_size, (long long)b.batch, b.spec.stages,
-                dist::schedule_kind_name(b.spec.kind), b.spec.micro_batches, b.spec.virtual_stages);
+  std::snprintf(cfg, sizeof cfg, "L%lld C%lld T%lld B%lld pp%d %s M%d V%d", (long long)b.model.n_layer, (long long)C,
+                (long long)b.model.block_size, (long long)b.batch, b.spec.stages, dist::schedule_kind_name(b.spec.kind),
+                b.spec.micro_batches, b.spec.virtual_stages);
   std::string acts;
   char num[32];
   for (double a : act) {
@@ -97,11 +97,12 @@ inline int run_pipeline_bench(const dist::Context& ctx, const PipelineBench& b) 
       std::snprintf(num, sizeof num, list.empty() ? "%.4f" : ", %.4f", a);
       list += num;
     }
-    std::printf("{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"pp\": %d, \"schedule\": \"%s\", "
-                "\"micro_batches\": %d, \"virtual_stages\": %d, \"bubble_simulated\": %.4f, \"bubble_measured\": %.4f, "
-                "\"act_peak_mb_per_stage\": [%s], \"provenance\": %s}\n",
-                median, tokens_per_step / median * 1e3, flops, b.spec.stages, dist::schedule_kind_name(b.spec.kind),
-                b.spec.micro_batches, b.spec.virtual_stages, bubble, measured, list.c_str(), b.provenance.dump().c_str());
+    std::printf(
+        "{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"pp\": %d, \"schedule\": \"%s\", "
+        "\"micro_batches\": %d, \"virtual_stages\": %d, \"bubble_simulated\": %.4f, \"bubble_measured\": %.4f, "
+        "\"act_peak_mb_per_stage\": [%s], \"provenance\": %s}\n",
+        median, tokens_per_step / median * 1e3, flops, b.spec.stages, dist::schedule_kind_name(b.spec.kind),
+        b.spec.micro_batches, b.spec.virtual_stages, bubble, measured, list.c_str(), b.provenance.dump().c_str());
   }
   return 0;
 }

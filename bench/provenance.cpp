@@ -35,14 +35,14 @@ std::string trim(const std::string& s) {
 
 nlohmann::json gpus() {
   nlohmann::json out = nlohmann::json::array();
-  std::istringstream lines(output_of(
-      "nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader,nounits"));
+  std::istringstream lines(
+      output_of("nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader,nounits"));
   for (std::string line; std::getline(lines, line);) {
     std::vector<std::string> f;
     std::istringstream fields(line);
     for (std::string x; std::getline(fields, x, ',');) f.push_back(trim(x));
-    if (f.size() == 4) out.push_back({{"name", f[0]}, {"driver", f[1]}, {"sm_clock_max_mhz", f[2]},
-                                      {"power_limit_w", f[3]}});
+    if (f.size() == 4)
+      out.push_back({{"name", f[0]}, {"driver", f[1]}, {"sm_clock_max_mhz", f[2]}, {"power_limit_w", f[3]}});
   }
   return out;
 }

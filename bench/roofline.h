@@ -72,7 +72,7 @@ struct KernelCost {
   std::string name;
   int64_t launches = 0;
   double flops = 0, bytes = 0;
-  bool cuda_cores = false;  // f32 arithmetic without tensor cores: bounded by the FP32 peak whatever the amp
+  bool cuda_cores = false;   // f32 arithmetic without tensor cores: bounded by the FP32 peak whatever the amp
   double padding_flops = 0;  // done on padding (the vocabulary's): in the kernel's time, not in the model's FLOPs
 };
 
@@ -109,7 +109,7 @@ inline std::vector<KernelCost> step_kernels(const RooflineConfig& c) {
   const double Vp = c.kernels == KernelSet::kBefore ? V : std::ceil(V / 64) * 64;
   const bool classifier_f32 = half && c.kernels == KernelSet::kBefore;
   const double ce = classifier_f32 ? f : s;
-  const double hn = f32_norms ? f : s;            // what layernorm and bias + GELU move per 16-bit element
+  const double hn = f32_norms ? f : s;  // what layernorm and bias + GELU move per 16-bit element
   std::vector<KernelCost> k;
   auto add = [&](std::string name, double launches, double flops, double bytes, bool cuda_cores = false,
                  double padding_flops = 0) {

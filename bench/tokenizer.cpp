@@ -34,12 +34,15 @@ std::string read(const std::string& path) {
 double tiktoken_seconds(const std::string& python, const std::string& encoding, const std::string& text_path,
                         int reps) {
   const std::string script = std::string(MINIDL_SOURCE_DIR) + "/tests/data/tiktoken_ids.py";
-  const std::string command = python + " -c \"import runpy, statistics, sys, time; m = runpy.run_path('" + script +
-                              "'); enc = m['encoding']('" + encoding + "'); text = open('" + text_path +
-                              "', encoding='utf-8', newline='').read(); t = []\n"
-                              "for _ in range(" + std::to_string(reps) + "):\n"
-                              "    s = time.perf_counter(); enc.encode_ordinary(text); t.append(time.perf_counter() - s)\n"
-                              "print(statistics.median(t))\"";
+  const std::string command =
+      python + " -c \"import runpy, statistics, sys, time; m = runpy.run_path('" + script +
+      "'); enc = m['encoding']('" + encoding + "'); text = open('" + text_path +
+      "', encoding='utf-8', newline='').read(); t = []\n"
+      "for _ in range(" +
+      std::to_string(reps) +
+      "):\n"
+      "    s = time.perf_counter(); enc.encode_ordinary(text); t.append(time.perf_counter() - s)\n"
+      "print(statistics.median(t))\"";
   FILE* p = popen(command.c_str(), "r");
   MINIDL_CHECK(p != nullptr, "--tiktoken: cannot run ", python);
   double seconds = -1;
@@ -60,9 +63,11 @@ int main(int argc, char** argv) {
   CLI::App app{"GPT-2 BPE encoding speed on one thread, optionally in turns with tiktoken"};
   app.add_option("--text", text_path, "UTF-8 text file to encode")->capture_default_str();
   app.add_option("--encoding", encoding, "GPT-2's encoding file")->capture_default_str();
-  app.add_option("--reps", reps, "Encodes per round (the median counts)")->check(bench::kPositiveCount)
+  app.add_option("--reps", reps, "Encodes per round (the median counts)")
+      ->check(bench::kPositiveCount)
       ->capture_default_str();
-  app.add_option("--rounds", rounds, "With --tiktoken: rounds of minidl then tiktoken")->check(bench::kPositiveCount)
+  app.add_option("--rounds", rounds, "With --tiktoken: rounds of minidl then tiktoken")
+      ->check(bench::kPositiveCount)
       ->capture_default_str();
   app.add_option("--tiktoken", python, "A Python interpreter that has tiktoken: time it in turns with minidl");
   if (std::optional<int> code = bench::parse_flags(app, argc, argv, "bench_tokenizer")) return *code;

@@ -8,7 +8,7 @@ namespace minidl {
 
 const DTypeInfo& dtype_info(DType dt) {
   static const DTypeInfo table[] = {
-      {"f32", 4, "F32", true}, {"f64", 8, "F64", true},  {"f16", 2, "F16", true}, {"bf16", 2, "BF16", true},
+      {"f32", 4, "F32", true},  {"f64", 8, "F64", true},  {"f16", 2, "F16", true}, {"bf16", 2, "BF16", true},
       {"i32", 4, "I32", false}, {"i64", 8, "I64", false}, {"u8", 1, "U8", false},
   };
   return table[static_cast<int>(dt)];

@@ -30,14 +30,36 @@ DType dtype_from_safetensors(std::string_view s);
 inline std::ostream& operator<<(std::ostream& os, DType dt) { return os << dtype_name(dt); }
 
 // C++ type <-> DType.
-template <class T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
-template <> struct dtype_of<f16> { static constexpr DType value = DType::f16; };
-template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct dtype_of<f16> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct dtype_of<bf16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
 
 // Calls fn with a value of the C++ type for dt: dispatch_dtype(dt, [&](auto tag) { using T = decltype(tag); ... }).
 template <class Fn>
@@ -64,11 +86,29 @@ decltype(auto) dispatch_float(const char* op, DType dt, Fn&& fn) {
 }
 
 // Load/store any element type as double or float (slow paths: casts, printing, tests).
-template <class T> inline double to_double(T v) { return double(v); }
-template <> inline double to_double(f16 v) { return to_float(v); }
-template <> inline double to_double(bf16 v) { return to_float(v); }
-template <class T> inline T from_double(double v) { return T(v); }
-template <> inline f16 from_double(double v) { return to_f16(float(v)); }
-template <> inline bf16 from_double(double v) { return to_bf16(float(v)); }
+template <class T>
+inline double to_double(T v) {
+  return double(v);
+}
+template <>
+inline double to_double(f16 v) {
+  return to_float(v);
+}
+template <>
+inline double to_double(bf16 v) {
+  return to_float(v);
+}
+template <class T>
+inline T from_double(double v) {
+  return T(v);
+}
+template <>
+inline f16 from_double(double v) {
+  return to_f16(float(v));
+}
+template <>
+inline bf16 from_double(double v) {
+  return to_bf16(float(v));
+}
 
 }  // namespace minidl

@@ -42,23 +42,23 @@ int process_rank();
 
 }  // namespace minidl
 
-#define MINIDL_CHECK(cond, ...)                                                            \
-  do {                                                                                     \
-    if (!(cond)) [[unlikely]]                                                              \
+#define MINIDL_CHECK(cond, ...)                                                                 \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]]                                                                   \
       ::minidl::detail::throw_error(__FILE__, __LINE__, ::minidl::detail::concat(__VA_ARGS__)); \
   } while (0)
 
-#define MINIDL_ASSERT(cond, ...)                                                           \
-  do {                                                                                     \
-    if (!(cond)) [[unlikely]]                                                              \
-      ::minidl::detail::throw_internal(__FILE__, __LINE__, #cond,                          \
+#define MINIDL_ASSERT(cond, ...)                                                                 \
+  do {                                                                                           \
+    if (!(cond)) [[unlikely]]                                                                    \
+      ::minidl::detail::throw_internal(__FILE__, __LINE__, #cond,                                \
                                        ::minidl::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)
 
 // `call_text` is #call taken by the library's own macro, before the call's macros (MPI_COMM_WORLD) expand.
-#define MINIDL_STATUS_CHECK(call, call_text, success, thrower)                           \
-  do {                                                                                   \
-    auto minidl_status_ = (call);                                                        \
-    if (minidl_status_ != (success)) [[unlikely]]                                        \
-      thrower(minidl_status_, call_text, __FILE__, __LINE__);                            \
+#define MINIDL_STATUS_CHECK(call, call_text, success, thrower) \
+  do {                                                         \
+    auto minidl_status_ = (call);                              \
+    if (minidl_status_ != (success)) [[unlikely]]              \
+      thrower(minidl_status_, call_text, __FILE__, __LINE__);  \
   } while (0)

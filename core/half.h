@@ -32,7 +32,7 @@ MINIDL_HD float to_float(bf16 h) { return bits_float(uint32_t(h.bits) << 16); }
 MINIDL_HD bf16 to_bf16(float f) {
   uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                                // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                                               // round to nearest even
   return bf16{uint16_t(u >> 16)};
 }
 
@@ -54,9 +54,9 @@ MINIDL_HD f16 to_f16(float f) {
   uint32_t u = float_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};      // nan
-  if (abs >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};     // overflow -> inf (>= 65520)
-  if (abs < 0x38800000u) {                                          // subnormal or zero in f16
+  if (abs > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};   // nan
+  if (abs >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};  // overflow -> inf (>= 65520)
+  if (abs < 0x38800000u) {                                       // subnormal or zero in f16
     float a = bits_float(abs);
     // round(a / 2^-24) with ties to even, done in float (exact for these magnitudes)
     float q = a * 16777216.0f;

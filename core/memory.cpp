@@ -16,8 +16,7 @@ const char* mem_tag_name(MemTag tag) {
 
 static void update_max(std::atomic<int64_t>& peak, int64_t v) {
   int64_t p = peak.load(std::memory_order_relaxed);
-  while (v > p && !peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {
-  }
+  while (v > p && !peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {}
 }
 
 void MemoryLedger::add(MemTag tag, int64_t bytes) {

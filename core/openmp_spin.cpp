@@ -31,7 +31,7 @@ static void default_openmp_spin(int, char** argv, char** envp) {
   env[n + 1] = nullptr;
   execve("/proc/self/exe", argv, env);
 }
-[[gnu::used, gnu::section(".preinit_array")]] static void (*const preinit_openmp_spin)(int, char**, char**) =
-    default_openmp_spin;
+[[gnu::used, gnu::section(".preinit_array")]] static void (*const preinit_openmp_spin)(int, char**,
+                                                                                       char**) = default_openmp_spin;
 
 }  // namespace minidl

@@ -60,8 +60,8 @@ static Tensor host_mirror(const Tensor& t, bool download) {
   Tensor buffer = Tensor::empty(Shape{span}, t.dtype());
   Tensor mirror = buffer.as_strided(t.shape(), t.strides(), 0);
   if (download && span > 0)
-    device_backend(t.device(), "read").copy(buffer.raw_data(), Device::cpu(), t.raw_device_data(), t.device(),
-                                              buffer.nbytes());
+    device_backend(t.device(), "read")
+        .copy(buffer.raw_data(), Device::cpu(), t.raw_device_data(), t.device(), buffer.nbytes());
   return mirror;
 }
 
@@ -70,8 +70,8 @@ static void upload_mirror(const Tensor& mirror, const Tensor& t) {
   int64_t span = mirror.numel() > 0 ? 1 : 0;
   for (int i = 0; i < mirror.dim() && span > 0; ++i) span += (mirror.size(i) - 1) * mirror.stride(i);
   if (span > 0)
-    device_backend(t.device(), "write").copy(t.raw_device_data(), t.device(), mirror.raw_data(), Device::cpu(),
-                                             size_t(span) * dtype_size(t.dtype()));
+    device_backend(t.device(), "write")
+        .copy(t.raw_device_data(), t.device(), mirror.raw_data(), Device::cpu(), size_t(span) * dtype_size(t.dtype()));
 }
 
 Strides contiguous_strides(const Shape& shape) {
@@ -116,8 +116,8 @@ Tensor Tensor::scalar(double value, DType dtype) { return full(Shape{}, value, d
 
 template <class V>
 static Tensor from_values(const std::vector<V>& values, const Shape& shape, DType dtype) {
-  MINIDL_CHECK(int64_t(values.size()) == shape.numel(), "from_vector: ", values.size(),
-               " values do not fill shape ", shape, " (", shape.numel(), " elements)");
+  MINIDL_CHECK(int64_t(values.size()) == shape.numel(), "from_vector: ", values.size(), " values do not fill shape ",
+               shape, " (", shape.numel(), " elements)");
   Tensor t = Tensor::empty(shape, dtype);
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);

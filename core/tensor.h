@@ -68,11 +68,11 @@ using GradReadyHook = std::function<void(Tensor& grad)>;
 
 struct AutogradMeta {
   bool requires_grad = false;
-  std::shared_ptr<TensorImpl> grad;            // accumulated gradient of a leaf
-  std::shared_ptr<autograd::Node> grad_fn;     // node that produced this tensor (non-leaf)
-  uint32_t output_nr = 0;                      // which output of grad_fn
-  std::weak_ptr<autograd::Node> accumulator;   // a leaf's AccumulateGrad node, made on first use
-  std::vector<GradReadyHook> grad_ready_hooks; // fired after this leaf's gradient is final for a backward
+  std::shared_ptr<TensorImpl> grad;             // accumulated gradient of a leaf
+  std::shared_ptr<autograd::Node> grad_fn;      // node that produced this tensor (non-leaf)
+  uint32_t output_nr = 0;                       // which output of grad_fn
+  std::weak_ptr<autograd::Node> accumulator;    // a leaf's AccumulateGrad node, made on first use
+  std::vector<GradReadyHook> grad_ready_hooks;  // fired after this leaf's gradient is final for a backward
   // Set by a scheme that takes over this parameter's update (ZeRO steps its shard parameters instead): an optimizer
   // built over the parameter refuses it with this message, which names what to optimise instead.
   std::string update_owner;
@@ -82,7 +82,7 @@ struct TensorImpl {
   std::shared_ptr<Storage> storage;
   int64_t offset = 0;  // bytes into storage
   Shape shape;
-  Strides strides;     // in elements
+  Strides strides;  // in elements
   DType dtype = DType::f32;
   AutogradMeta autograd;
 };
@@ -197,8 +197,8 @@ class Tensor {
   template <class T>
   void check_data_access(const char* accessor) const {
     MINIDL_CHECK(defined(), accessor, "<", dtype_name(dtype_of<T>::value), ">(): undefined tensor");
-    MINIDL_CHECK(dtype() == dtype_of<T>::value, accessor, "<", dtype_name(dtype_of<T>::value),
-                 ">(): tensor has dtype ", dtype());
+    MINIDL_CHECK(dtype() == dtype_of<T>::value, accessor, "<", dtype_name(dtype_of<T>::value), ">(): tensor has dtype ",
+                 dtype());
   }
 
   std::shared_ptr<TensorImpl> impl_;

@@ -43,7 +43,10 @@ thread_local std::string t_name;
 int tid_locked(Recorder& r) {
   if (t_tid < 0) {
     t_tid = r.next_tid++;
-    r.events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r.pid}, {"tid", t_tid},
+    r.events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", r.pid},
+                        {"tid", t_tid},
                         {"args", {{"name", t_name.empty() ? "thread " + std::to_string(t_tid) : t_name}}}});
   }
   return t_tid;
@@ -70,7 +73,8 @@ void start(const std::string& path, int pid) {
   r.start = Clock::now();
   r.clock_offset_us = r.clock_uncertainty_us = 0;
   r.events.clear();
-  r.events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
+  r.events.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
   r.on = true;
 }
 
@@ -130,7 +134,11 @@ Span::~Span() {
   const double end = now_us();
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.events.push_back({{"name", name_}, {"ph", "X"}, {"ts", start_us_}, {"dur", end - start_us_}, {"pid", r.pid},
+  r.events.push_back({{"name", name_},
+                      {"ph", "X"},
+                      {"ts", start_us_},
+                      {"dur", end - start_us_},
+                      {"pid", r.pid},
                       {"tid", tid_locked(r)}});
 }
 
@@ -141,8 +149,7 @@ void counter(const std::string& name, std::initializer_list<std::pair<const char
   const double ts = now_us();
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.events.push_back({{"name", name}, {"ph", "C"}, {"ts", ts}, {"pid", r.pid}, {"tid", tid_locked(r)},
-                      {"args", args}});
+  r.events.push_back({{"name", name}, {"ph", "C"}, {"ts", ts}, {"pid", r.pid}, {"tid", tid_locked(r)}, {"args", args}});
 }
 
 }  // namespace minidl::trace

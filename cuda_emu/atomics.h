@@ -20,8 +20,7 @@ template <class T, class F>
 T atomic_update(T* address, F update) {
   std::atomic_ref<T> ref(*address);
   T old = ref.load(std::memory_order_relaxed);
-  while (!ref.compare_exchange_weak(old, update(old), std::memory_order_acq_rel, std::memory_order_relaxed)) {
-  }
+  while (!ref.compare_exchange_weak(old, update(old), std::memory_order_acq_rel, std::memory_order_relaxed)) {}
   return old;
 }
 
@@ -48,8 +47,8 @@ T atomic_add(T* address, T val) {
 
 }  // namespace minidl::emu::detail
 
-#define MINIDL_EMU_ATOMIC_ADD(T)                                                                           \
-  inline T atomicAdd(T* address, T val) { return minidl::emu::detail::atomic_add(address, val); }          \
+#define MINIDL_EMU_ATOMIC_ADD(T)                                                                  \
+  inline T atomicAdd(T* address, T val) { return minidl::emu::detail::atomic_add(address, val); } \
   inline T atomicSub(T* address, T val) { return minidl::emu::detail::atomic_add(address, static_cast<T>(0) - val); }
 MINIDL_EMU_ATOMIC_ADD(int)
 MINIDL_EMU_ATOMIC_ADD(unsigned)
@@ -69,20 +68,20 @@ inline __nv_bfloat16 atomicAdd(__nv_bfloat16* address, __nv_bfloat16 val) {
   return minidl::emu::detail::atomic_update_16(address, [val](__nv_bfloat16 old) { return __hadd(old, val); });
 }
 
-#define MINIDL_EMU_ATOMIC_INTEGER(T)                                                                        \
-  inline T atomicMax(T* address, T val) {                                                                   \
-    return minidl::emu::detail::atomic_update(address, [val](T old) { return old < val ? val : old; });     \
-  }                                                                                                         \
-  inline T atomicMin(T* address, T val) {                                                                   \
-    return minidl::emu::detail::atomic_update(address, [val](T old) { return val < old ? val : old; });     \
-  }                                                                                                         \
-  inline T atomicExch(T* address, T val) { return std::atomic_ref<T>(*address).exchange(val); }             \
-  inline T atomicCAS(T* address, T compare, T val) {                                                        \
-    std::atomic_ref<T>(*address).compare_exchange_strong(compare, val, std::memory_order_acq_rel);          \
-    return compare;                                                                                         \
-  }                                                                                                         \
-  inline T atomicAnd(T* address, T val) { return std::atomic_ref<T>(*address).fetch_and(val); }             \
-  inline T atomicOr(T* address, T val) { return std::atomic_ref<T>(*address).fetch_or(val); }               \
+#define MINIDL_EMU_ATOMIC_INTEGER(T)                                                                    \
+  inline T atomicMax(T* address, T val) {                                                               \
+    return minidl::emu::detail::atomic_update(address, [val](T old) { return old < val ? val : old; }); \
+  }                                                                                                     \
+  inline T atomicMin(T* address, T val) {                                                               \
+    return minidl::emu::detail::atomic_update(address, [val](T old) { return val < old ? val : old; }); \
+  }                                                                                                     \
+  inline T atomicExch(T* address, T val) { return std::atomic_ref<T>(*address).exchange(val); }         \
+  inline T atomicCAS(T* address, T compare, T val) {                                                    \
+    std::atomic_ref<T>(*address).compare_exchange_strong(compare, val, std::memory_order_acq_rel);      \
+    return compare;                                                                                     \
+  }                                                                                                     \
+  inline T atomicAnd(T* address, T val) { return std::atomic_ref<T>(*address).fetch_and(val); }         \
+  inline T atomicOr(T* address, T val) { return std::atomic_ref<T>(*address).fetch_or(val); }           \
   inline T atomicXor(T* address, T val) { return std::atomic_ref<T>(*address).fetch_xor(val); }
 MINIDL_EMU_ATOMIC_INTEGER(int)
 MINIDL_EMU_ATOMIC_INTEGER(unsigned)

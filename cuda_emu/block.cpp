@@ -34,10 +34,10 @@ struct Thread {
   int predicate = 0, barrier_result = 0;
   WarpOp warp_op = WarpOp::kSync;
   unsigned mask = 0;
-  int param = 0, width = 0;      // source lane / delta / xor mask, and segment width of a shuffle
-  uint64_t value = 0, result = 0;  // the bits it deposited, and its result
+  int param = 0, width = 0;                // source lane / delta / xor mask, and segment width of a shuffle
+  uint64_t value = 0, result = 0;          // the bits it deposited, and its result
   const WarpExchange* exchange = nullptr;  // of a kExchange collective; value holds the lane's data pointer
-  AsyncCopies async_copies;               // its cp.async copies not yet waited for (warp_matrix.cpp)
+  AsyncCopies async_copies;                // its cp.async copies not yet waited for (warp_matrix.cpp)
 };
 
 struct FreeDeleter {
@@ -73,14 +73,13 @@ Worker& running_worker(const char* what) {
 }
 
 const char* barrier_name(BarrierOp op) {
-  static const char* const names[] = {"__syncthreads", "__syncthreads_count", "__syncthreads_and",
-                                      "__syncthreads_or"};
+  static const char* const names[] = {"__syncthreads", "__syncthreads_count", "__syncthreads_and", "__syncthreads_or"};
   return names[static_cast<int>(op)];
 }
 const char* warp_name(WarpOp op) {
-  static const char* const names[] = {"__syncwarp",  "__ballot_sync",  "__any_sync",       "__all_sync",
-                                      "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
-                                      "warp exchange"};
+  static const char* const names[] = {"__syncwarp",       "__ballot_sync",   "__any_sync",
+                                      "__all_sync",       "__shfl_sync",     "__shfl_up_sync",
+                                      "__shfl_down_sync", "__shfl_xor_sync", "warp exchange"};
   return names[static_cast<int>(op)];
 }
 
@@ -120,8 +119,10 @@ std::string ranges(int first, int last, const char* noun, const char* separator,
       continue;
     }
     char span[32];
-    if (j - 1 > i) std::snprintf(span, sizeof span, " %d-%d", i - first, j - 1 - first);
-    else std::snprintf(span, sizeof span, " %d", i - first);
+    if (j - 1 > i)
+      std::snprintf(span, sizeof span, " %d-%d", i - first, j - 1 - first);
+    else
+      std::snprintf(span, sizeof span, " %d", i - first);
     if (!out.empty()) out.append(separator);
     out.append(noun).append(span).append(k);
     i = j;
@@ -131,9 +132,9 @@ std::string ranges(int first, int last, const char* noun, const char* separator,
 
 std::string block_name(const Worker& w) {
   char buf[96];
-  std::snprintf(buf, sizeof buf, "block (%u,%u,%u) of grid (%u,%u,%u) x (%u,%u,%u)", blockIdx.x, blockIdx.y,
-                blockIdx.z, w.launch->grid.x, w.launch->grid.y, w.launch->grid.z, w.launch->block.x,
-                w.launch->block.y, w.launch->block.z);
+  std::snprintf(buf, sizeof buf, "block (%u,%u,%u) of grid (%u,%u,%u) x (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z,
+                w.launch->grid.x, w.launch->grid.y, w.launch->grid.z, w.launch->block.x, w.launch->block.y,
+                w.launch->block.z);
   return buf;
 }
 
@@ -143,8 +144,7 @@ std::string block_name(const Worker& w) {
     someone_returned |= t.state == State::kExited;
     someone_waits |= t.state == State::kAtBarrier || t.state == State::kInWarpOp;
   }
-  const std::string list =
-      ranges(0, w.size, "  threads", "\n", [&w](int i) { return ": " + describe(w.threads[i]); });
+  const std::string list = ranges(0, w.size, "  threads", "\n", [&w](int i) { return ": " + describe(w.threads[i]); });
   fatal("deadlock in %s: no thread can proceed\n%s%s", block_name(w).c_str(), list.c_str(),
         someone_returned && someone_waits
             ? "\n  (a thread that returned never arrives: every thread of a block must reach each __syncthreads "
@@ -325,15 +325,16 @@ void prepare(Worker& w, const KernelLaunch& launch, const Options& options) {
 void check_static_smem(const Worker& w, const char* name, size_t bytes, const char* file, int line) {
   const size_t total = w.static_smem_bytes, dynamic = w.launch->smem_bytes;
   if (total > kMaxStaticSmem)
-    fatal("static shared memory over %zu bytes in %s: %s (%zu bytes) at %s:%d brings it to %zu bytes",
-          kMaxStaticSmem, block_name(w).c_str(), name, bytes, file, line, total);
+    fatal("static shared memory over %zu bytes in %s: %s (%zu bytes) at %s:%d brings it to %zu bytes", kMaxStaticSmem,
+          block_name(w).c_str(), name, bytes, file, line, total);
   if (total + dynamic <= kDefaultDynamicSmem) return;
-  const size_t limit = max_dynamic_smem(w.launch->kernel) > kDefaultDynamicSmem ? kMaxDynamicSmemOptin
-                                                                                : kDefaultDynamicSmem;
+  const size_t limit =
+      max_dynamic_smem(w.launch->kernel) > kDefaultDynamicSmem ? kMaxDynamicSmemOptin : kDefaultDynamicSmem;
   if (total + dynamic > limit)
-    fatal("shared memory over %zu bytes in %s: %s (%zu bytes) at %s:%d brings the static part to %zu bytes, "
-          "plus %zu dynamic",
-          limit, block_name(w).c_str(), name, bytes, file, line, total, dynamic);
+    fatal(
+        "shared memory over %zu bytes in %s: %s (%zu bytes) at %s:%d brings the static part to %zu bytes, "
+        "plus %zu dynamic",
+        limit, block_name(w).c_str(), name, bytes, file, line, total, dynamic);
 }
 
 }  // namespace
@@ -408,8 +409,8 @@ uint64_t arrive_at_collective(WarpOp op, const WarpExchange* exchange, unsigned 
   const int lane = w.current % warpSize, warp = w.current / warpSize;
   Thread& self = w.threads[w.current];
   if (!(mask >> lane & 1))
-    fatal("%s at %s: thread %d calls it with mask 0x%08x, which leaves out its own lane %d", name,
-          where(site).c_str(), w.current, mask, lane);
+    fatal("%s at %s: thread %d calls it with mask 0x%08x, which leaves out its own lane %d", name, where(site).c_str(),
+          w.current, mask, lane);
   if (width < 1 || width > warpSize || (width & (width - 1)) != 0)
     fatal("%s at %s: width %d is not a power of two in [1, 32]", name, where(site).c_str(), width);
   self.state = State::kInWarpOp;
@@ -433,8 +434,8 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, in
 }
 
 void warp_exchange(const WarpExchange& exchange, unsigned mask, void* lane_data, const std::source_location& site) {
-  arrive_at_collective(WarpOp::kExchange, &exchange, mask, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(lane_data)),
-                       0, warpSize, site);
+  arrive_at_collective(WarpOp::kExchange, &exchange, mask,
+                       static_cast<uint64_t>(reinterpret_cast<uintptr_t>(lane_data)), 0, warpSize, site);
 }
 
 AsyncCopies& async_copies_of_current_thread() {

@@ -22,9 +22,9 @@
 //
 // launch_kernel returns the launch's error (cudaGetLastError() right after the launch, which also clears it),
 // so callers put it under their CUDA status check. Each call adds one to minidl_kernel_launches(), which the
-// CUDA backend reports in its counters (core/cuda/cuda.h: cuda::counters()), under nvcc and the emulator alike. Under nvcc that is a configuration error (too many threads,
-// too much dynamic shared memory); the kernel itself runs asynchronously. Under the emulator the kernel has
-// finished when it returns.
+// CUDA backend reports in its counters (core/cuda/cuda.h: cuda::counters()), under nvcc and the emulator alike. Under
+// nvcc that is a configuration error (too many threads, too much dynamic shared memory); the kernel itself runs
+// asynchronously. Under the emulator the kernel has finished when it returns.
 //
 //   #include "cuda_emu/cuda_compat.h"
 //
@@ -87,11 +87,11 @@ inline T* dynamic_smem() {
 // `name` is a reference to storage the emulator poisons per block. The lambda gives every declaration site
 // (and every instantiation of a template around it) its own per-worker StaticSmemSite; type_identity_t spells
 // "type dims" as one type, with or without dims.
-#define MINIDL_SHARED(type, name, dims)                                                                        \
-  std::type_identity_t<type dims>& name = *[] {                                                                \
-    static thread_local ::minidl::emu::detail::StaticSmemSite minidl_site;                                     \
-    return reinterpret_cast<std::type_identity_t<type dims>*>(::minidl::emu::detail::static_smem(              \
-        minidl_site, sizeof(type dims), alignof(type), #name, __FILE__, __LINE__));                            \
+#define MINIDL_SHARED(type, name, dims)                                                                                \
+  std::type_identity_t<type dims>& name = *[] {                                                                        \
+    static thread_local ::minidl::emu::detail::StaticSmemSite minidl_site;                                             \
+    return reinterpret_cast<std::type_identity_t<type dims>*>(                                                         \
+        ::minidl::emu::detail::static_smem(minidl_site, sizeof(type dims), alignof(type), #name, __FILE__, __LINE__)); \
   }()
 
 template <class... Params, class... Args>

@@ -111,8 +111,7 @@ template <class T>
 T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize,
                    minidl_emu_site site = minidl_emu_site::current()) {
   using namespace minidl::emu::detail;
-  return from_bits<T>(
-      warp_collective(WarpOp::kShflDown, mask, to_bits(var), static_cast<int>(delta), width, site));
+  return from_bits<T>(warp_collective(WarpOp::kShflDown, mask, to_bits(var), static_cast<int>(delta), width, site));
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize,

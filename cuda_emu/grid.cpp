@@ -19,10 +19,14 @@ namespace {
 Options options_from_environment() {
   Options o;
   if (const char* order = std::getenv("MINIDL_EMU_ORDER"); order != nullptr && *order != '\0') {
-    if (std::strcmp(order, "forward") == 0) o.order = Order::kForward;
-    else if (std::strcmp(order, "reverse") == 0) o.order = Order::kReverse;
-    else if (std::strcmp(order, "random") == 0) o.order = Order::kRandom;
-    else detail::fatal("MINIDL_EMU_ORDER=%s: expected forward, reverse or random", order);
+    if (std::strcmp(order, "forward") == 0)
+      o.order = Order::kForward;
+    else if (std::strcmp(order, "reverse") == 0)
+      o.order = Order::kReverse;
+    else if (std::strcmp(order, "random") == 0)
+      o.order = Order::kRandom;
+    else
+      detail::fatal("MINIDL_EMU_ORDER=%s: expected forward, reverse or random", order);
   }
   if (const char* seed = std::getenv("MINIDL_EMU_SEED")) o.seed = std::strtoull(seed, nullptr, 10);
   if (const char* strict = std::getenv("MINIDL_EMU_STRICT")) o.strict = std::strcmp(strict, "0") != 0;

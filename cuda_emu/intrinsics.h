@@ -68,8 +68,8 @@ inline unsigned long long __umul64hi(unsigned long long x, unsigned long long y)
 }
 
 // ---- min/max: CUDA declares these overloads at global scope for host and device code ----
-#define MINIDL_EMU_MINMAX(T)                          \
-  inline T min(T a, T b) { return b < a ? b : a; }    \
+#define MINIDL_EMU_MINMAX(T)                       \
+  inline T min(T a, T b) { return b < a ? b : a; } \
   inline T max(T a, T b) { return a < b ? b : a; }
 MINIDL_EMU_MINMAX(int)
 MINIDL_EMU_MINMAX(unsigned)
@@ -87,23 +87,39 @@ inline unsigned max(unsigned a, int b) { return max(a, static_cast<unsigned>(b))
 
 // ---- cache-hinted loads and stores: plain memory accesses on the host ----
 template <class T>
-T __ldg(const T* p) { return *p; }
+T __ldg(const T* p) {
+  return *p;
+}
 template <class T>
-T __ldcg(const T* p) { return *p; }
+T __ldcg(const T* p) {
+  return *p;
+}
 template <class T>
-T __ldcs(const T* p) { return *p; }
+T __ldcs(const T* p) {
+  return *p;
+}
 template <class T>
-void __stcg(T* p, T v) { *p = v; }
+void __stcg(T* p, T v) {
+  *p = v;
+}
 template <class T>
-void __stcs(T* p, T v) { *p = v; }
+void __stcs(T* p, T v) {
+  *p = v;
+}
 
 inline long long clock64() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
 inline void __nanosleep(unsigned) {}
 
 // ---- 16-bit floats: the math functions cuda_fp16.h / cuda_bf16.h declare for device code only ----
-#define MINIDL_EMU_HALF_UNARY(name, expr)                                                                    \
-  inline __half name(__half h) { const float x = __half2float(h); return __float2half(expr); }               \
-  inline __nv_bfloat16 name(__nv_bfloat16 h) { const float x = __bfloat162float(h); return __float2bfloat16(expr); }
+#define MINIDL_EMU_HALF_UNARY(name, expr)      \
+  inline __half name(__half h) {               \
+    const float x = __half2float(h);           \
+    return __float2half(expr);                 \
+  }                                            \
+  inline __nv_bfloat16 name(__nv_bfloat16 h) { \
+    const float x = __bfloat162float(h);       \
+    return __float2bfloat16(expr);             \
+  }
 MINIDL_EMU_HALF_UNARY(hexp, std::exp(x))
 MINIDL_EMU_HALF_UNARY(hexp2, std::exp2(x))
 MINIDL_EMU_HALF_UNARY(hlog, std::log(x))
@@ -127,10 +143,10 @@ inline __nv_bfloat16 __hfma(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16 c) {
 }
 
 // Pairs: each half through the scalar function.
-#define MINIDL_EMU_HALF2_UNARY(name, scalar)                                                       \
+#define MINIDL_EMU_HALF2_UNARY(name, scalar)                                                               \
   inline __half2 name(__half2 h) { return __halves2half2(scalar(__low2half(h)), scalar(__high2half(h))); } \
-  inline __nv_bfloat162 name(__nv_bfloat162 h) {                                                  \
-    return __halves2bfloat162(scalar(__low2bfloat16(h)), scalar(__high2bfloat16(h)));              \
+  inline __nv_bfloat162 name(__nv_bfloat162 h) {                                                           \
+    return __halves2bfloat162(scalar(__low2bfloat16(h)), scalar(__high2bfloat16(h)));                      \
   }
 MINIDL_EMU_HALF2_UNARY(h2exp, hexp)
 MINIDL_EMU_HALF2_UNARY(h2log, hlog)

@@ -31,7 +31,7 @@ thread_local cudaError_t last_error = cudaSuccess;
 
 struct Registry {
   std::mutex mutex;
-  std::unordered_set<void*> device;  // live allocations, so frees can be checked
+  std::unordered_set<void*> device;    // live allocations, so frees can be checked
   std::map<const char*, size_t> host;  // page-locked host allocations and their sizes (a capture checks copies)
 };
 Registry& registry() {
@@ -51,8 +51,10 @@ cudaError_t allocate(void** ptr, size_t size, bool device) {
   if (posix_memalign(ptr, 256, size) != 0) return fail(cudaErrorMemoryAllocation);
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
-  if (device) r.device.insert(*ptr);
-  else r.host.emplace(static_cast<const char*>(*ptr), size);
+  if (device)
+    r.device.insert(*ptr);
+  else
+    r.host.emplace(static_cast<const char*>(*ptr), size);
   return cudaSuccess;
 }
 

@@ -24,8 +24,8 @@ struct AsyncCopy {
   int size;
 };
 struct AsyncCopies {
-  std::vector<AsyncCopy> pending;       // not yet landed, oldest first
-  std::vector<size_t> committed_ends;   // per committed group not yet waited for: its end in `pending`
+  std::vector<AsyncCopy> pending;      // not yet landed, oldest first
+  std::vector<size_t> committed_ends;  // per committed group not yet waited for: its end in `pending`
 };
 // The calling emulated thread's (aborts outside a kernel).
 AsyncCopies& async_copies_of_current_thread();
@@ -46,8 +46,8 @@ void set_last_error(cudaError_t error);
 size_t max_dynamic_smem(const void* kernel);
 
 // The limits the emulated device reports in cudaGetDeviceProperties and enforces at launch.
-inline constexpr size_t kDefaultDynamicSmem = 48 * 1024;  // also all a block may have without opting in
-inline constexpr size_t kMaxStaticSmem = 48 * 1024;       // ptxas refuses more __shared__ in one kernel
+inline constexpr size_t kDefaultDynamicSmem = 48 * 1024;    // also all a block may have without opting in
+inline constexpr size_t kMaxStaticSmem = 48 * 1024;         // ptxas refuses more __shared__ in one kernel
 inline constexpr size_t kMaxDynamicSmemOptin = 163 * 1024;  // an A100's (H100: 227 KiB)
 inline constexpr int kMaxThreadsPerBlock = 1024;
 

@@ -80,8 +80,7 @@ void ldmatrix_compute(void* const* lanes, unsigned mask) {
   if (mask != kFullMask) fatal("ldmatrix.sync.aligned needs all 32 lanes of the warp, got mask 0x%08x", mask);
   uint16_t m8x8[kMatrices][8][8];
   for (int m = 0; m < kMatrices; ++m)
-    for (int r = 0; r < 8; ++r)
-      std::memcpy(m8x8[m][r], static_cast<const LdmatrixLane*>(lanes[8 * m + r])->row, 16);
+    for (int r = 0; r < 8; ++r) std::memcpy(m8x8[m][r], static_cast<const LdmatrixLane*>(lanes[8 * m + r])->row, 16);
   for (int lane = 0; lane < 32; ++lane) {
     uint32_t* regs = static_cast<const LdmatrixLane*>(lanes[lane])->regs;
     const int a = lane / 4, b = 2 * (lane % 4);
@@ -93,11 +92,12 @@ void ldmatrix_compute(void* const* lanes, unsigned mask) {
   }
 }
 
-constexpr WarpExchange kLdmatrix[2][3] = {
-    {{"ldmatrix.x1", ldmatrix_compute<1, false>}, {"ldmatrix.x2", ldmatrix_compute<2, false>},
-     {"ldmatrix.x4", ldmatrix_compute<4, false>}},
-    {{"ldmatrix.x1.trans", ldmatrix_compute<1, true>}, {"ldmatrix.x2.trans", ldmatrix_compute<2, true>},
-     {"ldmatrix.x4.trans", ldmatrix_compute<4, true>}}};
+constexpr WarpExchange kLdmatrix[2][3] = {{{"ldmatrix.x1", ldmatrix_compute<1, false>},
+                                           {"ldmatrix.x2", ldmatrix_compute<2, false>},
+                                           {"ldmatrix.x4", ldmatrix_compute<4, false>}},
+                                          {{"ldmatrix.x1.trans", ldmatrix_compute<1, true>},
+                                           {"ldmatrix.x2.trans", ldmatrix_compute<2, true>},
+                                           {"ldmatrix.x4.trans", ldmatrix_compute<4, true>}}};
 
 std::string where(const std::source_location& site) {
   return std::string(site.file_name()) + ":" + std::to_string(site.line());

@@ -13,8 +13,7 @@ namespace minidl::data {
 
 namespace {
 
-constexpr std::string_view kPattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kEndOfTextText = "<|endoftext|>";
 constexpr int32_t kNoRank = std::numeric_limits<int32_t>::max();
 

@@ -62,7 +62,7 @@ class Gpt2Tokenizer {
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   int32_t rank_of(std::string_view bytes) const;
 
-  std::vector<std::string> tokens_;                                          // by rank
+  std::vector<std::string> tokens_;                                        // by rank
   std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> ranks_;  // bytes -> rank
   std::unique_ptr<Pattern> pattern_;
 };

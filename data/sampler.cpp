@@ -64,8 +64,8 @@ Batch DeviceBatchSampler::batch(const Tensor& step, int64_t begin, int64_t n) {
 }
 
 Batch DeviceBatchSampler::draw(int64_t step, const Tensor& step_on_device, int64_t begin, int64_t n) {
-  MINIDL_CHECK(begin >= 0 && n >= 1 && begin + n <= global_batch_, "DeviceBatchSampler::batch: slice [", begin,
-               ", ", begin + n, ") is not a non-empty part of the global batch [0, ", global_batch_, ")");
+  MINIDL_CHECK(begin >= 0 && n >= 1 && begin + n <= global_batch_, "DeviceBatchSampler::batch: slice [", begin, ", ",
+               begin + n, ") is not a non-empty part of the global batch [0, ", global_batch_, ")");
   if (!out_.x.defined() || out_.x.size(0) != n) {
     MemoryTagGuard tag(MemTag::kActivations);  // what an uploaded batch counted as
     out_ = {Tensor::empty({n, seq_}, DType::i64, device()), Tensor::empty({n, seq_}, DType::i64, device())};

@@ -38,8 +38,8 @@ ShardSampler::ShardSampler(std::vector<std::string> files, int64_t seq, int64_t 
   for (const std::string& f : files_) {
     const int64_t tokens = shard_token_count(f);
     const int64_t windows = tokens > seq ? (tokens - 1) / seq : 0;
-    MINIDL_CHECK(windows >= global_batch, "token shard ", f, ": ", tokens, " tokens make ", windows,
-                 " windows of ", seq + 1, " tokens, fewer than one global batch of ", global_batch);
+    MINIDL_CHECK(windows >= global_batch, "token shard ", f, ": ", tokens, " tokens make ", windows, " windows of ",
+                 seq + 1, " tokens, fewer than one global batch of ", global_batch);
     steps_of_.push_back(windows / global_batch);
     steps_per_epoch_ += steps_of_.back();
   }

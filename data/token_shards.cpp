@@ -48,8 +48,8 @@ int64_t read_header(const std::string& path, std::ifstream& in) {
   MINIDL_CHECK(in.good(), "token shard ", path, ": cannot open the file");
   std::vector<int32_t> header(size_t(kShardHeaderInts), 0);
   in.read(reinterpret_cast<char*>(header.data()), std::streamsize(header.size() * sizeof(int32_t)));
-  MINIDL_CHECK(in.gcount() == std::streamsize(header.size() * sizeof(int32_t)), "token shard ", path, ": ",
-               in.gcount(), " bytes, shorter than the 1024-byte header");
+  MINIDL_CHECK(in.gcount() == std::streamsize(header.size() * sizeof(int32_t)), "token shard ", path, ": ", in.gcount(),
+               " bytes, shorter than the 1024-byte header");
   MINIDL_CHECK(header[0] == kShardMagic, "token shard ", path, ": expected the magic number ", kShardMagic,
                " (llm.c's format), got ", header[0]);
   MINIDL_CHECK(header[1] == kShardVersion, "token shard ", path, ": expected version ", kShardVersion, ", got ",
@@ -85,7 +85,8 @@ std::vector<std::string> shard_files(const std::string& pattern) {
   if (rc == 0)
     for (size_t i = 0; i < found.gl_pathc; ++i) files.emplace_back(found.gl_pathv[i]);
   globfree(&found);
-  MINIDL_CHECK(!files.empty(), "--data ", pattern, ": no file matches (expected token shards, e.g. "
+  MINIDL_CHECK(!files.empty(), "--data ", pattern,
+               ": no file matches (expected token shards, e.g. "
                "'out/shakespeare_*.bin', from tokenize_shards or llm.c's data scripts)");
   std::sort(files.begin(), files.end());
   return files;

@@ -35,7 +35,8 @@ std::vector<BucketSpec> assign_buckets(const std::vector<ParamSpec>& params, con
   // Partly filled buckets close at the end, in the order their first parameter arrived.
   std::vector<BucketSpec> rest;
   for (auto& [dt, b] : open) rest.push_back(std::move(b));
-  std::sort(rest.begin(), rest.end(), [](const BucketSpec& a, const BucketSpec& b) { return a.params[0] > b.params[0]; });
+  std::sort(rest.begin(), rest.end(),
+            [](const BucketSpec& a, const BucketSpec& b) { return a.params[0] > b.params[0]; });
   for (BucketSpec& b : rest) done.push_back(std::move(b));
   return done;
 }

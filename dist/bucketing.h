@@ -33,9 +33,9 @@ struct ParamSpec {
 
 struct BucketSpec {
   DType dtype;
-  std::vector<size_t> params;   // indices into the parameter list, in the order they are laid out in the buffer
-  std::vector<int64_t> offsets; // element offset of each parameter in the bucket's flat buffer
-  int64_t numel = 0;            // total elements
+  std::vector<size_t> params;    // indices into the parameter list, in the order they are laid out in the buffer
+  std::vector<int64_t> offsets;  // element offset of each parameter in the bucket's flat buffer
+  int64_t numel = 0;             // total elements
 };
 
 // Buckets in the order they are expected to become ready. Each parameter is in exactly one bucket.

@@ -27,8 +27,7 @@ ClockOffset clock_offset_to_rank0(MPI_Comm comm, const std::function<double()>& 
       MINIDL_MPI_CHECK(MPI_Send(&t0, 1, MPI_DOUBLE, 0, kTag, comm));
       MINIDL_MPI_CHECK(MPI_Recv(&t1, 1, MPI_DOUBLE, 0, kTag, comm, MPI_STATUS_IGNORE));
       const double t2 = now_us();
-      if (best.uncertainty_us < 0 || (t2 - t0) / 2 < best.uncertainty_us)
-        best = {t1 - (t0 + t2) / 2, (t2 - t0) / 2};
+      if (best.uncertainty_us < 0 || (t2 - t0) / 2 < best.uncertainty_us) best = {t1 - (t0 + t2) / 2, (t2 - t0) / 2};
     }
   }
   MINIDL_MPI_CHECK(MPI_Barrier(comm));  // the pings are done before anyone's traffic starts

@@ -22,9 +22,9 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
 
 DistributedDataParallel::DistributedDataParallel(const std::vector<std::pair<std::string, Tensor>>& params,
                                                  ProcessGroup& group, DDPOptions options)
-    : reducer_(params, group,
-               [](ProcessGroup& g, size_t, Tensor& bucket) { return g.all_reduce(bucket, ReduceOp::kAvg); },
-               reducer_options(options)) {
+    : reducer_(
+          params, group, [](ProcessGroup& g, size_t, Tensor& bucket) { return g.all_reduce(bucket, ReduceOp::kAvg); },
+          reducer_options(options)) {
   // Every rank starts from rank 0's weights, whatever its own initialisation was.
   if (options.broadcast_at_start)
     for (auto [name, p] : params) group.broadcast(p, 0)->wait();

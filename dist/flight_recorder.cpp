@@ -52,7 +52,7 @@ struct Recorder {
   const Clock::time_point start = Clock::now();
   size_t capacity = 2000;
   std::deque<FlightEntry> ring;
-  int64_t first_id = 0, next_id = 0;          // ring.front() is entry first_id
+  int64_t first_id = 0, next_id = 0;              // ring.front() is entry first_id
   std::unordered_map<int64_t, FlightEntry> open;  // enqueued, by id (kept when the ring drops them)
   // Collectives and point-to-point calls count apart: every rank of a group makes the same collectives, in the
   // same order, but not the same sends and receives.
@@ -83,11 +83,17 @@ Watched& watched() {
 }
 
 nlohmann::json entry_json(const FlightEntry& e) {
-  return {{"group", e.group},         {"seq", e.seq},           {"site", e.site},
-          {"op", e.op},               {"dtype", std::string(dtype_name(e.dtype))},
-          {"count", e.count},         {"peer", e.peer},
-          {"reduce_op", e.reduce_op}, {"enqueued_s", e.enqueued_s},
-          {"completed_s", e.completed_s}, {"state", state_name(e.state)}};
+  return {{"group", e.group},
+          {"seq", e.seq},
+          {"site", e.site},
+          {"op", e.op},
+          {"dtype", std::string(dtype_name(e.dtype))},
+          {"count", e.count},
+          {"peer", e.peer},
+          {"reduce_op", e.reduce_op},
+          {"enqueued_s", e.enqueued_s},
+          {"completed_s", e.completed_s},
+          {"state", state_name(e.state)}};
 }
 
 void write_atomically(const std::string& path, const std::string& text) {
@@ -99,9 +105,7 @@ void write_atomically(const std::string& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
-double wall_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double wall_s() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // ---- the watchdog ----
 
@@ -130,8 +134,11 @@ struct Watchdog {
     {
       std::lock_guard<std::mutex> lock(rec.mu);
       for (const auto& [label, g] : rec.groups)
-        groups[label] = {{"ranks", g.world_ranks}, {"called", g.called}, {"completed", g.completed},
-                         {"p2p_called", g.p2p_called}, {"p2p_completed", g.p2p_completed}};
+        groups[label] = {{"ranks", g.world_ranks},
+                         {"called", g.called},
+                         {"completed", g.completed},
+                         {"p2p_called", g.p2p_called},
+                         {"p2p_completed", g.p2p_completed}};
     }
     const nlohmann::json j = {{"rank", rank}, {"pid", int(::getpid())}, {"time", wall_s()}, {"groups", groups}};
     try {
@@ -165,9 +172,7 @@ struct Watchdog {
           else if (!quiet.empty())
             why = "called it, then stopped running" + quiet;
         }
-      } catch (const std::exception& x) {
-        why = std::string("unreadable progress file: ") + x.what();
-      }
+      } catch (const std::exception& x) { why = std::string("unreadable progress file: ") + x.what(); }
       if (why.empty()) continue;
       named.push_back(r);
       if (!out.empty()) out += "; ";
@@ -181,18 +186,17 @@ struct Watchdog {
   std::string write_dump() {
     try {
       return dump_flight_recorder(path("flight", rank));
-    } catch (const std::exception& x) {
-      return std::string("(could not be written: ") + x.what() + ")";
-    }
+    } catch (const std::exception& x) { return std::string("(could not be written: ") + x.what() + ")"; }
   }
 
   // A backend's asynchronous error ends the job as a timeout does, with the error's name.
   [[noreturn]] void fail(const std::string& group, const std::string& error) {
     verdict = {{"group", group}, {"async_error", error}};
     const std::string dump = write_dump();
-    std::fprintf(stderr, "minidl: asynchronous communication error on rank %d: group %s: %s; flight recorder: %s; "
-                 "ending the job with exit code %d\n", rank, group.c_str(), error.c_str(), dump.c_str(),
-                 kCollectiveTimeoutExit);
+    std::fprintf(stderr,
+                 "minidl: asynchronous communication error on rank %d: group %s: %s; flight recorder: %s; "
+                 "ending the job with exit code %d\n",
+                 rank, group.c_str(), error.c_str(), dump.c_str(), kCollectiveTimeoutExit);
     std::fflush(stderr);
     abort_job();
   }
@@ -294,8 +298,10 @@ void monitor(Watchdog& w) {
       seen = beat;
       since = Clock::now();
     } else if (std::chrono::duration<double>(Clock::now() - since).count() > limit) {
-      std::fprintf(stderr, "minidl: the collective watchdog of rank %d has not run for %.0f s (stuck itself); "
-                   "ending the job with exit code %d\n", w.rank, limit, kCollectiveTimeoutExit);
+      std::fprintf(stderr,
+                   "minidl: the collective watchdog of rank %d has not run for %.0f s (stuck itself); "
+                   "ending the job with exit code %d\n",
+                   w.rank, limit, kCollectiveTimeoutExit);
       std::fflush(stderr);
       w.abort_job();
     }
@@ -319,15 +325,23 @@ AsyncErrorWatch::~AsyncErrorWatch() {
   w.erase(std::remove(w.begin(), w.end(), this), w.end());
 }
 
-int64_t record_call(ProcessGroup& group, const char* op, DType dtype, int64_t count, int peer,
-                    const char* reduce_op) {
+int64_t record_call(ProcessGroup& group, const char* op, DType dtype, int64_t count, int peer, const char* reduce_op) {
   Recorder& rec = recorder();
   std::lock_guard<std::mutex> lock(rec.mu);
   if (rec.capacity == 0) return -1;  // recording off
   Recorder::Group& g = rec.groups[group.label()];
   if (g.world_ranks.empty()) g.world_ranks = group.world_ranks();
-  FlightEntry e{group.label(), is_p2p(op) ? ++g.p2p_called : ++g.called, op, dtype, count, peer,
-                reduce_op ? reduce_op : "", rec.now_s(), -1, FlightEntry::State::kEnqueued, t_site};
+  FlightEntry e{group.label(),
+                is_p2p(op) ? ++g.p2p_called : ++g.called,
+                op,
+                dtype,
+                count,
+                peer,
+                reduce_op ? reduce_op : "",
+                rec.now_s(),
+                -1,
+                FlightEntry::State::kEnqueued,
+                t_site};
   const int64_t id = rec.next_id++;
   rec.ring.push_back(e);
   while (rec.ring.size() > rec.capacity) {
@@ -368,12 +382,19 @@ std::string dump_flight_recorder(const std::string& path) {
     now = rec.now_s();
     for (const FlightEntry& e : rec.ring) entries.push_back(entry_json(e));
     for (const auto& [label, g] : rec.groups)
-      groups[label] = {{"ranks", g.world_ranks}, {"called", g.called}, {"completed", g.completed},
-                       {"p2p_called", g.p2p_called}, {"p2p_completed", g.p2p_completed}};
+      groups[label] = {{"ranks", g.world_ranks},
+                       {"called", g.called},
+                       {"completed", g.completed},
+                       {"p2p_called", g.p2p_called},
+                       {"p2p_completed", g.p2p_completed}};
   }
-  nlohmann::json j = {{"rank", watchdog().rank}, {"pid", int(::getpid())}, {"now_s", now},
-                      {"timeout_s", watchdog().options.timeout_s}, {"capacity", rec.capacity},
-                      {"groups", groups}, {"entries", entries}};
+  nlohmann::json j = {{"rank", watchdog().rank},
+                      {"pid", int(::getpid())},
+                      {"now_s", now},
+                      {"timeout_s", watchdog().options.timeout_s},
+                      {"capacity", rec.capacity},
+                      {"groups", groups},
+                      {"entries", entries}};
   if (!watchdog().verdict.is_null()) j["timeout"] = watchdog().verdict;
   std::error_code ignored;  // another rank may be creating it too
   fs::create_directories(fs::path(path).parent_path(), ignored);

@@ -36,16 +36,16 @@ class ProcessGroup;
 constexpr int kCollectiveTimeoutExit = 3;
 
 struct FlightEntry {
-  std::string group;       // the group's label ("dp", "tp", "pp", "world", ...)
-  int64_t seq = 0;         // per group, from 1: collectives and point-to-point calls (send, recv) count apart
-  std::string op;          // "all_reduce", "send", ...
+  std::string group;  // the group's label ("dp", "tp", "pp", "world", ...)
+  int64_t seq = 0;    // per group, from 1: collectives and point-to-point calls (send, recv) count apart
+  std::string op;     // "all_reduce", "send", ...
   DType dtype = DType::f32;
-  int64_t count = 0;       // elements
-  int peer = -1;           // root (broadcast) or peer (send/recv), in the group's ranks; -1: none
-  std::string reduce_op;   // "sum", "avg", "max" or empty
+  int64_t count = 0;                        // elements
+  int peer = -1;                            // root (broadcast) or peer (send/recv), in the group's ranks; -1: none
+  std::string reduce_op;                    // "sum", "avg", "max" or empty
   double enqueued_s = 0, completed_s = -1;  // seconds since the recorder started; -1: not completed
   enum class State { kEnqueued, kCompleted, kFailed, kDropped } state = State::kEnqueued;
-  std::string site;        // the call site's label (CallSite), or empty
+  std::string site;  // the call site's label (CallSite), or empty
 };
 
 // Labels the calls this thread makes while it lives ("ddp bucket 3", "pipeline send m=2 v=0", ...): what a flight

@@ -25,8 +25,8 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
   if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
-  throw Error(::minidl::detail::concat(call, " failed on rank ", rank, " (host ", host, ", pid ", getpid(), "): ", text, " (", file,
-                     ":", line, ")"));
+  throw Error(::minidl::detail::concat(call, " failed on rank ", rank, " (host ", host, ", pid ", getpid(), "): ", text,
+                                       " (", file, ":", line, ")"));
 }
 
 }  // namespace detail
@@ -42,8 +42,12 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
 }  // namespace
 
 Context::Context(Context&& o) noexcept
-    : owns_mpi_(std::exchange(o.owns_mpi_, false)), rank_(o.rank_), world_size_(o.world_size_),
-      local_rank_(o.local_rank_), ranks_on_host_(o.ranks_on_host_), threads_per_rank_(o.threads_per_rank_),
+    : owns_mpi_(std::exchange(o.owns_mpi_, false)),
+      rank_(o.rank_),
+      world_size_(o.world_size_),
+      local_rank_(o.local_rank_),
+      ranks_on_host_(o.ranks_on_host_),
+      threads_per_rank_(o.threads_per_rank_),
       thread_level_(o.thread_level_) {}
 
 Context::~Context() {
@@ -83,9 +87,8 @@ Context init(int& argc, char**& argv) {
     MINIDL_MPI_CHECK(MPI_Query_thread(&ctx.thread_level_));
   }
   MINIDL_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
-  MINIDL_CHECK(ctx.thread_level_ >= MPI_THREAD_SERIALIZED,
-               "dist::init: the MPI library provides thread level ", ctx.thread_level_,
-               "; minidl needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE");
+  MINIDL_CHECK(ctx.thread_level_ >= MPI_THREAD_SERIALIZED, "dist::init: the MPI library provides thread level ",
+               ctx.thread_level_, "; minidl needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE");
   MINIDL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &ctx.rank_));
   ::minidl::detail::set_process_rank(ctx.rank_);
   MINIDL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &ctx.world_size_));
@@ -125,8 +128,8 @@ void check_same_config(const Context& ctx, const std::vector<std::pair<std::stri
   std::vector<int> counts(n);
   MINIDL_MPI_CHECK(MPI_Allgather(&k, 1, MPI_INT, counts.data(), 1, MPI_INT, world));
   for (int r = 1; r < n; ++r)
-    MINIDL_CHECK(counts[r] == counts[0], "configuration differs across ranks: rank 0 has ", counts[0],
-                 " fields, rank ", r, " has ", counts[r]);
+    MINIDL_CHECK(counts[r] == counts[0], "configuration differs across ranks: rank 0 has ", counts[0], " fields, rank ",
+                 r, " has ", counts[r]);
 
   std::vector<uint64_t> mine(k), all(size_t(n) * k);
   for (int i = 0; i < k; ++i) mine[i] = fnv1a(fields[i].second, fnv1a(fields[i].first + '\0'));
@@ -149,8 +152,8 @@ void check_same_config(const Context& ctx, const std::vector<std::pair<std::stri
     MINIDL_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, world));
     for (int r = 1; r < n; ++r) displs[r] = displs[r - 1] + lens[r - 1];
     std::string texts(size_t(displs[n - 1] + lens[n - 1]), '\0');
-    MINIDL_MPI_CHECK(MPI_Allgatherv(text.data(), len, MPI_CHAR, texts.data(), lens.data(), displs.data(), MPI_CHAR,
-                                    world));
+    MINIDL_MPI_CHECK(
+        MPI_Allgatherv(text.data(), len, MPI_CHAR, texts.data(), lens.data(), displs.data(), MPI_CHAR, world));
     auto name_of = [&](int r) { return std::string(texts.c_str() + displs[r]); };
     auto value_of = [&](int r) {
       size_t nl = name_of(r).size() + 1;

@@ -51,9 +51,9 @@ class Context {
  private:
   friend Context init(int& argc, char**& argv);
 
-// Whether an MPI launcher (mpirun/mpiexec, srun, hydra) started this process: it set one of the rank variables
-// Open MPI, PMI or PMIx give each rank.
-bool under_mpi_launcher();
+  // Whether an MPI launcher (mpirun/mpiexec, srun, hydra) started this process: it set one of the rank variables
+  // Open MPI, PMI or PMIx give each rank.
+  bool under_mpi_launcher();
   Context() = default;
   bool owns_mpi_ = false;
   int rank_ = 0, world_size_ = 1, local_rank_ = 0, ranks_on_host_ = 1, threads_per_rank_ = 1;

@@ -24,9 +24,9 @@
 namespace minidl::dist {
 
 struct LocalPlacement {
-  int local_rank = 0;     // 0 .. ranks_on_host-1
+  int local_rank = 0;  // 0 .. ranks_on_host-1
   int ranks_on_host = 1;
-  std::string launcher;   // which variables said so: "Open MPI", "MPICH", "PMIx" or "Slurm"
+  std::string launcher;  // which variables said so: "Open MPI", "MPICH", "PMIx" or "Slurm"
 };
 
 // getenv: returns a variable's value, or nullptr when it is unset (std::getenv, or a table in a test).

@@ -76,8 +76,8 @@ std::shared_ptr<Work> MpiProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp op
 std::shared_ptr<Work> MpiProcessGroup::do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
   int count = mpi_count("mpi reduce_scatter", output.numel());
   mpi_count("mpi reduce_scatter", input.numel());
-  MINIDL_MPI_CHECK(MPI_Reduce_scatter_block(input.raw_data(), output.raw_data(), count,
-                                            mpi_datatype(output.dtype()), mpi_op(op), comm_));
+  MINIDL_MPI_CHECK(MPI_Reduce_scatter_block(input.raw_data(), output.raw_data(), count, mpi_datatype(output.dtype()),
+                                            mpi_op(op), comm_));
   if (op == ReduceOp::kAvg) divide_by(output.dtype(), output.raw_data(), output.numel(), size_);
   return completed_work();
 }

@@ -54,9 +54,12 @@ std::string describe(const Message& m) {
 // backward of chunk c < C - 1 the gradient of its output.
 bool needs_message(const PipelineSpec& s, const Action& a, int rank, Message& out) {
   const int c = global_chunk(s, rank, a.chunk), C = s.chunks();
-  if (a.kind == ActionKind::kForward && c > 0) out = {false, a.micro, c};
-  else if (a.kind == ActionKind::kBackward && c < C - 1) out = {true, a.micro, c};
-  else return false;
+  if (a.kind == ActionKind::kForward && c > 0)
+    out = {false, a.micro, c};
+  else if (a.kind == ActionKind::kBackward && c < C - 1)
+    out = {true, a.micro, c};
+  else
+    return false;
   return true;
 }
 
@@ -146,14 +149,15 @@ std::string describe(const Action& a) {
 
 void PipelineSpec::validate() const {
   MINIDL_CHECK(stages >= 1, "pipeline: expected at least 1 stage (--pp), got ", stages);
-  MINIDL_CHECK(micro_batches >= 1, "pipeline: expected at least 1 micro-batch (--micro-batches), got ",
-               micro_batches);
+  MINIDL_CHECK(micro_batches >= 1, "pipeline: expected at least 1 micro-batch (--micro-batches), got ", micro_batches);
   MINIDL_CHECK(virtual_stages >= 1, "pipeline: expected at least 1 virtual stage (--virtual-stages), got ",
                virtual_stages);
   MINIDL_CHECK(kind == ScheduleKind::kInterleaved || virtual_stages == 1, "--virtual-stages ", virtual_stages,
                " needs --schedule interleaved (", schedule_kind_name(kind), " runs one chunk per rank)");
-  MINIDL_CHECK(kind != ScheduleKind::kInterleaved || micro_batches % stages == 0, "--schedule interleaved: "
-               "--micro-batches ", micro_batches, " must be a multiple of --pp ", stages,
+  MINIDL_CHECK(kind != ScheduleKind::kInterleaved || micro_batches % stages == 0,
+               "--schedule interleaved: "
+               "--micro-batches ",
+               micro_batches, " must be a multiple of --pp ", stages,
                " (forwards run in groups of pp micro-batches per chunk)");
   MINIDL_CHECK(int64_t(2) * micro_batches * chunks() <= ProcessGroup::kMaxTag + 1, "pipeline: ", micro_batches,
                " micro-batches x ", chunks(), " chunks need more message tags than the ", ProcessGroup::kMaxTag + 1,
@@ -223,10 +227,11 @@ void validate_schedule(const Schedule& s) {
   std::string late_receive;
   for (int r = 0; r < p; ++r) {
     const auto& list = s.ranks[size_t(r)];
-    auto at = [&](size_t i) { return "rank " + std::to_string(r) + ", action #" + std::to_string(i) + " (" +
-                                     describe(list[i]) + ")"; };
+    auto at = [&](size_t i) {
+      return "rank " + std::to_string(r) + ", action #" + std::to_string(i) + " (" + describe(list[i]) + ")";
+    };
     std::map<std::tuple<int, int, int>, int> seen;  // (kind, micro, chunk) -> count
-    std::map<Message, size_t> received;              // messages whose receive is posted, at which position
+    std::map<Message, size_t> received;             // messages whose receive is posted, at which position
     for (size_t i = 0; i < list.size(); ++i) {
       const Action& a = list[i];
       MINIDL_CHECK(a.kind != ActionKind::kOptimizerStep || i + 1 == list.size(), "pipeline schedule: ", at(i),
@@ -287,8 +292,10 @@ void validate_schedule(const Schedule& s) {
         if (is_recv(x.kind) && x.peer == a) recvs.push_back({i, message_of(spec, x, b)});
       }
       for (size_t k = 0; k < std::max(sends.size(), recvs.size()); ++k) {
-        auto act = [&](int r, size_t i) { return "rank " + std::to_string(r) + " action #" + std::to_string(i) +
-                                                 " (" + describe(s.ranks[size_t(r)][i]) + ")"; };
+        auto act = [&](int r, size_t i) {
+          return "rank " + std::to_string(r) + " action #" + std::to_string(i) + " (" +
+                 describe(s.ranks[size_t(r)][i]) + ")";
+        };
         MINIDL_CHECK(k < recvs.size(), "pipeline schedule: ", act(a, sends[k].first), " is message ", k + 1,
                      " from rank ", a, " to rank ", b, ", but rank ", b, " posts only ", recvs.size(),
                      " receive(s) from rank ", a, ": the send has no matching receive");
@@ -298,10 +305,14 @@ void validate_schedule(const Schedule& s) {
         auto has = [](const std::vector<std::pair<size_t, Message>>& v, const Message& m) {
           return std::any_of(v.begin(), v.end(), [&](const auto& x) { return x.second == m; });
         };
-        MINIDL_CHECK(has(recvs, sends[k].second), "pipeline schedule: ", act(a, sends[k].first), " has no matching "
-                     "receive on rank ", b, " (the ", describe(sends[k].second), " is never received)");
-        MINIDL_CHECK(has(sends, recvs[k].second), "pipeline schedule: ", act(b, recvs[k].first), " has no matching "
-                     "send on rank ", a, " (the ", describe(recvs[k].second), " is never sent)");
+        MINIDL_CHECK(has(recvs, sends[k].second), "pipeline schedule: ", act(a, sends[k].first),
+                     " has no matching "
+                     "receive on rank ",
+                     b, " (the ", describe(sends[k].second), " is never received)");
+        MINIDL_CHECK(has(sends, recvs[k].second), "pipeline schedule: ", act(b, recvs[k].first),
+                     " has no matching "
+                     "send on rank ",
+                     a, " (the ", describe(recvs[k].second), " is never sent)");
         MINIDL_CHECK(sends[k].second == recvs[k].second, "pipeline schedule: message ", k + 1, " from rank ", a,
                      " to rank ", b, " is posted in a different order on the two sides: ", act(a, sends[k].first),
                      " sends the ", describe(sends[k].second), " but ", act(b, recvs[k].first), " receives the ",
@@ -389,8 +400,8 @@ std::string draw_schedule(const Schedule& s) {
   SimResult sim = simulate(s, double(V), 2.0 * V);
   const int cells = int(std::lround(sim.makespan));
   std::ostringstream os;
-  os << "schedule " << schedule_kind_name(spec.kind) << ": pp=" << spec.stages << " micro-batches="
-     << spec.micro_batches;
+  os << "schedule " << schedule_kind_name(spec.kind) << ": pp=" << spec.stages
+     << " micro-batches=" << spec.micro_batches;
   if (V > 1) os << " virtual-stages=" << V << " (letter = local chunk)";
   os << "; F = forward, B = backward (2 units), . = idle\n";
   for (size_t r = 0; r < s.ranks.size(); ++r) {
@@ -411,8 +422,10 @@ std::string draw_schedule(const Schedule& s) {
     os << "|\n";
   }
   char line[160];
-  std::snprintf(line, sizeof line, "bubble: %.1f%% simulated, %.1f%% = (p-1)/(V*M+p-1) by formula; peak micro-batches "
-                "in flight per rank:", 100 * sim.bubble_fraction(), 100 * bubble_formula(spec));
+  std::snprintf(line, sizeof line,
+                "bubble: %.1f%% simulated, %.1f%% = (p-1)/(V*M+p-1) by formula; peak micro-batches "
+                "in flight per rank:",
+                100 * sim.bubble_fraction(), 100 * bubble_formula(spec));
   os << line;
   for (int n : sim.peak_in_flight) os << ' ' << n;
   os << '\n';
@@ -421,8 +434,10 @@ std::string draw_schedule(const Schedule& s) {
 
 std::vector<int64_t> split_layers(int64_t n_layer, int chunks, int64_t block_params, int64_t first_extra,
                                   int64_t last_extra) {
-  MINIDL_CHECK(chunks >= 1 && n_layer >= chunks, "pipeline: ", chunks, " model chunks (--pp x --virtual-stages) "
-               "but the model has only ", n_layer, " blocks (--layers): every chunk needs at least one block");
+  MINIDL_CHECK(chunks >= 1 && n_layer >= chunks, "pipeline: ", chunks,
+               " model chunks (--pp x --virtual-stages) "
+               "but the model has only ",
+               n_layer, " blocks (--layers): every chunk needs at least one block");
   // best[k][i]: the smallest largest-chunk cost splitting blocks [0, i) into k chunks; cut[k][i] its last cut.
   const int64_t inf = std::numeric_limits<int64_t>::max();
   std::vector<std::vector<int64_t>> best(size_t(chunks) + 1, std::vector<int64_t>(size_t(n_layer) + 1, inf));

@@ -61,9 +61,9 @@ const char* schedule_kind_name(ScheduleKind kind);
 
 struct PipelineSpec {
   ScheduleKind kind = ScheduleKind::k1F1B;
-  int stages = 1;         // p: pipeline ranks
-  int micro_batches = 1;  // M per optimizer step
-  int virtual_stages = 1; // V: model chunks per rank (interleaved only; 1 otherwise)
+  int stages = 1;          // p: pipeline ranks
+  int micro_batches = 1;   // M per optimizer step
+  int virtual_stages = 1;  // V: model chunks per rank (interleaved only; 1 otherwise)
   // Throws naming the field, what was expected and what was given (M a multiple of p for interleaved, ...).
   void validate() const;
   int chunks() const { return stages * virtual_stages; }
@@ -110,9 +110,9 @@ int message_tag(const PipelineSpec& spec, const Action& a, int rank);
 void validate_schedule(const Schedule& schedule);
 
 struct SimResult {
-  double makespan = 0;                // time from the first action to the last optimizer step
-  std::vector<double> busy;           // per rank: time spent computing
-  std::vector<int> peak_in_flight;    // per rank: most (micro, chunk) forwards whose backward had not yet run
+  double makespan = 0;              // time from the first action to the last optimizer step
+  std::vector<double> busy;         // per rank: time spent computing
+  std::vector<int> peak_in_flight;  // per rank: most (micro, chunk) forwards whose backward had not yet run
   // Per rank: [start, end) of every compute action, in list order (index into schedule.ranks[r]).
   std::vector<std::vector<std::pair<double, double>>> slots;
   // Idle time over the total, averaged over the ranks: 1 − Σ busy / (p · makespan).

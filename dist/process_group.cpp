@@ -160,8 +160,8 @@ void ProcessGroup::check_fingerprint(const char* op, const Tensor& t, int peer, 
   int64_t reduce = -1;
   for (ReduceOp r : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax})
     if (reduce_op && std::string(reduce_op) == reduce_op_name(r)) reduce = int64_t(r);
-  const Fingerprint mine{p2p ? 0 : ++checked_seq_, op_code(op), t.defined() ? int64_t(t.dtype()) : 0,
-                         t.defined() ? t.numel() : 0, peer, reduce};
+  const Fingerprint mine{p2p ? 0 : ++checked_seq_,    op_code(op), t.defined() ? int64_t(t.dtype()) : 0,
+                         t.defined() ? t.numel() : 0, peer,        reduce};
   const std::string where = "--check-collectives: group " + label() + " (" + name() + ", rank " +
                             std::to_string(rank()) + " of " + std::to_string(size()) + ")";
   if (p2p) {
@@ -183,8 +183,10 @@ void ProcessGroup::check_fingerprint(const char* op, const Tensor& t, int peer, 
   std::vector<std::pair<Fingerprint, std::string>> distinct;
   for (int r = 0; r < size(); ++r) {
     auto it = std::find_if(distinct.begin(), distinct.end(), [&](const auto& d) { return d.first == all[size_t(r)]; });
-    if (it == distinct.end()) distinct.push_back({all[size_t(r)], std::to_string(r)});
-    else it->second.append(",").append(std::to_string(r));
+    if (it == distinct.end())
+      distinct.push_back({all[size_t(r)], std::to_string(r)});
+    else
+      it->second.append(",").append(std::to_string(r));
   }
   if (distinct.size() == 1) return;
   std::string calls;
@@ -199,8 +201,8 @@ void ProcessGroup::check_fingerprint(const char* op, const Tensor& t, int peer, 
 template <class Call>
 std::shared_ptr<Work> ProcessGroup::recorded(const char* op, const Tensor& t, int peer, const char* reduce_op,
                                              Call call, int tag) {
-  const int64_t id = record_call(*this, op, t.defined() ? t.dtype() : DType::u8, t.defined() ? t.numel() : 0, peer,
-                                 reduce_op);
+  const int64_t id =
+      record_call(*this, op, t.defined() ? t.dtype() : DType::u8, t.defined() ? t.numel() : 0, peer, reduce_op);
   try {
     // On record first, so the watchdog sees a fingerprint exchange that some rank never joins.
     if (check_comm_) check_fingerprint(op, t, peer, reduce_op, tag);
@@ -237,10 +239,10 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
   check_tensor("reduce_scatter", output);
   check_tensor("reduce_scatter", input);
-  MINIDL_CHECK(input.dtype() == output.dtype(), name(), " reduce_scatter: input is ", input.dtype(),
-               ", output is ", output.dtype());
-  MINIDL_CHECK(input.numel() == output.numel() * size(), name(), " reduce_scatter: input must hold size() = ",
-               size(), " times the output's ", output.numel(), " elements, got ", input.numel());
+  MINIDL_CHECK(input.dtype() == output.dtype(), name(), " reduce_scatter: input is ", input.dtype(), ", output is ",
+               output.dtype());
+  MINIDL_CHECK(input.numel() == output.numel() * size(), name(), " reduce_scatter: input must hold size() = ", size(),
+               " times the output's ", output.numel(), " elements, got ", input.numel());
   if (output.numel() == 0) return completed_work();
   return recorded("reduce_scatter", input, -1, reduce_op_name(op), [&]() -> std::shared_ptr<Work> {
     if (is_half(input.dtype())) {
@@ -279,7 +281,8 @@ std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag)
                size());
   MINIDL_CHECK(tag >= 0 && tag <= kMaxTag, name(), " send: tag must be in 0..", kMaxTag, ", got ", tag);
   if (tensor.numel() == 0) return completed_work();
-  return recorded("send", tensor, dst, nullptr, [&] { return do_send(tensor, dst, tag); }, tag);
+  return recorded(
+      "send", tensor, dst, nullptr, [&] { return do_send(tensor, dst, tag); }, tag);
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, int tag) {
@@ -287,7 +290,8 @@ std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, int tag) {
   MINIDL_CHECK(src >= 0 && src < size(), name(), " recv: source ", src, " is not a rank of this group of ", size());
   MINIDL_CHECK(tag >= 0 && tag <= kMaxTag, name(), " recv: tag must be in 0..", kMaxTag, ", got ", tag);
   if (tensor.numel() == 0) return completed_work();
-  return recorded("recv", tensor, src, nullptr, [&] { return do_recv(tensor, src, tag); }, tag);
+  return recorded(
+      "recv", tensor, src, nullptr, [&] { return do_recv(tensor, src, tag); }, tag);
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier() {

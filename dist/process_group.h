@@ -37,7 +37,6 @@
 //   (dist/flight_recorder.h). Zero-element calls are no-ops and are not recorded.
 #pragma once
 
-
 #include <memory>
 #include <optional>
 #include <string>

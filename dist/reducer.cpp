@@ -46,8 +46,9 @@ Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params, Proc
   buckets_ = options.buckets.empty() ? assign_buckets(specs, options.caps) : options.buckets;
   std::vector<int> seen(params_.size(), 0);
   for (const BucketSpec& b : buckets_)
-    for (size_t p : b.params) MINIDL_CHECK(p < seen.size() && seen[p]++ == 0, "Reducer: parameter ", p,
-                                           " is out of range or in two of the explicit buckets");
+    for (size_t p : b.params)
+      MINIDL_CHECK(p < seen.size() && seen[p]++ == 0, "Reducer: parameter ", p,
+                   " is out of range or in two of the explicit buckets");
   for (size_t p = 0; p < seen.size(); ++p)
     MINIDL_CHECK(seen[p] == 1, "Reducer: parameter ", names_[p], " is in none of the explicit buckets");
   bucket_of_.assign(params_.size(), 0);
@@ -81,9 +82,7 @@ Reducer::~Reducer() {
   comm_thread_.join();
 }
 
-int64_t Reducer::padded_numel(size_t bucket) const {
-  return dist::padded_numel(buckets_[bucket].numel, group_.size());
-}
+int64_t Reducer::padded_numel(size_t bucket) const { return dist::padded_numel(buckets_[bucket].numel, group_.size()); }
 
 void Reducer::allocate(size_t b) {
   MemoryTagGuard tag(MemTag::kGrads);  // the buckets are the gradients' storage
@@ -198,9 +197,7 @@ void Reducer::comm_loop() {
       const trace::Span span(label);
       const CallSite site(std::move(label));
       work = collective_(group_, b, state_[b].buffer);
-    } catch (...) {
-      error = std::current_exception();
-    }
+    } catch (...) { error = std::current_exception(); }
     double ms = ms_since(t0);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -267,8 +264,7 @@ void Reducer::finish_backward() {
   } catch (...) {
     try {
       drain();
-    } catch (...) {
-    }
+    } catch (...) {}
     release_finished(/*all=*/true);
     reset();
     throw;

@@ -3,7 +3,8 @@
 // communication thread.
 //
 //   dist::Reducer reducer(model.named_parameters(), group,
-//                         [](dist::ProcessGroup& g, size_t, Tensor& buf) { return g.all_reduce(buf, dist::ReduceOp::kAvg); });
+//                         [](dist::ProcessGroup& g, size_t, Tensor& buf) { return g.all_reduce(buf,
+//                         dist::ReduceOp::kAvg); });
 //   loss.backward();                 // buckets reduce as their gradients arrive; the end of backward waits for them
 //   { auto guard = reducer.no_sync(); micro_loss.backward(); }   // accumulation: no communication
 //
@@ -123,7 +124,7 @@ class Reducer {
     std::shared_ptr<Work> work;  // its collective in this backward, until the end of backward waits on it
     int pending = 0;             // gradients still to arrive in this backward
     bool launched = false;
-    bool done = false;           // the communication thread has issued it
+    bool done = false;  // the communication thread has issued it
   };
   struct Pass;  // one synchronising backward: its end (or its abandonment by an exception) resets the state
 
@@ -136,7 +137,7 @@ class Reducer {
   void allocate(size_t bucket);
   // release_buffers: drops the buffers whose collective has completed; all: every buffer (after drain()).
   void release_finished(bool all);
-  void drain();                 // waits for every launched collective (used on success and after an exception)
+  void drain();  // waits for every launched collective (used on success and after an exception)
   void reset();
   void comm_loop();
   Tensor slot(size_t param) const;  // the parameter's span of its bucket, shaped like the parameter
@@ -150,9 +151,9 @@ class Reducer {
   std::vector<size_t> bucket_of_, slot_of_;  // param -> bucket, param -> index within the bucket
   std::vector<Bucket> state_;
   std::vector<bool> ready_;
-  size_t next_launch_ = 0;      // buckets [0, next_launch_) are launched in this backward
+  size_t next_launch_ = 0;  // buckets [0, next_launch_) are launched in this backward
   bool sync_ = true;
-  std::weak_ptr<Pass> pass_;    // alive while a synchronising backward is in progress
+  std::weak_ptr<Pass> pass_;  // alive while a synchronising backward is in progress
   ReducerStats stats_;
   std::shared_ptr<Reducer*> self_;  // what the parameters' hooks point at (they hold a weak_ptr)
 

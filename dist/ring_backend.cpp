@@ -213,8 +213,7 @@ RingProcessGroup::RingProcessGroup(MPI_Comm comm, Device device, RingOptions opt
 
 RingProcessGroup::RingProcessGroup(std::unique_ptr<RingTransport> transport, RingOptions options)
     : transport_(std::move(transport)), options_(options) {
-  MINIDL_CHECK(options_.slice_bytes > 0, "RingProcessGroup: slice_bytes must be positive, got ",
-               options_.slice_bytes);
+  MINIDL_CHECK(options_.slice_bytes > 0, "RingProcessGroup: slice_bytes must be positive, got ", options_.slice_bytes);
 }
 
 std::shared_ptr<Work> RingProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp op) {
@@ -255,11 +254,13 @@ std::shared_ptr<Work> RingProcessGroup::do_broadcast(Tensor& tensor, int root) {
   std::vector<RingTransport::Ticket> recvs, sends;
   if (position > 0)
     for (int64_t j = 0; j < slices; ++j)
-      recvs.push_back(transport_->start_recv(tensor, j * slice_elems * elem, bytes_of(j), mod(rank() - 1, n), kRingTag));
+      recvs.push_back(
+          transport_->start_recv(tensor, j * slice_elems * elem, bytes_of(j), mod(rank() - 1, n), kRingTag));
   for (int64_t j = 0; j < slices; ++j) {
     if (position > 0) transport_->wait(recvs[j]);
     if (position < n - 1)
-      sends.push_back(transport_->start_send(tensor, j * slice_elems * elem, bytes_of(j), mod(rank() + 1, n), kRingTag));
+      sends.push_back(
+          transport_->start_send(tensor, j * slice_elems * elem, bytes_of(j), mod(rank() + 1, n), kRingTag));
   }
   for (auto t : sends) transport_->wait(t);
   return completed_work();

@@ -22,7 +22,6 @@
 
 namespace minidl::dist {
 
-
 struct RingOptions {
   // Each chunk travels as slices of this many bytes (the last one shorter), so that while slice k is being
   // reduced, slice k+1 is already on the wire, and a rank forwards slice k before the rest of its chunk arrived.

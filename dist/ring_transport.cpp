@@ -33,19 +33,17 @@ MpiRingTransport::~MpiRingTransport() {
   MPI_Comm_free(&comm_);
 }
 
-RingTransport::Ticket MpiRingTransport::start_send(const Tensor& tensor, int64_t byte_offset, int64_t bytes,
-                                                   int peer, int tag) {
+RingTransport::Ticket MpiRingTransport::start_send(const Tensor& tensor, int64_t byte_offset, int64_t bytes, int peer,
+                                                   int tag) {
   MPI_Request request;
-  MINIDL_MPI_CHECK(
-      MPI_Isend(byte_range(tensor, byte_offset, bytes), int(bytes), MPI_BYTE, peer, tag, comm_, &request));
+  MINIDL_MPI_CHECK(MPI_Isend(byte_range(tensor, byte_offset, bytes), int(bytes), MPI_BYTE, peer, tag, comm_, &request));
   return add(request);
 }
 
-RingTransport::Ticket MpiRingTransport::start_recv(const Tensor& tensor, int64_t byte_offset, int64_t bytes,
-                                                   int peer, int tag) {
+RingTransport::Ticket MpiRingTransport::start_recv(const Tensor& tensor, int64_t byte_offset, int64_t bytes, int peer,
+                                                   int tag) {
   MPI_Request request;
-  MINIDL_MPI_CHECK(
-      MPI_Irecv(byte_range(tensor, byte_offset, bytes), int(bytes), MPI_BYTE, peer, tag, comm_, &request));
+  MINIDL_MPI_CHECK(MPI_Irecv(byte_range(tensor, byte_offset, bytes), int(bytes), MPI_BYTE, peer, tag, comm_, &request));
   return add(request);
 }
 

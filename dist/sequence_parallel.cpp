@@ -48,9 +48,8 @@ Tensor reduce_scatter_to_sequence_parallel(const Tensor& x, ProcessGroup& group)
     autograd::NoGradGuard raw;
     y = sequence_reduce_scatter(x, group);
   }
-  return autograd::record("SequenceParallelReduceScatter", {x}, y, [g](const Tensor& gy) {
-    return std::vector<Tensor>{sequence_all_gather(gy, *g)};
-  });
+  return autograd::record("SequenceParallelReduceScatter", {x}, y,
+                          [g](const Tensor& gy) { return std::vector<Tensor>{sequence_all_gather(gy, *g)}; });
 }
 
 Tensor gather_from_sequence_parallel(const Tensor& x, ProcessGroup& group) {
@@ -61,9 +60,8 @@ Tensor gather_from_sequence_parallel(const Tensor& x, ProcessGroup& group) {
     autograd::NoGradGuard raw;
     y = sequence_all_gather(x, group);
   }
-  return autograd::record("SequenceParallelAllGather", {x}, y, [g](const Tensor& gy) {
-    return std::vector<Tensor>{sequence_reduce_scatter(gy, *g)};
-  });
+  return autograd::record("SequenceParallelAllGather", {x}, y,
+                          [g](const Tensor& gy) { return std::vector<Tensor>{sequence_reduce_scatter(gy, *g)}; });
 }
 
 Tensor sequence_parallel_linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
@@ -122,9 +120,8 @@ Tensor sequence_parallel_dropout(const nn::Dropout& dropout, const nn::DropoutCo
     autograd::NoGradGuard raw;
     y = apply(x);
   }
-  return autograd::record("SequenceParallelDropout", {x}, y, [apply](const Tensor& gy) {
-    return std::vector<Tensor>{apply(gy)};
-  });
+  return autograd::record("SequenceParallelDropout", {x}, y,
+                          [apply](const Tensor& gy) { return std::vector<Tensor>{apply(gy)}; });
 }
 
 }  // namespace minidl::dist

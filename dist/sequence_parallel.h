@@ -13,7 +13,8 @@
 //   the gradients of the whole sequence are summed over ranks, each keeping its positions: a reduce-scatter);
 //   after a row-parallel layer, a reduce-scatter along T replaces g's all-reduce (backward: an all-gather).
 // Parameters used on the sequence slice (LayerNorms, wpe, the row-parallel biases) now see only this rank's
-// positions, so their gradients are partial sums that must be all-reduced over the group (train::GradSync::after_backward).
+// positions, so their gradients are partial sums that must be all-reduced over the group
+// (train::GradSync::after_backward).
 #pragma once
 
 #include "dist/process_group.h"

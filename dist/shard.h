@@ -24,8 +24,8 @@ struct ShardRange {
 // Elements [begin, end) of shard `index` when `numel` elements are cut into `parts` contiguous shards whose sizes
 // differ by at most one. Shards are empty when numel < parts.
 inline ShardRange shard_range(int64_t numel, int parts, int index) {
-  MINIDL_ASSERT(parts > 0 && index >= 0 && index < parts && numel >= 0, "shard_range(", numel, ", ", parts, ", ",
-                index, ")");
+  MINIDL_ASSERT(parts > 0 && index >= 0 && index < parts && numel >= 0, "shard_range(", numel, ", ", parts, ", ", index,
+                ")");
   const int64_t base = numel / parts, extra = numel % parts;
   const int64_t begin = index * base + (index < extra ? index : extra);
   return {begin, begin + base + (index < extra ? 1 : 0)};

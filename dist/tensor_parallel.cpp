@@ -186,8 +186,8 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_feat
     : group_(group) {
   const int n = group.size();
   MINIDL_CHECK(in_features > 0 && out_features > 0 && out_features % (parts * n) == 0,
-               "ColumnParallelLinear: expected out_features (", out_features, ") to split into ", parts,
-               " part(s) x ", n, " tensor-parallel ranks, got in = ", in_features, ", out = ", out_features);
+               "ColumnParallelLinear: expected out_features (", out_features, ") to split into ", parts, " part(s) x ",
+               n, " tensor-parallel ranks, got in = ", in_features, ", out = ", out_features);
   weight_layout = {{in_features, out_features}, 1, parts, n, group.rank()};
   bias_layout = {{out_features}, 0, parts, n, group.rank()};
   MemoryTagGuard tag(MemTag::kParams);
@@ -249,8 +249,10 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t embedding_
 Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
   if (group_.size() == 1) return embedding(weight, ids);
   MINIDL_CHECK(!sequence_parallel || (ids.dim() == 2 && ids.size(1) % group_.size() == 0),
-               "sequence parallelism: the sequence length must be a multiple of --tp ", group_.size(), ", got ids of "
-               "shape ", ids.shape());
+               "sequence parallelism: the sequence length must be a multiple of --tp ", group_.size(),
+               ", got ids of "
+               "shape ",
+               ids.shape());
   // Ids outside this rank's range look up row 0 and are zeroed, so the all-reduce adds exactly one real row per
   // id. The local rows and the mask are computed where the ids are (on a device: one kernel, no copy back).
   const ops::VocabRange local = ops::vocab_range(vocab_range_ids(ids), vocab_start, vocab_per_rank, 0, -1);
@@ -281,8 +283,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
                " and ", targets.shape());
   autograd::AutocastGuard full_precision(DType::f32);
   // 16-bit logits to f32: on a device by the cast kernel (Tensor::to converts through a host copy).
-  const Tensor z = local_logits.dtype() == DType::f32  ? local_logits
-                   : local_logits.device().is_cpu() ? local_logits.to(DType::f32)
+  const Tensor z = local_logits.dtype() == DType::f32 ? local_logits
+                   : local_logits.device().is_cpu()   ? local_logits.to(DType::f32)
                                                       : autograd::autocast_to(local_logits, DType::f32);
   const int64_t N = z.size(0), V = z.size(1);
   const Device device = z.device();
@@ -327,8 +329,8 @@ ParallelSelfAttention::ParallelSelfAttention(const nn::GPTConfig& cfg, ProcessGr
   MINIDL_CHECK(cfg.n_head % group.size() == 0, "tensor parallelism: --tp ", group.size(), " must divide --heads ",
                cfg.n_head, " (attention is split by heads)");
   local_heads = cfg.n_head / group.size();
-  c_attn = register_module("c_attn",
-                           std::make_shared<ColumnParallelLinear>(cfg.n_embd, 3 * cfg.n_embd, group, cfg.bias, 3));
+  c_attn =
+      register_module("c_attn", std::make_shared<ColumnParallelLinear>(cfg.n_embd, 3 * cfg.n_embd, group, cfg.bias, 3));
   c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(cfg.n_embd, cfg.n_embd, group, cfg.bias));
   resid_dropout = register_module("resid_dropout", std::make_shared<nn::Dropout>(cfg.dropout, dropout_stream, ctx));
 }

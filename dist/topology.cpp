@@ -10,14 +10,14 @@ GridCoord Grid::coord_of(int rank) const {
 }
 
 int Grid::rank_of(const GridCoord& c) const {
-  MINIDL_CHECK(c.dp >= 0 && c.dp < dp && c.tp >= 0 && c.tp < tp && c.pp >= 0 && c.pp < pp, "Grid::rank_of: (dp ",
-               c.dp, ", tp ", c.tp, ", pp ", c.pp, ") outside a grid of dp ", dp, " × tp ", tp, " × pp ", pp);
+  MINIDL_CHECK(c.dp >= 0 && c.dp < dp && c.tp >= 0 && c.tp < tp && c.pp >= 0 && c.pp < pp, "Grid::rank_of: (dp ", c.dp,
+               ", tp ", c.tp, ", pp ", c.pp, ") outside a grid of dp ", dp, " × tp ", tp, " × pp ", pp);
   return (c.pp * dp + c.dp) * tp + c.tp;
 }
 
 void Grid::check_world(int world_size) const {
-  MINIDL_CHECK(dp >= 1 && tp >= 1 && pp >= 1, "Topology: dp, tp and pp must each be at least 1, got dp ", dp,
-               ", tp ", tp, ", pp ", pp);
+  MINIDL_CHECK(dp >= 1 && tp >= 1 && pp >= 1, "Topology: dp, tp and pp must each be at least 1, got dp ", dp, ", tp ",
+               tp, ", pp ", pp);
   MINIDL_CHECK(size() == world_size, "Topology: dp × tp × pp = ", dp, " × ", tp, " × ", pp, " = ", size(),
                " does not match the world size ", world_size);
 }
@@ -56,8 +56,8 @@ Topology::Topology(MPI_Comm world, Grid grid, const std::string& backend, std::o
   tp_group_ = split_group(world, c.pp * grid_.dp + c.dp, c.tp, backend, device);
   pp_group_ = split_group(world, c.dp * grid_.tp + c.tp, c.pp, backend, device);
   const bool holds_embedding = first_stage() || last_stage();
-  embedding_group_ = split_group(world, holds_embedding ? c.dp * grid_.tp + c.tp : MPI_UNDEFINED, c.pp, backend,
-                                 device);
+  embedding_group_ =
+      split_group(world, holds_embedding ? c.dp * grid_.tp + c.tp : MPI_UNDEFINED, c.pp, backend, device);
   model_parallel_group_ = split_group(world, c.dp, c.pp * grid_.tp + c.tp, backend, device);
   // What the flight recorder and the watchdog call them.
   dp_group_->set_label("dp");

@@ -21,7 +21,6 @@
 // the loss average) uses a coordinate and a group.
 #pragma once
 
-
 #include <memory>
 #include <optional>
 #include <string>

@@ -44,8 +44,7 @@ std::vector<Tensor> concat(std::vector<Tensor> a, const std::vector<Tensor>& b) 
 // Position of `name` in the whole model's named_parameters() order (nn::GPT's initialisation streams): wte, wpe,
 // then each block's parameters in the order a block registers them (`block_names`), then ln_f's (`ln_f_names`).
 int64_t whole_model_index(const std::string& name, const nn::GPTConfig& cfg,
-                               const std::vector<std::string>& block_names,
-                               const std::vector<std::string>& ln_f_names) {
+                          const std::vector<std::string>& block_names, const std::vector<std::string>& ln_f_names) {
   if (name == "transformer.wte.weight") return 0;
   if (name == "transformer.wpe.weight") return 1;
   auto position = [&](const std::vector<std::string>& names, const std::string& n) {
@@ -189,8 +188,8 @@ Tensor TensorParallelGPT::forward_block_cached(int64_t i, const Tensor& x, nn::B
 Tensor TensorParallelGPT::head(const Tensor& x) const {
   MINIDL_CHECK(stage().head, "GPT::head: this stage (blocks [", stage().first_block, ", ", stage().last_block,
                ")) does not hold the head");
-  MINIDL_CHECK(x.dim() == 3 && x.size(2) == config().n_embd, "GPT::head: expected x of shape (B, T, n_embd = ",
-               config().n_embd, "), got ", x.shape());
+  MINIDL_CHECK(x.dim() == 3 && x.size(2) == config().n_embd,
+               "GPT::head: expected x of shape (B, T, n_embd = ", config().n_embd, "), got ", x.shape());
   Tensor whole = gather_from_tensor_parallel(vocab_embedding->logits(ln_f->forward(x)), group_);
   // Padding rows sit at the end of the padded vocabulary: the first vocab_size columns are the real ones.
   return whole.narrow(2, 0, config().vocab_size);
@@ -216,8 +215,7 @@ Tensor TensorParallelGPT::forward_block(int64_t i, const Tensor& x) const {
   auto attn_part = [block](const Tensor& in) { return block->attn->forward(block->ln_1->forward(in)); };
   auto mlp_part = [block](const Tensor& in) { return block->mlp->forward(block->ln_2->forward(in)); };
   switch (recompute()) {
-    case nn::Recompute::kNone:
-      return block->forward(x);
+    case nn::Recompute::kNone: return block->forward(x);
     case nn::Recompute::kBlock:
       return checkpointed([block](const Tensor& in) { return block->forward(in); }, x, block->parameters(), i);
     case nn::Recompute::kAttn: {

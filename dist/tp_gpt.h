@@ -84,7 +84,7 @@ class TensorParallelGPT : public nn::GPT {
   // process's num_parameters() counts for the same stage.
   int64_t logical_num_parameters() const;
 
-  std::shared_ptr<VocabParallelEmbedding> vocab_embedding;  // transformer.wte (null on a stage without it)
+  std::shared_ptr<VocabParallelEmbedding> vocab_embedding;         // transformer.wte (null on a stage without it)
   std::shared_ptr<nn::ModuleList<ParallelBlock>> parallel_blocks;  // transformer.h: global blocks of the stage
 
   // The KV cache works on a split without sequence parallelism: each rank keeps its own heads' keys and values.

@@ -30,18 +30,19 @@ ZeroDataParallel::ZeroDataParallel(nn::Module& module, ProcessGroup& group, Zero
     for (auto& [name, t] : module.named_buffers()) group.broadcast(t, 0)->wait();
 }
 
-ZeroDataParallel::ZeroDataParallel(const std::vector<std::pair<std::string, Tensor>>& named_params,
-                                   ProcessGroup& group, ZeroOptions options)
+ZeroDataParallel::ZeroDataParallel(const std::vector<std::pair<std::string, Tensor>>& named_params, ProcessGroup& group,
+                                   ZeroOptions options)
     : options_(options),
       rank_(group.rank()),
       world_(group.size()),
-      reducer_(named_params, group,
-               // The average of the bucket over the group lands in this rank's gradient shard only.
-               [this](ProcessGroup& g, size_t b, Tensor& bucket) {
-                 const trace::Span span(trace::enabled() ? "reduce-scatter bucket " + std::to_string(b) : "");
-                 return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
-               },
-               reducer_options(options, reduction_check())) {
+      reducer_(
+          named_params, group,
+          // The average of the bucket over the group lands in this rank's gradient shard only.
+          [this](ProcessGroup& g, size_t b, Tensor& bucket) {
+            const trace::Span span(trace::enabled() ? "reduce-scatter bucket " + std::to_string(b) : "");
+            return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
+          },
+          reducer_options(options, reduction_check())) {
   MINIDL_CHECK(options.stage == 1 || options.stage == 2, "ZeRO: expected stage 1 or 2, got ", options.stage,
                " (stage 3 is dist::ZeroStage3)");
   if (options.broadcast_at_start)
@@ -52,8 +53,8 @@ ZeroDataParallel::ZeroDataParallel(const std::vector<std::pair<std::string, Tens
   const std::vector<Tensor>& params = reducer_.params();
   for (size_t b = 0; b < reducer_.buckets().size(); ++b) {
     const BucketSpec& spec = reducer_.buckets()[b];
-    MINIDL_CHECK(spec.dtype == DType::f32, "ZeRO: expected f32 parameters (the optimizer's dtype), got ",
-                 spec.dtype, " for ", reducer_.names()[spec.params.front()]);
+    MINIDL_CHECK(spec.dtype == DType::f32, "ZeRO: expected f32 parameters (the optimizer's dtype), got ", spec.dtype,
+                 " for ", reducer_.names()[spec.params.front()]);
     Tensor flat;
     {
       MemoryTagGuard tag(MemTag::kParams);
@@ -95,14 +96,16 @@ ZeroShards::~ZeroShards() {
 
 void ZeroShards::claim_updates(const std::vector<Tensor>& params, const std::string& owner) {
   for (const Tensor& p : params) {
-    p.impl()->autograd.update_owner = owner + ", which shards it: build the optimizer over zero.shard_groups(...) "
-                                              "(this rank's shard of every parameter), not over the model's parameters";
+    p.impl()->autograd.update_owner = owner +
+                                      ", which shards it: build the optimizer over zero.shard_groups(...) "
+                                      "(this rank's shard of every parameter), not over the model's parameters";
     claimed_.push_back(p);
   }
 }
 
 void ZeroShards::begin_reduction() {
-  MINIDL_CHECK(!awaiting_gather_, "ZeRO: this backward reduces gradients again, but the last step's update was "
+  MINIDL_CHECK(!awaiting_gather_,
+               "ZeRO: this backward reduces gradients again, but the last step's update was "
                "never gathered: call gather_parameters() after every optimizer step (or skipped step), else each "
                "rank keeps only its own shard's update and the ranks' weights drift apart");
   awaiting_gather_ = true;

@@ -96,7 +96,7 @@ class ZeroShards {
   // reduce_scatter_gradients) while the previous one's update was never gathered throws naming
   // gather_parameters(): without it each rank keeps only its own shard's update and the weights drift apart.
   void claim_updates(const std::vector<Tensor>& params, const std::string& owner);
-  void begin_reduction();            // throws if the last reduction was not followed by gather_parameters()
+  void begin_reduction();  // throws if the last reduction was not followed by gather_parameters()
   void end_gather() { awaiting_gather_ = false; }
   std::function<void()> reduction_check() {
     return [this] { begin_reduction(); };
@@ -149,9 +149,9 @@ class ZeroDataParallel final : public ZeroShards {
   Tensor shard_of(const Tensor& flat) const;  // this rank's P/N elements of a flat bucket-sized buffer
 
   ZeroOptions options_;
-  int rank_, world_;  // in the group
+  int rank_, world_;                 // in the group
   std::vector<Tensor> flat_params_;  // per bucket: P elements, the parameters are views of it
-  Reducer reducer_;  // last: destroyed first
+  Reducer reducer_;                  // last: destroyed first
 };
 
 }  // namespace minidl::dist

@@ -48,7 +48,8 @@ std::vector<BucketSpec> block_buckets(const nn::BlockModule& model) {
                    " (BlockModule::block_parameters must name each parameter in one block)");
       trained |= p.requires_grad();
     }
-    MINIDL_CHECK(trained, "ZeRO-3: block ", b, " has no parameter that requires grad "
+    MINIDL_CHECK(trained, "ZeRO-3: block ", b,
+                 " has no parameter that requires grad "
                  "(BlockModule::block_parameters names none): a block is the unit ZeRO-3 gathers and shards");
   }
   std::vector<std::vector<size_t>> per_block(size_t(last_block - first_block));
@@ -77,12 +78,13 @@ ZeroStage3::ZeroStage3(nn::BlockModule& model, ProcessGroup& group, Zero3Options
       world_(group.size()),
       first_block_(model.first_block()),
       last_block_(model.first_block() + model.num_blocks()),
-      reducer_(model.named_parameters(), group,
-               [this](ProcessGroup& g, size_t b, Tensor& bucket) {
-                 const trace::Span span(trace::enabled() ? "reduce-scatter bucket " + std::to_string(b) : "");
-                 return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
-               },
-               reducer_options(model, reduction_check())) {
+      reducer_(
+          model.named_parameters(), group,
+          [this](ProcessGroup& g, size_t b, Tensor& bucket) {
+            const trace::Span span(trace::enabled() ? "reduce-scatter bucket " + std::to_string(b) : "");
+            return g.reduce_scatter(grad_shards_[b], bucket, ReduceOp::kAvg);
+          },
+          reducer_options(model, reduction_check())) {
   if (options.broadcast_at_start) {
     for (auto& [name, p] : model.named_parameters()) group.broadcast(p, 0)->wait();
     for (auto& [name, t] : model.named_buffers()) group.broadcast(t, 0)->wait();
@@ -93,8 +95,8 @@ ZeroStage3::ZeroStage3(nn::BlockModule& model, ProcessGroup& group, Zero3Options
   MINIDL_ASSERT(units_.size() == n_blocks || units_.size() == n_blocks + 1);
   for (size_t b = 0; b < reducer_.buckets().size(); ++b) {
     const BucketSpec& spec = reducer_.buckets()[b];
-    MINIDL_CHECK(spec.dtype == DType::f32, "ZeRO-3: expected f32 parameters (the optimizer's dtype), got ",
-                 spec.dtype, " for ", reducer_.names()[spec.params.front()]);
+    MINIDL_CHECK(spec.dtype == DType::f32, "ZeRO-3: expected f32 parameters (the optimizer's dtype), got ", spec.dtype,
+                 " for ", reducer_.names()[spec.params.front()]);
     // Unit u: blocks in model order, then the persistent unit; bucket b: latest block first.
     const size_t u = b < n_blocks ? n_blocks - 1 - b : b;
     Unit& unit = units_[u];

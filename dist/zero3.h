@@ -115,17 +115,17 @@ class ZeroStage3 final : public nn::BlockHooks, public ZeroShards {
 
  private:
   struct Unit {
-    size_t bucket = 0;       // its gradient bucket in the Reducer
-    Tensor flat;             // P elements; a block's storage is allocated only while gathered
-    Tensor shard;            // P/N elements this rank keeps (a view of flat for the persistent unit)
-    Tensor half;             // 16-bit copy of flat under autocast (blocks only), allocated with it
+    size_t bucket = 0;               // its gradient bucket in the Reducer
+    Tensor flat;                     // P elements; a block's storage is allocated only while gathered
+    Tensor shard;                    // P/N elements this rank keeps (a view of flat for the persistent unit)
+    Tensor half;                     // 16-bit copy of flat under autocast (blocks only), allocated with it
     std::vector<Tensor> half_views;  // per parameter of the bucket, views of half
     bool gathered = false;
     std::shared_future<void> pending;  // a queued gather not yet waited for
-    int grads_left = 0;      // parameters of the block whose gradient hook has not fired in this backward
+    int grads_left = 0;                // parameters of the block whose gradient hook has not fired in this backward
   };
   Unit& block_unit(int64_t block);
-  void prefetch(int64_t block);       // queues block's gather on the communication thread (if not gathered)
+  void prefetch(int64_t block);  // queues block's gather on the communication thread (if not gathered)
   void ensure_gathered(int64_t block);
   void release(int64_t block);
   void on_block_grad(int64_t block);
@@ -136,7 +136,7 @@ class ZeroStage3 final : public nn::BlockHooks, public ZeroShards {
   std::vector<Unit> units_;  // blocks first_block_ .. last_block_-1, then the persistent unit
   bool hold_ = false;
   int64_t block_gathers_ = 0;
-  DType half_dtype_ = DType::f32;    // the 16-bit dtype of the half copies made so far
+  DType half_dtype_ = DType::f32;      // the 16-bit dtype of the half copies made so far
   std::shared_ptr<ZeroStage3*> self_;  // what the parameters' gradient hooks point at (they hold a weak_ptr)
   Reducer reducer_;
 };

@@ -11,8 +11,9 @@
 //   std::vector<Tensor> mine = dist::slice_logical(zero.reducer(), zero.shard_pieces(), m_by_reducer_param);
 //
 // The gather is one all-gather of P elements per bucket (padding included, then dropped): a rank holds one bucket
-// at a time beside the tensors it keeps (in a checkpoint, those it writes: about 1/N of them). An all-gather rather than a gather to one rank because the process
-// group has no gather; the bytes on the wire are those of one parameter all-gather, once per save.
+// at a time beside the tensors it keeps (in a checkpoint, those it writes: about 1/N of them). An all-gather rather
+// than a gather to one rank because the process group has no gather; the bytes on the wire are those of one parameter
+// all-gather, once per save.
 #pragma once
 
 #include <cstdint>

@@ -27,8 +27,9 @@ int main(int argc, char** argv) {
   double budget_gib = 0, peak_tflops = 0, mem_gib = 0, mem_bw_gbs = 0, intra_gbs = 0, inter_gbs = 0;
   double intra_alpha_us = -1, inter_alpha_us = -1;
   int gpus_per_node = 0;
-  CLI::App app{"Predict the step time, memory and scaling efficiency of a GPT training layout on a machine, or rank "
-               "every layout of --gpus GPUs (--plan)."};
+  CLI::App app{
+      "Predict the step time, memory and scaling efficiency of a GPT training layout on a machine, or rank "
+      "every layout of --gpus GPUs (--plan)."};
   const CLI::Range positive{int64_t(1), int64_t(1) << 40};
   app.add_option("--layers", layers, "Transformer blocks")->check(positive)->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->check(positive)->capture_default_str();
@@ -36,26 +37,38 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq, "Sequence length")->check(positive)->capture_default_str();
   app.add_option("--vocab", vocab, "Vocabulary size")->check(positive)->capture_default_str();
   app.add_option("--batch", batch, "Global batch: sequences per optimizer step over all data-parallel ranks")
-      ->check(positive)->capture_default_str();
+      ->check(positive)
+      ->capture_default_str();
   app.add_option("--dp", l.dp, "Data-parallel ranks")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--tp", l.tp, "Tensor-parallel ranks (must divide --heads)")->check(CLI::Range(1, 1 << 20))
+  app.add_option("--tp", l.tp, "Tensor-parallel ranks (must divide --heads)")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--pp", l.pp, "Pipeline stages")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--virtual-stages", l.virtual_stages, "Model chunks per pipeline rank (> 1: interleaved 1F1B)")
-      ->check(CLI::Range(1, 1 << 10))->capture_default_str();
-  app.add_option("--micro-batches", l.micro_batches, "Micro-batches per step per data-parallel rank (gradient "
-                 "accumulation when --pp 1)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+      ->check(CLI::Range(1, 1 << 10))
+      ->capture_default_str();
+  app.add_option("--micro-batches", l.micro_batches,
+                 "Micro-batches per step per data-parallel rank (gradient "
+                 "accumulation when --pp 1)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--schedule", schedule, "Pipeline schedule with --virtual-stages 1: gpipe or 1f1b")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->capture_default_str();
   app.add_option("--zero", l.zero, "ZeRO stage 0 (DDP) to 3")->check(CLI::Range(0, 3))->capture_default_str();
   app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")
-      ->check(CLI::IsMember({"none", "attn", "mlp", "block"}))->capture_default_str();
+      ->check(CLI::IsMember({"none", "attn", "mlp", "block"}))
+      ->capture_default_str();
   app.add_option("--amp", amp, "Mixed precision: off (f32), bf16 or fp16")
-      ->check(CLI::IsMember({"off", "bf16", "fp16"}))->capture_default_str();
+      ->check(CLI::IsMember({"off", "bf16", "fp16"}))
+      ->capture_default_str();
   app.add_flag("--sequence-parallel", l.sequence_parallel, "Sequence parallelism (with --tp > 1)");
-  app.add_option("--machine", machine_name, "A preset: a100-sxm, h100-sxm, h200-sxm, a100-pcie, or cpu-host (the "
-                 "calibrated host, predict/presets/cpu-host.json); --list-machines prints them")->capture_default_str();
-  app.add_option("--machine-file", machine_file, "A machine from a JSON file (scripts/predict_calibrate.py writes "
+  app.add_option("--machine", machine_name,
+                 "A preset: a100-sxm, h100-sxm, h200-sxm, a100-pcie, or cpu-host (the "
+                 "calibrated host, predict/presets/cpu-host.json); --list-machines prints them")
+      ->capture_default_str();
+  app.add_option("--machine-file", machine_file,
+                 "A machine from a JSON file (scripts/predict_calibrate.py writes "
                  "one); overrides --machine");
   app.add_flag("--list-machines", list, "Print the presets as JSON and exit");
   app.add_option("--gpus-per-node", gpus_per_node, "Override: ranks per node")->check(CLI::Range(1, 1 << 20));
@@ -71,23 +84,27 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--inter-gbs", inter_gbs, "Override: inter-node bandwidth β per GPU, one direction, GB/s")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--plan", do_plan, "Rank every valid layout of --gpus GPUs by predicted step time, and say why each "
+  app.add_flag("--plan", do_plan,
+               "Rank every valid layout of --gpus GPUs by predicted step time, and say why each "
                "invalid one is refused");
   app.add_option("--gpus", gpus, "With --plan: the GPU count (dp x tp x pp)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--budget-gib", budget_gib, "With --plan: memory per GPU, GiB (default: the machine's)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--plan-top", plan_top, "With --plan: valid layouts printed")->check(CLI::Range(1, 1 << 20))
+  app.add_option("--plan-top", plan_top, "With --plan: valid layouts printed")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--plan-refused", plan_refused, "With --plan: refused layouts printed one per line (the rest "
-                 "counted by reason)")->check(CLI::Range(0, 1 << 30))->capture_default_str();
+  app.add_option("--plan-refused", plan_refused,
+                 "With --plan: refused layouts printed one per line (the rest "
+                 "counted by reason)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
   app.add_option("--max-micro-batches", max_micro, "With --plan: the most micro-batches tried")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_flag("--json", json, "Print one JSON object instead of the table");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) { return app.exit(e); } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "minidl_predict: error: %s (see --help)\n", e.what());
     return 2;
   }
@@ -99,7 +116,8 @@ int main(int argc, char** argv) {
       std::printf("%s\n]\n", all.c_str());
       return 0;
     }
-    predict::Machine m = machine_file.empty() ? predict::find_machine(machine_name) : predict::load_machine(machine_file);
+    predict::Machine m =
+        machine_file.empty() ? predict::find_machine(machine_name) : predict::load_machine(machine_file);
     if (gpus_per_node > 0) m.gpus_per_node = gpus_per_node;
     if (peak_tflops > 0) m.peak_flops_16 = m.peak_flops_32 = peak_tflops * 1e12;
     if (mem_bw_gbs > 0) m.mem_bw = mem_bw_gbs * 1e9;
@@ -119,7 +137,8 @@ int main(int argc, char** argv) {
       const double budget = budget_gib > 0 ? budget_gib * double(1ull << 30) : m.mem_capacity;
       const auto rows = predict::plan(w, gpus, l.amp, m, budget, max_micro);
       std::fputs(json ? (predict::plan_json(rows, m) + "\n").c_str()
-                      : predict::format_plan(rows, m, plan_top, plan_refused).c_str(), stdout);
+                      : predict::format_plan(rows, m, plan_top, plan_refused).c_str(),
+                 stdout);
       return 0;
     }
     MINIDL_CHECK(gpus == 0 || gpus == l.gpus(), "--gpus ", gpus, " but --dp x --tp x --pp = ", l.gpus());

@@ -16,9 +16,9 @@ constexpr int kSupersample = 4;  // 4 x 4 samples per pixel for the antialiased 
 // Is the point (u, v), in the shape's own frame scaled by its size, inside shape `cls`?
 bool inside(int cls, float u, float v) {
   switch (cls) {
-    case 0: return u * u + v * v <= 1.0f;                                    // circle of radius 1
-    case 1: return std::abs(u) <= 0.8f && std::abs(v) <= 0.8f;               // square, about the circle's area
-    case 2: {                                                                // equilateral, circumradius 1.15
+    case 0: return u * u + v * v <= 1.0f;                       // circle of radius 1
+    case 1: return std::abs(u) <= 0.8f && std::abs(v) <= 0.8f;  // square, about the circle's area
+    case 2: {                                                   // equilateral, circumradius 1.15
       const float r = 1.15f, s = std::sqrt(3.0f);
       return v >= -r / 2 && s * u + v <= r && -s * u + v <= r;
     }
@@ -37,7 +37,7 @@ ShapeSet make_shapes(const ShapesOptions& o, uint64_t split, int64_t count) {
       const int cls = int(i % o.classes);
       set.labels[size_t(i)] = cls;
       uint4x a = shape_rng.draw(uint64_t(i) * kShapeDraws), b = shape_rng.draw(uint64_t(i) * kShapeDraws + 1);
-      const float size = float(S) * (0.18f + 0.17f * Philox::to_unit(a.z));    // "radius" in pixels
+      const float size = float(S) * (0.18f + 0.17f * Philox::to_unit(a.z));  // "radius" in pixels
       const float margin = size + 1.0f, room = float(S) - 2 * margin;
       const float cx = margin + room * Philox::to_unit(a.x), cy = margin + room * Philox::to_unit(a.y);
       const float angle = 6.2831853f * Philox::to_unit(a.w), c = std::cos(angle), s = std::sin(angle);

@@ -35,12 +35,13 @@ int main(int argc, char** argv) {
   CLI::App app{"Tokenize text files with GPT-2's BPE into token shards in llm.c's format"};
   app.add_option("files", inputs, "Text files, one document each")->required();
   app.add_option("--out", out_dir, "Folder for the shards (created if missing)")->required();
-  app.add_option("--name", name, "Shard names: NAME_val_000000.bin, NAME_train_000001.bin, ...")
-      ->capture_default_str();
+  app.add_option("--name", name, "Shard names: NAME_val_000000.bin, NAME_train_000001.bin, ...")->capture_default_str();
   app.add_option("--shard-tokens", shard_tokens, "Tokens per shard at most")
-      ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX)))->capture_default_str();
+      ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX)))
+      ->capture_default_str();
   app.add_option("--val-fraction", val_fraction, "Fraction of the tokens (the first ones) for validation")
-      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--threads", threads, "Encoding threads")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_option("--gpt2-encoding", encoding, "GPT-2's encoding file")->capture_default_str();
   try {

@@ -62,12 +62,10 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--noise", o.noise, "Standard deviation of the Gaussian pixel noise (shapes are 0.5 to 1 bright)")
       ->capture_default_str();
-  app.add_option("--width", o.width,
-                 "Channels of the first conv layer (the second and third have 2x and 4x as many)")
+  app.add_option("--width", o.width, "Channels of the first conv layer (the second and third have 2x and 4x as many)")
       ->capture_default_str();
   app.add_option("--train-size", o.train_size, "Training images, drawn once at start")->capture_default_str();
-  app.add_option("--test-size", o.test_size, "Held-out test images (a different random stream)")
-      ->capture_default_str();
+  app.add_option("--test-size", o.test_size, "Held-out test images (a different random stream)")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (kernels and BLAS); default: all cores");
 }
 
@@ -181,9 +179,11 @@ int run(const Options& o, Device device) {
   model.init(o.seed);
   optim::AdamW opt(optim::decay_groups(model.named_parameters(), o.weight_decay), {.lr = o.lr});
   optim::CosineSchedule schedule(o.lr, o.lr / 10, 0, o.steps);
-  std::printf("train_cnn: %lld classes of %lldx%lld shapes, %lld train / %lld test images, %lld parameters, %s, %d "
-              "threads\n", (long long)o.classes, (long long)S, (long long)S, (long long)o.train_size,
-              (long long)o.test_size, (long long)model.num_parameters(), o.device.c_str(), num_threads());
+  std::printf(
+      "train_cnn: %lld classes of %lldx%lld shapes, %lld train / %lld test images, %lld parameters, %s, %d "
+      "threads\n",
+      (long long)o.classes, (long long)S, (long long)S, (long long)o.train_size, (long long)o.test_size,
+      (long long)model.num_parameters(), o.device.c_str(), num_threads());
 
   const int64_t steps_per_epoch = o.train_size / o.batch;
   std::vector<int64_t> order(size_t(o.train_size));
@@ -247,9 +247,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     validate(o);
     device = train::select_device(o.device);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) { return app.exit(e); } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "train_cnn: error: %s (see --help)\n", e.what());
     return 2;
   } catch (const Error& e) {

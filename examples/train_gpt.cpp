@@ -27,23 +27,28 @@ namespace {
 
 void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
-  app.add_option("--data", o.data, "Text file to train on, or GPT-2 token shards in llm.c's format (a glob such as "
-                 "'out/shakespeare_*.bin', from tokenize_shards; files named *val* validate)")->capture_default_str();
-  app.add_option("--tokenizer", o.tokenizer, "char (the corpus's bytes are the tokens) or gpt2 (GPT-2's byte-level "
+  app.add_option("--data", o.data,
+                 "Text file to train on, or GPT-2 token shards in llm.c's format (a glob such as "
+                 "'out/shakespeare_*.bin', from tokenize_shards; files named *val* validate)")
+      ->capture_default_str();
+  app.add_option("--tokenizer", o.tokenizer,
+                 "char (the corpus's bytes are the tokens) or gpt2 (GPT-2's byte-level "
                  "BPE, 50,257 tokens); default: the checkpoint's with --init-from or --resume, else char");
   app.add_option("--gpt2-encoding", o.gpt2_encoding, "GPT-2's encoding file, for --tokenizer gpt2")
       ->capture_default_str();
   // The shape flags are optional: unset, they take the default or, with --init-from, the checkpoint's value.
   app.add_option("--layers", o.layers, "Transformer blocks [default: 4, or the checkpoint's]");
-  app.add_option("--heads", o.heads, "Attention heads per block (must divide --embd) [default: 4, or the checkpoint's]");
+  app.add_option("--heads", o.heads,
+                 "Attention heads per block (must divide --embd) [default: 4, or the checkpoint's]");
   app.add_option("--embd", o.embd, "Embedding width C [default: 128, or the checkpoint's]");
   app.add_option("--seq", o.seq, "Sequence length T (also the model's block size) [default: 64, or the checkpoint's]");
-  app.add_option("--vocab-pad", o.vocab_pad,
-                 "Store the token embedding / output head with the vocabulary rounded up to a multiple of N rows, so "
-                 "the head's GEMM and the classifier see aligned rows (GPT-2: 50257 -> 50304), or of N/2, N/4, ... where N's "
-                 "would add more than an eighth of the vocabulary (65 -> 72); layout only: "
-                 "checkpoints, losses, samples and parameter counts are those of the real vocabulary. 1: no padding "
-                 "(ignored with --tp, which pads to a multiple of tp) [default: 64]");
+  app.add_option(
+      "--vocab-pad", o.vocab_pad,
+      "Store the token embedding / output head with the vocabulary rounded up to a multiple of N rows, so "
+      "the head's GEMM and the classifier see aligned rows (GPT-2: 50257 -> 50304), or of N/2, N/4, ... where N's "
+      "would add more than an eighth of the vocabulary (65 -> 72); layout only: "
+      "checkpoints, losses, samples and parameter counts are those of the real vocabulary. 1: no padding "
+      "(ignored with --tp, which pads to a multiple of tp) [default: 64]");
   app.add_option("--batch", o.batch, "Sequences per optimizer step (the global batch)")->capture_default_str();
   app.add_option("--steps", o.steps, "Optimizer steps; 0 with --init-from only evaluates")->capture_default_str();
   app.add_option("--lr", o.lr, "Peak learning rate (AdamW)")->capture_default_str();
@@ -87,17 +92,21 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--temperature", o.temperature, "Sampling temperature; 0 takes the most likely token (greedy)")
       ->capture_default_str();
   app.add_option("--top-k", o.top_k, "Draw only among the k most likely tokens (0: all)")->capture_default_str();
-  app.add_flag("!--no-kv-cache", o.kv_cache, "Recompute the whole window for every generated token instead of "
+  app.add_flag("!--no-kv-cache", o.kv_cache,
+               "Recompute the whole window for every generated token instead of "
                "keeping each block's keys and values");
   app.add_option("--dp", o.dp,
                  "Data-parallel ranks (run under mpirun -n N); each takes batch/dp of every global batch. "
                  "dp x tp x pp must equal N. Default: N / (tp x pp)");
-  app.add_option("--tp", o.tp, "Tensor-parallel ranks: each transformer block split Megatron-style (attention by heads, the MLP "
+  app.add_option("--tp", o.tp,
+                 "Tensor-parallel ranks: each transformer block split Megatron-style (attention by heads, the MLP "
                  "column then row) and the vocabulary split, over tp consecutive ranks; must divide --heads. "
                  "Combines with --dp, --pp, --zero, --amp, --recompute, --grad-accum, --dropout, clipping and "
                  "training checkpoints (stored as whole tensors: they resume at any --tp). --save writes one "
-                 "whole-model file at any --tp, with or without --pp")->capture_default_str();
-  app.add_option("--pp", o.pp, "Pipeline stages: each rank holds a contiguous part of the blocks (the first also the "
+                 "whole-model file at any --tp, with or without --pp")
+      ->capture_default_str();
+  app.add_option("--pp", o.pp,
+                 "Pipeline stages: each rank holds a contiguous part of the blocks (the first also the "
                  "embedding, the last ln_f, the tied head and the loss); activations move by send/recv. Combines with "
                  "--dp, --tp (stages of tensor-parallel blocks), --zero 0-2, --save, --init-from, --sample and "
                  "training checkpoints (whole tensors: they resume at any --pp, --tp, --dp and --zero)")
@@ -171,7 +180,8 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                "CUDA graph and replay it every step after, the batch drawn on the device inside it (the learning "
                "rate, the batch's step and the dropout masks' step are written on the device, so replays equal eager "
                "steps); needs one process");
-  app.add_flag("--tf32", o.tf32, "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
+  app.add_flag("--tf32", o.tf32,
+               "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
                "error); off by default");
   app.add_option("--max-skipped-steps", o.max_skipped_steps,
                  "fp16: stop after this many consecutive steps the loss scaler skipped (inf/NaN loss or gradients; "
@@ -192,8 +202,9 @@ int main(int argc, char** argv) {
   // MPI first (a plain process is a world of one). Every rank parses the same flags; rank 0 speaks for them.
   dist::Context ctx = dist::init(argc, argv);
   const bool speaks = ctx.rank() == 0;
-  CLI::App app{"Train a GPT-2-shaped language model (characters or GPT-2 tokens) with minidl.\n"
-               "Data-parallel: mpirun -n N build/bin/train_gpt [flags] (--batch is the global batch)."};
+  CLI::App app{
+      "Train a GPT-2-shaped language model (characters or GPT-2 tokens) with minidl.\n"
+      "Data-parallel: mpirun -n N build/bin/train_gpt [flags] (--batch is the global batch)."};
   train::TrainConfig config;
   config.data = MINIDL_DEFAULT_DATA;
   config.gpt2_encoding = MINIDL_DEFAULT_GPT2_ENCODING;
@@ -211,9 +222,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     config.validate(ctx.world_size());
-  } catch (const CLI::CallForHelp& e) {
-    return speaks ? app.exit(e) : 0;
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) { return speaks ? app.exit(e) : 0; } catch (const CLI::ParseError& e) {
     if (speaks) std::fprintf(stderr, "train_gpt: error: %s (see --help)\n", e.what());
     return 2;
   } catch (const std::exception& e) {
@@ -237,9 +246,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     return train::Trainer(config, ctx).run();
-  } catch (const std::exception& e) {
-    return fail(e.what());
-  } catch (...) {
+  } catch (const std::exception& e) { return fail(e.what()); } catch (...) {
     return fail("unknown exception");
   }
 }

@@ -9,9 +9,8 @@ namespace minidl::nn {
 
 std::string gpt_config_to_json(const GPTConfig& cfg) {
   nlohmann::ordered_json j = {
-      {"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size}, {"n_layer", cfg.n_layer},
-      {"n_head", cfg.n_head},         {"n_embd", cfg.n_embd},         {"dropout", cfg.dropout},
-      {"bias", cfg.bias},
+      {"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size}, {"n_layer", cfg.n_layer}, {"n_head", cfg.n_head},
+      {"n_embd", cfg.n_embd},         {"dropout", cfg.dropout},       {"bias", cfg.bias},
   };
   return j.dump();
 }
@@ -87,9 +86,7 @@ void load_into(GPT& model, const std::string& path) {
   SafetensorsFile file = load_safetensors(path);
   try {
     model.load_state_dict(file.tensors, /*strict=*/true);
-  } catch (const Error& e) {
-    MINIDL_CHECK(false, "load_into('", path, "'): ", e.what());
-  }
+  } catch (const Error& e) { MINIDL_CHECK(false, "load_into('", path, "'): ", e.what()); }
 }
 
 }  // namespace minidl::nn

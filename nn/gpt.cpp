@@ -76,8 +76,8 @@ Tensor cached_attention(const Tensor& qkv, int64_t H, BlockKV& kv, int64_t lengt
                "shape (1, t, 3 * heads * head_dim) with heads = ", H, ", got ", qkv.shape());
   const int64_t t = qkv.size(1), C = qkv.size(2) / 3, D = C / H;
   MINIDL_CHECK((length == 0 || t == 1) && length + t <= block_size, "cached_attention: expected one new position ",
-               "after the first call and at most block_size = ", block_size, " positions in all, got ", t,
-               " after ", length);
+               "after the first call and at most block_size = ", block_size, " positions in all, got ", t, " after ",
+               length);
   // (1, t, C) -> (H, t, D)
   auto heads = [&](int64_t part) { return qkv.narrow(2, part * C, C).reshape({t, H, D}).transpose(0, 1).contiguous(); };
   if (!kv.k_t.defined()) {
@@ -188,7 +188,7 @@ void GPT::check_ids(const Tensor& ids, const char* what, bool allow_ignore) cons
   MINIDL_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64, "GPT: expected ", what,
                " of dtype i32 or i64, got ", ids.dtype());
   if (!ids.device().is_cpu() && ops::indices_checked_on_host()) return;  // loss() checked them before upload
-  Tensor c = ids.to(Device::cpu()).contiguous();  // a device batch is checked on a host copy
+  Tensor c = ids.to(Device::cpu()).contiguous();                         // a device batch is checked on a host copy
   dispatch_dtype(c.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_integral_v<T>) {
@@ -229,10 +229,12 @@ Tensor GPT::position_ids(int64_t T, Device device) const {
 }
 
 Tensor GPT::blocks(int64_t a, int64_t b, const Tensor& x) const {
-  MINIDL_CHECK(stage_.first_block <= a && a <= b && b <= stage_.last_block, "GPT::blocks: expected a range of blocks "
-               "inside this stage's [", stage_.first_block, ", ", stage_.last_block, "), got [", a, ", ", b, ")");
-  MINIDL_CHECK(x.dim() == 3 && x.size(2) == cfg_.n_embd, "GPT::blocks: expected x of shape (B, T, n_embd = ",
-               cfg_.n_embd, "), got ", x.shape());
+  MINIDL_CHECK(stage_.first_block <= a && a <= b && b <= stage_.last_block,
+               "GPT::blocks: expected a range of blocks "
+               "inside this stage's [",
+               stage_.first_block, ", ", stage_.last_block, "), got [", a, ", ", b, ")");
+  MINIDL_CHECK(x.dim() == 3 && x.size(2) == cfg_.n_embd,
+               "GPT::blocks: expected x of shape (B, T, n_embd = ", cfg_.n_embd, "), got ", x.shape());
   Tensor y = x;
   for (int64_t i = a; i < b; ++i) y = run_block(i, y, [&](const Tensor& in) { return forward_block(i, in); });
   return y;
@@ -264,16 +266,15 @@ Tensor GPT::padded_head_weight() const {
     table.as_strided({V, C}, {C, 1}, 0).copy_(w.detach());
   }
   if (!autograd::any_requires_grad({w})) return table;
-  return autograd::record("vocab_padding", {w}, table, [V](const Tensor& g) {
-    return std::vector<Tensor>{g.narrow(0, 0, V).contiguous()};
-  });
+  return autograd::record("vocab_padding", {w}, table,
+                          [V](const Tensor& g) { return std::vector<Tensor>{g.narrow(0, 0, V).contiguous()}; });
 }
 
 Tensor GPT::padded_logits(const Tensor& x) const {
   MINIDL_CHECK(stage_.head, "GPT::head: this stage (blocks [", stage_.first_block, ", ", stage_.last_block,
                ")) does not hold the head");
-  MINIDL_CHECK(x.dim() == 3 && x.size(2) == cfg_.n_embd, "GPT::head: expected x of shape (B, T, n_embd = ",
-               cfg_.n_embd, "), got ", x.shape());
+  MINIDL_CHECK(x.dim() == 3 && x.size(2) == cfg_.n_embd, "GPT::head: expected x of shape (B, T, n_embd = ", cfg_.n_embd,
+               "), got ", x.shape());
   // Tied head: logits = ln_f(x) @ wte^T, the transpose folded into the BLAS call.
   return matmul(ln_f->forward(x), padded_head_weight(), false, true);
 }
@@ -312,10 +313,9 @@ Tensor GPT::forward_block_cached(int64_t i, const Tensor& x, BlockKV& kv, int64_
 Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
   MINIDL_CHECK(supports_kv_cache(), "GPT::forward_cached: needs the whole model in this process (not a part of ",
                "it; supports_kv_cache() is false)");
-  MINIDL_CHECK(ids.dim() == 2 && ids.size(0) == 1 && ids.size(1) >= 1 &&
-                   cache.length + ids.size(1) <= cfg_.block_size,
-               "GPT::forward_cached: expected ids of shape (1, t) with ", cache.length, " + t <= block_size = ",
-               cfg_.block_size, ", got ", ids.shape());
+  MINIDL_CHECK(ids.dim() == 2 && ids.size(0) == 1 && ids.size(1) >= 1 && cache.length + ids.size(1) <= cfg_.block_size,
+               "GPT::forward_cached: expected ids of shape (1, t) with ", cache.length,
+               " + t <= block_size = ", cfg_.block_size, ", got ", ids.shape());
   check_ids(ids, "token ids", false);
   Tensor x = embed_at(ids, cache.length);
   cache.blocks.resize(size_t(cfg_.n_layer));
@@ -414,8 +414,7 @@ Tensor GPT::forward_block(int64_t i, const Tensor& x) const {
   auto attn_part = [block](const Tensor& in) { return block->attn->forward(block->ln_1->forward(in)); };
   auto mlp_part = [block](const Tensor& in) { return block->mlp->forward(block->ln_2->forward(in)); };
   switch (recompute_) {
-    case Recompute::kNone:
-      return block->forward(x);
+    case Recompute::kNone: return block->forward(x);
     case Recompute::kBlock:
       return checkpointed([block](const Tensor& in) { return block->forward(in); }, x, block->parameters(), i);
     case Recompute::kAttn: {

@@ -133,10 +133,10 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp;
 };
 
-// The part of the model a GPT holds (one chunk of a model cut into parts): blocks [first_block, last_block), the embedding (wte, wpe
-// and the embedding dropout) and the head (ln_f and the tied wte, so the first and the last stage both hold a
-// copy of wte). Parameters keep their whole-model names ("transformer.h.5.ln_1.weight" on any stage holding block
-// 5), initial values and dropout streams.
+// The part of the model a GPT holds (one chunk of a model cut into parts): blocks [first_block, last_block), the
+// embedding (wte, wpe and the embedding dropout) and the head (ln_f and the tied wte, so the first and the last stage
+// both hold a copy of wte). Parameters keep their whole-model names ("transformer.h.5.ln_1.weight" on any stage holding
+// block 5), initial values and dropout streams.
 struct GPTStage {
   int64_t first_block = 0;
   int64_t last_block = -1;  // -1: n_layer

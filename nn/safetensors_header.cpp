@@ -73,9 +73,7 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, std::string_
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    bad_file(path, std::string("header is not valid JSON: ") + e.what());
-  }
+  } catch (const nlohmann::json::exception& e) { bad_file(path, std::string("header is not valid JSON: ") + e.what()); }
   if (!header.is_object()) bad_file(path, "header must be a JSON object, got " + std::string(header.type_name()));
 
   SafetensorsHeader out;

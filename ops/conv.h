@@ -69,8 +69,8 @@ Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& y, c
 // bias may be null; dx may be null (not computed). dweight and dbias are overwritten.
 void conv2d_forward_cpu(const ConvGeometry& g, const float* x, const float* w, const float* b, float* y);
 void conv2d_forward_cpu(const ConvGeometry& g, const double* x, const double* w, const double* b, double* y);
-void conv2d_backward_cpu(const ConvGeometry& g, const float* dy, const float* x, const float* w, float* dx,
-                         float* dw, float* db);
+void conv2d_backward_cpu(const ConvGeometry& g, const float* dy, const float* x, const float* w, float* dx, float* dw,
+                         float* db);
 void conv2d_backward_cpu(const ConvGeometry& g, const double* dy, const double* x, const double* w, double* dx,
                          double* dw, double* db);
 void max_pool2d_forward_cpu(const ConvGeometry& g, const float* x, float* y);

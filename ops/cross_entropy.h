@@ -52,8 +52,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
 // The CUDA kernels (ops/cuda/tensor/cross_entropy.cpp), filled by minidl::cuda::register_backend().
 inline DeviceKernel<CrossEntropyForward(const Tensor&, const Tensor&, int64_t, Reduction, int64_t)>
     cross_entropy_forward_device{"cross_entropy"};
-inline DeviceKernel<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, int64_t,
-                           bool)>
+inline DeviceKernel<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, int64_t, bool)>
     cross_entropy_backward_device{"cross_entropy_backward"};
 
 // Checks every target of a CPU index tensor (in [0, classes) or ignore_index) and returns how many are counted.
@@ -67,8 +66,8 @@ inline int64_t check_cross_entropy(const Tensor& logits, const Tensor& targets, 
   MINIDL_CHECK(classes == -1 || (classes > 0 && classes <= logits.size(1)), "cross_entropy: expected classes in [1, ",
                logits.size(1), "] (the logits' columns) or -1 (all), got ", classes);
   check_index("cross_entropy", "targets", targets);
-  MINIDL_CHECK(targets.shape() == Shape{logits.size(0)}, "cross_entropy: expected targets of shape (",
-               logits.size(0), ",) to match logits ", logits.shape(), ", got ", targets.shape());
+  MINIDL_CHECK(targets.shape() == Shape{logits.size(0)}, "cross_entropy: expected targets of shape (", logits.size(0),
+               ",) to match logits ", logits.shape(), ", got ", targets.shape());
   return classes == -1 ? logits.size(1) : classes;
 }
 

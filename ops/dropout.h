@@ -45,8 +45,10 @@ inline void check_dropout(const Tensor& x, double p, const DropoutStep& step = {
   check_float_or_half("dropout", "x", x);
   MINIDL_CHECK(p >= 0.0 && p < 1.0, "dropout: expected a probability p in [0, 1), got ", p);
   if (!step.step.defined()) return;
-  MINIDL_CHECK(step.step.dtype() == DType::i64 && step.step.numel() == 1, "dropout: expected the step as one i64, "
-               "got ", step.step.dtype(), " ", step.step.shape());
+  MINIDL_CHECK(step.step.dtype() == DType::i64 && step.step.numel() == 1,
+               "dropout: expected the step as one i64, "
+               "got ",
+               step.step.dtype(), " ", step.step.shape());
   MINIDL_CHECK(step.step.device() == x.device(), "dropout: expected the step on x's device ", x.device(), ", got ",
                step.step.device());
 }

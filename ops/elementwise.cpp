@@ -140,22 +140,28 @@ Tensor mul(const Tensor& a, double s) {
 }
 
 Tensor neg(const Tensor& a) {
-  return unary("neg", a, [&] { return on_device(neg_device, a); }, [](auto x) { return -x; });
+  return unary(
+      "neg", a, [&] { return on_device(neg_device, a); }, [](auto x) { return -x; });
 }
 Tensor exp(const Tensor& a) {
-  return unary("exp", a, [&] { return on_device(exp_device, a); }, [](auto x) { return std::exp(x); });
+  return unary(
+      "exp", a, [&] { return on_device(exp_device, a); }, [](auto x) { return std::exp(x); });
 }
 Tensor log(const Tensor& a) {
-  return unary("log", a, [&] { return on_device(log_device, a); }, [](auto x) { return std::log(x); });
+  return unary(
+      "log", a, [&] { return on_device(log_device, a); }, [](auto x) { return std::log(x); });
 }
 Tensor tanh(const Tensor& a) {
-  return unary("tanh", a, [&] { return on_device(tanh_device, a); }, [](auto x) { return std::tanh(x); });
+  return unary(
+      "tanh", a, [&] { return on_device(tanh_device, a); }, [](auto x) { return std::tanh(x); });
 }
 Tensor sqrt(const Tensor& a) {
-  return unary("sqrt", a, [&] { return on_device(sqrt_device, a); }, [](auto x) { return std::sqrt(x); });
+  return unary(
+      "sqrt", a, [&] { return on_device(sqrt_device, a); }, [](auto x) { return std::sqrt(x); });
 }
 Tensor square(const Tensor& a) {
-  return unary("square", a, [&] { return on_device(square_device, a); }, [](auto x) { return x * x; });
+  return unary(
+      "square", a, [&] { return on_device(square_device, a); }, [](auto x) { return x * x; });
 }
 
 Tensor tanh_backward(const Tensor& grad, const Tensor& y) {
@@ -202,8 +208,8 @@ Tensor broadcast_to(const Tensor& t, const Shape& shape) {
 
 Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
   if (grad.shape() == shape) return grad;
-  MINIDL_CHECK(broadcast_shapes("sum_to_shape", shape, grad.shape()) == grad.shape(), "sum_to_shape: shape ",
-               shape, " does not broadcast to the gradient's shape ", grad.shape());
+  MINIDL_CHECK(broadcast_shapes("sum_to_shape", shape, grad.shape()) == grad.shape(), "sum_to_shape: shape ", shape,
+               " does not broadcast to the gradient's shape ", grad.shape());
   if (!grad.device().is_cpu()) return sum_to_shape_device(grad.device())(grad, shape);
   if (is_half(grad.dtype())) return cast(sum_to_shape(upcast(grad), shape), grad.dtype());
   return dispatch_float("sum_to_shape", grad.dtype(), [&](auto tag) {

@@ -56,8 +56,8 @@ Tensor sum_to_shape(const Tensor& grad, const Shape& shape);
 inline DeviceKernel<Tensor(const Tensor&, const Tensor&)> add_device{"add"}, sub_device{"sub"}, mul_device{"mul"},
     div_device{"div"}, tanh_backward_device{"tanh_backward"};
 inline DeviceKernel<Tensor(const Tensor&, double)> add_scalar_device{"add"}, mul_scalar_device{"mul"};
-inline DeviceKernel<Tensor(const Tensor&)> neg_device{"neg"}, exp_device{"exp"}, log_device{"log"},
-    tanh_device{"tanh"}, sqrt_device{"sqrt"}, square_device{"square"};
+inline DeviceKernel<Tensor(const Tensor&)> neg_device{"neg"}, exp_device{"exp"}, log_device{"log"}, tanh_device{"tanh"},
+    sqrt_device{"sqrt"}, square_device{"square"};
 inline DeviceKernel<void(Tensor&, const Tensor&)> add_inplace_device{"add_"};
 inline DeviceKernel<Tensor(const Tensor&, const Shape&)> broadcast_to_device{"broadcast_to"},
     sum_to_shape_device{"sum_to_shape"};

@@ -18,8 +18,9 @@
 namespace minidl::ops {
 
 struct LayerNormForward {
-  Tensor y;     // (..., C), like x
-  Tensor mean;  // (rows) = x.numel() / C, in layernorm_param_dtype(x) (f32 in training; f64 keeps gradient checks exact)
+  Tensor y;  // (..., C), like x
+  Tensor
+      mean;  // (rows) = x.numel() / C, in layernorm_param_dtype(x) (f32 in training; f64 keeps gradient checks exact)
   Tensor rstd;  // (rows): 1 / sqrt(var + eps), var the biased (population) variance
 };
 

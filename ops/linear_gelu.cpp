@@ -42,9 +42,8 @@ LinearGelu linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b
   check_shaped_like("linear_gelu", "w", w, Shape{x.size(-1), n}, x);
   if (bias.defined()) check_shaped_like("linear_gelu", "bias", bias, Shape{n}, x);
   if (fused(x, linear_gelu_device.has(x.device()))) {
-    if (std::optional<LinearGelu> f = linear_gelu_device(x.device())(rows_of(x), w.detach().contiguous(),
-                                                                       bias.defined() ? bias.detach().contiguous()
-                                                                                      : Tensor()))
+    if (std::optional<LinearGelu> f = linear_gelu_device(x.device())(
+            rows_of(x), w.detach().contiguous(), bias.defined() ? bias.detach().contiguous() : Tensor()))
       return {f->h.view(with_last(x, n)), f->aux.view(with_last(x, n))};
   }
   Tensor aux = linear(x.detach(), w.detach(), bias.defined() ? bias.detach() : Tensor());
@@ -54,8 +53,10 @@ LinearGelu linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b
 DgeluBgrad dgelu_bgrad(const Tensor& dy, const Tensor& w, const Tensor& aux, bool bias_grad) {
   check_float_or_half("dgelu_bgrad", "aux", aux);
   check_defined("dgelu_bgrad", "dy", dy);
-  MINIDL_CHECK(aux.dim() >= 1 && dy.dim() == aux.dim(), "dgelu_bgrad: expected dy (..., k) and aux (..., n) of one "
-               "rank, got dy ", dy.shape(), " and aux ", aux.shape());
+  MINIDL_CHECK(aux.dim() >= 1 && dy.dim() == aux.dim(),
+               "dgelu_bgrad: expected dy (..., k) and aux (..., n) of one "
+               "rank, got dy ",
+               dy.shape(), " and aux ", aux.shape());
   const int64_t n = aux.size(-1), k = dy.size(-1);
   check_shaped_like("dgelu_bgrad", "dy", dy, with_last(aux, k), aux);
   check_shaped_like("dgelu_bgrad", "w", w, Shape{n, k}, aux);

@@ -101,8 +101,8 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int
                   int(ldc));
   });
 }
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B,
-          int64_t ldb, double beta, double* C, int64_t ldc, const double* bias = nullptr) {
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B, int64_t ldb,
+          double beta, double* C, int64_t ldc, const double* bias = nullptr) {
   fill_bias(C, ldc, 0, M, 0, N, bias);
   counted(M, N, K, [&] {
     cblas_dgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0, A, int(lda), B, int(ldb), beta, C,
@@ -212,8 +212,7 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
         if (p0 >= panels) continue;
         const OwnProduct& pr = products[p];
         counted(0, 0, 0, [&] {
-          simd::gemm_pack(g, j0, n, k0, k1, pr.B, pr.b_row, pr.b_col, p0, std::min(p1, panels),
-                          packed + p * copy);
+          simd::gemm_pack(g, j0, n, k0, k1, pr.B, pr.b_row, pr.b_col, p0, std::min(p1, panels), packed + p * copy);
         });
       }
 #pragma omp barrier
@@ -227,8 +226,8 @@ void gemm_shared(int64_t M, int64_t N, const std::vector<OwnProduct>& products, 
         if (i0 >= i1) return;
         const OwnProduct& pr = products[p];
         counted(i1 - i0, n, k1 - k0, [&] {
-          simd::gemm_sum_chunk(g, i0, i1, j0, n, N, k0, k1, pr.A, pr.a_row, pr.a_col, packed + p * copy,
-                               pr.accumulate, pr.C, pr.ldc, pr.bias);
+          simd::gemm_sum_chunk(g, i0, i1, j0, n, N, k0, k1, pr.A, pr.a_row, pr.a_col, packed + p * copy, pr.accumulate,
+                               pr.C, pr.ldc, pr.bias);
         });
       };
       const auto first = [&](int u) { return pieces * u / nt; };
@@ -258,10 +257,9 @@ void gemm_halves(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
   Tensor scratch = Tensor::empty(Shape{M, N}, DType::f32);
   float* part = scratch.data<float>();
   const int64_t kh = K / 2;
-  const std::vector<OwnProduct> halves = {
-      own_product(ta, tb, kh, A, lda, B, ldb, beta, C, ldc, bias),
-      own_product(ta, tb, K - kh, A + (ta ? kh * lda : kh), lda, B + (tb ? kh : kh * ldb), ldb, 0.0f, part, N,
-                  nullptr)};
+  const std::vector<OwnProduct> halves = {own_product(ta, tb, kh, A, lda, B, ldb, beta, C, ldc, bias),
+                                          own_product(ta, tb, K - kh, A + (ta ? kh * lda : kh), lda,
+                                                      B + (tb ? kh : kh * ldb), ldb, 0.0f, part, N, nullptr)};
   const int threads = num_threads();
   if (threads == 1 || in_parallel_region()) {
     for (const OwnProduct& h : halves) counted(M, N, h.K, [&] { run_own(M, N, h); });
@@ -417,8 +415,8 @@ Shape check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   MINIDL_CHECK(K == Kb, "matmul: inner dimensions differ: a ", a.shape(), ta ? " (transposed)" : "", " has K=", K,
                ", b ", b.shape(), tb ? " (transposed)" : "", " has K=", Kb);
   Shape ba = batch_dims(a), bb = batch_dims(b);
-  MINIDL_CHECK(ba == bb || a.dim() == 2 || b.dim() == 2, "matmul: batch dimensions ", ba, " of a ", a.shape(),
-               " and ", bb, " of b ", b.shape(), " differ (they must match, or one input must be 2-D)");
+  MINIDL_CHECK(ba == bb || a.dim() == 2 || b.dim() == 2, "matmul: batch dimensions ", ba, " of a ", a.shape(), " and ",
+               bb, " of b ", b.shape(), " differ (they must match, or one input must be 2-D)");
   Shape out = a.dim() >= b.dim() ? ba : bb;
   out.push_back(ta ? a.size(-1) : a.size(-2));
   out.push_back(tb ? b.size(-2) : b.size(-1));
@@ -437,8 +435,10 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
   T* C = out.data<T>();
   if (out.numel() == 0) return;
   if (K == 0) {  // an empty sum: the answer is beta * out (beta is 0 or 1), or the bias
-    if (bias) fill_bias(C, N, 0, out.numel() / N, 0, N, bias);
-    else if (beta == T(0)) out.fill_(0.0);
+    if (bias)
+      fill_bias(C, N, 0, out.numel() / N, 0, N, bias);
+    else if (beta == T(0))
+      out.fill_(0.0);
     return;
   }
   // b shared by a batch of row-major a: the batch is just more rows of one big product.
@@ -561,10 +561,10 @@ void linear_weight_bias_grad_into(Tensor& dw, Tensor& dbias, const Tensor& x2, c
   for (const auto& [name, t] : named)
     MINIDL_CHECK(t->dtype() == DType::f32 && t->device().is_cpu(), "linear_weight_bias_grad_into: expected ", name,
                  " f32 on the CPU, got ", t->dtype(), " on ", t->device());
-  MINIDL_CHECK(dw.shape() == Shape({M, N}) && dw.is_contiguous() && dbias.shape() == Shape({N}) &&
-                   dbias.is_contiguous(),
-               "linear_weight_bias_grad_into: expected a contiguous dw of shape ", Shape({M, N}), " and dbias of ",
-               Shape({N}), ", got ", dw.shape(), " and ", dbias.shape());
+  MINIDL_CHECK(
+      dw.shape() == Shape({M, N}) && dw.is_contiguous() && dbias.shape() == Shape({N}) && dbias.is_contiguous(),
+      "linear_weight_bias_grad_into: expected a contiguous dw of shape ", Shape({M, N}), " and dbias of ", Shape({N}),
+      ", got ", dw.shape(), " and ", dbias.shape());
   const Tensor x = x2.contiguous(), dy = dy2.contiguous();
   if (takes_halves(M, N, K)) {
     float* colsum = dbias.data<float>();
@@ -579,10 +579,10 @@ void linear_weight_bias_grad_into(Tensor& dw, Tensor& dbias, const Tensor& x2, c
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   MINIDL_CHECK(x.defined() && weight.defined(), "linear: undefined input");
-  MINIDL_CHECK(x.dim() >= 1 && weight.dim() == 2, "linear: expected x (..., in) and weight (in, out), got ",
-               x.shape(), " and ", weight.shape());
-  MINIDL_CHECK(x.size(-1) == weight.size(0), "linear: x ", x.shape(), " has ", x.size(-1),
-               " features but weight ", weight.shape(), " expects ", weight.size(0));
+  MINIDL_CHECK(x.dim() >= 1 && weight.dim() == 2, "linear: expected x (..., in) and weight (in, out), got ", x.shape(),
+               " and ", weight.shape());
+  MINIDL_CHECK(x.size(-1) == weight.size(0), "linear: x ", x.shape(), " has ", x.size(-1), " features but weight ",
+               weight.shape(), " expects ", weight.size(0));
   int64_t in = weight.size(0), out_features = weight.size(1);
   if (bias.defined()) {
     MINIDL_CHECK(bias.dim() == 1 && bias.size(0) == out_features, "linear: expected bias of shape (", out_features,

@@ -15,15 +15,15 @@ inline void check_defined(const char* op, const char* name, const Tensor& t) {
 
 inline void check_contiguous(const char* op, const char* name, const Tensor& t) {
   check_defined(op, name, t);
-  MINIDL_CHECK(t.is_contiguous(), op, ": expected ", name, " to be contiguous, got shape ", t.shape(),
-               " with strides ", t.strides());
+  MINIDL_CHECK(t.is_contiguous(), op, ": expected ", name, " to be contiguous, got shape ", t.shape(), " with strides ",
+               t.strides());
 }
 
 // A contiguous f32 or f64 tensor.
 inline void check_float(const char* op, const char* name, const Tensor& t) {
   check_contiguous(op, name, t);
-  MINIDL_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, op, ": expected ", name,
-               " to be f32 or f64, got ", t.dtype());
+  MINIDL_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, op, ": expected ", name, " to be f32 or f64, got ",
+               t.dtype());
 }
 
 // A contiguous f32, f64, f16 or bf16 tensor: the ops that take 16-bit storage (ops/cast.h) compute in f32.
@@ -36,8 +36,7 @@ inline void check_float_or_half(const char* op, const char* name, const Tensor& 
 // A contiguous float tensor with the same dtype and device as `ref`.
 inline void check_like(const char* op, const char* name, const Tensor& t, const Tensor& ref) {
   check_float_or_half(op, name, t);
-  MINIDL_CHECK(t.dtype() == ref.dtype(), op, ": expected ", name, " to have dtype ", ref.dtype(), ", got ",
-               t.dtype());
+  MINIDL_CHECK(t.dtype() == ref.dtype(), op, ": expected ", name, " to have dtype ", ref.dtype(), ", got ", t.dtype());
   MINIDL_CHECK(t.device() == ref.device(), op, ": expected ", name, " on ", ref.device(), ", got ", t.device());
 }
 
@@ -51,8 +50,8 @@ inline void check_shaped_like(const char* op, const char* name, const Tensor& t,
 // A contiguous i32 or i64 tensor.
 inline void check_index(const char* op, const char* name, const Tensor& t) {
   check_contiguous(op, name, t);
-  MINIDL_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64, op, ": expected ", name,
-               " to be i32 or i64, got ", t.dtype());
+  MINIDL_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64, op, ": expected ", name, " to be i32 or i64, got ",
+               t.dtype());
 }
 
 // Calls fn with a value of the index type of t (int32_t or int64_t); t passed check_index.

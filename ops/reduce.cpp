@@ -38,8 +38,10 @@ Tensor contiguous_data(const Tensor& x) { return x.detach().contiguous(); }
 Shape reduced_shape(const Shape& shape, int dim, bool keepdim) {
   Shape out;
   for (int i = 0; i < shape.size(); ++i) {
-    if (i != dim) out.push_back(shape[i]);
-    else if (keepdim) out.push_back(1);
+    if (i != dim)
+      out.push_back(shape[i]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -176,8 +178,8 @@ Tensor max_backward(const Tensor& grad, const Tensor& indices, const Shape& inpu
   int d = dim < 0 ? dim + nd : dim;
   MINIDL_CHECK(d >= 0 && d < nd, "max_backward: dimension ", dim, " is out of range for shape ", input_shape);
   MINIDL_CHECK(grad.numel() == indices.numel() && grad.numel() * input_shape[d] == input_shape.numel(),
-               "max_backward: gradient ", grad.shape(), " and indices ", indices.shape(),
-               " do not match input shape ", input_shape, " reduced over dimension ", d);
+               "max_backward: gradient ", grad.shape(), " and indices ", indices.shape(), " do not match input shape ",
+               input_shape, " reduced over dimension ", d);
   MINIDL_CHECK(indices.dtype() == DType::i64, "max_backward: expected i64 indices, got ", indices.dtype());
   MINIDL_CHECK(grad.device() == indices.device(), "max_backward: gradient on ", grad.device(), " and indices on ",
                indices.device());

@@ -38,8 +38,11 @@ class SgemmCeiling {
       int64_t in, out, count;
       bool tied_head;  // x wte^T: wte is stored (V, C)
     };
-    const Linear linears[] = {{C, 3 * C, s.layers, false}, {C, C, s.layers, false}, {C, 4 * C, s.layers, false},
-                              {4 * C, C, s.layers, false}, {C, s.vocab, 1, true}};
+    const Linear linears[] = {{C, 3 * C, s.layers, false},
+                              {C, C, s.layers, false},
+                              {C, 4 * C, s.layers, false},
+                              {4 * C, C, s.layers, false},
+                              {C, s.vocab, 1, true}};
     for (const Linear& l : linears) {
       // forward Y = X W; dX = dY W^T; dW = X^T dY. For the tied head W^T is stored, so the flags flip on W.
       products_.push_back({false, l.tied_head, R, l.out, l.in, l.count});

@@ -25,8 +25,8 @@ namespace minidl::ops::detail {
 inline constexpr int64_t kElementwiseGrain = 32768;
 
 template <class T, size_t N, class Kernel>
-void strided_loop(const Shape& shape, const std::array<T*, N>& base, const std::array<Shape, N>& strides,
-                  bool parallel, const Kernel& kernel) {
+void strided_loop(const Shape& shape, const std::array<T*, N>& base, const std::array<Shape, N>& strides, bool parallel,
+                  const Kernel& kernel) {
   // Coalesce: drop size-1 dimensions, merge a dimension into the next when every operand steps through them
   // as one (stride[d] == stride[d+1] * size[d+1]).
   int64_t size[Shape::kMaxDims];
@@ -61,8 +61,10 @@ void strided_loop(const Shape& shape, const std::array<T*, N>& base, const std::
       for (size_t k = 0; k < N; ++k) p[k] = base[k] + b * inner_stride[k];
       kernel(p, inner_stride, e - b);
     };
-    if (parallel) parallel_for(0, inner, kElementwiseGrain, run);
-    else run(0, inner);
+    if (parallel)
+      parallel_for(0, inner, kElementwiseGrain, run);
+    else
+      run(0, inner);
     return;
   }
 
@@ -87,8 +89,10 @@ void strided_loop(const Shape& shape, const std::array<T*, N>& base, const std::
       }
     }
   };
-  if (parallel) parallel_for(0, rows, std::max<int64_t>(1, kElementwiseGrain / inner), run_rows);
-  else run_rows(0, rows);
+  if (parallel)
+    parallel_for(0, rows, std::max<int64_t>(1, kElementwiseGrain / inner), run_rows);
+  else
+    run_rows(0, rows);
 }
 
 }  // namespace minidl::ops::detail

@@ -40,8 +40,8 @@ void update_loss_scale_(const Tensor& state, const Tensor& scale_f32, const Tens
 // filled by minidl::cuda::register_backend().
 inline DeviceKernel<void(const std::vector<Tensor>&, const Tensor&, const Tensor&)> unscale_and_check_by_device{
     "unscale_and_check_by_"};
-inline DeviceKernel<void(const Tensor&, const Tensor&, const Tensor&, const LossScaleRules&)>
-    update_loss_scale_device{"update_loss_scale_"};
+inline DeviceKernel<void(const Tensor&, const Tensor&, const Tensor&, const LossScaleRules&)> update_loss_scale_device{
+    "update_loss_scale_"};
 inline DeviceKernel<bool(const Tensor&, float)> unscale_and_check_device{"unscale_and_check_"};
 inline DeviceKernel<bool(const std::vector<Tensor>&, float)> unscale_and_check_multi_device{"unscale_and_check_multi_"};
 

@@ -25,7 +25,6 @@ struct VocabRange {
 VocabRange vocab_range(const Tensor& ids, int64_t start, int64_t length, int64_t row_stride, int64_t ignore_index);
 
 // The CUDA kernel (ops/cuda/tensor/vocab_range.cpp).
-inline DeviceKernel<VocabRange(const Tensor&, int64_t, int64_t, int64_t, int64_t)> vocab_range_device{
-    "vocab_range"};
+inline DeviceKernel<VocabRange(const Tensor&, int64_t, int64_t, int64_t, int64_t)> vocab_range_device{"vocab_range"};
 
 }  // namespace minidl::ops

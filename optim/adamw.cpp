@@ -49,8 +49,10 @@ void AdamW::step_zeroing(bool zero_grads) {
   const Tensor never = skipped_.defined() ? Tensor::zeros({1}, DType::i32, skipped_.device()) : Tensor();
   for_each_group([&](auto& params, auto& grads, auto& m, auto& v, double wd) {
     h.weight_decay = wd;
-    if (never.defined()) ops::fused_adamw_multi_unless_(params, grads, m, v, h, never, skipped_, false);
-    else ops::fused_adamw_multi_(params, grads, m, v, h, zero_grads);
+    if (never.defined())
+      ops::fused_adamw_multi_unless_(params, grads, m, v, h, never, skipped_, false);
+    else
+      ops::fused_adamw_multi_(params, grads, m, v, h, zero_grads);
   });
 }
 
@@ -74,7 +76,8 @@ void AdamW::keep_step_count_on(Device device) {
 }
 
 void AdamW::count_next_step_on_device() {
-  MINIDL_CHECK(skipped_.defined(), "AdamW::count_next_step_on_device: call keep_step_count_on(device) before the "
+  MINIDL_CHECK(skipped_.defined(),
+               "AdamW::count_next_step_on_device: call keep_step_count_on(device) before the "
                "warm-up steps (the count must not be allocated inside a capture)");
   ops::add_to_count_(skipped_, -1);
   --step_;

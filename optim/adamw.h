@@ -71,9 +71,9 @@ class AdamW : public Optimizer {
   void step_zeroing(bool zero_grads);
 
   AdamWOptions options_;
-  int64_t step_ = 0;      // steps taken, or with skipped_ defined, step_unless calls on the device
-  Tensor skipped_;        // i64 {1} on the device: the calls of step_unless that skipped
-  Tensor lr_on_device_;   // read_lr_from
+  int64_t step_ = 0;     // steps taken, or with skipped_ defined, step_unless calls on the device
+  Tensor skipped_;       // i64 {1} on the device: the calls of step_unless that skipped
+  Tensor lr_on_device_;  // read_lr_from
   Tensor m_, v_;
 };
 

@@ -85,16 +85,18 @@ ScalerStep GradScaler::step(Optimizer& optimizer) {
   if (!unscaled_) {
     std::vector<Tensor> params;
     for (const ParamGroup& g : optimizer.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
-    if (state_on_device()) unscale_(params);
-    else unscale_and_check(params);
+    if (state_on_device())
+      unscale_(params);
+    else
+      unscale_and_check(params);
   }
   ScalerStep result;
   if (state_on_device()) {
     optimizer.step_unless(found_inf_);
     const GradScalerOptions& o = options_;
-    ops::update_loss_scale_(device_state_, device_scale_, found_inf_,
-                            {o.growth_factor, o.backoff_factor, o.min_scale, o.max_scale, o.growth_interval,
-                             o.hysteresis});
+    ops::update_loss_scale_(
+        device_state_, device_scale_, found_inf_,
+        {o.growth_factor, o.backoff_factor, o.min_scale, o.max_scale, o.growth_interval, o.hysteresis});
     unscaled_ = false;
     result.scale = result.next_scale = NAN;
     result.found_inf = found_inf_;
@@ -102,8 +104,10 @@ ScalerStep GradScaler::step(Optimizer& optimizer) {
   }
   result.scale = state_.scale;
   result.applied = !overflow_;
-  if (overflow_) result.reason = "inf/nan in gradients";
-  else optimizer.step();
+  if (overflow_)
+    result.reason = "inf/nan in gradients";
+  else
+    optimizer.step();
   update(overflow_);
   unscaled_ = false;
   result.next_scale = state_.scale;
@@ -135,9 +139,9 @@ void GradScaler::load_state(const GradScalerState& s) {
   state_ = s;
   unscaled_ = false;
   if (state_on_device()) {
-    device_state_.copy_(Tensor::from_vector(std::vector<double>{s.scale, double(s.clean_steps),
-                                                                double(s.overflows_left), double(s.skipped_steps)},
-                                            {4}, DType::f64));
+    device_state_.copy_(Tensor::from_vector(
+        std::vector<double>{s.scale, double(s.clean_steps), double(s.overflows_left), double(s.skipped_steps)}, {4},
+        DType::f64));
     device_scale_.fill_(s.scale);
   }
 }

@@ -50,7 +50,7 @@ struct GradScalerOptions {
   int64_t growth_interval = 2000;  // consecutive clean steps before growing
   int64_t hysteresis = 1;          // overflowing steps tolerated before backing off; 1 = back off on the first
   double min_scale = 1.0;
-  double max_scale = 16777216.0;   // 2^24
+  double max_scale = 16777216.0;  // 2^24
 };
 
 // Everything that evolves: what a checkpoint saves.
@@ -64,9 +64,9 @@ struct GradScalerState {
 
 struct ScalerStep {
   bool applied = true;
-  std::string reason;      // why it was skipped ("inf/nan in gradients"); empty when applied
-  double scale = 0;        // the scale this step's gradients were computed with
-  double next_scale = 0;   // the scale for the next step
+  std::string reason;     // why it was skipped ("inf/nan in gradients"); empty when applied
+  double scale = 0;       // the scale this step's gradients were computed with
+  double next_scale = 0;  // the scale for the next step
   // With the state on a device: the step's overflow flag there (i32 {1}); the fields above are then not known
   // (applied true, scales NaN) until the caller reads it.
   Tensor found_inf;

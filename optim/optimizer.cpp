@@ -21,9 +21,8 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, const char* name
       MINIDL_CHECK(p.defined(), name_, ": parameter ", pi, " of group ", gi, " is undefined");
       MINIDL_CHECK(p.requires_grad() && p.is_leaf(), name_, ": parameter ", pi, " of group ", gi,
                    " must be a leaf that requires grad");
-      MINIDL_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), name_, ": expected parameter ", pi, " of group ",
-                   gi, " to be contiguous f32, got dtype ", p.dtype(), " shape ", p.shape(), " strides ",
-                   p.strides());
+      MINIDL_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), name_, ": expected parameter ", pi, " of group ", gi,
+                   " to be contiguous f32, got dtype ", p.dtype(), " shape ", p.shape(), " strides ", p.strides());
       const std::string& owner = p.impl()->autograd.update_owner;
       MINIDL_CHECK(owner.empty(), name_, ": parameter ", pi, " of group ", gi, " is updated by ", owner);
       MINIDL_CHECK(seen.insert(p.impl()).second, name_, ": parameter ", pi, " of group ", gi,

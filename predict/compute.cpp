@@ -14,7 +14,13 @@ Dims dims(const ComputeQuery& q) {
   const double T = double(q.seq > 0 ? q.seq : q.model.block_size), tp = std::max(1, q.tp);
   // The head's rows: the padded vocabulary at tp 1, rounded up to a multiple of tp otherwise (dist/tp_gpt.h).
   const double vp = q.tp > 1 ? double((q.model.vocab_size + q.tp - 1) / q.tp * q.tp) : double(q.model.padded_vocab());
-  return {double(q.micro_batch) * T, T, double(q.model.n_embd), vp, tp, q.amp == DType::f32 ? 4.0 : 2.0, 4.0,
+  return {double(q.micro_batch) * T,
+          T,
+          double(q.model.n_embd),
+          vp,
+          tp,
+          q.amp == DType::f32 ? 4.0 : 2.0,
+          4.0,
           q.sequence_parallel && q.tp > 1 ? 1.0 / tp : 1.0};
 }
 
@@ -77,8 +83,9 @@ ClassSeconds& ClassSeconds::operator+=(const ClassSeconds& o) {
 ClassSeconds class_seconds(const std::vector<OpCost>& ops, const Machine& m, DType amp) {
   ClassSeconds out;
   for (const OpCost& op : ops)
-    (op.cls == OpClass::kGemm ? out.gemm : op.cls == OpClass::kAttention ? out.attention : out.elementwise) +=
-        op_seconds(op, m, amp);
+    (op.cls == OpClass::kGemm        ? out.gemm
+     : op.cls == OpClass::kAttention ? out.attention
+                                     : out.elementwise) += op_seconds(op, m, amp);
   return out;
 }
 

@@ -27,20 +27,52 @@ std::vector<Machine> built_in() {
   return {
       // A100 80GB SXM4 datasheet: 312 TFLOP/s bf16 dense, 19.5 FP32, 2039 GB/s HBM2e, 80 GB; NVLink 3 600 GB/s
       // (both directions); DGX A100: one HDR InfiniBand port (200 Gb/s = 25 GB/s) per GPU.
-      {"a100-sxm", 8, 312 * kT, 19.5 * kT, 2039 * kGB, 80 * kGiB, {3.4 * kUs, 300 * kGB}, {14 * kUs, 25 * kGB},
-       kGpuEfficiency, "NVIDIA A100 80GB SXM4 datasheet; DGX A100 (8 GPUs, NVLink 600 GB/s, IB HDR 200 Gb/s per GPU)"},
+      {"a100-sxm",
+       8,
+       312 * kT,
+       19.5 * kT,
+       2039 * kGB,
+       80 * kGiB,
+       {3.4 * kUs, 300 * kGB},
+       {14 * kUs, 25 * kGB},
+       kGpuEfficiency,
+       "NVIDIA A100 80GB SXM4 datasheet; DGX A100 (8 GPUs, NVLink 600 GB/s, IB HDR 200 Gb/s per GPU)"},
       // H100 SXM5 datasheet: 989 TFLOP/s bf16 dense, 67 FP32, 3350 GB/s HBM3, 80 GB; NVLink 4 900 GB/s (both
       // directions); DGX H100: one NDR port (400 Gb/s = 50 GB/s) per GPU.
-      {"h100-sxm", 8, 989 * kT, 67 * kT, 3350 * kGB, 80 * kGiB, {3.4 * kUs, 450 * kGB}, {14 * kUs, 50 * kGB},
-       kGpuEfficiency, "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, NVLink 900 GB/s, IB NDR 400 Gb/s per GPU)"},
+      {"h100-sxm",
+       8,
+       989 * kT,
+       67 * kT,
+       3350 * kGB,
+       80 * kGiB,
+       {3.4 * kUs, 450 * kGB},
+       {14 * kUs, 50 * kGB},
+       kGpuEfficiency,
+       "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, NVLink 900 GB/s, IB NDR 400 Gb/s per GPU)"},
       // H200 SXM datasheet: the H100's compute (989 bf16 dense, 67 FP32), 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s;
       // HGX H200 nodes: 400 Gb/s per GPU.
-      {"h200-sxm", 8, 989 * kT, 67 * kT, 4800 * kGB, 141 * kGB, {3.4 * kUs, 450 * kGB}, {14 * kUs, 50 * kGB},
-       kGpuEfficiency, "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, NVLink 900 GB/s, 400 Gb/s per GPU)"},
+      {"h200-sxm",
+       8,
+       989 * kT,
+       67 * kT,
+       4800 * kGB,
+       141 * kGB,
+       {3.4 * kUs, 450 * kGB},
+       {14 * kUs, 50 * kGB},
+       kGpuEfficiency,
+       "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, NVLink 900 GB/s, 400 Gb/s per GPU)"},
       // A100 80GB PCIe datasheet: 312 TFLOP/s bf16 dense, 19.5 FP32, 1935 GB/s, 80 GB; GPUs talk over PCIe 4.0
       // x16 (16 GT/s x 16 lanes = 32 GB/s each way), nodes over 100 Gb/s Ethernet (12.5 GB/s) shared by the 8.
-      {"a100-pcie", 8, 312 * kT, 19.5 * kT, 1935 * kGB, 80 * kGiB, {3.4 * kUs, 32 * kGB}, {14 * kUs, 12.5 * kGB / 8},
-       kGpuEfficiency, "NVIDIA A100 80GB PCIe datasheet; PCIe 4.0 x16 between GPUs, one 100 GbE port per node"},
+      {"a100-pcie",
+       8,
+       312 * kT,
+       19.5 * kT,
+       1935 * kGB,
+       80 * kGiB,
+       {3.4 * kUs, 32 * kGB},
+       {14 * kUs, 12.5 * kGB / 8},
+       kGpuEfficiency,
+       "NVIDIA A100 80GB PCIe datasheet; PCIe 4.0 x16 between GPUs, one 100 GbE port per node"},
   };
 }
 
@@ -70,9 +102,7 @@ Machine load_machine(const std::string& path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("load_machine: " + path + " is not JSON: " + e.what());
-  }
+  } catch (const nlohmann::json::exception& e) { throw Error("load_machine: " + path + " is not JSON: " + e.what()); }
   Machine m;
   m.name = j.value("name", std::string("machine"));
   m.gpus_per_node = int(positive(j, "gpus_per_node", path));
@@ -96,16 +126,17 @@ Machine load_machine(const std::string& path) {
 }
 
 std::string machine_to_json(const Machine& m) {
-  nlohmann::json j = {{"name", m.name},
-                      {"gpus_per_node", m.gpus_per_node},
-                      {"peak_flops_16", m.peak_flops_16},
-                      {"peak_flops_32", m.peak_flops_32},
-                      {"mem_bw", m.mem_bw},
-                      {"mem_capacity", m.mem_capacity},
-                      {"intra", {{"alpha", m.intra.alpha}, {"beta", m.intra.beta}}},
-                      {"inter", {{"alpha", m.inter.alpha}, {"beta", m.inter.beta}}},
-                      {"eff", {{"gemm", m.eff.gemm}, {"attention", m.eff.attention}, {"elementwise", m.eff.elementwise}}},
-                      {"source", m.source}};
+  nlohmann::json j = {
+      {"name", m.name},
+      {"gpus_per_node", m.gpus_per_node},
+      {"peak_flops_16", m.peak_flops_16},
+      {"peak_flops_32", m.peak_flops_32},
+      {"mem_bw", m.mem_bw},
+      {"mem_capacity", m.mem_capacity},
+      {"intra", {{"alpha", m.intra.alpha}, {"beta", m.intra.beta}}},
+      {"inter", {{"alpha", m.inter.alpha}, {"beta", m.inter.beta}}},
+      {"eff", {{"gemm", m.eff.gemm}, {"attention", m.eff.attention}, {"elementwise", m.eff.elementwise}}},
+      {"source", m.source}};
   return j.dump(2);
 }
 

@@ -41,7 +41,7 @@ struct Machine {
   double mem_capacity = 0;   // bytes per GPU
   Link intra, inter;         // within a node, between nodes
   OpEfficiency eff;
-  std::string source;        // where the numbers come from, one line
+  std::string source;  // where the numbers come from, one line
 
   double peak_flops(DType amp) const { return amp == DType::f32 ? peak_flops_32 : peak_flops_16; }
   // Throws naming the field unless every quantity is positive.

@@ -52,9 +52,7 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
   if (l.tp > 1) {
     const Link& link = group_link(grid, Axis::kTp, m);
     const double act = all_reduce(l.tp, double(b) * double(T) * C * s, link);
-    const double rerun = l.recompute == nn::Recompute::kBlock  ? 2
-                         : l.recompute == nn::Recompute::kNone ? 0
-                                                               : 1;
+    const double rerun = l.recompute == nn::Recompute::kBlock ? 2 : l.recompute == nn::Recompute::kNone ? 0 : 1;
     tp_block_f = 2 * act;
     tp_block_b = (2 + rerun) * act;
     tp_emb_f = act;
@@ -77,9 +75,8 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
     if (r == 0) rc.fc += emb_f, rc.ft += tp_emb_f, rc.bc += emb_b;
     if (r == p - 1) rc.fc += head_f, rc.ft += tp_head_f, rc.bc += head_b, rc.bt += tp_head_b;
   }
-  const auto slowest = std::max_element(ranks.begin(), ranks.end(), [](const RankCost& a, const RankCost& b) {
-    return a.f() + a.b() < b.f() + b.b();
-  });
+  const auto slowest = std::max_element(
+      ranks.begin(), ranks.end(), [](const RankCost& a, const RankCost& b) { return a.f() + a.b() < b.f() + b.b(); });
   const RankCost slow = *slowest;
   const int slow_rank = int(slowest - ranks.begin());
   // The slowest rank's compute by op class: its blocks, and the embedding or the head if it holds them.
@@ -220,9 +217,7 @@ std::string refusal(const Workload& w, const Layout& l) {
   else {
     try {
       pipeline_spec(l).validate();
-    } catch (const Error& e) {
-      why << e.what();
-    }
+    } catch (const Error& e) { why << e.what(); }
   }
   return why.str();
 }
@@ -259,7 +254,8 @@ std::vector<PlanRow> plan(const Workload& w, int gpus, DType amp, const Machine&
       if ((gpus / dp) % tp != 0) continue;
       const int pp = gpus / dp / tp;
       std::vector<int> micro;
-      if (w.global_batch % dp != 0) micro.push_back(1);  // refused for dp; one row says so
+      if (w.global_batch % dp != 0)
+        micro.push_back(1);  // refused for dp; one row says so
       else
         for (int64_t mb = 1; mb <= std::min<int64_t>(w.global_batch / dp, max_micro_batches); ++mb)
           if ((w.global_batch / dp) % mb == 0) micro.push_back(int(mb));
@@ -288,7 +284,8 @@ std::vector<PlanRow> plan(const Workload& w, int gpus, DType amp, const Machine&
   std::stable_sort(valid.begin(), valid.end(), [](const PlanRow& a, const PlanRow& b) {
     const double ta = a.prediction.time.total(), tb = b.prediction.time.total();
     if (ta != tb) return ta < tb;
-    if (a.prediction.memory_peak != b.prediction.memory_peak) return a.prediction.memory_peak < b.prediction.memory_peak;
+    if (a.prediction.memory_peak != b.prediction.memory_peak)
+      return a.prediction.memory_peak < b.prediction.memory_peak;
     return describe(a.layout) < describe(b.layout);
   });
   for (PlanRow& r : refused) valid.push_back(std::move(r));

@@ -44,8 +44,8 @@
 namespace minidl::predict {
 
 struct Workload {
-  nn::GPTConfig model;        // block_size is the sequence length T
-  int64_t global_batch = 1;   // sequences per optimizer step, over all data-parallel ranks
+  nn::GPTConfig model;       // block_size is the sequence length T
+  int64_t global_batch = 1;  // sequences per optimizer step, over all data-parallel ranks
 };
 
 struct Layout {
@@ -76,18 +76,18 @@ struct Prediction {
   Workload workload;
   Layout layout;
   StepTime time;
-  ClassSeconds compute_by_class;   // time.compute by op class (products, attention, memory-bound ops)
-  double dp_comm_total = 0;        // all of data parallelism's collective time, hidden or not
-  const char* dp_collective = "";  // "all-reduce", "reduce-scatter + all-gather", ...
-  int64_t micro_batch = 0;         // b: sequences per micro-batch per rank
+  ClassSeconds compute_by_class;     // time.compute by op class (products, attention, memory-bound ops)
+  double dp_comm_total = 0;          // all of data parallelism's collective time, hidden or not
+  const char* dp_collective = "";    // "all-reduce", "reduce-scatter + all-gather", ...
+  int64_t micro_batch = 0;           // b: sequences per micro-batch per rank
   double forward = 0, backward = 0;  // per micro-batch on the busiest pipeline rank, passed to dist::simulate
-  double bubble_fraction = 0;      // dist::simulate's, for those costs
-  train::MemoryPlan memory;        // of one micro-batch in flight
-  int activations_in_flight = 1;   // micro-batch chunks held at once (simulate's peak, over V chunks)
-  double activation_bytes = 0;     // memory.activations × in flight / V
+  double bubble_fraction = 0;        // dist::simulate's, for those costs
+  train::MemoryPlan memory;          // of one micro-batch in flight
+  int activations_in_flight = 1;     // micro-batch chunks held at once (simulate's peak, over V chunks)
+  double activation_bytes = 0;       // memory.activations × in flight / V
   double memory_peak = 0;
-  bool fits = false;               // memory_peak <= the machine's capacity
-  double model_flops = 0;          // per step (nanoGPT's convention)
+  bool fits = false;       // memory_peak <= the machine's capacity
+  double model_flops = 0;  // per step (nanoGPT's convention)
   double mfu = 0, tokens_per_s = 0;
   double single_gpu_step = 0, efficiency = 1;
 };
@@ -113,8 +113,8 @@ PipelineTime pipeline_time(const dist::PipelineSpec& spec, double forward, doubl
 // given) with its prediction, or the reason it is refused (including not fitting in budget_bytes per GPU).
 struct PlanRow {
   Layout layout;
-  std::string refused;     // empty: valid
-  Prediction prediction;   // when valid
+  std::string refused;    // empty: valid
+  Prediction prediction;  // when valid
 };
 // Valid rows first, fastest first (ties: less memory, then the layout's text), then the refused ones.
 std::vector<PlanRow> plan(const Workload& w, int gpus, DType amp, const Machine& machine, double budget_bytes,

@@ -28,17 +28,28 @@ nlohmann::json to_json(const Prediction& p) {
   const StepTime& t = p.time;
   const Layout& l = p.layout;
   return {{"layout",
-           {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"virtual_stages", l.virtual_stages},
-            {"micro_batches", l.micro_batches}, {"micro_batch", p.micro_batch}, {"zero", l.zero},
+           {{"dp", l.dp},
+            {"tp", l.tp},
+            {"pp", l.pp},
+            {"virtual_stages", l.virtual_stages},
+            {"micro_batches", l.micro_batches},
+            {"micro_batch", p.micro_batch},
+            {"zero", l.zero},
             {"recompute", nn::recompute_name(l.recompute)},
-            {"amp", l.amp == DType::f32 ? "f32" : dtype_name(l.amp)}, {"sequence_parallel", l.sequence_parallel}}},
+            {"amp", l.amp == DType::f32 ? "f32" : dtype_name(l.amp)},
+            {"sequence_parallel", l.sequence_parallel}}},
           {"step_ms", t.total() * kMs},
           {"breakdown_ms",
-           {{"compute", t.compute * kMs}, {"tp_comm", t.tp_comm * kMs}, {"pp_comm", t.pp_comm * kMs},
-            {"dp_comm_exposed", t.dp_comm * kMs}, {"dp_comm_total", p.dp_comm_total * kMs},
-            {"bubble", t.bubble * kMs}, {"optimizer", t.optimizer * kMs}}},
+           {{"compute", t.compute * kMs},
+            {"tp_comm", t.tp_comm * kMs},
+            {"pp_comm", t.pp_comm * kMs},
+            {"dp_comm_exposed", t.dp_comm * kMs},
+            {"dp_comm_total", p.dp_comm_total * kMs},
+            {"bubble", t.bubble * kMs},
+            {"optimizer", t.optimizer * kMs}}},
           {"compute_by_class_ms",
-           {{"gemm", p.compute_by_class.gemm * kMs}, {"attention", p.compute_by_class.attention * kMs},
+           {{"gemm", p.compute_by_class.gemm * kMs},
+            {"attention", p.compute_by_class.attention * kMs},
             {"elementwise", p.compute_by_class.elementwise * kMs}}},
           {"dp_collective", p.dp_collective},
           {"bubble_fraction", p.bubble_fraction},
@@ -60,8 +71,10 @@ nlohmann::json to_json(const Prediction& p) {
 std::string reason_kind(const std::string& reason) {
   std::string kind;
   for (char c : reason)
-    if (!std::isdigit(static_cast<unsigned char>(c)) && c != '.') kind += c;
-    else if (kind.empty() || kind.back() != 'N') kind += 'N';
+    if (!std::isdigit(static_cast<unsigned char>(c)) && c != '.')
+      kind += c;
+    else if (kind.empty() || kind.back() != 'N')
+      kind += 'N';
   return kind;
 }
 
@@ -99,8 +112,8 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
               p.activation_bytes / kMiB);
   out += line("%-44s %10.1f  of %.1f: %s\n", "peak", p.memory_peak / kMiB, m.mem_capacity / kMiB,
               p.fits ? "fits" : "DOES NOT FIT");
-  out += line("\ntokens/s %.0f   MFU %.1f%%   scaling efficiency %.1f%% (one GPU: %.3f ms per step)\n",
-              p.tokens_per_s, 100 * p.mfu, 100 * p.efficiency, p.single_gpu_step * kMs);
+  out += line("\ntokens/s %.0f   MFU %.1f%%   scaling efficiency %.1f%% (one GPU: %.3f ms per step)\n", p.tokens_per_s,
+              100 * p.mfu, 100 * p.efficiency, p.single_gpu_step * kMs);
   return out;
 }
 
@@ -111,8 +124,8 @@ std::string prediction_json(const Prediction& p, const Machine& m) {
 }
 
 std::string format_plan(const std::vector<PlanRow>& rows, const Machine& m, int top, int refused_lines) {
-  std::string out = line("machine: %s\n%-4s %-46s %10s %8s %7s %6s %10s\n", m.name.c_str(), "rank", "layout",
-                         "step_ms", "peak_MiB", "MFU", "eff", "tokens/s");
+  std::string out = line("machine: %s\n%-4s %-46s %10s %8s %7s %6s %10s\n", m.name.c_str(), "rank", "layout", "step_ms",
+                         "peak_MiB", "MFU", "eff", "tokens/s");
   int shown = 0, valid = 0, refused = 0;
   std::map<std::string, int> rest;
   for (const PlanRow& r : rows) {
@@ -126,8 +139,10 @@ std::string format_plan(const std::vector<PlanRow>& rows, const Machine& m, int 
       continue;
     }
     if (refused == 0) out += line("\nrefused:\n");
-    if (refused++ < refused_lines) out += line("  %-56s %s\n", describe(r.layout).c_str(), r.refused.c_str());
-    else ++rest[reason_kind(r.refused)];
+    if (refused++ < refused_lines)
+      out += line("  %-56s %s\n", describe(r.layout).c_str(), r.refused.c_str());
+    else
+      ++rest[reason_kind(r.refused)];
   }
   if (valid == 0) out += "no layout is valid\n";
   if (valid > top) out += line("(%d more valid layouts; --plan-top to see them)\n", valid - top);
@@ -138,8 +153,10 @@ std::string format_plan(const std::vector<PlanRow>& rows, const Machine& m, int 
 std::string plan_json(const std::vector<PlanRow>& rows, const Machine& m) {
   nlohmann::json valid = nlohmann::json::array(), refused = nlohmann::json::array();
   for (const PlanRow& r : rows) {
-    if (r.refused.empty()) valid.push_back(to_json(r.prediction));
-    else refused.push_back({{"layout", describe(r.layout)}, {"reason", r.refused}});
+    if (r.refused.empty())
+      valid.push_back(to_json(r.prediction));
+    else
+      refused.push_back({{"layout", describe(r.layout)}, {"reason", r.refused}});
   }
   return nlohmann::json{{"machine", m.name}, {"valid", valid}, {"refused", refused}}.dump();
 }

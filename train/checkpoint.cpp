@@ -160,8 +160,8 @@ Checkpoint load_checkpoint(const std::string& dir) {
     MINIDL_CHECK(bytes == e->second.bytes, "checkpoint ", p.string(), ": ", bytes, " bytes where the manifest says ",
                  e->second.bytes, " (truncated or replaced)");
     const std::string sum = fnv1a64_of_file(p.string());
-    MINIDL_CHECK(sum == e->second.fnv1a64, "checkpoint ", p.string(), ": checksum ", sum,
-                 " where the manifest says ", e->second.fnv1a64, " (corrupted)");
+    MINIDL_CHECK(sum == e->second.fnv1a64, "checkpoint ", p.string(), ": checksum ", sum, " where the manifest says ",
+                 e->second.fnv1a64, " (corrupted)");
   }
   Checkpoint c;
   c.dir = dir;
@@ -206,8 +206,10 @@ std::vector<std::string> complete_checkpoints(const std::string& parent,
     if (is_step_dir(e.path())) dirs.push_back(e.path());
   std::sort(dirs.begin(), dirs.end());
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
-    if (fs::exists(*it / kDoneFile)) out.push_back(it->string());
-    else log("skipping " + it->string() + ": incomplete (no DONE marker)");
+    if (fs::exists(*it / kDoneFile))
+      out.push_back(it->string());
+    else
+      log("skipping " + it->string() + ": incomplete (no DONE marker)");
   }
   return out;
 }
@@ -217,9 +219,7 @@ std::optional<Checkpoint> latest_checkpoint(const std::string& parent,
   for (const std::string& dir : complete_checkpoints(parent, log)) {
     try {
       return load_checkpoint(dir);
-    } catch (const Error& e) {
-      log("skipping " + dir + ": " + e.what());
-    }
+    } catch (const Error& e) { log("skipping " + dir + ": " + e.what()); }
   }
   return std::nullopt;
 }
@@ -244,7 +244,6 @@ void install_preemption_handlers() {
 
 bool preemption_requested() { return g_preempted.load(); }
 
-
 // ---- every layout through the stage: gathers to one process's tensors, and back ----
 
 namespace {
@@ -253,7 +252,8 @@ constexpr const char* kWte = "transformer.wte.weight";
 
 // The tensors chunk v of this rank sends: its parameters', but wte only from global chunk 0 (the last chunk's head
 // copy is the same tensor).
-std::vector<size_t> sent_by_chunk(const Stage& stage, int v, size_t first, size_t count, const nn::NamedTensors& local) {
+std::vector<size_t> sent_by_chunk(const Stage& stage, int v, size_t first, size_t count,
+                                  const nn::NamedTensors& local) {
   std::vector<size_t> out;
   for (size_t i = first; i < first + count; ++i)
     if (local[i].first != kWte || stage.global_chunk(v) == 0) out.push_back(i);
@@ -309,7 +309,8 @@ nn::NamedTensors gather_stages(const Stage& stage, const nn::NamedTensors& local
   if (stage.rank() != 0) {  // send every chunk, in global order, to pp rank 0
     dist::ProcessGroup& pp = *stage.pp_group();
     for (int v = 0; v < stage.chunk_count(); ++v) {
-      const std::vector<size_t> which = sent_by_chunk(stage, v, first[size_t(v)], first[size_t(v) + 1] - first[size_t(v)], local);
+      const std::vector<size_t> which =
+          sent_by_chunk(stage, v, first[size_t(v)], first[size_t(v) + 1] - first[size_t(v)], local);
       Tensor header = header_of(local, which).to(pp.device());
       Tensor length = Tensor::full({1}, double(header.numel()), DType::i64).to(pp.device());
       pp.send(length, 0, 0)->wait();
@@ -409,9 +410,7 @@ void load_model(Stage& stage, const std::string& path) {
       }
       stage.chunk(v).load_state_dict(mine, /*strict=*/true);
     }
-  } catch (const Error& e) {
-    MINIDL_CHECK(false, "load ('", path, "'): ", e.what());
-  }
+  } catch (const Error& e) { MINIDL_CHECK(false, "load ('", path, "'): ", e.what()); }
 }
 
 void restore_model(const Checkpoint& c, Stage& stage) {
@@ -431,8 +430,8 @@ void restore_optimizer(const Checkpoint& c, const Stage& stage, GradSync& sync, 
     std::map<std::string, Tensor> m_of, v_of;
     for (const auto& [name, p] : stage.chunk(k).named_parameters()) {
       auto im = c.exp_avg.find(name), iv = c.exp_avg_sq.find(name);
-      MINIDL_CHECK(im != c.exp_avg.end() && iv != c.exp_avg_sq.end(), "checkpoint ", c.dir,
-                   ": no optimizer state for ", name, " in its optimizer files");
+      MINIDL_CHECK(im != c.exp_avg.end() && iv != c.exp_avg_sq.end(), "checkpoint ", c.dir, ": no optimizer state for ",
+                   name, " in its optimizer files");
       const Shape want = stage.logical_shape(k, name, p);
       MINIDL_CHECK(im->second.shape() == want && iv->second.shape() == want, "checkpoint ", c.dir,
                    ": optimizer state for ", name, " has shape ", im->second.shape(), ", expected ", want);

@@ -15,8 +15,9 @@
 //     DONE                   written last: a directory without it is incomplete and never resumed from
 //
 // The directory is written as step-XXXXXXXX.tmp and renamed into place only when complete (every rank's file, a
-// barrier, then the leader's manifest and DONE), so a crash mid-save leaves the previous checkpoint intact. Loading verifies every size and checksum and
-// names the file and what is wrong (truncated, corrupted, missing), before anything is overwritten.
+// barrier, then the leader's manifest and DONE), so a crash mid-save leaves the previous checkpoint intact. Loading
+// verifies every size and checksum and names the file and what is wrong (truncated, corrupted, missing), before
+// anything is overwritten.
 //
 // Every layout writes the same files: the model as one process holds it (gathered over tp, and from every pipeline
 // stage to pp rank 0), and AdamW's moments of the logical tensors, each rank writing a share of its stage's own
@@ -52,7 +53,7 @@ struct TrainingState {
   int64_t step = 0;           // optimizer steps taken (training steps completed, skipped ones included)
   int64_t schedule_step = 0;  // the LR schedule's position (holds still on skipped fp16 steps)
   std::optional<optim::GradScalerState> scaler;
-  std::string config;         // the run's configuration as JSON (what a resumed run is checked against)
+  std::string config;  // the run's configuration as JSON (what a resumed run is checked against)
 };
 
 struct Checkpoint {
@@ -134,7 +135,8 @@ std::vector<std::string> complete_checkpoints(const std::string& parent,
                                               const std::function<void(const std::string&)>& log);
 // The newest of them that loads and verifies (load_checkpoint), or none: one that fails is reported through `log`
 // with the reason and skipped, so a restart after a crash never sticks on a damaged directory.
-std::optional<Checkpoint> latest_checkpoint(const std::string& parent, const std::function<void(const std::string&)>& log);
+std::optional<Checkpoint> latest_checkpoint(const std::string& parent,
+                                            const std::function<void(const std::string&)>& log);
 
 // Deletes all but the newest `keep` complete checkpoints in `parent` (and any *.tmp left by a crash).
 void prune_checkpoints(const std::string& parent, int64_t keep);

@@ -25,16 +25,21 @@ Device model_device(nn::GPT& model) {
 
 void validate_cuda_graph(const TrainConfig& c, int world) {
   MINIDL_CHECK(c.device.rfind("cuda", 0) == 0, "--cuda-graph: expected --device cuda, got --device ", c.device);
-  MINIDL_CHECK(world == 1 && c.dp <= 1 && c.tp == 1 && c.pp == 1 && c.zero == 0, "--cuda-graph: expected one "
-               "process without --dp/--tp/--pp/--zero (the collectives are not captured), got ", world, " ranks, "
-               "--dp ", c.dp, " --tp ", c.tp, " --pp ", c.pp, " --zero ", c.zero);
+  MINIDL_CHECK(world == 1 && c.dp <= 1 && c.tp == 1 && c.pp == 1 && c.zero == 0,
+               "--cuda-graph: expected one "
+               "process without --dp/--tp/--pp/--zero (the collectives are not captured), got ",
+               world,
+               " ranks, "
+               "--dp ",
+               c.dp, " --tp ", c.tp, " --pp ", c.pp, " --zero ", c.zero);
 }
 
 CudaGraphStep::CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const StepOptions& options)
     : model_(model), optimizer_(optimizer), options_(options), device_(model_device(model)) {
   backend_ = find_device_backend(DeviceKind::kCUDA);
   MINIDL_CHECK(backend_ && backend_->graph_capture, "--cuda-graph: this program's CUDA backend cannot capture graphs");
-  MINIDL_CHECK(options.grad_sync == nullptr, "--cuda-graph: expected one process without a gradient "
+  MINIDL_CHECK(options.grad_sync == nullptr,
+               "--cuda-graph: expected one process without a gradient "
                "synchronisation (dp = tp = pp = 1, no ZeRO)");
   options_.read_back = false;
   optimizer_.keep_step_count_on(device_);
@@ -53,11 +58,14 @@ CudaGraphStep::~CudaGraphStep() {
 bool CudaGraphStep::captured() const { return graph_ != nullptr; }
 
 StepResult CudaGraphStep::step(const data::Batch& batch, double lr) {
-  MINIDL_CHECK(batch.x.shape() == batch.y.shape() && batch.x.dim() == 2, "--cuda-graph: expected ids and targets "
-               "of one shape (B, T), got ", batch.x.shape(), " and ", batch.y.shape());
+  MINIDL_CHECK(batch.x.shape() == batch.y.shape() && batch.x.dim() == 2,
+               "--cuda-graph: expected ids and targets "
+               "of one shape (B, T), got ",
+               batch.x.shape(), " and ", batch.y.shape());
   MINIDL_CHECK(batch.x.device().is_cpu() && batch.y.device().is_cpu(), "--cuda-graph: expected a host batch, got ",
                batch.x.device());
-  MINIDL_CHECK(!(captured() && sampler_), "--cuda-graph: the captured step draws its batch from a sampler; a host "
+  MINIDL_CHECK(!(captured() && sampler_),
+               "--cuda-graph: the captured step draws its batch from a sampler; a host "
                "batch cannot replace it");
   model_.check_ids(batch.x, "token ids", false);
   model_.check_ids(batch.y, "targets", true);
@@ -81,9 +89,10 @@ StepResult CudaGraphStep::step(data::DeviceBatchSampler& sampler, int64_t step, 
   MINIDL_CHECK(step >= 0, "--cuda-graph: expected step >= 0, got ", step);
   if (!sample_step_.defined()) sample_step_ = Tensor::zeros({1}, DType::i64, device_);
   if (captured()) {
-    MINIDL_CHECK(sampler_ == &sampler && begin == sample_begin_ && n == sample_rows_, "--cuda-graph: the batch's "
-                 "sampler and slice are part of the captured step and must stay samples [", sample_begin_, ", ",
-                 sample_begin_ + sample_rows_, "), got [", begin, ", ", begin + n, ")");
+    MINIDL_CHECK(sampler_ == &sampler && begin == sample_begin_ && n == sample_rows_,
+                 "--cuda-graph: the batch's "
+                 "sampler and slice are part of the captured step and must stay samples [",
+                 sample_begin_, ", ", sample_begin_ + sample_rows_, "), got [", begin, ", ", begin + n, ")");
   } else {
     sampler_ = &sampler, sample_begin_ = begin, sample_rows_ = n;
   }
@@ -96,7 +105,7 @@ StepResult CudaGraphStep::run(const std::function<data::Batch()>& inputs, int64_
   o.lr = lr;
   o.target_count = targets;
   o.batch_checked = true;  // a host batch was checked before its upload, a sampler's split when it was made
-  lr_.fill_(lr);  // a fill kernel with the value as its argument: no copy (AdamW reads it when the step runs)
+  lr_.fill_(lr);           // a fill kernel with the value as its argument: no copy (AdamW reads it when the step runs)
   nn::DropoutContext& dropout = model_.dropout_context();
   const uint64_t dropout_step = dropout.step;
   // Likewise the dropout step (exact in a double below 2^53 steps).
@@ -112,8 +121,10 @@ StepResult CudaGraphStep::run(const std::function<data::Batch()>& inputs, int64_
                                       }),
               backend_->graph_destroy};
   }
-  MINIDL_CHECK(targets == target_count_, "--cuda-graph: the batch's count of targets is part of the captured step "
-               "and must stay ", target_count_, ", got ", targets, " at step ", steps_);
+  MINIDL_CHECK(targets == target_count_,
+               "--cuda-graph: the batch's count of targets is part of the captured step "
+               "and must stay ",
+               target_count_, ", got ", targets, " at step ", steps_);
   backend_->graph_replay(graph_.get());
   dropout.step = dropout_step + 1;  // what train_step does on the host (the capture's call did it once)
   return captured_;

@@ -67,7 +67,7 @@ class CudaGraphStep {
   optim::AdamW& optimizer_;
   StepOptions options_;
   Device device_;
-  Tensor ids_, targets_;  // the static inputs (i64, on the device)
+  Tensor ids_, targets_;       // the static inputs (i64, on the device)
   int64_t target_count_ = -1;  // of the captured step
   Tensor lr_;                  // f64 {1} on the device: the learning rate every step's AdamW reads
   Tensor dropout_step_;        // i64 {1} on the device: the dropout masks' step (undefined without dropout)

@@ -22,7 +22,8 @@ Device select_device(const std::string& flag, int local_rank) {
   MINIDL_CHECK(ok, "--device: expected cpu, cuda or cuda:N, got '", flag, "'");
   // The backend registers itself when the program links one (minidl_device: real, emulated or none).
   const DeviceBackend* backend = find_device_backend(DeviceKind::kCUDA);
-  MINIDL_CHECK(backend && backend->device_count, "--device ", flag, ": this program has no CUDA backend (a build "
+  MINIDL_CHECK(backend && backend->device_count, "--device ", flag,
+               ": this program has no CUDA backend (a build "
                "with nvcc and the CUDA toolkit found, or -DMINIDL_CUDA_EMULATION=ON to run the device path on the CPU "
                "emulator, links one into minidl's programs; a program of its own links minidl::device)");
   const int count = backend->device_count();
@@ -48,10 +49,10 @@ double gpu_peak_tflops(const std::string& name, DType dtype, bool tf32) {
     double half, tf32, fp32;
   };
   static const Peak kPeaks[] = {
-      {"H200", 989.4, 494.7, 66.9},    {"H100 PCIe", 756.0, 378.0, 51.2}, {"H100", 989.4, 494.7, 66.9},
-      {"A100", 312.0, 156.0, 19.5},    {"A10G", 70.0, 35.0, 31.2},        {"A10", 125.0, 62.5, 31.2},
-      {"L40S", 362.1, 183.0, 91.6},    {"L4", 121.0, 60.0, 30.3},         {"RTX 4090", 165.2, 82.6, 82.6},
-      {"RTX 3090", 71.0, 35.6, 35.6},  {"V100", 125.0, 0.0, 15.7},        {"T4", 65.0, 0.0, 8.1}};
+      {"H200", 989.4, 494.7, 66.9},   {"H100 PCIe", 756.0, 378.0, 51.2}, {"H100", 989.4, 494.7, 66.9},
+      {"A100", 312.0, 156.0, 19.5},   {"A10G", 70.0, 35.0, 31.2},        {"A10", 125.0, 62.5, 31.2},
+      {"L40S", 362.1, 183.0, 91.6},   {"L4", 121.0, 60.0, 30.3},         {"RTX 4090", 165.2, 82.6, 82.6},
+      {"RTX 3090", 71.0, 35.6, 35.6}, {"V100", 125.0, 0.0, 15.7},        {"T4", 65.0, 0.0, 8.1}};
   for (const Peak& p : kPeaks)
     if (name.find(p.match) != std::string::npos)
       return dtype != DType::f32 ? p.half : (tf32 && p.tf32 > 0 ? p.tf32 : p.fp32);

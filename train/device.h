@@ -27,5 +27,4 @@ bool cuda_is_emulated();
 // Peak resident set size of this process in MiB (/proc/self/status VmHWM).
 double peak_rss_mb();
 
-
 }  // namespace minidl::train

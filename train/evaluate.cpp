@@ -103,10 +103,11 @@ std::vector<int32_t> generate(nn::GPT& model, std::vector<int32_t> tokens, const
     const int64_t T = std::min<int64_t>(int64_t(tokens.size()), block);
     Tensor logits;
     if (cached && cache.length > 0 && cache.length < block) {  // one new position
-      logits = model.forward_cached(Tensor::from_vector(std::vector<int32_t>{tokens.back()}, Shape{1, 1}).to(device),
-                                    cache);
+      logits =
+          model.forward_cached(Tensor::from_vector(std::vector<int32_t>{tokens.back()}, Shape{1, 1}).to(device), cache);
     } else {  // the whole window: the first token, or a window that slid
-      const Tensor ids = Tensor::from_vector(std::vector<int32_t>(tokens.end() - T, tokens.end()), Shape{1, T}).to(device);
+      const Tensor ids =
+          Tensor::from_vector(std::vector<int32_t>(tokens.end() - T, tokens.end()), Shape{1, T}).to(device);
       if (cached) {
         cache = nn::KVCache{};
         logits = model.forward_cached(ids, cache);

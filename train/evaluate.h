@@ -15,11 +15,11 @@
 namespace minidl::train {
 
 // Mean loss over the given windows (x, y of shape (n, seq)), in eval mode without recording gradients.
-// Windows are processed `batch` at a time: another `batch` groups the sum differently, so its last bits may differ. Each batch flows through the
-// stage's chunks in global order (sent on between pipeline stages). With a data-parallel group, the ranks take the
-// batches in turn (batch i on rank i mod size); the per-batch loss sums (on the rank that computed them, zeros
-// elsewhere: exact) are summed over the pp and dp groups, and every rank adds them in batch order: the result has
-// the bits one process computes.
+// Windows are processed `batch` at a time: another `batch` groups the sum differently, so its last bits may differ.
+// Each batch flows through the stage's chunks in global order (sent on between pipeline stages). With a data-parallel
+// group, the ranks take the batches in turn (batch i on rank i mod size); the per-batch loss sums (on the rank that
+// computed them, zeros elsewhere: exact) are summed over the pp and dp groups, and every rank adds them in batch order:
+// the result has the bits one process computes.
 double evaluate(Stage& stage, const data::Batch& windows, int64_t batch, dist::ProcessGroup* dp_group = nullptr);
 
 // How generate() picks each next token.

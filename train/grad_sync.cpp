@@ -59,7 +59,8 @@ struct GradSync::Engine {
 GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptions o)
     : stage_(stage), topology_(&topology), zero_(o.zero) {
   MINIDL_CHECK(o.zero >= 0 && o.zero <= 3, "ZeRO: expected stage 0, 1, 2 or 3, got ", o.zero);
-  MINIDL_CHECK(o.zero < 3 || stage.spec().stages == 1, "--zero 3 with --pp ", stage.spec().stages, ": ZeRO-3 "
+  MINIDL_CHECK(o.zero < 3 || stage.spec().stages == 1, "--zero 3 with --pp ", stage.spec().stages,
+               ": ZeRO-3 "
                "gathers each block's parameters just before use, which a pipeline stage's interleaved micro-batches "
                "would gather and free again and again (DeepSpeed refuses it too); use --zero 1 or 2 with --pp");
   dist::ProcessGroup& dp = topology.dp_group();
@@ -82,7 +83,8 @@ GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptio
       e->overlaps = !holds_tied;
     } else if (dp.size() > 1) {
       e->ddp = std::make_unique<dist::DistributedDataParallel>(
-          params, dp, dist::DDPOptions{.caps = o.caps, .broadcast_at_start = o.broadcast_at_start, .buckets = o.buckets});
+          params, dp,
+          dist::DDPOptions{.caps = o.caps, .broadcast_at_start = o.broadcast_at_start, .buckets = o.buckets});
       if (holds_tied && o.broadcast_at_start) dp.broadcast(tied, 0)->wait();
     }
     if (!e->overlaps) e->no_sync.emplace(*e->reducer());  // for good: after_backward reduce-scatters
@@ -123,7 +125,8 @@ void GradSync::after_backward() {
     const dist::CallSite site("tied wte");
     Tensor g = stage_->tied_weight().grad();
     emb->all_reduce(g, dist::ReduceOp::kSum)->wait();
-    if (zero_ == 0 && topology_->dp_group().size() > 1) topology_->dp_group().all_reduce(g, dist::ReduceOp::kAvg)->wait();
+    if (zero_ == 0 && topology_->dp_group().size() > 1)
+      topology_->dp_group().all_reduce(g, dist::ReduceOp::kAvg)->wait();
   }
   for (auto& e : engines_)
     if (!e->overlaps) e->zero->reduce_scatter_gradients();

@@ -122,7 +122,7 @@ class GradSync {
   int zero_ = 0;
   std::vector<std::unique_ptr<Engine>> engines_;
   std::unordered_map<const TensorImpl*, Tensor> origin_;  // ZeRO: shard parameter -> its parameter
-  double pipeline_ms_ = 0;                                 // the tied wte's synchronisation, last step
+  double pipeline_ms_ = 0;                                // the tied wte's synchronisation, last step
 
   // grad_norm_squared on the host (T = double) or on `device` (T = Tensor).
   template <class T>

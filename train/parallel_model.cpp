@@ -54,7 +54,8 @@ void validate_pipeline(const TrainConfig& c, int d) {
     MINIDL_CHECK(c.virtual_stages == 1, "--virtual-stages needs --pp > 1 and --schedule interleaved");
     MINIDL_CHECK(c.pp_layers.empty(), "--pp-layers needs --pp > 1");
   }
-  MINIDL_CHECK(c.zero <= 2 || c.pp == 1, "--zero ", c.zero, " with --pp ", c.pp, ": ZeRO-3 shards the parameters "
+  MINIDL_CHECK(c.zero <= 2 || c.pp == 1, "--zero ", c.zero, " with --pp ", c.pp,
+               ": ZeRO-3 shards the parameters "
                "each block gathers just before use, which a pipeline stage's interleaved micro-batches would gather "
                "and free again and again (DeepSpeed refuses it too); use --zero 1 or 2 with --pp");
   pipeline_spec(c);
@@ -65,9 +66,12 @@ void validate_pipeline(const TrainConfig& c, int d) {
                                : std::string(" (--micro-batches default: --pp)"),
                " of equal size: --batch must be a multiple of ", int64_t(d) * M);
   const int64_t layers = c.layers_or_default(), chunks = int64_t(c.pp) * c.virtual_stages;
-  MINIDL_CHECK(layers >= chunks, "--pp ", c.pp, c.virtual_stages > 1 ? " x --virtual-stages " +
-               std::to_string(c.virtual_stages) : std::string(), " = ", chunks, " pipeline stages but the model has "
-               "only ", layers, " blocks (--layers): every stage needs at least one block");
+  MINIDL_CHECK(layers >= chunks, "--pp ", c.pp,
+               c.virtual_stages > 1 ? " x --virtual-stages " + std::to_string(c.virtual_stages) : std::string(), " = ",
+               chunks,
+               " pipeline stages but the model has "
+               "only ",
+               layers, " blocks (--layers): every stage needs at least one block");
   if (!c.pp_layers.empty()) dist::parse_layer_split(c.pp_layers, layers, int(chunks));
 }
 
@@ -90,8 +94,11 @@ std::string pipeline_note(const TrainConfig& c, const std::vector<int64_t>& star
 
 std::string describe_pipeline(const TrainConfig& c) {
   MINIDL_CHECK(c.pp > 1, "--print-schedule needs --pp > 1, got --pp ", c.pp);
-  nn::GPTConfig m{.vocab_size = 65, .block_size = c.seq_or_default(), .n_layer = c.layers_or_default(),
-                  .n_head = c.heads_or_default(), .n_embd = c.embd_or_default()};
+  nn::GPTConfig m{.vocab_size = 65,
+                  .block_size = c.seq_or_default(),
+                  .n_layer = c.layers_or_default(),
+                  .n_head = c.heads_or_default(),
+                  .n_embd = c.embd_or_default()};
   return pipeline_note(c, pipeline_starts(c, m)) + " (vocab 65 assumed for the split)\n" +
          dist::draw_schedule(dist::make_schedule(pipeline_spec(c)));
 }

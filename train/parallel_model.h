@@ -23,8 +23,8 @@ namespace minidl::train {
 struct ParallelModel {
   std::unique_ptr<Stage> stage;
   std::unique_ptr<GradSync> sync;
-  int64_t num_params = 0;            // the whole model's (collective to count with pp > 1)
-  std::vector<std::string> notes;    // lines for the run's header
+  int64_t num_params = 0;          // the whole model's (collective to count with pp > 1)
+  std::vector<std::string> notes;  // lines for the run's header
 };
 
 // Collective over the topology's groups. Builds this rank's stage of the model of `config` (validated) on `device`,

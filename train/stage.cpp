@@ -73,9 +73,15 @@ Shape Stage::logical_shape(int v, const std::string& name, const Tensor& p) cons
 
 bool Stage::owns(const std::string& name) const { return name != "transformer.wte.weight" || first_stage(); }
 
-void Stage::to(Device device) { for (auto& c : chunks_) c->to(device); }
-void Stage::train(bool on) { for (auto& c : chunks_) c->train(on); }
-void Stage::set_recompute(nn::Recompute r) { for (auto& c : chunks_) c->set_recompute(r); }
+void Stage::to(Device device) {
+  for (auto& c : chunks_) c->to(device);
+}
+void Stage::train(bool on) {
+  for (auto& c : chunks_) c->train(on);
+}
+void Stage::set_recompute(nn::Recompute r) {
+  for (auto& c : chunks_) c->set_recompute(r);
+}
 
 void Stage::set_dropout(uint64_t step, int64_t first_sample) {
   for (auto& c : chunks_) {

@@ -71,8 +71,8 @@ struct Executor {
 
   Tensor take(bool grad, int m, int v) {
     auto it = received.find({grad, m, v});
-    MINIDL_ASSERT(it != received.end(), "pipeline: no receive posted for ", grad ? "gradient" : "activation",
-                  " m=", m, " v=", v, " (the schedule was validated)");
+    MINIDL_ASSERT(it != received.end(), "pipeline: no receive posted for ", grad ? "gradient" : "activation", " m=", m,
+                  " v=", v, " (the schedule was validated)");
     wait_for(*it->second.work);
     Tensor t = it->second.buffer;
     received.erase(it);
@@ -134,8 +134,10 @@ struct Executor {
         saved.erase(it);
         // The chunk's last backward of the step launches its data-parallel buckets (DDP, ZeRO) while it runs.
         if (o.grad_sync) o.grad_sync->before_backward(a.chunk, a.micro + 1 == stage.spec().micro_batches);
-        if (stage.is_last_chunk(a.chunk)) s.output.backward();
-        else s.output.backward(take(true, a.micro, a.chunk));
+        if (stage.is_last_chunk(a.chunk))
+          s.output.backward();
+        else
+          s.output.backward(take(true, a.micro, a.chunk));
         if (s.input.defined()) saved[{a.micro, a.chunk}] = Saved{s.input, Tensor()};  // its gradient, to send
         break;
       }
@@ -283,8 +285,10 @@ StepResult apply_step_on_device(optim::Optimizer& optimizer, const std::vector<T
                                               : optim::grad_norm_squared_tensor(params, device);
   if (o.grad_clip > 0) optim::clip_grads_by(params, r.on_device.grad_norm_squared, o.grad_clip);
   optimizer.set_lr(o.lr);
-  if (o.scaler) o.scaler->step(optimizer);
-  else optimizer.step();
+  if (o.scaler)
+    o.scaler->step(optimizer);
+  else
+    optimizer.step();
   if (o.grad_sync) o.grad_sync->after_step();
   optimizer.zero_grad();
   if (o.read_back) r.read();
@@ -301,9 +305,9 @@ StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& pa
   if (o.scaler && o.grad_sync)  // every rank skips the step when any rank that holds gradients overflowed
     o.scaler->combine_overflow = [sync = o.grad_sync](bool local) { return sync->combine_overflow(local); };
   bool overflow = o.scaler && o.scaler->unscale_and_check(params);
-  r.grad_norm = overflow ? INFINITY
-                         : std::sqrt(o.grad_sync ? o.grad_sync->grad_norm_squared(params)
-                                                 : optim::grad_norm_squared(params));
+  r.grad_norm =
+      overflow ? INFINITY
+               : std::sqrt(o.grad_sync ? o.grad_sync->grad_norm_squared(params) : optim::grad_norm_squared(params));
   if (o.grad_clip > 0 && !overflow) {
     double factor = optim::clip_factor(r.grad_norm, o.grad_clip);
     if (factor < 1.0) optim::scale_grads(params, factor);

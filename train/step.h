@@ -30,9 +30,9 @@ namespace minidl::train {
 
 struct StepOptions {
   double lr = 1e-3;
-  double grad_clip = 1.0;      // global L2 norm; <= 0 disables clipping
-  int64_t micro_batches = 1;   // train_step(nn::GPT&, ...): micro-batches per step (a Stage has its schedule's)
-  DType amp = DType::f32;      // bf16 / f16: forward and backward under AutocastGuard(amp) (autograd/autocast.h)
+  double grad_clip = 1.0;     // global L2 norm; <= 0 disables clipping
+  int64_t micro_batches = 1;  // train_step(nn::GPT&, ...): micro-batches per step (a Stage has its schedule's)
+  DType amp = DType::f32;     // bf16 / f16: forward and backward under AutocastGuard(amp) (autograd/autocast.h)
   optim::GradScaler* scaler = nullptr;  // dynamic loss scaling (f16); null: none
   // How gradients are synchronised across ranks (train/grad_sync.h); null: one process, nothing to synchronise.
   GradSync* grad_sync = nullptr;
@@ -52,11 +52,11 @@ struct StepOptions {
 };
 
 struct StepResult {
-  double loss = 0;         // mean cross-entropy over every target token of this rank's batch (on every pp rank)
-  double grad_norm = 0;    // global L2 norm before clipping (unscaled; inf when the step overflowed)
-  bool applied = true;     // false: the scaler skipped the update (inf/NaN gradients)
+  double loss = 0;       // mean cross-entropy over every target token of this rank's batch (on every pp rank)
+  double grad_norm = 0;  // global L2 norm before clipping (unscaled; inf when the step overflowed)
+  bool applied = true;   // false: the scaler skipped the update (inf/NaN gradients)
   std::string skip_reason;
-  double loss_scale = 1;   // the scale this step used (1 without a scaler)
+  double loss_scale = 1;  // the scale this step used (1 without a scaler)
 
   // With StepOptions::read_back false on a device: the fields above are not filled in yet (NaN; applied true) and
   // their values wait here: the loss (f32), the gradients' sum of squares combined over the ranks (f32), the

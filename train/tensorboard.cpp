@@ -56,9 +56,7 @@ std::string event_header(int64_t step, double wall_time) {
   return e;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -120,8 +118,8 @@ EventWriter::~EventWriter() {
 
 void EventWriter::scalar(const std::string& tag, double value, int64_t step) {
   const std::string record = tf_record(scalar_event(tag, float(value), step, now_s()));
-  MINIDL_CHECK(std::fwrite(record.data(), 1, record.size(), file_) == record.size(), "--tensorboard: writing ",
-               path_, " failed: ", std::strerror(errno));
+  MINIDL_CHECK(std::fwrite(record.data(), 1, record.size(), file_) == record.size(), "--tensorboard: writing ", path_,
+               " failed: ", std::strerror(errno));
   if (++unflushed_ >= 10) flush();
 }
 

@@ -93,11 +93,14 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
   MINIDL_CHECK(heads_or_default() % tp == 0, "--tp ", tp, " must divide --heads ", heads_or_default(),
                " (attention is split by heads)");
-  MINIDL_CHECK(!sequence_parallel || tp > 1, "--sequence-parallel splits the sequence over the tensor-parallel "
-               "ranks: it needs --tp 2 or more, got --tp ", tp);
+  MINIDL_CHECK(!sequence_parallel || tp > 1,
+               "--sequence-parallel splits the sequence over the tensor-parallel "
+               "ranks: it needs --tp 2 or more, got --tp ",
+               tp);
   MINIDL_CHECK(!sequence_parallel || seq_or_default() % tp == 0, "--sequence-parallel: --seq ", seq_or_default(),
                " must be a multiple of --tp ", tp);
-  MINIDL_CHECK(!memory_report || pp == 1, "--memory-report with --pp ", pp, ": the prediction is per whole model "
+  MINIDL_CHECK(!memory_report || pp == 1, "--memory-report with --pp ", pp,
+               ": the prediction is per whole model "
                "(or its tensor-parallel split), not per pipeline stage; the summary's act_peak_mb, param_mb, "
                "grad_mb and optim_mb and the per-stage activation peaks are measured");
   if (cuda_graph) validate_cuda_graph(*this, world);
@@ -121,7 +124,8 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(keep_last >= 0, "--keep-last: expected 0 (all) or a positive count, got ", keep_last);
   MINIDL_CHECK(!checkpoint_dir.empty() || (save_every == 0 && resume != "auto"),
                save_every > 0 ? "--save-every" : "--resume auto", " needs --checkpoint-dir");
-  MINIDL_CHECK(resume.empty() || init_from.empty(), "--resume and --init-from exclude each other: --resume continues "
+  MINIDL_CHECK(resume.empty() || init_from.empty(),
+               "--resume and --init-from exclude each other: --resume continues "
                "a run (weights, optimizer, schedule, data position), --init-from starts a new one from weights");
   MINIDL_CHECK(lr > 0 && std::isfinite(lr), "--lr: expected a positive number, got ", lr);
   MINIDL_CHECK(!min_lr || (*min_lr >= 0 && *min_lr <= lr), "--min-lr: expected a value in [0, --lr = ", lr, "], got ",
@@ -173,8 +177,14 @@ data::TextDataset open_dataset(const TrainConfig& o, const data::Tokenizer* save
 std::string plan_memory(const TrainConfig& o, int world, double gib) {
   MINIDL_CHECK(gib > 0 && std::isfinite(gib), "--plan-memory: expected a positive number of GiB, got ", gib);
   const data::TextDataset ds = open_dataset(o, nullptr);
-  nn::GPTConfig m{int64_t(ds.tokenizer().size()), o.seq_or_default(), o.layers_or_default(), o.heads_or_default(),
-                  o.embd_or_default(), o.dropout, true, o.vocab_pad};
+  nn::GPTConfig m{int64_t(ds.tokenizer().size()),
+                  o.seq_or_default(),
+                  o.layers_or_default(),
+                  o.heads_or_default(),
+                  o.embd_or_default(),
+                  o.dropout,
+                  true,
+                  o.vocab_pad};
   m.validate();
   return memory_plan(m, dp_size(o, world), amp_dtype(o.amp), o.batch, gib * double(1ull << 30));
 }
@@ -188,11 +198,11 @@ struct Trainer::State {
   std::optional<nn::GPTCheckpoint> ckpt;  // --init-from's, or the resumed checkpoint's model file
   std::string ckpt_source;                // what a mismatch message names
   std::optional<Checkpoint> resume;
-  std::vector<std::string> notes;         // printed by the logger once it is known
+  std::vector<std::string> notes;  // printed by the logger once it is known
   std::optional<data::TextDataset> ds;
   int64_t seq = 0, windows = 0, local_batch = 0, first_sample = 0;
-  std::unique_ptr<Stage> stage;            // this rank's chunks: the whole model at pp = 1 (train/stage.h)
-  int64_t num_params = 0;                  // the whole model's (collective to count with pp > 1)
+  std::unique_ptr<Stage> stage;  // this rank's chunks: the whole model at pp = 1 (train/stage.h)
+  int64_t num_params = 0;        // the whole model's (collective to count with pp > 1)
   std::unique_ptr<GradSync> sync;
   std::optional<optim::GradScaler> scaler;
   std::unique_ptr<optim::AdamW> optimizer;
@@ -222,20 +232,29 @@ struct Trainer::State {
 void Trainer::State::print_zero_memory() const {
   const MemoryLedger& mem = ledger(device);
   const int64_t M = stage->spec().micro_batches;
-  MemoryQuery q{stage->config(), cfg.zero, topo->grid().dp, amp, stage->chunk(0).recompute(), local_batch / M,
-                seq, M, topo->grid().tp, cfg.sequence_parallel};
+  MemoryQuery q{stage->config(),
+                cfg.zero,
+                topo->grid().dp,
+                amp,
+                stage->chunk(0).recompute(),
+                local_batch / M,
+                seq,
+                M,
+                topo->grid().tp,
+                cfg.sequence_parallel};
   const MemoryPlan p = predict_memory(q);
   const double mib = double(1 << 20);
   auto pct = [](double measured, double predicted) { return predicted > 0 ? 100 * (measured / predicted - 1) : 0.0; };
   const double params = double(mem.current(MemTag::kParams)), grads = double(mem.current(MemTag::kGrads)),
                optimizer = double(mem.current(MemTag::kOptimizer)), acts = double(mem.peak(MemTag::kActivations));
-  std::printf("zero-%d memory, dp rank %d of %d: params=%.3f grads=%.3f optimizer=%.3f activations=%.3f comm=%.3f "
-              "MiB; predicted params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB; difference params=%+.1f%% "
-              "grads=%+.1f%% optimizer=%+.1f%% activations=%+.1f%%\n",
-              cfg.zero, topo->coord().dp, topo->grid().dp, params / mib, grads / mib, optimizer / mib, acts / mib,
-              double(mem.current(MemTag::kComm)) / mib, p.params_rest / mib, p.grads_rest / mib, p.optimizer / mib,
-              p.activations / mib, pct(params, p.params_rest), pct(grads, p.grads_rest), pct(optimizer, p.optimizer),
-              pct(acts, p.activations));
+  std::printf(
+      "zero-%d memory, dp rank %d of %d: params=%.3f grads=%.3f optimizer=%.3f activations=%.3f comm=%.3f "
+      "MiB; predicted params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB; difference params=%+.1f%% "
+      "grads=%+.1f%% optimizer=%+.1f%% activations=%+.1f%%\n",
+      cfg.zero, topo->coord().dp, topo->grid().dp, params / mib, grads / mib, optimizer / mib, acts / mib,
+      double(mem.current(MemTag::kComm)) / mib, p.params_rest / mib, p.grads_rest / mib, p.optimizer / mib,
+      p.activations / mib, pct(params, p.params_rest), pct(grads, p.grads_rest), pct(optimizer, p.optimizer),
+      pct(acts, p.activations));
   std::fflush(stdout);
 }
 
@@ -253,20 +272,22 @@ void Trainer::State::print_tensor_parallel_step() const {
       predicted += stage->layout(p) == Layout::kReplicated ? whole : whole / tp;
     }
   const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();
-  std::printf("tp memory, tp rank %d of %d (dp rank %d): params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB "
-              "(predicted params=%.3f MiB); tp traffic of step 1: all-reduce=%.3f all-gather=%.3f "
-              "reduce-scatter=%.3f MiB\n",
-              topo->coord().tp, topo->grid().tp, topo->coord().dp, double(mem.current(MemTag::kParams)) / mib,
-              double(mem.current(MemTag::kGrads)) / mib, double(mem.current(MemTag::kOptimizer)) / mib,
-              double(mem.peak(MemTag::kActivations)) / mib, predicted / mib, double(t.all_reduce_bytes) / mib,
-              double(t.all_gather_bytes) / mib, double(t.reduce_scatter_bytes) / mib);
+  std::printf(
+      "tp memory, tp rank %d of %d (dp rank %d): params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB "
+      "(predicted params=%.3f MiB); tp traffic of step 1: all-reduce=%.3f all-gather=%.3f "
+      "reduce-scatter=%.3f MiB\n",
+      topo->coord().tp, topo->grid().tp, topo->coord().dp, double(mem.current(MemTag::kParams)) / mib,
+      double(mem.current(MemTag::kGrads)) / mib, double(mem.current(MemTag::kOptimizer)) / mib,
+      double(mem.peak(MemTag::kActivations)) / mib, predicted / mib, double(t.all_reduce_bytes) / mib,
+      double(t.all_gather_bytes) / mib, double(t.reduce_scatter_bytes) / mib);
   std::fflush(stdout);
 }
 
 // The model configuration: from the flags, or from the checkpoint (flags given explicitly must agree with it).
 nn::GPTConfig Trainer::State::model_config(int64_t vocab) const {
-  nn::GPTConfig m{vocab, cfg.seq_or_default(), cfg.layers_or_default(), cfg.heads_or_default(), cfg.embd_or_default(),
-                  cfg.dropout, true, cfg.vocab_pad};
+  nn::GPTConfig m{
+      vocab, cfg.seq_or_default(), cfg.layers_or_default(), cfg.heads_or_default(), cfg.embd_or_default(), cfg.dropout,
+      true,  cfg.vocab_pad};
   if (!ckpt) return m;
   const nn::GPTConfig& c = ckpt->config;
   auto agree = [&](const char* flag, const std::optional<int64_t>& given, int64_t stored) {
@@ -290,18 +311,38 @@ std::vector<std::pair<std::string, std::string>> Trainer::State::config_fields()
   auto opt = [](const std::optional<int64_t>& v) { return v ? str(*v) : std::string("default"); };
   return {{"data", o.data + " (" + str(ds->train_tokens()) + " train tokens)"},
           {"tokenizer", ds->tokenizer().kind()},
-          {"layers", opt(o.layers)}, {"heads", opt(o.heads)}, {"embd", opt(o.embd)}, {"seq", opt(o.seq)},
+          {"layers", opt(o.layers)},
+          {"heads", opt(o.heads)},
+          {"embd", opt(o.embd)},
+          {"seq", opt(o.seq)},
           {"vocab_pad", str(o.vocab_pad)},
-          {"batch", str(o.batch)}, {"steps", str(o.steps)}, {"lr", str(o.lr)}, {"min_lr", str(o.min_lr.value_or(-1))},
-          {"warmup", str(o.warmup)}, {"weight_decay", str(o.weight_decay)}, {"dropout", str(o.dropout)},
-          {"grad_clip", str(o.grad_clip)}, {"seed", str(o.seed)}, {"init_from", o.init_from},
-          {"backend", o.backend}, {"dp", str(o.dp)}, {"tp", str(o.tp)}, {"pp", str(o.pp)},
+          {"batch", str(o.batch)},
+          {"steps", str(o.steps)},
+          {"lr", str(o.lr)},
+          {"min_lr", str(o.min_lr.value_or(-1))},
+          {"warmup", str(o.warmup)},
+          {"weight_decay", str(o.weight_decay)},
+          {"dropout", str(o.dropout)},
+          {"grad_clip", str(o.grad_clip)},
+          {"seed", str(o.seed)},
+          {"init_from", o.init_from},
+          {"backend", o.backend},
+          {"dp", str(o.dp)},
+          {"tp", str(o.tp)},
+          {"pp", str(o.pp)},
           {"sequence_parallel", str(o.sequence_parallel)},
-          {"zero", str(o.zero)}, {"amp", o.amp}, {"recompute", o.recompute},
-          {"device", o.device}, {"tf32", str(o.tf32)}, {"advance_lr_on_skip", str(o.advance_lr_on_skip)},
-          {"checkpoint_dir", o.checkpoint_dir}, {"save_every", str(o.save_every)},
-          {"micro_batches", opt(o.micro_batches)}, {"schedule", o.schedule},
-          {"virtual_stages", str(o.virtual_stages)}, {"pp_layers", o.pp_layers}};
+          {"zero", str(o.zero)},
+          {"amp", o.amp},
+          {"recompute", o.recompute},
+          {"device", o.device},
+          {"tf32", str(o.tf32)},
+          {"advance_lr_on_skip", str(o.advance_lr_on_skip)},
+          {"checkpoint_dir", o.checkpoint_dir},
+          {"save_every", str(o.save_every)},
+          {"micro_batches", opt(o.micro_batches)},
+          {"schedule", o.schedule},
+          {"virtual_stages", str(o.virtual_stages)},
+          {"pp_layers", o.pp_layers}};
 }
 
 std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule_step) const {
@@ -346,21 +387,22 @@ void Trainer::State::print_header() const {
   for (const std::string& n : notes) std::printf("%s\n", n.c_str());
   const nn::GPTConfig& c = stage->config();
   const dist::Grid& g = topo->grid();
-  std::printf("minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
-              "threads=%d dp=%d tp=%d pp=%d zero=%d micro_batches=%d amp=%s recompute=%s device=%s data=%s "
-              "(%zu train / %zu val tokens) tokenizer=%s\n",
-              (long long)num_params, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd,
-              (long long)seq, (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp,
-              cfg.zero, stage->spec().micro_batches, cfg.amp.c_str(), cfg.recompute.c_str(),
-              device.is_cpu() ? "cpu" : (cfg.device + " (" + device_name(device) + ")").c_str(), cfg.data.c_str(),
-              size_t(ds->train_tokens()), ds->val().size(), ds->tokenizer().kind());
+  std::printf(
+      "minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
+      "threads=%d dp=%d tp=%d pp=%d zero=%d micro_batches=%d amp=%s recompute=%s device=%s data=%s "
+      "(%zu train / %zu val tokens) tokenizer=%s\n",
+      (long long)num_params, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)seq,
+      (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp, cfg.zero,
+      stage->spec().micro_batches, cfg.amp.c_str(), cfg.recompute.c_str(),
+      device.is_cpu() ? "cpu" : (cfg.device + " (" + device_name(device) + ")").c_str(), cfg.data.c_str(),
+      size_t(ds->train_tokens()), ds->val().size(), ds->tokenizer().kind());
   if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
   if (scaler)
-    std::printf("amp fp16: dynamic loss scaling from %g (x%g every %lld clean steps, x%g on overflow; the run stops "
-                "after %lld consecutive skipped steps)\n",
-                scaler->current_scale(), scaler->options().growth_factor,
-                (long long)scaler->options().growth_interval, scaler->options().backoff_factor,
-                (long long)cfg.max_skipped_steps);
+    std::printf(
+        "amp fp16: dynamic loss scaling from %g (x%g every %lld clean steps, x%g on overflow; the run stops "
+        "after %lld consecutive skipped steps)\n",
+        scaler->current_scale(), scaler->options().growth_factor, (long long)scaler->options().growth_interval,
+        scaler->options().backoff_factor, (long long)cfg.max_skipped_steps);
   std::fflush(stdout);
 }
 
@@ -370,7 +412,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   const TrainConfig& o = s.cfg;
   set_num_threads(o.threads > 0 ? o.threads : ctx.threads_per_rank());
   if (o.check_collectives) dist::set_checking_collectives(true);  // before the groups are made
-  if (o.collective_timeout || !o.debug_dir.empty()) {  // the flags over the environment's watchdog options
+  if (o.collective_timeout || !o.debug_dir.empty()) {             // the flags over the environment's watchdog options
     dist::WatchdogOptions w = dist::watchdog_options();
     if (o.collective_timeout) w.timeout_s = *o.collective_timeout;
     if (!o.debug_dir.empty()) w.debug_dir = o.debug_dir;
@@ -409,8 +451,8 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   if (!o.prompt.empty()) s.ds->tokenizer().encode(o.prompt);  // a prompt the tokens cannot spell: say so now
   if (ctx.world_size() > 1) dist::check_same_config(ctx, s.config_fields());
   s.seq = o.seq || !s.ckpt ? o.seq_or_default() : s.ckpt->config.block_size;
-  MINIDL_CHECK(s.ds->train_tokens() >= s.seq + 1 && int64_t(s.ds->val().size()) >= s.seq + 1, "--data ",
-               o.data, ": expected at least ", s.seq + 1, " tokens in each split for --seq ", s.seq, ", found ",
+  MINIDL_CHECK(s.ds->train_tokens() >= s.seq + 1 && int64_t(s.ds->val().size()) >= s.seq + 1, "--data ", o.data,
+               ": expected at least ", s.seq + 1, " tokens in each split for --seq ", s.seq, ", found ",
                s.ds->train_tokens(), " (train) and ", s.ds->val().size(), " (validation)");
   MINIDL_CHECK(s.ds->train_shards().empty() || !o.cuda_graph, "--cuda-graph with --data ", o.data, ": a graph draws ",
                "its batch on the device from a split held there, and token shards stream from disk");
@@ -448,8 +490,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   // This rank's stage and its GradSync (train/parallel_model.h); checkpoint weights go in before anything moves or
   // is sharded (each chunk takes its tensors of the whole model; at tp > 1 its slices).
   ParallelModel built = build_model_and_sync(o, model_cfg, *s.topo, s.device, s.first_sample, [&](Stage& stage) {
-    if (s.resume) restore_model(*s.resume, stage);
-    else if (s.ckpt) load_model(stage, o.init_from);
+    if (s.resume)
+      restore_model(*s.resume, stage);
+    else if (s.ckpt)
+      load_model(stage, o.init_from);
   });
   s.stage = std::move(built.stage);
   s.sync = std::move(built.sync);
@@ -491,8 +535,7 @@ namespace {
 // there from the split uploaded once, by the step itself when it is a captured CUDA graph.
 class Batches {
  public:
-  Batches(const data::TextDataset& ds, const Stage& stage, const TrainConfig& o, int64_t seq, int64_t first,
-          int64_t n)
+  Batches(const data::TextDataset& ds, const Stage& stage, const TrainConfig& o, int64_t seq, int64_t first, int64_t n)
       : first_(first), n_(n) {
     if (!ds.train_shards().empty())
       streamed_.emplace(ds.train_shards(), seq, o.batch, o.seed, ds.tokenizer().size());
@@ -506,7 +549,7 @@ class Batches {
     if (graph_) return graph_->step(*on_device_, step, first_, n_, so.lr);
     const auto t0 = std::chrono::steady_clock::now();
     std::optional<trace::Span> span(std::in_place, "data");
-    const data::Batch b = on_device_  ? draw_checked(*on_device_, step, first_, n_, so)
+    const data::Batch b = on_device_   ? draw_checked(*on_device_, step, first_, n_, so)
                           : in_memory_ ? in_memory_->batch(step, first_, n_)
                                        : streamed_->batch(step, first_, n_);
     data_ms = ms_since(t0);
@@ -538,10 +581,13 @@ class ReadBack {
  public:
   ReadBack(const TrainConfig& o, const optim::CosineSchedule& schedule, optim::GradScaler* scaler, Device device,
            dist::ProcessGroup& dp, int64_t schedule_step)
-      : o_(o), scaler_(scaler), dp_(dp), holds_on_skip_(scaler && !o.advance_lr_on_skip),
-        every_step_(!device.is_cuda() ||
-                    (holds_on_skip_ && !(o.warmup == 0 && schedule.min_lr() == schedule.lr()))),
-        schedule_step_(schedule_step), skipped_seen_(scaler ? scaler->skipped_steps() : 0) {}
+      : o_(o),
+        scaler_(scaler),
+        dp_(dp),
+        holds_on_skip_(scaler && !o.advance_lr_on_skip),
+        every_step_(!device.is_cuda() || (holds_on_skip_ && !(o.warmup == 0 && schedule.min_lr() == schedule.lr()))),
+        schedule_step_(schedule_step),
+        skipped_seen_(scaler ? scaler->skipped_steps() : 0) {}
   int64_t schedule_step() const { return schedule_step_; }
   bool every_step() const { return every_step_; }
   // After each step: the schedule advances now unless it holds on skipped steps (then settle() advances it).
@@ -621,15 +667,18 @@ class Meter {
     tb.scalar("train/loss", r.loss, step);
     tb.scalar("lr", lr, step);
     tb.scalar("grad_norm", r.grad_norm, step);
-    if (scaler) tb.scalar("loss_scale", scaler->current_scale(), step), tb.scalar("skipped_steps",
-                                                                                 double(scaler->skipped_steps()), step);
+    if (scaler)
+      tb.scalar("loss_scale", scaler->current_scale(), step),
+          tb.scalar("skipped_steps", double(scaler->skipped_steps()), step);
     tb.scalar("step_ms", shown_ms, step);
     tb.scalar("tokens_per_s", tokens_ / shown_ms * 1e3, step);
     if (peak_tflops_ > 0) tb.scalar("mfu", flops_ / shown_ms / 1e9 / peak_tflops_, step);
     tb.scalar("exposed_comm_ms", comm_.exposed_comm_ms, step);
     const MemoryLedger& mem = ledger(device);
-    for (auto [tag, name] : {std::pair{MemTag::kParams, "params"}, {MemTag::kGrads, "grads"},
-                             {MemTag::kOptimizer, "optimizer"}, {MemTag::kActivations, "activations"}})
+    for (auto [tag, name] : {std::pair{MemTag::kParams, "params"},
+                             {MemTag::kGrads, "grads"},
+                             {MemTag::kOptimizer, "optimizer"},
+                             {MemTag::kActivations, "activations"}})
       tb.scalar(std::string("memory_mb/") + name, double(mem.peak(tag)) / double(1 << 20), step);
   }
   double shown_ms = 0;
@@ -639,14 +688,15 @@ class Meter {
     const double ms = per_step(timed_ms_), gflops = ms > 0 ? flops_ / ms / 1e6 : 0.0;
     const MemoryLedger& mem = ledger(device);  // the training device's ledger (the GPU's, with --device cuda)
     auto mb = [&](MemTag tag) { return double(mem.peak(tag)) / double(1 << 20); };
-    std::printf("summary: steps=%lld train_loss=%.9g val_loss=%.9g ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
-                "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.3f exposed_comm_ms=%.3f loss_scale=%g skipped_steps=%lld "
-                "act_peak_mb=%.2f param_mb=%.2f grad_mb=%.2f optim_mb=%.2f mfu=%.4f\n",
-                (long long)o_.steps, recent_ ? recent_loss_ / double(recent_) : NAN, val_loss, ms,
-                ms > 0 ? tokens_ / ms * 1e3 : 0.0, gflops, peak_rss_mb(), per_step(compute_ms_), per_step(comm_ms_),
-                per_step(exposed_ms_), scaler ? scaler->current_scale() : 1.0,
-                (long long)(scaler ? scaler->skipped_steps() : 0), mb(MemTag::kActivations), mb(MemTag::kParams),
-                mb(MemTag::kGrads), mb(MemTag::kOptimizer), peak_tflops_ > 0 ? gflops / (peak_tflops_ * 1e3) : 0.0);
+    std::printf(
+        "summary: steps=%lld train_loss=%.9g val_loss=%.9g ms_per_step=%.2f tokens_per_s=%.0f gflops=%.2f "
+        "peak_mem_mb=%.1f compute_ms=%.2f comm_ms=%.3f exposed_comm_ms=%.3f loss_scale=%g skipped_steps=%lld "
+        "act_peak_mb=%.2f param_mb=%.2f grad_mb=%.2f optim_mb=%.2f mfu=%.4f\n",
+        (long long)o_.steps, recent_ ? recent_loss_ / double(recent_) : NAN, val_loss, ms,
+        ms > 0 ? tokens_ / ms * 1e3 : 0.0, gflops, peak_rss_mb(), per_step(compute_ms_), per_step(comm_ms_),
+        per_step(exposed_ms_), scaler ? scaler->current_scale() : 1.0,
+        (long long)(scaler ? scaler->skipped_steps() : 0), mb(MemTag::kActivations), mb(MemTag::kParams),
+        mb(MemTag::kGrads), mb(MemTag::kOptimizer), peak_tflops_ > 0 ? gflops / (peak_tflops_ * 1e3) : 0.0);
     std::fflush(stdout);
   }
 
@@ -710,7 +760,8 @@ void trace_memory(Device device) {
   if (!trace::enabled()) return;
   const MemoryLedger& mem = ledger(device);
   auto mib = [&](MemTag t) { return double(mem.current(t)) / double(1 << 20); };
-  trace::counter("memory MiB", {{"params", mib(MemTag::kParams)}, {"grads", mib(MemTag::kGrads)},
+  trace::counter("memory MiB", {{"params", mib(MemTag::kParams)},
+                                {"grads", mib(MemTag::kGrads)},
                                 {"optimizer", mib(MemTag::kOptimizer)},
                                 {"activations peak", double(mem.peak(MemTag::kActivations)) / double(1 << 20)}});
 }
@@ -729,8 +780,11 @@ int Trainer::run() {
   const optim::CosineSchedule schedule(o.lr, o.min_lr.value_or(o.lr), o.warmup, std::max<int64_t>(o.steps, 1));
   const data::Batch val = data::eval_windows(s.ds->val(), s.seq, s.windows);
   Batches batches(*s.ds, *s.stage, o, s.seq, s.first_sample, s.local_batch);
-  StepOptions so{.grad_clip = o.grad_clip, .amp = s.amp, .scaler = s.scaler ? &*s.scaler : nullptr,
-                 .grad_sync = s.sync.get(), .read_back = false};
+  StepOptions so{.grad_clip = o.grad_clip,
+                 .amp = s.amp,
+                 .scaler = s.scaler ? &*s.scaler : nullptr,
+                 .grad_sync = s.sync.get(),
+                 .read_back = false};
   if (o.cuda_graph) batches.capture(*s.stage, *s.optimizer, so);
   const int64_t first_step = s.resume ? s.resume->state.step : 0;
   ReadBack reads(o, schedule, so.scaler, s.device, s.topo->dp_group(), s.resume ? s.resume->state.schedule_step : 0);
@@ -772,7 +826,8 @@ int Trainer::run() {
     }
     meter.add(step, first_step, ms, comm, r.loss);
     if (s.topo->grid().size() > 1 && (step + 1) % o.log_every == 0)
-      report_stragglers(progress, s.logger, step, {ms, batches.data_ms, ms - comm.exposed_comm_ms, comm.exposed_comm_ms});
+      report_stragglers(progress, s.logger, step,
+                        {ms, batches.data_ms, ms - comm.exposed_comm_ms, comm.exposed_comm_ms});
     if (shows) progress.update(step + 1, o.steps, meter.line(step, r.loss, lr, so.scaler, s.topo->grid().dp > 1));
     if (shows && tb) meter.log(*tb, step + 1, r, lr, so.scaler, s.device);
     if (evaluates) {
@@ -782,8 +837,8 @@ int Trainer::run() {
     }
     if (o.checkpoint_dir.empty()) continue;
     // A stop asked of any rank (SIGTERM/SIGUSR1) stops every rank after this step, with a checkpoint.
-    const bool stop = max_over(s.topo->model_parallel_group(),
-                               max_over(s.topo->dp_group(), preemption_requested() ? 1.0 : 0.0)) > 0;
+    const bool stop =
+        max_over(s.topo->model_parallel_group(), max_over(s.topo->dp_group(), preemption_requested() ? 1.0 : 0.0)) > 0;
     if (stop || (o.save_every > 0 && (step + 1) % o.save_every == 0 && !last)) {
       reads.settle(r, step);  // the schedule step and the scaler's state a checkpoint saves
       progress.print((stop ? "preempted: saved " : "saved ") + s.save_checkpoint(step + 1, reads.schedule_step()));
@@ -821,10 +876,13 @@ double Trainer::State::finish(const data::Batch& val, int64_t schedule_step) con
   }
   if (o.sample > 0 && logger) {
     // The prompt's tokens, or a fresh paragraph: a newline (characters), <|endoftext|> (GPT-2).
-    const std::vector<int32_t> prompt = o.prompt.empty() ? std::vector<int32_t>{ds->tokenizer().sample_start()}
-                                                         : ds->tokenizer().encode(o.prompt);
-    const GenerateOptions g{.max_new_tokens = o.sample, .temperature = o.temperature, .top_k = o.top_k,
-                            .seed = o.seed, .kv_cache = o.kv_cache};
+    const std::vector<int32_t> prompt =
+        o.prompt.empty() ? std::vector<int32_t>{ds->tokenizer().sample_start()} : ds->tokenizer().encode(o.prompt);
+    const GenerateOptions g{.max_new_tokens = o.sample,
+                            .temperature = o.temperature,
+                            .top_k = o.top_k,
+                            .seed = o.seed,
+                            .kv_cache = o.kv_cache};
     const std::vector<int32_t> out = train::generate(*whole, prompt, g);
     std::printf("---- sample ----\n%s\n----------------\n", ds->tokenizer().decode(out).c_str());
   }

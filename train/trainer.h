@@ -35,28 +35,28 @@ class Context;  // dist/init.h: the program includes it to call dist::init
 namespace minidl::train {
 
 struct TrainConfig {
-  std::string data;                 // text file
+  std::string data;  // text file
   // "char" (the corpus's bytes are the tokens) or "gpt2" (GPT-2's byte-level BPE, read from gpt2_encoding); empty:
   // the checkpoint's (--init-from, --resume), else char.
   std::string tokenizer;
-  std::string gpt2_encoding;        // GPT-2's encoding file (data/gpt2.tiktoken)
+  std::string gpt2_encoding;  // GPT-2's encoding file (data/gpt2.tiktoken)
   // Model shape: unset means the default (4, 4, 128, 64) or, with init_from, the checkpoint's; set ones must
   // agree with a checkpoint.
   std::optional<int64_t> layers, heads, embd, seq;
-  int64_t vocab_pad = 64;           // nn::GPTConfig::vocab_pad: the head's table padded to a multiple (1: none)
+  int64_t vocab_pad = 64;  // nn::GPTConfig::vocab_pad: the head's table padded to a multiple (1: none)
   int64_t batch = 12, steps = 2000;
   double lr = 1e-3, weight_decay = 0.1, dropout = 0.0, grad_clip = 1.0, temperature = 1.0;
-  std::optional<double> min_lr;     // default: lr (constant)
+  std::optional<double> min_lr;  // default: lr (constant)
   int64_t warmup = 0;
   uint64_t seed = 1337;
-  int threads = 0;                  // 0: the host's cores divided among its ranks
+  int threads = 0;  // 0: the host's cores divided among its ranks
   int64_t eval_every = 250, eval_windows = 256, log_every = 10, sample = 0;
   // Generation after training (sample > 0 tokens): the text it continues (empty: a fresh paragraph), the top-k
   // filter (0: every token) and the KV cache (train::generate).
   std::string prompt;
   int64_t top_k = 0;
   bool kv_cache = true;
-  std::string progress = "auto";    // auto | redraw | lines (train/progress.h)
+  std::string progress = "auto";  // auto | redraw | lines (train/progress.h)
   std::string save, init_from;
   // Training checkpoints (train/checkpoint.h): directories step-XXXXXXXX/ in checkpoint_dir, every save_every steps
   // (0: none) and when SIGTERM/SIGUSR1 asks the run to stop (only with a checkpoint_dir); keep_last of them (0: all).
@@ -65,7 +65,7 @@ struct TrainConfig {
   // A checkpoint directory to continue from, bit for bit, or "auto": the newest complete one in checkpoint_dir
   // (a fresh start when there is none), so the same command line restarts a job after any crash.
   std::string resume;
-  int dp = 0, tp = 1, pp = 1;       // dp 0: the world size / (tp · pp)
+  int dp = 0, tp = 1, pp = 1;  // dp 0: the world size / (tp · pp)
   // tp > 1: the residual stream between the tensor-parallel layers split along the sequence (dist/sequence_parallel.h)
   bool sequence_parallel = false;
   // The schedule every step runs (train/stage.h, train/step.h): micro-batches per step (--micro-batches, alias
@@ -76,7 +76,7 @@ struct TrainConfig {
   std::string schedule = "1f1b", pp_layers;
   int virtual_stages = 1;
   bool print_schedule = false;
-  std::string backend;              // empty: mpi on the CPU, nccl on CUDA devices
+  std::string backend;  // empty: mpi on the CPU, nccl on CUDA devices
   // ZeRO stage over the dp group (dist/zero.h, dist/zero3.h): 0 = DDP, 1 = optimizer state sharded, 2 = gradients
   // too, 3 = block parameters too.
   int zero = 0;
@@ -92,7 +92,7 @@ struct TrainConfig {
   int64_t loss_scale_growth_interval = 2000;
   std::string device = "cpu";
   bool tf32 = false;
-  bool cuda_graph = false;          // capture one step as a CUDA graph and replay it (train/cuda_graph.h)
+  bool cuda_graph = false;  // capture one step as a CUDA graph and replay it (train/cuda_graph.h)
   // The watchdog (dist/flight_recorder.h): seconds a collective may take before every rank dumps its flight
   // recorder into debug_dir and the job ends naming the ranks that did not join (unset: MINIDL_COLLECTIVE_TIMEOUT,
   // else 600; 0: off); debug_dir empty: MINIDL_DEBUG_DIR, else a directory in $TMPDIR or /tmp named for the job.
@@ -147,6 +147,5 @@ class Trainer {
 // fits `gib` GiB for this config's model (the vocabulary read from --data) on `world` ranks, cheapest in
 // communication first (train::memory_plan in train/zero_memory.h).
 std::string plan_memory(const TrainConfig& config, int world, double gib);
-
 
 }  // namespace minidl::train

@@ -97,8 +97,8 @@ std::string memory_plan(const nn::GPTConfig& model, int dp, DType amp, int64_t g
   auto recompute_cost = [](nn::Recompute r) {  // extra forward work per block, in sixths of a block's forward
     switch (r) {
       case nn::Recompute::kNone: return 0.0;
-      case nn::Recompute::kAttn: return 2.0;   // ln_1 + attention: 4C² of the block's 12C² multiply-adds
-      case nn::Recompute::kMlp: return 4.0;    // ln_2 + MLP: 8C²
+      case nn::Recompute::kAttn: return 2.0;  // ln_1 + attention: 4C² of the block's 12C² multiply-adds
+      case nn::Recompute::kMlp: return 4.0;   // ln_2 + MLP: 8C²
       case nn::Recompute::kBlock: return 6.0;
     }
     return 0.0;
@@ -111,7 +111,8 @@ std::string memory_plan(const nn::GPTConfig& model, int dp, DType amp, int64_t g
         if (per_rank % micro != 0) continue;
         MemoryQuery q{model, stage, dp, amp, rc, micro, model.block_size, per_rank / micro};
         const double peak = predict_memory(q).peak();
-        if (peak <= budget_bytes) rows.push_back({stage, rc, micro, peak, comm_elements_per_step(q), recompute_cost(rc)});
+        if (peak <= budget_bytes)
+          rows.push_back({stage, rc, micro, peak, comm_elements_per_step(q), recompute_cost(rc)});
       }
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
     if (a.comm != b.comm) return a.comm < b.comm;

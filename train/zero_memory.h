@@ -6,8 +6,8 @@
 //   p.params_rest + p.grads_rest + p.optimizer   // bytes held between steps
 //   p.peak()                                     // plus what one step adds at its worst moment
 //
-// Ψ parameters (f32) on this rank (with --tp: its slices and the replicated ones), Φ of them persistent under stage 3 (wte, wpe, ln_f: outside the blocks), N dp ranks,
-// AdamW (m and v, 8 bytes per parameter), per rank:
+// Ψ parameters (f32) on this rank (with --tp: its slices and the replicated ones), Φ of them persistent under stage 3
+// (wte, wpe, ln_f: outside the blocks), N dp ranks, AdamW (m and v, 8 bytes per parameter), per rank:
 //                 parameters            gradients      optimizer    added during a step
 //   stage 0 (DDP) 4Ψ                    4Ψ             8Ψ           the 16-bit copies (2Ψ, --amp)
 //   stage 1       4Ψ                    4Ψ             8Ψ/N         the 16-bit copies (2Ψ, --amp)
@@ -41,8 +41,8 @@ struct MemoryQuery {
   int dp = 1;              // data-parallel ranks
   DType amp = DType::f32;  // bf16 / f16: 16-bit activations and weight copies
   nn::Recompute recompute = nn::Recompute::kNone;
-  int64_t micro_batch = 1; // sequences per rank per micro-batch
-  int64_t seq = 0;         // tokens per sequence; 0: model.block_size
+  int64_t micro_batch = 1;  // sequences per rank per micro-batch
+  int64_t seq = 0;          // tokens per sequence; 0: model.block_size
   int64_t grad_accum = 1;
   // Tensor parallelism (dist/tp_gpt.h): a block's matrices and column-parallel biases and the (padded) vocabulary
   // are split over tp ranks, LayerNorms, wpe and row-parallel biases replicated; activations are the replicated

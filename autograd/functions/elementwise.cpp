@@ -107,9 +107,7 @@ Tensor sqrt(const Tensor& a) {
 
 Tensor square(const Tensor& a) {
   Tensor ad = a.detach();
-  return record("square", {a}, ops::square(a), [ad](const Tensor& g) {
-    return Grads{ops::mul(g, ops::mul(ad, 2.0))};
-  });
+  return record("square", {a}, ops::square(a), [ad](const Tensor& g) { return Grads{ops::mul(g, ops::mul(ad, 2.0))}; });
 }
 
 }  // namespace minidl

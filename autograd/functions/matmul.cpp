@@ -72,9 +72,9 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   bool fx = x.f32_grad, fb = bias.f32_grad;
   Tensor xd = x.used.detach(), wd = weight.used.detach();
   return record("linear", {x.edge, weight.edge, bias.edge}, out, [=](const Tensor& g) {
-    Tensor g2 = rows_of(g);  // (rows, out)
+    Tensor g2 = rows_of(g);                                                                     // (rows, out)
     Tensor gx = need_x ? grad_product(fx, g2, wd, false, true).reshape(xd.shape()) : Tensor();  // G W^T
-    ops::LinearGrad wb = weight_bias_grads(rows_of(xd), g2, weight, need_w, need_b, fb);  // X^T G, sum(G)
+    ops::LinearGrad wb = weight_bias_grads(rows_of(xd), g2, weight, need_w, need_b, fb);        // X^T G, sum(G)
     return Grads{gx, wb.dw, wb.dbias};
   });
 }

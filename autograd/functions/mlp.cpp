@@ -47,20 +47,19 @@ Tensor gelu_mlp(const Tensor& x_in, const Tensor& fc_weight, const Tensor& fc_bi
              need_pw = needs_grad(proj_w.edge), need_pb = needs_grad(proj_b.edge);
   const bool fx = x.f32_grad, fpb = proj_b.f32_grad;
   Tensor h = f.h.detach(), aux = f.aux.detach();
-  return autograd::record(
-      "gelu_mlp", {x.edge, fc_w.edge, fc_b, proj_w.edge, proj_b.edge}, out, [=](const Tensor& g) {
-        Tensor g2 = rows_of(g);  // (rows, C)
-        ops::LinearGrad proj = weight_bias_grads(rows_of(h), g2, proj_w, need_pw, need_pb, fpb);  // h^T G, sum(G)
-        Tensor gx, gfw, gfb;
-        if (need_x || need_fw || need_fb) {
-          ops::DgeluBgrad d = ops::dgelu_bgrad(g2, pwd, rows_of(aux), need_fb);
-          if (need_x) gx = grad_product(fx, d.dpre, fwd, false, true).reshape(xd.shape());  // dpre W_fc^T
-          // x^T dpre, straight into fc_w's grad() where the pass allows
-          if (need_fw) gfw = weight_grad(fc_w, rows_of(xd), d.dpre, true, false);
-          gfb = d.dbias;
-        }
-        return Grads{gx, gfw, gfb, proj.dw, proj.dbias};
-      });
+  return autograd::record("gelu_mlp", {x.edge, fc_w.edge, fc_b, proj_w.edge, proj_b.edge}, out, [=](const Tensor& g) {
+    Tensor g2 = rows_of(g);                                                                   // (rows, C)
+    ops::LinearGrad proj = weight_bias_grads(rows_of(h), g2, proj_w, need_pw, need_pb, fpb);  // h^T G, sum(G)
+    Tensor gx, gfw, gfb;
+    if (need_x || need_fw || need_fb) {
+      ops::DgeluBgrad d = ops::dgelu_bgrad(g2, pwd, rows_of(aux), need_fb);
+      if (need_x) gx = grad_product(fx, d.dpre, fwd, false, true).reshape(xd.shape());  // dpre W_fc^T
+      // x^T dpre, straight into fc_w's grad() where the pass allows
+      if (need_fw) gfw = weight_grad(fc_w, rows_of(xd), d.dpre, true, false);
+      gfb = d.dbias;
+    }
+    return Grads{gx, gfw, gfb, proj.dw, proj.dbias};
+  });
 }
 
 }  // namespace minidl

@@ -97,9 +97,8 @@ AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weigh
 
 Tensor gelu(const Tensor& x) {
   Tensor xc = contiguous(x);
-  return record("gelu", {xc}, ops::gelu_forward(xc), [xc](const Tensor& g) {
-    return Grads{ops::gelu_backward(contiguous(g), xc)};
-  });
+  return record("gelu", {xc}, ops::gelu_forward(xc),
+                [xc](const Tensor& g) { return Grads{ops::gelu_backward(contiguous(g), xc)}; });
 }
 
 Tensor bias_gelu(const Tensor& x, const Tensor& bias) {
@@ -116,9 +115,8 @@ Tensor bias_gelu(const Tensor& x, const Tensor& bias) {
 Tensor softmax(const Tensor& x) {
   Tensor xc = contiguous(autocast_to_f32(x));
   Tensor y = ops::softmax_forward(xc);
-  return record("softmax", {xc}, y, [y = y.detach()](const Tensor& g) {
-    return Grads{ops::softmax_backward(contiguous(g), y)};
-  });
+  return record("softmax", {xc}, y,
+                [y = y.detach()](const Tensor& g) { return Grads{ops::softmax_backward(contiguous(g), y)}; });
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, ops::Reduction reduction,
@@ -131,7 +129,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   // not retained), so its own handle is not read again either.
   auto saved = std::make_shared<Tensor>(x.detach());
   auto backward = [saved, t, lse = f.lse, divisor, ignore_index, classes](const Tensor& g) {
-    MINIDL_CHECK(saved->defined(), "cross_entropy: a second backward through a node whose logits the first one "
+    MINIDL_CHECK(saved->defined(),
+                 "cross_entropy: a second backward through a node whose logits the first one "
                  "overwrote with their gradient");
     const bool last = saved->impl_ptr().use_count() == 1 && saved->impl()->storage.use_count() == 1;
     Tensor dlogits = ops::cross_entropy_backward(g, *saved, t, lse, divisor, ignore_index, classes, last);
@@ -144,10 +143,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 Tensor causal_attention(const Tensor& qkv, int n_head) {
   Tensor x = contiguous(autocast_to_half(qkv));
   ops::AttentionForward f = ops::causal_attention_forward(x, n_head);
-  return record("causal_attention", {x}, f.out,
-                [x, out = f.out.detach(), lse = f.lse, n_head](const Tensor& g) {
-                  return Grads{ops::causal_attention_backward(contiguous(g), x, out, lse, n_head)};
-                });
+  return record("causal_attention", {x}, f.out, [x, out = f.out.detach(), lse = f.lse, n_head](const Tensor& g) {
+    return Grads{ops::causal_attention_backward(contiguous(g), x, out, lse, n_head)};
+  });
 }
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset) {
@@ -159,9 +157,8 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64
   if (p == 0.0) return x;
   Tensor xc = contiguous(x);
   // y = x * mask / (1 - p) is linear in x: its backward is the same masking of the gradient.
-  return record("dropout", {xc}, ops::dropout(xc, p, seed, stream, offset, step), [=](const Tensor& g) {
-    return Grads{ops::dropout(contiguous(g), p, seed, stream, offset, step)};
-  });
+  return record("dropout", {xc}, ops::dropout(xc, p, seed, stream, offset, step),
+                [=](const Tensor& g) { return Grads{ops::dropout(contiguous(g), p, seed, stream, offset, step)}; });
 }
 
 }  // namespace minidl

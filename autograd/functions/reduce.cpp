@@ -32,27 +32,24 @@ Tensor sum(const Tensor& x_in) {
 Tensor mean(const Tensor& x_in) {
   Tensor x = autocast_to_f32(x_in);
   Shape xs = x.shape();
-  return record("mean", {x}, ops::mean(x), [xs](const Tensor& g) {
-    return Grads{ops::broadcast_to(ops::mul(g, 1.0 / double(xs.numel())), xs)};
-  });
+  return record("mean", {x}, ops::mean(x),
+                [xs](const Tensor& g) { return Grads{ops::broadcast_to(ops::mul(g, 1.0 / double(xs.numel())), xs)}; });
 }
 
 Tensor sum(const Tensor& x_in, int dim, bool keepdim) {
   Tensor x = autocast_to_f32(x_in);
   int d = x.wrap_dim(dim);
   Shape xs = x.shape();
-  return record("sum_dim", {x}, ops::sum(x, d, keepdim), [xs, d](const Tensor& g) {
-    return Grads{spread(g, xs, d, 1.0)};
-  });
+  return record("sum_dim", {x}, ops::sum(x, d, keepdim),
+                [xs, d](const Tensor& g) { return Grads{spread(g, xs, d, 1.0)}; });
 }
 
 Tensor mean(const Tensor& x_in, int dim, bool keepdim) {
   Tensor x = autocast_to_f32(x_in);
   int d = x.wrap_dim(dim);
   Shape xs = x.shape();
-  return record("mean_dim", {x}, ops::mean(x, d, keepdim), [xs, d](const Tensor& g) {
-    return Grads{spread(g, xs, d, 1.0 / double(xs[d]))};
-  });
+  return record("mean_dim", {x}, ops::mean(x, d, keepdim),
+                [xs, d](const Tensor& g) { return Grads{spread(g, xs, d, 1.0 / double(xs[d]))}; });
 }
 
 Tensor max(const Tensor& x_in, int dim, bool keepdim) {

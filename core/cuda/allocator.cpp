@@ -18,7 +18,7 @@ struct CachedBlock {
   size_t bytes = 0;
   cudaStream_t stream = nullptr;  // the stream it was last used on
   MemTag tag = MemTag::kOther;
-  uint64_t pool = 0;              // 0: the shared cache; else the graph pool that owns it (begin_graph_pool)
+  uint64_t pool = 0;  // 0: the shared cache; else the graph pool that owns it (begin_graph_pool)
 };
 
 struct DeviceCache {
@@ -88,8 +88,8 @@ void* allocate(size_t bytes, int device, size_t* rounded_bytes) {
   if (block.ptr == nullptr) block.ptr = take(c.free_blocks, rounded, stream);
   if (block.ptr != nullptr) c.stats.cached_bytes -= int64_t(rounded);
   if (block.ptr == nullptr) {
-    MINIDL_CHECK(c.capturing_pool == 0, "cuda allocator: a block of ", rounded, " bytes was asked for on cuda:",
-                 device, " while a CUDA graph captures and none is cached (cudaMalloc cannot be captured): run the "
+    MINIDL_CHECK(c.capturing_pool == 0, "cuda allocator: a block of ", rounded, " bytes was asked for on cuda:", device,
+                 " while a CUDA graph captures and none is cached (cudaMalloc cannot be captured): run the "
                  "captured work once eagerly first (a warm-up step) so that its sizes are cached");
     DeviceGuard guard(device);
     cudaError_t status = cudaMalloc(&block.ptr, rounded);
@@ -123,9 +123,10 @@ void free(void* ptr, int device) {
   // A block freed while a graph captures may still be read by the captured work, which has not run: it joins the
   // graph's pool rather than the shared cache.
   const uint64_t pool = block.pool != 0 ? block.pool : c.capturing_pool;
-  if (pool != 0) c.pool_blocks[pool][block.bytes].push_back(CachedBlock{block.ptr, block.bytes, block.stream,
-                                                                        block.tag, pool});
-  else c.free_blocks[block.bytes].push_back(block);
+  if (pool != 0)
+    c.pool_blocks[pool][block.bytes].push_back(CachedBlock{block.ptr, block.bytes, block.stream, block.tag, pool});
+  else
+    c.free_blocks[block.bytes].push_back(block);
 }
 
 uint64_t new_graph_pool() {

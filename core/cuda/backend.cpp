@@ -27,9 +27,9 @@ void backend_free(const Allocation& a, int device) { free(a.ptr, device); }
 // device-to-device copy stays queued on the destination's compute stream.
 void backend_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   const int device = dst_device.is_cuda() ? dst_device.index : src_device.index;
-  const cudaMemcpyKind kind = dst_device.is_cuda() ? (src_device.is_cuda() ? cudaMemcpyDeviceToDevice
-                                                                            : cudaMemcpyHostToDevice)
-                                                   : cudaMemcpyDeviceToHost;
+  const cudaMemcpyKind kind = dst_device.is_cuda()
+                                  ? (src_device.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                                  : cudaMemcpyDeviceToHost;
   cudaStream_t stream = current_stream(device);
   DeviceGuard guard(device);
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
@@ -67,8 +67,8 @@ void backend_memset_zero(void* ptr, size_t bytes, int device) {
 }
 
 void backend_fill(void* ptr, int64_t count, const void* value, size_t element_bytes, int device) {
-  MINIDL_ASSERT(element_bytes == 1 || element_bytes == 2 || element_bytes == 4 || element_bytes == 8,
-                "device fill of ", element_bytes, "-byte elements");
+  MINIDL_ASSERT(element_bytes == 1 || element_bytes == 2 || element_bytes == 4 || element_bytes == 8, "device fill of ",
+                element_bytes, "-byte elements");
   const auto* bytes = static_cast<const unsigned char*>(value);
   bool same_bytes = true;  // zero, or any value of one repeated byte: a memset
   for (size_t i = 1; i < element_bytes; ++i) same_bytes = same_bytes && bytes[i] == bytes[0];
@@ -80,7 +80,8 @@ void backend_fill(void* ptr, int64_t count, const void* value, size_t element_by
   }
   uint64_t pattern = 0;
   std::memcpy(&pattern, value, element_bytes);
-  MINIDL_ASSERT(fill_kernel != nullptr, "no device fill kernel registered (ops/cuda/tensor/fill.cpp is linked with the "
+  MINIDL_ASSERT(fill_kernel != nullptr,
+                "no device fill kernel registered (ops/cuda/tensor/fill.cpp is linked with the "
                 "backend)");
   MINIDL_CUDA_CHECK(fill_kernel(ptr, count, int(element_bytes), pattern, current_stream(device)));
 }

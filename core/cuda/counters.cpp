@@ -62,9 +62,9 @@ Counters counters() {
 void reset_counters() {
   AtomicCounters& t = totals();
   minidl_kernel_launches().store(0, std::memory_order_relaxed);
-  for (std::atomic<int64_t>* c : {&t.library_launches, &t.memsets, &t.host_syncs, &t.h2d_copies, &t.h2d_bytes,
-                                  &t.d2h_copies, &t.d2h_bytes, &t.d2d_copies, &t.d2d_bytes, &t.device_mallocs,
-                                  &t.device_frees, &t.graph_launches})
+  for (std::atomic<int64_t>* c :
+       {&t.library_launches, &t.memsets, &t.host_syncs, &t.h2d_copies, &t.h2d_bytes, &t.d2h_copies, &t.d2h_bytes,
+        &t.d2d_copies, &t.d2d_bytes, &t.device_mallocs, &t.device_frees, &t.graph_launches})
     c->store(0, std::memory_order_relaxed);
 }
 

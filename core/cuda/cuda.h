@@ -78,8 +78,8 @@ void end_graph_pool(int device);
 void release_graph_pool(int device, uint64_t pool);
 
 struct AllocatorStats {
-  int64_t cuda_mallocs = 0;   // calls to cudaMalloc since the start (a steady-state step adds none)
-  int64_t cuda_frees = 0;     // calls to cudaFree (empty_cache and out-of-memory retries only)
+  int64_t cuda_mallocs = 0;     // calls to cudaMalloc since the start (a steady-state step adds none)
+  int64_t cuda_frees = 0;       // calls to cudaFree (empty_cache and out-of-memory retries only)
   int64_t allocated_bytes = 0;  // in live blocks
   int64_t cached_bytes = 0;     // in cached, unused blocks
 };
@@ -95,11 +95,11 @@ struct Counters {
   int64_t kernel_launches = 0;  // launch_kernel calls, plus one per GEMM (cuBLAS/cuBLASLt or the emulated one)
   int64_t memsets = 0;          // cudaMemsetAsync
   int64_t host_syncs = 0;       // the host waited for a device: stream, device or event synchronizations
-  int64_t h2d_copies = 0, h2d_bytes = 0;  // host -> device
-  int64_t d2h_copies = 0, d2h_bytes = 0;  // device -> host
-  int64_t d2d_copies = 0, d2d_bytes = 0;  // device -> device (same or peer device)
+  int64_t h2d_copies = 0, h2d_bytes = 0;         // host -> device
+  int64_t d2h_copies = 0, d2h_bytes = 0;         // device -> host
+  int64_t d2d_copies = 0, d2d_bytes = 0;         // device -> device (same or peer device)
   int64_t device_mallocs = 0, device_frees = 0;  // cudaMalloc / cudaFree (the caching allocator's misses)
-  int64_t graph_launches = 0;   // cuda::Graph::replay (the kernels a replay runs are not counted again)
+  int64_t graph_launches = 0;  // cuda::Graph::replay (the kernels a replay runs are not counted again)
 };
 Counters counters();
 void reset_counters();

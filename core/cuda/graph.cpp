@@ -33,7 +33,8 @@ void Graph::capture(const std::function<void()>& work) {
   end_graph_pool(device_);
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
   MINIDL_CHECK(ended == cudaSuccess, "cuda::Graph::capture: the capture on cuda:", device_, " failed (",
-               cudaGetErrorName(ended), "): the captured work made a call that cannot be captured (a synchronisation, "
+               cudaGetErrorName(ended),
+               "): the captured work made a call that cannot be captured (a synchronisation, "
                "a read back, a copy from pageable host memory or a cudaMalloc)");
   graph_ = graph;
   MINIDL_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));

@@ -9,10 +9,9 @@ namespace minidl::cuda {
 namespace detail {
 void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line) {
   const int rank = ::minidl::detail::process_rank();
-  throw Error(::minidl::detail::concat(call, " failed", rank >= 0 ? " on rank " : "",
-                                       rank >= 0 ? std::to_string(rank) : std::string(), ": ",
-                                       cudaGetErrorString(status), " (", cudaGetErrorName(status), ") (", file, ":",
-                                       line, ")"));
+  throw Error(::minidl::detail::concat(
+      call, " failed", rank >= 0 ? " on rank " : "", rank >= 0 ? std::to_string(rank) : std::string(), ": ",
+      cudaGetErrorString(status), " (", cudaGetErrorName(status), ") (", file, ":", line, ")"));
 }
 }  // namespace detail
 

@@ -20,8 +20,7 @@ enum class Combine { kSum, kMax };
 
 // dst[i] = dst[i] + src[i] (kSum) or max(dst[i], src[i]) (kMax, keeping dst on ties and when src is NaN, as the
 // CPU loop and MPI_MAX do), for i < n. dst and src do not overlap.
-cudaError_t combine_into(ElementType type, Combine combine, void* dst, const void* src, int64_t n,
-                         cudaStream_t stream);
+cudaError_t combine_into(ElementType type, Combine combine, void* dst, const void* src, int64_t n, cudaStream_t stream);
 
 // data[i] = data[i] / divisor: true division for floats, truncation toward zero for integers.
 cudaError_t divide_by(ElementType type, void* data, int64_t n, int divisor, cudaStream_t stream);

@@ -86,9 +86,10 @@ class NcclPointToPointWork final : public Work {
 std::string NcclProcessGroup::async_error() {
   ncclResult_t error = ncclSuccess;
   if (ncclCommGetAsyncError(transport_->comm(), &error) != ncclSuccess || error == ncclSuccess) return "";
-  const char* names[] = {"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
-                         "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"};
-  const std::string name = int(error) >= 0 && int(error) < 8 ? names[int(error)] : "nccl error " + std::to_string(int(error));
+  const char* names[] = {"ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+                         "ncclInvalidArgument", "ncclInvalidUsage",       "ncclRemoteError", "ncclInProgress"};
+  const std::string name =
+      int(error) >= 0 && int(error) < 8 ? names[int(error)] : "nccl error " + std::to_string(int(error));
   return name + ": " + ncclGetErrorString(error);
 }
 
@@ -154,8 +155,8 @@ std::shared_ptr<Work> NcclProcessGroup::do_broadcast(Tensor& tensor, int root) {
   return enqueue({tensor}, [&](cudaStream_t stream) {
     if (size() == 1) return;
     void* data = tensor.raw_device_data();
-    MINIDL_NCCL_CHECK(ncclBroadcast(data, data, size_t(tensor.numel()), nccl_type(tensor.dtype()), root,
-                                    transport_->comm(), stream));
+    MINIDL_NCCL_CHECK(
+        ncclBroadcast(data, data, size_t(tensor.numel()), nccl_type(tensor.dtype()), root, transport_->comm(), stream));
   });
 }
 

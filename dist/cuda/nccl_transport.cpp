@@ -7,10 +7,9 @@ namespace minidl::dist {
 namespace detail {
 void throw_nccl_error(ncclResult_t status, const char* call, const char* file, int line) {
   const int rank = ::minidl::detail::process_rank();
-  throw Error(::minidl::detail::concat(call, " failed", rank >= 0 ? " on rank " : "",
-                                       rank >= 0 ? std::to_string(rank) : std::string(), ": ",
-                                       ncclGetErrorString(status), " (ncclResult_t ", int(status), ") (", file, ":",
-                                       line, ")"));
+  throw Error(::minidl::detail::concat(
+      call, " failed", rank >= 0 ? " on rank " : "", rank >= 0 ? std::to_string(rank) : std::string(), ": ",
+      ncclGetErrorString(status), " (ncclResult_t ", int(status), ") (", file, ":", line, ")"));
 }
 }  // namespace detail
 
@@ -119,8 +118,8 @@ void NcclTransport::copy_to_self_locked() {
     MINIDL_CHECK(sends[i]->bytes == recvs[i]->bytes, "nccl transport: send ", i, " to itself has ", sends[i]->bytes,
                  " bytes, its receive ", recvs[i]->bytes);
     if (sends[i]->bytes > 0)
-      MINIDL_CUDA_CHECK(cudaMemcpyAsync(recvs[i]->data, sends[i]->data, sends[i]->bytes, cudaMemcpyDeviceToDevice,
-                                        stream_));
+      MINIDL_CUDA_CHECK(
+          cudaMemcpyAsync(recvs[i]->data, sends[i]->data, sends[i]->bytes, cudaMemcpyDeviceToDevice, stream_));
   }
 }
 

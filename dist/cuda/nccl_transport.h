@@ -31,8 +31,7 @@
 #include "dist/ring_transport.h"
 
 // Runs an NCCL call; on failure throws minidl::Error with NCCL's error text, the rank and file:line.
-#define MINIDL_NCCL_CHECK(call) \
-  MINIDL_STATUS_CHECK(call, #call, ncclSuccess, ::minidl::dist::detail::throw_nccl_error)
+#define MINIDL_NCCL_CHECK(call) MINIDL_STATUS_CHECK(call, #call, ncclSuccess, ::minidl::dist::detail::throw_nccl_error)
 
 namespace minidl::dist {
 

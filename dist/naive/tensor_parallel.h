@@ -67,9 +67,9 @@ inline Tensor slice(const Tensor& whole, int dim, int64_t begin, int64_t n) {
 struct ParallelMLP {
   ParallelMLP(const nn::MLP& whole, ProcessGroup& group) : group(group) {
     const int64_t h = whole.c_fc->weight.shape()[1] / group.size(), first = group.rank() * h;
-    fc_weight = slice(whole.c_fc->weight, 1, first, h);  // (C, H/N)
-    fc_bias = slice(whole.c_fc->bias, 0, first, h);      // (H/N)
-    proj_weight = slice(whole.c_proj->weight, 0, first, h);  // (H/N, C)
+    fc_weight = slice(whole.c_fc->weight, 1, first, h);                       // (C, H/N)
+    fc_bias = slice(whole.c_fc->bias, 0, first, h);                           // (H/N)
+    proj_weight = slice(whole.c_proj->weight, 0, first, h);                   // (H/N, C)
     proj_bias = slice(whole.c_proj->bias, 0, 0, whole.c_proj->bias.numel());  // (C), replicated
   }
   // x: (B, T, C), replicated -> (B, T, C), replicated

@@ -121,7 +121,7 @@ class Zero3 final : public nn::BlockHooks {
     Tensor flat;                 // P_i elements, allocated only while gathered
     Tensor shard;                // P_i / N elements this rank keeps; its .grad() is the averaged gradient shard
     bool gathered = true;
-    size_t grads_left = 0;       // parameters whose gradient is not yet final in this backward
+    size_t grads_left = 0;  // parameters whose gradient is not yet final in this backward
   };
 
   void on_block_grad_ready(int64_t i) {

@@ -64,8 +64,10 @@ int run(int steps, const std::string& device_flag, const std::string& path) {
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 30;
   if (steps < 1) {
-    std::fprintf(stderr, "usage: tiny_shakespeare [STEPS] [DEVICE] [CORPUS]: STEPS must be a whole number >= 1, "
-                 "got '%s'\n", argv[1]);
+    std::fprintf(stderr,
+                 "usage: tiny_shakespeare [STEPS] [DEVICE] [CORPUS]: STEPS must be a whole number >= 1, "
+                 "got '%s'\n",
+                 argv[1]);
     return 2;
   }
   try {

@@ -23,18 +23,20 @@ int main(int argc, char** argv) {
   try {
     const std::string path = argv[1], corpus = argv[2];
     const int64_t windows = argc > 3 ? std::stoll(argv[3]) : 256;  // train_gpt's --eval-windows
-    const int64_t batch = argc > 4 ? std::stoll(argv[4]) : 12;      // and --batch: the windows evaluated at a time
+    const int64_t batch = argc > 4 ? std::stoll(argv[4]) : 12;     // and --batch: the windows evaluated at a time
     const std::string encoding = argc > 5 ? argv[5] : "data/gpt2.tiktoken";  // only for a gpt2 checkpoint
 
     nn::GPTCheckpoint ck = nn::load_gpt(path);  // the config and the tokenizer, from the file's header
     nn::GPT model(ck.config);
     nn::load_into(model, path);
-    const data::Tokenizer tokenizer = data::Tokenizer::from_json(nlohmann::json::parse(ck.metadata.at("vocab")), encoding);
+    const data::Tokenizer tokenizer =
+        data::Tokenizer::from_json(nlohmann::json::parse(ck.metadata.at("vocab")), encoding);
 
     // The validation split as train_gpt cuts it (the last 10%), in windows of block_size + 1 tokens.
     const data::TextDataset ds(corpus, tokenizer);
     const int64_t seq = ck.config.block_size;
-    const data::Batch val = data::eval_windows(ds.val(), seq, std::min<int64_t>(windows, int64_t(ds.val().size()) / (seq + 1)));
+    const data::Batch val =
+        data::eval_windows(ds.val(), seq, std::min<int64_t>(windows, int64_t(ds.val().size()) / (seq + 1)));
     train::Stage stage = train::Stage::of(model);
     std::printf("val_loss %.9g\n", train::evaluate(stage, val, batch));
 

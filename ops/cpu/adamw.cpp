@@ -56,8 +56,7 @@ void fused_adamw_multi_(const std::vector<Tensor>& params, const std::vector<Ten
     return;
   }
   // One parallel pass over all the tensors (elementwise, so the bits are fused_adamw_'s one by one).
-  const kernels::AdamWConstants c =
-      kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step);
+  const kernels::AdamWConstants c = kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step);
   std::vector<int64_t> sizes;
   for (const Tensor& p : params) sizes.push_back(p.numel());
   parallel_for_parts(sizes, kAdamWGrain, [&](size_t i, int64_t begin, int64_t end) {

@@ -46,8 +46,7 @@ static void rows_max(const double* s, int64_t ld, int64_t rows, int64_t cols, in
 static void rows_exp(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, const float* m, float* sum) {
   simd::causal_rows_exp(s, ld, rows, cols, diag, m, sum);
 }
-static void rows_exp(double* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, const double* m,
-                     double* sum) {
+static void rows_exp(double* s, int64_t ld, int64_t rows, int64_t cols, int64_t diag, const double* m, double* sum) {
   for (int64_t r = 0; r < rows; ++r) {
     double* row = s + r * ld;
     const int64_t n = visible(r, diag, cols);
@@ -74,8 +73,7 @@ static void rows_mul_sub(const double* p, double* dp, int64_t ld, int64_t rows, 
 static void rows_dot(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows, int64_t n, float* out) {
   simd::dot_rows(a, lda, b, ldb, rows, n, out);
 }
-static void rows_dot(const double* a, int64_t lda, const double* b, int64_t ldb, int64_t rows, int64_t n,
-                     double* out) {
+static void rows_dot(const double* a, int64_t lda, const double* b, int64_t ldb, int64_t rows, int64_t n, double* out) {
   for (int64_t r = 0; r < rows; ++r) {
     out[r] = 0;
     for (int64_t j = 0; j < n; ++j) out[r] += a[r * lda + j] * b[r * ldb + j];
@@ -207,8 +205,7 @@ AttentionForward causal_attention_forward(const Tensor& qkv, int n_head) {
     T *po = f.out.data<T>(), *pl = f.lse.data<T>();
     parallel_for(0, d.B * d.H, 1, [&](int64_t p0, int64_t p1) {
       thread_local std::vector<T> scratch;
-      for (int64_t p = p0; p < p1; ++p)
-        forward_head(head(pqkv, po, d, p / d.H, p % d.H), pl + p * d.T, d, scratch);
+      for (int64_t p = p0; p < p1; ++p) forward_head(head(pqkv, po, d, p / d.H, p % d.H), pl + p * d.T, d, scratch);
     });
   });
   return f;

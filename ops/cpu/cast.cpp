@@ -56,15 +56,14 @@ int64_t half_block_rows(int64_t row_elems) {
   return std::max<int64_t>(1, kBlockElems / std::max<int64_t>(1, row_elems));
 }
 
-Tensor half_by_row_blocks(const Tensor& x, const Shape& row_shape,
-                          const std::function<Tensor(const Tensor&)>& f32_op) {
+Tensor half_by_row_blocks(const Tensor& x, const Shape& row_shape, const std::function<Tensor(const Tensor&)>& f32_op) {
   MINIDL_ASSERT(x.is_contiguous() && x.dim() >= 1 && is_half(x.dtype()));
   Shape out_shape{x.size(0)};
   for (int64_t d : row_shape) out_shape.push_back(d);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   // Both the f32 input block and the f32 result block stay within the block size.
-  const int64_t rows = x.size(0), block = half_block_rows(std::max(x.numel() / std::max<int64_t>(1, rows),
-                                                                   row_shape.numel()));
+  const int64_t rows = x.size(0),
+                block = half_block_rows(std::max(x.numel() / std::max<int64_t>(1, rows), row_shape.numel()));
   for (int64_t r = 0; r < rows; r += block) {
     int64_t n = std::min(block, rows - r);
     Tensor y = f32_op(upcast(x.detach().narrow(0, r, n)));

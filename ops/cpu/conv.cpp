@@ -29,13 +29,12 @@ CBLAS_TRANSPOSE flag(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
 // Row-major C = op(A) op(B) + beta C; op(A): (M, K), op(B): (K, N).
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, const float* B, float beta, float* C) {
-  cblas_sgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0f, A, int(ta ? M : K), B,
-              int(tb ? K : N), beta, C, int(N));
+  cblas_sgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0f, A, int(ta ? M : K), B, int(tb ? K : N),
+              beta, C, int(N));
 }
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, const double* B, double beta,
-          double* C) {
-  cblas_dgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0, A, int(ta ? M : K), B,
-              int(tb ? K : N), beta, C, int(N));
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, const double* B, double beta, double* C) {
+  cblas_dgemm(CblasRowMajor, flag(ta), flag(tb), int(M), int(N), int(K), 1.0, A, int(ta ? M : K), B, int(tb ? K : N),
+              beta, C, int(N));
 }
 
 // A 1x1 convolution with stride 1 and no padding reads the image itself as its column matrix.
@@ -158,8 +157,8 @@ void conv2d_forward_cpu(const ConvGeometry& g, const float* x, const float* w, c
 void conv2d_forward_cpu(const ConvGeometry& g, const double* x, const double* w, const double* b, double* y) {
   forward(g, x, w, b, y);
 }
-void conv2d_backward_cpu(const ConvGeometry& g, const float* dy, const float* x, const float* w, float* dx,
-                         float* dw, float* db) {
+void conv2d_backward_cpu(const ConvGeometry& g, const float* dy, const float* x, const float* w, float* dx, float* dw,
+                         float* db) {
   backward(g, dy, x, w, dx, dw, db);
 }
 void conv2d_backward_cpu(const ConvGeometry& g, const double* dy, const double* x, const double* w, double* dx,
@@ -178,8 +177,8 @@ ConvGeometry check_conv2d(const char* op, const Tensor& x, const Tensor& weight,
   MINIDL_CHECK(o.stride >= 1, op, ": expected stride >= 1, got ", o.stride);
   MINIDL_CHECK(o.padding >= 0, op, ": expected padding >= 0, got ", o.padding);
   MINIDL_CHECK(o.dilation >= 1, op, ": expected dilation >= 1, got ", o.dilation);
-  ConvGeometry g{x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(1), weight.size(2),
-                 0, 0, o.stride, o.padding, o.dilation};
+  ConvGeometry g{x.size(0),      x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(1),
+                 weight.size(2), 0,         0,         o.stride,  o.padding,      o.dilation};
   MINIDL_CHECK(g.N > 0 && g.H > 0 && g.W > 0 && g.C > 0 && g.K > 0 && g.R > 0 && g.S > 0, op,
                ": expected non-empty x and weight, got ", x.shape(), " and ", weight.shape());
   int64_t span_h = g.dil * (g.R - 1) + 1, span_w = g.dil * (g.S - 1) + 1;
@@ -212,8 +211,8 @@ Conv2dBackward conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& 
                    Tensor::empty(weight.shape(), x.dtype(), x.device()), Tensor::empty({g.K}, x.dtype(), x.device())};
   dispatch_float("conv2d_backward", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    backward<T>(g, dy.data<T>(), x.data<T>(), weight.data<T>(), need_dx ? r.dx.data<T>() : nullptr,
-                r.dweight.data<T>(), r.dbias.data<T>());
+    backward<T>(g, dy.data<T>(), x.data<T>(), weight.data<T>(), need_dx ? r.dx.data<T>() : nullptr, r.dweight.data<T>(),
+                r.dbias.data<T>());
   });
   return r;
 }

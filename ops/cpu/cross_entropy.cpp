@@ -23,8 +23,8 @@ static int64_t count_targets(const I* t, int64_t N, int64_t V, int64_t ignore_in
     int64_t v = int64_t(t[n]);
     if (v == ignore_index) continue;
     MINIDL_CHECK(v >= 0 && v < V, "cross_entropy: target ", v, " at row ", n,
-                 " is out of range: expected 0 <= target < ", V, " (the number of classes) or ignore_index = ",
-                 ignore_index);
+                 " is out of range: expected 0 <= target < ", V,
+                 " (the number of classes) or ignore_index = ", ignore_index);
     ++count;
   }
   return count;

@@ -42,8 +42,7 @@ void embedding_check_ids(const Tensor& ids, int64_t vocab) {
 
 Tensor embedding_forward(const Tensor& weight, const Tensor& ids) {
   check_embedding(weight, ids);
-  MINIDL_CHECK(ids.device() == weight.device(), "embedding: expected ids on ", weight.device(), ", got ",
-               ids.device());
+  MINIDL_CHECK(ids.device() == weight.device(), "embedding: expected ids on ", weight.device(), ", got ", ids.device());
   if (!weight.device().is_cpu()) return embedding_forward_device(weight.device())(weight, ids);
   int64_t V = weight.size(0), C = weight.size(1), n = ids.numel();
   Tensor out = Tensor::empty(output_shape(ids, C), weight.dtype(), weight.device());
@@ -67,8 +66,8 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, int64_t voc
   MINIDL_CHECK(grad_out.dim() >= 1 && grad_out.shape() == output_shape(ids, grad_out.size(-1)),
                "embedding_backward: expected grad_out of shape (*ids.shape, C) with ids of shape ", ids.shape(),
                ", got ", grad_out.shape());
-  MINIDL_CHECK(ids.device() == grad_out.device(), "embedding_backward: expected ids on ", grad_out.device(),
-               ", got ", ids.device());
+  MINIDL_CHECK(ids.device() == grad_out.device(), "embedding_backward: expected ids on ", grad_out.device(), ", got ",
+               ids.device());
   if (!grad_out.device().is_cpu()) return embedding_backward_device(grad_out.device())(grad_out, ids, vocab_size);
   int64_t C = grad_out.size(-1), n = ids.numel();
   Tensor dweight = Tensor::zeros({vocab_size, C}, grad_out.dtype(), grad_out.device());

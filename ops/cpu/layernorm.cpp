@@ -179,8 +179,7 @@ LayerNormBackward add_layernorm_backward(const Tensor& dy, const Tensor& dsum, c
   if (dsum.defined()) check_shaped_like("add_layernorm_backward", "dsum", dsum, sum.shape(), sum);
   check_layernorm_param("add_layernorm_backward", "mean", mean, Shape{rows}, sum);
   check_layernorm_param("add_layernorm_backward", "rstd", rstd, Shape{rows}, sum);
-  if (!sum.device().is_cpu())
-    return add_layernorm_backward_device(sum.device())(dy, dsum, sum, weight, mean, rstd);
+  if (!sum.device().is_cpu()) return add_layernorm_backward_device(sum.device())(dy, dsum, sum, weight, mean, rstd);
   if (!dsum.defined() || is_half(sum.dtype())) {  // 16-bit: the layer norm's dx rounded to its dtype before the add
     LayerNormBackward g = layernorm_backward(dy, sum, weight, mean, rstd);
     if (dsum.defined()) g.dx = add(g.dx, dsum);

@@ -69,8 +69,7 @@ void max_pool2d_forward_cpu(const ConvGeometry& g, const double* x, double* y) {
 void max_pool2d_backward_cpu(const ConvGeometry& g, const float* dy, const float* x, const float* y, float* dx) {
   pool_backward(g, dy, x, y, dx);
 }
-void max_pool2d_backward_cpu(const ConvGeometry& g, const double* dy, const double* x, const double* y,
-                             double* dx) {
+void max_pool2d_backward_cpu(const ConvGeometry& g, const double* dy, const double* x, const double* y, double* dx) {
   pool_backward(g, dy, x, y, dx);
 }
 
@@ -81,8 +80,8 @@ ConvGeometry check_pool2d(const char* op, const Tensor& x, const Pool2dOptions& 
   MINIDL_CHECK(o.stride >= 1, op, ": expected stride >= 1, got ", o.stride);
   ConvGeometry g{x.size(0), x.size(1), x.size(2), x.size(3), x.size(3), o.kernel, o.kernel, 0, 0, o.stride, 0, 1};
   MINIDL_CHECK(g.N > 0 && g.C > 0, op, ": expected non-empty x, got ", x.shape());
-  MINIDL_CHECK(o.kernel <= g.H && o.kernel <= g.W, op, ": the ", o.kernel, "x", o.kernel,
-               " window does not fit the ", g.H, "x", g.W, " input ", x.shape());
+  MINIDL_CHECK(o.kernel <= g.H && o.kernel <= g.W, op, ": the ", o.kernel, "x", o.kernel, " window does not fit the ",
+               g.H, "x", g.W, " input ", x.shape());
   g.P = (g.H - o.kernel) / o.stride + 1;
   g.Q = (g.W - o.kernel) / o.stride + 1;
   return g;

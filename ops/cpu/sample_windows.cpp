@@ -7,19 +7,24 @@
 namespace minidl::ops {
 
 void sample_windows_(const Tensor& tokens, int64_t seq, const WindowDraw& d, const Tensor& x, const Tensor& y) {
-  MINIDL_CHECK(tokens.dtype() == DType::i32 && tokens.dim() == 1, "sample_windows: expected tokens as a 1-D i32 "
-               "tensor, got ", tokens.dtype(), " ", tokens.shape());
-  MINIDL_CHECK(seq >= 1 && tokens.numel() >= seq + 1, "sample_windows: expected seq >= 1 and at least seq + 1 = ",
-               seq + 1, " tokens, got seq ", seq, " and ", tokens.numel(), " tokens");
-  MINIDL_CHECK(x.dtype() == DType::i64 && y.dtype() == DType::i64 && x.dim() == 2 && x.shape() == y.shape() &&
-                   x.size(1) == seq,
-               "sample_windows: expected x and y as (n, seq = ", seq, ") i64, got ", x.dtype(), " ", x.shape(),
-               " and ", y.dtype(), " ", y.shape());
+  MINIDL_CHECK(tokens.dtype() == DType::i32 && tokens.dim() == 1,
+               "sample_windows: expected tokens as a 1-D i32 "
+               "tensor, got ",
+               tokens.dtype(), " ", tokens.shape());
+  MINIDL_CHECK(seq >= 1 && tokens.numel() >= seq + 1,
+               "sample_windows: expected seq >= 1 and at least seq + 1 = ", seq + 1, " tokens, got seq ", seq, " and ",
+               tokens.numel(), " tokens");
+  MINIDL_CHECK(
+      x.dtype() == DType::i64 && y.dtype() == DType::i64 && x.dim() == 2 && x.shape() == y.shape() && x.size(1) == seq,
+      "sample_windows: expected x and y as (n, seq = ", seq, ") i64, got ", x.dtype(), " ", x.shape(), " and ",
+      y.dtype(), " ", y.shape());
   const int64_t n = x.size(0);
   MINIDL_CHECK(d.begin >= 0 && n >= 1 && d.begin + n <= d.global_batch, "sample_windows: slice [", d.begin, ", ",
                d.begin + n, ") is not a non-empty part of the global batch [0, ", d.global_batch, ")");
-  MINIDL_CHECK(x.device() == tokens.device() && y.device() == tokens.device(), "sample_windows: expected x and y "
-               "on the tokens' device ", tokens.device(), ", got ", x.device(), " and ", y.device());
+  MINIDL_CHECK(x.device() == tokens.device() && y.device() == tokens.device(),
+               "sample_windows: expected x and y "
+               "on the tokens' device ",
+               tokens.device(), ", got ", x.device(), " and ", y.device());
   check_contiguous("sample_windows", "tokens", tokens);
   check_contiguous("sample_windows", "x", x);
   check_contiguous("sample_windows", "y", y);

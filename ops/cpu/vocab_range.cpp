@@ -10,10 +10,12 @@ namespace minidl::ops {
 VocabRange vocab_range(const Tensor& ids, int64_t start, int64_t length, int64_t row_stride, int64_t ignore_index) {
   MINIDL_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64,
                "vocab_range: expected ids of dtype i32 or i64, got ", ids.dtype());
-  MINIDL_CHECK(ids.device().is_cpu() || ids.dtype() == DType::i64,
-               "vocab_range: expected i64 ids on ", ids.device(), ", got ", ids.dtype());
-  MINIDL_CHECK(start >= 0 && length > 0 && row_stride >= 0, "vocab_range: expected start >= 0, length > 0 and "
-               "row_stride >= 0, got ", start, ", ", length, ", ", row_stride);
+  MINIDL_CHECK(ids.device().is_cpu() || ids.dtype() == DType::i64, "vocab_range: expected i64 ids on ", ids.device(),
+               ", got ", ids.dtype());
+  MINIDL_CHECK(start >= 0 && length > 0 && row_stride >= 0,
+               "vocab_range: expected start >= 0, length > 0 and "
+               "row_stride >= 0, got ",
+               start, ", ", length, ", ", row_stride);
   check_contiguous("vocab_range", "ids", ids);
   if (!ids.device().is_cpu()) return vocab_range_device(ids.device())(ids, start, length, row_stride, ignore_index);
   VocabRange r{Tensor::empty(ids.shape(), DType::i64), Tensor::empty(ids.shape(), DType::f32),

@@ -31,8 +31,8 @@ static_assert(sizeof(TensorList) + sizeof(minidl::kernels::AdamWConstants) + siz
 // chunk's last n % 4 elements one at a time.
 // With d.found_inf set, the step is skipped when *d.found_inf != 0 and its constants come from the device's step
 // count (d.step - *d.skipped) instead of `c`.
-__global__ void __launch_bounds__(kThreads) fused_adamw_kernel(TensorList list, minidl::kernels::AdamWConstants c,
-                                                              AdamWDeviceStep d) {
+__global__ void __launch_bounds__(kThreads)
+    fused_adamw_kernel(TensorList list, minidl::kernels::AdamWConstants c, AdamWDeviceStep d) {
   if (d.found_inf != nullptr) {
     if (*d.found_inf) return;
     const double lr = d.lr_on_device != nullptr ? *d.lr_on_device : d.lr;
@@ -73,10 +73,12 @@ __global__ void add_to_count_kernel(int64_t* count, int64_t delta) {
 cudaError_t launch_adamw(const AdamWTensor* tensors, int count, const minidl::kernels::AdamWConstants& constants,
                          const AdamWDeviceStep& device_step, cudaStream_t stream) {
   return for_each_chunk_list<kChunk, TensorList>(
-      tensors, count, [](const AdamWTensor& t) { return AdamWSlot{t.param, t.grad, t.m, t.v}; },
+      tensors, count,
+      [](const AdamWTensor& t) {
+        return AdamWSlot{t.param, t.grad, t.m, t.v};
+      },
       [&](const TensorList& list, int blocks) {
-        return launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants,
-                             device_step);
+        return launch_kernel(fused_adamw_kernel, dim3(blocks), dim3(kThreads), 0, stream, list, constants, device_step);
       });
 }
 

@@ -13,10 +13,10 @@ namespace minidl::ops::cuda {
 // The hyperparameters with the step count split between host and device. found_inf null: not in use.
 struct AdamWDeviceStep {
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
-  int64_t step = 0;              // calls so far, this one included (1-based)
-  const int* found_inf = nullptr;  // skip the step when *found_inf != 0
-  int64_t* skipped = nullptr;      // steps skipped before this one
-  bool count_skip = false;         // add 1 to *skipped when this one is skipped
+  int64_t step = 0;                      // calls so far, this one included (1-based)
+  const int* found_inf = nullptr;        // skip the step when *found_inf != 0
+  int64_t* skipped = nullptr;            // steps skipped before this one
+  bool count_skip = false;               // add 1 to *skipped when this one is skipped
   const double* lr_on_device = nullptr;  // non-null: the learning rate is read here, not `lr` (a CUDA graph's step)
 };
 

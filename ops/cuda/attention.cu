@@ -4,9 +4,9 @@
 // only the output (B, T, C) and the logsumexp (B, H, T) reach global memory: nothing T x T is ever stored.
 //
 // Scalar f32 CUDA C++: the path for f32 inputs; f16/bf16 inputs with head dimension 32, 64 or 128 take the
-// tensor-core kernels of flash_attention.cu. Work split: a warp owns kQueries / kWarps query rows. For a tile of kKeys = 32 keys, lane j
-// computes the score of key j (K is stored with a padded row, D + 1 floats, so the 32 lanes hit 32 banks), the
-// warp reduces the tile's max and sum with shuffles, and then each lane accumulates output dimensions lane,
+// tensor-core kernels of flash_attention.cu. Work split: a warp owns kQueries / kWarps query rows. For a tile of kKeys
+// = 32 keys, lane j computes the score of key j (K is stored with a padded row, D + 1 floats, so the 32 lanes hit 32
+// banks), the warp reduces the tile's max and sum with shuffles, and then each lane accumulates output dimensions lane,
 // lane + 32, ... (V rows read at consecutive addresses: no bank conflicts). The 32 probabilities of a row reach
 // every lane through shared memory (each lane stores its p_j, one __syncwarp, then all lanes read p_j at the same
 // address: a broadcast) rather than 32 __shfl_sync: the same cost on a GPU, and one warp collective instead of 32
@@ -39,10 +39,10 @@ template <int D>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     attention_forward_kernel(const float* qkv, float* out, float* lse, int T, int C, int H) {
   constexpr int kDimsPerLane = (D + kWarpSize - 1) / kWarpSize;
-  float* q_tile = dynamic_smem<float>();           // (kQueries, D)
-  float* k_tile = q_tile + kQueries * D;           // (kKeys, D + 1)
-  float* v_tile = k_tile + kKeys * (D + 1);        // (kKeys, D)
-  float* p_tile = v_tile + kKeys * D;              // (kQueries, kKeys): each row's probabilities for the tile
+  float* q_tile = dynamic_smem<float>();     // (kQueries, D)
+  float* k_tile = q_tile + kQueries * D;     // (kKeys, D + 1)
+  float* v_tile = k_tile + kKeys * (D + 1);  // (kKeys, D)
+  float* p_tile = v_tile + kKeys * D;        // (kQueries, kKeys): each row's probabilities for the tile
   const int b = int(blockIdx.y) / H, h = int(blockIdx.y) % H;
   const int i0 = int(blockIdx.x) * kQueries;
   const int64_t ld = 3 * int64_t(C);
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     }
     __syncthreads();
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+    for (int r = 0; r < kRowsPerWarp; ++r) {
       const int qr = warp * kRowsPerWarp + r, i = i0 + qr;
       float s = 0.0f;
       for (int d = 0; d < D; ++d) s += q_tile[qr * D + d] * k_tile[lane * (D + 1) + d];
@@ -123,8 +123,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 }
 
 template <int D>
-cudaError_t launch_forward(const float* qkv, float* out, float* lse, int B, int T, int C, int H,
-                           cudaStream_t stream) {
+cudaError_t launch_forward(const float* qkv, float* out, float* lse, int B, int T, int C, int H, cudaStream_t stream) {
   // gridDim.y (one block row per (batch, head)) is limited to 65535 on the GPU: B * H beyond it (B = 1024, H = 64)
   // would fail to launch. Whole batches go in launches of at most 65535 / H, with the pointers moved past the
   // batches already done (the kernel indexes from its b = blockIdx.y / H).

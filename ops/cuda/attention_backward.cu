@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(kThreads)
 // rows (kTile * kTile each).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    attention_dk_dv_kernel(const float* qkv, const float* dout, const float* lse, const float* drow, float* dqkv,
-                           int T, int C, int H) {
+    attention_dk_dv_kernel(const float* qkv, const float* dout, const float* lse, const float* drow, float* dqkv, int T,
+                           int C, int H) {
   constexpr int kDimsPerLane = (D + kWarpSize - 1) / kWarpSize;
   float* k_tile = dynamic_smem<float>();
   float* v_tile = k_tile + tile_floats(D);
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int k2 = 0; k2 < kDimsPerLane; ++k2) dk[r][k2] = dv[r][k2] = 0.0f;
 
   for (int i0 = j0; i0 < T; i0 += kTile) {  // query tiles at and after the key tile (aligned: same kTile)
-    __syncthreads();                          // the previous query tile has been read
+    __syncthreads();                        // the previous query tile has been read
     load_tile<D>(q_tile, qkv + hv.qkv, ld, i0, T);
     load_tile<D>(do_tile, dout + hv.out, C, i0, T);
     if (threadIdx.x < kTile) {
@@ -146,9 +146,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // grid (ceil(T / kTile), B * H); smem: Q, dO, K, V tiles (tile_floats(D) each) and dS rows (kTile * kTile).
 template <int D>
-__global__ void __launch_bounds__(kThreads)
-    attention_dq_kernel(const float* qkv, const float* dout, const float* lse, const float* drow, float* dqkv,
-                        int T, int C, int H) {
+__global__ void __launch_bounds__(kThreads) attention_dq_kernel(const float* qkv, const float* dout, const float* lse,
+                                                                const float* drow, float* dqkv, int T, int C, int H) {
   constexpr int kDimsPerLane = (D + kWarpSize - 1) / kWarpSize;
   float* q_tile = dynamic_smem<float>();
   float* do_tile = q_tile + tile_floats(D);

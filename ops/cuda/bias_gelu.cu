@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(kThreads)
   if (c >= C) return;
   const float b = to_float(bias[c]);
   for (int64_t group = blockIdx.y; group * kRowsPerPartial < rows; group += gridDim.y) {
-    const int64_t end = group * kRowsPerPartial + kRowsPerPartial < rows ? group * kRowsPerPartial + kRowsPerPartial
-                                                                         : rows;
+    const int64_t end =
+        group * kRowsPerPartial + kRowsPerPartial < rows ? group * kRowsPerPartial + kRowsPerPartial : rows;
     float sum = 0.0f;
     for (int64_t i = group * kRowsPerPartial * C + c; i < end * C; i += C) {
       const float d = to_float(dy[i]) * kernels::gelu_tanh_grad(to_float(x[i]) + b, DeviceExp{});
@@ -67,10 +67,10 @@ cudaError_t launch_forward(const T* x, const T* bias, T* y, int64_t rows, int C,
   const int64_t n = rows * C;
   if (n == 0) return cudaSuccess;
   if (C % 4 == 0 && aligned_vec4(x, bias, y))
-    return launch_kernel(bias_gelu_forward_kernel<4, T>, dim3(grid_stride_blocks(n / 4, kThreads)), dim3(kThreads),
-                         0, stream, x, bias, y, n, C);
-  return launch_kernel(bias_gelu_forward_kernel<1, T>, dim3(grid_stride_blocks(n, kThreads)), dim3(kThreads), 0,
-                       stream, x, bias, y, n, C);
+    return launch_kernel(bias_gelu_forward_kernel<4, T>, dim3(grid_stride_blocks(n / 4, kThreads)), dim3(kThreads), 0,
+                         stream, x, bias, y, n, C);
+  return launch_kernel(bias_gelu_forward_kernel<1, T>, dim3(grid_stride_blocks(n, kThreads)), dim3(kThreads), 0, stream,
+                       x, bias, y, n, C);
 }
 
 // dx is the f32 d rounded to T, but dbias sums the f32 d (not the rounded dx): the rounding happens once, at the end.
@@ -82,8 +82,8 @@ cudaError_t launch_backward(const T* dy, const T* x, const T* bias, T* dx, T* db
   if (groups > 0) {
     const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads),
                     static_cast<unsigned>(groups < kMaxGridRows ? groups : kMaxGridRows));
-    const cudaError_t launched = launch_kernel(bias_gelu_backward_kernel<T>, grid, dim3(kThreads), 0, stream, dy, x,
-                                               bias, dx, scratch, rows, C);
+    const cudaError_t launched =
+        launch_kernel(bias_gelu_backward_kernel<T>, grid, dim3(kThreads), 0, stream, dy, x, bias, dx, scratch, rows, C);
     if (launched != cudaSuccess) return launched;
   }
   return sum_partials(scratch, groups, C, dbias, static_cast<T*>(nullptr), 1, stream);
@@ -95,13 +95,13 @@ size_t bias_gelu_backward_scratch_floats(int64_t rows, int C) {
   return static_cast<size_t>(partial_rows(rows)) * static_cast<size_t>(C);
 }
 
-#define MINIDL_BIAS_GELU_LAUNCHERS(T)                                                                             \
-  cudaError_t bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int C, cudaStream_t stream) {    \
-    return launch_forward(x, bias, y, rows, C, stream);                                                          \
-  }                                                                                                              \
-  cudaError_t bias_gelu_backward(const T* dy, const T* x, const T* bias, T* dx, T* dbias, float* scratch,       \
-                                 int64_t rows, int C, cudaStream_t stream) {                                    \
-    return launch_backward(dy, x, bias, dx, dbias, scratch, rows, C, stream);                                    \
+#define MINIDL_BIAS_GELU_LAUNCHERS(T)                                                                        \
+  cudaError_t bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int C, cudaStream_t stream) { \
+    return launch_forward(x, bias, y, rows, C, stream);                                                      \
+  }                                                                                                          \
+  cudaError_t bias_gelu_backward(const T* dy, const T* x, const T* bias, T* dx, T* dbias, float* scratch,    \
+                                 int64_t rows, int C, cudaStream_t stream) {                                 \
+    return launch_backward(dy, x, bias, dx, dbias, scratch, rows, C, stream);                                \
   }
 MINIDL_BIAS_GELU_LAUNCHERS(float)
 MINIDL_BIAS_GELU_LAUNCHERS(__half)

@@ -15,10 +15,9 @@ namespace minidl::ops::cuda {
 // x, y: (rows, C); bias: (C); all one storage type (f32, f16 or bf16; math in f32); y = gelu(x + bias), tanh
 // approximation (ops/kernels/gelu.h). One launch.
 cudaError_t bias_gelu_forward(const float* x, const float* bias, float* y, int64_t rows, int C, cudaStream_t stream);
-cudaError_t bias_gelu_forward(const __half* x, const __half* bias, __half* y, int64_t rows, int C,
+cudaError_t bias_gelu_forward(const __half* x, const __half* bias, __half* y, int64_t rows, int C, cudaStream_t stream);
+cudaError_t bias_gelu_forward(const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int C,
                               cudaStream_t stream);
-cudaError_t bias_gelu_forward(const __nv_bfloat16* x, const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows,
-                              int C, cudaStream_t stream);
 // Floats of device scratch that bias_gelu_backward needs for its dbias partial sums.
 size_t bias_gelu_backward_scratch_floats(int64_t rows, int C);
 // dx = dy * gelu'(x + bias); dbias (C) = dx summed over rows in f32 and rounded once to the storage type,

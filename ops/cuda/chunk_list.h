@@ -30,7 +30,7 @@ struct ChunkList {
   int64_t n[kMaxTensors];
   unsigned char tensor[kMaxBlocks];  // block b handles chunk[b] of tensor[b]
   int chunk[kMaxBlocks];
-  int64_t first_chunk;               // the index of block 0's chunk among all the tensors' chunks
+  int64_t first_chunk;  // the index of block 0's chunk among all the tensors' chunks
 };
 
 // A block's share of a list: elements [begin, begin + size) of tensor `tensor`.

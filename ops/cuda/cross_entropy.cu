@@ -53,8 +53,8 @@ __device__ __forceinline__ void add(Online& acc, const float (&x)[N]) {
 // kVecWidth<T> when the stride and the base pointer allow vectors).
 template <class T, int N>
 __global__ void __launch_bounds__(kThreads)
-    cross_entropy_forward_kernel(const T* logits, const int64_t* targets, float* lse, float* row_loss,
-                                 int64_t classes, int64_t stride, int64_t ignore_index) {
+    cross_entropy_forward_kernel(const T* logits, const int64_t* targets, float* lse, float* row_loss, int64_t classes,
+                                 int64_t stride, int64_t ignore_index) {
   MINIDL_SHARED(float, warp_maxes, [kWarps]);
   MINIDL_SHARED(float, warp_sums, [kWarps]);
   const int64_t row = blockIdx.x;
@@ -161,10 +161,10 @@ cudaError_t launch_forward(const T* logits, const int64_t* targets, float* lse, 
     constexpr int W = kVecWidth<T>;
     const cudaError_t launched =
         vectorizable(logits, stride)
-            ? launch_kernel(cross_entropy_forward_kernel<T, W>, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
-                            logits, targets, lse, row_loss, classes, stride, ignore_index)
-            : launch_kernel(cross_entropy_forward_kernel<T, 1>, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
-                            logits, targets, lse, row_loss, classes, stride, ignore_index);
+            ? launch_kernel(cross_entropy_forward_kernel<T, W>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, logits,
+                            targets, lse, row_loss, classes, stride, ignore_index)
+            : launch_kernel(cross_entropy_forward_kernel<T, 1>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, logits,
+                            targets, lse, row_loss, classes, stride, ignore_index);
     if (launched != cudaSuccess) return launched;
   }
   return launch_kernel(cross_entropy_loss_kernel, dim3(1), dim3(kThreads), 0, stream, row_loss, targets, rows,
@@ -186,18 +186,18 @@ cudaError_t launch_backward(const float* dloss, const T* logits, const int64_t* 
 
 }  // namespace
 
-#define MINIDL_CROSS_ENTROPY_LAUNCHERS(T)                                                                            \
-  cudaError_t cross_entropy_forward(const T* logits, const int64_t* targets, float* lse, float* row_loss,          \
-                                    float* loss, int64_t* count, int64_t rows, int64_t classes, int64_t stride,    \
-                                    int64_t ignore_index, bool mean, cudaStream_t stream) {                        \
-    return launch_forward(logits, targets, lse, row_loss, loss, count, rows, classes, stride, ignore_index, mean,  \
-                          stream);                                                                                 \
-  }                                                                                                                \
-  cudaError_t cross_entropy_backward(const float* dloss, const T* logits, const int64_t* targets, const float* lse, \
-                                     const int64_t* divisor, T* dlogits, int64_t rows, int64_t classes,            \
-                                     int64_t stride, int64_t ignore_index, cudaStream_t stream) {                  \
-    return launch_backward(dloss, logits, targets, lse, divisor, dlogits, rows, classes, stride, ignore_index,     \
-                           stream);                                                                                \
+#define MINIDL_CROSS_ENTROPY_LAUNCHERS(T)                                                                              \
+  cudaError_t cross_entropy_forward(const T* logits, const int64_t* targets, float* lse, float* row_loss, float* loss, \
+                                    int64_t* count, int64_t rows, int64_t classes, int64_t stride,                     \
+                                    int64_t ignore_index, bool mean, cudaStream_t stream) {                            \
+    return launch_forward(logits, targets, lse, row_loss, loss, count, rows, classes, stride, ignore_index, mean,      \
+                          stream);                                                                                     \
+  }                                                                                                                    \
+  cudaError_t cross_entropy_backward(const float* dloss, const T* logits, const int64_t* targets, const float* lse,    \
+                                     const int64_t* divisor, T* dlogits, int64_t rows, int64_t classes,                \
+                                     int64_t stride, int64_t ignore_index, cudaStream_t stream) {                      \
+    return launch_backward(dloss, logits, targets, lse, divisor, dlogits, rows, classes, stride, ignore_index,         \
+                           stream);                                                                                    \
   }
 MINIDL_CROSS_ENTROPY_LAUNCHERS(float)
 MINIDL_CROSS_ENTROPY_LAUNCHERS(__half)

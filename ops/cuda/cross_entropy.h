@@ -21,12 +21,12 @@ namespace minidl::ops::cuda {
 // backward: dloss: device scalar; divisor: device count from the forward for the mean, nullptr for the sum (divisor
 // 1). dlogits (rows, stride) = (softmax - onehot) * dloss / divisor in T, zeros for ignored rows and padded columns;
 // dlogits may be logits (written in place).
-#define MINIDL_CROSS_ENTROPY_DECLARE(T)                                                                              \
-  cudaError_t cross_entropy_forward(const T* logits, const int64_t* targets, float* lse, float* row_loss,          \
-                                    float* loss, int64_t* count, int64_t rows, int64_t classes, int64_t stride,    \
-                                    int64_t ignore_index, bool mean, cudaStream_t stream);                         \
-  cudaError_t cross_entropy_backward(const float* dloss, const T* logits, const int64_t* targets, const float* lse, \
-                                     const int64_t* divisor, T* dlogits, int64_t rows, int64_t classes,            \
+#define MINIDL_CROSS_ENTROPY_DECLARE(T)                                                                                \
+  cudaError_t cross_entropy_forward(const T* logits, const int64_t* targets, float* lse, float* row_loss, float* loss, \
+                                    int64_t* count, int64_t rows, int64_t classes, int64_t stride,                     \
+                                    int64_t ignore_index, bool mean, cudaStream_t stream);                             \
+  cudaError_t cross_entropy_backward(const float* dloss, const T* logits, const int64_t* targets, const float* lse,    \
+                                     const int64_t* divisor, T* dlogits, int64_t rows, int64_t classes,                \
                                      int64_t stride, int64_t ignore_index, cudaStream_t stream);
 MINIDL_CROSS_ENTROPY_DECLARE(float)
 MINIDL_CROSS_ENTROPY_DECLARE(__half)

@@ -1,9 +1,9 @@
 // Dropout on the GPU (ops/dropout.h; CPU reference ops/cpu/dropout.cpp) with the CPU's Philox stream: element i
 // is kept iff 16 bits of Philox(seed, stream).draw(offset + i / 8) reach p's threshold (kernels::dropout_keep8, the
-// function the CPU loop calls), so both devices drop exactly the same elements and keep the same values (one f32 multiply by
-// the same scale). Backward is the same call on the gradient: the mask is recomputed, never stored. The offset may
-// take a step read from device memory (ops::DropoutStep): under a CUDA graph the arguments are frozen at capture,
-// the step's value is not.
+// function the CPU loop calls), so both devices drop exactly the same elements and keep the same values (one f32
+// multiply by the same scale). Backward is the same call on the gradient: the mask is recomputed, never stored. The
+// offset may take a step read from device memory (ops::DropoutStep): under a CUDA graph the arguments are frozen at
+// capture, the step's value is not.
 #include "ops/cuda/device_utils.h"
 #include "ops/cuda/dropout.h"
 #include "ops/kernels/dropout.h"
@@ -18,8 +18,8 @@ constexpr int kThreads = 256;
 // With `step`, the draws start at offset + *step * offset_per_step (the host's unsigned arithmetic).
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    dropout_kernel(const float* x, float* y, int64_t n, uint32_t threshold, float scale, uint64_t seed,
-                   uint64_t stream, uint64_t offset, const int64_t* step, uint64_t offset_per_step) {
+    dropout_kernel(const float* x, float* y, int64_t n, uint32_t threshold, float scale, uint64_t seed, uint64_t stream,
+                   uint64_t offset, const int64_t* step, uint64_t offset_per_step) {
   constexpr int kPer = kernels::kDropoutPerDraw;
   if (step != nullptr) offset += static_cast<uint64_t>(*step) * offset_per_step;
   const Philox rng(seed, stream);
@@ -42,13 +42,13 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t dropout(const float* x, float* y, int64_t n, double p, uint64_t seed, uint64_t stream,
-                    uint64_t offset, cudaStream_t cuda_stream) {
+cudaError_t dropout(const float* x, float* y, int64_t n, double p, uint64_t seed, uint64_t stream, uint64_t offset,
+                    cudaStream_t cuda_stream) {
   return dropout(x, y, n, p, seed, stream, offset, nullptr, 0, cuda_stream);
 }
 
-cudaError_t dropout(const float* x, float* y, int64_t n, double p, uint64_t seed, uint64_t stream,
-                    uint64_t offset, const int64_t* step, uint64_t offset_per_step, cudaStream_t cuda_stream) {
+cudaError_t dropout(const float* x, float* y, int64_t n, double p, uint64_t seed, uint64_t stream, uint64_t offset,
+                    const int64_t* step, uint64_t offset_per_step, cudaStream_t cuda_stream) {
   if (n == 0) return cudaSuccess;
   // The CPU's constants, rounded the same way: p to float for the threshold, scale = 1 / (1 - p) in f32.
   const uint32_t threshold = kernels::dropout_threshold(float(p));

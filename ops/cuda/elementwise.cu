@@ -42,26 +42,42 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 
 template <UnaryOp kOp>
 __device__ __forceinline__ float unary_apply(float x, float s) {
-  if constexpr (kOp == UnaryOp::kCopy) return x;
-  else if constexpr (kOp == UnaryOp::kNeg) return -x;
-  else if constexpr (kOp == UnaryOp::kExp) return expf(x);
-  else if constexpr (kOp == UnaryOp::kLog) return logf(x);
-  else if constexpr (kOp == UnaryOp::kTanh) return tanhf(x);
-  else if constexpr (kOp == UnaryOp::kSqrt) return sqrtf(x);
-  else if constexpr (kOp == UnaryOp::kSquare) return x * x;
-  else if constexpr (kOp == UnaryOp::kAddScalar) return x + s;
-  else if constexpr (kOp == UnaryOp::kMulScalar) return x * s;
-  else return kernels::gelu_tanh(x, DeviceExp{});  // kGelu
+  if constexpr (kOp == UnaryOp::kCopy)
+    return x;
+  else if constexpr (kOp == UnaryOp::kNeg)
+    return -x;
+  else if constexpr (kOp == UnaryOp::kExp)
+    return expf(x);
+  else if constexpr (kOp == UnaryOp::kLog)
+    return logf(x);
+  else if constexpr (kOp == UnaryOp::kTanh)
+    return tanhf(x);
+  else if constexpr (kOp == UnaryOp::kSqrt)
+    return sqrtf(x);
+  else if constexpr (kOp == UnaryOp::kSquare)
+    return x * x;
+  else if constexpr (kOp == UnaryOp::kAddScalar)
+    return x + s;
+  else if constexpr (kOp == UnaryOp::kMulScalar)
+    return x * s;
+  else
+    return kernels::gelu_tanh(x, DeviceExp{});  // kGelu
 }
 
 template <BinaryOp kOp>
 __device__ __forceinline__ float binary_apply(float a, float b) {
-  if constexpr (kOp == BinaryOp::kAdd) return a + b;
-  else if constexpr (kOp == BinaryOp::kSub) return a - b;
-  else if constexpr (kOp == BinaryOp::kMul) return a * b;
-  else if constexpr (kOp == BinaryOp::kDiv) return a / b;
-  else if constexpr (kOp == BinaryOp::kTanhBackward) return a * (1.0f - b * b);
-  else return a * kernels::gelu_tanh_grad(b, DeviceExp{});  // kGeluBackward
+  if constexpr (kOp == BinaryOp::kAdd)
+    return a + b;
+  else if constexpr (kOp == BinaryOp::kSub)
+    return a - b;
+  else if constexpr (kOp == BinaryOp::kMul)
+    return a * b;
+  else if constexpr (kOp == BinaryOp::kDiv)
+    return a / b;
+  else if constexpr (kOp == BinaryOp::kTanhBackward)
+    return a * (1.0f - b * b);
+  else
+    return a * kernels::gelu_tanh_grad(b, DeviceExp{});  // kGeluBackward
 }
 
 // kVec consecutive elements of storage type T moved as one access (16 bytes for f32, 8 for 16-bit types).
@@ -116,8 +132,7 @@ __global__ void __launch_bounds__(kThreads) binary_flat_kernel(const T* a, const
   for (int64_t g = first; g < groups; g += stride) {
     Vec<T> va = reinterpret_cast<const Vec<T>*>(a)[g];
     const Vec<T> vb = reinterpret_cast<const Vec<T>*>(b)[g];
-    for (int k = 0; k < kVec; ++k)
-      va.v[k] = from_float<T>(binary_apply<kOp>(to_float(va.v[k]), to_float(vb.v[k])));
+    for (int k = 0; k < kVec; ++k) va.v[k] = from_float<T>(binary_apply<kOp>(to_float(va.v[k]), to_float(vb.v[k])));
     reinterpret_cast<Vec<T>*>(out)[g] = va;
   }
   for (int64_t i = groups * kVec + first; i < n; i += stride)
@@ -199,10 +214,10 @@ cudaError_t launch_unary(const T* x, T* out, const ElementwiseLayout& layout, fl
   const dim3 block(kThreads);
   if (is_flat(l, 1)) {
     if (vector_aligned<T>(x, out))
-      return launch_kernel(unary_flat_kernel<kOp, T, true>, dim3(grid_stride_blocks(n / kVec + 1, kThreads)), block,
-                           0, stream, x, out, n, s);
-    return launch_kernel(unary_flat_kernel<kOp, T, false>, dim3(grid_stride_blocks(n, kThreads)), block, 0, stream,
-                         x, out, n, s);
+      return launch_kernel(unary_flat_kernel<kOp, T, true>, dim3(grid_stride_blocks(n / kVec + 1, kThreads)), block, 0,
+                           stream, x, out, n, s);
+    return launch_kernel(unary_flat_kernel<kOp, T, false>, dim3(grid_stride_blocks(n, kThreads)), block, 0, stream, x,
+                         out, n, s);
   }
   const dim3 grid(grid_stride_blocks(n, kThreads));
   if (fits_32_bits(l, 1, n))
@@ -218,10 +233,10 @@ cudaError_t launch_binary(const T* a, const T* b, T* out, const ElementwiseLayou
   const dim3 block(kThreads);
   if (is_flat(l, 2)) {
     if (vector_aligned<T>(a, b, out))
-      return launch_kernel(binary_flat_kernel<kOp, T, true>, dim3(grid_stride_blocks(n / kVec + 1, kThreads)), block,
-                           0, stream, a, b, out, n);
-    return launch_kernel(binary_flat_kernel<kOp, T, false>, dim3(grid_stride_blocks(n, kThreads)), block, 0, stream,
-                         a, b, out, n);
+      return launch_kernel(binary_flat_kernel<kOp, T, true>, dim3(grid_stride_blocks(n / kVec + 1, kThreads)), block, 0,
+                           stream, a, b, out, n);
+    return launch_kernel(binary_flat_kernel<kOp, T, false>, dim3(grid_stride_blocks(n, kThreads)), block, 0, stream, a,
+                         b, out, n);
   }
   const dim3 grid(grid_stride_blocks(n, kThreads));
   if (fits_32_bits(l, 2, n))
@@ -247,8 +262,7 @@ cudaError_t unary(UnaryOp op, const T* x, T* out, const ElementwiseLayout& layou
 }
 
 template <class T>
-cudaError_t binary(BinaryOp op, const T* a, const T* b, T* out, const ElementwiseLayout& layout,
-                   cudaStream_t stream) {
+cudaError_t binary(BinaryOp op, const T* a, const T* b, T* out, const ElementwiseLayout& layout, cudaStream_t stream) {
   switch (op) {
     case BinaryOp::kAdd: return launch_binary<BinaryOp::kAdd>(a, b, out, layout, stream);
     case BinaryOp::kSub: return launch_binary<BinaryOp::kSub>(a, b, out, layout, stream);
@@ -266,17 +280,17 @@ cudaError_t elementwise_unary(UnaryOp op, const float* x, float* out, const Elem
                               cudaStream_t stream) {
   return unary(op, x, out, layout, scalar, stream);
 }
-cudaError_t elementwise_unary(UnaryOp op, const __half* x, __half* out, const ElementwiseLayout& layout,
+cudaError_t elementwise_unary(UnaryOp op, const __half* x, __half* out, const ElementwiseLayout& layout, float scalar,
+                              cudaStream_t stream) {
+  return unary(op, x, out, layout, scalar, stream);
+}
+cudaError_t elementwise_unary(UnaryOp op, const __nv_bfloat16* x, __nv_bfloat16* out, const ElementwiseLayout& layout,
                               float scalar, cudaStream_t stream) {
   return unary(op, x, out, layout, scalar, stream);
 }
-cudaError_t elementwise_unary(UnaryOp op, const __nv_bfloat16* x, __nv_bfloat16* out,
-                              const ElementwiseLayout& layout, float scalar, cudaStream_t stream) {
-  return unary(op, x, out, layout, scalar, stream);
-}
 
-cudaError_t elementwise_binary(BinaryOp op, const float* a, const float* b, float* out,
-                               const ElementwiseLayout& layout, cudaStream_t stream) {
+cudaError_t elementwise_binary(BinaryOp op, const float* a, const float* b, float* out, const ElementwiseLayout& layout,
+                               cudaStream_t stream) {
   return binary(op, a, b, out, layout, stream);
 }
 cudaError_t elementwise_binary(BinaryOp op, const __half* a, const __half* b, __half* out,

@@ -31,13 +31,13 @@ enum class BinaryOp { kAdd, kSub, kMul, kDiv, kTanhBackward, kGeluBackward };
 // op rounds it to the tensor's type. `out` may be `x` when x is contiguous (in place).
 cudaError_t elementwise_unary(UnaryOp op, const float* x, float* out, const ElementwiseLayout& layout, float scalar,
                               cudaStream_t stream);
-cudaError_t elementwise_unary(UnaryOp op, const __half* x, __half* out, const ElementwiseLayout& layout,
+cudaError_t elementwise_unary(UnaryOp op, const __half* x, __half* out, const ElementwiseLayout& layout, float scalar,
+                              cudaStream_t stream);
+cudaError_t elementwise_unary(UnaryOp op, const __nv_bfloat16* x, __nv_bfloat16* out, const ElementwiseLayout& layout,
                               float scalar, cudaStream_t stream);
-cudaError_t elementwise_unary(UnaryOp op, const __nv_bfloat16* x, __nv_bfloat16* out,
-                              const ElementwiseLayout& layout, float scalar, cudaStream_t stream);
 // out = a op b (strides[0] are a's, strides[1] b's). `out` may be `a` when a is contiguous: add_ accumulates so.
-cudaError_t elementwise_binary(BinaryOp op, const float* a, const float* b, float* out,
-                               const ElementwiseLayout& layout, cudaStream_t stream);
+cudaError_t elementwise_binary(BinaryOp op, const float* a, const float* b, float* out, const ElementwiseLayout& layout,
+                               cudaStream_t stream);
 cudaError_t elementwise_binary(BinaryOp op, const __half* a, const __half* b, __half* out,
                                const ElementwiseLayout& layout, cudaStream_t stream);
 cudaError_t elementwise_binary(BinaryOp op, const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out,

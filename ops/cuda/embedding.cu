@@ -83,19 +83,19 @@ cudaError_t embedding_forward(const float* weight, const int64_t* ids, float* ou
   return launch_kernel(embedding_forward_kernel<1>, grid, block, 0, stream, weight, ids, out, n, C);
 }
 
-cudaError_t embedding_backward(const float* grad_out, const int64_t* ids, float* dweight, int64_t n,
-                               int64_t vocab, int C, bool deterministic, cudaStream_t stream) {
+cudaError_t embedding_backward(const float* grad_out, const int64_t* ids, float* dweight, int64_t n, int64_t vocab,
+                               int C, bool deterministic, cudaStream_t stream) {
   if (vocab == 0 || C == 0) return cudaSuccess;
   if (deterministic) {
     const dim3 grid(unsigned((vocab + kVocabRowsPerBlock - 1) / kVocabRowsPerBlock),
                     unsigned((C + kThreads - 1) / kThreads));
-    return launch_kernel(embedding_backward_ordered_kernel, grid, dim3(kThreads), 0, stream, grad_out, ids, dweight,
-                         n, vocab, C);
+    return launch_kernel(embedding_backward_ordered_kernel, grid, dim3(kThreads), 0, stream, grad_out, ids, dweight, n,
+                         vocab, C);
   }
   const cudaError_t zeroed = cudaMemsetAsync(dweight, 0, size_t(vocab) * size_t(C) * sizeof(float), stream);
   if (zeroed != cudaSuccess || n == 0) return zeroed;
-  return launch_kernel(embedding_backward_atomic_kernel, dim3(position_blocks(n)), dim3(kThreads), 0, stream,
-                       grad_out, ids, dweight, n, C);
+  return launch_kernel(embedding_backward_atomic_kernel, dim3(position_blocks(n)), dim3(kThreads), 0, stream, grad_out,
+                       ids, dweight, n, C);
 }
 
 }  // namespace minidl::ops::cuda

@@ -17,7 +17,7 @@ cudaError_t embedding_forward(const float* weight, const int64_t* ids, float* ou
                               cudaStream_t stream);
 // grad_out: (n, C) -> dweight (vocab, C), overwritten. deterministic: each row adds its positions in increasing
 // order (the CPU op's bits, on every run); otherwise float atomics (faster on skewed ids, last bits vary).
-cudaError_t embedding_backward(const float* grad_out, const int64_t* ids, float* dweight, int64_t n,
-                               int64_t vocab, int C, bool deterministic, cudaStream_t stream);
+cudaError_t embedding_backward(const float* grad_out, const int64_t* ids, float* dweight, int64_t n, int64_t vocab,
+                               int C, bool deterministic, cudaStream_t stream);
 
 }  // namespace minidl::ops::cuda

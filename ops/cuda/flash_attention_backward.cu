@@ -45,9 +45,8 @@ constexpr size_t dq_smem_bytes() {
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
-    dq_kernel(const T* dout, const T* qkv, const float* lse, const float* drow, T* dqkv, int BH, int H, int T_len,
-              int C, float scale) {
+__global__ void __launch_bounds__(kThreads) dq_kernel(const T* dout, const T* qkv, const float* lse, const float* drow,
+                                                      T* dqkv, int BH, int H, int T_len, int C, float scale) {
   constexpr int kKeys = kScoreColumns<D>, kLd = kPadded<D>;
   T* q_tile = dynamic_smem<T>();
   T* do_tile = q_tile + kBlockRows * kLd;
@@ -87,9 +86,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < n_key_tiles; ++j) {
     const T* k_tile = k_tiles + (j % 2) * kKeys * kLd;
     const T* v_tile = v_tiles + (j % 2) * kKeys * kLd;
-    prefetch_next_tile_and_wait(j, n_key_tiles, [&](int next) {
-      load_kv_tiles_async<D, kKeys>(k_tiles, v_tiles, k, v, ld, next, T_len);
-    });
+    prefetch_next_tile_and_wait(
+        j, n_key_tiles, [&](int next) { load_kv_tiles_async<D, kKeys>(k_tiles, v_tiles, k, v, ld, next, T_len); });
     const int key0 = j * kKeys;
     if (key0 <= warp_row0 + kRowsPerWarp - 1 && warp_row0 < T_len) {  // warp-uniform, as in the forward
       float s[kKeys / 8][4], dp[kKeys / 8][4];
@@ -136,13 +134,12 @@ constexpr size_t dkv_smem_bytes() {
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
-    dkv_kernel(const T* dout, const T* qkv, const float* lse, const float* drow, T* dqkv, int BH, int H, int T_len,
-               int C, float scale) {
+__global__ void __launch_bounds__(kThreads) dkv_kernel(const T* dout, const T* qkv, const float* lse, const float* drow,
+                                                       T* dqkv, int BH, int H, int T_len, int C, float scale) {
   constexpr int kQueries = kScoreColumns<D>, kLd = kPadded<D>;
   T* k_tile = dynamic_smem<T>();
   T* v_tile = k_tile + kBlockRows * kLd;
-  T* q_tiles = v_tile + kBlockRows * kLd;    // [2][kQueries][kLd]
+  T* q_tiles = v_tile + kBlockRows * kLd;  // [2][kQueries][kLd]
   T* do_tiles = q_tiles + 2 * kQueries * kLd;
   float* lse_tiles = reinterpret_cast<float*>(do_tiles + 2 * kQueries * kLd);  // [2][kQueries], log2 units
   float* drow_tiles = lse_tiles + 2 * kQueries;
@@ -235,7 +232,8 @@ __global__ void __launch_bounds__(kThreads)
     T* dv_row = dk_row + C;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dk_row + 8 * n + 2 * t) = pack_pair<T>(dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dk_row + 8 * n + 2 * t) =
+          pack_pair<T>(dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale);
       *reinterpret_cast<uint32_t*>(dv_row + 8 * n + 2 * t) = pack_pair<T>(dv[n][2 * r], dv[n][2 * r + 1]);
     }
   }
@@ -248,8 +246,8 @@ cudaError_t allow_smem(Kernel* kernel, size_t bytes) {
 }
 
 template <class T, int D>
-cudaError_t launch_backward(const T* dout, const T* qkv, const T* out, const float* lse, T* dqkv, float* drow,
-                            int B, int T_len, int C, int H, cudaStream_t stream) {
+cudaError_t launch_backward(const T* dout, const T* qkv, const T* out, const float* lse, T* dqkv, float* drow, int B,
+                            int T_len, int C, int H, cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(float(D));
   const int64_t rows = int64_t(B) * T_len * H;
   cudaError_t e = launch_kernel(row_dot_kernel<T, D>, dim3(unsigned((rows + kWarps - 1) / kWarps)), dim3(kThreads), 0,
@@ -262,8 +260,8 @@ cudaError_t launch_backward(const T* dout, const T* qkv, const T* out, const flo
                     B * H, H, T_len, C, scale);
   if (e != cudaSuccess) return e;
   if ((e = allow_smem(dkv_kernel<T, D>, dkv_smem_bytes<D>())) != cudaSuccess) return e;
-  return launch_kernel(dkv_kernel<T, D>, grid, dim3(kThreads), dkv_smem_bytes<D>(), stream, dout, qkv, lse, drow,
-                       dqkv, B * H, H, T_len, C, scale);
+  return launch_kernel(dkv_kernel<T, D>, grid, dim3(kThreads), dkv_smem_bytes<D>(), stream, dout, qkv, lse, drow, dqkv,
+                       B * H, H, T_len, C, scale);
 }
 
 template <class T>

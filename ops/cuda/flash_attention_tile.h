@@ -41,8 +41,10 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* src, int64_t l
   for (int c = int(threadIdx.x); c < kRows * kChunks; c += kThreads) {
     const int r = c / kChunks, k = c % kChunks;
     T* dst = tile + r * kPadded<D> + 8 * k;
-    if (row0 + r < T_len) cp_async_16(dst, src + int64_t(row0 + r) * ld + 8 * k);
-    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    if (row0 + r < T_len)
+      cp_async_16(dst, src + int64_t(row0 + r) * ld + 8 * k);
+    else
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
 }
 

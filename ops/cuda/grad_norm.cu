@@ -58,8 +58,8 @@ __global__ void __launch_bounds__(kThreads) clip_kernel(GradList list, const flo
 // Calls launch(list, blocks) for each full list of the gradients' chunks, in chunk order.
 template <class Launch>
 cudaError_t for_each_list(const GradNormTensor* tensors, int count, Launch&& launch) {
-  return for_each_chunk_list<kChunk, GradList>(tensors, count, [](const GradNormTensor& t) { return t.data; },
-                                               launch);
+  return for_each_chunk_list<kChunk, GradList>(
+      tensors, count, [](const GradNormTensor& t) { return t.data; }, launch);
 }
 
 }  // namespace

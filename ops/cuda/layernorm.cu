@@ -25,7 +25,7 @@ constexpr int64_t kMaxBackwardBlocks = 128;
 // s = x + residual, rounded to T as the unfused add would, writes it to sum_out, and the later passes read s back
 // (each lane its own columns, just written).
 template <int V, class T>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize)
     layernorm_forward_kernel(const T* x, const T* residual, const float* weight, const float* bias, T* sum_out, T* y,
                              float* mean, float* rstd, int64_t rows, int C, float eps) {
   const int lane = threadIdx.x % kWarpSize;
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
 // per SM lets ptxas use up to ~90 registers instead of spilling at its default budget: the grid has at most
 // kMaxBackwardBlocks (128) blocks, one per SM on current GPUs, so no occupancy is lost.
 template <int V, class T, bool kDsum>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize, 1)
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1)
     layernorm_backward_kernel(const T* dy, const T* x, const float* weight, const float* mean, const float* rstd,
                               const T* dsum, T* dx, float* partials, int64_t rows, int C) {
   const int lane = threadIdx.x % kWarpSize;
@@ -139,8 +139,8 @@ cudaError_t launch_forward(const T* x, const T* residual, const float* weight, c
                            float* mean, float* rstd, int64_t rows, int C, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const dim3 grid(forward_blocks(rows)), block(kWarpsPerBlock * kWarpSize);
-  const bool vec4 = C % 4 == 0 && aligned_vec4(x, weight, bias, y) &&
-                    (residual == nullptr || aligned_vec4(residual, sum_out));
+  const bool vec4 =
+      C % 4 == 0 && aligned_vec4(x, weight, bias, y) && (residual == nullptr || aligned_vec4(residual, sum_out));
   return launch_kernel(vec4 ? layernorm_forward_kernel<4, T> : layernorm_forward_kernel<1, T>, grid, block, 0, stream,
                        x, residual, weight, bias, sum_out, y, mean, rstd, rows, C, eps);
 }
@@ -153,7 +153,7 @@ cudaError_t launch_backward(const T* dy, const T* x, const float* weight, const 
   const dim3 block(kWarpsPerBlock * kWarpSize);
   const bool vec4 = C % 4 == 0 && aligned_vec4(dy, x, weight, dx, scratch) && (dsum == nullptr || aligned_vec4(dsum));
   auto* kernel = dsum ? (vec4 ? layernorm_backward_kernel<4, T, true> : layernorm_backward_kernel<1, T, true>)
-                     : (vec4 ? layernorm_backward_kernel<4, T, false> : layernorm_backward_kernel<1, T, false>);
+                      : (vec4 ? layernorm_backward_kernel<4, T, false> : layernorm_backward_kernel<1, T, false>);
   const cudaError_t launched =
       launch_kernel(kernel, dim3(blocks), block, 0, stream, dy, x, weight, mean, rstd, dsum, dx, scratch, rows, C);
   if (launched != cudaSuccess) return launched;
@@ -166,24 +166,24 @@ size_t layernorm_backward_scratch_floats(int64_t rows, int C) {
   return static_cast<size_t>(2 * backward_blocks(rows) * kWarpsPerBlock) * static_cast<size_t>(C);
 }
 
-#define MINIDL_LAYERNORM_LAUNCHERS(T)                                                                              \
-  cudaError_t layernorm_forward(const T* x, const float* weight, const float* bias, T* y, float* mean, float* rstd, \
-                                int64_t rows, int C, float eps, cudaStream_t stream) {                             \
-    return launch_forward<T>(x, nullptr, weight, bias, nullptr, y, mean, rstd, rows, C, eps, stream);              \
-  }                                                                                                                \
-  cudaError_t add_layernorm_forward(const T* a, const T* b, const float* weight, const float* bias, T* sum, T* y,   \
+#define MINIDL_LAYERNORM_LAUNCHERS(T)                                                                                \
+  cudaError_t layernorm_forward(const T* x, const float* weight, const float* bias, T* y, float* mean, float* rstd,  \
+                                int64_t rows, int C, float eps, cudaStream_t stream) {                               \
+    return launch_forward<T>(x, nullptr, weight, bias, nullptr, y, mean, rstd, rows, C, eps, stream);                \
+  }                                                                                                                  \
+  cudaError_t add_layernorm_forward(const T* a, const T* b, const float* weight, const float* bias, T* sum, T* y,    \
                                     float* mean, float* rstd, int64_t rows, int C, float eps, cudaStream_t stream) { \
-    return launch_forward<T>(a, b, weight, bias, sum, y, mean, rstd, rows, C, eps, stream);                        \
-  }                                                                                                                \
+    return launch_forward<T>(a, b, weight, bias, sum, y, mean, rstd, rows, C, eps, stream);                          \
+  }                                                                                                                  \
   cudaError_t layernorm_backward(const T* dy, const T* x, const float* weight, const float* mean, const float* rstd, \
-                                 T* dx, float* dweight, float* dbias, float* scratch, int64_t rows, int C,          \
-                                 cudaStream_t stream) {                                                           \
-    return launch_backward<T>(dy, x, weight, mean, rstd, nullptr, dx, dweight, dbias, scratch, rows, C, stream);   \
-  }                                                                                                                \
-  cudaError_t add_layernorm_backward(const T* dy, const T* sum, const float* weight, const float* mean,            \
-                                     const float* rstd, const T* dsum, T* dx, float* dweight, float* dbias,        \
-                                     float* scratch, int64_t rows, int C, cudaStream_t stream) {                  \
-    return launch_backward<T>(dy, sum, weight, mean, rstd, dsum, dx, dweight, dbias, scratch, rows, C, stream);    \
+                                 T* dx, float* dweight, float* dbias, float* scratch, int64_t rows, int C,           \
+                                 cudaStream_t stream) {                                                              \
+    return launch_backward<T>(dy, x, weight, mean, rstd, nullptr, dx, dweight, dbias, scratch, rows, C, stream);     \
+  }                                                                                                                  \
+  cudaError_t add_layernorm_backward(const T* dy, const T* sum, const float* weight, const float* mean,              \
+                                     const float* rstd, const T* dsum, T* dx, float* dweight, float* dbias,          \
+                                     float* scratch, int64_t rows, int C, cudaStream_t stream) {                     \
+    return launch_backward<T>(dy, sum, weight, mean, rstd, dsum, dx, dweight, dbias, scratch, rows, C, stream);      \
   }
 MINIDL_LAYERNORM_LAUNCHERS(float)
 MINIDL_LAYERNORM_LAUNCHERS(__half)

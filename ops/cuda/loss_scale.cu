@@ -40,10 +40,10 @@ __global__ void update_kernel(double* state, float* scale_f32, const int* found_
 cudaError_t unscale_and_check_by(float* grad, int64_t n, const double* scale, int* found_inf, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (aligned16(grad))
-    return launch_kernel(unscale_by_kernel<4>, dim3(grid_stride_blocks(n / 4 + 1, kThreads)), dim3(kThreads), 0,
-                         stream, grad, n, scale, found_inf);
-  return launch_kernel(unscale_by_kernel<1>, dim3(grid_stride_blocks(n, kThreads)), dim3(kThreads), 0, stream, grad,
-                       n, scale, found_inf);
+    return launch_kernel(unscale_by_kernel<4>, dim3(grid_stride_blocks(n / 4 + 1, kThreads)), dim3(kThreads), 0, stream,
+                         grad, n, scale, found_inf);
+  return launch_kernel(unscale_by_kernel<1>, dim3(grid_stride_blocks(n, kThreads)), dim3(kThreads), 0, stream, grad, n,
+                       scale, found_inf);
 }
 
 cudaError_t update_loss_scale(double* state, float* scale_f32, const int* found_inf, const LossScaleRules& rules,

@@ -17,11 +17,11 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;
-constexpr int64_t kMaxAllBlocks = 1024;       // partials of the full reduction
-constexpr int64_t kAllElemsPerThread = 4;     // below this, fewer blocks
+constexpr int64_t kMaxAllBlocks = 1024;          // partials of the full reduction
+constexpr int64_t kAllElemsPerThread = 4;        // below this, fewer blocks
 constexpr int kTileRows = kThreads / kWarpSize;  // thread rows of the inner > 1 kernel's 32 x 8 block
-constexpr int64_t kTargetBlocks = 512;        // chunk n until the inner > 1 grid has about this many blocks
-constexpr int64_t kMinChunkRows = 64;         // ...but never below this many rows per chunk
+constexpr int64_t kTargetBlocks = 512;           // chunk n until the inner > 1 grid has about this many blocks
+constexpr int64_t kMinChunkRows = 64;            // ...but never below this many rows per chunk
 constexpr int64_t kMaxChunks = 64;
 
 __device__ __forceinline__ bool is_nan(float v) { return v != v; }
@@ -34,14 +34,15 @@ __device__ __forceinline__ float identity() {
 // Commutative, so every lane of a butterfly ends with the same bits.
 template <ReduceOp kOp>
 __device__ __forceinline__ float combine(float a, float b) {
-  if constexpr (kOp == ReduceOp::kSum) return a + b;
-  else return (is_nan(a) || a > b) ? a : b;
+  if constexpr (kOp == ReduceOp::kSum)
+    return a + b;
+  else
+    return (is_nan(a) || a > b) ? a : b;
 }
 
 template <ReduceOp kOp>
 __device__ __forceinline__ float warp_reduce(float v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-    v = combine<kOp>(v, __shfl_xor_sync(kFullWarp, v, offset));
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = combine<kOp>(v, __shfl_xor_sync(kFullWarp, v, offset));
   return v;
 }
 
@@ -128,8 +129,10 @@ __global__ void __launch_bounds__(kThreads)
   if (i < inner) {
     const float* column = x + o * n * inner + i;
     for (int64_t j = begin + threadIdx.y; j < end; j += kTileRows) {
-      if constexpr (kOp == ReduceOp::kSum) v += column[j * inner];
-      else combine_arg(v, arg, column[j * inner], j);
+      if constexpr (kOp == ReduceOp::kSum)
+        v += column[j * inner];
+      else
+        combine_arg(v, arg, column[j * inner], j);
     }
   }
   values[threadIdx.y][threadIdx.x] = v;
@@ -137,8 +140,10 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (threadIdx.y != 0 || i >= inner) return;  // after the block's only barrier
   for (int y = 1; y < kTileRows; ++y) {
-    if constexpr (kOp == ReduceOp::kSum) v += values[y][threadIdx.x];
-    else combine_arg(v, arg, values[y][threadIdx.x], positions[y][threadIdx.x]);
+    if constexpr (kOp == ReduceOp::kSum)
+      v += values[y][threadIdx.x];
+    else
+      combine_arg(v, arg, values[y][threadIdx.x], positions[y][threadIdx.x]);
   }
   const int64_t k = o * inner + i;
   if (gridDim.y > 1) {
@@ -165,8 +170,8 @@ __global__ void __launch_bounds__(kThreads)
 // One thread per (outer, inner) position writes its whole column of n: the gradient at the saved index, zeros
 // elsewhere. Consecutive threads write consecutive inner positions (coalesced when inner > 1), and the index is
 // read once, not once per element.
-__global__ void __launch_bounds__(kThreads) max_backward_kernel(const float* grad, const int64_t* indices, float* dx,
-                                                                int64_t outer, int64_t n, int64_t inner) {
+__global__ void __launch_bounds__(kThreads)
+    max_backward_kernel(const float* grad, const int64_t* indices, float* dx, int64_t outer, int64_t n, int64_t inner) {
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   for (int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x; k < outer * inner; k += stride) {
     const int64_t o = k / inner, i = k - o * inner, arg = indices[k];
@@ -210,11 +215,11 @@ cudaError_t launch_dim(const float* x, int64_t outer, int64_t n, int64_t inner, 
   const int64_t chunks = column_chunks(kOp, outer, n, inner);
   const int64_t chunk_rows = (n + chunks - 1) / chunks;
   const dim3 grid(unsigned(outer * ((inner + kWarpSize - 1) / kWarpSize)), unsigned(chunks));
-  const cudaError_t launched = launch_kernel(reduce_columns_kernel<kOp>, grid, dim3(kWarpSize, kTileRows), 0, stream,
-                                             x, outer, n, inner, chunk_rows, scale, out, indices, scratch);
+  const cudaError_t launched = launch_kernel(reduce_columns_kernel<kOp>, grid, dim3(kWarpSize, kTileRows), 0, stream, x,
+                                             outer, n, inner, chunk_rows, scale, out, indices, scratch);
   if (launched != cudaSuccess || chunks == 1) return launched;
-  return launch_kernel(sum_chunks_kernel, dim3(grid_stride_blocks(outer * inner, kThreads)), dim3(kThreads), 0,
-                       stream, scratch, chunks, outer * inner, scale, out);
+  return launch_kernel(sum_chunks_kernel, dim3(grid_stride_blocks(outer * inner, kThreads)), dim3(kThreads), 0, stream,
+                       scratch, chunks, outer * inner, scale, out);
 }
 
 }  // namespace
@@ -232,15 +237,15 @@ size_t reduce_dim_scratch_floats(ReduceOp op, int64_t outer, int64_t n, int64_t 
   return chunks > 1 ? static_cast<size_t>(chunks * outer * inner) : 0;
 }
 
-cudaError_t reduce_dim(ReduceOp op, const float* x, int64_t outer, int64_t n, int64_t inner, float scale,
-                       float* out, int64_t* indices, float* scratch, cudaStream_t stream) {
+cudaError_t reduce_dim(ReduceOp op, const float* x, int64_t outer, int64_t n, int64_t inner, float scale, float* out,
+                       int64_t* indices, float* scratch, cudaStream_t stream) {
   if (outer * inner == 0) return cudaSuccess;
   return op == ReduceOp::kSum ? launch_dim<ReduceOp::kSum>(x, outer, n, inner, scale, out, indices, scratch, stream)
                               : launch_dim<ReduceOp::kMax>(x, outer, n, inner, scale, out, indices, scratch, stream);
 }
 
-cudaError_t max_backward(const float* grad, const int64_t* indices, float* dx, int64_t outer, int64_t n,
-                         int64_t inner, cudaStream_t stream) {
+cudaError_t max_backward(const float* grad, const int64_t* indices, float* dx, int64_t outer, int64_t n, int64_t inner,
+                         cudaStream_t stream) {
   if (outer * n * inner == 0) return cudaSuccess;
   return launch_kernel(max_backward_kernel, dim3(grid_stride_blocks(outer * inner, kThreads)), dim3(kThreads), 0,
                        stream, grad, indices, dx, outer, n, inner);

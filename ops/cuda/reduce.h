@@ -25,10 +25,10 @@ cudaError_t reduce_all(ReduceOp op, const float* x, int64_t n, float scale, floa
 size_t reduce_dim_scratch_floats(ReduceOp op, int64_t outer, int64_t n, int64_t inner);
 // x: contiguous (outer, n, inner), n >= 1 for kMax -> out (outer, inner) = scale * sum over n, or the max with
 // `indices` (outer, inner) the position of its first occurrence along n (NaN wins, as on the CPU).
-cudaError_t reduce_dim(ReduceOp op, const float* x, int64_t outer, int64_t n, int64_t inner, float scale,
-                       float* out, int64_t* indices, float* scratch, cudaStream_t stream);
+cudaError_t reduce_dim(ReduceOp op, const float* x, int64_t outer, int64_t n, int64_t inner, float scale, float* out,
+                       int64_t* indices, float* scratch, cudaStream_t stream);
 // grad, indices: (outer, inner) -> dx (outer, n, inner): grad at each index, 0 elsewhere (every element written).
-cudaError_t max_backward(const float* grad, const int64_t* indices, float* dx, int64_t outer, int64_t n,
-                         int64_t inner, cudaStream_t stream);
+cudaError_t max_backward(const float* grad, const int64_t* indices, float* dx, int64_t outer, int64_t n, int64_t inner,
+                         cudaStream_t stream);
 
 }  // namespace minidl::ops::cuda

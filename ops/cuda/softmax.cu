@@ -66,11 +66,9 @@ cudaError_t softmax_forward(const float* x, float* y, int64_t rows, int64_t V, c
   return launch_kernel(softmax_forward_kernel, dim3(blocks_for(rows)), dim3(kThreads), 0, stream, x, y, rows, V);
 }
 
-cudaError_t softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t V,
-                             cudaStream_t stream) {
+cudaError_t softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t V, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  return launch_kernel(softmax_backward_kernel, dim3(blocks_for(rows)), dim3(kThreads), 0, stream, dy, y, dx, rows,
-                       V);
+  return launch_kernel(softmax_backward_kernel, dim3(blocks_for(rows)), dim3(kThreads), 0, stream, dy, y, dx, rows, V);
 }
 
 }  // namespace minidl::ops::cuda

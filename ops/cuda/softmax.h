@@ -15,7 +15,6 @@ namespace minidl::ops::cuda {
 // x, y: (rows, V), V >= 1.
 cudaError_t softmax_forward(const float* x, float* y, int64_t rows, int64_t V, cudaStream_t stream);
 // dy, y, dx: (rows, V); dx = y * (dy - sum(dy * y)) per row.
-cudaError_t softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t V,
-                             cudaStream_t stream);
+cudaError_t softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t V, cudaStream_t stream);
 
 }  // namespace minidl::ops::cuda

@@ -31,7 +31,8 @@ struct Outcome {
 // outputs through f32 weights R1, R2 as a GPT block would (the sum feeds the residual stream, y a matmul).
 Outcome run_graph(bool fused, DType amp, Uses uses) {
   Tensor x = param({3, 4, 8}, 1), wa = param({8, 12}, 2, 0.5), wb = param({8, 12}, 3, 0.5);
-  Tensor w = param({12}, 4), bias = param({12}, 5), r1 = param({12, 5}, 6), r2 = random_tensor({3, 4, 12}, 7, DType::f32);
+  Tensor w = param({12}, 4), bias = param({12}, 5), r1 = param({12, 5}, 6),
+         r2 = random_tensor({3, 4, 12}, 7, DType::f32);
   Outcome out;
   {
     AutocastGuard guard(amp);
@@ -108,10 +109,16 @@ TEST(AddLayerNorm, GradientsMatchFiniteDifferencesInF64) {
 
 TEST(AddLayerNorm, BadInputsNameExpectedAndGot) {
   Tensor w = Tensor::ones({5}), bias = Tensor::zeros({5});
-  expect_error([&] { add_layernorm(Tensor::zeros({2, 5}), Tensor::zeros({3, 5}), w, bias); },
-               {"add_layernorm", "b of shape (2, 5)", "got (3, 5)"});
-  expect_error([&] { add_layernorm(Tensor::zeros({2, 5}), Tensor::zeros({2, 5}), Tensor::ones({4}), bias); },
-               {"add_layernorm", "weight of shape (5,)", "got (4,)"});
+  expect_error(
+      [&] {
+        add_layernorm(Tensor::zeros({2, 5}), Tensor::zeros({3, 5}), w, bias);
+      },
+      {"add_layernorm", "b of shape (2, 5)", "got (3, 5)"});
+  expect_error(
+      [&] {
+        add_layernorm(Tensor::zeros({2, 5}), Tensor::zeros({2, 5}), Tensor::ones({4}), bias);
+      },
+      {"add_layernorm", "weight of shape (5,)", "got (4,)"});
 }
 
 }  // namespace

@@ -15,9 +15,7 @@ using namespace minidl;
 using autograd::AutocastGuard;
 
 namespace {
-Tensor param(const Shape& shape, double value) {
-  return Tensor::full(shape, value).set_requires_grad(true);
-}
+Tensor param(const Shape& shape, double value) { return Tensor::full(shape, value).set_requires_grad(true); }
 Tensor ramp(const Shape& shape, DType dt = DType::f32) {
   std::vector<double> v(size_t(shape.numel()));
   for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01 * double(i % 17) - 0.05;
@@ -104,7 +102,8 @@ TEST(Autocast, WeightGradientsAreAccumulatedInF32ByTheGemm) {
       }
       ASSERT_EQ(w.grad().dtype(), DType::f32);
       // X^T G in f64 on the 16-bit values: what an f32 accumulation approximates to ~1e-7.
-      const Tensor xh = Tensor::from_vector(x.to_vector(), {10, 8}, half), gh = Tensor::from_vector(g.to_vector(), {10, 6}, half);
+      const Tensor xh = Tensor::from_vector(x.to_vector(), {10, 8}, half),
+                   gh = Tensor::from_vector(g.to_vector(), {10, 6}, half);
       const Tensor want = ops::matmul(ops::cast(xh, DType::f64), ops::cast(gh, DType::f64), true, false);
       const std::vector<double> got = w.grad().to_vector(), exact = want.to_vector();
       const std::vector<double> rounded = ops::cast(ops::cast(want, half), DType::f64).to_vector();

@@ -49,8 +49,8 @@ TEST(Checkpoint, GradientsAreBitwiseEqualToNoCheckpoint) {
   auto run = [&](bool ckpt) {
     net.zero();
     x.set_grad(Tensor());
-    Tensor y = ckpt ? autograd::checkpoint([&](const Tensor& in) { return net.region(in); }, x, net.params())
-                    : net.region(x);
+    Tensor y =
+        ckpt ? autograd::checkpoint([&](const Tensor& in) { return net.region(in); }, x, net.params()) : net.region(x);
     sum(square(y)).backward();
     std::vector<Tensor> all = net.params();
     all.push_back(x);
@@ -98,9 +98,7 @@ TEST(Checkpoint, ParameterHooksFireOncePerBackward) {
 TEST(Checkpoint, MultipleOutputsAndInputsThatNeedNoGradient) {
   Tensor a = randn({4, 6}, 1, true), b = randn({4, 6}, 2, false);
   Tensor w = randn({6, 6}, 3, true);
-  auto fn = [&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{matmul(in[0], w) * in[1], tanh(in[0])};
-  };
+  auto fn = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{matmul(in[0], w) * in[1], tanh(in[0])}; };
   std::vector<Tensor> outs = autograd::checkpoint(fn, {a, b}, {w});
   sum(outs[0] + outs[1] * 3.0).backward();
   std::vector<std::vector<double>> ckpt = grads_of({a, w});

@@ -86,7 +86,6 @@ TEST(Engine, BadInputsThroughThePublicApiNameShapes) {
   expect_error_mentions([] { mul(Tensor::zeros({2}, DType::i32), 2.0); }, {"mul", "i32"});
 }
 
-
 // A root given twice counts twice, as in PyTorch: backward({l, l}) is backward of l + l.
 TEST(Engine, RepeatedRootGradientsAddUp) {
   Tensor w = leaf({1, 2});

@@ -23,7 +23,9 @@ TEST(ViewsGrad, ReshapeTransposeNarrowContiguous) {
   expect_gradients_match([](const Inputs& in) { return in[0].transpose(1, 2).reshape({-1}); }, {x});
   // A chain that feeds views into matmul with a broadcast multiply.
   expect_gradients_match(
-      [](const Inputs& in) { return matmul(in[0].transpose(1, 2).narrow(1, 1, 2), in[1]) * in[0].narrow(1, 0, 2).narrow(2, 0, 2); },
+      [](const Inputs& in) {
+        return matmul(in[0].transpose(1, 2).narrow(1, 1, 2), in[1]) * in[0].narrow(1, 0, 2).narrow(2, 0, 2);
+      },
       {x, w});
 }
 

@@ -4,9 +4,7 @@
 
 using namespace minidl;
 
-static Tensor iota(const Shape& s, DType dt = DType::f32) {
-  return Tensor::arange(s.numel(), dt).reshape(s);
-}
+static Tensor iota(const Shape& s, DType dt = DType::f32) { return Tensor::arange(s.numel(), dt).reshape(s); }
 
 TEST(Tensor, FactoriesAndMetadata) {
   Tensor t = Tensor::full({2, 3}, 1.5);
@@ -104,9 +102,7 @@ TEST(Tensor, BadInputsNameWhatWasExpected) {
   try {
     x.data<int32_t>();
     FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("f32"), std::string::npos);
-  }
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("f32"), std::string::npos); }
   EXPECT_THROW(Tensor::zeros({2}).copy_(Tensor::zeros({3})), Error);
   EXPECT_THROW(Tensor::from_vector(std::vector<double>{1, 2, 3}, {2, 2}), Error);
 }

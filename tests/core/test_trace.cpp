@@ -55,8 +55,8 @@ TEST(Trace, OffAllocatesNothing) {
 std::vector<std::string> g_ranges;  // what the hooks saw: "+name" for a push, "-" for a pop
 
 TEST(Trace, SpansReachTheFileAndTheRangeHooksInTheirNesting) {
-  trace::set_range_hooks({[](const char* name) { g_ranges.push_back(std::string("+") + name); },
-                          [] { g_ranges.push_back("-"); }});
+  trace::set_range_hooks(
+      {[](const char* name) { g_ranges.push_back(std::string("+") + name); }, [] { g_ranges.push_back("-"); }});
   g_ranges.clear();
   { const trace::Span off("before start"); }
   EXPECT_TRUE(g_ranges.empty()) << "a span while tracing is off pushed a range";

@@ -214,8 +214,10 @@ __global__ void barrier_after_return_kernel(float* out) {
 
 __global__ void shuffle_against_barrier_kernel(float* out) {
   float v = static_cast<float>(threadIdx.x);
-  if (threadIdx.x < 16) v = __shfl_sync(kFull, v, 31);  // planted:shuffle
-  else __syncthreads();                                 // planted:barrier
+  if (threadIdx.x < 16)
+    v = __shfl_sync(kFull, v, 31);  // planted:shuffle
+  else
+    __syncthreads();  // planted:barrier
   out[threadIdx.x] = v;
 }
 

@@ -8,13 +8,13 @@
 namespace emu_test {
 
 struct AtomicResults {
-  int count;                // +1 per thread
-  unsigned long long big;   // +2^33 per thread
-  int max, min;             // of a scrambled per-thread value
-  float fsum;               // +0.1 * (i % 10) per thread
-  double dsum;              // +0.5 * (i % 4) per thread
-  int cas;                  // +1 per thread through an atomicCAS loop
-  unsigned flag, exch_hits; // exactly one thread finds flag == 0 with atomicExch
+  int count;                 // +1 per thread
+  unsigned long long big;    // +2^33 per thread
+  int max, min;              // of a scrambled per-thread value
+  float fsum;                // +0.1 * (i % 10) per thread
+  double dsum;               // +0.5 * (i % 4) per thread
+  int cas;                   // +1 per thread through an atomicCAS loop
+  unsigned flag, exch_hits;  // exactly one thread finds flag == 0 with atomicExch
 };
 
 // ---- kernels written correctly ----

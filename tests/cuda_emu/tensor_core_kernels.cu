@@ -43,8 +43,10 @@ __global__ void ldmatrix_kernel(const uint16_t* in, uint32_t* out) {
   __syncthreads();
   uint32_t r[N];
   const uint16_t* row = tile + (lane / 8 % N) * 64 + (lane % 8) * 8;  // lanes past 8N repeat valid addresses
-  if constexpr (kTrans) ldmatrix_trans<N>(r, row);
-  else ldmatrix<N>(r, row);
+  if constexpr (kTrans)
+    ldmatrix_trans<N>(r, row);
+  else
+    ldmatrix<N>(r, row);
   for (int m = 0; m < N; ++m) out[lane * 4 + m] = r[m];
 }
 
@@ -73,8 +75,10 @@ __global__ void smem_mma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, 
   uint32_t fa[4], fb[2];
   // a: matrix m = lane / 8 is rows 8 (m % 2) .. +7, columns 8 (m / 2) .. +7.
   ldmatrix<4>(fa, sa + (8 * (lane / 8 % 2) + lane % 8) * 16 + 8 * (lane / 16));
-  if (b_layout == 0) ldmatrix<2>(fb, sb + (lane % 8) * 16 + 8 * (lane / 8 % 2));  // (n, k): k 0-7, then 8-15
-  else ldmatrix_trans<2>(fb, sb + (lane % 16) * 8);                              // (k, n): k rows 0-7, 8-15
+  if (b_layout == 0)
+    ldmatrix<2>(fb, sb + (lane % 8) * 16 + 8 * (lane / 8 % 2));  // (n, k): k 0-7, then 8-15
+  else
+    ldmatrix_trans<2>(fb, sb + (lane % 16) * 8);  // (k, n): k rows 0-7, 8-15
   float acc[4] = {0, 0, 0, 0};
   mma_m16n8k16<__nv_bfloat16>(acc, fa, fb, acc);
   for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = acc[i];

@@ -181,8 +181,8 @@ TEST(EmulatedIntrinsics, DeviceOnlyMathOnTheHost) {
   const __half2 e = h2exp(__floats2half2_rn(0.0f, 1.0f));
   EXPECT_EQ(__low2float(e), 1.0f);
   EXPECT_NEAR(__high2float(e), 2.71828f, 2e-3);
-  const __nv_bfloat162 f = __hfma2(__floats2bfloat162_rn(1.0f, 2.0f), __floats2bfloat162_rn(3.0f, 4.0f),
-                                   __floats2bfloat162_rn(0.5f, 0.5f));
+  const __nv_bfloat162 f =
+      __hfma2(__floats2bfloat162_rn(1.0f, 2.0f), __floats2bfloat162_rn(3.0f, 4.0f), __floats2bfloat162_rn(0.5f, 0.5f));
   EXPECT_EQ(__low2float(f), 3.5f);
   EXPECT_EQ(__high2float(f), 8.5f);
   EXPECT_FLOAT_EQ(__expf(1.0f), std::exp(1.0f));

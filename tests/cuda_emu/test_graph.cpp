@@ -86,11 +86,26 @@ TEST_F(Capture, GraphLaunchEqualsDirectExecutionAndRunsNothingAtCapture) {
 
 TEST_F(Capture, EnqueuedHostWorkIsRecordedToo) {
   std::vector<int> order;
-  ASSERT_EQ(minidl::emu::enqueue(stream_, [&] { order.push_back(0); return cudaSuccess; }), cudaSuccess);
+  ASSERT_EQ(minidl::emu::enqueue(stream_,
+                                 [&] {
+                                   order.push_back(0);
+                                   return cudaSuccess;
+                                 }),
+            cudaSuccess);
   ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
   EXPECT_TRUE(minidl::emu::is_capturing(stream_));
-  ASSERT_EQ(minidl::emu::enqueue(stream_, [&] { order.push_back(1); return cudaSuccess; }), cudaSuccess);
-  ASSERT_EQ(minidl::emu::enqueue(stream_, [&] { order.push_back(2); return cudaSuccess; }), cudaSuccess);
+  ASSERT_EQ(minidl::emu::enqueue(stream_,
+                                 [&] {
+                                   order.push_back(1);
+                                   return cudaSuccess;
+                                 }),
+            cudaSuccess);
+  ASSERT_EQ(minidl::emu::enqueue(stream_,
+                                 [&] {
+                                   order.push_back(2);
+                                   return cudaSuccess;
+                                 }),
+            cudaSuccess);
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
   EXPECT_FALSE(minidl::emu::is_capturing(stream_));
@@ -118,7 +133,8 @@ TEST_F(Capture, UncapturableCallsInvalidateTheCapture) {
   const std::vector<Case> cases = {
       {"cudaStreamSynchronize", [&] { return cudaStreamSynchronize(stream_); }},
       {"cudaDeviceSynchronize", [&] { return cudaDeviceSynchronize(); }},
-      {"cudaMalloc", [&] {
+      {"cudaMalloc",
+       [&] {
          void* p = nullptr;
          return cudaMalloc(&p, 64);
        }},

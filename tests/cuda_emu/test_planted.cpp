@@ -55,8 +55,10 @@ TEST_F(PlantedBugs, MissingBarrierOnStaticSharedMemoryReadsPoisonNotTheLastBlock
   ASSERT_EQ(shift_right_static(in.get(), out.get(), n, threads, false), cudaSuccess);
   const std::vector<float> got = out.host();
   for (int i = 0; i < n; ++i) {
-    if (i % threads == 0) EXPECT_EQ(got[i], 0.0f) << i;
-    else EXPECT_TRUE(std::isnan(got[i])) << i << ": " << got[i];
+    if (i % threads == 0)
+      EXPECT_EQ(got[i], 0.0f) << i;
+    else
+      EXPECT_TRUE(std::isnan(got[i])) << i << ": " << got[i];
   }
 }
 
@@ -71,7 +73,8 @@ TEST_F(PlantedBugs, StaticSharedMemoryOver48KiBAbortsWithTheSite) {
   DeviceBuffer<float> out(32);
   EXPECT_DEATH((void)minidl::emu::launch(kernel, 1, 32, 0, nullptr, out.get()),
                "static shared memory over 49152 bytes in block \\(0,0,0\\).*: second \\(16388 bytes\\) at [^ ]*"
-               "test_planted\\.cpp:" + std::to_string(line) + " brings it to 49156 bytes");
+               "test_planted\\.cpp:" +
+                   std::to_string(line) + " brings it to 49156 bytes");
 }
 
 TEST_F(PlantedBugs, StaticAndDynamicSharedMemoryOverTheLimitAbort) {
@@ -89,9 +92,10 @@ TEST_F(PlantedBugs, StaticAndDynamicSharedMemoryOverTheLimitAbort) {
 
 TEST_F(PlantedBugs, DivergentBarrierAbortsWithBothLines) {
   DeviceBuffer<float> out(64);
-  const std::string report = "divergent barrier in block \\(0,0,0\\) of grid \\(1,1,1\\) x \\(64,1,1\\): "
-                             "threads 0-31 at [^ ]*" + at("planted:divergent-low") +
-                             ", threads 32-63 at [^ ]*" + at("planted:divergent-high");
+  const std::string report =
+      "divergent barrier in block \\(0,0,0\\) of grid \\(1,1,1\\) x \\(64,1,1\\): "
+      "threads 0-31 at [^ ]*" +
+      at("planted:divergent-low") + ", threads 32-63 at [^ ]*" + at("planted:divergent-high");
   EXPECT_DEATH((void)divergent_barrier(out.get()), report);
 }
 
@@ -112,16 +116,18 @@ TEST_F(PlantedBugs, ShuffleWaitingForLanesAtABarrierIsADeadlock) {
 
 TEST_F(PlantedBugs, MismatchedWarpCollectivesAbortWithBothLines) {
   DeviceBuffer<int> out(32);
-  const int shuffle_line = __LINE__ + 2, ballot_line = __LINE__ + 3;
+  const int shuffle_line = __LINE__ + 3, ballot_line = __LINE__ + 5;
   const auto kernel = +[](int* out) {
-    if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
-    else out[threadIdx.x] = static_cast<int>(__ballot_sync(0xffffffffu, 1));
+    if (threadIdx.x < 16)
+      out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
+    else
+      out[threadIdx.x] = static_cast<int>(__ballot_sync(0xffffffffu, 1));
   };
-  const std::string report = "mismatched warp collective in block.*warp 0: "
-                             "lanes 0-15 in __shfl_sync\\(mask 0xffffffff\\) at [^ ]*test_planted\\.cpp:" +
-                             std::to_string(shuffle_line) +
-                             ", lanes 16-31 in __ballot_sync\\(mask 0xffffffff\\) at [^ ]*test_planted\\.cpp:" +
-                             std::to_string(ballot_line);
+  const std::string report =
+      "mismatched warp collective in block.*warp 0: "
+      "lanes 0-15 in __shfl_sync\\(mask 0xffffffff\\) at [^ ]*test_planted\\.cpp:" +
+      std::to_string(shuffle_line) +
+      ", lanes 16-31 in __ballot_sync\\(mask 0xffffffff\\) at [^ ]*test_planted\\.cpp:" + std::to_string(ballot_line);
   EXPECT_DEATH((void)minidl::emu::launch(kernel, 1, 32, 0, nullptr, out.get()), report);
 }
 

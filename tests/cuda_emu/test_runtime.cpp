@@ -110,14 +110,16 @@ TEST(EmulatedRuntime, BadLaunchConfigurationsSetTheLastError) {
   EXPECT_EQ(empty_launch(dim3(1, 65536), 32, 0), cudaErrorInvalidConfiguration);
   EXPECT_EQ(empty_launch(1, 32, 48 * 1024), cudaSuccess);
   EXPECT_EQ(empty_launch(1, 32, 48 * 1024 + 1), cudaErrorInvalidValue);  // above the default limit
-  EXPECT_EQ(allow_dynamic_smem(1 << 20), cudaErrorInvalidValue);          // above the opt-in limit
+  EXPECT_EQ(allow_dynamic_smem(1 << 20), cudaErrorInvalidValue);         // above the opt-in limit
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
   ASSERT_EQ(allow_dynamic_smem(100 * 1024), cudaSuccess);
   EXPECT_EQ(empty_launch(1, 32, 100 * 1024), cudaSuccess);
   EXPECT_EQ(empty_launch(1, 32, 100 * 1024 + 1), cudaErrorInvalidValue);
 
   // The raw emulated launch records the error for cudaGetLastError, like <<<>>> does.
-  EXPECT_EQ(minidl::emu::launch(+[](int) {}, 1, 2048, 0, nullptr, 1), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(minidl::emu::launch(
+                +[](int) {}, 1, 2048, 0, nullptr, 1),
+            cudaErrorInvalidConfiguration);
   EXPECT_EQ(cudaPeekAtLastError(), cudaErrorInvalidConfiguration);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);

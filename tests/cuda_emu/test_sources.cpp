@@ -51,8 +51,9 @@ std::vector<std::string> raw_shared_uses(const std::vector<std::string>& folders
 
 TEST(KernelSources, UseMinidlSharedNotRawShared) {
   for (const std::string& use : raw_shared_uses({"ops/cuda", "dist/cuda"}))
-    ADD_FAILURE() << use << "\n  declare it with MINIDL_SHARED(type, name, [dims]) (cuda_emu/cuda_compat.h), or use "
-                            "dynamic_smem<T>() instead of extern __shared__";
+    ADD_FAILURE() << use
+                  << "\n  declare it with MINIDL_SHARED(type, name, [dims]) (cuda_emu/cuda_compat.h), or use "
+                     "dynamic_smem<T>() instead of extern __shared__";
 }
 
 TEST(KernelSources, CommentsDoNotCount) {

@@ -19,9 +19,13 @@ using minidl::testing::DeviceBuffer;
 template <class T>
 T to16(float x);
 template <>
-__half to16<__half>(float x) { return __float2half(x); }
+__half to16<__half>(float x) {
+  return __float2half(x);
+}
 template <>
-__nv_bfloat16 to16<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+__nv_bfloat16 to16<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
 float to32(__half x) { return __half2float(x); }
 float to32(__nv_bfloat16 x) { return __bfloat162float(x); }
 
@@ -130,7 +134,8 @@ TEST(TensorCore, LdmatrixAndMmaThroughSharedMemory) {
       for (int n = 0; n < 8; ++n) {
         double want = 0;
         for (int k = 0; k < 16; ++k)
-          want += double(__bfloat162float(a[r * 16 + k])) * __bfloat162float(layout == 0 ? b[n * 16 + k] : b[k * 8 + n]);
+          want +=
+              double(__bfloat162float(a[r * 16 + k])) * __bfloat162float(layout == 0 ? b[n * 16 + k] : b[k * 8 + n]);
         EXPECT_EQ(d[r * 8 + n], float(want)) << "b layout " << layout << " row " << r << " col " << n;
       }
   }

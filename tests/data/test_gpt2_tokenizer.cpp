@@ -85,8 +85,15 @@ TEST(Gpt2Tokenizer, KnownIdsAndSpecialToken) {
 // Bytes that are not UTF-8 (a lone continuation byte, a truncated sequence, an overlong form, 0xFF) survive the
 // round trip, alone and between words.
 TEST(Gpt2Tokenizer, RoundTripsEveryTextIncludingInvalidUtf8) {
-  const std::vector<std::string> texts = {kStress, "\x80", "ab\xff\xfe" "cd", "caf\xc3", "\xe6\x97 x", "\xc0\xaf",
-                                          std::string("nul\0byte", 8), " \xff \xff\xff  word\xfe"};
+  const std::vector<std::string> texts = {kStress,
+                                          "\x80",
+                                          "ab\xff\xfe"
+                                          "cd",
+                                          "caf\xc3",
+                                          "\xe6\x97 x",
+                                          "\xc0\xaf",
+                                          std::string("nul\0byte", 8),
+                                          " \xff \xff\xff  word\xfe"};
   for (const std::string& t : texts) EXPECT_EQ(tokenizer().decode(tokenizer().encode(t)), t) << t;
   std::string all_bytes;
   for (int b = 0; b < 256; ++b) all_bytes.push_back(char(b));
@@ -104,9 +111,9 @@ TEST(Gpt2Tokenizer, IdsEqualTiktokens) {
   std::ofstream(stress, std::ios::binary) << kStress;
   for (const std::string& file : {stress.string(), data_dir() + "/tinyshakespeare.txt"}) {
     SCOPED_TRACE(file);
-    const minidl::testing::ProgramResult r = minidl::testing::run_program(
-        python + " " + MINIDL_SOURCE_DIR + "/tests/data/tiktoken_ids.py " + MINIDL_SOURCE_DIR +
-        "/data/gpt2.tiktoken " + file + " 2>&1");
+    const minidl::testing::ProgramResult r =
+        minidl::testing::run_program(python + " " + MINIDL_SOURCE_DIR + "/tests/data/tiktoken_ids.py " +
+                                     MINIDL_SOURCE_DIR + "/data/gpt2.tiktoken " + file + " 2>&1");
     ASSERT_EQ(r.code, 0) << r.out;
     std::vector<int32_t> want;
     std::istringstream in(r.out);

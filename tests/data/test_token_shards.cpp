@@ -101,17 +101,13 @@ TEST_F(TokenShards, AGlobSplitsIntoTrainingAndValidationByName) {
   try {
     data::TextDataset::from_shards(path("s_train_*.bin"), chars);
     ADD_FAILURE() << "no validation shard was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("found 2 and 0"), std::string::npos) << e.what();
-  }
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("found 2 and 0"), std::string::npos) << e.what(); }
   EXPECT_THROW(data::TextDataset::from_shards(path("nothing_*.bin"), chars), Error);
   data::write_token_shard(path("s_val_000003.bin"), std::vector<int32_t>{10});
   try {
     data::TextDataset::from_shards(path("s_*.bin"), chars);
     ADD_FAILURE() << "token 10 of a 10-id tokenizer was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("token 0 is 10"), std::string::npos) << e.what();
-  }
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("token 0 is 10"), std::string::npos) << e.what(); }
 }
 
 // The streaming sampler: a step's global batch is a function of (seed, step) alone (the same whatever was drawn
@@ -157,17 +153,13 @@ TEST_F(TokenShards, StreamingSamplerIsAFunctionOfTheStep) {
   try {
     data::ShardSampler small({path("small_train.bin")}, seq, B, 5);
     ADD_FAILURE() << "a shard of 2 windows served a batch of 3";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("small_train.bin"), std::string::npos) << e.what();
-  }
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("small_train.bin"), std::string::npos) << e.what(); }
   data::ShardSampler checked(files, seq, B, 5, /*vocab=*/500);  // shards 1 and 2 hold tokens from 1000 on
   std::string refused;
   for (int64_t s = 0; s < checked.steps_per_epoch() && refused.empty(); ++s) {
     try {
       checked.batch(s, 0, B);
-    } catch (const Error& e) {
-      refused = e.what();
-    }
+    } catch (const Error& e) { refused = e.what(); }
   }
   EXPECT_NE(refused.find("not one of the tokenizer's 500 ids"), std::string::npos) << refused;
   EXPECT_NE(refused.find("t_train_"), std::string::npos) << refused;

@@ -48,7 +48,10 @@ TEST(CharTokenizer, RejectsBadVocabularies) {
   using nlohmann::json;
   EXPECT_THROW(data::CharTokenizer::from_json(json{{"type", "bpe"}, {"vocab", {1, 2}}}), Error);
   EXPECT_THROW(data::CharTokenizer::from_json(json{{"type", "char"}, {"vocab", {1, 300}}}), Error);
-  expect_error_containing([] { data::CharTokenizer::from_json(json{{"type", "char"}, {"vocab", {66, 65}}}); },
-                          "strictly increasing", "0x41 'A'");
+  expect_error_containing(
+      [] {
+        data::CharTokenizer::from_json(json{{"type", "char"}, {"vocab", {66, 65}}});
+      },
+      "strictly increasing", "0x41 'A'");
   EXPECT_THROW(data::CharTokenizer::from_text(""), Error);
 }

@@ -32,8 +32,10 @@ int main(int argc, char** argv) {
       world->all_reduce(odd ? wide : t, dist::ReduceOp::kSum)->wait();
     } else if (mode == "gather_vs_reduce") {
       Tensor all = Tensor::empty({2048});
-      if (odd) world->all_reduce(t, dist::ReduceOp::kSum)->wait();
-      else world->all_gather(all, t)->wait();
+      if (odd)
+        world->all_reduce(t, dist::ReduceOp::kSum)->wait();
+      else
+        world->all_gather(all, t)->wait();
     } else if (mode == "send_without_recv") {
       if (!odd) world->recv(t, 1, 7)->wait();
     } else {

@@ -28,8 +28,8 @@ TEST_P(Collectives, AllReduceEqualsDirectComputation) {
         int64_t wrong = 0, first_wrong = -1;
         for (int64_t i = 0; i < numel; ++i)
           if (got[i] != expected_reduction(op, n(), i, dtype) && wrong++ == 0) first_wrong = i;
-        EXPECT_EQ(wrong, 0) << "first wrong element " << first_wrong << ": got " << got[first_wrong]
-                            << ", expected " << expected_reduction(op, n(), first_wrong, dtype);
+        EXPECT_EQ(wrong, 0) << "first wrong element " << first_wrong << ": got " << got[first_wrong] << ", expected "
+                            << expected_reduction(op, n(), first_wrong, dtype);
       }
 }
 
@@ -101,9 +101,7 @@ TEST_P(Collectives, RejectsBadArguments) {
   try {
     group_->broadcast(out, -1);
     ADD_FAILURE() << "broadcast from root -1 did not throw";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("root -1"), std::string::npos) << e.what();
-  }
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("root -1"), std::string::npos) << e.what(); }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Collectives, ::testing::ValuesIn(backend_configs()),

@@ -149,8 +149,7 @@ TEST_P(DeviceCollectives, SendRecvAroundTheRing) {
       Tensor in = Tensor::zeros({numel}, dtype, kDevice);
       auto r = group_->recv(in, left, 5);
       auto s = group_->send(out, right, 5);
-      while (!r->is_completed()) {
-      }
+      while (!r->is_completed()) {}
       s->wait();
       EXPECT_EQ(host_bytes(in), host_bytes(pattern_tensor(left, numel, dtype)));
     }
@@ -215,7 +214,8 @@ TEST(DeviceGroupOfOne, MakesNoCommunicatorAndEveryCollectiveIsItsInput) {
     nccl->all_reduce(t, ReduceOp::kAvg)->wait();
     nccl->broadcast(t, 0)->wait();
     EXPECT_EQ(host_bytes(t), host_bytes(want));
-    Tensor scattered = Tensor::zeros({1001}, DType::f32, kDevice), gathered = Tensor::zeros({1001}, DType::f32, kDevice);
+    Tensor scattered = Tensor::zeros({1001}, DType::f32, kDevice),
+           gathered = Tensor::zeros({1001}, DType::f32, kDevice);
     nccl->reduce_scatter(scattered, t, ReduceOp::kSum)->wait();
     nccl->all_gather(gathered, scattered)->wait();
     EXPECT_EQ(host_bytes(scattered), host_bytes(want));
@@ -238,9 +238,7 @@ TEST(DeviceBackendRegistration, MissingBackendsSayWhatToLink) {
   auto message_of = [](auto&& make) {
     try {
       make();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
+    } catch (const Error& e) { return std::string(e.what()); }
     return std::string("(no error)");
   };
   std::string nccl = message_of([] { dist::make_process_group("nccl", MPI_COMM_WORLD); });

@@ -154,9 +154,7 @@ TEST(DDP, UnusedParameterIsReportedByNameOrAllowed) {
     try {
       model.loss(x, y).backward();
       ADD_FAILURE() << "expected an error naming never_used";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("never_used"), std::string::npos) << e.what();
-    }
+    } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("never_used"), std::string::npos) << e.what(); }
   }
   model.zero_grad();
   dist::DDPOptions allow;

@@ -20,8 +20,8 @@ class DeviceParams : public nn::Module {
  public:
   explicit DeviceParams(int rank) {
     for (auto [name, numel] : {std::pair{"a", int64_t(15)}, {"b", int64_t(7)}, {"c", int64_t(1)}})
-      params.push_back(register_parameter(
-          name, Tensor::full({numel}, 10.0 + rank, DType::f32, kDevice).set_requires_grad(true)));
+      params.push_back(
+          register_parameter(name, Tensor::full({numel}, 10.0 + rank, DType::f32, kDevice).set_requires_grad(true)));
   }
   std::vector<Tensor> params;
 };

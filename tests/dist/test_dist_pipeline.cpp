@@ -90,8 +90,10 @@ void expect_gradients_match(const Case& c) {
     ASSERT_EQ(a.size(), b.size()) << n;
     double worst = 0;
     for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-    if (n == "transformer.wte.weight") EXPECT_LE(worst, 1e-6) << n;
-    else EXPECT_EQ(worst, 0.0) << n << " differs from one process by up to " << worst;
+    if (n == "transformer.wte.weight")
+      EXPECT_LE(worst, 1e-6) << n;
+    else
+      EXPECT_EQ(worst, 0.0) << n << " differs from one process by up to " << worst;
     ++compared;
   }
   EXPECT_GT(compared, 0);
@@ -220,7 +222,8 @@ TEST(Pipeline, DataTimesPipelineKeepsItsRecordedBits) {
   std::vector<double> losses;
   for (int step = 0; step < 4; ++step) {
     const data::Batch b = global_batch(step + 1, kRows);
-    const data::Batch mine{b.x.narrow(0, topo.coord().dp * local, local), b.y.narrow(0, topo.coord().dp * local, local)};
+    const data::Batch mine{b.x.narrow(0, topo.coord().dp * local, local),
+                           b.y.narrow(0, topo.coord().dp * local, local)};
     losses.push_back(train::train_step(pipe, opt, mine, o).loss);
   }
   // Recorded at commit ab52b0a (MPI backend, any CPU: no reduction here depends on the ISA's sum order beyond what

@@ -42,8 +42,11 @@ TEST(LocalRank, Pmix) {
 
 // srun -N 3 -n 8 --ntasks-per-node=3: nodes 0 and 1 run 3 tasks, node 2 runs 2; world rank 7 is node 2's second.
 TEST(LocalRank, SlurmStepLayout) {
-  Environment srun = {{"SLURM_PROCID", "7"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
-                      {"SLURM_STEP_TASKS_PER_NODE", "3(x2),2"}, {"SLURM_TASKS_PER_NODE", "4(x3)"}};
+  Environment srun = {{"SLURM_PROCID", "7"},
+                      {"SLURM_LOCALID", "1"},
+                      {"SLURM_NODEID", "2"},
+                      {"SLURM_STEP_TASKS_PER_NODE", "3(x2),2"},
+                      {"SLURM_TASKS_PER_NODE", "4(x3)"}};
   expect_placement(srun, 7, 1, 2, "Slurm");  // the step's layout wins over the job's
   srun.erase("SLURM_STEP_TASKS_PER_NODE");
   expect_placement(srun, 7, 1, 4, "Slurm");  // the job's, when the step's is missing
@@ -63,8 +66,8 @@ TEST(LocalRank, SlurmTasksPerNodeText) {
 // mpirun inside an sbatch script: every process inherits the script's SLURM_LOCALID=0 and SLURM_PROCID=0, which
 // say nothing about ranks mpirun started; Open MPI's own variables win, and Slurm's alone count only for rank 0.
 TEST(LocalRank, SlurmVariablesOfAnotherProcessAreIgnored) {
-  Environment batch = {{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"},
-                       {"SLURM_TASKS_PER_NODE", "1"}};
+  Environment batch = {
+      {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}, {"SLURM_TASKS_PER_NODE", "1"}};
   EXPECT_EQ(placement(batch, 3), std::nullopt) << "SLURM_PROCID 0 describes another process than rank 3";
   batch["OMPI_COMM_WORLD_LOCAL_RANK"] = "3";
   batch["OMPI_COMM_WORLD_LOCAL_SIZE"] = "4";
@@ -80,13 +83,16 @@ TEST(LocalRank, NothingOrNonsenseFallsBackToTheSplit) {
   EXPECT_EQ(placement({{"PMIX_LOCAL_RANK", "-1"}, {"PMIX_LOCAL_SIZE", "2"}}), std::nullopt);
   EXPECT_EQ(placement({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}}), std::nullopt)
       << "Slurm without a tasks-per-node layout";
-  EXPECT_EQ(placement({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "2"}, {"SLURM_NODEID", "0"},
-                       {"SLURM_TASKS_PER_NODE", "2"}}),
-            std::nullopt)
+  EXPECT_EQ(
+      placement({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_TASKS_PER_NODE", "2"}}),
+      std::nullopt)
       << "SLURM_LOCALID beyond the node's task count";
   // A malformed first source does not hide a good later one.
-  expect_placement({{"OMPI_COMM_WORLD_LOCAL_RANK", "x"}, {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"},
-                    {"SLURM_NODEID", "0"}, {"SLURM_TASKS_PER_NODE", "2"}},
+  expect_placement({{"OMPI_COMM_WORLD_LOCAL_RANK", "x"},
+                    {"SLURM_PROCID", "0"},
+                    {"SLURM_LOCALID", "0"},
+                    {"SLURM_NODEID", "0"},
+                    {"SLURM_TASKS_PER_NODE", "2"}},
                    0, 0, 2, "Slurm");
 }
 

@@ -161,8 +161,10 @@ void expect_close(const RunResult& a, const RunResult& b, double rel) {
 
 // Bitwise at 2 ranks; at more, within `rel` (the summation order of a parameter's terms differs, see the top).
 void expect_equal_at_two(const RunResult& a, const RunResult& b, double rel) {
-  if (ctx().world_size() <= 2) expect_bitwise(a, b);
-  else expect_close(a, b, rel);
+  if (ctx().world_size() <= 2)
+    expect_bitwise(a, b);
+  else
+    expect_close(a, b, rel);
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
@@ -243,22 +245,24 @@ TEST(Naive, TensorParallelMLPAndAttentionEqualTheWholeLayers) {
       EXPECT_LE(max_abs_diff(part.grad(), of_whole), 1e-5) << "weight " << i++;
   };
   dist::naive::ParallelMLP pmlp(mlp, *pg);
-  check("MLP", [&](const Tensor& in) { return mlp.forward(in); }, [&](const Tensor& in) { return pmlp.forward(in); },
-        [&]() -> std::vector<std::pair<Tensor, Tensor>> {
-          return {{pmlp.fc_weight, cut(mlp.c_fc->weight.grad(), 1, r * h, h)},
-                  {pmlp.fc_bias, cut(mlp.c_fc->bias.grad(), 0, r * h, h)},
-                  {pmlp.proj_weight, cut(mlp.c_proj->weight.grad(), 0, r * h, h)},
-                  {pmlp.proj_bias, mlp.c_proj->bias.grad()}};
-        });
+  check(
+      "MLP", [&](const Tensor& in) { return mlp.forward(in); }, [&](const Tensor& in) { return pmlp.forward(in); },
+      [&]() -> std::vector<std::pair<Tensor, Tensor>> {
+        return {{pmlp.fc_weight, cut(mlp.c_fc->weight.grad(), 1, r * h, h)},
+                {pmlp.fc_bias, cut(mlp.c_fc->bias.grad(), 0, r * h, h)},
+                {pmlp.proj_weight, cut(mlp.c_proj->weight.grad(), 0, r * h, h)},
+                {pmlp.proj_bias, mlp.c_proj->bias.grad()}};
+      });
   dist::naive::ParallelAttention pattn(attn, *pg);
-  check("attention", [&](const Tensor& in) { return attn.forward(in); },
-        [&](const Tensor& in) { return pattn.forward(in); },
-        [&]() -> std::vector<std::pair<Tensor, Tensor>> {
-          return {{pattn.attn_weight, qkv_cut(attn.c_attn->weight.grad(), 1)},
-                  {pattn.attn_bias, qkv_cut(attn.c_attn->bias.grad(), 0)},
-                  {pattn.proj_weight, cut(attn.c_proj->weight.grad(), 0, r * c, c)},
-                  {pattn.proj_bias, attn.c_proj->bias.grad()}};
-        });
+  check(
+      "attention", [&](const Tensor& in) { return attn.forward(in); },
+      [&](const Tensor& in) { return pattn.forward(in); },
+      [&]() -> std::vector<std::pair<Tensor, Tensor>> {
+        return {{pattn.attn_weight, qkv_cut(attn.c_attn->weight.grad(), 1)},
+                {pattn.attn_bias, qkv_cut(attn.c_attn->bias.grad(), 0)},
+                {pattn.proj_weight, cut(attn.c_proj->weight.grad(), 0, r * c, c)},
+                {pattn.proj_bias, attn.c_proj->bias.grad()}};
+      });
 }
 
 // Two stages, 4 micro-batches of 2 sequences, 4 blocks (2 per stage): one step's gradients.
@@ -276,8 +280,7 @@ TEST(Naive, GPipeEqualsOneProcessWithGradientAccumulation) {
     want += loss.item();
   }
   const double loss = dist::naive::gpipe_step(
-      *pg, M, {rows, kSeq, 16},
-      [&](int m) { return piped.blocks(0, L / 2, piped.embed(x.narrow(0, m * rows, rows))); },
+      *pg, M, {rows, kSeq, 16}, [&](int m) { return piped.blocks(0, L / 2, piped.embed(x.narrow(0, m * rows, rows))); },
       [&](const Tensor& act, int m) {
         return piped.head_loss(piped.blocks(L / 2, L, act), y.narrow(0, m * rows, rows));
       });

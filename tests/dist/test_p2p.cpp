@@ -55,8 +55,7 @@ TEST_P(PointToPoint, TagsMatchMessages) {
   auto ra = group_->recv(got_a, left, 1);
   auto sa = group_->send(a, right, 1);
   auto sb = group_->send(b, right, 2);
-  while (!rb->is_completed()) {
-  }
+  while (!rb->is_completed()) {}
   ra->wait();
   sa->wait();
   sb->wait();

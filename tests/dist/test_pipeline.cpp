@@ -15,9 +15,7 @@ namespace {
 std::string error_of(const Schedule& s) {
   try {
     validate_schedule(s);
-  } catch (const Error& e) {
-    return e.what();
-  }
+  } catch (const Error& e) { return e.what(); }
   return "";
 }
 
@@ -31,8 +29,8 @@ TEST(PipelineSchedule, EveryGeneratedScheduleValidates) {
           PipelineSpec spec{kind, p, m, v};
           if (kind != ScheduleKind::kInterleaved && v > 1) continue;
           if (kind == ScheduleKind::kInterleaved && m % p) continue;
-          SCOPED_TRACE(std::string(schedule_kind_name(kind)) + " p=" + std::to_string(p) + " m=" +
-                       std::to_string(m) + " v=" + std::to_string(v));
+          SCOPED_TRACE(std::string(schedule_kind_name(kind)) + " p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                       " v=" + std::to_string(v));
           EXPECT_EQ(error_of(make_schedule(spec)), "");
         }
 }
@@ -100,8 +98,12 @@ TEST(PipelineSchedule, PlantedSwapIsReportedWithBothSides) {
   size_t first = list.size(), second = list.size();
   for (size_t i = 0; i < list.size(); ++i)
     if (list[i].kind == ActionKind::kRecvActivation || list[i].kind == ActionKind::kRecvGrad) {
-      if (first == list.size()) first = i;
-      else if (list[i].kind != list[first].kind || list[i].micro != list[first].micro) { second = i; break; }
+      if (first == list.size())
+        first = i;
+      else if (list[i].kind != list[first].kind || list[i].micro != list[first].micro) {
+        second = i;
+        break;
+      }
     }
   ASSERT_LT(second, list.size());
   std::swap(list[first], list[second]);

@@ -143,7 +143,11 @@ TEST(Topology, GroupsFollowTheGrid) {
       dist::Topology topo(MPI_COMM_WORLD, g, backend);
       const dist::GridCoord c = topo.coord();
       EXPECT_EQ(c, g.coord_of(me));
-      struct Axis { dist::ProcessGroup& group; int size, coord; int dist::GridCoord::*field; };
+      struct Axis {
+        dist::ProcessGroup& group;
+        int size, coord;
+        int dist::GridCoord::*field;
+      };
       for (Axis axis : {Axis{topo.dp_group(), g.dp, c.dp, &dist::GridCoord::dp},
                         Axis{topo.tp_group(), g.tp, c.tp, &dist::GridCoord::tp},
                         Axis{topo.pp_group(), g.pp, c.pp, &dist::GridCoord::pp}}) {
@@ -195,9 +199,7 @@ TEST(ProcessGroup, UnimplementedOperationsSayWhichAndWhere) {
   auto message = [](auto&& fn) {
     try {
       fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
+    } catch (const Error& e) { return std::string(e.what()); }
     return std::string("no error");
   };
   EXPECT_EQ(message([&] { pg.all_reduce(t, dist::ReduceOp::kSum); }), "backend empty does not support all_reduce");

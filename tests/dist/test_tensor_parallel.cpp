@@ -231,8 +231,8 @@ TEST(TensorParallel, SavesOneWholeModelFileThatOneProcessLoads) {
   for (int s = 0; s < 3; ++s) train::train_step(split, opt, global_batch(s, 4), o);  // move off the initial weights
 
   // A directory of its own (save_gpt writes config.json beside the file); the ranks share their launcher's pid.
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("minidl_test_tp_" + std::to_string(tp) + "_" + std::to_string(getppid()));
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("minidl_test_tp_" + std::to_string(tp) + "_" + std::to_string(getppid()));
   if (topo.tp_group().rank() == 0) std::filesystem::create_directories(dir);
   topo.tp_group().barrier()->wait();
   const std::string path = (dir / "model.safetensors").string();

@@ -39,15 +39,15 @@ data::Batch global_batch(int step, int64_t rows) {
 }
 
 struct Case {
-  int zero = 0;         // 0: DDP; 1, 2, 3: ZeRO stage
+  int zero = 0;                // 0: DDP; 1, 2, 3: ZeRO stage
   bool block_buckets = false;  // DDP with ZeRO-3's buckets (one per block, then the persistent parameters)
   bool one_process = false;
   DType amp = DType::f32;
   nn::Recompute recompute = nn::Recompute::kNone;
   int64_t grad_accum = 1;
   int64_t global_batch = 24;
-  bool sgd = false;     // SGD with momentum instead of AdamW
-  double grad_clip = 0; // off: the bitwise comparisons would otherwise compare two roundings of the norm
+  bool sgd = false;      // SGD with momentum instead of AdamW
+  double grad_clip = 0;  // off: the bitwise comparisons would otherwise compare two roundings of the norm
   int steps = 30;
 };
 
@@ -66,10 +66,11 @@ RunResult run(const Case& c) {
   if (!c.one_process) {
     topo = std::make_unique<dist::Topology>(ctx().world(), dist::Grid{n, 1, 1}, "ring");
     if (c.zero == 0 && c.block_buckets)
-      sync = std::make_unique<train::GradSync>(
-          train::Stage::of(model), *topo, train::SyncOptions{.buckets = dist::block_buckets(model)});
+      sync = std::make_unique<train::GradSync>(train::Stage::of(model), *topo,
+                                               train::SyncOptions{.buckets = dist::block_buckets(model)});
     else if (c.zero == 0)
-      sync = std::make_unique<train::GradSync>(train::Stage::of(model), *topo, train::SyncOptions{.caps = small_buckets()});
+      sync = std::make_unique<train::GradSync>(train::Stage::of(model), *topo,
+                                               train::SyncOptions{.caps = small_buckets()});
     else if (c.zero == 3)
       sync = std::make_unique<train::GradSync>(train::Stage::of(model), *topo, train::SyncOptions{.zero = 3});
     else
@@ -274,8 +275,9 @@ TEST(Zero, LedgerMatchesThePrediction) {
     o.grad_sync = &sync;
     const int64_t per_rank = 24 / n;
     data::Batch g = global_batch(0, 24);
-    train::train_step(model, opt, {g.x.narrow(0, ctx().rank() * per_rank, per_rank),
-                                   g.y.narrow(0, ctx().rank() * per_rank, per_rank)}, o);
+    train::train_step(
+        model, opt,
+        {g.x.narrow(0, ctx().rank() * per_rank, per_rank), g.y.narrow(0, ctx().rank() * per_rank, per_rank)}, o);
     expect_within("grads after a step", double(mem.current(MemTag::kGrads) - grads0), grads_predicted, 4 * padding);
   }
 }
@@ -313,7 +315,8 @@ Tensor rank_loss(const Params& m, int rank) {
 TEST(Zero, UnevenSizesArePaddedAndEveryRanksShardIsRight) {
   const int n = ctx().world_size(), rank = ctx().rank();
   auto pg = dist::make_process_group("ring", ctx().world());
-  for (dist::BucketCaps caps : {dist::BucketCaps{}, dist::BucketCaps{.bucket_cap_bytes = 4, .first_bucket_cap_bytes = 4}}) {
+  for (dist::BucketCaps caps :
+       {dist::BucketCaps{}, dist::BucketCaps{.bucket_cap_bytes = 4, .first_bucket_cap_bytes = 4}}) {
     for (int stage : {1, 2}) {
       SCOPED_TRACE("stage " + std::to_string(stage) + ", buckets of " + std::to_string(caps.bucket_cap_bytes));
       Params ref({5, 3, 7}), sharded({5, 3, 7});
@@ -441,7 +444,8 @@ TEST(Zero3, AnyBlockModuleEqualsDDPBitwiseOverRing) {
   zero.hold_full(true);
   const nn::NamedTensors got = sharded.named_parameters(), want = ref.named_parameters();
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].second.to_vector(), want[i].second.to_vector()) << got[i].first;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(got[i].second.to_vector(), want[i].second.to_vector()) << got[i].first;
   zero.hold_full(false);
   // A forgotten gather, as for stages 1-2.
   two_blocks_loss(sharded, ctx().rank()).backward();
@@ -486,8 +490,7 @@ TEST(Zero3, EqualsDDPBitwiseOverRing) {
 // reduce-scatter once, after the last: each micro-batch counted once, in DDP's order, so bitwise DDP, and the
 // stages agree on the loss.
 TEST(Zero3, AccumulationCountsEveryMicroBatchOnceBitwise) {
-  Case c{.block_buckets = true, .recompute = nn::Recompute::kBlock, .grad_accum = 3, .global_batch = 36,
-         .steps = 10};
+  Case c{.block_buckets = true, .recompute = nn::Recompute::kBlock, .grad_accum = 3, .global_batch = 36, .steps = 10};
   const RunResult ddp = run(c);
   c.zero = 3;
   expect_bitwise(run(c), ddp);
@@ -582,8 +585,9 @@ TEST(Zero3, LedgerMatchesThePredictionAndBlocksGatherTwicePerStep) {
     o.grad_sync = &sync;
     const int64_t per_rank = 24 / n;
     data::Batch g = global_batch(0, 24);
-    train::train_step(model, opt, {g.x.narrow(0, ctx().rank() * per_rank, per_rank),
-                                   g.y.narrow(0, ctx().rank() * per_rank, per_rank)}, o);
+    train::train_step(
+        model, opt,
+        {g.x.narrow(0, ctx().rank() * per_rank, per_rank), g.y.narrow(0, ctx().rank() * per_rank, per_rank)}, o);
     EXPECT_EQ(z.block_gathers(), 2 * 2) << "2 blocks, each gathered for its forward and its backward";
     const double block_bytes = 4.0 * double(std::max(z.block_padded_numel(0), z.block_padded_numel(1)));
     EXPECT_LE(double(mem.peak(MemTag::kParams) - rest), 2 * block_bytes + 2 * 64) << "more than two blocks live";

@@ -76,7 +76,10 @@ inline ::testing::AssertionResult same_files(const std::string& a, const std::st
         for (const char* key : {"checkpoint_dir", "save_every"}) (*s)["run_config"].erase(key);
   }
   if (sa != sb)
-    return ::testing::AssertionFailure() << "state.json differs:\n" << a << ":\n" << sa.dump(2) << "\n" << b << ":\n"
+    return ::testing::AssertionFailure() << "state.json differs:\n"
+                                         << a << ":\n"
+                                         << sa.dump(2) << "\n"
+                                         << b << ":\n"
                                          << sb.dump(2);
   return ::testing::AssertionSuccess();
 }

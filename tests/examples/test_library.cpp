@@ -1,7 +1,8 @@
 // The programs of docs/library.md (examples/library/), run as a user runs them: the MLP learns in one process; under
 // DDP and under ZeRO 1, 2 and 3 at 2 ranks it prints the one-process losses (to float rounding: the ranks' halves of
-// the batch are averaged in another order), and the four print the same bits; a train_gpt checkpoint evaluated by a program of one's own gives
-// train_gpt's validation loss; and that program, which uses the training layer on the CPU, links no CUDA.
+// the batch are averaged in another order), and the four print the same bits; a train_gpt checkpoint evaluated by a
+// program of one's own gives train_gpt's validation loss; and that program, which uses the training layer on the CPU,
+// links no CUDA.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -65,7 +66,8 @@ TEST(Library, CheckpointEvaluatesToTrainGptsValidationLoss) {
   const std::string ck = (dir / "model.safetensors").string(), corpus = (dir / "tiny.txt").string();
   auto train = run_program(std::string(TRAIN_GPT_BIN) + " --data " + corpus +
                            " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 --steps 30 --eval-windows 8 "
-                           "--log-every 1000 --save " + ck);
+                           "--log-every 1000 --save " +
+                           ck);
   ASSERT_EQ(train.code, 0) << train.out;
   auto eval = run_program(std::string(EXAMPLE_EVALUATE) + " " + ck + " " + corpus + " 8 4");
   ASSERT_EQ(eval.code, 0) << eval.out;
@@ -89,4 +91,16 @@ TEST(Library, CpuProgramUsingTheTrainingLayerLinksNoCuda) {
   EXPECT_EQ(std::stoi(symbols.out), 0) << "CUDA backend symbols in a CPU-only program";
   auto train_gpt = run_program("nm -C " + std::string(TRAIN_GPT_BIN) + " | grep -c 'minidl::cuda::' || true");
   if (std::string(TRAIN_GPT_CUDA) != "none") EXPECT_GT(std::stoi(train_gpt.out), 0) << "the check sees nothing";
+}
+
+// OpenMP's spin setting is the programs' choice (core/openmp_spin.cpp, linked by minidl's programs): train_gpt
+// re-executes itself at start from its .preinit_array, a program of one's own that links only the library does not.
+TEST(Library, OnlyMinidlsProgramsReExecuteForOpenMP) {
+  auto preinit = [](const std::string& binary) {
+    auto r = run_program("readelf -S " + binary + " | grep -c '\\.preinit_array' || true");
+    return std::stoi(r.out);
+  };
+  EXPECT_EQ(preinit(EXAMPLE_MLP), 0);
+  EXPECT_EQ(preinit(EXAMPLE_EVALUATE), 0);
+  EXPECT_GT(preinit(TRAIN_GPT_BIN), 0) << "the check sees nothing";
 }

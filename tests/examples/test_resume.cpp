@@ -24,8 +24,8 @@ using minidl::testing::kF32SumOrder;
 using minidl::testing::losses_agree;
 using minidl::testing::mpiexec;
 using minidl::testing::read_file;
-using minidl::testing::safetensors_files;
 using minidl::testing::RunConfig;
+using minidl::testing::safetensors_files;
 using minidl::testing::same_files;
 using minidl::testing::summary_text;
 
@@ -85,8 +85,9 @@ TEST_F(Resume, EightStepsStraightEqualFourPlusFour) {
 // count (clean steps, skipped steps, hysteresis), and the resumed run must go on from exactly there: its step-8
 // checkpoint, state.json included, is byte for byte the straight run's.
 TEST_F(Resume, Fp16ResumesAcrossAScaleGrowthAndAnOverflow) {
-  const std::string scaling = " --amp fp16 --loss-scale-init 16777216 --loss-scale-growth-interval 2 --progress lines "
-                              "--log-every 1";
+  const std::string scaling =
+      " --amp fp16 --loss-scale-init 16777216 --loss-scale-growth-interval 2 --progress lines "
+      "--log-every 1";
   std::string straight_out;
   minidl::testing::expect_straight_equals_four_plus_four(
       [&](int steps, const std::string& args) {
@@ -207,8 +208,8 @@ TEST_F(Resume, CheckpointResumesAtAnotherDataParallelSize) {
   fs::remove_all(path("ck") + "/step-00000008");
   Result two = run(2, flags(8) + " --checkpoint-dir " + path("ck") + " --resume auto");
   ASSERT_EQ(two.code, 0) << two.out;
-  EXPECT_TRUE(losses_agree(std::stod(summary_text(two.out, "val_loss")), std::stod(summary_text(straight.out, "val_loss")),
-                           kF32SumOrder))
+  EXPECT_TRUE(losses_agree(std::stod(summary_text(two.out, "val_loss")),
+                           std::stod(summary_text(straight.out, "val_loss")), kF32SumOrder))
       << two.out;
 }
 
@@ -222,8 +223,6 @@ std::vector<double> step_losses(const std::string& out, int first) {
     if (std::stoi((*it)[1]) >= first) losses.push_back(std::stod((*it)[2]));
   return losses;
 }
-
-
 
 }  // namespace
 

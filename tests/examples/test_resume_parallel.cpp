@@ -4,8 +4,8 @@
 // for pipelines (train/checkpoint.h), with tp inside the stages (tp 2 x pp 2) and ZeRO 1-2 over them.
 //
 // Oracles: the uninterrupted run (bitwise, same topology); one process (the same steps, within kF32SumOrder where
-// the topology changes the summation order: support/loss_agreement.h); the one-process checkpoint itself (the gathered AdamW moments and weights
-// of a tp 2 run, tensor by tensor, at the same step); PyTorch's evaluation of the saved file.
+// the topology changes the summation order: support/loss_agreement.h); the one-process checkpoint itself (the gathered
+// AdamW moments and weights of a tp 2 run, tensor by tensor, at the same step); PyTorch's evaluation of the saved file.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -94,8 +94,8 @@ class ResumeParallel : public ::testing::Test {
   std::string flags(int steps) const {
     return std::string(TRAIN_GPT_BIN) + " --data " + path("tiny.txt") +
            " --layers 2 --heads 4 --embd 32 --seq 16 --batch 4 --threads 1 --eval-windows 4 --eval-every 0 "
-           "--log-every 1000 --dropout 0.1 --lr 3e-3 --min-lr 1e-4 --steps " + std::to_string(steps) +
-           (steps > 0 ? " --warmup 2" : "");
+           "--log-every 1000 --dropout 0.1 --lr 3e-3 --min-lr 1e-4 --steps " +
+           std::to_string(steps) + (steps > 0 ? " --warmup 2" : "");
   }
   Result run(int ranks, const std::string& args) { return minidl::testing::run_program(mpiexec(ranks) + args); }
   // The step-4 checkpoint of run `from` (a directory under the test's), resumed on `ranks` ranks with `extra` flags.
@@ -145,7 +145,8 @@ TEST_F(ResumeParallel, TensorParallelCheckpointResumesAtAnotherTp) {
   // Each rank wrote its own share of AdamW's state (tensors_of checked that no tensor is in both; the comparison
   // above, that together they hold every one); a missing share is refused by name.
   const auto files = safetensors_files(path("tp2") + "/step-00000004");
-  EXPECT_TRUE(files.count("optimizer-00000-of-00002.safetensors") && files.count("optimizer-00001-of-00002.safetensors"));
+  EXPECT_TRUE(files.count("optimizer-00000-of-00002.safetensors") &&
+              files.count("optimizer-00001-of-00002.safetensors"));
   fs::copy(path("tp2") + "/step-00000004", path("missing"), fs::copy_options::recursive);
   fs::remove(path("missing") + "/optimizer-00001-of-00002.safetensors");
   Result missing = run(2, flags(8) + " --tp 2 --resume " + path("missing"));
@@ -169,9 +170,9 @@ TEST_F(ResumeParallel, TensorParallelSaveLoadsAtTp4AndInPyTorch) {
   if (minidl::testing::run_program("/usr/bin/python3 -c 'import torch'").code != 0)
     GTEST_SKIP() << "/usr/bin/python3 has no torch: the PyTorch load of the tp 2 file is not checked (PyTorch is "
                     "never a test dependency)";
-  Result torch = minidl::testing::run_program("/usr/bin/python3 " + std::string(SOURCE_DIR) +
-                                              "/scripts/load_in_pytorch.py " + path("tp2.safetensors") + " --data " +
-                                              path("tiny.txt") + " --seq 16 --windows 4");
+  Result torch =
+      minidl::testing::run_program("/usr/bin/python3 " + std::string(SOURCE_DIR) + "/scripts/load_in_pytorch.py " +
+                                   path("tp2.safetensors") + " --data " + path("tiny.txt") + " --seq 16 --windows 4");
   ASSERT_EQ(torch.code, 0) << torch.out;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(torch.out, m, std::regex("val_loss=([-0-9.e+naif]+)"))) << torch.out;
@@ -254,8 +255,7 @@ TEST_F(ResumeParallel, TensorAndPipelineCheckpointResumesInOneProcess) {
   Result split = run(4, flags(8) + " --tp 2 --pp 2 --checkpoint-dir " + path("tp2pp2") + " --save-every 4");
   ASSERT_EQ(split.code, 0) << split.out;
   for (const char* f : {"model", "optimizer"})
-    EXPECT_LT(max_relative_difference(path("tp2pp2") + "/step-00000004", path("one") + "/step-00000004", f), 1e-3)
-        << f;
+    EXPECT_LT(max_relative_difference(path("tp2pp2") + "/step-00000004", path("one") + "/step-00000004", f), 1e-3) << f;
   EXPECT_EQ(safetensors_files(path("tp2pp2") + "/step-00000004").count("optimizer-00003-of-00004.safetensors"), 1u);
   for (Resharded c : {Resharded{"tp2pp2", 1, ""}, Resharded{"one", 4, " --tp 2 --pp 2"}})
     expect_resumes_close_to(c, straight);
@@ -297,8 +297,7 @@ TEST_F(ResumeParallel, PipelineZeroStraightEqualsFourPlusFour) {
   for (const char* extra : {" --pp 2 --dp 2 --zero 1", " --pp 2 --dp 2 --zero 2 --amp fp16"}) {
     SCOPED_TRACE(extra);
     minidl::testing::expect_straight_equals_four_plus_four(
-        [&](int steps, const std::string& args) { return run(4, flags(steps) + extra + args); }, path("a"),
-        path("b"));
+        [&](int steps, const std::string& args) { return run(4, flags(steps) + extra + args); }, path("a"), path("b"));
   }
 }
 
@@ -311,8 +310,7 @@ TEST_F(ResumeParallel, PipelineZeroCheckpointResumesInOneProcess) {
   Result zero = run(4, flags(8) + " --pp 2 --dp 2 --zero 1 --checkpoint-dir " + path("ppzero") + " --save-every 4");
   ASSERT_EQ(zero.code, 0) << zero.out;
   for (const char* f : {"model", "optimizer"})
-    EXPECT_LT(max_relative_difference(path("ppzero") + "/step-00000004", path("one") + "/step-00000004", f), 1e-3)
-        << f;
+    EXPECT_LT(max_relative_difference(path("ppzero") + "/step-00000004", path("one") + "/step-00000004", f), 1e-3) << f;
   for (Resharded c : {Resharded{"ppzero", 1, ""}, Resharded{"one", 4, " --pp 2 --dp 2 --zero 1"}})
     expect_resumes_close_to(c, straight);
 }

@@ -94,13 +94,15 @@ class TrainGptTrace : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::string tiny_flags() const {
-    return "--data " + path("tiny.txt") + " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 "
+    return "--data " + path("tiny.txt") +
+           " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 "
            "--eval-windows 4 --log-every 1000";
   }
   // Two pipeline stages of one block each, with enough work per forward and backward (a few ms on one core)
   // that a stage's waits are not lost in the noise of the bookkeeping between actions.
   std::string pipeline_flags() const {
-    return "--data " + path("tiny.txt") + " --layers 2 --heads 4 --embd 128 --seq 64 --batch 16 --threads 1 "
+    return "--data " + path("tiny.txt") +
+           " --layers 2 --heads 4 --embd 128 --seq 64 --batch 16 --threads 1 "
            "--eval-windows 4 --log-every 1000 --pp 2 --micro-batches 4";
   }
   fs::path dir_;
@@ -144,12 +146,11 @@ TEST_F(TrainGptTrace, StepsAndTheirCommunication) {
       EXPECT_LE(std::abs(traced - summary), std::max(0.05 * summary, 0.006)) << "trace " << traced << " ms";
     }
   }
-  Result merged = minidl::testing::run_program("python3 " + std::string(SOURCE_DIR) + "/scripts/merge_traces.py " +
-                                               path("trace"));
+  Result merged =
+      minidl::testing::run_program("python3 " + std::string(SOURCE_DIR) + "/scripts/merge_traces.py " + path("trace"));
   EXPECT_EQ(merged.code, 0) << merged.out;
   EXPECT_TRUE(fs::exists(path("trace") + "/merged.json"));
 }
-
 
 // --pp 2 with 4 micro-batches: each stage's idle time read off its trace is the bubble the run measures. From the
 // trace, idle is the time of the schedule's span ("schedule": the window Stage::Timing divides by) that the stage
@@ -185,7 +186,8 @@ TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
     const double traced = 100 * (window_us - compute_us) / window_us, measured = std::stod(m[size_t(rank + 1)]);
     EXPECT_GT(measured, 1.0) << "stage " << rank << " never waited: no bubble to compare\n" << r.out;
     EXPECT_LE(std::abs(traced - measured), std::max(0.10 * measured, 0.1))
-        << "idle in the trace " << traced << "%, measured " << measured << "%\n" << r.out;
+        << "idle in the trace " << traced << "%, measured " << measured << "%\n"
+        << r.out;
   }
 }
 
@@ -245,8 +247,8 @@ TEST_F(TrainGptTrace, MergedTraceIsOnRankZerosClock) {
 // the communication thread's track.
 TEST_F(TrainGptTrace, ShowsZeroCollectivesAndRecomputation) {
   const int steps = 3, layers = 2;
-  std::string flags = tiny_flags() + " --steps " + std::to_string(steps) + " --zero 3 --recompute block --trace " +
-                      path("trace");
+  std::string flags =
+      tiny_flags() + " --steps " + std::to_string(steps) + " --zero 3 --recompute block --trace " + path("trace");
   flags.replace(flags.find("--layers 1"), 10, "--layers " + std::to_string(layers));
   Result r = run_with(mpiexec(2), flags);
   ASSERT_EQ(r.code, 0) << r.out;

@@ -28,8 +28,9 @@ double summary_value(const std::string& out, const std::string& key) {
 }  // namespace
 
 TEST(TrainCnn, LearnsThreeShapesWellAboveChance) {
-  Result r = run("--classes 3 --image-size 16 --steps 250 --batch 32 --noise 0.05 --train-size 2048 "
-                 "--test-size 512 --seed 1");
+  Result r =
+      run("--classes 3 --image-size 16 --steps 250 --batch 32 --noise 0.05 --train-size 2048 "
+          "--test-size 512 --seed 1");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("epoch 1 | step 64/250"), std::string::npos) << r.out;
   EXPECT_EQ(summary_value(r.out, "steps"), 250);
@@ -63,8 +64,7 @@ TEST(TrainCnn, BadInputExitsWithTwoAndSaysWhatWasExpected) {
                         Case{"--image-size 8", "--image-size: expected 16 to 128 pixels, got 8"},
                         Case{"--lr -1", "--lr: expected a positive number, got -1"},
                         Case{"--train-size 10 --batch 64", "--train-size: expected at least one batch (--batch 64)"},
-                        Case{"--steps abc", "--steps"},
-                        Case{"--no-such-flag", "--no-such-flag"}}) {
+                        Case{"--steps abc", "--steps"}, Case{"--no-such-flag", "--no-such-flag"}}) {
     Result r = run(c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find("train_cnn: error: "), std::string::npos) << c.args << "\n" << r.out;

@@ -60,7 +60,8 @@ class TrainGpt : public ::testing::Test {
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::string tiny_flags() const {
-    return "--data " + path("tiny.txt") + " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 "
+    return "--data " + path("tiny.txt") +
+           " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 "
            "--eval-windows 4 --log-every 1000";
   }
   // Asserts exit code 2, that the message contains every expected fragment, and that `save` was not written.
@@ -68,7 +69,8 @@ class TrainGpt : public ::testing::Test {
     Result r = run(args + " --save " + path("out.safetensors"));
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find("train_gpt: error:"), std::string::npos) << r.out;
-    for (const char* f : fragments) EXPECT_NE(r.out.find(f), std::string::npos) << "missing '" << f << "' in: " << r.out;
+    for (const char* f : fragments)
+      EXPECT_NE(r.out.find(f), std::string::npos) << "missing '" << f << "' in: " << r.out;
     EXPECT_FALSE(fs::exists(path("out.safetensors")));
     EXPECT_FALSE(fs::exists(path("config.json")));
   }
@@ -92,13 +94,51 @@ double summary_field(const std::string& out, const std::string& key) {
 TEST_F(TrainGpt, HelpDescribesEveryFlag) {
   Result r = run("--help");
   EXPECT_EQ(r.code, 0);
-  for (const char* flag : {"--data", "--layers", "--heads", "--embd", "--seq", "--batch", "--steps", "--lr", "--min-lr",
-                           "--warmup", "--weight-decay", "--dropout", "--grad-clip", "--seed", "--threads",
-                           "--eval-every", "--eval-windows", "--save", "--init-from", "--sample", "--log-every",
-                           "--grad-accum", "--zero", "--amp", "--recompute", "--advance-lr-on-skip", "--device", "--tf32",
-                           "--dp", "--tp", "--sequence-parallel", "--pp", "--backend", "--progress", "--max-skipped-steps",
-                           "--checkpoint-dir", "--save-every", "--keep-last", "--resume", "--memory-report",
-                           "--plan-memory", "--micro-batches", "--schedule", "--virtual-stages", "--pp-layers",
+  for (const char* flag : {"--data",
+                           "--layers",
+                           "--heads",
+                           "--embd",
+                           "--seq",
+                           "--batch",
+                           "--steps",
+                           "--lr",
+                           "--min-lr",
+                           "--warmup",
+                           "--weight-decay",
+                           "--dropout",
+                           "--grad-clip",
+                           "--seed",
+                           "--threads",
+                           "--eval-every",
+                           "--eval-windows",
+                           "--save",
+                           "--init-from",
+                           "--sample",
+                           "--log-every",
+                           "--grad-accum",
+                           "--zero",
+                           "--amp",
+                           "--recompute",
+                           "--advance-lr-on-skip",
+                           "--device",
+                           "--tf32",
+                           "--dp",
+                           "--tp",
+                           "--sequence-parallel",
+                           "--pp",
+                           "--backend",
+                           "--progress",
+                           "--max-skipped-steps",
+                           "--checkpoint-dir",
+                           "--save-every",
+                           "--keep-last",
+                           "--resume",
+                           "--memory-report",
+                           "--plan-memory",
+                           "--micro-batches",
+                           "--schedule",
+                           "--virtual-stages",
+                           "--pp-layers",
                            "--print-schedule"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
@@ -151,8 +191,8 @@ std::vector<double> step_losses(const std::string& out) {
 }
 
 void expect_same_losses(const std::string& model_flags, int steps) {
-  const std::string flags = model_flags + " --steps " + std::to_string(steps) +
-                            " --log-every 1 --eval-every 0 --eval-windows 4 --threads 2";
+  const std::string flags =
+      model_flags + " --steps " + std::to_string(steps) + " --log-every 1 --eval-every 0 --eval-windows 4 --threads 2";
   Result cpu = run(flags + " --device cpu"), cuda = run(flags + " --device cuda");
   ASSERT_EQ(cpu.code, 0) << cpu.out;
   ASSERT_EQ(cuda.code, 0) << cuda.out;
@@ -182,7 +222,8 @@ TEST_F(TrainGpt, EmulatedCudaLossesMatchTheCpuAtEveryStep) {
 // accumulation, dropout and a warmup + cosine schedule); what a captured step cannot do is refused by name.
 TEST_F(TrainGpt, CudaGraphEqualsEagerSteps) {
   if (std::string(TRAIN_GPT_CUDA) != "emulated") GTEST_SKIP() << "train_gpt is not built with MINIDL_CUDA_EMULATION";
-  const std::string flags = tiny_flags() + " --embd 32 --device cuda --steps 10 --log-every 1 --eval-every 0 --amp fp16 "
+  const std::string flags = tiny_flags() +
+                            " --embd 32 --device cuda --steps 10 --log-every 1 --eval-every 0 --amp fp16 "
                             "--grad-accum 2 --grad-clip 0.5 --warmup 3 --min-lr 1e-4 "
                             "--dropout 0.1";
   Result eager = run(flags + " --save " + path("eager.safetensors"));
@@ -225,8 +266,8 @@ TEST_F(TrainGpt, BatchThatDoesNotSplitIntoMicroBatches) {
 }
 
 TEST_F(TrainGpt, MixedPrecisionRecomputeAndAccumulation) {
-  Result r = run(tiny_flags() + " --steps 6 --amp fp16 --recompute block --grad-accum 2 --save " +
-                 path("m.safetensors"));
+  Result r =
+      run(tiny_flags() + " --steps 6 --amp fp16 --recompute block --grad-accum 2 --save " + path("m.safetensors"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(summary_field(r.out, "loss_scale"), 65536.0);
   EXPECT_EQ(summary_field(r.out, "skipped_steps"), 0.0);
@@ -279,8 +320,8 @@ TEST_F(TrainGpt, SavedModelLoadsInTransformers) {
     SCOPED_TRACE("--tokenizer " + tokenizer);
     const std::string dir = path("hf_" + tokenizer);
     fs::create_directories(dir);
-    Result r = run(tiny_flags() + " --steps 10 --lr 3e-3 --tokenizer " + tokenizer + " --save " + dir +
-                   "/model.safetensors");
+    Result r =
+        run(tiny_flags() + " --steps 10 --lr 3e-3 --tokenizer " + tokenizer + " --save " + dir + "/model.safetensors");
     ASSERT_EQ(r.code, 0) << r.out;
     Result hf = minidl::testing::run_program(python + " " + SOURCE_DIR + "/scripts/load_in_pytorch.py " + dir +
                                              "/model.safetensors --data " + path("tiny.txt") +
@@ -301,16 +342,18 @@ TEST_F(TrainGpt, TensorBoardReadsTheEventFiles) {
   const std::string python = std::string(venv ? venv : "/opt/minidl-oracles") + "/bin/python";
   if (minidl::testing::run_program(python + " -c 'import tensorboard'").code != 0)
     GTEST_SKIP() << python << " has no tensorboard: scripts/install-deps.sh --with-oracles installs it";
-  Result r = run(tiny_flags() + " --steps 20 --log-every 5 --eval-every 10 --progress lines --amp fp16 "
-                 "--tensorboard " + path("tb"));
+  Result r = run(tiny_flags() +
+                 " --steps 20 --log-every 5 --eval-every 10 --progress lines --amp fp16 "
+                 "--tensorboard " +
+                 path("tb"));
   ASSERT_EQ(r.code, 0) << r.out;
-  Result tb = minidl::testing::run_program(python + " " + SOURCE_DIR + "/tests/examples/read_tensorboard.py " +
-                                           path("tb"));
+  Result tb =
+      minidl::testing::run_program(python + " " + SOURCE_DIR + "/tests/examples/read_tensorboard.py " + path("tb"));
   ASSERT_EQ(tb.code, 0) << tb.out;
   const nlohmann::json scalars = nlohmann::json::parse(tb.out.substr(tb.out.find('{')));
-  for (const char* tag : {"train/loss", "val/loss", "lr", "grad_norm", "loss_scale", "skipped_steps", "tokens_per_s",
-                          "step_ms", "exposed_comm_ms", "memory_mb/params", "memory_mb/grads", "memory_mb/optimizer",
-                          "memory_mb/activations"})
+  for (const char* tag :
+       {"train/loss", "val/loss", "lr", "grad_norm", "loss_scale", "skipped_steps", "tokens_per_s", "step_ms",
+        "exposed_comm_ms", "memory_mb/params", "memory_mb/grads", "memory_mb/optimizer", "memory_mb/activations"})
     EXPECT_TRUE(scalars.contains(tag)) << tag << " missing from " << tb.out;
   auto at = [&](const char* tag, int64_t step) -> double {
     for (const auto& e : scalars.at(tag))
@@ -331,8 +374,8 @@ TEST_F(TrainGpt, TensorBoardReadsTheEventFiles) {
   EXPECT_NEAR(at("val/loss", 20), summary_field(r.out, "val_loss"), 1e-6 * summary_field(r.out, "val_loss"));
   // scripts/plot.py reads the same files with its own reader and draws them (Debian's matplotlib, CI installs it).
   if (minidl::testing::run_program("/usr/bin/python3 -c 'import matplotlib'").code == 0) {
-    Result plot = minidl::testing::run_program("/usr/bin/python3 " + std::string(SOURCE_DIR) + "/scripts/plot.py loss " +
-                                               path("tb") + " -o " + path("loss.png"));
+    Result plot = minidl::testing::run_program("/usr/bin/python3 " + std::string(SOURCE_DIR) +
+                                               "/scripts/plot.py loss " + path("tb") + " -o " + path("loss.png"));
     EXPECT_EQ(plot.code, 0) << plot.out;
     EXPECT_GT(fs::exists(path("loss.png")) ? fs::file_size(path("loss.png")) : 0u, 1000u) << plot.out;
     Result read = minidl::testing::run_program(
@@ -388,7 +431,8 @@ TEST_F(TrainGpt, Gpt2TokenizerTrainsAndItsCheckpointsKeepIt) {
 // with the window recomputed per token the same text (temperature, top-k, past the window); a prompt the
 // vocabulary cannot spell is refused before training, by name.
 TEST_F(TrainGpt, PromptedGenerationWithAndWithoutTheCache) {
-  const std::string flags = tiny_flags() + " --steps 20 --lr 3e-3 --sample 40 --prompt 'the qu' --top-k 5 "
+  const std::string flags = tiny_flags() +
+                            " --steps 20 --lr 3e-3 --sample 40 --prompt 'the qu' --top-k 5 "
                             "--temperature 0.8";
   Result cached = run(flags);
   ASSERT_EQ(cached.code, 0) << cached.out;
@@ -428,7 +472,8 @@ TEST_F(TrainGpt, TrainsOnTokenShardsWrittenByTokenizeShards) {
   EXPECT_EQ(stream, want);
   EXPECT_TRUE(fs::exists(path("shards/tiny_val_000000.bin")));
 
-  Result r = run(tiny_flags() + " --data '" + path("shards") + "/tiny_*.bin' --steps 20 --lr 1e-2 --progress lines "
+  Result r = run(tiny_flags() + " --data '" + path("shards") +
+                 "/tiny_*.bin' --steps 20 --lr 1e-2 --progress lines "
                  "--log-every 1");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("tokenizer=gpt2"), std::string::npos) << r.out;
@@ -511,8 +556,8 @@ TEST_F(TrainGpt, DataParallelMatchesOneProcess) {
 }
 
 // ZeRO stages 1, 2 and 3 over 2 ranks (ring and mpi; with dropout, clipping and accumulation): the summary of one
-// process within kF32SumOrder (evaluation and sampling under stage 3 on the gathered model), and the per-rank ledger line
-// with the prediction.
+// process within kF32SumOrder (evaluation and sampling under stage 3 on the gathered model), and the per-rank ledger
+// line with the prediction.
 TEST_F(TrainGpt, ZeroMatchesOneProcess) {
   std::string flags = tiny_flags() + " --steps 20 --lr 3e-3 --dropout 0.1 --batch 8";
   Result one = run(flags);
@@ -553,8 +598,10 @@ TEST_F(TrainGpt, PlanMemoryListsWhatFitsCheapestFirst) {
   for (const std::string& r : rows) {
     std::istringstream in(r);
     in >> stage;
-    if (stage == 3) seen_three = true;
-    else EXPECT_FALSE(seen_three) << "a stage " << stage << " row after a stage 3 row:\n" << plan.out;
+    if (stage == 3)
+      seen_three = true;
+    else
+      EXPECT_FALSE(seen_three) << "a stage " << stage << " row after a stage 3 row:\n" << plan.out;
   }
   Result none = run(tiny_flags() + " --plan-memory 0.000001");
   ASSERT_EQ(none.code, 0) << none.out;
@@ -564,8 +611,8 @@ TEST_F(TrainGpt, PlanMemoryListsWhatFitsCheapestFirst) {
 }
 
 // Tensor parallelism over 2 ranks (ring and mpi; tp 2 x dp 2 on 4; bf16 with block recomputation and accumulation)
-// with AdamW, dropout and clipping: the summary of one process within kF32SumOrder (bf16: kBf16SumOrder). A tp 2 run's --save is one whole-model
-// file that one process evaluates to the same validation loss.
+// with AdamW, dropout and clipping: the summary of one process within kF32SumOrder (bf16: kBf16SumOrder). A tp 2 run's
+// --save is one whole-model file that one process evaluates to the same validation loss.
 TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
   std::string heads4 = tiny_flags();
   heads4.replace(heads4.find("--heads 2"), 9, "--heads 4");
@@ -611,8 +658,11 @@ TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
 // tp 2 and 1.5x at tp 4, and never more than the formula allows.
 TEST_F(TrainGpt, SequenceParallelActivationSavingFollowsItsFormula) {
   std::string flags = tiny_flags() + " --steps 1 --warmup 0 --eval-windows 1";
-  for (auto [from, to] : {std::pair<std::string, std::string>{"--layers 1", "--layers 2"}, {"--heads 2", "--heads 4"},
-                          {"--embd 16", "--embd 64"}, {"--seq 16", "--seq 32"}, {"--batch 4", "--batch 8"}})
+  for (auto [from, to] : {std::pair<std::string, std::string>{"--layers 1", "--layers 2"},
+                          {"--heads 2", "--heads 4"},
+                          {"--embd 16", "--embd 64"},
+                          {"--seq 16", "--seq 32"},
+                          {"--batch 4", "--batch 8"}})
     flags.replace(flags.find(from), from.size(), to);
   for (int tp : {2, 4}) {
     double peak[2];
@@ -649,7 +699,8 @@ TEST_F(TrainGpt, TensorParallelOnEmulatedCudaMatchesOneProcess) {
 TEST_F(TrainGpt, DataParallelOnEmulatedCudaMatchesOneProcess) {
   if (std::string(TRAIN_GPT_CUDA) != "emulated") GTEST_SKIP() << "train_gpt is not built with MINIDL_CUDA_EMULATION";
   // One head of 16: the CUDA attention kernels take head dimensions 16, 32 and 64.
-  std::string flags = "--data " + path("tiny.txt") + " --layers 1 --heads 1 --embd 16 --seq 16 --threads 1 "
+  std::string flags = "--data " + path("tiny.txt") +
+                      " --layers 1 --heads 1 --embd 16 --seq 16 --threads 1 "
                       "--eval-windows 4 --log-every 1000 --steps 6 --lr 3e-3 --dropout 0.1 --batch 8 --device cuda";
   Result one = run(flags);
   ASSERT_EQ(one.code, 0) << one.out;
@@ -763,7 +814,8 @@ TEST_F(TrainGpt, Fp16OverflowingForwardIsSkippedUntilTooManyInARow) {
 // learning rate at step p is the schedule's p-th. The fp16 run starts at the largest scale (2^24), so its first steps
 // overflow and back off; each step's printed rate must be the bf16 run's at (steps before it - skips before it).
 TEST_F(TrainGpt, Fp16SkippedStepsHoldTheLearningRateSchedule) {
-  const std::string common = tiny_flags() + " --steps 12 --lr 3e-3 --warmup 4 --min-lr 1e-4 --progress lines "
+  const std::string common = tiny_flags() +
+                             " --steps 12 --lr 3e-3 --warmup 4 --min-lr 1e-4 --progress lines "
                              "--log-every 1";
   Result bf16 = run(common + " --amp bf16");
   ASSERT_EQ(bf16.code, 0) << bf16.out;
@@ -778,8 +830,8 @@ TEST_F(TrainGpt, Fp16SkippedStepsHoldTheLearningRateSchedule) {
   int64_t skipped_before = 0, checked = 0;
   for (auto it = std::sregex_iterator(fp16.out.begin(), fp16.out.end(), line); it != std::sregex_iterator(); ++it) {
     const int64_t step = std::stoll((*it)[1]) - 1;
-    EXPECT_EQ((*it)[2].str(), schedule[size_t(step - skipped_before)]) << "step " << step + 1 << " after "
-                                                                        << skipped_before << " skipped: " << fp16.out;
+    EXPECT_EQ((*it)[2].str(), schedule[size_t(step - skipped_before)])
+        << "step " << step + 1 << " after " << skipped_before << " skipped: " << fp16.out;
     skipped_before = std::stoll((*it)[3]);
     ++checked;
   }
@@ -840,19 +892,23 @@ TEST_F(TrainGpt, RanksThatDisagreeOnNumericsAllStop) {
 }
 
 // Pipeline parallelism: 2 stages with each schedule, and dp 2 x pp 2, against one process accumulating over the same
-// micro-batches (summary within kF32SumOrder, bf16 kBf16SumOrder; dropout, clipping, recomputation and bf16 on); the schedule drawing without
-// mpirun; the per-stage activation peaks; what a pipeline cannot run, refused by name.
+// micro-batches (summary within kF32SumOrder, bf16 kBf16SumOrder; dropout, clipping, recomputation and bf16 on); the
+// schedule drawing without mpirun; the per-stage activation peaks; what a pipeline cannot run, refused by name.
 TEST_F(TrainGpt, PipelineMatchesOneProcess) {
   std::string flags = tiny_flags() + " --layers 4 --steps 10 --lr 3e-3 --dropout 0.1 --batch 8";
   Result one = run(flags + " --grad-accum 4");
   ASSERT_EQ(one.code, 0) << one.out;
   Result one_bf16 = run(flags + " --grad-accum 4 --amp bf16");
   ASSERT_EQ(one_bf16.code, 0) << one_bf16.out;
-  struct Pipe { int ranks; const char* extra; const Result* ref; };
-  for (const Pipe& c : {Pipe{2, " --pp 2 --micro-batches 4 --schedule gpipe", &one},
-                        Pipe{2, " --pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2 --amp bf16",
-                             &one_bf16},
-                        Pipe{4, " --pp 2 --dp 2 --micro-batches 2 --schedule 1f1b --recompute block", &one}}) {
+  struct Pipe {
+    int ranks;
+    const char* extra;
+    const Result* ref;
+  };
+  for (const Pipe& c :
+       {Pipe{2, " --pp 2 --micro-batches 4 --schedule gpipe", &one},
+        Pipe{2, " --pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2 --amp bf16", &one_bf16},
+        Pipe{4, " --pp 2 --dp 2 --micro-batches 2 --schedule 1f1b --recompute block", &one}}) {
     Result r = run_with(mpiexec(c.ranks), flags + c.extra);
     ASSERT_EQ(r.code, 0) << c.extra << "\n" << r.out;
     const double tolerance = c.ref == &one_bf16 ? kBf16SumOrder : kF32SumOrder;
@@ -876,8 +932,10 @@ TEST_F(TrainGpt, PipelineMatchesOneProcess) {
   EXPECT_NE(drawn.out.find("bubble: 27.3% simulated"), std::string::npos) << drawn.out;
 
   expect_rejected(tiny_flags() + " --layers 2 --pp 4 --print-schedule", {"--pp 4", "only 2 blocks"});
-  expect_rejected(tiny_flags() + " --layers 4 --pp 2 --micro-batches 3 --schedule interleaved --virtual-stages 2 "
-                  "--print-schedule", {"--micro-batches 3", "multiple of --pp 2"});
+  expect_rejected(tiny_flags() +
+                      " --layers 4 --pp 2 --micro-batches 3 --schedule interleaved --virtual-stages 2 "
+                      "--print-schedule",
+                  {"--micro-batches 3", "multiple of --pp 2"});
   expect_rejected(tiny_flags() + " --layers 4 --pp 2 --micro-batches 3 --print-schedule",
                   {"--batch 4", "1 data-parallel rank(s) x 3 micro-batches"});
   expect_rejected(tiny_flags() + " --layers 4 --pp 2 --zero 3 --print-schedule", {"--zero 3 with --pp 2", "ZeRO-3"});
@@ -885,9 +943,10 @@ TEST_F(TrainGpt, PipelineMatchesOneProcess) {
 }
 
 // dp x tp x pp x ZeRO together (train/parallel_model.h), at 2, 4 and 8 ranks (8 oversubscribed): the summary of one
-// process accumulating over the same micro-batches within kF32SumOrder (bf16: kBf16SumOrder), with dropout and clipping on everywhere, --amp bf16
-// and --recompute block somewhere; --memory-report predicts a tensor-parallel rank's parameters, gradients and
-// optimizer state exactly. (The clipping norm itself is compared step by step in test_dist_3d.)
+// process accumulating over the same micro-batches within kF32SumOrder (bf16: kBf16SumOrder), with dropout and clipping
+// on everywhere, --amp bf16 and --recompute block somewhere; --memory-report predicts a tensor-parallel rank's
+// parameters, gradients and optimizer state exactly. (The clipping norm itself is compared step by step in
+// test_dist_3d.)
 TEST_F(TrainGpt, ThreeDMatchesOneProcess) {
   std::string flags = tiny_flags();
   flags.replace(flags.find("--layers 1"), 10, "--layers 4");
@@ -898,15 +957,19 @@ TEST_F(TrainGpt, ThreeDMatchesOneProcess) {
   Result one_bf16 = run(flags + " --grad-accum 4 --amp bf16");
   ASSERT_EQ(one_bf16.code, 0) << one_bf16.out;
   const std::string without_accum;  // the pipelines accumulate over their micro-batches (default: --pp)
-  struct Grid { int ranks; std::string extra; const Result* ref; };
-  for (const Grid& c : {Grid{8, without_accum + " --dp 2 --tp 2 --pp 2", &one},
-                        Grid{8, without_accum + " --tp 2 --pp 4 --recompute block", &one},
-                        Grid{8, without_accum + " --dp 2 --pp 4 --zero 1 --amp bf16", &one_bf16},
-                        Grid{4, " --grad-accum 2 --dp 2 --tp 2 --zero 1 --memory-report", &one},
-                        Grid{4, without_accum + " --dp 2 --pp 2 --zero 2 --schedule interleaved --virtual-stages 2",
-                             &one},
-                        Grid{4, without_accum + " --tp 2 --pp 2 --sequence-parallel --zero 2 --amp bf16", &one_bf16},
-                        Grid{2, " --tp 2 --zero 3", &one}}) {
+  struct Grid {
+    int ranks;
+    std::string extra;
+    const Result* ref;
+  };
+  for (const Grid& c :
+       {Grid{8, without_accum + " --dp 2 --tp 2 --pp 2", &one},
+        Grid{8, without_accum + " --tp 2 --pp 4 --recompute block", &one},
+        Grid{8, without_accum + " --dp 2 --pp 4 --zero 1 --amp bf16", &one_bf16},
+        Grid{4, " --grad-accum 2 --dp 2 --tp 2 --zero 1 --memory-report", &one},
+        Grid{4, without_accum + " --dp 2 --pp 2 --zero 2 --schedule interleaved --virtual-stages 2", &one},
+        Grid{4, without_accum + " --tp 2 --pp 2 --sequence-parallel --zero 2 --amp bf16", &one_bf16},
+        Grid{2, " --tp 2 --zero 3", &one}}) {
     Result r = run_with(mpiexec(c.ranks), flags + c.extra);
     ASSERT_EQ(r.code, 0) << c.extra << "\n" << r.out;
     // bf16 rounds every product to 8 bits of mantissa in a different order on each grid (the dropout masks of

@@ -32,7 +32,9 @@ using nn::Recompute;
 
 namespace {
 
-nn::GPTConfig small_config() { return {/*vocab*/ 23, /*block*/ 16, /*layers*/ 3, /*heads*/ 2, /*embd*/ 32, 0.2, true}; }
+nn::GPTConfig small_config() {
+  return {/*vocab*/ 23, /*block*/ 16, /*layers*/ 3, /*heads*/ 2, /*embd*/ 32, /*dropout*/ 0.2, /*bias*/ true};
+}
 
 Tensor tokens(int64_t B, int64_t T, uint64_t seed) {
   std::vector<int32_t> v(size_t(B * T));

@@ -156,8 +156,12 @@ namespace {
 
 struct Recorder : BlockHooks {
   std::vector<std::string> calls;
-  void before_block(int64_t b, bool recompute) override { calls.push_back((recompute ? "R" : "F") + ("+" + std::to_string(b))); }
-  void after_block(int64_t b, bool recompute) override { calls.push_back((recompute ? "R" : "F") + ("-" + std::to_string(b))); }
+  void before_block(int64_t b, bool recompute) override {
+    calls.push_back((recompute ? "R" : "F") + ("+" + std::to_string(b)));
+  }
+  void after_block(int64_t b, bool recompute) override {
+    calls.push_back((recompute ? "R" : "F") + ("-" + std::to_string(b)));
+  }
   void before_block_backward(int64_t b) override { calls.push_back("B" + std::to_string(b)); }
 };
 

@@ -197,9 +197,7 @@ TEST(GPT_VOCAB_SUITE, CrossEntropyOverwritesOnlyDeadLogits) {
     const int64_t at_start = mem.current(MemTag::kActivations);
     loss.backward();
     backward_peaks.push_back(mem.peak(MemTag::kActivations) - at_start);
-    if (keep) {
-      EXPECT_EQ(kept.to_vector(), before) << "logits someone holds are never overwritten";
-    }
+    if (keep) { EXPECT_EQ(kept.to_vector(), before) << "logits someone holds are never overwritten"; }
     grads.push_back(w.grad().to_vector());
   }
   EXPECT_EQ(grads[0], grads[1]);

@@ -16,9 +16,9 @@ void expect_step_flops_match_the_model(const bench::RooflineConfig& c) {
 }
 
 TEST(Roofline, StepFlopsAreTheModelsFlopsPerToken) {
-  expect_step_flops_match_the_model({4, 4, 128, 64, 12, 65, DType::f32});    // the baby config
-  expect_step_flops_match_the_model({6, 6, 384, 256, 8, 65, DType::bf16});   // nanoGPT's Shakespeare config
-  expect_step_flops_match_the_model({2, 3, 48, 17, 3, 101, DType::f16});     // ragged sizes
+  expect_step_flops_match_the_model({4, 4, 128, 64, 12, 65, DType::f32});   // the baby config
+  expect_step_flops_match_the_model({6, 6, 384, 256, 8, 65, DType::bf16});  // nanoGPT's Shakespeare config
+  expect_step_flops_match_the_model({2, 3, 48, 17, 3, 101, DType::f16});    // ragged sizes
 }
 
 TEST(Roofline, Gpt2OnH100IsBoundedByTheTensorCoresAndItsLargestKernelsAreGemms) {

@@ -71,8 +71,8 @@ void expect_matches_reference(int64_t B, int64_t T, int64_t C, int n_head, uint6
   Tensor qkv = random_tensor({B, T, 3 * C}, seed, DType::f32);
   qkv.set_requires_grad(true);
   Values R = random_values(B * T * C, seed + 1);
-  ForwardBackward fb = forward_backward(
-      [&](const std::vector<Tensor>& in) { return causal_attention(in[0], n_head); }, {qkv}, R);
+  ForwardBackward fb =
+      forward_backward([&](const std::vector<Tensor>& in) { return causal_attention(in[0], n_head); }, {qkv}, R);
   Values r32 = Tensor::from_vector(R, {B * T * C}).to_vector();  // R as the f32 backward sees it
   Reference ref = reference_attention(qkv.to_vector(), r32, B, T, C, n_head);
   expect_close(fb.out, ref.out, 1e-5, "attention out");
@@ -97,7 +97,7 @@ TEST(CausalAttention, MatchesExplicitMaskedSoftmaxF32) {
   expect_matches_reference(2, 5, 6, 2, 32);
   expect_matches_reference(2, 70, 48, 3, 33);   // D = 16, last block of 6 queries
   expect_matches_reference(1, 130, 30, 5, 34);  // D = 6, three blocks
-  expect_matches_reference(1, 64, 64, 2, 35);  // D = 32, exactly one block
+  expect_matches_reference(1, 64, 64, 2, 35);   // D = 32, exactly one block
   expect_matches_reference(1, 70, 128, 2, 36);  // D = 64
 }
 

@@ -118,17 +118,29 @@ TEST(Conv2d, BackwardBitwiseSameForOneAndTwoThreads) {
 
 TEST(Conv2d, BadInputNamesWhatWasExpected) {
   Tensor x = Tensor::zeros({2, 5, 5, 3}), w = Tensor::zeros({4, 3, 3, 3});
-  expect_error([&] { ops::conv2d_forward(Tensor::zeros({5, 5, 3}), w, Tensor(), {}); },
-               {"conv2d", "(N, H, W, C)", "(5, 5, 3)"});
-  expect_error([&] { ops::conv2d_forward(x, Tensor::zeros({4, 3, 3, 2}), Tensor(), {}); },
-               {"conv2d", "2 input channels", "has 3"});
+  expect_error(
+      [&] {
+        ops::conv2d_forward(Tensor::zeros({5, 5, 3}), w, Tensor(), {});
+      },
+      {"conv2d", "(N, H, W, C)", "(5, 5, 3)"});
+  expect_error(
+      [&] {
+        ops::conv2d_forward(x, Tensor::zeros({4, 3, 3, 2}), Tensor(), {});
+      },
+      {"conv2d", "2 input channels", "has 3"});
   expect_error([&] { ops::conv2d_forward(x, w, Tensor::zeros({5}), {}); }, {"conv2d", "bias", "(4,)", "(5,)"});
-  expect_error([&] { ops::conv2d_forward(x, Tensor::zeros({4, 7, 7, 3}), Tensor(), {}); },
-               {"conv2d", "7x7 kernel", "does not fit", "5x5"});
+  expect_error(
+      [&] {
+        ops::conv2d_forward(x, Tensor::zeros({4, 7, 7, 3}), Tensor(), {});
+      },
+      {"conv2d", "7x7 kernel", "does not fit", "5x5"});
   expect_error([&] { ops::conv2d_forward(x, w, Tensor(), {.stride = 0}); }, {"conv2d", "stride >= 1", "0"});
   expect_error([&] { ops::conv2d_forward(x, w.to(DType::f64), Tensor(), {}); }, {"conv2d", "weight", "f32", "f64"});
-  expect_error([&] { ops::conv2d_backward(Tensor::zeros({2, 3, 3, 5}), x, w, {}, true); },
-               {"conv2d_backward", "dy", "(2, 3, 3, 4)"});
+  expect_error(
+      [&] {
+        ops::conv2d_backward(Tensor::zeros({2, 3, 3, 5}), x, w, {}, true);
+      },
+      {"conv2d_backward", "dy", "(2, 3, 3, 4)"});
 }
 
 // ---- max_pool2d ----
@@ -193,7 +205,10 @@ TEST(MaxPool2d, GradCheckF64) {
 
 TEST(MaxPool2d, BadInputNamesWhatWasExpected) {
   expect_error([] { ops::max_pool2d_forward(Tensor::zeros({2, 3, 3}), {}); }, {"max_pool2d", "(N, H, W, C)"});
-  expect_error([] { ops::max_pool2d_forward(Tensor::zeros({1, 3, 3, 2}), {4, 1}); },
-               {"max_pool2d", "4x4 window", "3x3"});
+  expect_error(
+      [] {
+        ops::max_pool2d_forward(Tensor::zeros({1, 3, 3, 2}), {4, 1});
+      },
+      {"max_pool2d", "4x4 window", "3x3"});
   expect_error([] { ops::max_pool2d_forward(Tensor::zeros({1, 3, 3, 2}), {2, 0}); }, {"max_pool2d", "stride >= 1"});
 }

@@ -80,8 +80,14 @@ TEST(Dropout, BadProbabilityNamesExpectedAndGot) {
 }
 
 TEST(Dropout, RejectsABadStep) {
-  expect_error([] { ops::dropout(Tensor::ones({4}), 0.1, 0, 0, 0, {Tensor::zeros({2}, DType::i64), 1}); },
-               {"the step as one i64", "(2,)"});
-  expect_error([] { ops::dropout(Tensor::ones({4}), 0.1, 0, 0, 0, {Tensor::zeros({1}, DType::f32), 1}); },
-               {"the step as one i64", "f32"});
+  expect_error(
+      [] {
+        ops::dropout(Tensor::ones({4}), 0.1, 0, 0, 0, {Tensor::zeros({2}, DType::i64), 1});
+      },
+      {"the step as one i64", "(2,)"});
+  expect_error(
+      [] {
+        ops::dropout(Tensor::ones({4}), 0.1, 0, 0, 0, {Tensor::zeros({1}, DType::f32), 1});
+      },
+      {"the step as one i64", "f32"});
 }

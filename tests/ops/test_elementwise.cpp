@@ -51,9 +51,9 @@ TEST(Elementwise, BroadcastingMatchesNaive) {
     Shape a, b, out;
   };
   const Case cases[] = {
-      {{2, 3, 4}, {4}, {2, 3, 4}},       {{2, 1, 4}, {3, 1}, {2, 3, 4}}, {{5}, {5}, {5}},
-      {{}, {3, 2}, {3, 2}},              {{1}, {2, 3}, {2, 3}},          {{4, 1, 3}, {1, 5, 1}, {4, 5, 3}},
-      {{3, 1}, {1, 1}, {3, 1}},          {{2, 0, 3}, {3}, {2, 0, 3}},
+      {{2, 3, 4}, {4}, {2, 3, 4}}, {{2, 1, 4}, {3, 1}, {2, 3, 4}}, {{5}, {5}, {5}},
+      {{}, {3, 2}, {3, 2}},        {{1}, {2, 3}, {2, 3}},          {{4, 1, 3}, {1, 5, 1}, {4, 5, 3}},
+      {{3, 1}, {1, 1}, {3, 1}},    {{2, 0, 3}, {3}, {2, 0, 3}},
   };
   for (DType dt : {DType::f32, DType::f64}) {
     for (const Case& c : cases) {
@@ -74,7 +74,7 @@ TEST(Elementwise, ThreadedPathsMatchNaive) {
 
 TEST(Elementwise, StridedViewsMatchNaive) {
   Tensor base = uniform({4, 6}, 9, DType::f64);
-  Tensor at = base.detach().transpose(0, 1);                    // (6, 4), non-contiguous
+  Tensor at = base.detach().transpose(0, 1);                                       // (6, 4), non-contiguous
   Tensor bn = uniform({6, 8}, 10, DType::f64, 0.5, 2.0).detach().narrow(1, 2, 4);  // (6, 4), row stride 8
   ASSERT_FALSE(at.is_contiguous());
   ASSERT_FALSE(bn.is_contiguous());
@@ -140,7 +140,8 @@ TEST(Elementwise, SumToShapeReducesBroadcastDims) {
     Tensor s = ops::sum_to_shape(g, target);
     ASSERT_EQ(s.shape(), target);
     std::vector<double> want(size_t(target.numel()), 0.0);
-    for (int64_t i = 0; i < g.numel(); ++i) want[size_t(broadcast_source(unravel(i, g.shape()), target))] += gv[size_t(i)];
+    for (int64_t i = 0; i < g.numel(); ++i)
+      want[size_t(broadcast_source(unravel(i, g.shape()), target))] += gv[size_t(i)];
     std::vector<double> got = s.to_vector();
     for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << target << " element " << i;
   }
@@ -155,8 +156,13 @@ TEST(Elementwise, BroadcastToRepeats) {
 TEST(Elementwise, BadInputsNameShapesAndDtypes) {
   Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4});
   expect_error_mentions([&] { ops::add(a, b); }, {"add", "(2, 3)", "(4,)", "cannot be broadcast"});
-  expect_error_mentions([&] { ops::mul(Tensor::zeros({2, 1, 4}), Tensor::zeros({3, 2})); }, {"mul", "(2, 1, 4)", "(3, 2)"});
-  expect_error_mentions([&] { ops::add(Tensor::zeros({2}, DType::i64), Tensor::zeros({2}, DType::i64)); }, {"add", "i64"});
+  expect_error_mentions(
+      [&] {
+        ops::mul(Tensor::zeros({2, 1, 4}), Tensor::zeros({3, 2}));
+      },
+      {"mul", "(2, 1, 4)", "(3, 2)"});
+  expect_error_mentions([&] { ops::add(Tensor::zeros({2}, DType::i64), Tensor::zeros({2}, DType::i64)); },
+                        {"add", "i64"});
   expect_error_mentions([&] { ops::exp(Tensor::zeros({2}, DType::i32)); }, {"exp", "i32"});
   expect_error_mentions([&] { ops::sub(Tensor::zeros({2}), Tensor::zeros({2}, DType::f64)); }, {"sub", "f32", "f64"});
   expect_error_mentions([&] { ops::sum_to_shape(Tensor::zeros({2, 3}), {4}); }, {"sum_to_shape", "(4,)", "(2, 3)"});

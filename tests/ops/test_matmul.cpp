@@ -92,9 +92,9 @@ TEST(Matmul, BatchedAndShared) {
     for (bool tb : {false, true}) {
       Shape sa = stored(5, 4, ta), sb = stored(4, 6, tb);
       Tensor a3 = uniform({3, sa[0], sa[1]}, 3, DType::f64), b3 = uniform({3, sb[0], sb[1]}, 4, DType::f64);
-      expect_matmul_matches(a3, b3, ta, tb);                                    // equal batches
-      expect_matmul_matches(a3, uniform(sb, 5, DType::f64), ta, tb);           // b shared (folded into M if !ta)
-      expect_matmul_matches(uniform(sa, 6, DType::f64), b3, ta, tb);           // a shared
+      expect_matmul_matches(a3, b3, ta, tb);                          // equal batches
+      expect_matmul_matches(a3, uniform(sb, 5, DType::f64), ta, tb);  // b shared (folded into M if !ta)
+      expect_matmul_matches(uniform(sa, 6, DType::f64), b3, ta, tb);  // a shared
       expect_matmul_matches(uniform({2, 3, sa[0], sa[1]}, 7, DType::f64), uniform({2, 3, sb[0], sb[1]}, 8, DType::f64),
                             ta, tb);
     }
@@ -163,8 +163,8 @@ TEST(Matmul, LinearWeightBiasGradIsTheProductAndTheColumnSums) {
     for (int threads : {1, 2, 3}) {
       ops::set_cpu_gemm(gemm);
       set_num_threads(threads);
-      for (const auto& [rows, in, out] : {std::array<int64_t, 3>{768, 128, 384}, {1003, 97, 45}, {40, 100, 300},
-                                          {12, 8, 5}}) {
+      for (const auto& [rows, in, out] :
+           {std::array<int64_t, 3>{768, 128, 384}, {1003, 97, 45}, {40, 100, 300}, {12, 8, 5}}) {
         SCOPED_TRACE(::testing::Message() << (gemm == ops::CpuGemm::kMinidl ? "minidl" : "openblas") << ", " << threads
                                           << " threads, rows " << rows << ", in " << in << ", out " << out);
         const Tensor x = uniform({rows, in}, 31, DType::f32), dy = uniform({rows, out}, 32, DType::f32);
@@ -183,10 +183,16 @@ TEST(Matmul, LinearWeightBiasGradIsTheProductAndTheColumnSums) {
   set_num_threads(default_num_threads());
   ops::set_cpu_gemm(ops::CpuGemm::kAuto);
   Tensor dw = Tensor::empty({3, 4}), db = Tensor::empty({4});
-  expect_error_mentions([&] { ops::linear_weight_bias_grad_into(dw, db, Tensor::zeros({5, 3}), Tensor::zeros({6, 4}), false); },
-                        {"same rows", "(5, 3)", "(6, 4)"});
-  expect_error_mentions([&] { ops::linear_weight_bias_grad_into(dw, db, Tensor::zeros({5, 4}), Tensor::zeros({5, 4}), false); },
-                        {"dw of shape (4, 4)", "got (3, 4)"});
+  expect_error_mentions(
+      [&] {
+        ops::linear_weight_bias_grad_into(dw, db, Tensor::zeros({5, 3}), Tensor::zeros({6, 4}), false);
+      },
+      {"same rows", "(5, 3)", "(6, 4)"});
+  expect_error_mentions(
+      [&] {
+        ops::linear_weight_bias_grad_into(dw, db, Tensor::zeros({5, 4}), Tensor::zeros({5, 4}), false);
+      },
+      {"dw of shape (4, 4)", "got (3, 4)"});
 }
 
 TEST(Matmul, OwnKernelGivesTheSameBitsOnOneTwoAndThreeThreads) {
@@ -201,13 +207,14 @@ TEST(Matmul, OwnKernelGivesTheSameBitsOnOneTwoAndThreeThreads) {
           const Tensor b = uniform(stored(K, N, tb), seed + 1, DType::f32);
           return ops::matmul(a, b, ta, tb).to_vector();
         };
-        out.push_back(product(1003, 64, 48, 16));  // row blocks
-        out.push_back(product(40, 64, 997, 18));   // column blocks
-        out.push_back(product(48, 1003, 96, 20));  // the weight gradient's shape
+        out.push_back(product(1003, 64, 48, 16));                    // row blocks
+        out.push_back(product(40, 64, 997, 18));                     // column blocks
+        out.push_back(product(48, 1003, 96, 20));                    // the weight gradient's shape
         if (!ta && !tb) out.push_back(product(700, 1100, 300, 22));  // rows in pieces over chunks of k and columns
       }
     out.push_back(ops::linear(uniform({1003, 100}, 26, DType::f32), uniform({100, 300}, 27, DType::f32),
-                              uniform({300}, 28, DType::f32)).to_vector());
+                              uniform({300}, 28, DType::f32))
+                      .to_vector());
     return out;
   };
   const auto one = run(1), two = run(2), three = run(3);
@@ -253,7 +260,8 @@ TEST(Matmul, CountedBlasFlopsAreTheProductsOwn) {
     }
     // linear's GEMM adds onto the bias it wrote (beta = 1): the same 2 M N K.
     ops::count_blas(true);
-    ops::linear(uniform({40, 1000}, 32, DType::f32), uniform({1000, 30}, 33, DType::f32), uniform({30}, 34, DType::f32));
+    ops::linear(uniform({40, 1000}, 32, DType::f32), uniform({1000, 30}, 33, DType::f32),
+                uniform({30}, 34, DType::f32));
     EXPECT_EQ(ops::blas_count().flops, 2.0 * 40 * 1000 * 30);
     ops::count_blas(true);  // starts again from zero
     EXPECT_EQ(ops::blas_count().flops, 0.0);
@@ -289,19 +297,37 @@ TEST(Linear, MatchesMatmulPlusBias) {
 }
 
 TEST(Matmul, BadInputsNameShapes) {
-  expect_error_mentions([] { ops::matmul(Tensor::zeros({2, 3}), Tensor::zeros({4, 5})); },
-                        {"matmul", "inner dimensions", "(2, 3)", "(4, 5)"});
-  expect_error_mentions([] { ops::matmul(Tensor::zeros({2, 3}), Tensor::zeros({2, 5}), true, true); },
-                        {"matmul", "(2, 3) (transposed)", "(2, 5) (transposed)"});
-  expect_error_mentions([] { ops::matmul(Tensor::zeros({2, 2, 3}), Tensor::zeros({3, 3, 4})); },
-                        {"matmul", "batch dimensions", "(2, 2, 3)", "(3, 3, 4)"});
+  expect_error_mentions(
+      [] {
+        ops::matmul(Tensor::zeros({2, 3}), Tensor::zeros({4, 5}));
+      },
+      {"matmul", "inner dimensions", "(2, 3)", "(4, 5)"});
+  expect_error_mentions(
+      [] {
+        ops::matmul(Tensor::zeros({2, 3}), Tensor::zeros({2, 5}), true, true);
+      },
+      {"matmul", "(2, 3) (transposed)", "(2, 5) (transposed)"});
+  expect_error_mentions(
+      [] {
+        ops::matmul(Tensor::zeros({2, 2, 3}), Tensor::zeros({3, 3, 4}));
+      },
+      {"matmul", "batch dimensions", "(2, 2, 3)", "(3, 3, 4)"});
   expect_error_mentions([] { ops::matmul(Tensor::zeros({3}), Tensor::zeros({3, 4})); }, {"matmul", "(3,)"});
-  expect_error_mentions([] { ops::matmul(Tensor::zeros({2, 2}, DType::i32), Tensor::zeros({2, 2}, DType::i32)); },
-                        {"matmul", "i32"});
-  expect_error_mentions([] { ops::linear(Tensor::zeros({4, 3}), Tensor::zeros({5, 2}), Tensor()); },
-                        {"linear", "(4, 3)", "(5, 2)"});
-  expect_error_mentions([] { ops::linear(Tensor::zeros({4, 5}), Tensor::zeros({5, 2}), Tensor::zeros({3})); },
-                        {"linear", "(2,)", "(3,)"});
+  expect_error_mentions(
+      [] {
+        ops::matmul(Tensor::zeros({2, 2}, DType::i32), Tensor::zeros({2, 2}, DType::i32));
+      },
+      {"matmul", "i32"});
+  expect_error_mentions(
+      [] {
+        ops::linear(Tensor::zeros({4, 3}), Tensor::zeros({5, 2}), Tensor());
+      },
+      {"linear", "(4, 3)", "(5, 2)"});
+  expect_error_mentions(
+      [] {
+        ops::linear(Tensor::zeros({4, 5}), Tensor::zeros({5, 2}), Tensor::zeros({3}));
+      },
+      {"linear", "(2,)", "(3,)"});
 }
 
 }  // namespace

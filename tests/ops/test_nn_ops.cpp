@@ -105,8 +105,7 @@ void expect_layernorm_matches_the_formula(double scale) {
     for (int64_t i = 0; i < C; ++i) {
       double s = 0;
       for (int64_t j = 0; j < C; ++j)
-        s += r[size_t(n * C + j)] * wv[size_t(j)] * rstd *
-             ((i == j) - 1.0 / C - xhat[size_t(i)] * xhat[size_t(j)] / C);
+        s += r[size_t(n * C + j)] * wv[size_t(j)] * rstd * ((i == j) - 1.0 / C - xhat[size_t(i)] * xhat[size_t(j)] / C);
       dx[size_t(n * C + i)] = s;
     }
   }
@@ -189,10 +188,16 @@ TEST(LayerNorm, NonContiguousInputGetsGradient) {
 }
 
 TEST(LayerNorm, BadWeightShapeNamesExpectedAndGot) {
-  expect_error([] { layernorm(Tensor::zeros({2, 5}), Tensor::ones({4}), Tensor::zeros({5})); },
-               {"weight of shape (5,)", "got (4,)"});
-  expect_error([] { layernorm(Tensor::zeros({2, 5}), Tensor::ones({5}), Tensor::zeros({5}, DType::f64)); },
-               {"bias to have dtype f32", "got f64"});
+  expect_error(
+      [] {
+        layernorm(Tensor::zeros({2, 5}), Tensor::ones({4}), Tensor::zeros({5}));
+      },
+      {"weight of shape (5,)", "got (4,)"});
+  expect_error(
+      [] {
+        layernorm(Tensor::zeros({2, 5}), Tensor::ones({5}), Tensor::zeros({5}, DType::f64));
+      },
+      {"bias to have dtype f32", "got f64"});
   expect_error([] { layernorm(Tensor::zeros({2, 5}), Tensor::ones({5}), Tensor()); }, {"layernorm: bias is undefined"});
 }
 
@@ -328,8 +333,14 @@ TEST(CrossEntropy, NegativeInfinityLogitsAreMaskedOut) {
 
 TEST(CrossEntropy, TargetOutOfRangeNamesTargetAndV) {
   Tensor logits = Tensor::zeros({3, 5});
-  expect_error([&] { cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{1, 7, 2}, {3})); },
-               {"target 7", "row 1", "< 5"});
-  expect_error([&] { cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{1, 2}, {2})); },
-               {"targets of shape (3,)", "got (2,)"});
+  expect_error(
+      [&] {
+        cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{1, 7, 2}, {3}));
+      },
+      {"target 7", "row 1", "< 5"});
+  expect_error(
+      [&] {
+        cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{1, 2}, {2}));
+      },
+      {"targets of shape (3,)", "got (2,)"});
 }

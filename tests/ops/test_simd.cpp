@@ -167,8 +167,8 @@ TEST(Simd, GeluWithinUlpBoundOnADenseGrid) {
         const double bound = v >= 0 ? 4 : 4 + 3 * std::fabs(two_u);
         const double forward = ulps(y[size_t(i)], minidl::ops::kernels::gelu_tanh(v)) / bound;
         const double want = minidl::ops::kernels::gelu_tanh_grad(v);
-        const double backward = std::min(ulps(dx[size_t(i)], want) / bound,
-                                          std::fabs(dx[size_t(i)] - want) / std::ldexp(1 + v * v, -22));
+        const double backward =
+            std::min(ulps(dx[size_t(i)], want) / bound, std::fabs(dx[size_t(i)] - want) / std::ldexp(1 + v * v, -22));
         if (forward > worst_forward) worst_forward = forward, at_forward = x[size_t(i)];
         if (backward > worst_backward) worst_backward = backward, at_backward = x[size_t(i)];
       }
@@ -189,8 +189,8 @@ TEST(Simd, GeluBackwardRowsIsRowByRowBitwise) {
         std::vector<float> dx(x.size()), want_dx(x.size()), db(size_t(n), 0.25f), want_db(db);
         simd::gelu_backward_rows(dy.data(), x.data(), b.data(), dx.data(), db.data(), rows, n);
         for (int r = 0; r < rows; ++r)
-          simd::gelu_backward_row(dy.data() + r * n, x.data() + r * n, b.data(), want_dx.data() + r * n,
-                                  want_db.data(), n);
+          simd::gelu_backward_row(dy.data() + r * n, x.data() + r * n, b.data(), want_dx.data() + r * n, want_db.data(),
+                                  n);
         for (size_t i = 0; i < dx.size(); ++i)
           EXPECT_EQ(std::memcmp(&dx[i], &want_dx[i], sizeof(float)), 0) << "rows " << rows << " n " << n << " i " << i;
         for (int c = 0; c < n; ++c)
@@ -346,8 +346,8 @@ TEST(Simd, CausalTileRowsAreTheRowFunctionsBitwise) {
     int rows, cols, ld, diag;
   };
   for_each_isa([&] {
-    for (Tile t : {Tile{64, 64, 64, 0}, Tile{13, 37, 40, 0}, Tile{7, 20, 23, 5}, Tile{10, 17, 17, -3},
-                   Tile{5, 9, 9, 30}}) {
+    for (Tile t :
+         {Tile{64, 64, 64, 0}, Tile{13, 37, 40, 0}, Tile{7, 20, 23, 5}, Tile{10, 17, 17, -3}, Tile{5, 9, 9, 30}}) {
       SCOPED_TRACE(testing::Message() << t.rows << " x " << t.cols << " (ld " << t.ld << "), diag " << t.diag);
       const int size = t.rows * t.ld;
       std::vector<float> s = inputs(size, 31), p = inputs(size, 32), dp = inputs(size, 33);
@@ -394,7 +394,8 @@ TEST(Simd, LayerNormRowsMatchDoubleReference) {
       std::vector<float> x = inputs(n, unsigned(n) + 31, 2.0f, false), w = inputs(n, unsigned(n) + 32, 1.0f, false);
       std::vector<float> b = inputs(n, unsigned(n) + 33, 1.0f, false), dy = inputs(n, unsigned(n) + 34, 1.0f, false);
       for (float& v : x) v += 10.0f;  // |mean| >> std: the two-pass variance must not cancel
-      std::vector<float> y(static_cast<size_t>(n)), dx(static_cast<size_t>(n)), dw(static_cast<size_t>(n), 0.0f), db(static_cast<size_t>(n), 0.0f);
+      std::vector<float> y(static_cast<size_t>(n)), dx(static_cast<size_t>(n)), dw(static_cast<size_t>(n), 0.0f),
+          db(static_cast<size_t>(n), 0.0f);
       float mean = 0, rstd = 0;
       simd::layernorm_forward_row(x.data(), w.data(), b.data(), y.data(), &mean, &rstd, 1e-5, n);
       double mu = 0, var = 0;
@@ -432,7 +433,8 @@ TEST(Simd, AdamWIsBitwiseTheScalarUpdate) {
       for (float& e : v) e = e * e;
       std::vector<float> p2 = p, m2 = m, v2 = v;
       simd::adamw(p.data(), g.data(), m.data(), v.data(), c, n);
-      for (int i = 0; i < n; ++i) minidl::kernels::adamw_element(p2[size_t(i)], g[size_t(i)], m2[size_t(i)], v2[size_t(i)], c);
+      for (int i = 0; i < n; ++i)
+        minidl::kernels::adamw_element(p2[size_t(i)], g[size_t(i)], m2[size_t(i)], v2[size_t(i)], c);
       for (int i = 0; i < n; ++i) {
         EXPECT_EQ(std::bit_cast<uint32_t>(p[size_t(i)]), std::bit_cast<uint32_t>(p2[size_t(i)])) << "n " << n;
         EXPECT_EQ(std::bit_cast<uint32_t>(m[size_t(i)]), std::bit_cast<uint32_t>(m2[size_t(i)]));
@@ -536,8 +538,8 @@ TEST(Simd, TileGemmMatchesDoubleReferenceForEveryLayoutAndTail) {
         for (int K : {1, 5, 32})
           for (bool ta : {false, true})
             for (float beta : {0.0f, 1.0f, 0.5f}) {
-              SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " K " << K << " ta " << ta << " beta "
-                                                << beta);
+              SCOPED_TRACE(::testing::Message()
+                           << "M " << M << " N " << N << " K " << K << " ta " << ta << " beta " << beta);
               const float alpha = 0.125f;
               const int lda = ta ? M + 3 : K + 2, ldb = N + 1, ldc = N + 2;
               std::vector<float> a = inputs((ta ? K : M) * lda, unsigned(M * 7 + K), 1.0f, false);
@@ -588,8 +590,8 @@ TEST(Simd, TileGemmTrianglesEqualTheFullProduct) {
           for (bool ta : {false, true})
             for (simd::Triangle part :
                  {simd::Triangle::kLowerOutput, simd::Triangle::kLowerReduce, simd::Triangle::kUpperReduce}) {
-              SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " K " << K << " ta " << ta << " part "
-                                                << int(part));
+              SCOPED_TRACE(::testing::Message()
+                           << "M " << M << " N " << N << " K " << K << " ta " << ta << " part " << int(part));
               const int lda = ta ? M + 3 : K + 2, ldb = N + 1, ldc = N + 2;
               std::vector<float> a = inputs((ta ? K : M) * lda, unsigned(M * 7 + K), 1.0f, false);
               const std::vector<float> b = inputs(K * ldb, unsigned(N * 5 + K), 1.0f, false);
@@ -630,8 +632,8 @@ TEST(Simd, GemmSumIsARunningSumOverKInOrder) {
   // {29, 40, 70}: a last panel one or two vectors wide, in blocks of 12 x 1 or 6 x 2 rows, then 4 and 1. One row
   // ({1, 100, 70}, {1, 37, 300}: groups of four vectors, single vectors, last columns) takes the row path of a
   // generated token's products, with the tiles' bits.
-  const Case cases[] = {{1, 1, 1},     {7, 17, 5},   {13, 49, 300}, {6, 100, 0},  {50, 33, 600},
-                        {5, 1100, 40}, {64, 64, 257}, {29, 40, 70}, {1, 100, 70}, {1, 37, 300}};
+  const Case cases[] = {{1, 1, 1},     {7, 17, 5},    {13, 49, 300}, {6, 100, 0},  {50, 33, 600},
+                        {5, 1100, 40}, {64, 64, 257}, {29, 40, 70},  {1, 100, 70}, {1, 37, 300}};
   for_each_isa([&] {
     const bool fma = simd::current_isa() != simd::CpuIsa::kSse4;
     for (const Case& t : cases)

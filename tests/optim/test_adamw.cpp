@@ -81,8 +81,8 @@ TEST(AdamW, MatchesPyTorchOnATinyCase) {
   const std::vector<std::vector<double>> grads{{0.1, -0.2, 0.3}, {-0.4, 0.5, 0.05}, {0.25, 0.0, -0.6}};
   const std::vector<double> m_torch{-0.00290000066, 0.0287999976, -0.031200001};
   const std::vector<double> v_torch{0.000232320046, 0.000289670046, 0.000452317618};
-  const std::vector<std::pair<double, std::vector<double>>> p_torch{
-      {0.0, {0.495979398, -1.24784052, 1.98513031}}, {0.1, {0.494495302, -1.24410987, 1.97916424}}};
+  const std::vector<std::pair<double, std::vector<double>>> p_torch{{0.0, {0.495979398, -1.24784052, 1.98513031}},
+                                                                    {0.1, {0.494495302, -1.24410987, 1.97916424}}};
   for (const auto& [wd, p_expected] : p_torch) {
     Tensor p = Tensor::from_vector(std::vector<double>{0.5, -1.25, 2.0}, {3});
     p.set_requires_grad(true);

@@ -70,8 +70,13 @@ TEST(GradScaler, MatchesTheReferenceOverRandomOverflowSequences) {
   const GradScalerOptions settings[] = {
       {},  // defaults: 2^16, x2 / 2000, x0.5, hysteresis 1
       {.init_scale = 1024, .growth_interval = 3, .hysteresis = 1, .min_scale = 1, .max_scale = 4096},
-      {.init_scale = 8, .growth_factor = 4, .backoff_factor = 0.25, .growth_interval = 5, .hysteresis = 3,
-       .min_scale = 0.5, .max_scale = 1 << 20},
+      {.init_scale = 8,
+       .growth_factor = 4,
+       .backoff_factor = 0.25,
+       .growth_interval = 5,
+       .hysteresis = 3,
+       .min_scale = 0.5,
+       .max_scale = 1 << 20},
       {.init_scale = 2, .growth_interval = 1, .hysteresis = 2, .min_scale = 1, .max_scale = 64},
   };
   int case_id = 0;
@@ -143,8 +148,8 @@ TEST(GradScaler, ScalesTheLossAndUnscalesTheGradients) {
   scaler.scale(loss).backward();
   EXPECT_FALSE(scaler.unscale_and_check({s.p}));
   for (double g : s.p.grad().to_vector()) EXPECT_EQ(g, 3.0);  // exact: the scale is a power of two
-  EXPECT_THROW(scaler.unscale_and_check({s.p}), Error);      // once per step
-  EXPECT_TRUE(scaler.step(s.adamw).applied);                 // uses the result above, no second unscale
+  EXPECT_THROW(scaler.unscale_and_check({s.p}), Error);       // once per step
+  EXPECT_TRUE(scaler.step(s.adamw).applied);                  // uses the result above, no second unscale
 }
 
 TEST(GradScaler, OverflowFlagGoesThroughCombineOverflow) {

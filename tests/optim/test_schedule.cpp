@@ -17,10 +17,10 @@ TEST(CosineSchedule, WarmupIsLinearAndReachesLr) {
 TEST(CosineSchedule, DecaysMonotonicallyToMinLr) {
   optim::CosineSchedule s(1.0, 0.1, 4, 20);
   for (int64_t step = 5; step < 20; ++step) EXPECT_LT(s(step), s(step - 1)) << "step " << step;
-  EXPECT_DOUBLE_EQ(s(12), 0.55);        // halfway through the decay: midway between lr and min_lr
-  EXPECT_NEAR(s(19), 0.1, 0.01);        // last step: just above min_lr
+  EXPECT_DOUBLE_EQ(s(12), 0.55);  // halfway through the decay: midway between lr and min_lr
+  EXPECT_NEAR(s(19), 0.1, 0.01);  // last step: just above min_lr
   EXPECT_GT(s(19), 0.1);
-  EXPECT_DOUBLE_EQ(s(20), 0.1);         // past the end: min_lr
+  EXPECT_DOUBLE_EQ(s(20), 0.1);  // past the end: min_lr
   EXPECT_DOUBLE_EQ(s(1000), 0.1);
 }
 

@@ -72,7 +72,7 @@ TEST(Optimizer, LearningRateAndValidation) {
   EXPECT_EQ(opt.lr(), 0.25);
   EXPECT_THROW(opt.set_lr(-1.0), Error);
   EXPECT_THROW(optim::SGD({{{a}, 0.0}, {{a}, 0.0}}, {}), Error);  // the same tensor twice
-  EXPECT_THROW(optim::SGD({{{}, 0.0}}, {}), Error);                // nothing to optimize
+  EXPECT_THROW(optim::SGD({{{}, 0.0}}, {}), Error);               // nothing to optimize
   EXPECT_THROW(optim::SGD({{{a}, -0.1}}, {}), Error);
   EXPECT_THROW(optim::SGD({{{param({1.0}, {1}).detach()}, 0.0}}, {}), Error);  // does not require grad
 }

@@ -95,8 +95,8 @@ TEST(PredictPipeline, APredictionsBubbleIsSimulatesForItsOwnCosts) {
   l.pp = 4;
   l.micro_batches = 8;
   const Prediction p = predict(w, l, toy_machine());
-  const dist::SimResult sim = dist::simulate(dist::make_schedule({dist::ScheduleKind::k1F1B, 4, 8, 1}), p.forward,
-                                             p.backward);
+  const dist::SimResult sim =
+      dist::simulate(dist::make_schedule({dist::ScheduleKind::k1F1B, 4, 8, 1}), p.forward, p.backward);
   EXPECT_DOUBLE_EQ(p.bubble_fraction, sim.bubble_fraction());
   EXPECT_NEAR(p.time.bubble, sim.makespan - 8 * (p.forward + p.backward), 1e-15);
   // 1F1B keeps up to p micro-batches in flight on the first rank.
@@ -165,8 +165,7 @@ TEST(PredictPlan, RanksByPredictedTimeAndSaysWhyOthersAreRefused) {
   }
   EXPECT_TRUE(zero3_pp_refused);
   // A budget below any layout's needs refuses them all, saying so.
-  for (const PlanRow& r : plan(w, 2, DType::f32, m, 1024))
-    EXPECT_FALSE(r.refused.empty()) << describe(r.layout);
+  for (const PlanRow& r : plan(w, 2, DType::f32, m, 1024)) EXPECT_FALSE(r.refused.empty()) << describe(r.layout);
 }
 
 }  // namespace

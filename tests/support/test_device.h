@@ -45,7 +45,7 @@ inline bool no_device() {
 }  // namespace minidl::testing
 
 // Skips the current test when no_device(); one statement.
-#define SKIP_WITHOUT_DEVICE()                                                      \
-  do {                                                                             \
-    if (::minidl::testing::no_device()) GTEST_SKIP() << "no CUDA device";          \
+#define SKIP_WITHOUT_DEVICE()                                             \
+  do {                                                                    \
+    if (::minidl::testing::no_device()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)

@@ -65,9 +65,7 @@ Outcome run_steps(bool graph, bool fp16, int steps, double dropout = 0.0, int64_
     out.losses.push_back(r.loss);
     out.norms.push_back(r.grad_norm);
   }
-  if (graph) {
-    EXPECT_TRUE(g->captured());
-  }
+  if (graph) { EXPECT_TRUE(g->captured()); }
   EXPECT_EQ(model.dropout_context().step, uint64_t(steps));  // the host's count advanced by replays too
   g.reset();
   EXPECT_FALSE(model.dropout_context().step_on_device.defined());  // given back with the graph
@@ -144,9 +142,7 @@ TEST_F(CudaGraphStep, RefusesWhatAReplayCannotChange) {
   auto message = [&](auto&& fn) {
     try {
       fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
+    } catch (const Error& e) { return std::string(e.what()); }
     return std::string("no error");
   };
   data::Batch ignored = batch_for(3);

@@ -78,9 +78,7 @@ TEST_F(DeviceSampler, BatchEqualsTheHostSamplersBitForBit) {
 std::string message(const std::function<void()>& fn) {
   try {
     fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
+  } catch (const Error& e) { return e.what(); }
   return "no error";
 }
 
@@ -130,8 +128,8 @@ Outcome run(Source source, int steps) {
   for (int s = 0; s < steps; ++s) {
     o.lr = 1e-3 * (1.0 + 0.25 * s);
     train::StepResult r = source == Source::kHost ? train::train_step(model, opt, host.batch(s, 1, 2), o)
-                          : graph ? graph->step(device, s, 1, 2, o.lr)
-                                  : train::train_step(model, opt, device, s, 1, 2, o);
+                          : graph                 ? graph->step(device, s, 1, 2, o.lr)
+                                                  : train::train_step(model, opt, device, s, 1, 2, o);
     r.read();
     out.losses.push_back(r.loss);
   }
@@ -142,7 +140,7 @@ Outcome run(Source source, int steps) {
 TEST_F(DeviceSampler, StepsEqualTheHostBatchesStepsEagerAndReplayed) {
   const int steps = 6;  // under the graph: 2 eager, 1 captured, 3 more replays
   const Outcome host = run(Source::kHost, steps), device = run(Source::kDevice, steps),
-            graph = run(Source::kDeviceGraph, steps);
+                graph = run(Source::kDeviceGraph, steps);
   EXPECT_EQ(device.losses, host.losses);
   EXPECT_EQ(device.weights, host.weights);
   EXPECT_EQ(graph.losses, host.losses);

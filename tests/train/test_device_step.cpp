@@ -129,7 +129,7 @@ TEST_F(DeviceStep, SteadyStateTrainStepWithClipAndFp16MakesNoRoundTrip) {
     const cuda::Counters c = cuda::counters() - before;
     EXPECT_EQ(c.device_mallocs, 0);
     EXPECT_EQ(c.d2h_copies, 0);
-    EXPECT_EQ(c.h2d_copies, 2);  // ids and targets
+    EXPECT_EQ(c.h2d_copies, 2);                       // ids and targets
     EXPECT_EQ(c.h2d_bytes, 2 * batch.x.numel() * 8);  // as i64
     EXPECT_EQ(c.host_syncs, 0);  // the uploads go through pinned staging buffers (core/cuda/staging.cpp)
     EXPECT_GT(c.kernel_launches, 0);
@@ -173,8 +173,10 @@ std::vector<double> host_side_losses(nn::GPT& model, optim::AdamW& opt, optim::G
       if (factor < 1.0) optim::scale_grads(params, factor);
     }
     opt.set_lr(1e-2);
-    if (scaler) scaler->step(opt);
-    else opt.step();
+    if (scaler)
+      scaler->step(opt);
+    else
+      opt.step();
     opt.zero_grad();
   }
   return losses;
@@ -323,8 +325,8 @@ TEST_F(DeviceStep, LossScaleRulesOnTheDeviceMatchTheHost) {
   const std::vector<double> init{opt.init_scale, 0, double(opt.hysteresis), 0};
   Tensor state = Tensor::from_vector(init, {4}, DType::f64).to(kCuda);
   Tensor scale = Tensor::full({1}, opt.init_scale, DType::f32, kCuda);
-  const ops::LossScaleRules rules{opt.growth_factor, opt.backoff_factor, opt.min_scale, opt.max_scale,
-                                  opt.growth_interval, opt.hysteresis};
+  const ops::LossScaleRules rules{opt.growth_factor, opt.backoff_factor,  opt.min_scale,
+                                  opt.max_scale,     opt.growth_interval, opt.hysteresis};
   const char* pattern = "cccccccxcxxxxxxxccxcccc";
   for (const char* c = pattern; *c; ++c) {
     const bool overflow = *c == 'x';

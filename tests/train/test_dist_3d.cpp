@@ -49,8 +49,8 @@ std::string name(const Grid3& g) {
 // The grids of this world size (dp · tp · pp = world).
 std::vector<Grid3> grids(int world) {
   if (world == 4)
-    return {{1, 2, 2, 0}, {1, 2, 2, 0, true}, {2, 2, 1, 1}, {2, 2, 1, 2, true}, {2, 2, 1, 3, true},
-            {2, 1, 2, 1}, {2, 1, 2, 2},       {1, 1, 4, 1}};
+    return {{1, 2, 2, 0},       {1, 2, 2, 0, true}, {2, 2, 1, 1}, {2, 2, 1, 2, true},
+            {2, 2, 1, 3, true}, {2, 1, 2, 1},       {2, 1, 2, 2}, {1, 1, 4, 1}};
   if (world == 8) return {{2, 2, 2, 0}, {2, 2, 2, 1, true}, {2, 2, 2, 2}, {1, 2, 4, 0}, {2, 1, 4, 1}};
   return {};
 }

@@ -46,7 +46,8 @@ TEST(Generate, CachedLogitsAreTheWindowsLogits) {
   for (int32_t next = 1; int64_t(tokens.size()) < model.config().block_size; next = (next * 7 + 3) % 37) {
     tokens.push_back(next);
     const std::vector<double> cached =
-        model.forward_cached(Tensor::from_vector(std::vector<int32_t>{next}, Shape{1, 1}).to(device), cache).to_vector();
+        model.forward_cached(Tensor::from_vector(std::vector<int32_t>{next}, Shape{1, 1}).to(device), cache)
+            .to_vector();
     const Tensor window = Tensor::from_vector(tokens, Shape{1, int64_t(tokens.size())}).to(device);
     const Tensor all = model.forward(window);
     const std::vector<double> want = all.narrow(1, all.size(1) - 1, 1).to_vector();
@@ -57,9 +58,7 @@ TEST(Generate, CachedLogitsAreTheWindowsLogits) {
   try {
     model.forward_cached(Tensor::from_vector(std::vector<int32_t>{1}, Shape{1, 1}).to(device), cache);
     ADD_FAILURE() << "a position past block_size was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("block_size = 24"), std::string::npos) << e.what();
-  }
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("block_size = 24"), std::string::npos) << e.what(); }
 }
 
 TEST(Generate, CachedTokensEqualRecomputedOnesGreedyAndSampled) {

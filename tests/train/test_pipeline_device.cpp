@@ -1,7 +1,7 @@
 // A pipeline-parallel step (pp 2, 1F1B, "nccl") on the emulated CUDA device without host round trips (issue #15),
 // on a host batch or on one drawn on the device (data::DeviceBatchSampler):
-// train::train_step on a pipeline stage with StepOptions::read_back false leaves the loss, shared over the pp group by a
-// device all-reduce, in StepResult::on_device like train_step. Oracles: the backend's counters (nothing read back,
+// train::train_step on a pipeline stage with StepOptions::read_back false leaves the loss, shared over the pp group by
+// a device all-reduce, in StepResult::on_device like train_step. Oracles: the backend's counters (nothing read back,
 // the batch uploaded once), the same steps with read_back true (bit for bit) and one process accumulating over the
 // same micro-batches on the same device.
 #include <gtest/gtest.h>
@@ -99,9 +99,7 @@ class PipelineOnDevice : public testing::DistDeviceTest {
       }
       run.last_step = cuda::counters() - before;
       EXPECT_EQ(r.pending(), !read_back) << "step " << s;
-      if (!read_back) {
-        EXPECT_TRUE(std::isnan(r.loss)) << "step " << s;
-      }
+      if (!read_back) { EXPECT_TRUE(std::isnan(r.loss)) << "step " << s; }
       r.read();
       run.losses.push_back(r.loss);
       run.norms.push_back(r.grad_norm);
@@ -174,14 +172,12 @@ TEST_F(PipelineOnDevice, SteadyStateStepMakesNoRoundTrip) {
     EXPECT_EQ(c.device_mallocs, 0);
     EXPECT_EQ(c.d2h_copies, 0);
     EXPECT_EQ(c.d2h_bytes, 0);
-    EXPECT_EQ(c.h2d_copies, 1);                // ids (first stage) or targets (last stage) of the whole batch
-    EXPECT_EQ(c.h2d_bytes, kRows * 8 * 8);     // as i64
-    EXPECT_EQ(c.host_syncs, 0);                // the upload goes through pinned staging (core/upload.h)
+    EXPECT_EQ(c.h2d_copies, 1);             // ids (first stage) or targets (last stage) of the whole batch
+    EXPECT_EQ(c.h2d_bytes, kRows * 8 * 8);  // as i64
+    EXPECT_EQ(c.host_syncs, 0);             // the upload goes through pinned staging (core/upload.h)
     EXPECT_GT(c.kernel_launches, 0);
     for (double loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
-    if (fp16) {
-      EXPECT_EQ(run.scales.back(), 65536.0);
-    }
+    if (fp16) { EXPECT_EQ(run.scales.back(), 65536.0); }
   }
 }
 
@@ -242,8 +238,9 @@ TEST_F(PipelineOnDevice, BadHostBatchIsRefusedBeforeUpload) {
     train::train_step(pipe, opt, bad, o);
     ADD_FAILURE() << "a bad batch was accepted";
   } catch (const Error& e) {
-    const std::string expected = pipe.first_stage() ? "token ids must lie in [0, vocab_size = 17), got 17 at flat index 5"
-                                                    : "targets must lie in [0, vocab_size = 17), got -2 at flat index 3";
+    const std::string expected = pipe.first_stage()
+                                     ? "token ids must lie in [0, vocab_size = 17), got 17 at flat index 5"
+                                     : "targets must lie in [0, vocab_size = 17), got -2 at flat index 3";
     EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
   }
   EXPECT_EQ((cuda::counters() - before).h2d_copies, 0);

@@ -32,7 +32,7 @@ struct Trained {
 };
 
 Trained run_training(train::StepOptions options, int steps, int64_t batch = 12, optim::GradScaler* scaler = nullptr,
-              std::vector<double>* scales = nullptr) {
+                     std::vector<double>* scales = nullptr) {
   set_num_threads(2);
   const data::TextDataset& ds = dataset();
   nn::GPT model(nn::GPTConfig{ds.tokenizer().size(), 32, 2, 2, 32, 0.0, true}, 1337);

@@ -20,12 +20,12 @@ TEST(TensorBoard, Crc32cCheckValueAndMask) {
 TEST(TensorBoard, ScalarEventBytes) {
   const std::string e = train::scalar_event("loss", 1.5f, 3, 0.0);
   const std::vector<uint8_t> want = {
-      0x09, 0, 0, 0, 0, 0, 0, 0, 0,  // wall_time (1, fixed64) = 0.0
-      0x10, 0x03,                    // step (2, varint) = 3
-      0x2A, 0x0D,                    // summary (5, length 13)
-      0x0A, 0x0B,                    //   value (1, length 11)
-      0x0A, 0x04, 'l', 'o', 's', 's',  //     tag (1) = "loss"
-      0x15, 0x00, 0x00, 0xC0, 0x3F,  //     simple_value (2, fixed32) = 1.5f
+      0x09, 0,    0,    0,    0,    0,   0, 0, 0,  // wall_time (1, fixed64) = 0.0
+      0x10, 0x03,                                  // step (2, varint) = 3
+      0x2A, 0x0D,                                  // summary (5, length 13)
+      0x0A, 0x0B,                                  //   value (1, length 11)
+      0x0A, 0x04, 'l',  'o',  's',  's',           //     tag (1) = "loss"
+      0x15, 0x00, 0x00, 0xC0, 0x3F,                //     simple_value (2, fixed32) = 1.5f
   };
   ASSERT_EQ(e.size(), want.size());
   EXPECT_EQ(std::memcmp(e.data(), want.data(), want.size()), 0);

@@ -47,8 +47,8 @@ class TensorParallelOnDevice : public testing::DistDeviceTest {
   // batches: the fixed tiny batches, or the batches of a split drawn by the host's BatchSampler or on the device
   // (data::DeviceBatchSampler, as train_gpt does).
   enum class Batches { kTiny, kHostSampler, kDeviceSampler };
-  Outcome parallel(bool fp16, bool sequence_parallel, int steps, const dist::Topology* other = nullptr,
-                   int zero = 0, Batches batches = Batches::kTiny) {
+  Outcome parallel(bool fp16, bool sequence_parallel, int steps, const dist::Topology* other = nullptr, int zero = 0,
+                   Batches batches = Batches::kTiny) {
     const dist::Topology& topo = other ? *other : *topo_;
     const int dp = topo.dp_group().size();
     const int64_t local = kRows / dp, first = topo.coord().dp * local;
@@ -72,8 +72,7 @@ class TensorParallelOnDevice : public testing::DistDeviceTest {
     std::vector<int32_t> split(300);
     for (size_t i = 0; i < split.size(); ++i) split[i] = int32_t((i * 7 + i * i % 13) % 17);
     data::BatchSampler host(split, kSeq, kRows, 7);
-    data::DeviceBatchSampler device =
-        train::device_sampler(m.stage->chunk(0), split, kSeq, kRows, 7);
+    data::DeviceBatchSampler device = train::device_sampler(m.stage->chunk(0), split, kSeq, kRows, 7);
     Outcome run;
     for (int s = 0; s < steps; ++s) {
       const data::Batch whole = tiny_batch(s);

@@ -79,7 +79,6 @@ TEST(Training, SteadyStateStepsDoNotAskTheSystemForMemory) {
   EXPECT_EQ(cpu_system_allocs(), before) << "the caching allocator should serve every steady-state allocation";
 }
 
-
 // The loss of a batch with ignored targets (-1) is the mean over the targets that count, computed here in double
 // from the model's own logits (log-softmax by hand): an oracle that shares no code with train_step's divisor
 // (count_targets). A third of the targets ignored, in one micro-batch of two and in one batch: counting them in the
@@ -92,7 +91,8 @@ TEST(Training, IgnoredTargetsAreLeftOutOfTheLossMean) {
     x[i] = double((i * 7 + 3) % size_t(vocab));
     y[i] = i % 3 == 2 ? -1.0 : double((i * 5 + 1) % size_t(vocab));
   }
-  const data::Batch batch{Tensor::from_vector(x, {rows, seq}, DType::i32), Tensor::from_vector(y, {rows, seq}, DType::i32)};
+  const data::Batch batch{Tensor::from_vector(x, {rows, seq}, DType::i32),
+                          Tensor::from_vector(y, {rows, seq}, DType::i32)};
   for (int64_t accum : {1, 2}) {
     SCOPED_TRACE("grad_accum " + std::to_string(accum));
     nn::GPT model(cfg, 7);

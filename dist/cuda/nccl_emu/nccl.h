@@ -47,15 +47,20 @@ typedef enum {
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4, ncclNumOps = 5 } ncclRedOp_t;
 
 typedef enum {
-  ncclInt8 = 0, ncclChar = 0,
+  ncclInt8 = 0,
+  ncclChar = 0,
   ncclUint8 = 1,
-  ncclInt32 = 2, ncclInt = 2,
+  ncclInt32 = 2,
+  ncclInt = 2,
   ncclUint32 = 3,
   ncclInt64 = 4,
   ncclUint64 = 5,
-  ncclFloat16 = 6, ncclHalf = 6,
-  ncclFloat32 = 7, ncclFloat = 7,
-  ncclFloat64 = 8, ncclDouble = 8,
+  ncclFloat16 = 6,
+  ncclHalf = 6,
+  ncclFloat32 = 7,
+  ncclFloat = 7,
+  ncclFloat64 = 8,
+  ncclDouble = 8,
   ncclBfloat16 = 9,
   ncclNumTypes = 10
 } ncclDataType_t;
@@ -76,8 +81,8 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
 const char* ncclGetErrorString(ncclResult_t result);
 
-ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,

@@ -213,8 +213,8 @@ const char* ncclGetErrorString(ncclResult_t result) {
   }
 }
 
-ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t) {
   MPI_Datatype type;
   MPI_Op mop;
   size_t elem;
@@ -279,8 +279,7 @@ ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatyp
   return complete_or_defer(request);
 }
 
-ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-                      cudaStream_t) {
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t) {
   MPI_Datatype type;
   size_t elem;
   if (!valid(comm, count) || peer < 0 || peer >= comm->size || !mpi_type(datatype, &type, &elem, false))

@@ -28,10 +28,10 @@ void DropoutDraws(const float* x, float* y, int64_t n, uint64_t g0, uint64_t g1,
 #if HWY_TARGET != HWY_SCALAR  // one lane cannot hold two 32-bit words: the scalar loop below does it all
   const hn::ScalableTag<uint64_t> d64;
   const hn::Repartition<uint32_t, decltype(d64)> d32;
-  const hn::Repartition<float, decltype(d64)> df;            // the elements: 2 floats per draw lane...
-  const hn::Repartition<uint32_t, decltype(df)> du;           // ...compared as 32-bit lanes
-  const hn::Repartition<uint64_t, decltype(df)> dw;           // a vector of elements as 64-bit (lo, hi) pairs
-  const hn::Rebind<uint32_t, decltype(dw)> dwords;            // the words those pairs come from
+  const hn::Repartition<float, decltype(d64)> df;               // the elements: 2 floats per draw lane...
+  const hn::Repartition<uint32_t, decltype(df)> du;             // ...compared as 32-bit lanes
+  const hn::Repartition<uint64_t, decltype(df)> dw;             // a vector of elements as 64-bit (lo, hi) pairs
+  const hn::Rebind<uint32_t, decltype(dw)> dwords;              // the words those pairs come from
   const size_t N = hn::Lanes(d64), per_vector = hn::Lanes(df);  // kPer * N elements = 4 vectors of floats
   const auto m0 = hn::Set(d64, 0xD2511F53ull), m1 = hn::Set(d64, 0xCD9E8D57ull), low32 = hn::Set(d64, 0xFFFFFFFFull);
   uint32_t k0[10], k1[10];  // the key schedule: k += (W0, W1) per round

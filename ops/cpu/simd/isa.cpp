@@ -76,8 +76,8 @@ static void apply(std::string_view name) {
   }
   for (CpuIsa isa : kAllIsas)
     if (name == isa_name(isa)) return apply(isa);
-  MINIDL_CHECK(false, "CPU ISA: expected one of best, avx512, avx2, sse4 (supported here: ",
-               supported_list(), "), got '", name, "'");
+  MINIDL_CHECK(false, "CPU ISA: expected one of best, avx512, avx2, sse4 (supported here: ", supported_list(),
+               "), got '", name, "'");
 }
 
 void set_isa(CpuIsa isa) {

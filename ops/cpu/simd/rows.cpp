@@ -169,7 +169,7 @@ float LogSumExpRow(const float* x, size_t n) {
     if (max <= guess + kHeadroom) return log_sum(s, p);  // else s may have overflowed: again against the max
   }
   const float max = MaxRow(x, n);  // not a NaN's: SumExp2 catches those
-  if (max == -kInf)  // -inf and NaN only (MaxRow may drop a NaN)
+  if (max == -kInf)                // -inf and NaN only (MaxRow may drop a NaN)
     return has_nan() ? std::numeric_limits<float>::quiet_NaN() : -kInf;
   if (!Base2PointFits(max)) {  // +inf, or logits beyond 2^100: NaN, or the sum in double
     if (max == kInf || has_nan()) return std::numeric_limits<float>::quiet_NaN();
@@ -224,8 +224,8 @@ void MulSubRow(const float* y, const float* dy, float c, float* dx, size_t n) {
 
 // Statistics in double, as the scalar reference: a float sum of a long row loses digits. Each load takes as many
 // floats as a vector holds doubles and widens them; the tail (fewer than one vector) is added in scalar double.
-void LayerNormForwardRow(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
-                         double eps, size_t n, const float* next) {
+void LayerNormForwardRow(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, double eps,
+                         size_t n, const float* next) {
   const hn::ScalableTag<float> d;
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> df;  // floats widened one double vector at a time
@@ -268,8 +268,8 @@ void LayerNormForwardRow(const float* x, const float* w, const float* b, float* 
 // dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy w, then + dsum (if not null) as a separate rounding, the
 // add the fused add-layernorm's backward needs; dw += dy xhat; db += dy. Padding lanes hold x = dy = 0, so they
 // add nothing to the sums.
-void LayerNormBackwardRow(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
-                          float* dw, float* db, size_t n, const float* dsum) {
+void LayerNormBackwardRow(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx, float* dw,
+                          float* db, size_t n, const float* dsum) {
   const hn::ScalableTag<float> d;
   const auto vm = hn::Set(d, mean), vrs = hn::Set(d, rstd);
   auto sum_g = hn::Zero(d), sum_gx = hn::Zero(d);

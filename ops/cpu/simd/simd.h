@@ -4,9 +4,9 @@
 // Each function works on one contiguous f32 row (or a flat range) of n elements, any n including 0 and tails
 // shorter than a vector; the callers in ops/cpu/*.cpp split rows across threads, so nothing here depends on the
 // thread count. Results are the same on every run of one ISA; between ISAs only the sums differ (more lanes mean
-// a different summation order) and SSE4 rounds a*b+c twice where AVX2/AVX-512 fuse it (docs/building.md, "CPU instruction sets").
-// exp is our ExpNonPositive (ops/cpu/simd/vec-inl.h, under 1.2 ulp): every exp here has an argument <= 0, so
-// the row functions require m >= every x (a max or a logsumexp); exp(-inf) = 0, NaN in -> NaN out. GELU, and
+// a different summation order) and SSE4 rounds a*b+c twice where AVX2/AVX-512 fuse it (docs/building.md, "CPU
+// instruction sets"). exp is our ExpNonPositive (ops/cpu/simd/vec-inl.h, under 1.2 ulp): every exp here has an argument
+// <= 0, so the row functions require m >= every x (a max or a logsumexp); exp(-inf) = 0, NaN in -> NaN out. GELU, and
 // sums of exps that store none below AVX-512, take theirs in base 2 (Exp2NonPositive, 0.8 ulp). The f64
 // paths of the ops stay scalar: they are the exact reference the tests compare with.
 //

@@ -101,8 +101,7 @@ HWY_INLINE void TileColumns(D d, size_t M, size_t j, size_t K, int part, float a
                             size_t a_col, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
   size_t i = FirstRow(part, j, M);
   for (; i + kTileRows <= M; i += kTileRows)
-    TileBlock<kTileRows, V>(d, i, j, ReductionOf(part, i, kTileRows, K), alpha, A, a_row, a_col, B, ldb, beta, C,
-                            ldc);
+    TileBlock<kTileRows, V>(d, i, j, ReductionOf(part, i, kTileRows, K), alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
   for (; i + 4 <= M; i += 4)
     TileBlock<4, V>(d, i, j, ReductionOf(part, i, 4, K), alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
   for (; i < M; ++i) TileBlock<1, V>(d, i, j, ReductionOf(part, i, 1, K), alpha, A, a_row, a_col, B, ldb, beta, C, ldc);
@@ -430,15 +429,17 @@ static_assert(int(Triangle::kFull) == 0 && int(Triangle::kLowerOutput) == 1 && i
 void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_row, int64_t a_col,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc, Triangle part) {
   ensure_isa_selected();
-  HWY_DYNAMIC_DISPATCH(TileGemm)(size_t(M), size_t(N), size_t(K), alpha, A, size_t(a_row), size_t(a_col), B,
-                                 size_t(ldb), beta, C, size_t(ldc), int(part));
+  HWY_DYNAMIC_DISPATCH(TileGemm)
+  (size_t(M), size_t(N), size_t(K), alpha, A, size_t(a_row), size_t(a_col), B, size_t(ldb), beta, C, size_t(ldc),
+   int(part));
 }
 
 void gemm_sum(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, int64_t a_col, const float* B,
               int64_t b_row, int64_t b_col, bool accumulate, float* C, int64_t ldc, const float* bias) {
   ensure_isa_selected();
-  HWY_DYNAMIC_DISPATCH(GemmSum)(size_t(M), size_t(N), size_t(K), A, size_t(a_row), size_t(a_col), B, size_t(b_row),
-                                size_t(b_col), accumulate, C, size_t(ldc), bias);
+  HWY_DYNAMIC_DISPATCH(GemmSum)
+  (size_t(M), size_t(N), size_t(K), A, size_t(a_row), size_t(a_col), B, size_t(b_row), size_t(b_col), accumulate, C,
+   size_t(ldc), bias);
 }
 
 GemmBlocking gemm_blocking(int64_t M, int64_t N, int64_t K, int64_t a_row) {
@@ -449,17 +450,17 @@ GemmBlocking gemm_blocking(int64_t M, int64_t N, int64_t K, int64_t a_row) {
 void gemm_pack(const GemmBlocking& g, int64_t j0, int64_t n, int64_t k0, int64_t k1, const float* B, int64_t b_row,
                int64_t b_col, int64_t p0, int64_t p1, float* packed) {
   ensure_isa_selected();
-  HWY_DYNAMIC_DISPATCH(GemmPack)(g, size_t(j0), size_t(n), size_t(k0), size_t(k1), B, size_t(b_row), size_t(b_col),
-                                 size_t(p0), size_t(p1), packed);
+  HWY_DYNAMIC_DISPATCH(GemmPack)
+  (g, size_t(j0), size_t(n), size_t(k0), size_t(k1), B, size_t(b_row), size_t(b_col), size_t(p0), size_t(p1), packed);
 }
 
 void gemm_sum_chunk(const GemmBlocking& g, int64_t i0, int64_t i1, int64_t j0, int64_t n, int64_t N, int64_t k0,
                     int64_t k1, const float* A, int64_t a_row, int64_t a_col, const float* packed, bool accumulate,
                     float* C, int64_t ldc, const float* bias) {
   ensure_isa_selected();
-  HWY_DYNAMIC_DISPATCH(GemmSumChunk)(g, size_t(i0), size_t(i1), size_t(j0), size_t(n), size_t(N), size_t(k0),
-                                     size_t(k1), A, size_t(a_row), size_t(a_col), packed, accumulate, C, size_t(ldc),
-                                     bias);
+  HWY_DYNAMIC_DISPATCH(GemmSumChunk)
+  (g, size_t(i0), size_t(i1), size_t(j0), size_t(n), size_t(N), size_t(k0), size_t(k1), A, size_t(a_row), size_t(a_col),
+   packed, accumulate, C, size_t(ldc), bias);
 }
 
 void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {

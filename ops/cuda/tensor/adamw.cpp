@@ -13,8 +13,8 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
   OnDevice on(param);
   AdamWTensor t{param.device_data<float>(), grad.device_data<float>(), m.device_data<float>(), v.device_data<float>(),
                 param.numel()};
-  MINIDL_CUDA_CHECK(fused_adamw(&t, 1, kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step),
-                                on.stream));
+  MINIDL_CUDA_CHECK(
+      fused_adamw(&t, 1, kernels::adamw_constants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step), on.stream));
 }
 
 void adamw_multi(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& m,

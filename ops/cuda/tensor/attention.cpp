@@ -15,15 +15,19 @@ namespace {
 // The device pointer of a contiguous f16/bf16 tensor as the toolkit's type.
 template <class Half>
 Half* half_data(const Tensor& t) {
-  if constexpr (std::is_same_v<Half, __half>) return reinterpret_cast<Half*>(t.device_data<f16>());
-  else return reinterpret_cast<Half*>(t.device_data<bf16>());
+  if constexpr (std::is_same_v<Half, __half>)
+    return reinterpret_cast<Half*>(t.device_data<f16>());
+  else
+    return reinterpret_cast<Half*>(t.device_data<bf16>());
 }
 
 // Calls fn(Half{}) with Half the toolkit's type of 16-bit `dt`.
 template <class Fn>
 void dispatch_half(DType dt, Fn&& fn) {
-  if (dt == DType::f16) fn(__half{});
-  else fn(__nv_bfloat16{});
+  if (dt == DType::f16)
+    fn(__half{});
+  else
+    fn(__nv_bfloat16{});
 }
 
 // 16-bit attention on tensor cores (flash_attention.h); other head dimensions take the f32 kernel on an f32 copy.
@@ -61,10 +65,9 @@ Tensor half_attention_backward(const Tensor& dout16, const Tensor& qkv16, const 
   const Tensor l = lse.contiguous();
   dispatch_half(qkv.dtype(), [&](auto tag) {
     using Half = decltype(tag);
-    MINIDL_CUDA_CHECK(flash_attention_backward(half_data<Half>(dout), half_data<Half>(qkv), half_data<Half>(out),
-                                               l.device_data<float>(), half_data<Half>(dqkv),
-                                               scratch.device_data<float>(), int(d.B), int(d.T), int(d.C), int(d.H),
-                                               on.stream));
+    MINIDL_CUDA_CHECK(flash_attention_backward(
+        half_data<Half>(dout), half_data<Half>(qkv), half_data<Half>(out), l.device_data<float>(),
+        half_data<Half>(dqkv), scratch.device_data<float>(), int(d.B), int(d.T), int(d.C), int(d.H), on.stream));
   });
   return dqkv;
 }
@@ -73,8 +76,10 @@ AttentionForward attention_forward(const Tensor& qkv, int n_head) {
   if (is_half(qkv.dtype())) return half_attention_forward(qkv, check_causal_attention(qkv, n_head));
   check_f32("causal_attention", "qkv", qkv);
   AttentionDims d = check_causal_attention(qkv, n_head);
-  MINIDL_CHECK(d.D == 16 || d.D == 32 || d.D == 64, "causal_attention: the CUDA kernel takes head dimension 16, 32 "
-               "or 64, got C / n_head = ", d.C, " / ", d.H, " = ", d.D);
+  MINIDL_CHECK(d.D == 16 || d.D == 32 || d.D == 64,
+               "causal_attention: the CUDA kernel takes head dimension 16, 32 "
+               "or 64, got C / n_head = ",
+               d.C, " / ", d.H, " = ", d.D);
   OnDevice on(qkv);
   AttentionForward f{Tensor::empty({d.B, d.T, d.C}, DType::f32, qkv.device()),
                      Tensor::empty({d.B, d.H, d.T}, DType::f32, qkv.device())};
@@ -90,12 +95,11 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   AttentionDims d = check_causal_attention(qkv, n_head);
   OnDevice on(qkv);
   Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, qkv.device());
-  Tensor scratch = Tensor::empty(
-      {int64_t(causal_attention_backward_scratch_floats(int(d.B), int(d.T), int(d.H)))}, DType::f32, qkv.device());
-  MINIDL_CUDA_CHECK(causal_attention_backward(dout.device_data<float>(), qkv.device_data<float>(),
-                                              out.device_data<float>(), lse.device_data<float>(),
-                                              dqkv.device_data<float>(), scratch.device_data<float>(), int(d.B),
-                                              int(d.T), int(d.C), int(d.H), on.stream));
+  Tensor scratch = Tensor::empty({int64_t(causal_attention_backward_scratch_floats(int(d.B), int(d.T), int(d.H)))},
+                                 DType::f32, qkv.device());
+  MINIDL_CUDA_CHECK(causal_attention_backward(
+      dout.device_data<float>(), qkv.device_data<float>(), out.device_data<float>(), lse.device_data<float>(),
+      dqkv.device_data<float>(), scratch.device_data<float>(), int(d.B), int(d.T), int(d.C), int(d.H), on.stream));
   return dqkv;
 }
 

@@ -63,8 +63,7 @@ struct TensorDesc {
 
 // The filters, bias and convolution of one ConvGeometry.
 struct ConvDescs {
-  explicit ConvDescs(const ConvGeometry& g)
-      : x(g.N, g.H, g.W, g.C), y(g.N, g.P, g.Q, g.K), bias(1, 1, 1, g.K) {
+  explicit ConvDescs(const ConvGeometry& g) : x(g.N, g.H, g.W, g.C), y(g.N, g.P, g.Q, g.K), bias(1, 1, 1, g.K) {
     MINIDL_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
     MINIDL_CUDNN_CHECK(
         cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, int(g.K), int(g.C), int(g.R), int(g.S)));
@@ -143,10 +142,10 @@ const Algos& algos(cudnnHandle_t h, const ConvDescs& d, const ConvGeometry& g, i
       });
   Algos a{fwd.algo, data.algo, filter.algo, 0, 0, 0};
   MINIDL_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x.desc, d.w, d.conv, d.y.desc, a.fwd, &a.fwd_bytes));
-  MINIDL_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y.desc, d.conv, d.x.desc, a.bwd_data,
-                                                                   &a.bwd_data_bytes));
+  MINIDL_CUDNN_CHECK(
+      cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y.desc, d.conv, d.x.desc, a.bwd_data, &a.bwd_data_bytes));
   MINIDL_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.desc, d.y.desc, d.conv, d.w, a.bwd_filter,
-                                                                     &a.bwd_filter_bytes));
+                                                                    &a.bwd_filter_bytes));
   return cache.emplace(key, a).first->second;
 }
 
@@ -189,8 +188,8 @@ Conv2dBackward conv_backward(const Tensor& dy, const Tensor& x, const Tensor& we
   const float* pdy = dy.device_data<float>();
   if (need_dx) {
     Tensor ws = workspace(a.bwd_data_bytes, x);
-    MINIDL_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, d.w, weight.device_data<float>(), d.y.desc, pdy,
-                                                    d.conv, a.bwd_data, ptr(ws), a.bwd_data_bytes, &kZero, d.x.desc,
+    MINIDL_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, d.w, weight.device_data<float>(), d.y.desc, pdy, d.conv,
+                                                    a.bwd_data, ptr(ws), a.bwd_data_bytes, &kZero, d.x.desc,
                                                     r.dx.device_data<float>()));
   }
   Tensor ws = workspace(a.bwd_filter_bytes, x);

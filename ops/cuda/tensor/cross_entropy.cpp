@@ -42,11 +42,10 @@ CrossEntropyForward cross_entropy_fwd(const Tensor& logits, const Tensor& target
   Tensor count = Tensor::empty({1}, DType::i64, logits.device());
   dispatch_logits(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_CUDA_CHECK(cross_entropy_forward(static_cast<const T*>(logits.raw_device_data()),
-                                            ids.device_data<int64_t>(), f.lse.device_data<float>(),
-                                            row_loss.device_data<float>(), f.loss.device_data<float>(),
-                                            count.device_data<int64_t>(), N, classes, Vp, ignore_index,
-                                            reduction == Reduction::kMean, on.stream));
+    MINIDL_CUDA_CHECK(cross_entropy_forward(static_cast<const T*>(logits.raw_device_data()), ids.device_data<int64_t>(),
+                                            f.lse.device_data<float>(), row_loss.device_data<float>(),
+                                            f.loss.device_data<float>(), count.device_data<int64_t>(), N, classes, Vp,
+                                            ignore_index, reduction == Reduction::kMean, on.stream));
   });
   return f;
 }
@@ -66,8 +65,8 @@ Tensor cross_entropy_bwd(const Tensor& dloss, const Tensor& logits, const Tensor
     using T = decltype(tag);
     MINIDL_CUDA_CHECK(cross_entropy_backward(d.device_data<float>(), static_cast<const T*>(logits.raw_device_data()),
                                              ids.device_data<int64_t>(), lse.device_data<float>(),
-                                             div.device_data<int64_t>(), static_cast<T*>(dlogits.raw_device_data()),
-                                             N, classes, Vp, ignore_index, on.stream));
+                                             div.device_data<int64_t>(), static_cast<T*>(dlogits.raw_device_data()), N,
+                                             classes, Vp, ignore_index, on.stream));
   });
   return dlogits;
 }

@@ -45,11 +45,10 @@ void unscale_by(const std::vector<Tensor>& grads, const Tensor& state, const Ten
                                            found_inf.device_data<int>(), on.stream));
 }
 
-void update_scale(const Tensor& state, const Tensor& scale_f32, const Tensor& found_inf,
-                  const ops::LossScaleRules& r) {
+void update_scale(const Tensor& state, const Tensor& scale_f32, const Tensor& found_inf, const ops::LossScaleRules& r) {
   OnDevice on(state);
-  const LossScaleRules rules{r.growth_factor, r.backoff_factor, r.min_scale, r.max_scale, r.growth_interval,
-                             r.hysteresis};
+  const LossScaleRules rules{r.growth_factor, r.backoff_factor,  r.min_scale,
+                             r.max_scale,     r.growth_interval, r.hysteresis};
   MINIDL_CUDA_CHECK(update_loss_scale(state.device_data<double>(), scale_f32.device_data<float>(),
                                       found_inf.device_data<int>(), rules, on.stream));
 }

@@ -11,9 +11,12 @@ namespace minidl::ops::cuda {
 template <class Fn>
 void dispatch_float_storage(const char* op, const Tensor& t, Fn&& fn) {
   check_cuda_dtype(op, t, /*half_too=*/true);
-  if (t.dtype() == DType::f32) fn(float{});
-  else if (t.dtype() == DType::f16) fn(__half{});
-  else fn(__nv_bfloat16{});
+  if (t.dtype() == DType::f32)
+    fn(float{});
+  else if (t.dtype() == DType::f16)
+    fn(__half{});
+  else
+    fn(__nv_bfloat16{});
 }
 
 template <class T>

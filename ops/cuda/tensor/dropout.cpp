@@ -18,9 +18,7 @@ Tensor dropout_fwd(const Tensor& x, double p, uint64_t seed, uint64_t stream, ui
   return y;
 }
 
-void register_dropout() {
-  dropout_device.set(DeviceKind::kCUDA, &dropout_fwd);
-}
+void register_dropout() { dropout_device.set(DeviceKind::kCUDA, &dropout_fwd); }
 
 }  // namespace
 

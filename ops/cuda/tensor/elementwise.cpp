@@ -25,9 +25,12 @@ T* ptr(const Tensor& t) {
 template <class Fn>
 void dispatch_storage(const char* op, const Tensor& t, Fn&& fn) {
   check_cuda_dtype(op, t, /*half_too=*/true);
-  if (t.dtype() == DType::f32) fn(float{});
-  else if (t.dtype() == DType::f16) fn(__half{});
-  else fn(__nv_bfloat16{});
+  if (t.dtype() == DType::f32)
+    fn(float{});
+  else if (t.dtype() == DType::f16)
+    fn(__half{});
+  else
+    fn(__nv_bfloat16{});
 }
 
 ElementwiseLayout layout_of(const Shape& shape, const Strides& s0, const Strides& s1) {
@@ -90,8 +93,7 @@ void add_inplace(Tensor& dst, const Tensor& src) {
   const Tensor s = src.dtype() == DType::f32 ? src : upcast_on_device(src);
   OnDevice on(dst);
   const ElementwiseLayout l = layout_of(dst.shape(), dst.strides(), s.strides());
-  MINIDL_CUDA_CHECK(elementwise_binary(BinaryOp::kAdd, ptr<float>(dst), ptr<float>(s), ptr<float>(dst), l,
-                                       on.stream));
+  MINIDL_CUDA_CHECK(elementwise_binary(BinaryOp::kAdd, ptr<float>(dst), ptr<float>(s), ptr<float>(dst), l, on.stream));
 }
 
 Tensor broadcast_to(const Tensor& t, const Shape& shape) {
@@ -119,8 +121,10 @@ Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
   for (int d = 0; d < grad.dim(); ++d) {
     if (grad.size(d) == 1) continue;
     const bool summed = d < lead || shape[d - lead] == 1;
-    if (!runs.empty() && runs.back().summed == summed) runs.back().size *= grad.size(d);
-    else runs.push_back({grad.size(d), summed});
+    if (!runs.empty() && runs.back().summed == summed)
+      runs.back().size *= grad.size(d);
+    else
+      runs.push_back({grad.size(d), summed});
   }
   OnDevice on(grad);
   Tensor current = contiguous_on_device(grad);
@@ -134,10 +138,10 @@ Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
     for (int k = r + 1; k < int(runs.size()); ++k) inner *= runs[k].size;
     const int64_t n = runs[r].size;
     Tensor next = last ? out : Tensor::empty({outer * inner}, DType::f32, grad.device());
-    Tensor scratch = Tensor::empty({int64_t(reduce_dim_scratch_floats(ReduceOp::kSum, outer, n, inner))},
-                                   DType::f32, grad.device());
-    MINIDL_CUDA_CHECK(reduce_dim(ReduceOp::kSum, ptr<float>(current), outer, n, inner, 1.0f, ptr<float>(next),
-                                 nullptr, ptr<float>(scratch), on.stream));
+    Tensor scratch =
+        Tensor::empty({int64_t(reduce_dim_scratch_floats(ReduceOp::kSum, outer, n, inner))}, DType::f32, grad.device());
+    MINIDL_CUDA_CHECK(reduce_dim(ReduceOp::kSum, ptr<float>(current), outer, n, inner, 1.0f, ptr<float>(next), nullptr,
+                                 ptr<float>(scratch), on.stream));
     current = next;
     runs.erase(runs.begin() + r);
     if (r > 0 && r < int(runs.size())) {  // two kept runs now meet

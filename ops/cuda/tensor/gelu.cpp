@@ -30,13 +30,12 @@ BiasGeluBackward bias_gelu_grad(const Tensor& dy, const Tensor& x, const Tensor&
   OnDevice on(x);
   const int64_t C = x.size(-1), rows = C ? x.numel() / C : 0;
   BiasGeluBackward g{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({C}, x.dtype(), x.device())};
-  Tensor scratch =
-      Tensor::empty({int64_t(bias_gelu_backward_scratch_floats(rows, int(C)))}, DType::f32, x.device());
+  Tensor scratch = Tensor::empty({int64_t(bias_gelu_backward_scratch_floats(rows, int(C)))}, DType::f32, x.device());
   dispatch_float_storage("bias_gelu_backward", x, [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_CUDA_CHECK(bias_gelu_backward(storage_ptr<const T>(dy), storage_ptr<const T>(x),
-                                         storage_ptr<const T>(bias), storage_ptr<T>(g.dx), storage_ptr<T>(g.dbias),
-                                         scratch.device_data<float>(), rows, int(C), on.stream));
+    MINIDL_CUDA_CHECK(bias_gelu_backward(storage_ptr<const T>(dy), storage_ptr<const T>(x), storage_ptr<const T>(bias),
+                                         storage_ptr<T>(g.dx), storage_ptr<T>(g.dbias), scratch.device_data<float>(),
+                                         rows, int(C), on.stream));
   });
   return g;
 }

@@ -55,15 +55,15 @@ bool gemm_bias_gelu(int device, cudaStream_t stream, DType dtype, int64_t rows, 
 // Backward, in the GEMM that makes the GELU's output gradient (c_proj's input gradient): dh = dy (rows, k) w^T,
 // w (n, k) row-major (c_proj's weight, in = n, out = k); dpre (rows, n) = dh * gelu'(aux); dbias (n) = dpre summed
 // over rows in f32 (fixed order, no atomics) and rounded once. dbias == nullptr: no bias gradient (DGELU).
-bool gemm_dgelu_bgrad(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k,
-                      const void* dy, const void* w, const void* aux, void* dpre, void* dbias);
+bool gemm_dgelu_bgrad(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* dy,
+                      const void* w, const void* aux, void* dpre, void* dbias);
 
 // linear's weight and bias gradients in one GEMM (cuBLASLt's BGRADA in the real backend; the same sums on the host
 // after OpenBLAS in the emulated one): dw (k, n) = x^T dy, x (rows, k) and dy (rows, n) contiguous, row-major, of
 // `dtype`; dbias (n) = dy summed over rows in f32 (fixed order, no atomics) and rounded once. dw and dbias are of
 // `out_dtype`: dtype, or f32 (16-bit x and dy: mixed precision's f32 gradients, as gemm_f32_out). Returns false
 // (nothing done) where cuBLASLt has no algorithm for the shape: the caller then runs the GEMM and the sum.
-bool gemm_wgrad_bgrad(int device, cudaStream_t stream, DType dtype, DType out_dtype, int64_t rows, int64_t k,
-                      int64_t n, const void* x, const void* dy, void* dw, void* dbias);
+bool gemm_wgrad_bgrad(int device, cudaStream_t stream, DType dtype, DType out_dtype, int64_t rows, int64_t k, int64_t n,
+                      const void* x, const void* dy, void* dw, void* dbias);
 
 }  // namespace minidl::ops::cuda

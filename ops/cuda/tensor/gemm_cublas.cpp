@@ -35,8 +35,8 @@ struct CublasApi {
   // cublas_api.h also declares a C++ overload of this name (with 64-bit sizes), so the type is spelled out.
   cublasStatus_t (*GemmStridedBatchedEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
                                          const void*, const void*, cudaDataType, int, long long, const void*,
-                                         cudaDataType, int, long long, const void*, void*, cudaDataType, int,
-                                         long long, int, cublasComputeType_t, cublasGemmAlgo_t);
+                                         cudaDataType, int, long long, const void*, void*, cudaDataType, int, long long,
+                                         int, cublasComputeType_t, cublasGemmAlgo_t);
   decltype(&cublasLtCreate) LtCreate;
   decltype(&cublasLtMatmulDescCreate) LtMatmulDescCreate;
   decltype(&cublasLtMatmulDescDestroy) LtMatmulDescDestroy;
@@ -91,9 +91,9 @@ const CublasApi& cublas() {
   return api;
 }
 
-#define MINIDL_CUBLAS_CHECK(call)                                                                              \
-  do {                                                                                                         \
-    cublasStatus_t status_ = (call);                                                                           \
+#define MINIDL_CUBLAS_CHECK(call)                                                                             \
+  do {                                                                                                        \
+    cublasStatus_t status_ = (call);                                                                          \
     MINIDL_CHECK(status_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ", cublas().GetStatusName(status_), " (", \
                  cublas().GetStatusString(status_), ")");                                                     \
   } while (0)
@@ -219,8 +219,7 @@ struct LtProduct {
 // (BIAS, GELU_AUX_BIAS, DGELU_BGRAD, BGRADA); aux (the GELU input) has D's layout, ld m. Returns false (nothing
 // done) where cuBLASLt has no algorithm for the key.
 bool lt_matmul(int device, cudaStream_t stream, DType dtype, DType out_dtype, cublasLtEpilogue_t epilogue,
-               const LtProduct& p, const void* a_ptr, const void* b_ptr, const void* bias, const void* aux,
-               void* out) {
+               const LtProduct& p, const void* a_ptr, const void* b_ptr, const void* bias, const void* aux, void* out) {
   if (p.m == 0 || p.n == 0 || p.k == 0) return false;
   // The vector and aux have no alignment preference to declare; to be safe, views of them that are not 16-byte
   // aligned take the unfused path. cuBLASLt wants the GELU aux's leading dimension a multiple of 8.
@@ -228,8 +227,7 @@ bool lt_matmul(int device, cudaStream_t stream, DType dtype, DType out_dtype, cu
   if (aux != nullptr && p.m % 8 != 0) return false;
   LtDevice& dev = lt(device);
   cudaDataType_t type = data_type(dtype), out_type = data_type(out_dtype);
-  cublasComputeType_t compute =
-      dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cublasComputeType_t compute = dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LtCall call;
   if (cublas().LtMatmulDescCreate(&call.desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return false;
   MINIDL_CUBLAS_CHECK(
@@ -252,14 +250,14 @@ bool lt_matmul(int device, cudaStream_t stream, DType dtype, DType out_dtype, cu
     MINIDL_CUBLAS_CHECK(
         cublas().LtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans, sizeof trans));
   MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.a, type, uint64_t(p.trans_a ? p.k : p.m),
-                                                 uint64_t(p.trans_a ? p.m : p.k), p.lda));
+                                                    uint64_t(p.trans_a ? p.m : p.k), p.lda));
   MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.b, type, uint64_t(p.trans_b ? p.n : p.k),
-                                                 uint64_t(p.trans_b ? p.k : p.n), p.ldb));
+                                                    uint64_t(p.trans_b ? p.k : p.n), p.ldb));
   MINIDL_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&call.d, out_type, uint64_t(p.m), uint64_t(p.n), p.m));
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceCreate(&call.pref));
   size_t workspace = kLtWorkspace;
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace, sizeof workspace));
+                                                              &workspace, sizeof workspace));
   // The heuristic assumes 256-byte-aligned A, B, C and D unless told otherwise; the operands or out may be views
   // at an offset into their storage (a narrow of a contiguous tensor stays contiguous), and an algorithm picked
   // for 256-byte alignment faults (misaligned address) or fails on them. Tell it each pointer's real alignment.
@@ -271,17 +269,17 @@ bool lt_matmul(int device, cudaStream_t stream, DType dtype, DType out_dtype, cu
   };
   const uint32_t align_a = alignment(a_ptr), align_b = alignment(b_ptr), align_out = alignment(out);
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                           &align_a, sizeof align_a));
+                                                              &align_a, sizeof align_a));
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                           &align_b, sizeof align_b));
+                                                              &align_b, sizeof align_b));
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                           &align_out, sizeof align_out));
+                                                              &align_out, sizeof align_out));
   MINIDL_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                           &align_out, sizeof align_out));
+                                                              &align_out, sizeof align_out));
   static std::mutex cache_mutex;
   static std::unordered_map<LtKey, LtChoice, LtKeyHash> cache;
-  const LtKey key{device, epilogue, dtype, out_dtype, compute, p.trans_a, p.trans_b, p.m, p.n, p.k,
-                  align_a, align_b, align_out};
+  const LtKey key{device, epilogue, dtype, out_dtype, compute, p.trans_a, p.trans_b,
+                  p.m,    p.n,      p.k,   align_a,   align_b, align_out};
   LtChoice choice;
   {
     std::lock_guard<std::mutex> lock(cache_mutex);
@@ -291,8 +289,8 @@ bool lt_matmul(int device, cudaStream_t stream, DType dtype, DType out_dtype, cu
     } else {
       cublasLtMatmulHeuristicResult_t heuristic{};
       int found = 0;
-      choice.found = cublas().LtMatmulAlgoGetHeuristic(dev.handle, call.desc, call.a, call.b, call.d, call.d,
-                                                       call.pref, 1, &heuristic, &found) == CUBLAS_STATUS_SUCCESS &&
+      choice.found = cublas().LtMatmulAlgoGetHeuristic(dev.handle, call.desc, call.a, call.b, call.d, call.d, call.pref,
+                                                       1, &heuristic, &found) == CUBLAS_STATUS_SUCCESS &&
                      found > 0;
       if (choice.found) choice.algo = heuristic.algo;
       cache.emplace(key, choice);
@@ -301,7 +299,7 @@ bool lt_matmul(int device, cudaStream_t stream, DType dtype, DType out_dtype, cu
   if (!choice.found) return false;  // no fused algorithm for this shape: the caller runs the unfused path
   const float one = 1.0f, zero = 0.0f;
   MINIDL_CUBLAS_CHECK(cublas().LtMatmul(dev.handle, call.desc, &one, a_ptr, call.a, b_ptr, call.b, &zero, out, call.d,
-                                     out, call.d, &choice.algo, dev.workspace, kLtWorkspace, stream));
+                                        out, call.d, &choice.algo, dev.workspace, kLtWorkspace, stream));
   minidl::cuda::detail::count_library_launch();
   return true;
 }
@@ -320,8 +318,8 @@ void load_gemm_library() { (void)cublas(); }
 
 bool gemm_bias(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* x,
                const void* w, const void* bias, void* out) {
-  return lt_matmul(device, stream, dtype, dtype, CUBLASLT_EPILOGUE_BIAS, forward_product(false, rows, n, k), w, x,
-                   bias, nullptr, out);
+  return lt_matmul(device, stream, dtype, dtype, CUBLASLT_EPILOGUE_BIAS, forward_product(false, rows, n, k), w, x, bias,
+                   nullptr, out);
 }
 
 // cuBLASLt's GELU epilogues are the tanh approximation, GPT-2's (ops/kernels/gelu.h); the aux it writes is the
@@ -334,8 +332,8 @@ bool gemm_bias_gelu(int device, cudaStream_t stream, DType dtype, int64_t rows, 
 
 // DGELU_BGRAD writes the bias gradient (n values, out's dtype) through the bias pointer: the column sums of dpre,
 // reduced inside the GEMM in a fixed order.
-bool gemm_dgelu_bgrad(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k,
-                      const void* dy, const void* w, const void* aux, void* dpre, void* dbias) {
+bool gemm_dgelu_bgrad(int device, cudaStream_t stream, DType dtype, int64_t rows, int64_t n, int64_t k, const void* dy,
+                      const void* w, const void* aux, void* dpre, void* dbias) {
   return lt_matmul(device, stream, dtype, dtype, dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
                    forward_product(true, rows, n, k), w, dy, dbias, aux, dpre);
 }
@@ -345,8 +343,8 @@ bool gemm_dgelu_bgrad(int device, cudaStream_t stream, DType dtype, int64_t rows
 // taken transposed as B. The bias gradient, one value per column of the row-major dy, is one per row of D and the
 // reduction runs over the GEMM's k (= rows) through A: BGRADA (BGRADB would reduce B = x, and size the vector by
 // D's columns, k). The vector is out_dtype: f32 under mixed precision, next to the f32 dw.
-bool gemm_wgrad_bgrad(int device, cudaStream_t stream, DType dtype, DType out_dtype, int64_t rows, int64_t k,
-                      int64_t n, const void* x, const void* dy, void* dw, void* dbias) {
+bool gemm_wgrad_bgrad(int device, cudaStream_t stream, DType dtype, DType out_dtype, int64_t rows, int64_t k, int64_t n,
+                      const void* x, const void* dy, void* dw, void* dbias) {
   if (out_dtype != dtype && out_dtype != DType::f32) return false;
   return lt_matmul(device, stream, dtype, out_dtype, CUBLASLT_EPILOGUE_BGRADA, {false, true, n, k, rows, n, k}, dy, x,
                    dbias, nullptr, dw);
@@ -363,12 +361,10 @@ void gemm_typed(int device, cudaStream_t stream, DType dtype, DType c_dtype, int
   cublasHandle_t h = handle(device, stream);
   cudaDataType_t type = data_type(dtype), c_type = data_type(c_dtype);
   // 16-bit operands always run on tensor cores (f32 accumulation); f32 uses TF32 only when asked.
-  cublasComputeType_t compute =
-      dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cublasComputeType_t compute = dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   MINIDL_CUBLAS_CHECK(cublas().GemmStridedBatchedEx(
-      h, op(B.trans), op(A.trans), int(N), int(M), int(K), &alpha, B.ptr, type, int(B.ld), B.batch_stride, A.ptr,
-      type, int(A.ld), A.batch_stride, &beta, C, c_type, int(ldc), c_batch_stride, int(batch), compute,
-      CUBLAS_GEMM_DEFAULT));
+      h, op(B.trans), op(A.trans), int(N), int(M), int(K), &alpha, B.ptr, type, int(B.ld), B.batch_stride, A.ptr, type,
+      int(A.ld), A.batch_stride, &beta, C, c_type, int(ldc), c_batch_stride, int(batch), compute, CUBLAS_GEMM_DEFAULT));
   minidl::cuda::detail::count_library_launch();
 }
 

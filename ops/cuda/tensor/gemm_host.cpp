@@ -29,8 +29,10 @@ int64_t stored_elems(const GemmOperand& X, int64_t rows, int64_t cols) {
 
 template <class H>
 H narrow(float v) {
-  if constexpr (std::is_same_v<H, f16>) return to_f16(v);
-  else return to_bf16(v);
+  if constexpr (std::is_same_v<H, f16>)
+    return to_f16(v);
+  else
+    return to_bf16(v);
 }
 
 template <class H>
@@ -42,8 +44,8 @@ std::vector<float> widen(const void* p, int64_t n) {
 }
 
 template <class H>
-void gemm_half(int64_t batch, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A,
-               const GemmOperand& B, float beta, void* C, int64_t ldc, int64_t c_stride) {
+void gemm_half(int64_t batch, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
+               float beta, void* C, int64_t ldc, int64_t c_stride) {
   for (int64_t i = 0; i < batch; ++i) {
     std::vector<float> a = widen<H>(static_cast<const H*>(A.ptr) + i * A.batch_stride, stored_elems(A, M, K));
     std::vector<float> b = widen<H>(static_cast<const H*>(B.ptr) + i * B.batch_stride, stored_elems(B, K, N));
@@ -61,9 +63,8 @@ void gemm_half(int64_t batch, int64_t M, int64_t N, int64_t K, float alpha, cons
 
 }  // namespace
 
-void gemm(int /*device*/, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K,
-          float alpha, const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc,
-          int64_t c_batch_stride) {
+void gemm(int /*device*/, cudaStream_t stream, DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+          const GemmOperand& A, const GemmOperand& B, float beta, void* C, int64_t ldc, int64_t c_batch_stride) {
   if (batch == 0 || M == 0 || N == 0) return;
   MINIDL_CHECK(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16,
                "matmul: the CUDA GEMM takes f32, f16 or bf16, got ", dtype);
@@ -239,8 +240,10 @@ std::vector<float> column_sums(DType dtype, const void* dy, int64_t rows, int64_
     for (int64_t i = 0; i < n; ++i) {
       float v = thread_rows[size_t(i)];
       for (int64_t y = 1; y < kTileRows; ++y) v += thread_rows[size_t(y * n + i)];
-      if (chunks == 1) out[size_t(i)] = v;
-      else total[size_t(i)] += v;
+      if (chunks == 1)
+        out[size_t(i)] = v;
+      else
+        total[size_t(i)] += v;
     }
   }
   return chunks == 1 ? out : total;

@@ -17,9 +17,9 @@ LayerNormForward forward(const Tensor& x, const Tensor& weight, const Tensor& bi
                      Tensor::empty({rows}, DType::f32, x.device())};
   dispatch_float_storage("layernorm", x, [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_CUDA_CHECK(layernorm_forward(storage_ptr<const T>(x), weight.device_data<float>(),
-                                        bias.device_data<float>(), storage_ptr<T>(f.y), f.mean.device_data<float>(),
-                                        f.rstd.device_data<float>(), rows, int(C), float(eps), on.stream));
+    MINIDL_CUDA_CHECK(layernorm_forward(storage_ptr<const T>(x), weight.device_data<float>(), bias.device_data<float>(),
+                                        storage_ptr<T>(f.y), f.mean.device_data<float>(), f.rstd.device_data<float>(),
+                                        rows, int(C), float(eps), on.stream));
   });
   return f;
 }
@@ -34,9 +34,8 @@ LayerNormBackward backward(const Tensor& dy, const Tensor& x, const Tensor& weig
   Tensor scratch = Tensor::empty({int64_t(layernorm_backward_scratch_floats(rows, int(C)))}, DType::f32, x.device());
   dispatch_float_storage("layernorm_backward", x, [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_CUDA_CHECK(layernorm_backward(storage_ptr<const T>(dy), storage_ptr<const T>(x),
-                                         weight.device_data<float>(), mean.device_data<float>(),
-                                         rstd.device_data<float>(), storage_ptr<T>(g.dx),
+    MINIDL_CUDA_CHECK(layernorm_backward(storage_ptr<const T>(dy), storage_ptr<const T>(x), weight.device_data<float>(),
+                                         mean.device_data<float>(), rstd.device_data<float>(), storage_ptr<T>(g.dx),
                                          g.dweight.device_data<float>(), g.dbias.device_data<float>(),
                                          scratch.device_data<float>(), rows, int(C), on.stream));
   });
@@ -48,8 +47,9 @@ AddLayerNormForward add_forward(const Tensor& a, const Tensor& b, const Tensor& 
   check_f32("add_layernorm", "weight", weight);
   OnDevice on(a);
   const int64_t C = a.size(-1), rows = a.numel() / C;
-  AddLayerNormForward f{Tensor::empty(a.shape(), a.dtype(), a.device()), Tensor::empty(a.shape(), a.dtype(), a.device()),
-                        Tensor::empty({rows}, DType::f32, a.device()), Tensor::empty({rows}, DType::f32, a.device())};
+  AddLayerNormForward f{Tensor::empty(a.shape(), a.dtype(), a.device()),
+                        Tensor::empty(a.shape(), a.dtype(), a.device()), Tensor::empty({rows}, DType::f32, a.device()),
+                        Tensor::empty({rows}, DType::f32, a.device())};
   dispatch_float_storage("add_layernorm", a, [&](auto tag) {
     using T = decltype(tag);
     MINIDL_CUDA_CHECK(add_layernorm_forward(storage_ptr<const T>(a), storage_ptr<const T>(b),
@@ -67,8 +67,7 @@ LayerNormBackward add_backward(const Tensor& dy, const Tensor& dsum, const Tenso
   const int64_t C = sum.size(-1), rows = sum.numel() / C;
   LayerNormBackward g{Tensor::empty(sum.shape(), sum.dtype(), sum.device()),
                       Tensor::empty({C}, DType::f32, sum.device()), Tensor::empty({C}, DType::f32, sum.device())};
-  Tensor scratch =
-      Tensor::empty({int64_t(layernorm_backward_scratch_floats(rows, int(C)))}, DType::f32, sum.device());
+  Tensor scratch = Tensor::empty({int64_t(layernorm_backward_scratch_floats(rows, int(C)))}, DType::f32, sum.device());
   dispatch_float_storage("add_layernorm_backward", sum, [&](auto tag) {
     using T = decltype(tag);
     MINIDL_CUDA_CHECK(add_layernorm_backward(

@@ -13,8 +13,8 @@ std::optional<LinearGelu> linear_gelu(const Tensor& x2, const Tensor& w, const T
   const int64_t rows = x2.size(0), k = x2.size(1), n = w.size(1);
   OnDevice on(x2);
   LinearGelu f{Tensor::empty({rows, n}, x2.dtype(), x2.device()), Tensor::empty({rows, n}, x2.dtype(), x2.device())};
-  if (!gemm_bias_gelu(x2.device().index, on.stream, x2.dtype(), rows, n, k, x2.raw_device_data(),
-                      w.raw_device_data(), bias.defined() ? bias.raw_device_data() : nullptr, f.h.raw_device_data(),
+  if (!gemm_bias_gelu(x2.device().index, on.stream, x2.dtype(), rows, n, k, x2.raw_device_data(), w.raw_device_data(),
+                      bias.defined() ? bias.raw_device_data() : nullptr, f.h.raw_device_data(),
                       f.aux.raw_device_data()))
     return std::nullopt;
   return f;

@@ -76,8 +76,8 @@ Tensor max_backward_dim(const Tensor& grad, const Tensor& indices, const Shape& 
   Tensor dx = Tensor::empty(input_shape, DType::f32, grad.device());
   Tensor g = contiguous_on_device(grad), idx = contiguous_on_device(indices);
   OnDevice on(grad);
-  MINIDL_CUDA_CHECK(max_backward(g.device_data<float>(), idx.device_data<int64_t>(), dx.device_data<float>(),
-                                 l.outer, l.n, l.inner, on.stream));
+  MINIDL_CUDA_CHECK(max_backward(g.device_data<float>(), idx.device_data<int64_t>(), dx.device_data<float>(), l.outer,
+                                 l.n, l.inner, on.stream));
   return dx;
 }
 

@@ -14,7 +14,7 @@
 #pragma once
 
 // Registers `fn`, a void() of this file that fills DeviceKernel tables (see above). At namespace scope.
-#define MINIDL_REGISTER_CUDA_KERNELS(fn) \
+#define MINIDL_REGISTER_CUDA_KERNELS(fn)                                   \
   [[maybe_unused]] static const bool minidl_cuda_kernels_registered_##fn = \
       ::minidl::ops::cuda::detail::add_registrar(&fn)
 
@@ -44,7 +44,8 @@ inline Tensor host_i64(const Tensor& t) { return cast(t.to(Device::cpu()).detach
 
 // The device's compute stream, with the device made current for the calling thread in the guard's scope.
 struct OnDevice {
-  explicit OnDevice(const Tensor& t) : guard(t.device().index), stream(minidl::cuda::current_stream(t.device().index)) {}
+  explicit OnDevice(const Tensor& t)
+      : guard(t.device().index), stream(minidl::cuda::current_stream(t.device().index)) {}
   minidl::cuda::DeviceGuard guard;
   cudaStream_t stream;
 };

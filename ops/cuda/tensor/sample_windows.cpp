@@ -11,9 +11,9 @@ void sample_windows_on_device(const Tensor& tokens, int64_t seq, const WindowDra
                               const Tensor& y) {
   OnDevice on(tokens);
   const int64_t* step = d.step_on_device.defined() ? d.step_on_device.device_data<int64_t>() : nullptr;
-  MINIDL_CUDA_CHECK(sample_windows(tokens.device_data<int32_t>(), tokens.numel(), seq, d.seed, d.stream,
-                                   d.global_batch, d.step, step, d.begin, x.size(0), x.device_data<int64_t>(),
-                                   y.device_data<int64_t>(), on.stream));
+  MINIDL_CUDA_CHECK(sample_windows(tokens.device_data<int32_t>(), tokens.numel(), seq, d.seed, d.stream, d.global_batch,
+                                   d.step, step, d.begin, x.size(0), x.device_data<int64_t>(), y.device_data<int64_t>(),
+                                   on.stream));
 }
 
 void register_sample_windows() { sample_windows_device.set(DeviceKind::kCUDA, &sample_windows_on_device); }

@@ -22,8 +22,8 @@ Tensor backward(const Tensor& dy, const Tensor& y) {
   OnDevice on(y);
   const int64_t V = y.size(-1), rows = y.numel() / V;
   Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-  MINIDL_CUDA_CHECK(softmax_backward(dy.device_data<float>(), y.device_data<float>(), dx.device_data<float>(), rows,
-                                     V, on.stream));
+  MINIDL_CUDA_CHECK(
+      softmax_backward(dy.device_data<float>(), y.device_data<float>(), dx.device_data<float>(), rows, V, on.stream));
   return dx;
 }
 

@@ -12,8 +12,8 @@ namespace {
 bool unscale(const Tensor& grad, float inv_scale) {
   OnDevice on(grad);
   Tensor flag = Tensor::zeros({1}, DType::i32, grad.device());
-  MINIDL_CUDA_CHECK(unscale_and_check(grad.device_data<float>(), grad.numel(), inv_scale, flag.device_data<int>(),
-                                      on.stream));
+  MINIDL_CUDA_CHECK(
+      unscale_and_check(grad.device_data<float>(), grad.numel(), inv_scale, flag.device_data<int>(), on.stream));
   return flag.item() != 0;
 }
 
@@ -21,8 +21,8 @@ bool unscale_multi(const std::vector<Tensor>& grads, float inv_scale) {
   OnDevice on(grads.front());
   Tensor flag = Tensor::zeros({1}, DType::i32, grads.front().device());
   for (const Tensor& g : grads)
-    MINIDL_CUDA_CHECK(unscale_and_check(g.device_data<float>(), g.numel(), inv_scale, flag.device_data<int>(),
-                                        on.stream));
+    MINIDL_CUDA_CHECK(
+        unscale_and_check(g.device_data<float>(), g.numel(), inv_scale, flag.device_data<int>(), on.stream));
   return flag.item() != 0;
 }
 

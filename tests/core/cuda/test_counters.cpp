@@ -113,9 +113,9 @@ TEST_F(CudaCounters, UploadAsyncCopiesWithoutWaiting) {
 
 // A steady-state training step on the device (forward from a host batch, backward, AdamW, zero_grad, no loss read):
 // no cudaMalloc, nothing read back, no host wait, and only the batch's upload (ids and targets, asynchronous copies
-// from pinned staging) crosses to the device. train::train_step with clipping and fp16 loss scaling adds nothing to that when
-// its numbers are not read back (tests/train/test_device_step.cpp; docs/decisions.md, "No host round trips in a
-// device step").
+// from pinned staging) crosses to the device. train::train_step with clipping and fp16 loss scaling adds nothing to
+// that when its numbers are not read back (tests/train/test_device_step.cpp; docs/decisions.md, "No host round trips in
+// a device step").
 TEST_F(CudaCounters, SteadyStateTrainingStepMakesNoRoundTrip) {
   nn::GPT model(nn::GPTConfig{17, 8, 2, 2, 32, 0.0, true}, 1337);
   model.to(kCuda);
@@ -137,9 +137,9 @@ TEST_F(CudaCounters, SteadyStateTrainingStepMakesNoRoundTrip) {
   const cuda::Counters c = cuda::counters() - before;
   EXPECT_EQ(c.device_mallocs, 0);
   EXPECT_EQ(c.d2h_copies, 0);
-  EXPECT_EQ(c.h2d_copies, 2);        // ids and targets
+  EXPECT_EQ(c.h2d_copies, 2);             // ids and targets
   EXPECT_EQ(c.h2d_bytes, 2 * 2 * 8 * 8);  // as i64
-  EXPECT_EQ(c.host_syncs, 0);        // GPT::loss uploads them through pinned staging (core/upload.h)
+  EXPECT_EQ(c.host_syncs, 0);             // GPT::loss uploads them through pinned staging (core/upload.h)
   EXPECT_GT(c.kernel_launches, 0);
 }
 

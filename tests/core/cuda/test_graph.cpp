@@ -90,9 +90,7 @@ TEST_F(CudaGraph, UncapturableWorkThrowsByName) {
   try {
     cold.capture([&] { (void)Tensor::empty({12345, 7}, DType::f32, kCuda); });  // a size never cached
     ADD_FAILURE() << "an allocation that needs cudaMalloc was captured";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("warm-up"), std::string::npos) << e.what();
-  }
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("warm-up"), std::string::npos) << e.what(); }
   // Nothing is left capturing: eager work runs again.
   EXPECT_EQ(ops::add(x, x).to_vector(), std::vector<double>(64, 2.0));
 }

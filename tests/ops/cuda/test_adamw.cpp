@@ -77,8 +77,7 @@ void run_steps(std::vector<std::unique_ptr<Param>>& params, int steps) {
       const Tensor g = random_tensor({q.p.numel()}, 1000 * uint64_t(step) + i, DType::f32);
       std::vector<float> host(size_t(q.offset), 0.0f), values = floats(g);
       host.insert(host.end(), values.begin(), values.end());
-      ASSERT_EQ(cudaMemcpy(q.dg.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
-                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(q.dg.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
       ops::AdamWHyper hs = h;
       hs.step = step;
       ops::fused_adamw_(q.p, g, q.m, q.v, hs);

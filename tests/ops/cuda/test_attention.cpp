@@ -52,16 +52,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                                            AttentionCase{1, 70, 2, 64}),
                          [](const auto& info) {
                            const AttentionCase& c = info.param;
-                           return "batch" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.H) +
-                                  "_D" + std::to_string(c.D);
+                           return "batch" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" +
+                                  std::to_string(c.H) + "_D" + std::to_string(c.D);
                          });
 
 TEST(CudaAttentionDims, UnsupportedHeadDimensionIsAnError) {
   DeviceBuffer<float> qkv(3 * 24), out(24), lse(1), dqkv(3 * 24), scratch(1);
   EXPECT_EQ(ops::cuda::causal_attention_forward(qkv.get(), out.get(), lse.get(), 1, 1, 24, 1, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(ops::cuda::causal_attention_backward(out.get(), qkv.get(), out.get(), lse.get(), dqkv.get(),
-                                                 scratch.get(), 1, 1, 24, 1, nullptr),
+  EXPECT_EQ(ops::cuda::causal_attention_backward(out.get(), qkv.get(), out.get(), lse.get(), dqkv.get(), scratch.get(),
+                                                 1, 1, 24, 1, nullptr),
             cudaErrorInvalidValue);
 }
 

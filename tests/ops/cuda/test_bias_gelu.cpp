@@ -39,8 +39,8 @@ TEST_P(CudaBiasGelu, ForwardAndBackwardMatchTheCpuOp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaBiasGelu,
-                         ::testing::Values(Shape2{1, 1}, Shape2{40, 1}, Shape2{3, 31}, Shape2{33, 33},
-                                           Shape2{65, 100}, Shape2{7, 384}, Shape2{2, 1027}),
+                         ::testing::Values(Shape2{1, 1}, Shape2{40, 1}, Shape2{3, 31}, Shape2{33, 33}, Shape2{65, 100},
+                                           Shape2{7, 384}, Shape2{2, 1027}),
                          [](const auto& info) {
                            return "rows" + std::to_string(info.param.rows) + "_C" + std::to_string(info.param.C);
                          });

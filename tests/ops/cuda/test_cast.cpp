@@ -18,10 +18,24 @@ namespace {
 // f16 range and its subnormals, infinities and signed zeros.
 std::vector<float> awkward_values(int64_t n) {
   std::vector<float> v = floats(random_tensor({n}, uint64_t(n), DType::f32, 100.0));
-  const float special[] = {0.0f,        -0.0f,       1.0f + 1.0f / 2048,  1.0f + 3.0f / 2048, 1.0f + 1.0f / 256,
-                           1.0f + 3.0f / 256,        65504.0f,            65520.0f,           70000.0f,
-                           5.96e-8f,    2.98e-8f,    1e-6f,               -3e-5f,             INFINITY,
-                           -INFINITY,   3.0e38f,     1.0e-40f,            -1.17549435e-38f};
+  const float special[] = {0.0f,
+                           -0.0f,
+                           1.0f + 1.0f / 2048,
+                           1.0f + 3.0f / 2048,
+                           1.0f + 1.0f / 256,
+                           1.0f + 3.0f / 256,
+                           65504.0f,
+                           65520.0f,
+                           70000.0f,
+                           5.96e-8f,
+                           2.98e-8f,
+                           1e-6f,
+                           -3e-5f,
+                           INFINITY,
+                           -INFINITY,
+                           3.0e38f,
+                           1.0e-40f,
+                           -1.17549435e-38f};
   for (size_t i = 0; i < v.size(); ++i) {
     if (i % 3 == 0) v[i] = special[(i / 3) % std::size(special)];
     if (i % 3 == 1) v[i] *= 1e-4f;

@@ -86,8 +86,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaCrossEntropy,
                                            CrossEntropyCase{300, 33, true}, CrossEntropyCase{3, 1000, false},
                                            CrossEntropyCase{6, 65, true, 128}, CrossEntropyCase{4, 1001, false, 1024}),
                          [](const auto& info) {
-                           return "rows" + std::to_string(info.param.rows) + "_V" +
-                                  std::to_string(info.param.classes) + (info.param.mean ? "_mean" : "_sum") +
+                           return "rows" + std::to_string(info.param.rows) + "_V" + std::to_string(info.param.classes) +
+                                  (info.param.mean ? "_mean" : "_sum") +
                                   (info.param.stride ? "_stride" + std::to_string(info.param.stride) : "");
                          });
 

@@ -49,11 +49,11 @@ TEST_F(DeviceOps, MatmulAllTransposesAndBatchesMatchTheCpu) {
     Shape a, b;
     bool ta, tb;
   };
-  const Case cases[] = {{{5, 7}, {7, 3}, false, false},     {{7, 5}, {7, 3}, true, false},
-                        {{5, 7}, {3, 7}, false, true},      {{7, 5}, {3, 7}, true, true},
+  const Case cases[] = {{{5, 7}, {7, 3}, false, false},       {{7, 5}, {7, 3}, true, false},
+                        {{5, 7}, {3, 7}, false, true},        {{7, 5}, {3, 7}, true, true},
                         {{2, 3, 5, 7}, {7, 4}, false, false}, {{2, 5, 7}, {2, 7, 3}, false, false},
-                        {{2, 7, 5}, {2, 3, 7}, true, true}, {{6, 9}, {2, 9, 4}, false, false},
-                        {{0, 4}, {4, 3}, false, false},     {{3, 0}, {0, 2}, false, false}};
+                        {{2, 7, 5}, {2, 3, 7}, true, true},   {{6, 9}, {2, 9, 4}, false, false},
+                        {{0, 4}, {4, 3}, false, false},       {{3, 0}, {0, 2}, false, false}};
   uint64_t seed = 1;
   for (const Case& c : cases) {
     Tensor a = random_tensor(c.a, seed++, DType::f32), b = random_tensor(c.b, seed++, DType::f32);
@@ -105,8 +105,11 @@ TEST_F(DeviceOps, CausalAttentionForwardAndBackwardMatchTheCpu) {
   Tensor dwant = ops::causal_attention_backward(dout, qkv, want.out, want.lse, int(H));
   Tensor dgot = ops::causal_attention_backward(on_cuda(dout), on_cuda(qkv), got.out, got.lse, int(H));
   expect_close(back(dgot), dwant.to_vector(), 1e-4, "dqkv");
-  expect_error([&] { ops::causal_attention_forward(on_cuda(random_tensor({1, 4, 3 * 24}, 1, DType::f32)), 1); },
-               {"causal_attention", "head dimension 16, 32 or 64", "24"});
+  expect_error(
+      [&] {
+        ops::causal_attention_forward(on_cuda(random_tensor({1, 4, 3 * 24}, 1, DType::f32)), 1);
+      },
+      {"causal_attention", "head dimension 16, 32 or 64", "24"});
 }
 
 // 16-bit qkv reaching the CUDA entry (ops::causal_attention_forward_device): head dimension 32 runs the
@@ -125,8 +128,8 @@ TEST_F(DeviceOps, HalfAttentionOnTheDeviceMatchesTheCpuInF32) {
       expect_close(back(got.out), want.out.to_vector(), rtol, what + "out");
       expect_close(back(got.lse), want.lse.to_vector(), 1e-4, what + "lse");
       Tensor dwant = ops::causal_attention_backward(dout, qkv, want.out, want.lse, int(H));
-      Tensor dgot = ops::causal_attention_backward_device(kCuda)(on_cuda(dout16), on_cuda(qkv16), got.out, got.lse,
-                                                                 int(H));
+      Tensor dgot =
+          ops::causal_attention_backward_device(kCuda)(on_cuda(dout16), on_cuda(qkv16), got.out, got.lse, int(H));
       EXPECT_EQ(dgot.dtype(), dt);
       expect_close(back(dgot), dwant.to_vector(), rtol, what + "dqkv");
     }
@@ -164,8 +167,8 @@ TEST_F(DeviceOps, CrossEntropyOver16BitLogitsWithPaddedStrideMatchesTheCpu) {
   for (DType dt : {DType::bf16, DType::f16})
     for (auto [V, Vp] : {std::pair<int64_t, int64_t>{65, 128}, {37, 37}})
       for (bool in_place : {false, true}) {
-        const std::string what = std::string(dtype_name(dt)) + " V " + std::to_string(V) + " Vp " +
-                                 std::to_string(Vp) + (in_place ? " in place: " : ": ");
+        const std::string what = std::string(dtype_name(dt)) + " V " + std::to_string(V) + " Vp " + std::to_string(Vp) +
+                                 (in_place ? " in place: " : ": ");
         const Tensor logits16 = ops::cast(random_tensor({N, Vp}, 21, DType::f32, 3.0), dt);
         const Tensor logits = ops::upcast(logits16);
         std::vector<int64_t> t(N);
@@ -181,8 +184,8 @@ TEST_F(DeviceOps, CrossEntropyOver16BitLogitsWithPaddedStrideMatchesTheCpu) {
         expect_close(back(got.lse), want.lse.to_vector(), 1e-5, what + "lse");
         Tensor dloss = Tensor::full({}, 0.5);
         Tensor dwant = ops::cast(ops::cross_entropy_backward(dloss, logits, targets, want.lse, want.count, -1, V), dt);
-        Tensor dgot = ops::cross_entropy_backward(on_cuda(dloss), device_logits, on_cuda(targets), got.lse,
-                                                  got.count, -1, V, in_place);
+        Tensor dgot = ops::cross_entropy_backward(on_cuda(dloss), device_logits, on_cuda(targets), got.lse, got.count,
+                                                  -1, V, in_place);
         EXPECT_EQ(dgot.dtype(), dt);
         EXPECT_EQ(dgot.raw_device_data() == device_logits.raw_device_data(), in_place) << what << "in place";
         // f32 exps on both sides, rounded once to 16 bits: at most one rounding step apart.
@@ -198,8 +201,8 @@ TEST_F(DeviceOps, EmbeddingForwardAndBackwardMatchTheCpuAndCheckIds) {
   std::vector<int32_t> v(21);
   for (size_t i = 0; i < v.size(); ++i) v[i] = int32_t((i * 5) % 11);
   Tensor ids = Tensor::from_vector(v, Shape{3, 7});
-  expect_close(back(ops::embedding_forward(on_cuda(w), on_cuda(ids))), ops::embedding_forward(w, ids).to_vector(),
-               0, "embedding");
+  expect_close(back(ops::embedding_forward(on_cuda(w), on_cuda(ids))), ops::embedding_forward(w, ids).to_vector(), 0,
+               "embedding");
   expect_close(back(ops::embedding_backward(on_cuda(g), on_cuda(ids), 11)),
                ops::embedding_backward(g, ids, 11).to_vector(), 0, "embedding_backward (deterministic: same bits)");
   ops::set_deterministic_embedding_backward(false);  // float atomics: the same sums up to rounding
@@ -207,8 +210,11 @@ TEST_F(DeviceOps, EmbeddingForwardAndBackwardMatchTheCpuAndCheckIds) {
                ops::embedding_backward(g, ids, 11).to_vector(), 1e-6, "embedding_backward (atomics)");
   ops::set_deterministic_embedding_backward(true);
   v[4] = 11;
-  expect_error([&] { ops::embedding_forward(on_cuda(w), on_cuda(Tensor::from_vector(v, Shape{3, 7}))); },
-               {"embedding", "id 11 at position 4", "out of range"});
+  expect_error(
+      [&] {
+        ops::embedding_forward(on_cuda(w), on_cuda(Tensor::from_vector(v, Shape{3, 7})));
+      },
+      {"embedding", "id 11 at position 4", "out of range"});
 }
 
 TEST_F(DeviceOps, DropoutDrawsTheCpuMaskBitForBit) {

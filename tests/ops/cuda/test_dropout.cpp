@@ -17,8 +17,7 @@ struct DropoutCase {
 };
 
 // Runs the kernel on `values` placed `shift` floats into a device buffer.
-std::vector<float> dropout_on_device(const std::vector<float>& values, const DropoutCase& c, uint64_t seed,
-                                     int shift) {
+std::vector<float> dropout_on_device(const std::vector<float>& values, const DropoutCase& c, uint64_t seed, int shift) {
   std::vector<float> host(size_t(shift), 0.0f);
   host.insert(host.end(), values.begin(), values.end());
   DeviceBuffer<float> x(host), y(host.size());

@@ -24,8 +24,10 @@ constexpr double kLseRtol = 1e-4;  // f32 math on exact products of 16-bit value
 
 template <class T>
 T to16(double x) {
-  if constexpr (std::is_same_v<T, __half>) return __float2half(float(x));
-  else return __float2bfloat16(float(x));
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half(float(x));
+  else
+    return __float2bfloat16(float(x));
 }
 double to64(__half x) { return __half2float(x); }
 double to64(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -45,7 +47,8 @@ Values widen(const std::vector<T>& v) {
 
 // Values already rounded to T, as an f32 tensor the CPU op reads exactly.
 Tensor rounded_f32(const Shape& shape, uint64_t seed, bool bf16) {
-  return Tensor::from_vector(random_tensor(shape, seed, bf16 ? DType::bf16 : DType::f16).to_vector(), shape, DType::f32);
+  return Tensor::from_vector(random_tensor(shape, seed, bf16 ? DType::bf16 : DType::f16).to_vector(), shape,
+                             DType::f32);
 }
 
 template <class T>
@@ -80,8 +83,10 @@ void check_forward_and_backward(const FlashCase& c) {
 class FlashAttention : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(FlashAttention, ForwardAndBackwardMatchTheCpuOp) {
-  if (GetParam().bf16) check_forward_and_backward<__nv_bfloat16>(GetParam());
-  else check_forward_and_backward<__half>(GetParam());
+  if (GetParam().bf16)
+    check_forward_and_backward<__nv_bfloat16>(GetParam());
+  else
+    check_forward_and_backward<__half>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttention,

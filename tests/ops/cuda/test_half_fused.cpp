@@ -97,8 +97,8 @@ void check_bias_gelu(DType dt, int64_t rows, int C) {
   ASSERT_EQ(ops::cuda::bias_gelu_forward(dx_in.get(), dbias_in.get(), y.get(), rows, C, nullptr), cudaSuccess);
   // The same f32 math on the same values (ops/kernels/gelu.h), up to the exp of each backend: a few f32 ulp.
   expect_within_ulp(tensor_of(y.host(), {rows, C}, dt), want, relative_ulp(dt), 1e-6 * max_abs(want), "y");
-  ASSERT_EQ(ops::cuda::bias_gelu_backward(ddy.get(), dx_in.get(), dbias_in.get(), dx.get(), dbias.get(),
-                                          scratch.get(), rows, C, nullptr),
+  ASSERT_EQ(ops::cuda::bias_gelu_backward(ddy.get(), dx_in.get(), dbias_in.get(), dx.get(), dbias.get(), scratch.get(),
+                                          rows, C, nullptr),
             cudaSuccess);
   expect_within_ulp(tensor_of(dx.host(), {rows, C}, dt), want_grad.dx, relative_ulp(dt), 1e-6 * max_abs(want_grad.dx),
                     "dx");
@@ -161,11 +161,15 @@ TEST_P(CudaHalfFused, AddLayerNormMatchesTheCpuOp) {
 TEST_P(CudaHalfFused, LayerNormBf16MatchesTheCpuOp) {
   check_layernorm<__nv_bfloat16>(DType::bf16, GetParam().rows, GetParam().C);
 }
-TEST_P(CudaHalfFused, LayerNormF16MatchesTheCpuOp) { check_layernorm<__half>(DType::f16, GetParam().rows, GetParam().C); }
+TEST_P(CudaHalfFused, LayerNormF16MatchesTheCpuOp) {
+  check_layernorm<__half>(DType::f16, GetParam().rows, GetParam().C);
+}
 TEST_P(CudaHalfFused, BiasGeluBf16MatchesTheCpuOp) {
   check_bias_gelu<__nv_bfloat16>(DType::bf16, GetParam().rows, GetParam().C);
 }
-TEST_P(CudaHalfFused, BiasGeluF16MatchesTheCpuOp) { check_bias_gelu<__half>(DType::f16, GetParam().rows, GetParam().C); }
+TEST_P(CudaHalfFused, BiasGeluF16MatchesTheCpuOp) {
+  check_bias_gelu<__half>(DType::f16, GetParam().rows, GetParam().C);
+}
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaHalfFused,
                          ::testing::Values(Shape2{1, 1}, Shape2{1, 100}, Shape2{3, 31}, Shape2{9, 33}, Shape2{5, 3},

@@ -45,8 +45,7 @@ TEST_F(CudaTensorOps, HalfLayerNormTakesF32ParametersOnly) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("layernorm: expected weight to have dtype f32 for x of dtype bf16, got bf16"),
-              std::string::npos)
+    EXPECT_NE(msg.find("layernorm: expected weight to have dtype f32 for x of dtype bf16, got bf16"), std::string::npos)
         << msg;
   }
 }
@@ -117,8 +116,8 @@ TEST_F(CudaTensorOps, HalfProductWithAnF32OutputIsOneGemmAndIsNotRounded) {
         EXPECT_NE(got.to(Device::cpu()).to_vector(), ops::upcast(ops::matmul(a, b, ta, tb)).to_vector()) << name;
       }
     const Tensor a = random_tensor({3, 5, 9}, 23, dt), b = random_tensor({3, 9, 4}, 24, dt);
-    expect_device_matches(ops::matmul_f32(a.to(kCuda), b.to(kCuda)),
-                          ops::matmul(ops::upcast(a), ops::upcast(b)), 1e-6, "batched matmul_f32 " + name);
+    expect_device_matches(ops::matmul_f32(a.to(kCuda), b.to(kCuda)), ops::matmul(ops::upcast(a), ops::upcast(b)), 1e-6,
+                          "batched matmul_f32 " + name);
   }
 }
 

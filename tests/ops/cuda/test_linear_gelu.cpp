@@ -86,9 +86,7 @@ TEST_F(CudaTensorOps, LinearGeluFusedMatchesTheFallbackAndTheCpu) {
         EXPECT_EQ(host(fused.h), host(fallback.h)) << name;
         EXPECT_EQ(host(fused.aux), host(fallback.aux)) << name;
         EXPECT_EQ(host(grad.dpre), host(grad_fallback.dpre)) << name;
-        if (c.bias) {
-          EXPECT_EQ(host(grad.dbias), host(grad_fallback.dbias)) << name;
-        }
+        if (c.bias) { EXPECT_EQ(host(grad.dbias), host(grad_fallback.dbias)) << name; }
       }
     }
 }
@@ -237,9 +235,7 @@ TEST_F(CudaTensorOps, LinearBackwardPutsTheBiasGradientInTheGemm) {
         if (launches) *launches = c.kernel_launches;
         std::vector<Values> grads;
         for (const Tensor& t : leaves) grads.push_back(t.defined() ? host(t.grad()) : Values{});
-        if (bias) {
-          EXPECT_EQ(leaves[2].grad().dtype(), DType::f32) << name;
-        }
+        if (bias) { EXPECT_EQ(leaves[2].grad().dtype(), DType::f32) << name; }
         return grads;
       };
       int64_t fused_launches = 0, fallback_launches = 0;

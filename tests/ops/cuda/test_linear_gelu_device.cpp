@@ -34,7 +34,8 @@ Values host(const Tensor& t) { return t.to(Device::cpu()).to_vector(); }
 // `launches` kernel launches ran `what`: one is the fused epilogue.
 void expect_fused(int64_t launches, const std::string& what) {
 #if defined(MINIDL_TEST_GPU)
-  std::printf("%s: %s\n", what.c_str(), launches == 1 ? "fused" : "no fused algorithm for this shape, the fallback ran");
+  std::printf("%s: %s\n", what.c_str(),
+              launches == 1 ? "fused" : "no fused algorithm for this shape, the fallback ran");
 #else
   EXPECT_EQ(launches, 1) << what << ": the emulated backend models this epilogue, so it must run fused";
 #endif

@@ -61,8 +61,7 @@ TEST_F(CudaTensorOps, BinaryOpsReadStridedViews) {
   const Tensor v = random_tensor({257}, 6, DType::f32), w = random_tensor({257}, 7, DType::f32);
   expect_device_matches(ops::add(v.to(kCuda).narrow(0, 1, 200), w.to(kCuda).narrow(0, 3, 200)),
                         ops::add(v.narrow(0, 1, 200), w.narrow(0, 3, 200)), 1e-6, "misaligned");
-  expect_device_matches(ops::exp(v.to(kCuda).narrow(0, 2, 255)), ops::exp(v.narrow(0, 2, 255)), 1e-6,
-                        "misaligned exp");
+  expect_device_matches(ops::exp(v.to(kCuda).narrow(0, 2, 255)), ops::exp(v.narrow(0, 2, 255)), 1e-6, "misaligned exp");
 }
 
 TEST_F(CudaTensorOps, UnaryAndScalarOpsMatchTheCpu) {
@@ -104,8 +103,8 @@ TEST_F(CudaTensorOps, SixteenBitStorageComputesInF32) {
     expect_device_matches(ops::sum_to_shape(da, {7}), ops::sum_to_shape(a, {7}), 2 * rtol_for(dt),
                           "sum_to_shape " + name);
     const Tensor bias = random_tensor({7}, 13, dt);
-    expect_device_matches(ops::bias_gelu_forward(da, bias.to(kCuda)), ops::bias_gelu_forward(a, bias),
-                          rtol_for(dt), "bias_gelu " + name);
+    expect_device_matches(ops::bias_gelu_forward(da, bias.to(kCuda)), ops::bias_gelu_forward(a, bias), rtol_for(dt),
+                          "bias_gelu " + name);
     const ops::BiasGeluBackward got = ops::bias_gelu_backward(dy.to(kCuda), da, bias.to(kCuda));
     const ops::BiasGeluBackward want = ops::bias_gelu_backward(dy, a, bias);
     expect_device_matches(got.dx, want.dx, rtol_for(dt), "bias_gelu_backward dx " + name);
@@ -148,18 +147,14 @@ TEST_F(CudaTensorOps, BroadcastToMaterialises) {
 
 TEST_F(CudaTensorOps, SumToShapeReducesBroadcastGradients) {
   const ShapePair cases[] = {
-      {{3, 5, 7}, {7}},           // bias: one pass over the leading dimensions
-      {{3, 5, 7}, {5, 7}},        // position embedding
-      {{3, 5, 7}, {5, 1}},        // summed, kept, summed: two passes
-      {{3, 5, 7}, {3, 1, 7}},     // a middle dimension
-      {{3, 5, 7}, {1, 5, 1}},
-      {{3, 5, 7}, {}},            // everything
-      {{3, 5, 7}, {1, 1, 1}},
-      {{300, 33}, {33}},          // rows in several chunks, added in a second pass
-      {{1100, 4}, {1, 4}},
-      {{2, 40, 3}, {40, 1}},
-      {{1, 3, 5}, {3, 5}},        // only a size-1 dimension dropped: a copy
-      {{0, 5}, {5}},              // empty gradient: zeros
+      {{3, 5, 7}, {7}},                           // bias: one pass over the leading dimensions
+      {{3, 5, 7}, {5, 7}},                        // position embedding
+      {{3, 5, 7}, {5, 1}},                        // summed, kept, summed: two passes
+      {{3, 5, 7}, {3, 1, 7}},                     // a middle dimension
+      {{3, 5, 7}, {1, 5, 1}}, {{3, 5, 7}, {}},    // everything
+      {{3, 5, 7}, {1, 1, 1}}, {{300, 33}, {33}},  // rows in several chunks, added in a second pass
+      {{1100, 4}, {1, 4}},    {{2, 40, 3}, {40, 1}}, {{1, 3, 5}, {3, 5}},  // only a size-1 dimension dropped: a copy
+      {{0, 5}, {5}},                                                       // empty gradient: zeros
       {{4, 1}, {1, 1}},
   };
   for (const auto& [from, to] : cases) {

@@ -15,15 +15,14 @@ namespace {
 const int64_t kSizes[] = {1, 3, 4, 5, 31, 33, 255, 256, 257, 1025, 4099};
 
 // Runs the kernel on `values` placed `offset` floats into a device buffer; returns the flag and the results.
-std::pair<int, std::vector<float>> unscale_on_device(const std::vector<float>& values, float inv_scale,
-                                                     int offset) {
+std::pair<int, std::vector<float>> unscale_on_device(const std::vector<float>& values, float inv_scale, int offset) {
   std::vector<float> host(size_t(offset), 0.0f);
   host.insert(host.end(), values.begin(), values.end());
   DeviceBuffer<float> grad(host);
   DeviceBuffer<int> found_inf(std::vector<int>{0});
-  EXPECT_EQ(ops::cuda::unscale_and_check(grad.get() + offset, int64_t(values.size()), inv_scale, found_inf.get(),
-                                         nullptr),
-            cudaSuccess);
+  EXPECT_EQ(
+      ops::cuda::unscale_and_check(grad.get() + offset, int64_t(values.size()), inv_scale, found_inf.get(), nullptr),
+      cudaSuccess);
   const std::vector<float> out = grad.host();
   return {found_inf.host()[0], std::vector<float>(out.begin() + offset, out.end())};
 }
@@ -54,9 +53,7 @@ TEST(CudaUnscale, FindsInfAndNanAtFirstMiddleAndLast) {
           EXPECT_EQ(found, 1) << what << " value=" << bad;
           const std::vector<float> want = floats(g);
           for (int64_t i = 0; i < n; ++i)
-            if (i != pos) {
-              ASSERT_EQ(got[size_t(i)], want[size_t(i)]) << what << " i=" << i;
-            }
+            if (i != pos) { ASSERT_EQ(got[size_t(i)], want[size_t(i)]) << what << " i=" << i; }
         }
 }
 
