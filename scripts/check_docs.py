@@ -47,7 +47,7 @@ def documents(folders):
 def train_gpt_flags():
     source = open(os.path.join(ROOT, "examples", "train_gpt.cpp"), encoding="utf-8").read()
     flags = {"--help", "-h"}
-    for names in re.findall(r'add_(?:option|flag)\("([^"]+)"', source):
+    for names in re.findall(r'add_(?:option|flag)\(\s*"([^"]+)"', source):
         flags.update(n.lstrip("!") for n in names.split(","))
     return flags
 
