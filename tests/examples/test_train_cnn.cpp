@@ -78,7 +78,7 @@ TEST(TrainCnn, CudaWithoutABackendSaysHowToGetOne) {
   if (TRAIN_CNN_HAS_CUDA_BACKEND) GTEST_SKIP() << "this build links a CUDA backend into train_cnn";
   Result r = run("--device cuda");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("this build has no CUDA backend (configure with"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("this program has no CUDA backend (a build with nvcc"), std::string::npos) << r.out;
 }
 
 TEST(TrainCnn, HelpExplainsEveryFlag) {
