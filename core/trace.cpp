@@ -88,8 +88,13 @@ std::string finish() {
   {
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
     MINIDL_CHECK(f != nullptr, "--trace: cannot write ", tmp);
+    // The start on the host's monotonic clock too: ranks on one host share it, so a test can check the measured
+    // offset against the truth (rank r's offset is its start minus rank 0's).
+    const double steady_start_us =
+        double(std::chrono::duration_cast<std::chrono::microseconds>(r.start.time_since_epoch()).count());
     const nlohmann::json clock{{"clock_offset_us", r.clock_offset_us},
-                               {"clock_uncertainty_us", r.clock_uncertainty_us}};
+                               {"clock_uncertainty_us", r.clock_uncertainty_us},
+                               {"steady_start_us", steady_start_us}};
     const std::string text =
         nlohmann::json{{"traceEvents", r.events}, {"displayTimeUnit", "ms"}, {"otherData", clock}}.dump();
     std::fwrite(text.data(), 1, text.size(), f);

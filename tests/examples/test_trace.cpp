@@ -102,7 +102,7 @@ class TrainGptTrace : public ::testing::Test {
   // that a stage's waits are not lost in the noise of the bookkeeping between actions.
   std::string pipeline_flags() const {
     return "--data " + path("tiny.txt") +
-           " --layers 2 --heads 4 --embd 128 --seq 64 --batch 16 --threads 1 "
+           " --layers 2 --heads 4 --embd 128 --seq 64 --batch 32 --threads 1 "
            "--eval-windows 4 --log-every 1000 --pp 2 --micro-batches 4";
   }
   fs::path dir_;
@@ -157,7 +157,9 @@ TEST_F(TrainGptTrace, StepsAndTheirCommunication) {
 // spent outside computing: less its forward and backward spans, to which the waits for a peer nested in them are
 // added back (a forward on stage 1 starts by waiting for its activation). The run measures only the time blocked
 // on a peer ("pipeline measured bubble per stage", over the steps after the first); the two differ by the untraced
-// bookkeeping between actions (posting receives and sends), small beside actions of a few ms: within 10%.
+// bookkeeping between actions (posting receives and sends), small beside actions of a few ms: within 10%, or half a
+// percentage point of the step where the stage's bubble is small (that bookkeeping, on a loaded 2-core machine, was
+// 0.9 points of a 15 ms step at batch 16; batch 32 halves its share).
 TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
   const int steps = 6, micro_batches = 4;
   Result r = run_with(mpiexec(2), pipeline_flags() + " --steps " + std::to_string(steps) + " --trace " + path("trace"));
@@ -185,7 +187,7 @@ TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
     }
     const double traced = 100 * (window_us - compute_us) / window_us, measured = std::stod(m[size_t(rank + 1)]);
     EXPECT_GT(measured, 1.0) << "stage " << rank << " never waited: no bubble to compare\n" << r.out;
-    EXPECT_LE(std::abs(traced - measured), std::max(0.10 * measured, 0.1))
+    EXPECT_LE(std::abs(traced - measured), std::max(0.10 * measured, 0.5))
         << "idle in the trace " << traced << "%, measured " << measured << "%\n"
         << r.out;
   }
@@ -195,7 +197,8 @@ TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
 // rank that left the barrier late): the offset its file records is that delay (it cannot be less; a loaded host
 // may add a little), scripts/merge_traces.py adds it to every rank-1 timestamp, and then every message arrives after
 // it was sent: stage 1's wait for a forward's activation ends after stage 0's forward of that micro-batch ended
-// (without the offset, 200 ms before). A run without the hook measures an offset of about nothing.
+// (without the offset, 200 ms before). Both runs, with and without the hook, measure the offset the host's own
+// monotonic clock says.
 TEST_F(TrainGptTrace, MergedTraceIsOnRankZerosClock) {
   const std::string flags = pipeline_flags() + " --steps 2 --trace " + path("trace");
   Result r = run_with("MINIDL_TEST_TRACE_LATE_RANK=1:200 " + mpiexec(2) + "-x MINIDL_TEST_TRACE_LATE_RANK ", flags);
@@ -233,11 +236,18 @@ TEST_F(TrainGptTrace, MergedTraceIsOnRankZerosClock) {
     EXPECT_GE(arrived + uncertainty, sent[i].end()) << received[i].name << ": received before it was sent";
   }
 
+  // The truth on one host: both ranks' starts on the host's monotonic clock (steady_start_us). The measured offset
+  // is rank 1's start minus rank 0's, to within its uncertainty (half the best round trip) plus 0.5 ms for a rank
+  // descheduled between its ping-pong's send and its clock read on a loaded machine. Without the delay too: ranks
+  // that left one barrier are not at the same moment (4 ms apart on a loaded CI machine).
   Result local = run_with(mpiexec(2), flags + "_local");
   ASSERT_EQ(local.code, 0) << local.out;
-  const nlohmann::json plain = read_trace(path("trace_local"), 1).at("otherData");
-  EXPECT_LT(std::abs(plain.at("clock_offset_us").get<double>()), 1e3 + plain.at("clock_uncertainty_us").get<double>())
-      << "two ranks on one host that left one barrier";
+  for (const std::string& dir : {path("trace"), path("trace_local")}) {
+    SCOPED_TRACE(dir);
+    const nlohmann::json c0 = read_trace(dir, 0).at("otherData"), c1 = read_trace(dir, 1).at("otherData");
+    const double truth = c1.at("steady_start_us").get<double>() - c0.at("steady_start_us").get<double>();
+    EXPECT_NEAR(c1.at("clock_offset_us").get<double>(), truth, c1.at("clock_uncertainty_us").get<double>() + 500);
+  }
 }
 
 // --zero 3 --recompute block at 2 ranks: ZeRO-3's collectives and the recomputations have spans, as many per step
