@@ -274,23 +274,6 @@ def parse_args():
     return args
 
 
-def host_cpu_name():
-    """The CPU as minidl's benchmarks print it (ops/cpu/simd/isa.h): model name, family and model, CPUs online."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if sep and key.strip() in ("model name", "cpu family", "model"):
-                    fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = fields.get("model name", "unknown CPU")
-    if "cpu family" in fields and "model" in fields:
-        name += f", family {fields['cpu family']} model {fields['model']}"
-    return f"{name}, {os.cpu_count()} CPUs"
-
-
 def best(rows):
     return min(rows, key=lambda r: r["ms_per_step"]) if rows else None
 
@@ -304,7 +287,7 @@ def print_table(args, rows, notes, ratio):
           f"(excl. wpe), {flops / 1e9:.3f} GFLOP/step")
     print(f"# median of {args.steps} timed steps after {args.warmup} warmup; * = best thread count per impl")
     isa = args.isa or os.environ.get("MINIDL_CPU_ISA", "best")
-    print(f"# cpu: {host_cpu_name()}; minidl ISA: {isa}; "
+    print(f"# cpu: {provenance.cpu_name()}; minidl ISA: {isa}; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     print(f"{'impl':<8} {'threads':>7} {'ms/step':>10} {'tokens/s':>10} {'GFLOP/s':>9} {'peak_MB':>9} "
           f"{'ceiling':>9} {'%ceil':>6}")
@@ -394,7 +377,7 @@ def main():
             notes.append("minidl's %ceil in each round: " + "; ".join(spread))
 
     if args.json:
-        print(json.dumps(dict(provenance=provenance.provenance(), config=args.config, cpu=host_cpu_name(),
+        print(json.dumps(dict(provenance=provenance.provenance(), config=args.config, cpu=provenance.cpu_name(),
                               shape=args.shape, steps=args.steps,
                               warmup=args.warmup, rounds=args.rounds, rows=rows,
                               ratio_minidl_over_pytorch_ms_per_step=ratio, round_ratios=round_ratios, notes=notes),

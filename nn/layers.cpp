@@ -55,14 +55,14 @@ void init_normal_slice(Tensor& t, double std, uint64_t seed, uint64_t stream, co
   });
 }
 
-void init_uniform(Tensor& t, double low, double high, uint64_t seed, uint64_t stream) {
+void init_uniform(Tensor& t, double low, double high, uint64_t seed, uint64_t stream, uint64_t first_element) {
   MINIDL_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.device() == Device::cpu(),
                "init_uniform: expected a contiguous f32 CPU tensor, got ", t.dtype(), " ", t.shape());
   float* p = t.data<float>();
   const Philox rng(seed, stream);
   const float lo = float(low), width = float(high - low);
   parallel_for(0, t.numel(), 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) p[i] = lo + width * rng.uniform(uint64_t(i));
+    for (int64_t i = begin; i < end; ++i) p[i] = lo + width * rng.uniform(first_element + uint64_t(i));
   });
 }
 
@@ -101,12 +101,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias) {
     const double bound = 1.0 / std::sqrt(double(in_features));
     init_uniform(weight, -bound, bound, init->first, init->second);
     // The bias draws from the weight's stream, after the weight's numel() offsets.
-    if (bias) {
-      const Philox rng(init->first, init->second);
-      float* p = this->bias.data<float>();
-      for (int64_t i = 0; i < out_features; ++i)
-        p[i] = float(-bound + 2 * bound * rng.uniform(uint64_t(weight.numel() + i)));
-    }
+    if (bias) init_uniform(this->bias, -bound, bound, init->first, init->second, uint64_t(weight.numel()));
   }
 }
 

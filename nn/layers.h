@@ -29,8 +29,8 @@ void init_normal(Tensor& t, double std, uint64_t seed, uint64_t stream, uint64_t
 void init_normal_slice(Tensor& t, double std, uint64_t seed, uint64_t stream, const Shape& full_shape, int64_t dim,
                        int64_t start);
 
-// Fills t (f32, contiguous, CPU) with U(low, high): element i from Philox(seed, stream).uniform(i).
-void init_uniform(Tensor& t, double low, double high, uint64_t seed, uint64_t stream);
+// Fills t (f32, contiguous, CPU) with U(low, high): element i from Philox(seed, stream).uniform(first_element + i).
+void init_uniform(Tensor& t, double low, double high, uint64_t seed, uint64_t stream, uint64_t first_element = 0);
 
 // Default initialisation, PyTorch's rules: a Linear's weight and bias U(-1/sqrt(in), 1/sqrt(in)) (torch.nn.Linear's
 // kaiming_uniform with a = sqrt(5)), an Embedding's weight N(0, 1), LayerNorm 1 and 0. Each layer draws from

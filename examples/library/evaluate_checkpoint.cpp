@@ -4,16 +4,26 @@
 //   build/bin/example_evaluate_checkpoint out/model.safetensors data/tinyshakespeare.txt 256 12
 //   # "val_loss X" (train_gpt's val_loss for the same --eval-windows and --batch), then 200 sampled characters
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "data/sampler.h"
 #include "data/text_dataset.h"
 #include "nn/checkpoint.h"
 #include "train/evaluate.h"
 
 using namespace minidl;
+
+// argv[i] as a positive count, or a message naming the argument.
+static int64_t positive(const char* what, const char* text) {
+  char* end = nullptr;
+  const long long n = std::strtoll(text, &end, 10);
+  MINIDL_CHECK(*text != '\0' && *end == '\0' && n > 0, what, ": expected a positive integer, got '", text, "'");
+  return n;
+}
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -22,15 +32,18 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string path = argv[1], corpus = argv[2];
-    const int64_t windows = argc > 3 ? std::stoll(argv[3]) : 256;  // train_gpt's --eval-windows
-    const int64_t batch = argc > 4 ? std::stoll(argv[4]) : 12;     // and --batch: the windows evaluated at a time
+    const int64_t windows = argc > 3 ? positive("WINDOWS", argv[3]) : 256;   // train_gpt's --eval-windows
+    const int64_t batch = argc > 4 ? positive("BATCH", argv[4]) : 12;        // and --batch: the windows at a time
     const std::string encoding = argc > 5 ? argv[5] : "data/gpt2.tiktoken";  // only for a gpt2 checkpoint
 
     nn::GPTCheckpoint ck = nn::load_gpt(path);  // the config and the tokenizer, from the file's header
     nn::GPT model(ck.config);
     nn::load_into(model, path);
-    const data::Tokenizer tokenizer =
-        data::Tokenizer::from_json(nlohmann::json::parse(ck.metadata.at("vocab")), encoding);
+    const auto vocab = ck.metadata.find("vocab");
+    MINIDL_CHECK(vocab != ck.metadata.end(), path,
+                 ": expected the tokenizer in the metadata's \"vocab\" (as "
+                 "train_gpt --save writes it), found none");
+    const data::Tokenizer tokenizer = data::Tokenizer::from_json(nlohmann::json::parse(vocab->second), encoding);
 
     // The validation split as train_gpt cuts it (the last 10%), in windows of block_size + 1 tokens.
     const data::TextDataset ds(corpus, tokenizer);

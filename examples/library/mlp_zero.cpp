@@ -17,11 +17,12 @@ using namespace minidl;
 
 int main(int argc, char** argv) {
   dist::Context ctx = dist::init(argc, argv);
-  const int stage = argc > 1 ? std::stoi(argv[1]) : 1;
-  if (stage < 1 || stage > 3) {
-    std::fprintf(stderr, "example_mlp_zero: expected a ZeRO stage 1, 2 or 3, got %s\n", argv[1]);
+  const std::string arg = argc > 1 ? argv[1] : "1";
+  if (arg != "1" && arg != "2" && arg != "3") {
+    std::fprintf(stderr, "example_mlp_zero: expected a ZeRO stage 1, 2 or 3, got '%s'\n", arg.c_str());
     return 2;
   }
+  const int stage = arg[0] - '0';
   auto group = dist::make_process_group("mpi", ctx.world());
   nn::manual_seed(0);
   mlp_example::Mlp model(16, 64, 1);

@@ -81,6 +81,14 @@ TEST(Library, CheckpointEvaluatesToTrainGptsValidationLoss) {
   auto missing = run_program(std::string(EXAMPLE_EVALUATE) + " " + (dir / "nope.safetensors").string() + " " + corpus);
   EXPECT_EQ(missing.code, 2) << missing.out;
   EXPECT_NE(missing.out.find("nope.safetensors"), std::string::npos) << missing.out;
+  // A count that is not one, and a ZeRO stage that does not exist: exit 2 naming the argument and what was given.
+  auto bad_count = run_program(std::string(EXAMPLE_EVALUATE) + " " + ck + " " + corpus + " eight");
+  EXPECT_EQ(bad_count.code, 2) << bad_count.out;
+  EXPECT_NE(bad_count.out.find("WINDOWS: expected a positive integer, got 'eight'"), std::string::npos)
+      << bad_count.out;
+  auto bad_stage = run_program(std::string(EXAMPLE_MLP_ZERO) + " 4");
+  EXPECT_EQ(bad_stage.code, 2) << bad_stage.out;
+  EXPECT_NE(bad_stage.out.find("expected a ZeRO stage 1, 2 or 3, got '4'"), std::string::npos) << bad_stage.out;
   fs::remove_all(dir);
 }
 
