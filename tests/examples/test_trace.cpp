@@ -157,9 +157,10 @@ TEST_F(TrainGptTrace, StepsAndTheirCommunication) {
 // spent outside computing: less its forward and backward spans, to which the waits for a peer nested in them are
 // added back (a forward on stage 1 starts by waiting for its activation). The run measures only the time blocked
 // on a peer ("pipeline measured bubble per stage", over the steps after the first); the two differ by the untraced
-// bookkeeping between actions (posting receives and sends), small beside actions of a few ms: within 10%, or half a
-// percentage point of the step where the stage's bubble is small (that bookkeeping, on a loaded 2-core machine, was
-// 0.9 points of a 15 ms step at batch 16; batch 32 halves its share).
+// bookkeeping between actions (posting receives and sends), small beside actions of a few ms: within 10% on a quiet
+// machine (12 repeats), and 2 percentage points of the step where the stage's bubble is small: on a loaded 2-core
+// CI machine, with other tests running beside it, descheduled bookkeeping reached 1.6 points of a 51 ms step. A
+// wrong reading is tens of points off (the wait halved: 44.7% against 22.1%).
 TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
   const int steps = 6, micro_batches = 4;
   Result r = run_with(mpiexec(2), pipeline_flags() + " --steps " + std::to_string(steps) + " --trace " + path("trace"));
@@ -187,7 +188,7 @@ TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
     }
     const double traced = 100 * (window_us - compute_us) / window_us, measured = std::stod(m[size_t(rank + 1)]);
     EXPECT_GT(measured, 1.0) << "stage " << rank << " never waited: no bubble to compare\n" << r.out;
-    EXPECT_LE(std::abs(traced - measured), std::max(0.10 * measured, 0.5))
+    EXPECT_LE(std::abs(traced - measured), std::max(0.10 * measured, 2.0))
         << "idle in the trace " << traced << "%, measured " << measured << "%\n"
         << r.out;
   }
