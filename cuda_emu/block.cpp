@@ -180,6 +180,7 @@ bool try_complete_barrier(Worker& w) {
     t.state = State::kRunnable;
   }
   w.barrier_arrived = w.barrier_predicates = 0;
+  check_barrier();
   return true;
 }
 
@@ -250,6 +251,7 @@ bool try_complete_warp(Worker& w, int warp, unsigned mask) {
     me.state = State::kRunnable;
   }
   w.warp_waiting[warp] &= ~lanes;
+  check_warp_synced(warp);
   return true;
 }
 
@@ -347,6 +349,7 @@ void run_block(const KernelLaunch& launch, uint64_t block_index, const Options& 
               static_cast<unsigned>(block_index / (gx * gy))};
   blockDim = launch.block;
   gridDim = launch.grid;
+  check_block_begin(launch, options, blockIdx, w.size, w.smem.get(), w.smem_bytes);
   uint64_t rng = options.seed * 0x9E3779B97F4A7C15ull + block_index;  // the same for a block on any worker
   while (w.alive > 0) {
     if (options.order == Order::kRandom) shuffle(w.order, rng);
@@ -355,11 +358,13 @@ void run_block(const KernelLaunch& launch, uint64_t block_index, const Options& 
       if (w.threads[i].state != State::kRunnable) continue;
       w.current = i;
       threadIdx = w.threads[i].index;
+      check_thread(i, w.stacks[i]->bottom(), w.stacks[i]->size());
       w.threads[i].context = resume_fiber(w.threads[i].context, *w.stacks[i], nullptr);
       progressed = true;
     }
     if (!progressed) report_deadlock(w);
   }
+  check_block_end();
   w.current = -1;
   w.launch = nullptr;
 }
@@ -384,6 +389,7 @@ unsigned char* static_smem(StaticSmemSite& site, size_t bytes, size_t alignment,
   }
   std::memset(site.data, 0xFF, bytes);  // NaN in f32, f16 and bf16
   site.block = w.block_generation;
+  check_static_smem(site.data, bytes, name);
   return site.data;
 }
 

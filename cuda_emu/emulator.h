@@ -67,6 +67,7 @@
 #define __launch_bounds__(...)
 #endif
 
+#include "cuda_emu/check.h"
 #include "cuda_emu/atomics.h"
 #include "cuda_emu/device.h"
 #include "cuda_emu/intrinsics.h"

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +16,30 @@
 
 namespace minidl::emu {
 namespace {
+
+// MINIDL_EMU_CHECK: all (the default), none, or a comma list of checker names (check.h).
+unsigned checks_from_environment() {
+  if (!checks_compiled()) return 0;
+  const char* value = std::getenv("MINIDL_EMU_CHECK");
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "all") == 0) return kAllChecks;
+  if (std::strcmp(value, "none") == 0 || std::strcmp(value, "0") == 0) return 0;
+  unsigned checks = 0;
+  const std::string list = value;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, comma - start);
+    if (name == "initcheck")
+      checks |= kInitcheck;
+    else if (name == "memcheck")
+      checks |= kMemcheck;
+    else if (name == "racecheck")
+      checks |= kRacecheck;
+    else
+      detail::fatal("MINIDL_EMU_CHECK=%s: expected all, none or a comma list of initcheck, memcheck, racecheck", value);
+    start = comma + 1;
+  }
+  return checks;
+}
 
 Options options_from_environment() {
   Options o;
@@ -36,6 +61,7 @@ Options options_from_environment() {
   o.stack_bytes = 256 * 1024;  // ASan's redzones make frames several times larger
 #endif
   if (const char* kb = std::getenv("MINIDL_EMU_STACK_KB")) o.stack_bytes = std::max(16, std::atoi(kb)) * size_t{1024};
+  o.checks = checks_from_environment();
   return o;
 }
 
@@ -148,6 +174,8 @@ cudaError_t run_kernel(const KernelLaunch& launch) {
     pool.reset();
     pool = std::make_unique<WorkerPool>(o.workers);
   }
+  std::shared_lock allocations(check_launch_mutex());  // device allocations stay put while the checkers look
+  check_launch(o);
   pool->run(launch, o, uint64_t{launch.grid.x} * launch.grid.y * launch.grid.z);
   return cudaSuccess;
 }

@@ -11,6 +11,7 @@
 //   MINIDL_EMU_STRICT   1 | 0 (default 1)             see emulator.h
 //   MINIDL_EMU_WORKERS  integer (default: hardware threads)   OS threads running blocks, the caller included
 //   MINIDL_EMU_STACK_KB integer (default 64, 256 under ASan)  stack of each emulated thread
+//   MINIDL_EMU_CHECK    all (default) | none | initcheck,memcheck,racecheck   the checkers (check.h)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +33,7 @@ struct Options {
   bool strict = true;
   int workers = 1;
   size_t stack_bytes = 64 * 1024;
+  unsigned checks = 7;  // kInitcheck | kMemcheck | kRacecheck (check.h); 0 when not compiled in
 };
 
 // The options in force (read from the environment on first use).

@@ -3,7 +3,8 @@
 // linkage) are the toolkit's own, from <cuda_runtime_api.h>.
 //
 // "Device" memory is host memory: cudaMalloc allocates exactly the requested bytes (256-byte aligned, like
-// CUDA) so AddressSanitizer sees every overrun, and the copy kinds are all plain memcpy. Kernels run to
+// CUDA) so AddressSanitizer sees every overrun, or, with the checkers on (check.h), adds a red zone, a shadow
+// and a quarantine for freed memory; the copy kinds are all plain memcpy. Kernels run to
 // completion inside the launch, so streams and events are synchronous no-ops; an event records the host time,
 // which makes cudaEventElapsedTime measure the emulated work in between. Device queries: runtime_device.cpp.
 #include <unistd.h>
@@ -48,7 +49,11 @@ cudaError_t allocate(void** ptr, size_t size, bool device) {
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
-  if (posix_memalign(ptr, 256, size) != 0) return fail(cudaErrorMemoryAllocation);
+  if (device && check_allocate(ptr, size, options().checks)) {  // with a red zone and a shadow (check.h)
+    if (*ptr == nullptr) return fail(cudaErrorMemoryAllocation);
+  } else if (posix_memalign(ptr, 256, size) != 0) {
+    return fail(cudaErrorMemoryAllocation);
+  }
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   if (device)
@@ -66,6 +71,7 @@ cudaError_t release(void* ptr, bool device) {
     if ((device ? r.device.erase(ptr) : r.host.erase(static_cast<const char*>(ptr))) == 0)
       return fail(cudaErrorInvalidValue);
   }
+  if (device && check_release(ptr) != 0) return cudaSuccess;  // quarantined (check.h)
   std::free(ptr);
   return cudaSuccess;
 }
@@ -75,6 +81,7 @@ cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) 
   if (count == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
   std::memcpy(dst, src, count);
+  check_host_write(dst, count);
   return cudaSuccess;
 }
 
@@ -161,6 +168,7 @@ cudaError_t cudaMemset(void* ptr, int value, size_t count) {
   if (count == 0) return cudaSuccess;
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   std::memset(ptr, value, count);
+  minidl::emu::detail::check_host_write(ptr, count);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
@@ -168,6 +176,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   return minidl::emu::enqueue(stream, [=] {
     std::memset(ptr, value, count);
+    minidl::emu::detail::check_host_write(ptr, count);
     return cudaSuccess;
   });
 }

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <shared_mutex>
 #include <vector>
 
 #include "cuda_emu/launch.h"
@@ -29,6 +30,27 @@ struct AsyncCopies {
 };
 // The calling emulated thread's (aborts outside a kernel).
 AsyncCopies& async_copies_of_current_thread();
+
+// The checkers (check.cpp, check.h). The scheduler tells them which block and thread run, where shared memory
+// is and when barriers and warp collectives complete; all are no-ops when the checkers are off.
+void check_block_begin(const KernelLaunch& launch, const Options& options, uint3 block, int threads,
+                       unsigned char* dynamic_smem, size_t dynamic_bytes);
+void check_thread(int thread, const void* stack_bottom, size_t stack_bytes);
+void check_static_smem(const void* data, size_t bytes, const char* name);
+void check_barrier();
+void check_warp_synced(int warp);
+void check_block_end();
+// An access the emulator makes on a kernel thread's behalf (cp.async), checked like the kernel's own.
+void check_access(const void* address, size_t bytes, bool write, const void* pc);
+// Held shared for a whole launch, so device allocations do not change under the workers.
+std::shared_mutex& check_launch_mutex();
+// Remembers the host frames of the launch about to run, for the reports.
+void check_launch(const Options& options);
+// runtime.cpp: a device allocation with a red zone and shadow (false: checkers off, allocate plainly), its
+// release (1: done, 0: not one of the checkers' allocations, -1: already freed), and a copy or set into it.
+bool check_allocate(void** ptr, size_t size, unsigned checks);
+int check_release(void* ptr);
+void check_host_write(const void* dst, size_t bytes);
 
 // Runs block `block_index` (linear, x fastest) of `launch` on the calling OS thread.
 void run_block(const KernelLaunch& launch, uint64_t block_index, const Options& options);

@@ -124,6 +124,7 @@ void cp_async(void* dst, const void* src, int bytes, const std::source_location&
     fatal("cp.async.cg at %s: needs 16 bytes between 16-byte aligned addresses, got %d bytes from %p to %p",
           where(site).c_str(), bytes, src, dst);
   AsyncCopy copy{static_cast<unsigned char*>(dst), {}, bytes};
+  check_access(src, 16, false, __builtin_return_address(0));
   std::memcpy(copy.bytes, src, 16);
   std::memset(dst, 0xFF, 16);
   async_copies_of_current_thread().pending.push_back(copy);
@@ -139,7 +140,10 @@ void cp_async_wait(int pending) {
   const int groups = static_cast<int>(copies.committed_ends.size());
   if (groups <= pending) return;
   const size_t landed = copies.committed_ends[groups - pending - 1];
-  for (size_t i = 0; i < landed; ++i) std::memcpy(copies.pending[i].dst, copies.pending[i].bytes, 16);
+  for (size_t i = 0; i < landed; ++i) {
+    check_access(copies.pending[i].dst, 16, true, __builtin_return_address(0));
+    std::memcpy(copies.pending[i].dst, copies.pending[i].bytes, 16);
+  }
   copies.pending.erase(copies.pending.begin(), copies.pending.begin() + static_cast<std::ptrdiff_t>(landed));
   copies.committed_ends.erase(copies.committed_ends.begin(), copies.committed_ends.begin() + (groups - pending));
   for (size_t& end : copies.committed_ends) end -= landed;

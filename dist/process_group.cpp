@@ -105,6 +105,12 @@ Tensor comm_copy(const Tensor& t, DType dtype) {
   return copy;
 }
 
+// A staging buffer the collective will overwrite: nothing to convert into it.
+Tensor comm_buffer(const Tensor& t, DType dtype) {
+  MemoryTagGuard tag(MemTag::kComm);
+  return Tensor::empty(t.shape(), dtype, t.device());
+}
+
 }  // namespace
 
 std::shared_ptr<Work> completed_work() {
@@ -246,7 +252,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor&
   if (output.numel() == 0) return completed_work();
   return recorded("reduce_scatter", input, -1, reduce_op_name(op), [&]() -> std::shared_ptr<Work> {
     if (is_half(input.dtype())) {
-      Tensor staged_out = comm_copy(output, DType::f32);
+      Tensor staged_out = comm_buffer(output, DType::f32);  // not comm_copy: initcheck saw it read unwritten memory
       auto inner = do_reduce_scatter(staged_out, comm_copy(input, DType::f32), op);
       return std::make_shared<ThenWork>(inner, [output, staged_out]() mutable { convert_into(output, staged_out); });
     }

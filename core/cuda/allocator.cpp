@@ -6,6 +6,9 @@
 
 #include "core/cuda/cuda.h"
 #include "core/memory.h"
+#if defined(MINIDL_CUDA_EMULATED)
+#include "cuda_emu/check.h"
+#endif
 
 namespace minidl::cuda {
 
@@ -103,6 +106,9 @@ void* allocate(size_t bytes, int device, size_t* rounded_bytes) {
     detail::count_device_malloc();
   }
   c.live.emplace(block.ptr, block);
+#if defined(MINIDL_CUDA_EMULATED)  // the emulator's memcheck sees the bytes asked for, not the rounding (check.h)
+  minidl::emu::note_block_allocated(block.ptr, bytes, rounded, block.pool == 0, stream);
+#endif
   c.stats.allocated_bytes += int64_t(rounded);
   ledger(Device::cuda(device)).add(block.tag, int64_t(rounded));
   if (rounded_bytes) *rounded_bytes = rounded;
@@ -123,6 +129,9 @@ void free(void* ptr, int device) {
   // A block freed while a graph captures may still be read by the captured work, which has not run: it joins the
   // graph's pool rather than the shared cache.
   const uint64_t pool = block.pool != 0 ? block.pool : c.capturing_pool;
+#if defined(MINIDL_CUDA_EMULATED)
+  minidl::emu::note_block_released(block.ptr, block.bytes, pool == 0, block.stream);
+#endif
   if (pool != 0)
     c.pool_blocks[pool][block.bytes].push_back(CachedBlock{block.ptr, block.bytes, block.stream, block.tag, pool});
   else

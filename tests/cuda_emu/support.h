@@ -25,6 +25,12 @@ class ScopedOptions {
     o.order = order;
     return o;
   }
+  // For the tests of what a bug does when no checker stops it (a poisoned read, a missing barrier).
+  static minidl::emu::Options without_checks(unsigned checks = minidl::emu::kAllChecks) {
+    minidl::emu::Options o = minidl::emu::options();
+    o.checks &= ~checks;
+    return o;
+  }
 
  private:
   minidl::emu::Options saved_;

@@ -133,7 +133,7 @@ TEST(EmulatedRuntime, BlocksRunInParallelOnTheWorkers) {
   const auto kernel = +[](int* out) {
     if (threadIdx.x == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     __syncthreads();
-    out[blockIdx.x] = static_cast<int>(gettid());
+    if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int>(gettid());
   };
   ASSERT_EQ(minidl::emu::launch(kernel, 16, 64, 0, nullptr, tids.get()), cudaSuccess);
   const std::vector<int> got = tids.host();
