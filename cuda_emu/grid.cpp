@@ -12,6 +12,7 @@
 
 #include "cuda_emu/emulator.h"
 #include "cuda_emu/scheduler.h"
+#include "cuda_emu/stream_state.h"
 
 namespace minidl::emu {
 namespace {
@@ -35,6 +36,14 @@ Options options_from_environment() {
 #if defined(__SANITIZE_ADDRESS__)
   o.stack_bytes = 256 * 1024;  // ASan's redzones make frames several times larger
 #endif
+  if (const char* streams = std::getenv("MINIDL_EMU_STREAMS"); streams != nullptr && *streams != '\0') {
+    if (std::strcmp(streams, "sync") == 0)
+      o.streams = StreamMode::kSync;
+    else if (std::strcmp(streams, "async") == 0)
+      o.streams = StreamMode::kAsync;
+    else
+      detail::fatal("MINIDL_EMU_STREAMS=%s: expected sync or async", streams);
+  }
   if (const char* kb = std::getenv("MINIDL_EMU_STACK_KB")) o.stack_bytes = std::max(16, std::atoi(kb)) * size_t{1024};
   return o;
 }
@@ -130,18 +139,22 @@ Options options() {
 }
 
 void set_options(const Options& o) {
+  detail::synchronize_device();  // deferred work runs under the options it was queued with
   std::lock_guard lock(options_mutex);
   current_options = std::make_unique<Options>(o);
 }
 
 namespace detail {
 
+cudaError_t check_launch(const KernelLaunch& launch) {
+  const cudaError_t error = validate(launch);
+  if (error != cudaSuccess) set_last_error(error);
+  return error;
+}
+
 cudaError_t run_kernel(const KernelLaunch& launch) {
   if (inside_kernel()) fatal("a kernel launched a kernel: dynamic parallelism is not emulated");
-  if (const cudaError_t error = validate(launch); error != cudaSuccess) {
-    set_last_error(error);
-    return error;
-  }
+  if (const cudaError_t error = check_launch(launch); error != cudaSuccess) return error;
   const Options o = options();
   std::lock_guard lock(launch_mutex);
   if (!pool || pool->workers() != o.workers) {

@@ -2,8 +2,9 @@
 //
 // Kernels are launched through launch_kernel() from cuda_compat.h, which calls minidl::emu::launch. A launch
 // validates the configuration like CUDA (on failure it sets the last error, see cudaGetLastError, and runs
-// nothing), then runs every block to completion before returning: streams are synchronous here. On a capturing
-// stream the launch is recorded instead, with a copy of its arguments (graph.h).
+// nothing), then, with synchronous streams (the default), runs every block to completion before returning. On a
+// capturing stream, or with deferred streams (MINIDL_EMU_STREAMS=async, emulator.h), the launch is queued instead,
+// with a copy of its arguments (graph.h).
 //
 // Options come from the environment when the first launch happens, and tests may replace them:
 //   MINIDL_EMU_ORDER    forward | reverse | random   order in which a scheduling pass runs a block's threads
@@ -11,6 +12,7 @@
 //   MINIDL_EMU_STRICT   1 | 0 (default 1)             see emulator.h
 //   MINIDL_EMU_WORKERS  integer (default: hardware threads)   OS threads running blocks, the caller included
 //   MINIDL_EMU_STACK_KB integer (default 64, 256 under ASan)  stack of each emulated thread
+//   MINIDL_EMU_STREAMS  sync | async (default sync)    streams run work when queued, or defer it (emulator.h)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,6 +27,8 @@
 namespace minidl::emu {
 
 enum class Order { kForward, kReverse, kRandom };
+// kSync: stream work runs when it is queued. kAsync: deferred streams, ordered only by events and synchronisation.
+enum class StreamMode { kSync, kAsync };
 
 struct Options {
   Order order = Order::kForward;
@@ -32,11 +36,12 @@ struct Options {
   bool strict = true;
   int workers = 1;
   size_t stack_bytes = 64 * 1024;
+  StreamMode streams = StreamMode::kSync;
 };
 
 // The options in force (read from the environment on first use).
 Options options();
-// Replaces them; call between launches, not during one.
+// Replaces them; call between launches, not during one. Runs every stream's deferred work first.
 void set_options(const Options& options);
 
 namespace detail {
@@ -52,6 +57,8 @@ struct KernelLaunch {
 
 // Validates, then runs every block; returns (and records as the last error) any configuration error.
 cudaError_t run_kernel(const KernelLaunch& launch);
+// The validation alone (a deferred launch reports its configuration error when it is queued, as CUDA does).
+cudaError_t check_launch(const KernelLaunch& launch);
 
 // This worker's dynamic shared memory for the block it runs.
 unsigned char* dynamic_smem_base();
@@ -92,8 +99,13 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
     std::apply([&c](Params... params) { c.kernel(params...); }, c.params);
   };
   const void* id = reinterpret_cast<const void*>(kernel);
-  if (is_capturing(stream))  // recorded with a copy of its arguments, run at each graph launch (graph.h)
+  if (defers(stream)) {  // queued or captured with a copy of its arguments (graph.h)
+    if (!is_capturing(stream))
+      if (const cudaError_t error = detail::check_launch({grid, block, smem_bytes, id, body, &closure});
+          error != cudaSuccess)
+        return error;
     return enqueue(stream, [=] { return detail::run_kernel({grid, block, smem_bytes, id, body, &closure}); });
+  }
   return detail::run_kernel({grid, block, smem_bytes, id, body, &closure});
 }
 

@@ -5,6 +5,7 @@
 //   fiber.cpp    stacks and context switches
 //   runtime.cpp          the host runtime subset: memory, copies, streams, events, last error
 //   runtime_device.cpp   device queries, kernel attributes, error strings
+//   streams.cpp          deferred streams (async mode): queues, event waits, who runs what when
 #pragma once
 
 #include <cuda_runtime.h>
