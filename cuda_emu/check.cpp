@@ -43,7 +43,8 @@ struct Extent {
   size_t size = 0;
   std::unique_ptr<uint8_t[]> state;  // size + kRedzone bytes
   bool freed = false;
-  size_t block_bytes = 0;  // > 0: the caching allocator handed out this many of its bytes (for reports)
+  size_t block_bytes = 0;   // > 0: the caching allocator handed out this many of its bytes (for reports)
+  bool graph_pool = false;  // joined a CUDA graph's pool (for good): its captured kernels use it after any free
   size_t span() const { return size + kRedzone; }
 };
 
@@ -72,7 +73,7 @@ Extent* find_locked(Registry& r, uintptr_t a) {
 std::atomic<uint64_t> next_epoch{1};
 
 // The host frames of the launch running now (launches are serialised: grid.cpp), for reports.
-void* launch_frames[24];
+void* launch_frame_buffer[24];
 int launch_frame_count = 0;
 
 // ---- per-block state ----
@@ -180,7 +181,7 @@ std::string triple(uint3 v) {
   std::fflush(stdout);
   std::string host;
   for (int i = 0; i < launch_frame_count; ++i) {
-    const std::string frame = symbolize(launch_frames[i], true);
+    const std::string frame = symbolize(launch_frame_buffer[i], true);
     if (frame.find("minidl::emu::") != std::string::npos) continue;  // the emulator's own launch frames
     host += "=========         " + frame + "\n";
     if (frame.find(" main ") != std::string::npos || frame.rfind("main", 0) == 0) break;
@@ -205,22 +206,22 @@ std::string by_thread(const BlockCheck& c, const void* pc) {
               triple(c.launch->grid) + " x " + triple(c.launch->block));
 }
 
-[[noreturn]] void report_global(const BlockCheck& c, const Extent& e, uintptr_t a, size_t n, bool write,
-                                const void* pc, uint8_t state) {
+[[noreturn]] void report_global(const BlockCheck& c, const Extent& e, uintptr_t a, size_t n, bool write, const void* pc,
+                                uint8_t state) {
   const size_t asked = e.block_bytes > 0 ? e.block_bytes : e.size;
-  const std::string allocation = "the allocation at " + hex(e.base) + " of " + std::to_string(asked) + " bytes" +
-                                 (e.block_bytes > 0 ? " (a caching-allocator block of " + std::to_string(e.size) +
-                                                          ")"
-                                                    : "");
+  const std::string allocation =
+      "the allocation at " + hex(e.base) + " of " + std::to_string(asked) + " bytes" +
+      (e.block_bytes > 0 ? " (a caching-allocator block of " + std::to_string(e.size) + ")" : "");
   const size_t offset = a - e.base;
   if (state == kUnwritten)
     report(c, "Uninitialized __global__ memory read of size " + std::to_string(n) + " bytes",
            by_thread(c, pc) + line("Address " + hex(a) + " is at offset " + std::to_string(offset) + " of " +
                                    allocation + ", which nothing has written"));
-  const std::string where = state == kFreed ? "is in " + allocation + ", which was freed (offset " +
-                                                  std::to_string(offset) + ")"
-                                            : "is out of bounds: " + std::to_string(offset - asked) +
-                                                  " bytes after the end of " + allocation;
+  const std::string where =
+      state == kFreed ? "is in " + allocation + ", which was freed (offset " + std::to_string(offset) + ")"
+      : offset < asked
+          ? "is not addressable (offset " + std::to_string(offset) + " of " + allocation + ")"
+          : "is out of bounds: " + std::to_string(offset - asked) + " bytes after the end of " + allocation;
   report(c, std::string("Invalid __global__ ") + access_word(write) + " of size " + std::to_string(n) + " bytes",
          by_thread(c, pc) + line("Address " + hex(a) + " " + where));
 }
@@ -428,7 +429,8 @@ void check_block_begin(const KernelLaunch& launch, const Options& options, uint3
                            u / (launch.block.x * launch.block.y)};
   }
   c.smem.clear();
-  if (dynamic_bytes > 0) c.smem.push_back(&prepare_range(c.dynamic, dynamic_smem, dynamic_bytes, "dynamic shared memory"));
+  if (dynamic_bytes > 0)
+    c.smem.push_back(&prepare_range(c.dynamic, dynamic_smem, dynamic_bytes, "dynamic shared memory"));
   c.last = nullptr;
   current = &c;
 }
@@ -467,8 +469,20 @@ void check_access(const void* address, size_t bytes, bool write, const void* pc)
 
 std::shared_mutex& check_launch_mutex() { return registry().mutex; }
 
-void check_launch(const Options& options) {
-  launch_frame_count = checks_compiled() && options.checks != 0 ? backtrace(launch_frames, 24) : 0;
+void note_launch_frames(const Options& options, const std::vector<void*>* queued) {
+  if (queued != nullptr) {
+    launch_frame_count = static_cast<int>(std::min<size_t>(queued->size(), 24));
+    std::copy_n(queued->begin(), launch_frame_count, launch_frame_buffer);
+    return;
+  }
+  launch_frame_count = checks_compiled() && options.checks != 0 ? backtrace(launch_frame_buffer, 24) : 0;
+}
+
+std::shared_ptr<const std::vector<void*>> launch_frames() {
+  if (!checks_compiled() || options().checks == 0) return nullptr;
+  std::vector<void*> frames(24);
+  frames.resize(static_cast<size_t>(backtrace(frames.data(), 24)));
+  return std::make_shared<const std::vector<void*>>(std::move(frames));
 }
 
 // ---- the runtime's hooks (runtime.cpp) ----
@@ -533,12 +547,17 @@ void apply_block_allocated(uintptr_t ptr, size_t bytes, size_t capacity, bool ex
   std::unique_lock lock(r.mutex);
   detail::Extent* e = detail::find_locked(r, ptr);
   if (e == nullptr || e->base != ptr || e->size != capacity) return;
-  const size_t usable = exact ? std::min(bytes, capacity) : capacity;
-  e->block_bytes = usable;
-  if (exact || e->state[0] == detail::kFreed) {  // a fresh hand-out: nothing in it was written for this tensor
-    std::memset(e->state.get(), detail::kUnwritten, usable);
-    if (checks & kInitcheck) std::memset(reinterpret_cast<void*>(ptr), detail::kPoison, usable);
+  e->graph_pool |= !exact;
+  exact &= !e->graph_pool;  // a queued hand-out from before a capture took the block: the graph's now
+  if (!exact) {             // the whole capacity is addressable for good, with what it holds
+    e->block_bytes = capacity;
+    for (size_t i = 0; i < capacity; ++i) e->state[i] = std::max<uint8_t>(e->state[i], detail::kUnwritten);
+    return;
   }
+  const size_t usable = std::min(bytes, capacity);  // a fresh hand-out: nothing in it was written for this tensor
+  e->block_bytes = usable;
+  std::memset(e->state.get(), detail::kUnwritten, usable);
+  if (checks & kInitcheck) std::memset(reinterpret_cast<void*>(ptr), detail::kPoison, usable);
   std::memset(e->state.get() + usable, detail::kNoAccess, capacity - usable);
 }
 
@@ -546,7 +565,7 @@ void apply_block_released(uintptr_t ptr, size_t capacity) {
   detail::Registry& r = detail::registry();
   std::unique_lock lock(r.mutex);
   detail::Extent* e = detail::find_locked(r, ptr);
-  if (e == nullptr || e->base != ptr || e->size != capacity) return;
+  if (e == nullptr || e->base != ptr || e->size != capacity || e->graph_pool) return;
   std::memset(e->state.get(), detail::kFreed, capacity);
 }
 
@@ -592,12 +611,12 @@ void __tsan_vptr_read(void**) {}
 void __tsan_read_range(uintptr_t a, size_t n) { access(a, n, false, __builtin_return_address(0)); }
 void __tsan_write_range(uintptr_t a, size_t n) { access(a, n, true, __builtin_return_address(0)); }
 
-#define MINIDL_EMU_ACCESS(size)                                                                             \
-  void __tsan_read##size(uintptr_t a) { access(a, size, false, __builtin_return_address(0)); }             \
-  void __tsan_write##size(uintptr_t a) { access(a, size, true, __builtin_return_address(0)); }             \
-  void __tsan_unaligned_read##size(uintptr_t a) { access(a, size, false, __builtin_return_address(0)); }   \
-  void __tsan_unaligned_write##size(uintptr_t a) { access(a, size, true, __builtin_return_address(0)); }   \
-  void __tsan_volatile_read##size(uintptr_t a) { access(a, size, false, __builtin_return_address(0)); }    \
+#define MINIDL_EMU_ACCESS(size)                                                                          \
+  void __tsan_read##size(uintptr_t a) { access(a, size, false, __builtin_return_address(0)); }           \
+  void __tsan_write##size(uintptr_t a) { access(a, size, true, __builtin_return_address(0)); }           \
+  void __tsan_unaligned_read##size(uintptr_t a) { access(a, size, false, __builtin_return_address(0)); } \
+  void __tsan_unaligned_write##size(uintptr_t a) { access(a, size, true, __builtin_return_address(0)); } \
+  void __tsan_volatile_read##size(uintptr_t a) { access(a, size, false, __builtin_return_address(0)); }  \
   void __tsan_volatile_write##size(uintptr_t a) { access(a, size, true, __builtin_return_address(0)); }
 MINIDL_EMU_ACCESS(1)
 MINIDL_EMU_ACCESS(2)
@@ -608,39 +627,39 @@ MINIDL_EMU_ACCESS(16)
 
 // Atomics: done here (sequentially consistent, at least as strong as any order asked for), checked for bounds and
 // initialisation, never a race.
-#define MINIDL_EMU_ATOMIC(bits, T)                                                                           \
-  T __tsan_atomic##bits##_load(const volatile T* a, int) {                                                   \
-    check_atomic(a, sizeof(T), false, __builtin_return_address(0));                                          \
-    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                             \
-  }                                                                                                          \
-  void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                                                \
-    check_atomic(a, sizeof(T), true, __builtin_return_address(0));                                           \
-    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                                \
-  }                                                                                                          \
-  MINIDL_EMU_RMW(bits, T, exchange, __atomic_exchange_n)                                                     \
-  MINIDL_EMU_RMW(bits, T, fetch_add, __atomic_fetch_add)                                                     \
-  MINIDL_EMU_RMW(bits, T, fetch_sub, __atomic_fetch_sub)                                                     \
-  MINIDL_EMU_RMW(bits, T, fetch_and, __atomic_fetch_and)                                                     \
-  MINIDL_EMU_RMW(bits, T, fetch_or, __atomic_fetch_or)                                                       \
-  MINIDL_EMU_RMW(bits, T, fetch_xor, __atomic_fetch_xor)                                                     \
-  MINIDL_EMU_RMW(bits, T, fetch_nand, __atomic_fetch_nand)                                                   \
-  int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* expected, T v, int, int) {             \
-    check_atomic(a, sizeof(T), true, __builtin_return_address(0));                                           \
-    return __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);           \
-  }                                                                                                          \
-  int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* expected, T v, int, int) {               \
-    check_atomic(a, sizeof(T), true, __builtin_return_address(0));                                           \
-    return __atomic_compare_exchange_n(a, expected, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);            \
-  }                                                                                                          \
-  T __tsan_atomic##bits##_compare_exchange_val(volatile T* a, T expected, T v, int, int) {                   \
-    check_atomic(a, sizeof(T), true, __builtin_return_address(0));                                           \
-    __atomic_compare_exchange_n(a, &expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                 \
-    return expected;                                                                                         \
+#define MINIDL_EMU_ATOMIC(bits, T)                                                                 \
+  T __tsan_atomic##bits##_load(const volatile T* a, int) {                                         \
+    check_atomic(a, sizeof(T), false, __builtin_return_address(0));                                \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                   \
+  }                                                                                                \
+  void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                                      \
+    check_atomic(a, sizeof(T), true, __builtin_return_address(0));                                 \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                      \
+  }                                                                                                \
+  MINIDL_EMU_RMW(bits, T, exchange, __atomic_exchange_n)                                           \
+  MINIDL_EMU_RMW(bits, T, fetch_add, __atomic_fetch_add)                                           \
+  MINIDL_EMU_RMW(bits, T, fetch_sub, __atomic_fetch_sub)                                           \
+  MINIDL_EMU_RMW(bits, T, fetch_and, __atomic_fetch_and)                                           \
+  MINIDL_EMU_RMW(bits, T, fetch_or, __atomic_fetch_or)                                             \
+  MINIDL_EMU_RMW(bits, T, fetch_xor, __atomic_fetch_xor)                                           \
+  MINIDL_EMU_RMW(bits, T, fetch_nand, __atomic_fetch_nand)                                         \
+  int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* expected, T v, int, int) {   \
+    check_atomic(a, sizeof(T), true, __builtin_return_address(0));                                 \
+    return __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); \
+  }                                                                                                \
+  int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* expected, T v, int, int) {     \
+    check_atomic(a, sizeof(T), true, __builtin_return_address(0));                                 \
+    return __atomic_compare_exchange_n(a, expected, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
+  }                                                                                                \
+  T __tsan_atomic##bits##_compare_exchange_val(volatile T* a, T expected, T v, int, int) {         \
+    check_atomic(a, sizeof(T), true, __builtin_return_address(0));                                 \
+    __atomic_compare_exchange_n(a, &expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);       \
+    return expected;                                                                               \
   }
-#define MINIDL_EMU_RMW(bits, T, op, builtin)                   \
-  T __tsan_atomic##bits##_##op(volatile T* a, T v, int) {      \
+#define MINIDL_EMU_RMW(bits, T, op, builtin)                       \
+  T __tsan_atomic##bits##_##op(volatile T* a, T v, int) {          \
     check_atomic(a, sizeof(T), true, __builtin_return_address(0)); \
-    return builtin(a, v, __ATOMIC_SEQ_CST);                    \
+    return builtin(a, v, __ATOMIC_SEQ_CST);                        \
   }
 MINIDL_EMU_ATOMIC(8, int8_t)
 MINIDL_EMU_ATOMIC(16, int16_t)

@@ -59,5 +59,4 @@ bool checks_compiled();
 void note_block_allocated(const void* ptr, size_t bytes, size_t capacity, bool exact, cudaStream_t stream);
 void note_block_released(const void* ptr, size_t capacity, bool exact, cudaStream_t stream);
 
-
 }  // namespace minidl::emu

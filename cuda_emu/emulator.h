@@ -11,7 +11,7 @@
 //
 // The model:
 //   - Blocks run in parallel on a pool of worker OS threads (MINIDL_EMU_WORKERS, default: hardware threads)
-//     taking block indices from an atomic counter; launches are synchronous.
+//     taking block indices from an atomic counter; a grid runs to completion before the next starts.
 //   - The threads of a block are cooperative fibers on one worker (boost.context fcontext: a switch saves a few
 //     registers and swaps stacks, no system call). A fiber runs until it reaches __syncthreads*, a warp
 //     collective, or returns.
@@ -41,6 +41,18 @@
 //     each range of threads, its state and its source line.
 //   - MINIDL_EMU_ORDER=forward|reverse|random (seed MINIDL_EMU_SEED) picks the order in which a pass runs the
 //     fibers, so a missing barrier (reader before writer) is caught in some order.
+//   - Streams, MINIDL_EMU_STREAMS=sync|async (Options::streams). sync (the default): every stream operation runs
+//     inside its call, so streams and events order nothing and a missing cudaStreamWaitEvent cannot fail. async,
+//     "deferred streams" (streams.cpp): kernel launches (arguments copied), cudaMemcpyAsync, cudaMemsetAsync,
+//     event records and waits, and library work through minidl::emu::enqueue (the emulated cuBLAS, NCCL, conv)
+//     are queued on their stream and run only when the host waits: cudaStreamSynchronize/Query, cudaEvent-
+//     Synchronize/Query (up to the event's record), cudaDeviceSynchronize, cudaMemcpy, cudaFree, cudaFreeHost. A
+//     wait runs exactly the operations it needs, following event waits across streams, and runs the streams it is
+//     not waiting on first (newest first): a consumer on another stream that forgot its wait reads the old data,
+//     and a producer that nothing waits for never runs in time, every run. The legacy stream orders with blocking
+//     streams as in CUDA (not with cudaStreamNonBlocking ones); a copy from pageable host memory takes its bytes
+//     at the call, one into pageable memory returns once they landed. Queries never say cudaErrorNotReady (they
+//     run the work), and a deferred operation's error is returned by the wait that ran it.
 //
 // __CUDA_ARCH__ is not defined (the toolkit's headers would take it for device compilation); code that must
 // tell the emulated build apart tests MINIDL_CUDA_EMULATED.

@@ -2,6 +2,7 @@
 #include "cuda_emu/graph.h"
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -17,7 +18,8 @@ struct CUgraph_st {
   std::vector<std::function<cudaError_t()>> nodes;
 };
 struct CUgraphExec_st {
-  std::vector<std::function<cudaError_t()>> nodes;
+  // Shared with each launch, which a deferred stream may run after cudaGraphExecDestroy.
+  std::shared_ptr<const std::vector<std::function<cudaError_t()>>> nodes;
 };
 
 namespace minidl::emu {
@@ -46,10 +48,7 @@ bool is_capturing(cudaStream_t stream) {
 }
 
 cudaError_t enqueue(cudaStream_t stream, std::function<cudaError_t()> work) {
-  if (!is_capturing(stream)) {
-    const cudaError_t status = work();
-    return status == cudaSuccess ? status : fail(status);
-  }
+  if (!is_capturing(stream)) return detail::submit(stream, std::move(work));
   stream->capture->nodes.push_back(std::move(work));
   return cudaSuccess;
 }
@@ -113,15 +112,15 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* 
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (exec == nullptr || graph == nullptr) return fail(cudaErrorInvalidValue);
-  *exec = new CUgraphExec_st{graph->nodes};
+  *exec = new CUgraphExec_st{std::make_shared<const std::vector<std::function<cudaError_t()>>>(graph->nodes)};
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (exec == nullptr) return fail(cudaErrorInvalidResourceHandle);
   // Captured into another graph, it becomes one node of that graph.
-  return minidl::emu::enqueue(stream, [exec] {
-    for (const auto& node : exec->nodes)
+  return minidl::emu::enqueue(stream, [nodes = exec->nodes] {
+    for (const auto& node : *nodes)
       if (const cudaError_t status = node(); status != cudaSuccess) return status;
     return cudaSuccess;
   });

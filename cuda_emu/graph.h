@@ -11,7 +11,9 @@
 // cudaErrorStreamCaptureInvalidated and no graph): cudaStreamSynchronize of the capturing stream,
 // cudaDeviceSynchronize, cudaEventSynchronize, cudaMalloc/cudaFree/cudaMallocHost/cudaFreeHost, and a
 // cudaMemcpy(Async) that touches pageable host memory. Not modelled: other streams joining a capture through
-// events (work on another stream runs at once), graph updates (cudaGraphExecUpdate), conditional nodes.
+// events (work on another stream is not captured; an event record or wait on the capturing stream orders nothing),
+// graph updates (cudaGraphExecUpdate), conditional nodes. With deferred streams a graph launch is one queued
+// operation of its stream.
 // A kernel's launch configuration is checked when the graph runs, not at capture.
 #pragma once
 
@@ -24,8 +26,14 @@ namespace minidl::emu {
 // True while `stream` is capturing (the legacy and per-thread default streams never are).
 bool is_capturing(cudaStream_t stream);
 
-// Runs `work` now, or, while `stream` is capturing, records it to run at each launch of the graph. What host code
-// that stands in for a GPU library call on a stream (the emulated cuBLAS) uses so that a capture records it.
+// True when work queued on `stream` does not run at once: while it is capturing, or with deferred streams
+// (MINIDL_EMU_STREAMS=async, emulator.h).
+bool defers(cudaStream_t stream);
+
+// Runs `work` now, or, while `stream` is capturing, records it to run at each launch of the graph, or, with
+// deferred streams, queues it on the stream. What host code that stands in for a GPU library call on a stream (the
+// emulated cuBLAS and NCCL) uses so that a capture records it and a deferred stream orders it. `work` must own
+// what it reads from the host: it may run later, on another host thread.
 cudaError_t enqueue(cudaStream_t stream, std::function<cudaError_t()> work);
 
 namespace detail {

@@ -13,6 +13,7 @@
 
 #include "cuda_emu/emulator.h"
 #include "cuda_emu/scheduler.h"
+#include "cuda_emu/stream_state.h"
 
 namespace minidl::emu {
 namespace {
@@ -60,6 +61,14 @@ Options options_from_environment() {
 #if defined(__SANITIZE_ADDRESS__)
   o.stack_bytes = 256 * 1024;  // ASan's redzones make frames several times larger
 #endif
+  if (const char* streams = std::getenv("MINIDL_EMU_STREAMS"); streams != nullptr && *streams != '\0') {
+    if (std::strcmp(streams, "sync") == 0)
+      o.streams = StreamMode::kSync;
+    else if (std::strcmp(streams, "async") == 0)
+      o.streams = StreamMode::kAsync;
+    else
+      detail::fatal("MINIDL_EMU_STREAMS=%s: expected sync or async", streams);
+  }
   if (const char* kb = std::getenv("MINIDL_EMU_STACK_KB")) o.stack_bytes = std::max(16, std::atoi(kb)) * size_t{1024};
   o.checks = checks_from_environment();
   return o;
@@ -156,18 +165,22 @@ Options options() {
 }
 
 void set_options(const Options& o) {
+  detail::synchronize_device();  // deferred work runs under the options it was queued with
   std::lock_guard lock(options_mutex);
   current_options = std::make_unique<Options>(o);
 }
 
 namespace detail {
 
+cudaError_t check_launch(const KernelLaunch& launch) {
+  const cudaError_t error = validate(launch);
+  if (error != cudaSuccess) set_last_error(error);
+  return error;
+}
+
 cudaError_t run_kernel(const KernelLaunch& launch) {
   if (inside_kernel()) fatal("a kernel launched a kernel: dynamic parallelism is not emulated");
-  if (const cudaError_t error = validate(launch); error != cudaSuccess) {
-    set_last_error(error);
-    return error;
-  }
+  if (const cudaError_t error = check_launch(launch); error != cudaSuccess) return error;
   const Options o = options();
   std::lock_guard lock(launch_mutex);
   if (!pool || pool->workers() != o.workers) {
@@ -175,7 +188,7 @@ cudaError_t run_kernel(const KernelLaunch& launch) {
     pool = std::make_unique<WorkerPool>(o.workers);
   }
   std::shared_lock allocations(check_launch_mutex());  // device allocations stay put while the checkers look
-  check_launch(o);
+  note_launch_frames(o, launch.frames);
   pool->run(launch, o, uint64_t{launch.grid.x} * launch.grid.y * launch.grid.z);
   return cudaSuccess;
 }

@@ -2,8 +2,9 @@
 //
 // Kernels are launched through launch_kernel() from cuda_compat.h, which calls minidl::emu::launch. A launch
 // validates the configuration like CUDA (on failure it sets the last error, see cudaGetLastError, and runs
-// nothing), then runs every block to completion before returning: streams are synchronous here. On a capturing
-// stream the launch is recorded instead, with a copy of its arguments (graph.h).
+// nothing), then, with synchronous streams (the default), runs every block to completion before returning. On a
+// capturing stream, or with deferred streams (MINIDL_EMU_STREAMS=async, emulator.h), the launch is queued instead,
+// with a copy of its arguments (graph.h).
 //
 // Options come from the environment when the first launch happens, and tests may replace them:
 //   MINIDL_EMU_ORDER    forward | reverse | random   order in which a scheduling pass runs a block's threads
@@ -12,20 +13,25 @@
 //   MINIDL_EMU_WORKERS  integer (default: hardware threads)   OS threads running blocks, the caller included
 //   MINIDL_EMU_STACK_KB integer (default 64, 256 under ASan)  stack of each emulated thread
 //   MINIDL_EMU_CHECK    all (default) | none | initcheck,memcheck,racecheck   the checkers (check.h)
+//   MINIDL_EMU_STREAMS  sync | async (default sync)    streams run work when queued, or defer it (emulator.h)
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "cuda_emu/graph.h"
 
 namespace minidl::emu {
 
 enum class Order { kForward, kReverse, kRandom };
+// kSync: stream work runs when it is queued. kAsync: deferred streams, ordered only by events and synchronisation.
+enum class StreamMode { kSync, kAsync };
 
 struct Options {
   Order order = Order::kForward;
@@ -34,11 +40,12 @@ struct Options {
   int workers = 1;
   size_t stack_bytes = 64 * 1024;
   unsigned checks = 7;  // kInitcheck | kMemcheck | kRacecheck (check.h); 0 when not compiled in
+  StreamMode streams = StreamMode::kSync;
 };
 
 // The options in force (read from the environment on first use).
 Options options();
-// Replaces them; call between launches, not during one.
+// Replaces them; call between launches, not during one. Runs every stream's deferred work first.
 void set_options(const Options& options);
 
 namespace detail {
@@ -50,10 +57,17 @@ struct KernelLaunch {
   const void* kernel;  // identifies the kernel for cudaFuncSetAttribute limits
   void (*body)(const void* closure);
   const void* closure;
+  const std::vector<void*>* frames = nullptr;  // host frames of a queued launch's call, for the checkers' reports
 };
+
+// The caller's host frames when the checkers are on (check.h), else null: a queued launch keeps them so that a
+// report names where it was launched, not where the host waited for it.
+std::shared_ptr<const std::vector<void*>> launch_frames();
 
 // Validates, then runs every block; returns (and records as the last error) any configuration error.
 cudaError_t run_kernel(const KernelLaunch& launch);
+// The validation alone (a deferred launch reports its configuration error when it is queued, as CUDA does).
+cudaError_t check_launch(const KernelLaunch& launch);
 
 // This worker's dynamic shared memory for the block it runs.
 unsigned char* dynamic_smem_base();
@@ -94,8 +108,16 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
     std::apply([&c](Params... params) { c.kernel(params...); }, c.params);
   };
   const void* id = reinterpret_cast<const void*>(kernel);
-  if (is_capturing(stream))  // recorded with a copy of its arguments, run at each graph launch (graph.h)
-    return enqueue(stream, [=] { return detail::run_kernel({grid, block, smem_bytes, id, body, &closure}); });
+  if (defers(stream)) {  // queued or captured with a copy of its arguments (graph.h)
+    if (!is_capturing(stream))
+      if (const cudaError_t error = detail::check_launch({grid, block, smem_bytes, id, body, &closure});
+          error != cudaSuccess)
+        return error;
+    const std::shared_ptr<const std::vector<void*>> frames = detail::launch_frames();
+    return enqueue(stream, [=] {
+      return detail::run_kernel({grid, block, smem_bytes, id, body, &closure, frames.get()});
+    });
+  }
   return detail::run_kernel({grid, block, smem_bytes, id, body, &closure});
 }
 

@@ -3,27 +3,28 @@
 // linkage) are the toolkit's own, from <cuda_runtime_api.h>.
 //
 // "Device" memory is host memory: cudaMalloc allocates exactly the requested bytes (256-byte aligned, like
-// CUDA) so AddressSanitizer sees every overrun, or, with the checkers on (check.h), adds a red zone, a shadow
-// and a quarantine for freed memory; the copy kinds are all plain memcpy. Kernels run to
-// completion inside the launch, so streams and events are synchronous no-ops; an event records the host time,
-// which makes cudaEventElapsedTime measure the emulated work in between. Device queries: runtime_device.cpp.
+// CUDA) so AddressSanitizer sees every overrun (with the checkers on, check.h, a red zone, a shadow and a
+// quarantine for freed memory instead), and the copy kinds are all plain memcpy. With synchronous streams
+// (the default) work runs to completion inside the call, so streams and events are no-ops; an event records the
+// host time, which makes cudaEventElapsedTime measure the emulated work in between. With deferred streams
+// (MINIDL_EMU_STREAMS=async) the stream calls go to streams.cpp, and the synchronous calls synchronise as CUDA's
+// do: cudaMemcpy waits for its copy (on the legacy stream), cudaFree and cudaFreeHost for the whole device; a
+// cudaMemcpyAsync from pageable host memory takes its bytes at the call, one into pageable memory returns once
+// they landed. Device queries: runtime_device.cpp.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <unordered_set>
+#include <vector>
 
 #include "cuda_emu/emulator.h"
 #include "cuda_emu/scheduler.h"
 #include "cuda_emu/stream_state.h"
-
-struct CUevent_st {
-  std::chrono::steady_clock::time_point time;
-  bool recorded = false;
-};
 
 namespace minidl::emu::detail {
 namespace {
@@ -96,6 +97,25 @@ bool is_pinned(const void* p, size_t count) {
   return c >= it->first && c + count <= it->first + it->second;
 }
 
+// cudaMemcpyAsync outside capture; host memory as CUDA treats it (runtime.cpp's opening comment).
+cudaError_t copy_on(cudaStream_t stream, void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return fail(cudaErrorInvalidMemcpyDirection);
+  if (count == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
+  const bool host_src = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost;
+  const bool host_dst = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost;
+  cudaError_t status = cudaSuccess;
+  if (host_src && !is_pinned(src, count)) {
+    auto staged =
+        std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + count);
+    status = minidl::emu::enqueue(stream, [=] { return copy(dst, staged->data(), count, kind); });
+  } else {
+    status = minidl::emu::enqueue(stream, [=] { return copy(dst, src, count, kind); });
+  }
+  if (status == cudaSuccess && host_dst && !is_pinned(dst, count)) status = synchronize_stream(stream);
+  return status;
+}
+
 size_t physical_memory(int pages_name) {
   return static_cast<size_t>(sysconf(pages_name)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
 }
@@ -118,6 +138,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 }
 cudaError_t cudaFree(void* ptr) {
   if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;
+  if (const cudaError_t e = minidl::emu::detail::synchronize_device(); e != cudaSuccess) return e;
   return minidl::emu::detail::release(ptr, true);
 }
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
@@ -127,6 +148,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned) { return cudaMallocHost(ptr, size); }
 cudaError_t cudaFreeHost(void* ptr) {
   if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;
+  if (const cudaError_t e = minidl::emu::detail::synchronize_device(); e != cudaSuccess) return e;
   return minidl::emu::detail::release(ptr, false);
 }
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t) { return cudaMalloc(ptr, size); }
@@ -141,7 +163,9 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;  // synchronous
-  return minidl::emu::detail::copy(dst, src, count, kind);
+  if (!minidl::emu::defers(nullptr)) return minidl::emu::detail::copy(dst, src, count, kind);
+  if (const cudaError_t e = minidl::emu::detail::copy_on(nullptr, dst, src, count, kind); e != cudaSuccess) return e;
+  return minidl::emu::detail::synchronize_stream(nullptr);
 }
 // Captured unless it touches pageable host memory (cudaMemcpyDefault is taken as device to device).
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
@@ -152,6 +176,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
     if ((host_src && !is_pinned(src, count)) || (host_dst && !is_pinned(dst, count)))
       return refuse_if_capturing(stream);
   }
+  if (minidl::emu::defers(stream) && !minidl::emu::is_capturing(stream))
+    return minidl::emu::detail::copy_on(stream, dst, src, count, kind);
   return minidl::emu::enqueue(stream, [=] { return minidl::emu::detail::copy(dst, src, count, kind); });
 }
 cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset, cudaMemcpyKind kind) {
@@ -163,13 +189,10 @@ cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, si
   return minidl::emu::detail::copy(dst, static_cast<const char*>(symbol) + offset, count, kind);
 }
 
+// Like CUDA's on device memory, queued on the legacy stream without waiting for it (with deferred streams).
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
-  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;  // synchronous
-  if (count == 0) return cudaSuccess;
-  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
-  std::memset(ptr, value, count);
-  minidl::emu::detail::check_host_write(ptr, count);
-  return cudaSuccess;
+  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;
+  return cudaMemsetAsync(ptr, value, count, nullptr);
 }
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
@@ -181,22 +204,35 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
   });
 }
 
-// ---- streams and events: every operation has completed when its call returns (or, captured, is in the graph) ----
-cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+// ---- streams and events: synchronous no-ops, or deferred streams (streams.cpp) ----
+using minidl::emu::detail::synchronize_device;
+using minidl::emu::detail::synchronize_event;
+using minidl::emu::detail::synchronize_stream;
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   if (stream == nullptr) return fail(cudaErrorInvalidValue);
   *stream = new CUstream_st;
+  (*stream)->queue = minidl::emu::detail::make_queue((flags & cudaStreamNonBlocking) == 0);
   return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
+// A GPU finishes the work queued before the destroy; the emulator runs it now.
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const cudaError_t status = minidl::emu::is_capturing(stream) ? cudaSuccess : synchronize_stream(stream);
   delete stream;
-  return cudaSuccess;
+  return status;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) { return refuse_if_capturing(stream); }
-cudaError_t cudaStreamQuery(cudaStream_t stream) { return refuse_if_capturing(stream); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned) {
-  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (const cudaError_t e = refuse_if_capturing(stream); e != cudaSuccess) return e;
+  return synchronize_stream(stream);
+}
+// Never cudaErrorNotReady: asking runs the stream's work, so a polling loop ends.
+cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (minidl::emu::is_capturing(stream)) return cudaSuccess;  // joins across streams are not captured (graph.h)
+  return minidl::emu::detail::wait_event(stream, event);
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
@@ -207,29 +243,34 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  delete event;
+  delete event;  // a record still queued keeps its state (stream_state.h)
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  event->time = std::chrono::steady_clock::now();
-  event->recorded = true;
-  return cudaSuccess;
+  return minidl::emu::detail::record_event(event, stream);
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  return refuse_during_capture();
+  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;
+  return synchronize_event(event);
 }
+// Never cudaErrorNotReady, as cudaStreamQuery.
 cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (ms == nullptr) return fail(cudaErrorInvalidValue);
-  if (start == nullptr || end == nullptr || !start->recorded || !end->recorded)
-    return fail(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  if (start == nullptr || end == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  std::chrono::steady_clock::time_point from, to;
+  if (const cudaError_t e = minidl::emu::detail::event_time(start, &from); e != cudaSuccess) return fail(e);
+  if (const cudaError_t e = minidl::emu::detail::event_time(end, &to); e != cudaSuccess) return fail(e);
+  *ms = std::chrono::duration<float, std::milli>(to - from).count();
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return refuse_during_capture(); }
+cudaError_t cudaDeviceSynchronize() {
+  if (const cudaError_t e = refuse_during_capture(); e != cudaSuccess) return e;
+  return synchronize_device();
+}
 
 // ---- errors ----
 cudaError_t cudaGetLastError() {

@@ -5,6 +5,7 @@
 //   fiber.cpp    stacks and context switches
 //   runtime.cpp          the host runtime subset: memory, copies, streams, events, last error
 //   runtime_device.cpp   device queries, kernel attributes, error strings
+//   streams.cpp          deferred streams (async mode): queues, event waits, who runs what when
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,7 +46,7 @@ void check_access(const void* address, size_t bytes, bool write, const void* pc)
 // Held shared for a whole launch, so device allocations do not change under the workers.
 std::shared_mutex& check_launch_mutex();
 // Remembers the host frames of the launch about to run, for the reports.
-void check_launch(const Options& options);
+void note_launch_frames(const Options& options, const std::vector<void*>* queued);
 // runtime.cpp: a device allocation with a red zone and shadow (false: checkers off, allocate plainly), its
 // release (1: done, 0: not one of the checkers' allocations, -1: already freed), and a copy or set into it.
 bool check_allocate(void** ptr, size_t size, unsigned checks);

@@ -95,8 +95,10 @@ TEST_F(Checkers, InitcheckReportsAKernelReadingMemoryNothingWrote) {
   ASSERT_EQ(cudaMalloc(&out, n * sizeof(float)), cudaSuccess);
   EXPECT_DEATH((void)minidl::emu::launch(copy_kernel, 1, 128, 0, nullptr, in, out, n),
                "Uninitialized __global__ memory read of size 4 bytes\n.*in kernel emu_test::.*copy_kernel.*\n"
-               ".*at .*" + at("copy") + "\n.*by thread \\([0-9]+,0,0\\) in block \\(0,0,0\\).*\n"
-               ".*Address 0x[0-9a-f]+ is at offset [0-9]+ of the allocation at 0x[0-9a-f]+ of 400 bytes");
+               ".*at .*" +
+                   at("copy") +
+                   "\n.*by thread \\([0-9]+,0,0\\) in block \\(0,0,0\\).*\n"
+                   ".*Address 0x[0-9a-f]+ is at offset [0-9]+ of the allocation at 0x[0-9a-f]+ of 400 bytes");
   // Written by a copy, by a memset, or by a kernel: no report.
   std::vector<float> host(n, 2.0f);
   ASSERT_EQ(cudaMemcpy(in, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
@@ -148,9 +150,9 @@ TEST_F(Checkers, RacecheckReportsASharedReductionMissingABarrier) {
   const int threads = 64;
   std::vector<float> x(threads, 1.0f);
   DeviceBuffer<float> in(x), out(1);
-  ASSERT_EQ(minidl::emu::launch(block_sum_kernel, 1, threads, threads * sizeof(float), nullptr, in.get(), out.get(),
-                                true),
-            cudaSuccess);
+  ASSERT_EQ(
+      minidl::emu::launch(block_sum_kernel, 1, threads, threads * sizeof(float), nullptr, in.get(), out.get(), true),
+      cudaSuccess);
   EXPECT_EQ(out.host()[0], 64.0f);
   // Without the barrier thread 0 reads s[16] in the second step, which thread 16 wrote in the first: forward order
   // happens to give 64 too, which is why only a checker sees it.
@@ -168,10 +170,10 @@ TEST_F(Checkers, RacecheckReportsAWarpReductionThatAssumesLockstep) {
   ASSERT_EQ(minidl::emu::launch(warp_sum_kernel, 1, 64, 64 * sizeof(float), nullptr, in.get(), out.get(), true),
             cudaSuccess);
   EXPECT_EQ(out.host()[0], 64.0f);
-  EXPECT_DEATH((void)minidl::emu::launch(warp_sum_kernel, 1, 64, 64 * sizeof(float), nullptr, in.get(), out.get(),
-                                         false),
-               "Error: Race reported between .*(" + at("warp-read") + "|" + at("warp-write") +
-                   ").*\n.*and .*(" + at("warp-read") + "|" + at("warp-write") + ")");
+  EXPECT_DEATH(
+      (void)minidl::emu::launch(warp_sum_kernel, 1, 64, 64 * sizeof(float), nullptr, in.get(), out.get(), false),
+      "Error: Race reported between .*(" + at("warp-read") + "|" + at("warp-write") + ").*\n.*and .*(" +
+          at("warp-read") + "|" + at("warp-write") + ")");
 }
 
 TEST_F(Checkers, RacecheckReportsThreadsOfABlockWritingOneGlobalWord) {

@@ -92,6 +92,7 @@ TEST_F(Capture, EnqueuedHostWorkIsRecordedToo) {
                                    return cudaSuccess;
                                  }),
             cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);  // with deferred streams it runs only now
   ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
   EXPECT_TRUE(minidl::emu::is_capturing(stream_));
   ASSERT_EQ(minidl::emu::enqueue(stream_,
@@ -114,6 +115,7 @@ TEST_F(Capture, EnqueuedHostWorkIsRecordedToo) {
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 1, 2}));
   EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
@@ -166,6 +168,7 @@ TEST_F(Capture, UncapturableCallsInvalidateTheCapture) {
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   std::iota(pinned, pinned + kN, 0.0f);
   ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);  // cudaMemcpy does not wait for a non-blocking stream
   std::vector<float> expected(kN);
   std::iota(expected.begin(), expected.end(), 0.0f);
   EXPECT_EQ(dev.host(), expected);

@@ -4,8 +4,10 @@
 // header under nvcc's toolchain and this one here. Names, values and signatures are NCCL 2.28's.
 //
 // What differs from NCCL (nccl_emu.cpp explains how it works):
-// - Every call runs to completion on the host before it returns (emulated streams are synchronous); between
-//   ncclGroupStart and ncclGroupEnd, sends and receives are posted at once and completed by ncclGroupEnd.
+// - Every call runs to completion on the host before it returns with synchronous emulated streams (the default);
+//   with deferred streams (MINIDL_EMU_STREAMS=async, cuda_emu/emulator.h) it is queued on its stream and runs in
+//   stream order. Between ncclGroupStart and ncclGroupEnd, sends and receives are collected and posted together
+//   by ncclGroupEnd, as one operation on the stream of the first.
 // - Reductions: ncclSum, ncclProd, ncclMax, ncclMin on every type but f16/bf16 (minidl reduces those in f32);
 //   ncclAvg is not provided. Other calls return ncclInvalidArgument.
 // - ncclCommInitRank: the process that called ncclGetUniqueId must be one of the communicator's ranks.

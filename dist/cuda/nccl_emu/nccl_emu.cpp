@@ -12,6 +12,9 @@
 //
 // Collectives call the blocking MPI collective; sends and receives post MPI_Isend/MPI_Irecv (tag 0: MPI keeps
 // the messages between two ranks in order, as NCCL does) and complete at once, or at ncclGroupEnd inside a group.
+// Each operation (a group is one) is work on its stream through minidl::emu::enqueue: with synchronous streams it
+// runs inside the call, with deferred streams (cuda_emu/emulator.h) it runs in stream order when the host waits
+// for it, and a failure there becomes the communicator's asynchronous error, as NCCL reports a kernel's.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -19,7 +22,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <vector>
+
+#include "cuda_emu/graph.h"
 
 struct ncclComm {
   MPI_Comm comm;
@@ -41,9 +48,15 @@ constexpr int kTagBase = 20000, kTagRange = 10000;  // MPI guarantees tags up to
 std::atomic<int> g_sequence{0};
 std::atomic<int> g_communicators_created{0};
 
-// Requests posted inside ncclGroupStart/ncclGroupEnd, per thread like NCCL's group state.
+// Posts one send or receive, adding its request.
+using Post = std::function<int(std::vector<MPI_Request>&)>;
+
+// Sends and receives called inside ncclGroupStart/ncclGroupEnd, posted together at the end, per thread like NCCL's
+// group state.
 thread_local int g_group_depth = 0;
-thread_local std::vector<MPI_Request> g_group_requests;
+thread_local std::vector<Post> g_group_posts;
+thread_local ncclComm_t g_group_comm = nullptr;
+thread_local cudaStream_t g_group_stream = nullptr;
 
 ncclResult_t from_mpi(int rc) { return rc == MPI_SUCCESS ? ncclSuccess : ncclSystemError; }
 
@@ -95,13 +108,35 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
-// A point-to-point request: completed now, or by the enclosing group's end.
-ncclResult_t complete_or_defer(MPI_Request request) {
-  if (g_group_depth > 0) {
-    g_group_requests.push_back(request);
-    return ncclSuccess;
+// Runs `op` on `stream`: inside this call (synchronous streams), or queued in stream order (module comment).
+ncclResult_t on_stream(ncclComm_t comm, cudaStream_t stream, std::function<ncclResult_t()> op) {
+  if (!minidl::emu::defers(stream)) return op();
+  const cudaError_t queued = minidl::emu::enqueue(stream, [comm, op = std::move(op)] {
+    if (op() != ncclSuccess) comm->async_error = ncclSystemError;
+    return cudaSuccess;
+  });
+  return queued == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+// Posts the sends and receives of one group (or one alone) and waits for them all.
+ncclResult_t post_all(ncclComm_t comm, cudaStream_t stream, std::vector<Post> posts) {
+  return on_stream(comm, stream, [posts = std::move(posts)] {
+    std::vector<MPI_Request> requests;
+    for (const Post& post : posts)
+      if (post(requests) != MPI_SUCCESS) return ncclSystemError;
+    return from_mpi(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  });
+}
+
+// A point-to-point operation: posted now, or at the enclosing group's end.
+ncclResult_t post_or_defer(ncclComm_t comm, cudaStream_t stream, Post post) {
+  if (g_group_depth == 0) return post_all(comm, stream, {std::move(post)});
+  if (g_group_posts.empty()) {
+    g_group_comm = comm;
+    g_group_stream = stream;
   }
-  return from_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE));
+  g_group_posts.push_back(std::move(post));
+  return ncclSuccess;
 }
 
 }  // namespace
@@ -214,79 +249,89 @@ const char* ncclGetErrorString(ncclResult_t result) {
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   MPI_Datatype type;
   MPI_Op mop;
   size_t elem;
   if (!valid(comm, count) || !mpi_type(datatype, &type, &elem, true) || !mpi_op(op, &mop)) return ncclInvalidArgument;
   const void* in = sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff;
-  return from_mpi(MPI_Allreduce(in, recvbuff, int(count), type, mop, comm->comm));
+  return on_stream(comm, stream,
+                   [=] { return from_mpi(MPI_Allreduce(in, recvbuff, int(count), type, mop, comm->comm)); });
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   MPI_Datatype type;
   MPI_Op mop;
   size_t elem;
   if (!valid(comm, recvcount * size_t(comm ? comm->size : 1)) || !mpi_type(datatype, &type, &elem, true) ||
       !mpi_op(op, &mop))
     return ncclInvalidArgument;
-  const size_t in_bytes = recvcount * elem * size_t(comm->size);
-  std::vector<char> copy;  // MPI forbids an output inside the input; NCCL allows its own slice of it
-  if (overlaps(sendbuff, in_bytes, recvbuff, recvcount * elem)) {
-    copy.assign(static_cast<const char*>(sendbuff), static_cast<const char*>(sendbuff) + in_bytes);
-    sendbuff = copy.data();
-  }
-  return from_mpi(MPI_Reduce_scatter_block(sendbuff, recvbuff, int(recvcount), type, mop, comm->comm));
+  return on_stream(comm, stream, [=] {
+    const size_t in_bytes = recvcount * elem * size_t(comm->size);
+    const void* in = sendbuff;
+    std::vector<char> copy;  // MPI forbids an output inside the input; NCCL allows its own slice of it
+    if (overlaps(sendbuff, in_bytes, recvbuff, recvcount * elem)) {
+      copy.assign(static_cast<const char*>(sendbuff), static_cast<const char*>(sendbuff) + in_bytes);
+      in = copy.data();
+    }
+    return from_mpi(MPI_Reduce_scatter_block(in, recvbuff, int(recvcount), type, mop, comm->comm));
+  });
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   MPI_Datatype type;
   size_t elem;
   if (!valid(comm, sendcount * size_t(comm ? comm->size : 1)) || !mpi_type(datatype, &type, &elem, false))
     return ncclInvalidArgument;
-  const size_t bytes = sendcount * elem;
-  const void* own_slot = static_cast<const char*>(recvbuff) + bytes * size_t(comm->rank);
-  std::vector<char> copy;
-  if (sendbuff == own_slot) {
-    sendbuff = MPI_IN_PLACE;
-  } else if (overlaps(sendbuff, bytes, recvbuff, bytes * size_t(comm->size))) {
-    copy.assign(static_cast<const char*>(sendbuff), static_cast<const char*>(sendbuff) + bytes);
-    sendbuff = copy.data();
-  }
-  return from_mpi(MPI_Allgather(sendbuff, int(sendcount), type, recvbuff, int(sendcount), type, comm->comm));
+  return on_stream(comm, stream, [=] {
+    const size_t bytes = sendcount * elem;
+    const void* own_slot = static_cast<const char*>(recvbuff) + bytes * size_t(comm->rank);
+    const void* in = sendbuff;
+    std::vector<char> copy;
+    if (sendbuff == own_slot) {
+      in = MPI_IN_PLACE;
+    } else if (overlaps(sendbuff, bytes, recvbuff, bytes * size_t(comm->size))) {
+      copy.assign(static_cast<const char*>(sendbuff), static_cast<const char*>(sendbuff) + bytes);
+      in = copy.data();
+    }
+    return from_mpi(MPI_Allgather(in, int(sendcount), type, recvbuff, int(sendcount), type, comm->comm));
+  });
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   MPI_Datatype type;
   size_t elem;
   if (!valid(comm, count) || root < 0 || root >= comm->size || !mpi_type(datatype, &type, &elem, false))
     return ncclInvalidArgument;
-  if (comm->rank == root && sendbuff != recvbuff) std::memmove(recvbuff, sendbuff, count * elem);
-  return from_mpi(MPI_Bcast(recvbuff, int(count), type, root, comm->comm));
+  return on_stream(comm, stream, [=] {
+    if (comm->rank == root && sendbuff != recvbuff) std::memmove(recvbuff, sendbuff, count * elem);
+    return from_mpi(MPI_Bcast(recvbuff, int(count), type, root, comm->comm));
+  });
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-                      cudaStream_t) {
+                      cudaStream_t stream) {
   MPI_Datatype type;
   size_t elem;
   if (!valid(comm, count) || peer < 0 || peer >= comm->size || !mpi_type(datatype, &type, &elem, false))
     return ncclInvalidArgument;
-  MPI_Request request;
-  if (MPI_Isend(sendbuff, int(count), type, peer, 0, comm->comm, &request) != MPI_SUCCESS) return ncclSystemError;
-  return complete_or_defer(request);
+  return post_or_defer(comm, stream, [=](std::vector<MPI_Request>& requests) {
+    return MPI_Isend(sendbuff, int(count), type, peer, 0, comm->comm, &requests.emplace_back());
+  });
 }
 
-ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t) {
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
   MPI_Datatype type;
   size_t elem;
   if (!valid(comm, count) || peer < 0 || peer >= comm->size || !mpi_type(datatype, &type, &elem, false))
     return ncclInvalidArgument;
-  MPI_Request request;
-  if (MPI_Irecv(recvbuff, int(count), type, peer, 0, comm->comm, &request) != MPI_SUCCESS) return ncclSystemError;
-  return complete_or_defer(request);
+  return post_or_defer(comm, stream, [=](std::vector<MPI_Request>& requests) {
+    return MPI_Irecv(recvbuff, int(count), type, peer, 0, comm->comm, &requests.emplace_back());
+  });
 }
 
 ncclResult_t ncclGroupStart(void) {
@@ -296,10 +341,10 @@ ncclResult_t ncclGroupStart(void) {
 
 ncclResult_t ncclGroupEnd(void) {
   if (g_group_depth == 0) return ncclInvalidUsage;
-  if (--g_group_depth > 0) return ncclSuccess;
-  std::vector<MPI_Request> requests = std::move(g_group_requests);
-  g_group_requests.clear();
-  return from_mpi(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  if (--g_group_depth > 0 || g_group_posts.empty()) return ncclSuccess;
+  std::vector<Post> posts = std::move(g_group_posts);
+  g_group_posts.clear();
+  return post_all(g_group_comm, g_group_stream, std::move(posts));
 }
 
 }  // extern "C"
