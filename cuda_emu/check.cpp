@@ -353,15 +353,17 @@ void global_access(BlockCheck& c, uintptr_t a, size_t n, bool write, const void*
     for (size_t i = first; i < last; ++i)
       if (state[i] == kUnwritten) state[i] = kWritten;
   } else if (c.checks & kInitcheck) {
-    bool unwritten = false, changed = false;
+    // Host code standing in for a library writes without telling us: an access is unwritten only if its bytes
+    // all still hold the poison (judged on the whole access, not byte by byte: another worker may have just
+    // marked some of them, and a value's single byte may well be 0xFF).
+    bool unwritten = false, poisoned = true;
     const auto* data = reinterpret_cast<const unsigned char*>(e->base);
-    for (size_t i = first; i < last; ++i)
-      if (state[i] == kUnwritten) {
-        unwritten = true;
-        changed |= data[i] != kPoison;
-      }
-    if (unwritten && !changed) report_global(c, *e, a, n, write, pc, kUnwritten);
-    if (changed)  // host code standing in for a library wrote it
+    for (size_t i = first; i < last; ++i) {
+      unwritten |= state[i] == kUnwritten;
+      poisoned &= data[i] == kPoison;
+    }
+    if (unwritten && poisoned) report_global(c, *e, a, n, write, pc, kUnwritten);
+    if (unwritten)
       for (size_t i = first; i < last; ++i)
         if (state[i] == kUnwritten) state[i] = kWritten;
   }

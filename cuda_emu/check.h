@@ -19,9 +19,9 @@
 //     access, and a block back in the cache is freed.
 //   - initcheck: a new allocation or block is filled with 0xFF bytes (NaN in f32, f16 and bf16) and is
 //     unwritten; kernel stores, cudaMemcpy* and cudaMemset* mark bytes written. Host code standing in for
-//     cuBLAS, cuDNN and NCCL writes device memory directly, so a byte that no longer holds the poison also
-//     counts as written (a host write of 0xFF bytes would go unnoticed: none of them writes NaN with all bits
-//     set). Shared memory (dynamic and MINIDL_SHARED) is unwritten at the start of each block.
+//     cuBLAS, cuDNN and NCCL writes device memory directly, so a read is reported only if every byte it reads
+//     still holds the poison (a host write of a NaN with all bits set would be taken for no write: none of
+//     them writes one). Shared memory (dynamic and MINIDL_SHARED) is unwritten at the start of each block.
 //   - memcheck: an access to a red zone, to rounding padding or to freed memory is reported with the nearest
 //     allocation and the offset.
 //   - racecheck: within one barrier interval of a block, each byte of shared memory remembers its last writer
