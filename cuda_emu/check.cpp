@@ -70,6 +70,14 @@ Extent* find_locked(Registry& r, uintptr_t a) {
   return a < e->base + e->span() ? e : nullptr;
 }
 
+// Whether any allocation (or its red zone) has a byte in page `page`.
+bool touches_page(Registry& r, uintptr_t page) {
+  const uintptr_t lo = page << 12, hi = lo + 4096;
+  auto it = r.extents.lower_bound(lo);
+  if (it != r.extents.end() && it->first < hi) return true;
+  return find_locked(r, lo) != nullptr;
+}
+
 std::atomic<uint64_t> next_epoch{1};
 
 // The host frames of the launch running now (launches are serialised: grid.cpp), for reports.
@@ -123,6 +131,7 @@ struct BlockCheck {
   std::vector<GlobalWrite> writes;           // power-of-two slots
   size_t writes_now = 0;                     // used this interval
   Extent* last = nullptr;                    // the extent of the previous global access
+  uintptr_t last_miss_page = 0;              // a page of host memory (thread-locals: threadIdx) seen last
 };
 
 thread_local BlockCheck* current = nullptr;  // non-null while this worker runs a block with checkers on
@@ -340,8 +349,12 @@ void global_race(BlockCheck& c, uintptr_t a, size_t n, bool write, const void* p
 void global_access(BlockCheck& c, uintptr_t a, size_t n, bool write, const void* pc) {
   Extent* e = c.last;
   if (e == nullptr || a < e->base || a >= e->base + e->span()) {
+    if ((a >> 12) == c.last_miss_page) return;
     e = find_locked(registry(), a);
-    if (e == nullptr) return;  // host memory: the stack, kernel arguments, the emulator's own state
+    if (e == nullptr) {  // host memory: kernel arguments, thread-locals (threadIdx), the emulator's own state
+      if (!touches_page(registry(), a >> 12)) c.last_miss_page = a >> 12;
+      return;
+    }
     c.last = e;
   }
   const size_t first = a - e->base, last = std::min(first + n, e->span());
@@ -434,6 +447,7 @@ void check_block_begin(const KernelLaunch& launch, const Options& options, uint3
   if (dynamic_bytes > 0)
     c.smem.push_back(&prepare_range(c.dynamic, dynamic_smem, dynamic_bytes, "dynamic shared memory"));
   c.last = nullptr;
+  c.last_miss_page = 0;
   current = &c;
 }
 

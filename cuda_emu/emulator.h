@@ -39,6 +39,8 @@
 //     strict mode, returned threads count as arrived and barrier call sites are not compared.
 //   - A scheduling pass in which no fiber can run while some are alive is a deadlock: the process aborts with
 //     each range of threads, its state and its source line.
+//   - Checkers (check.h, on by default): initcheck, memcheck and racecheck report a kernel reading unwritten
+//     memory, accessing out of bounds or freed memory, or racing between threads of a block, like compute-sanitizer.
 //   - MINIDL_EMU_ORDER=forward|reverse|random (seed MINIDL_EMU_SEED) picks the order in which a pass runs the
 //     fibers, so a missing barrier (reader before writer) is caught in some order.
 //   - Streams, MINIDL_EMU_STREAMS=sync|async (Options::streams). sync (the default): every stream operation runs
