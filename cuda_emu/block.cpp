@@ -359,7 +359,7 @@ void run_block(const KernelLaunch& launch, uint64_t block_index, const Options& 
       w.current = i;
       threadIdx = w.threads[i].index;
       check_thread(i, w.stacks[i]->bottom(), w.stacks[i]->size());
-      w.threads[i].context = resume_fiber(w.threads[i].context, *w.stacks[i], nullptr);
+      w.threads[i].context = resume_fiber(w.threads[i].context, *w.stacks[i], w.threads[i].switches, nullptr);
       progressed = true;
     }
     if (!progressed) report_deadlock(w);

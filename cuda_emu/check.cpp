@@ -393,7 +393,7 @@ void access(uintptr_t a, size_t n, bool write, const void* pc) {
 }
 
 // An atomic: bounds and initialisation as a read (a load) or a read and a write, never a race.
-void check_atomic(const volatile void* address, size_t bytes, bool write, const void* pc) {
+[[maybe_unused]] void check_atomic(const volatile void* address, size_t bytes, bool write, const void* pc) {
   BlockCheck* c = current;
   if (c == nullptr) return;
   const uintptr_t a = reinterpret_cast<uintptr_t>(address);

@@ -12,6 +12,12 @@
 #else
 #define MINIDL_EMU_ASAN 0
 #endif
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define MINIDL_EMU_TSAN 1
+#else
+#define MINIDL_EMU_TSAN 0
+#endif
 
 namespace minidl::emu::detail {
 
@@ -25,9 +31,17 @@ FiberStack::FiberStack(size_t bytes) {
     std::abort();
   }
   usable_ = static_cast<char*>(mapping_) + page;  // the guard page sits below: stacks grow down into it
+#if MINIDL_EMU_TSAN
+  tsan_fiber_ = __tsan_create_fiber(0);
+#endif
 }
 
-FiberStack::~FiberStack() { munmap(mapping_, mapping_bytes_); }
+FiberStack::~FiberStack() {
+#if MINIDL_EMU_TSAN
+  __tsan_destroy_fiber(tsan_fiber_);
+#endif
+  munmap(mapping_, mapping_bytes_);
+}
 
 // No unpoisoning of a reused stack under ASan: every fiber returns from the kernel (whose frames unpoison
 // themselves) before its stack is reused, and a block is only abandoned by a report that ends the process.
@@ -35,7 +49,13 @@ ctx::fcontext_t FiberStack::make_context(void (*entry)(ctx::transfer_t)) {
   return ctx::make_fcontext(static_cast<char*>(usable_) + usable_bytes_, usable_bytes_, entry);
 }
 
-ctx::fcontext_t resume_fiber(ctx::fcontext_t fiber, const FiberStack& stack, void* data) {
+ctx::fcontext_t resume_fiber(ctx::fcontext_t fiber, const FiberStack& stack, SwitchState& state, void* data) {
+#if MINIDL_EMU_TSAN
+  state.tsan_scheduler = __tsan_get_current_fiber();
+  __tsan_switch_to_fiber(stack.tsan_fiber(), 0);
+#else
+  (void)state;
+#endif
 #if MINIDL_EMU_ASAN
   void* fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&fake_stack, stack.bottom(), stack.size());
@@ -58,6 +78,9 @@ void fiber_started(SwitchState& self) {
 }
 
 void yield_to_scheduler(ctx::fcontext_t* scheduler, SwitchState& self) {
+#if MINIDL_EMU_TSAN
+  __tsan_switch_to_fiber(self.tsan_scheduler, 0);
+#endif
 #if MINIDL_EMU_ASAN
   __sanitizer_start_switch_fiber(&self.fake_stack, self.from_bottom, self.from_size);
 #endif
@@ -70,6 +93,9 @@ void yield_to_scheduler(ctx::fcontext_t* scheduler, SwitchState& self) {
 }
 
 void exit_to_scheduler(ctx::fcontext_t scheduler, SwitchState& self) {
+#if MINIDL_EMU_TSAN
+  __tsan_switch_to_fiber(self.tsan_scheduler, 0);
+#endif
 #if MINIDL_EMU_ASAN
   __sanitizer_start_switch_fiber(nullptr, self.from_bottom, self.from_size);  // nullptr: this fiber ends
 #else

@@ -6,7 +6,8 @@
 // they are kept per worker and reused by every block.
 //
 // Under AddressSanitizer every switch is announced (__sanitizer_start/finish_switch_fiber) so ASan knows which
-// stack is live.
+// stack is live; under ThreadSanitizer each emulated thread is a TSan fiber (__tsan_create_fiber) and every switch
+// goes through __tsan_switch_to_fiber, which also orders what the two sides did (they share one OS thread).
 #pragma once
 
 #include <boost/context/detail/fcontext.hpp>
@@ -27,12 +28,14 @@ class FiberStack {
   ctx::fcontext_t make_context(void (*entry)(ctx::transfer_t));
   void* bottom() const { return usable_; }
   size_t size() const { return usable_bytes_; }
+  void* tsan_fiber() const { return tsan_fiber_; }  // ThreadSanitizer's fiber for whoever runs on it (TSan builds)
 
  private:
   void* mapping_ = nullptr;
   size_t mapping_bytes_ = 0;
   void* usable_ = nullptr;
   size_t usable_bytes_ = 0;
+  void* tsan_fiber_ = nullptr;
 };
 
 // One side of the scheduler <-> fiber switches. `fake_stack` is ASan's per-fiber bookkeeping; the stack bounds
@@ -41,10 +44,11 @@ struct SwitchState {
   void* fake_stack = nullptr;
   const void* from_bottom = nullptr;
   size_t from_size = 0;
+  void* tsan_scheduler = nullptr;  // ThreadSanitizer's fiber of the scheduler, to switch back to (TSan builds)
 };
 
-// Scheduler side: run `*fiber` (on `stack`) until it switches back; `data` reaches the fiber.
-ctx::fcontext_t resume_fiber(ctx::fcontext_t fiber, const FiberStack& stack, void* data);
+// Scheduler side: run `*fiber` (on `stack`, its switch state `state`) until it switches back; `data` reaches it.
+ctx::fcontext_t resume_fiber(ctx::fcontext_t fiber, const FiberStack& stack, SwitchState& state, void* data);
 
 // Fiber side, first thing in the entry function: finishes the switch that started it.
 void fiber_started(SwitchState& self);
