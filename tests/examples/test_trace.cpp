@@ -213,7 +213,9 @@ TEST_F(TrainGptTrace, MergedTraceIsOnRankZerosClock) {
   EXPECT_EQ(rank0.at("otherData").at("clock_offset_us").get<double>(), 0.0);
   const double offset = rank1.at("otherData").at("clock_offset_us");
   const double uncertainty = rank1.at("otherData").at("clock_uncertainty_us");
-  EXPECT_GE(offset, 200e3 - uncertainty - 50) << "rank 1's clock started 200 ms late";
+  // About 200 ms: the ranks leave one barrier together only roughly (0.6 ms apart once on a loaded CI machine);
+  // the exact check against the host's monotonic clock is below.
+  EXPECT_GE(offset, 200e3 - uncertainty - 5e3) << "rank 1's clock started 200 ms late";
   EXPECT_LE(offset, 230e3);
 
   std::vector<double> own, shifted;  // rank 1's timestamps in its file and in the merged file, in file order
