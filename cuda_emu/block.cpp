@@ -284,11 +284,6 @@ void shuffle(std::vector<int>& order, uint64_t& rng) {  // Fisher-Yates
   for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[splitmix64(rng) % i]);
 }
 
-uint3 thread_index(int i, const dim3& block) {
-  const unsigned u = static_cast<unsigned>(i);
-  return {u % block.x, u / block.x % block.y, u / (block.x * block.y)};
-}
-
 void prepare(Worker& w, const KernelLaunch& launch, const Options& options) {
   w.launch = &launch;
   w.options = options;
@@ -370,6 +365,11 @@ void run_block(const KernelLaunch& launch, uint64_t block_index, const Options& 
 }
 
 bool inside_kernel() { return worker.launch != nullptr; }
+
+uint3 thread_index(int i, const dim3& block) {
+  const unsigned u = static_cast<unsigned>(i);
+  return {u % block.x, u / block.x % block.y, u / (block.x * block.y)};
+}
 
 unsigned char* dynamic_smem_base() { return running_worker("dynamic_smem").smem.get(); }
 

@@ -124,7 +124,6 @@ struct BlockCheck {
   uint3 thread_index = {};
   uintptr_t stack_lo = 0, stack_hi = 0;
   std::vector<uint32_t> warp_syncs;
-  std::vector<uint3> thread_indices;
   SmemRange dynamic;
   std::map<const void*, SmemRange> statics;  // kept across blocks: the cells are reused
   std::vector<SmemRange*> smem;              // the ranges of the running block
@@ -235,7 +234,7 @@ std::string by_thread(const BlockCheck& c, const void* pc) {
          by_thread(c, pc) + line("Address " + hex(a) + " " + where));
 }
 
-uint3 index_of(const BlockCheck& c, int thread) { return c.thread_indices[static_cast<size_t>(thread)]; }
+uint3 index_of(const BlockCheck& c, int thread) { return thread_index(thread, c.launch->block); }
 
 [[noreturn]] void report_race(const BlockCheck& c, const char* space, uintptr_t a, const std::string& region,
                               bool first_write, int first, const void* first_pc, bool second_write,
@@ -437,12 +436,6 @@ void check_block_begin(const KernelLaunch& launch, const Options& options, uint3
   c.block_id = next_epoch.fetch_add(1, std::memory_order_relaxed);
   new_interval(c);
   c.warp_syncs.assign(static_cast<size_t>((threads + warpSize - 1) / warpSize), 0);
-  c.thread_indices.resize(static_cast<size_t>(threads));
-  for (int i = 0; i < threads; ++i) {
-    const unsigned u = static_cast<unsigned>(i);
-    c.thread_indices[u] = {u % launch.block.x, u / launch.block.x % launch.block.y,
-                           u / (launch.block.x * launch.block.y)};
-  }
   c.smem.clear();
   if (dynamic_bytes > 0)
     c.smem.push_back(&prepare_range(c.dynamic, dynamic_smem, dynamic_bytes, "dynamic shared memory"));
@@ -455,7 +448,7 @@ void check_thread(int thread, const void* stack_bottom, size_t stack_bytes) {
   BlockCheck* c = current;
   if (c == nullptr) return;
   c->thread = thread;
-  c->thread_index = c->thread_indices[static_cast<size_t>(thread)];
+  c->thread_index = thread_index(thread, c->launch->block);
   c->stack_lo = reinterpret_cast<uintptr_t>(stack_bottom);
   c->stack_hi = c->stack_lo + stack_bytes;
 }

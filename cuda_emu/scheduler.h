@@ -56,6 +56,9 @@ void check_host_write(const void* dst, size_t bytes);
 // Runs block `block_index` (linear, x fastest) of `launch` on the calling OS thread.
 void run_block(const KernelLaunch& launch, uint64_t block_index, const Options& options);
 
+// The threadIdx of the block's `i`-th thread (x fastest).
+uint3 thread_index(int i, const dim3& block);
+
 // True while the calling OS thread is running a block (so a launch from a kernel can be refused).
 bool inside_kernel();
 

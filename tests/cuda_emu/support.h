@@ -36,6 +36,12 @@ class ScopedOptions {
   minidl::emu::Options saved_;
 };
 
+// x[i] = a * x[i] + b: a kernel whose result tells whether it ran, and how often (graph and stream tests).
+inline __global__ void affine_kernel(float* x, float a, float b, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) x[i] = a * x[i] + b;
+}
+
 // 1-based line of kernels.cu holding `marker` ("planted:divergent-low"), so reports can be matched exactly.
 inline int planted_line(const std::string& marker) {
   std::ifstream in(MINIDL_EMU_KERNELS_CU);

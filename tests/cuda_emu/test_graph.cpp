@@ -10,11 +10,6 @@
 namespace emu_test {
 namespace {
 
-// x[i] = a * x[i] + b
-__global__ void affine_kernel(float* x, float a, float b, int n) {
-  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < n) x[i] = a * x[i] + b;
-}
 // y[i] += x[i] * x[(i + 1) % n]: reads a neighbour another block may own, so it needs the previous kernel done.
 __global__ void mix_kernel(const float* x, float* y, int n) {
   const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
