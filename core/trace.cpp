@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -25,7 +26,13 @@ struct Recorder {
   double clock_offset_us = 0, clock_uncertainty_us = 0;
   std::vector<nlohmann::json> events;
   int next_tid = 0;
+  // Spans whose device interval is not read yet (DeviceTimer), and the device tracks by name.
+  std::vector<std::pair<std::string, void*>> device_pending;
+  std::map<std::string, int> device_tids;
 };
+
+// A span's device interval is read in batches: at finish(), and when this many wait.
+constexpr size_t kDeviceBatch = 256;
 
 Recorder& recorder() {
   static Recorder r;
@@ -35,6 +42,8 @@ Recorder& recorder() {
 // Installed once, when the device backend registers (before any span); atomics all the same, for a reinstall.
 std::atomic<void (*)(const char*)> range_push{nullptr};
 std::atomic<void (*)()> range_pop{nullptr};
+DeviceTimer device_timer;  // set before tracing starts
+thread_local bool t_device_timed = true;
 
 // This thread's track id, named on first use ("thread N" unless name_thread named it).
 thread_local int t_tid = -1;
@@ -50,6 +59,35 @@ int tid_locked(Recorder& r) {
                         {"args", {{"name", t_name.empty() ? "thread " + std::to_string(t_tid) : t_name}}}});
   }
   return t_tid;
+}
+
+int device_tid_locked(Recorder& r, const std::string& track) {
+  auto [it, added] = r.device_tids.try_emplace(track, r.next_tid);
+  if (added)
+    r.events.push_back(
+        {{"name", "thread_name"}, {"ph", "M"}, {"pid", r.pid}, {"tid", r.next_tid++}, {"args", {{"name", track}}}});
+  return it->second;
+}
+
+// Moves the read device intervals from device_pending into events; the rest stay (all are read if `wait`).
+void collect_locked(Recorder& r, bool wait) {
+  if (r.device_pending.empty()) return;
+  size_t kept = 0;
+  for (auto& [name, mark] : r.device_pending) {
+    double start_us = 0, end_us = 0;
+    const char* track = nullptr;
+    if (!device_timer.read(mark, wait, &start_us, &end_us, &track)) {
+      r.device_pending[kept++] = {std::move(name), mark};
+      continue;
+    }
+    r.events.push_back({{"name", std::move(name)},
+                        {"ph", "X"},
+                        {"ts", start_us},
+                        {"dur", end_us - start_us},
+                        {"pid", r.pid},
+                        {"tid", device_tid_locked(r, track)}});
+  }
+  r.device_pending.resize(kept);
 }
 
 }  // namespace
@@ -73,6 +111,8 @@ void start(const std::string& path, int pid) {
   r.start = Clock::now();
   r.clock_offset_us = r.clock_uncertainty_us = 0;
   r.events.clear();
+  r.device_tids.clear();
+  if (device_timer.restart) device_timer.restart();
   r.events.push_back(
       {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
   r.on = true;
@@ -82,6 +122,7 @@ std::string finish() {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
   if (!r.on.exchange(false)) return "";
+  collect_locked(r, /*wait=*/true);
   std::error_code ignored;  // every rank creates the directory at once
   std::filesystem::create_directories(std::filesystem::path(r.path).parent_path(), ignored);
   const std::string tmp = r.path + ".tmp";
@@ -112,6 +153,21 @@ void set_range_hooks(RangeHooks hooks) {
   range_pop = hooks.pop;
 }
 
+void set_device_timer(DeviceTimer timer) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  MINIDL_CHECK(!r.on, "trace: the device timer is set before tracing starts");
+  device_timer = timer;
+}
+
+void set_device_timing(bool on) { t_device_timed = on; }
+
+void collect_device_spans(bool wait) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.on) collect_locked(r, wait);
+}
+
 Span::Span(const char* name) {
   if (!enabled()) return;
   name_ = name;
@@ -129,16 +185,28 @@ void Span::begin() {
     push(name_.c_str());
     pushed_ = true;
   }
+  if (device_timer.begin) mark_ = device_timer.begin(t_device_timed);
   start_us_ = now_us();
 }
 
 Span::~Span() {
   if (pushed_)
     if (auto pop = range_pop.load(std::memory_order_relaxed)) pop();
-  if (start_us_ < 0 || !enabled()) return;
+  if (start_us_ < 0) return;
   const double end = now_us();
+  if (mark_) device_timer.end(mark_);
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.on) {  // finished while this span was open: nothing to record, only the mark to give back
+    double ignored_start = 0, ignored_end = 0;
+    const char* ignored_track = nullptr;
+    if (mark_) device_timer.read(mark_, /*wait=*/true, &ignored_start, &ignored_end, &ignored_track);
+    return;
+  }
+  if (mark_) {
+    r.device_pending.emplace_back(name_, mark_);
+    if (r.device_pending.size() >= kDeviceBatch) collect_locked(r, /*wait=*/false);
+  }
   r.events.push_back({{"name", name_},
                       {"ph", "X"},
                       {"ts", start_us_},

@@ -10,6 +10,11 @@
 // computed name only when enabled() (trace::Span s(trace::enabled() ? describe(a) : std::string())). Events are
 // kept in memory until finish(): a long run at a fine granularity grows (about 100 bytes an event).
 //
+// On a device, each span also gets the device's time: what the device's stream did between the span's start and
+// end (CUDA events; a backend installs set_device_timer), on a track of its own per stream ("device 0: compute
+// stream"), so a reader sees the kernels a forward launched run after the host has moved on. The device's
+// intervals are read once the device has passed them: at finish(), and whenever 256 spans wait to be read.
+//
 // The ranks' clocks are started after a barrier, but a rank may leave it later than another (descheduled on a
 // loaded host, or simply later in the barrier's tree): each rank's offset from rank 0's clock is measured where
 // MPI is (dist/clock_sync.h) and handed to set_clock_offset(); scripts/merge_traces.py adds it to the rank's
@@ -51,17 +56,42 @@ class Span {
   std::string name_;
   double start_us_ = -1;  // -1: not recording
   bool pushed_ = false;   // a range hook's push ran
+  void* mark_ = nullptr;  // the device timer's mark of its start
 };
 
 void counter(const std::string& name, std::initializer_list<std::pair<const char*, double>> values);
 
 // What a device backend installs so that every span recorded is also a range of the device profiler's timeline
-// (NVTX on CUDA: core/cuda/trace_ranges.cpp). push runs where a span starts, pop where it ends, on its thread;
+// (NVTX on CUDA: core/cuda/trace_hooks.cpp). push runs where a span starts, pop where it ends, on its thread;
 // spans are not recorded, and nothing is pushed, while tracing is off. Null hooks (the default) push nothing.
 struct RangeHooks {
   void (*push)(const char* name) = nullptr;
   void (*pop)() = nullptr;
 };
 void set_range_hooks(RangeHooks hooks);
+
+// What a device backend installs so that each span recorded also gets the device's time
+// (CUDA events on CUDA: core/cuda/trace_hooks.cpp). All four are called only while tracing is on.
+struct DeviceTimer {
+  // Marks where a span starts on the device stream this thread queues its work on; null when it has none (a thread
+  // that set_device_timing(false), a stream being captured into a graph). `thread_timed`: this thread's setting.
+  void* (*begin)(bool thread_timed) = nullptr;
+  // Marks where the span ends, on the same stream.
+  void (*end)(void* mark) = nullptr;
+  // The span's interval on the device, on the trace's clock (microseconds since start()), and the name of its
+  // stream's track: true, and the mark released, once the device has passed its end (waiting for that if `wait`);
+  // false while it has not.
+  bool (*read)(void* mark, bool wait, double* start_us, double* end_us, const char** track) = nullptr;
+  // A trace starts: the device clock is referred to the new start at the next mark.
+  void (*restart)() = nullptr;
+};
+void set_device_timer(DeviceTimer timer);
+
+// Whether this thread's spans are timed on the device (on by default). A thread that only waits and launches on
+// another stream turns it off: DDP's communication thread, whose collectives the backend times on their own stream.
+void set_device_timing(bool on);
+
+// Reads the device intervals of the spans the device has finished, waiting for the rest if `wait` (finish() does).
+void collect_device_spans(bool wait);
 
 }  // namespace minidl::trace

@@ -204,6 +204,15 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
   });
 }
 
+// A host function in stream order: it runs when the stream reaches it (at once with synchronous streams).
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  if (fn == nullptr) return fail(cudaErrorInvalidValue);
+  return minidl::emu::enqueue(stream, [=] {
+    fn(user_data);
+    return cudaSuccess;
+  });
+}
+
 // ---- streams and events: synchronous no-ops, or deferred streams (streams.cpp) ----
 using minidl::emu::detail::synchronize_device;
 using minidl::emu::detail::synchronize_event;

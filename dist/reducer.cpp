@@ -174,6 +174,7 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::comm_loop() {
   trace::name_thread("comm");
+  trace::set_device_timing(false);  // this thread's spans launch on the backend's stream, which times them itself
   for (;;) {
     Task task;
     {

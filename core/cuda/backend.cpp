@@ -122,13 +122,14 @@ const DeviceBackend kBackend{.allocate = backend_allocate,
 
 // Registers at static-init time: the backend library is linked whole (core/cuda/CMakeLists.txt), so this object
 // is in every program that links it, whether or not the program names anything of it.
-[[maybe_unused]] const bool registered = (register_device_backend(DeviceKind::kCUDA, &kBackend), true);
+// The trace hooks too (NVTX ranges, device time), so a program's --trace times its spans on the device.
+[[maybe_unused]] const bool registered = (install_backend(), true);
 
 }  // namespace
 
 void install_backend() {
   register_device_backend(DeviceKind::kCUDA, &kBackend);
-  install_trace_ranges();
+  install_trace_hooks();
 }
 
 void set_fill_kernel(FillKernel kernel) { fill_kernel = kernel; }

@@ -28,8 +28,27 @@ namespace minidl::cuda {
 // their own CUDA code (ops/cuda/tensor/register.h); minidl::cuda::register_backend() (dist/cuda/backend.h) does
 // every layer at once.
 void install_backend();
-// Makes every trace span an NVTX range (core/cuda/trace_ranges.cpp); install_backend() does.
-void install_trace_ranges();
+// Makes every trace span an NVTX range and times it on the device (core/cuda/trace_hooks.cpp); install_backend()
+// does.
+void install_trace_hooks();
+
+// While one lives, the trace spans this thread starts are timed on `stream` of `device`, on the track "device
+// <device>: <name>", instead of on the device's compute stream: the NCCL process group times each collective on
+// its communication stream (from DDP's communication thread, whose own spans are not timed on the device).
+class TraceStream {
+ public:
+  TraceStream(cudaStream_t stream, int device, const char* name);
+  ~TraceStream();
+  TraceStream(const TraceStream&) = delete;
+  TraceStream& operator=(const TraceStream&) = delete;
+
+  cudaStream_t stream;
+  int device;
+  const char* name;
+
+ private:
+  const TraceStream* outer_;
+};
 
 // The kernel behind DeviceBackend::fill for values that are not one repeated byte (those are a memset):
 // dst[0..n) = the low element_bytes (2, 4 or 8) bytes of `pattern`. Core has no kernels of its own: ops/cuda
@@ -44,6 +63,8 @@ std::string device_name(int device);
 
 // The device's compute stream, created on first use (non-blocking with respect to the legacy default stream).
 cudaStream_t current_stream(int device);
+// The same stream if this process has used the device, null if not (and none is created).
+cudaStream_t existing_stream(int device);
 
 // ---- the caching allocator ----
 // A block of at least `bytes` (rounded up to kBlockRound, the size it is cached and charged by; returned in

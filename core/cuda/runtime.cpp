@@ -1,4 +1,5 @@
 // Streams, events, the device guard, pinned buffers and CUDA error messages (contracts in core/cuda/cuda.h).
+#include <atomic>
 #include <mutex>
 #include <utility>
 
@@ -35,17 +36,26 @@ std::string device_name(int device) {
 #endif
 }
 
+namespace {
+constexpr int kMaxDevices = 16;
+// Never destroyed: the runtime may already be torn down when static destructors run.
+std::atomic<cudaStream_t> compute_streams[kMaxDevices] = {};
+}  // namespace
+
 cudaStream_t current_stream(int device) {
-  constexpr int kMaxDevices = 16;
   MINIDL_CHECK(device >= 0 && device < kMaxDevices, "current_stream: device index ", device, " is out of range");
   static std::once_flag once[kMaxDevices];
-  static cudaStream_t streams[kMaxDevices] = {};
-  // Never destroyed: the runtime may already be torn down when static destructors run.
   std::call_once(once[device], [device] {
     DeviceGuard guard(device);
-    MINIDL_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
+    cudaStream_t stream = nullptr;
+    MINIDL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    compute_streams[device] = stream;
   });
-  return streams[device];
+  return compute_streams[device];
+}
+
+cudaStream_t existing_stream(int device) {
+  return device >= 0 && device < kMaxDevices ? compute_streams[device].load() : nullptr;
 }
 
 DeviceGuard::DeviceGuard(int device) {

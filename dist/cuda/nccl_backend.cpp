@@ -1,5 +1,10 @@
 #include "dist/cuda/nccl_backend.h"
 
+#include <algorithm>
+#include <cstdio>
+
+#include "core/trace.h"
+
 #include "dist/cuda/tensor_kernels.h"
 
 namespace minidl::dist {
@@ -105,12 +110,26 @@ void NcclProcessGroup::watch_async_errors() {
   watch_ = std::make_unique<AsyncErrorWatch>(label(), [this] { return async_error(); });
 }
 
+// "nccl all-reduce 4.0 MiB": a collective's span in a trace, with the larger of its buffers.
+static std::string describe(const char* what, const std::vector<Tensor>& tensors) {
+  size_t bytes = 0;
+  for (const Tensor& t : tensors) bytes = std::max(bytes, t.nbytes());
+  char size[32];
+  std::snprintf(size, sizeof size, " %.1f MiB", double(bytes) / (1 << 20));
+  return what + std::string(size);
+}
+
 template <class Launch>
-std::shared_ptr<Work> NcclProcessGroup::enqueue(std::vector<Tensor> tensors, Launch&& launch) {
+std::shared_ptr<Work> NcclProcessGroup::enqueue(const char* what, std::vector<Tensor> tensors, Launch&& launch) {
   transport_->flush();  // point-to-point queued before this goes first, in the order every rank posted it
   cuda::DeviceGuard guard(device().index);
   transport_->wait_for_compute();
-  launch(transport_->stream());
+  {
+    // In a trace: the collective's time on the communication stream (core/cuda/trace_hooks.cpp).
+    const cuda::TraceStream timed(transport_->stream(), device().index, "communication stream");
+    const trace::Span span(trace::enabled() ? describe(what, tensors) : std::string());
+    launch(transport_->stream());
+  }
   auto done = std::make_shared<cuda::Event>(false);
   done->record(transport_->stream());
   return std::make_shared<NcclWork>(device(), std::move(done), std::move(tensors));
@@ -125,7 +144,7 @@ static void copy_for_group_of_one(Tensor& output, const Tensor& input, cudaStrea
 }
 
 std::shared_ptr<Work> NcclProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp op) {
-  return enqueue({tensor}, [&](cudaStream_t stream) {
+  return enqueue("nccl all-reduce", {tensor}, [&](cudaStream_t stream) {
     if (size() == 1) return;
     void* data = tensor.raw_device_data();
     MINIDL_NCCL_CHECK(ncclAllReduce(data, data, size_t(tensor.numel()), nccl_type(tensor.dtype()), nccl_op(op),
@@ -135,7 +154,7 @@ std::shared_ptr<Work> NcclProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp o
 }
 
 std::shared_ptr<Work> NcclProcessGroup::do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
-  return enqueue({output, input}, [&](cudaStream_t stream) {
+  return enqueue("nccl reduce-scatter", {output, input}, [&](cudaStream_t stream) {
     if (size() == 1) return copy_for_group_of_one(output, input, stream);
     MINIDL_NCCL_CHECK(ncclReduceScatter(input.raw_device_data(), output.raw_device_data(), size_t(output.numel()),
                                         nccl_type(output.dtype()), nccl_op(op), transport_->comm(), stream));
@@ -144,7 +163,7 @@ std::shared_ptr<Work> NcclProcessGroup::do_reduce_scatter(Tensor& output, const 
 }
 
 std::shared_ptr<Work> NcclProcessGroup::do_all_gather(Tensor& output, const Tensor& input) {
-  return enqueue({output, input}, [&](cudaStream_t stream) {
+  return enqueue("nccl all-gather", {output, input}, [&](cudaStream_t stream) {
     if (size() == 1) return copy_for_group_of_one(output, input, stream);
     MINIDL_NCCL_CHECK(ncclAllGather(input.raw_device_data(), output.raw_device_data(), size_t(input.numel()),
                                     nccl_type(input.dtype()), transport_->comm(), stream));
@@ -152,7 +171,7 @@ std::shared_ptr<Work> NcclProcessGroup::do_all_gather(Tensor& output, const Tens
 }
 
 std::shared_ptr<Work> NcclProcessGroup::do_broadcast(Tensor& tensor, int root) {
-  return enqueue({tensor}, [&](cudaStream_t stream) {
+  return enqueue("nccl broadcast", {tensor}, [&](cudaStream_t stream) {
     if (size() == 1) return;
     void* data = tensor.raw_device_data();
     MINIDL_NCCL_CHECK(

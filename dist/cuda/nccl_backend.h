@@ -48,10 +48,10 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> do_barrier() override;
 
  private:
-  // Runs launch(stream) on the communication stream after the compute stream's queued work; the Work keeps
-  // `tensors` alive until it is waited on.
+  // Runs launch(stream) on the communication stream after the compute stream's queued work, as the span `what`
+  // (timed on that stream) in a trace; the Work keeps `tensors` alive until it is waited on.
   template <class Launch>
-  std::shared_ptr<Work> enqueue(std::vector<Tensor> tensors, Launch&& launch);
+  std::shared_ptr<Work> enqueue(const char* what, std::vector<Tensor> tensors, Launch&& launch);
 
   std::unique_ptr<NcclTransport> transport_;
   std::unique_ptr<AsyncErrorWatch> watch_;  // destroyed first (the destructor): the watchdog polls the transport

@@ -1,5 +1,7 @@
 #include "dist/cuda/nccl_transport.h"
 
+#include "core/trace.h"
+
 #include "dist/init.h"
 
 namespace minidl::dist {
@@ -97,10 +99,15 @@ void NcclTransport::flush_locked() {
   if (pending_.empty()) return;
   cuda::DeviceGuard guard(device_.index);
   wait_for_compute();  // a send may read what a kernel on the compute stream has just written
-  if (size_ == 1) {
-    copy_to_self_locked();
-  } else {
-    issue_group_locked();
+  {
+    // In a trace: the group's time on the communication stream (core/cuda/trace_hooks.cpp).
+    const cuda::TraceStream timed(stream_, device_.index, "communication stream");
+    const trace::Span span(trace::enabled() ? "nccl send/recv x" + std::to_string(pending_.size()) : std::string());
+    if (size_ == 1) {
+      copy_to_self_locked();
+    } else {
+      issue_group_locked();
+    }
   }
   auto done = std::make_shared<cuda::Event>(false);
   done->record(stream_);

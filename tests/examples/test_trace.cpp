@@ -152,6 +152,75 @@ TEST_F(TrainGptTrace, StepsAndTheirCommunication) {
   EXPECT_TRUE(fs::exists(path("trace") + "/merged.json"));
 }
 
+// --device cuda --dp 2 (the emulated device, its streams deferred as a GPU's run behind the host): every rank's
+// trace has a track per stream. The compute stream's has each step's forward, backward and optimizer; the
+// communication stream's has the NCCL collectives. A stream runs one thing at a time, so two spans on its track
+// are nested or apart; no device span starts before the host span that queued it; and what the streams' order
+// forces is there: in every step a bucket's all-reduce runs after the backward started (it reduces the backward's
+// gradients) and before the optimizer starts (the compute stream waits for it).
+TEST_F(TrainGptTrace, DeviceTimeOnEachStream) {
+#if !defined(TRAIN_GPT_EMULATED_CUDA)
+  GTEST_SKIP() << "needs the emulated CUDA build (-DMINIDL_CUDA_EMULATION=ON)";
+#endif
+  const int steps = 3;
+  Result r = run_with(mpiexec(2), "--data " + path("tiny.txt") +
+                                      " --layers 2 --heads 2 --embd 32 --seq 16 --batch 4 --threads 1 "
+                                      "--eval-windows 4 --log-every 1000 --device cuda --dp 2 --steps " +
+                                      std::to_string(steps) + " --trace " + path("trace"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  constexpr double kTolUs = 1000;  // the device clock's placement on the trace's (core/cuda/trace_hooks.cpp)
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const nlohmann::json trace = read_trace(path("trace"), rank);
+    ASSERT_TRUE(trace.contains("traceEvents")) << "no trace file";
+    std::map<int, std::string> tracks = tracks_of(trace);
+    std::map<std::string, std::vector<Span>> by_track;
+    for (const Span& s : spans_of(trace)) by_track[tracks[s.tid]].push_back(s);
+    const std::vector<Span>& compute = by_track["device 0: compute stream"];
+    const std::vector<Span>& comm = by_track["device 0: communication stream"];
+    ASSERT_FALSE(compute.empty()) << "no compute stream track";
+    ASSERT_FALSE(comm.empty()) << "no communication stream track";
+    const std::vector<Span> forwards = named(compute, "forward"), backwards = named(compute, "backward"),
+                            optimizers = named(compute, "optimizer");
+    ASSERT_EQ(int(forwards.size()), steps);
+    ASSERT_EQ(int(backwards.size()), steps);
+    ASSERT_EQ(int(optimizers.size()), steps);
+    for (const Span& s : comm) EXPECT_TRUE(s.starts_with("nccl ")) << s.name;
+    for (const Span& s : compute)  // the communication thread's spans are timed only on the collectives' stream
+      EXPECT_FALSE(s.starts_with("bucket") || s.starts_with("nccl ")) << s.name;
+
+    for (const auto& [track, spans] : by_track) {
+      if (track.rfind("device", 0) != 0) continue;
+      for (size_t i = 0; i < spans.size(); ++i)
+        for (size_t j = i + 1; j < spans.size() && spans[j].ts < spans[i].end(); ++j)
+          EXPECT_LE(spans[j].end(), spans[i].end() + 1)
+              << track << ": " << spans[i].name << " and " << spans[j].name << " overlap without nesting";
+    }
+    // Each device span against the host span of the same name and rank in order.
+    std::map<std::string, std::vector<Span>> host;
+    for (const auto& [track, spans] : by_track)
+      if (track.rfind("device", 0) != 0)
+        for (const Span& s : spans) host[s.name].push_back(s);
+    for (auto& [name, spans] : host)
+      std::stable_sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.ts < b.ts; });
+    for (const std::vector<Span>* track : {&compute, &comm}) {
+      std::map<std::string, size_t> seen;
+      for (const Span& d : *track) {
+        const size_t k = seen[d.name]++;
+        ASSERT_LT(k, host[d.name].size()) << "a device span without its host span: " << d.name;
+        EXPECT_GE(d.ts, host[d.name][k].ts - kTolUs) << d.name << " started on the device before the host queued it";
+      }
+    }
+    for (int k = 0; k < steps; ++k) {
+      bool reduced = false;
+      for (const Span& s : comm)
+        reduced |= s.starts_with("nccl all-reduce") && s.ts >= backwards[k].ts - kTolUs &&
+                   s.end() <= optimizers[k].ts + kTolUs;
+      EXPECT_TRUE(reduced) << "step " << k + 1 << ": no all-reduce between the backward's start and the optimizer";
+    }
+  }
+}
+
 // --pp 2 with 4 micro-batches: each stage's idle time read off its trace is the bubble the run measures. From the
 // trace, idle is the time of the schedule's span ("schedule": the window Stage::Timing divides by) that the stage
 // spent outside computing: less its forward and backward spans, to which the waits for a peer nested in them are
