@@ -24,9 +24,9 @@ Rows (never invented; the sources are named in each row's note):
     discussion #481, "The mean per-step time was 140ms"; its main.log has 19,560 steps, 10.26B tokens, i.e.
     524,288 a step. Taken as SXM (the h100-sxm preset), an assumption: "H100 80GB HBM3" is the name nvidia-smi
     gives the SXM part (the PCIe card is "H100 PCIe", the NVL "H100 NVL").
-  - 1558M on 8X H100 80GB SXM: scripts/run_gpt2_1558M.sh at commit c6efd90a (discussion #677, "Reproducing GPT-2
-    (1.5B) in llm.c in 24 hours for $672"): d48 (48 layers, 25 heads, 1,600), -b 16 -t 1024 -d 1048576 (8
-    micro-batches), "on 8X H100 80GB SXM ($28/hr) steps in 2.80s/iter".
+  - 1558M on 8X H100 80GB SXM: scripts/run_gpt2_1558M.sh at commit c6efd90a (the run of discussion #677, GPT-2
+    1558M "on a single 8XH100 node in 24 hours, and for $672"): d48 (48 layers, 25 heads, 1,600), -b 16 -t 1024
+    -d 1048576 (8 micro-batches), "on 8X H100 80GB SXM ($28/hr) steps in 2.80s/iter".
 """
 import argparse
 import json
