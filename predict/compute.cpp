@@ -134,6 +134,19 @@ std::vector<OpCost> optimizer_ops(double params, double cast_params, DType amp) 
   return ops;
 }
 
+std::vector<OpCost> zero_ops(int stage, double params, double block_params, int micro_batches, DType amp, bool cpu) {
+  if (stage == 1) return {{"ZeRO-1 gradient buckets zeroed", OpClass::kElementwise, 0, 4 * params}};
+  if (stage != 2 && stage != 3) return {};
+  const double first_gradient = cpu && amp == DType::f32 ? 8 : -4;  // a fresh copy, less DDP's add where it has one
+  std::vector<OpCost> ops{{"ZeRO-2/3 gradient buckets zero-filled", OpClass::kElementwise, 0, 4 * params},
+                          {"ZeRO-2/3 gradients into fresh tensors and the buckets", OpClass::kElementwise, 0,
+                           (8 + first_gradient) * params}};
+  if (stage == 3 && amp != DType::f32)
+    ops.push_back(
+        {"ZeRO-3 16-bit casts per gather", OpClass::kElementwise, 0, 6 * (2 * micro_batches - 1) * block_params});
+  return ops;
+}
+
 double model_flops_per_token(const nn::GPTConfig& m, int64_t seq) {
   const double C = double(m.n_embd), L = double(m.n_layer);
   const double block = m.bias ? 12 * C * C + 13 * C : 12 * C * C + 2 * C;

@@ -70,6 +70,27 @@ std::vector<OpCost> embedding_backward_ops(const ComputeQuery& q);
 // AdamW over `params` f32 parameters (reads p, g, m, v, writes p, m, v: 28 bytes each), the gradient norm (4) and
 // the gradients' zeroing (4); with amp, the 16-bit weight copies of `cast_params` parameters (4 read + 2 written).
 std::vector<OpCost> optimizer_ops(double params, double cast_params, DType amp);
+// What ZeRO stage 1-3 moves in memory per step on one rank beyond what DDP moves for the same step, over the
+// rank's Ψ = `params` parameters (f32; `block_params` of them in blocks), M micro-batches; `cpu`: Machine::cpu.
+//   stage 1  gather_parameters() zeroes every gradient bucket (the part outside this rank's shard still holds its
+//            unreduced gradients; zero_grad() zeroes only the shard, counted in optimizer_ops):        4Ψ written.
+//            The gradients land in the buckets as under DDP, and the all-gather writes the parameters in place
+//            (they are views of the flat buffer): nothing else.
+//   stage 2, 3  the buckets live from their first gradient to their reduce-scatter, and .grad() is dropped with
+//            them (ReducerOptions::release_buffers), so every step
+//            - allocates each bucket zero-filled (Reducer::allocate):                                   4Ψ written;
+//            - copies each gradient into its bucket slot (Reducer::adopt):                          8Ψ (4 + 4);
+//            - begins with .grad() undefined: autograd writes the first micro-batch's gradient to a fresh tensor
+//              and copies it (AccumulateGrad, 8Ψ) where DDP adds into its bucket. On the CPU in f32 DDP's add is
+//              inside the weight GEMM (nothing extra), so the copy counts 8Ψ; elsewhere DDP's add moves 12Ψ,
+//              which no layout counts, so the copy counts 8Ψ − 12Ψ = −4Ψ.
+//            So 20Ψ on the CPU in f32, 8Ψ elsewhere; the later micro-batches accumulate as DDP's do.
+//   stage 3 with amp  each block is cast to 16 bits after each gather, before its forward and its backward in every
+//            micro-batch (ZeroStage3::ensure_gathered, 4 read + 2 written), where DDP's autocast casts once a step
+//            (optimizer_ops):                                                      6·(2M − 1)·block_params.
+// Left out: the flat buffers' padding (< dp elements a bucket), and what the collectives do themselves (the MPI
+// backend's division for the average: 8Ψ/dp after ZeRO's reduce-scatter, 8Ψ after DDP's all-reduce).
+std::vector<OpCost> zero_ops(int stage, double params, double block_params, int micro_batches, DType amp, bool cpu);
 
 // The model's FLOPs per token, nanoGPT's convention as nn::GPT::flops_per_token: 6 per parameter but wpe's,
 // plus 12·L·C·T for attention.

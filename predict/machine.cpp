@@ -36,7 +36,8 @@ std::vector<Machine> built_in() {
        {3.4 * kUs, 300 * kGB},
        {14 * kUs, 25 * kGB},
        kGpuEfficiency,
-       "NVIDIA A100 80GB SXM4 datasheet; DGX A100 (8 GPUs, NVLink 600 GB/s, IB HDR 200 Gb/s per GPU)"},
+       "NVIDIA A100 80GB SXM4 datasheet; DGX A100 (8 GPUs, NVLink 600 GB/s, IB HDR 200 Gb/s per GPU)",
+       false},
       // H100 SXM5 datasheet: 989 TFLOP/s bf16 dense, 67 FP32, 3350 GB/s HBM3, 80 GB; NVLink 4 900 GB/s (both
       // directions); DGX H100: one NDR port (400 Gb/s = 50 GB/s) per GPU.
       {"h100-sxm",
@@ -48,7 +49,8 @@ std::vector<Machine> built_in() {
        {3.4 * kUs, 450 * kGB},
        {14 * kUs, 50 * kGB},
        kGpuEfficiency,
-       "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, NVLink 900 GB/s, IB NDR 400 Gb/s per GPU)"},
+       "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, NVLink 900 GB/s, IB NDR 400 Gb/s per GPU)",
+       false},
       // H200 SXM datasheet: the H100's compute (989 bf16 dense, 67 FP32), 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s;
       // HGX H200 nodes: 400 Gb/s per GPU.
       {"h200-sxm",
@@ -60,7 +62,8 @@ std::vector<Machine> built_in() {
        {3.4 * kUs, 450 * kGB},
        {14 * kUs, 50 * kGB},
        kGpuEfficiency,
-       "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, NVLink 900 GB/s, 400 Gb/s per GPU)"},
+       "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, NVLink 900 GB/s, 400 Gb/s per GPU)",
+       false},
       // A100 80GB PCIe datasheet: 312 TFLOP/s bf16 dense, 19.5 FP32, 1935 GB/s, 80 GB; GPUs talk over PCIe 4.0
       // x16 (16 GT/s x 16 lanes = 32 GB/s each way), nodes over 100 Gb/s Ethernet (12.5 GB/s) shared by the 8.
       {"a100-pcie",
@@ -72,7 +75,8 @@ std::vector<Machine> built_in() {
        {3.4 * kUs, 32 * kGB},
        {14 * kUs, 12.5 * kGB / 8},
        kGpuEfficiency,
-       "NVIDIA A100 80GB PCIe datasheet; PCIe 4.0 x16 between GPUs, one 100 GbE port per node"},
+       "NVIDIA A100 80GB PCIe datasheet; PCIe 4.0 x16 between GPUs, one 100 GbE port per node",
+       false},
   };
 }
 
@@ -121,6 +125,7 @@ Machine load_machine(const std::string& path) {
   m.eff = {positive(j["eff"], "gemm", path), positive(j["eff"], "attention", path),
            positive(j["eff"], "elementwise", path)};
   m.source = j.value("source", std::string(path));
+  m.cpu = j.value("cpu", false);
   m.validate();
   return m;
 }
@@ -136,7 +141,8 @@ std::string machine_to_json(const Machine& m) {
       {"intra", {{"alpha", m.intra.alpha}, {"beta", m.intra.beta}}},
       {"inter", {{"alpha", m.inter.alpha}, {"beta", m.inter.beta}}},
       {"eff", {{"gemm", m.eff.gemm}, {"attention", m.eff.attention}, {"elementwise", m.eff.elementwise}}},
-      {"source", m.source}};
+      {"source", m.source},
+      {"cpu", m.cpu}};
   return j.dump(2);
 }
 

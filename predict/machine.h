@@ -42,6 +42,9 @@ struct Machine {
   Link intra, inter;         // within a node, between nodes
   OpEfficiency eff;
   std::string source;  // where the numbers come from, one line
+  // The ranks are CPU processes running minidl's CPU kernels, whose f32 weight gradients are added into .grad() by
+  // the GEMM itself (autograd/functions/product_operand.h): what ZeRO's dropped gradients cost depends on it.
+  bool cpu = false;
 
   double peak_flops(DType amp) const { return amp == DType::f32 ? peak_flops_32 : peak_flops_16; }
   // Throws naming the field unless every quantity is positive.

@@ -149,6 +149,9 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
   // ---- optimizer ----
   const double updated = l.zero >= 1 ? rank0_params / l.dp : rank0_params;
   out.time.optimizer = ops_seconds(optimizer_ops(updated, rank0_params, l.amp), m, l.amp);
+  // ZeRO-3 runs with pp = 1 only: the first rank's blocks are all of them.
+  out.time.zero_copies =
+      ops_seconds(zero_ops(l.zero, rank0_params, double(blocks[0]) * whole.block, M, l.amp, m.cpu), m, l.amp);
 
   // ---- memory: the rank holding the most blocks, its activations times the chunks in flight ----
   nn::GPTConfig worst = model;

@@ -24,6 +24,8 @@
 //   (predict/overlap.h). ZeRO 1-2 then all-gather the updated parameters (exposed); ZeRO-3 also gathers every
 //   block before its forward and its backward, each gather prefetched during the previous block's compute.
 // - optimizer: AdamW's pass over the rank's parameters (its shard under ZeRO), a memory-bound op.
+// - ZeRO's copies: the memory-bound work ZeRO 1-3 do beyond DDP's (predict/compute.h: zero_ops), on the rank's
+//   critical path (the main thread copies and zeroes the gradient buckets, and casts ZeRO-3's gathered blocks).
 // - memory: train::predict_memory's formulas by tag for the rank holding the most blocks, its activations times
 //   the micro-batch chunks simulate() finds in flight on it (1F1B: up to p on the first rank).
 // Efficiency against one GPU: the same global batch and micro-batch on one GPU (accumulating), over N times this
@@ -63,13 +65,14 @@ std::string describe(const Layout& l);  // "dp 8 tp 4 pp 1 M 8 zero 1 bf16 ..."
 
 // Seconds per optimizer step, by where they go. total() is their sum.
 struct StepTime {
-  double compute = 0;    // forward, backward and recompute of M micro-batches on the busiest rank
-  double tp_comm = 0;    // tensor parallelism's collectives (blocking, inside forward and backward)
-  double pp_comm = 0;    // pipeline sends and receives exposed on the fill and drain; the tied embedding's all-reduce
-  double dp_comm = 0;    // data parallelism's exposed collectives (last buckets, ZeRO's gathers)
-  double bubble = 0;     // pipeline idle time on the busiest rank
-  double optimizer = 0;  // AdamW (and the 16-bit weight copies)
-  double total() const { return compute + tp_comm + pp_comm + dp_comm + bubble + optimizer; }
+  double compute = 0;      // forward, backward and recompute of M micro-batches on the busiest rank
+  double tp_comm = 0;      // tensor parallelism's collectives (blocking, inside forward and backward)
+  double pp_comm = 0;      // pipeline sends and receives exposed on the fill and drain; the tied embedding's all-reduce
+  double dp_comm = 0;      // data parallelism's exposed collectives (last buckets, ZeRO's gathers)
+  double bubble = 0;       // pipeline idle time on the busiest rank
+  double optimizer = 0;    // AdamW (and the 16-bit weight copies)
+  double zero_copies = 0;  // ZeRO's gradient copies, bucket zeroing and per-gather casts beyond DDP's (zero_ops)
+  double total() const { return compute + tp_comm + pp_comm + dp_comm + bubble + optimizer + zero_copies; }
 };
 
 struct Prediction {

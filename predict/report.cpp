@@ -46,7 +46,8 @@ nlohmann::json to_json(const Prediction& p) {
             {"dp_comm_exposed", t.dp_comm * kMs},
             {"dp_comm_total", p.dp_comm_total * kMs},
             {"bubble", t.bubble * kMs},
-            {"optimizer", t.optimizer * kMs}}},
+            {"optimizer", t.optimizer * kMs},
+            {"zero_copies", t.zero_copies * kMs}}},
           {"compute_by_class_ms",
            {{"gemm", p.compute_by_class.gemm * kMs},
             {"attention", p.compute_by_class.attention * kMs},
@@ -99,6 +100,7 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
   row(dp.c_str(), t.dp_comm);
   row("pipeline bubble", t.bubble);
   row("optimizer", t.optimizer);
+  row("ZeRO copies and zeroing", t.zero_copies);
   out += line("%-44s %10.3f\n", "total", total * kMs);
   out += line("compute by op class: products %.3f ms, attention %.3f, memory-bound ops %.3f\n",
               p.compute_by_class.gemm * kMs, p.compute_by_class.attention * kMs, p.compute_by_class.elementwise * kMs);

@@ -102,6 +102,7 @@ def main():
         "intra": {"alpha": alpha, "beta": beta},
         "inter": {"alpha": alpha, "beta": beta},
         "eff": {"gemm": 1.0, "attention": attention, "elementwise": elementwise},
+        "cpu": True,
         "source": "scripts/predict_calibrate.py on {}, {} cores: sgemm {:.1f} GFLOP/s, copy {:.1f} GB/s, mpi "
                   "all-reduce alpha {:.1f} us beta {:.2f} GB/s (one host: inter = intra)".format(
                       cpu_name(), cores, peak / 1e9, copy / 1e9, alpha * 1e6, beta / 1e9),

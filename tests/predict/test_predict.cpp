@@ -2,6 +2,8 @@
 // formula's), its breakdown adds up, its compute follows the roofline, and --plan ranks by predicted time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "dist/pipeline.h"
 #include "predict/compute.h"
 #include "predict/predict.h"
@@ -113,7 +115,7 @@ TEST(PredictStep, BreakdownAddsUpAndRatesFollowFromIt) {
   l.micro_batches = 2;
   const Prediction p = predict(w, l, toy_machine());
   const StepTime& t = p.time;
-  EXPECT_DOUBLE_EQ(t.total(), t.compute + t.tp_comm + t.pp_comm + t.dp_comm + t.bubble + t.optimizer);
+  EXPECT_DOUBLE_EQ(t.total(), t.compute + t.tp_comm + t.pp_comm + t.dp_comm + t.bubble + t.optimizer + t.zero_copies);
   EXPECT_NEAR(p.compute_by_class.total(), t.compute, 1e-12 * t.compute);
   EXPECT_GT(t.tp_comm, 0);
   EXPECT_GT(t.pp_comm, 0);
@@ -121,6 +123,44 @@ TEST(PredictStep, BreakdownAddsUpAndRatesFollowFromIt) {
   EXPECT_DOUBLE_EQ(p.tokens_per_s, 24.0 * 64 / t.total());
   EXPECT_DOUBLE_EQ(p.mfu, p.model_flops / (t.total() * 8 * 1e12));
   EXPECT_DOUBLE_EQ(p.efficiency, p.single_gpu_step / (8 * t.total()));
+}
+
+TEST(PredictZero, CopiesAreTheBytesZeroMovesBeyondDdp) {
+  // The baby config's parameters: 4 blocks of 12C² + 13C, wte (65·C), wpe (64·C) and ln_f (2C) at C = 128.
+  const double C = 128, blocks = 4 * (12 * C * C + 13 * C), params = blocks + 65 * C + 64 * C + 2 * C;
+  auto bytes = [](const std::vector<OpCost>& ops) {
+    double b = 0;
+    for (const OpCost& op : ops) b += op.bytes;
+    return b;
+  };
+  EXPECT_DOUBLE_EQ(bytes(zero_ops(0, params, blocks, 1, DType::f32, true)), 0);
+  // ZeRO-1: every gradient bucket zeroed after the gather, 4 bytes a parameter.
+  EXPECT_DOUBLE_EQ(bytes(zero_ops(1, params, blocks, 1, DType::f32, true)), 4 * params);
+  // ZeRO-2 and 3 on the CPU in f32: the zero-filled bucket (4), the copy into it (8) and the fresh .grad() (8)
+  // where DDP's GEMM adds in place; elsewhere the fresh copy replaces DDP's add of 12: 4 + 8 − 4.
+  EXPECT_DOUBLE_EQ(bytes(zero_ops(2, params, blocks, 4, DType::f32, true)), 20 * params);
+  EXPECT_DOUBLE_EQ(bytes(zero_ops(2, params, blocks, 4, DType::bf16, true)), 8 * params);
+  EXPECT_DOUBLE_EQ(bytes(zero_ops(2, params, blocks, 4, DType::f32, false)), 8 * params);
+  EXPECT_DOUBLE_EQ(bytes(zero_ops(3, params, blocks, 1, DType::f32, true)), 20 * params);
+  // ZeRO-3 with amp: each block cast (4 read + 2 written) after its 2 gathers in each of 4 micro-batches, less
+  // DDP's one cast a step.
+  EXPECT_DOUBLE_EQ(bytes(zero_ops(3, params, blocks, 4, DType::bf16, false)), 8 * params + 6 * 7 * blocks);
+
+  // In a prediction: the same bytes over the memory-bound ops' bandwidth (100 GB/s × 0.5), dp 2, M 2.
+  Machine m = toy_machine();
+  m.eff.elementwise = 0.5;
+  m.cpu = true;
+  const Workload w{baby(), 24};
+  Layout l;
+  l.dp = 2;
+  l.micro_batches = 2;
+  EXPECT_DOUBLE_EQ(predict(w, l, m).time.zero_copies, 0);
+  for (int stage : {1, 2, 3}) {
+    l.zero = stage;
+    const Prediction p = predict(w, l, m);
+    EXPECT_NEAR(p.time.zero_copies, (stage == 1 ? 4 : 20) * params / 50e9, 1e-15) << "ZeRO-" << stage;
+    EXPECT_DOUBLE_EQ(p.time.total(), p.time.compute + p.time.dp_comm + p.time.optimizer + p.time.zero_copies);
+  }
 }
 
 TEST(PredictStep, RefusesWhatCannotRunNamingWhy) {
@@ -142,16 +182,23 @@ TEST(PredictStep, RefusesWhatCannotRunNamingWhy) {
 }
 
 TEST(PredictPlan, RanksByPredictedTimeAndSaysWhyOthersAreRefused) {
-  // 2 GPUs with communication almost free: splitting the batch (dp 2) halves every op; tp 2 leaves the layer norms
-  // and the stream replicated, pp 2 idles in its bubble. So dp 2 comes first and every valid row is at least as
-  // slow as the one before.
+  // 2 GPUs with communication almost free: splitting the batch (dp 2) halves every op but the optimizer's, which
+  // ZeRO halves at the price of its copies; tp 2 with sequence parallelism halves them all without those copies;
+  // tp 2 without it leaves the layer norms and the stream replicated, pp 2 idles in its bubble. So tp 2 with
+  // sequence parallelism comes first, then dp 2 with ZeRO, and every valid row is at least as slow as the one before.
   Machine m = toy_machine();
   m.intra = m.inter = {0.0, 1e18};
   const Workload w{baby(), 12};
   const std::vector<PlanRow> rows = plan(w, 2, DType::f32, m, 1e12);
   ASSERT_FALSE(rows.empty());
   ASSERT_TRUE(rows[0].refused.empty());
-  EXPECT_EQ(rows[0].layout.dp, 2);
+  EXPECT_EQ(rows[0].layout.tp, 2);
+  EXPECT_TRUE(rows[0].layout.sequence_parallel);
+  const auto first_dp = std::find_if(rows.begin(), rows.end(), [](const PlanRow& r) { return r.layout.dp == 2; });
+  const auto first_tp_alone = std::find_if(
+      rows.begin(), rows.end(), [](const PlanRow& r) { return r.layout.tp == 2 && !r.layout.sequence_parallel; });
+  EXPECT_LT(first_dp, first_tp_alone);
+  EXPECT_GT(first_dp->layout.zero, 0);
   bool seen_refused = false, zero3_pp_refused = false;
   for (size_t i = 1; i < rows.size(); ++i) {
     if (!rows[i].refused.empty()) {
