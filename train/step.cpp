@@ -80,6 +80,9 @@ struct Executor {
   }
 
   void run(const Action& a) {
+    // Every action but the step's end is a span (its waits for peers nested in it); the step's end only waits.
+    std::optional<trace::Span> span;
+    if (a.kind != ActionKind::kOptimizerStep) span.emplace(trace::enabled() ? dist::describe(a) : std::string());
     const int tag = a.peer >= 0 ? dist::message_tag(stage.spec(), a, stage.rank()) : 0;
     std::string label;
     if (a.peer >= 0) label = "pipeline ", label += dist::describe(a);
@@ -93,7 +96,6 @@ struct Executor {
         break;
       }
       case ActionKind::kForward: {
-        const trace::Span span(trace::enabled() ? dist::describe(a) : std::string());
         nn::GPT& chunk = stage.chunk(a.chunk);
         // Micro-batch m's dropout masks are those of its samples in one big batch (a recomputation in backward
         // pins the context it saw here: nn/gpt.cpp).
@@ -128,7 +130,6 @@ struct Executor {
         break;
       }
       case ActionKind::kBackward: {
-        const trace::Span span(trace::enabled() ? dist::describe(a) : std::string());
         auto it = saved.find({a.micro, a.chunk});
         Saved s = it->second;
         saved.erase(it);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -221,15 +222,14 @@ TEST_F(TrainGptTrace, DeviceTimeOnEachStream) {
   }
 }
 
-// --pp 2 with 4 micro-batches: each stage's idle time read off its trace is the bubble the run measures. From the
-// trace, idle is the time of the schedule's span ("schedule": the window Stage::Timing divides by) that the stage
-// spent outside computing: less its forward and backward spans, to which the waits for a peer nested in them are
-// added back (a forward on stage 1 starts by waiting for its activation). The run measures only the time blocked
-// on a peer ("pipeline measured bubble per stage", over the steps after the first); the two differ by the untraced
-// bookkeeping between actions (posting receives and sends), small beside actions of a few ms: within 10% on a quiet
-// machine (12 repeats), and 2 percentage points of the step where the stage's bubble is small: on a loaded 2-core
-// CI machine, with other tests running beside it, descheduled bookkeeping reached 1.6 points of a 51 ms step. A
-// wrong reading is tens of points off (the wait halved: 44.7% against 22.1%).
+// --pp 2 with 4 micro-batches: each stage's idle time read off its trace is the bubble the run measures, within
+// 10%. From the trace, idle is the time of the schedule's span ("schedule": the window Stage::Timing divides by)
+// that the stage spent outside its actions' spans (forwards, backwards, posting sends and receives), to which the
+// waits for a peer nested in them are added back (a forward on stage 1 starts by waiting for its activation). The
+// run measures only the time blocked on a peer ("pipeline measured bubble per stage", over the steps after the
+// first). What no span covers is the loop between actions and the recording of the spans themselves: 0.4 points
+// of a 9% bubble on a quiet machine, 0.1-0.3 with two busy loops on the 2 cores. A wrong reading is tens of points
+// off (the wait halved: 44.7% against 22.1%).
 TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
   const int steps = 6, micro_batches = 4;
   Result r = run_with(mpiexec(2), pipeline_flags() + " --steps " + std::to_string(steps) + " --trace " + path("trace"));
@@ -248,7 +248,9 @@ TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
     for (size_t w = 1; w < windows.size(); ++w) {  // the measured bubble leaves the first step out
       window_us += windows[w].dur;
       for (const Span& action : spans) {
-        if (!(action.starts_with("forward") || action.starts_with("backward")) || !windows[w].contains(action))
+        if (!(action.starts_with("forward") || action.starts_with("backward") || action.starts_with("send ") ||
+              action.starts_with("recv ")) ||
+            !windows[w].contains(action))
           continue;
         compute_us += action.dur;
         for (const Span& wait : spans)
@@ -257,9 +259,10 @@ TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
     }
     const double traced = 100 * (window_us - compute_us) / window_us, measured = std::stod(m[size_t(rank + 1)]);
     EXPECT_GT(measured, 1.0) << "stage " << rank << " never waited: no bubble to compare\n" << r.out;
-    EXPECT_LE(std::abs(traced - measured), std::max(0.10 * measured, 2.0))
+    EXPECT_LE(std::abs(traced - measured), 0.10 * measured)
         << "idle in the trace " << traced << "%, measured " << measured << "%\n"
         << r.out;
+    std::printf("stage %d: idle in the trace %.2f%%, measured %.2f%%\n", rank, traced, measured);
   }
 }
 
