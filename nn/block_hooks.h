@@ -82,6 +82,7 @@ class BlockModule : public Module {
  protected:
   // forward(x) as block i: before_block(i), forward, after_block(i), and on the result (when it records a graph)
   // an identity node whose backward calls before_block_backward(i) before anything of the block's own backward.
+  // While tracing (core/trace.h), the forward and the backward are spans "block i forward" / "block i backward".
   Tensor run_block(int64_t i, const Tensor& x, const std::function<Tensor(const Tensor&)>& forward) const;
 
  private:

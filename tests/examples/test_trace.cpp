@@ -329,7 +329,9 @@ TEST_F(TrainGptTrace, MergedTraceIsOnRankZerosClock) {
 // as the algorithm makes (dist/zero3.h): each block gathered for its forward and again for its backward (the
 // recomputation finds it gathered), one reduce-scatter per block and one for the persistent unit, one all-gather of
 // the persistent unit after the optimizer; and one recomputation per block. The gathers and reduce-scatters run on
-// the communication thread's track.
+// the communication thread's track. Each block's forward and backward is a span: the forwards in block order inside
+// the step's forward, the backwards in reverse order inside its backward, each holding its block's recomputation
+// and the main thread's wait for its gather.
 TEST_F(TrainGptTrace, ShowsZeroCollectivesAndRecomputation) {
   const int steps = 3, layers = 2;
   std::string flags =
@@ -357,5 +359,30 @@ TEST_F(TrainGptTrace, ShowsZeroCollectivesAndRecomputation) {
     EXPECT_EQ(in_steps["reduce-scatter bucket"], steps * (layers + 1));
     EXPECT_EQ(in_steps["all-gather parameters"], steps);
     EXPECT_EQ(in_steps["recompute"], steps * layers);
+    EXPECT_EQ(in_steps["block 0"] + in_steps["block 1"], steps * 2 * layers);
+
+    for (const Span& step : step_spans) {
+      std::vector<Span> in_step;
+      for (const Span& s : spans)
+        if (s.tid == step.tid && step.contains(s)) in_step.push_back(s);
+      const std::vector<Span> forward = named(in_step, "forward"), backward = named(in_step, "backward");
+      ASSERT_EQ(forward.size(), 1u);
+      ASSERT_EQ(backward.size(), 1u);
+      std::vector<std::string> order;
+      for (const Span& s : named(in_step, "block ")) {
+        order.push_back(s.name);
+        EXPECT_TRUE((s.name.find("forward") != std::string::npos ? forward : backward)[0].contains(s)) << s.name;
+        if (s.name.find("backward") == std::string::npos) continue;
+        int recomputes = 0, waits = 0;
+        for (const Span& inner : in_step) {
+          recomputes += inner.name == "recompute" && s.contains(inner);
+          waits += inner.name == "wait for all-gather" && s.contains(inner);
+        }
+        EXPECT_EQ(recomputes, 1) << s.name << " holds its block's recomputation";
+        EXPECT_EQ(waits, 1) << s.name << " holds the wait for its block's gather";
+      }
+      EXPECT_EQ(order, (std::vector<std::string>{"block 0 forward", "block 1 forward", "block 1 backward",
+                                                 "block 0 backward"}));
+    }
   }
 }

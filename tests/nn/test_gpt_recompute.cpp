@@ -19,12 +19,19 @@
 
 #include "autograd/autocast.h"
 #include "core/rng.h"
+#include "core/trace.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
+#include <string>
 
 using namespace minidl;
 using minidl::testing::test_device;
@@ -89,6 +96,29 @@ TEST(GPT_RECOMPUTE_SUITE, GradientsBitwiseEqualToNoRecompute) {
       for (size_t i = 0; i < r.grads.size(); ++i) ASSERT_EQ(r.grads[i], plain.grads[i]) << "parameter " << i;
     }
   }
+}
+
+// Tracing records each block's backward as a span through identity nodes on the block's input and output
+// (nn/block_hooks.cpp), so a traced backward runs a different graph: its loss and gradients are bitwise those of an
+// untraced one, at every recompute setting.
+TEST(GPT_RECOMPUTE_SUITE, TracingLeavesGradientsBitwiseEqual) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("minidl_trace_gpt_" + std::to_string(::getpid()) + ".json")).string();
+  for (Recompute mode : {Recompute::kNone, Recompute::kBlock}) {
+    SCOPED_TRACE(nn::recompute_name(mode));
+    StepRun plain = run(mode, DType::f32);
+    trace::start(path, 0);
+    StepRun traced = run(mode, DType::f32);
+    ASSERT_EQ(trace::finish(), path);
+    std::ifstream in(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("block 2 backward"), std::string::npos) << "the traced run recorded no block backward";
+    EXPECT_EQ(traced.loss, plain.loss);
+    ASSERT_EQ(traced.grads.size(), plain.grads.size());
+    for (size_t i = 0; i < traced.grads.size(); ++i) ASSERT_EQ(traced.grads[i], plain.grads[i]) << "parameter " << i;
+  }
+  std::filesystem::remove(path);
 }
 
 #if defined(MINIDL_TEST_CUDA)
