@@ -11,14 +11,16 @@
 #   tensor_core  mma, ldmatrix and cp.async on silicon: the emulator's model of them checked (test_tensor_core_gpu)
 #   kernels      every hand-written kernel against the CPU op, outputs poisoned with NaN, plus GPU-only shapes
 #   gpu_tests    the device tensor, allocator, graphs, cuBLAS(Lt)/cuDNN ops, GPT, the device step (every gpu.*)
+#   trace        a 5-step train_gpt --device cuda --trace: trace/rank0.json must have the compute stream's track
+#                (each span's device time, core/cuda/trace_hooks.cpp); open it in https://ui.perfetto.dev
 #   sanitizer    compute-sanitizer memcheck, racecheck, synccheck and initcheck on the kernels' small shapes
 #   bench        bench_gpt_step --device cuda: GPT-2 124M (bf16, B 16, T 1024) eager and --cuda-graph, nanoGPT's
 #                config: ms/step, tokens/s, MFU, launches and syncs per step; the loss must be finite and fall over
 #                20 steps on one repeated batch
 # and prints summary.txt last: one line per step (what, exit code, seconds). A step that needs a GPU says "no GPU"
 # and skips on a machine without one; a step that would start after the deadline is skipped and says so; each step
-# is also capped on its own. OUTDIR gets at most 6 files (env.txt, tests.log, sanitizer.log, bench.txt, summary.txt),
-# each cut to its last 16 MiB.
+# is also capped on its own. OUTDIR gets env.txt, tests.log, sanitizer.log, bench.txt and summary.txt, each cut to
+# its last 16 MiB, and the trace step's trace/rank0.json and its text.
 #
 #   MINIDL_GPU_DEADLINE=480     seconds for the whole check (default 480)
 #   MINIDL_GPU_BENCH_STEPS=20   timed steps per benchmark
@@ -189,6 +191,20 @@ for t in "$bundle"/tests/test_*_gpu; do
   case "$(basename "$t")" in test_tensor_core_gpu|test_cuda_kernels_gpu) continue ;; esac
   step "gpu_tests/$(basename "$t")" 90 gpu "$tests_log" "$t" "${gtest[@]}"
 done
+
+# A short traced run on a made-up text: the device's tracks must be in the trace.
+trace_run() {
+  local text="$out/trace-text.txt"
+  for _ in $(seq 300); do printf 'the quick brown fox jumps over the lazy dog. '; done >"$text"
+  "$bundle/bin/train_gpt" --device cuda --data "$text" --layers 2 --heads 2 --embd 64 --seq 64 --batch 8 --steps 5 \
+    --log-every 1 --eval-windows 4 --trace "$out/trace" || return
+  grep -o '"device [0-9]*: [a-z ]*stream"' "$out/trace/rank0.json" | sort -u
+  grep -q '"device 0: compute stream"' "$out/trace/rank0.json" ||
+    { echo "trace: no device track in $out/trace/rank0.json"; return 1; }
+}
+export out
+export -f trace_run
+step trace 60 gpu "$tests_log" trace_run
 
 small_shapes='--gtest_filter=-GpuShapes/*:FlashAttentionGrid.*'
 for tool in memcheck racecheck synccheck initcheck; do
