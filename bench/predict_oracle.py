@@ -13,7 +13,10 @@ With --oversubscribed it runs 4-rank layouts instead: on a 2-core host two ranks
 prediction (a core per rank) does not model, so these rows are reported apart from the accuracy table.
 
 Each row's runs alternate with the other rows' (so a busy minute hits all of them), and the table gives the
-median and the fastest run; the error is the prediction's against the median. The host's load average is printed
+median and the fastest run, and the prediction's error against each. On a shared machine the fastest run is the
+closest to the machine's own speed (the noise only adds). The ranking check compares the two-rank layouts pairwise
+by their fastest runs: every pair measured more than 5% apart must keep its order in the prediction (closer pairs
+are within the noise of these runs). The host's load average is printed
 before and after: two ranks on a two-core host that something else is using measure that too.
 """
 import argparse
@@ -61,6 +64,20 @@ def run(cmd):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def ranking_check(rows, apart=0.05):
+    """The pairs of rows measured more than `apart` apart (fastest runs), and those the prediction orders the other way."""
+    pairs, swapped = 0, []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            lo, hi = sorted((a, b), key=lambda r: r["fastest_ms"])
+            if hi["fastest_ms"] <= lo["fastest_ms"] * (1 + apart):
+                continue
+            pairs += 1
+            if lo["predicted_ms"] >= hi["predicted_ms"]:
+                swapped.append(f"{lo['row']} < {hi['row']}")
+    return {"pairs": pairs, "swapped": swapped}
+
+
 def load():
     return open("/proc/loadavg").read().split()[0]
 
@@ -88,22 +105,29 @@ def main():
     for name, ranks, _, pflags in table:
         p = run([predict, "--machine", "cpu-host", "--json"] + pflags)
         median = statistics.median(measured[name])
+        fastest = min(measured[name])
         rows.append({"row": name, "ranks": ranks, "measured_ms": measured[name], "median_ms": median,
-                     "predicted_ms": p["step_ms"], "error": (p["step_ms"] - median) / median})
+                     "fastest_ms": fastest, "predicted_ms": p["step_ms"], "error": (p["step_ms"] - median) / median,
+                     "error_fastest": (p["step_ms"] - fastest) / fastest})
+    ranking = ranking_check([r for r in rows if r["ranks"] == 2])
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     fields = dict(l.split(":", 1) for l in cpu.splitlines() if ":" in l)
     name = "{} family {} model {}, {} CPUs".format(*(fields.get(k, "?").strip() for k in
                                                     ("Model name", "CPU family", "Model", "CPU(s)")))
     if args.json:
         print(json.dumps({"provenance": provenance.provenance(), "cpu": name, "load_before": load_before,
-                          "load_after": load(), "rows": rows}, indent=1))
+                          "load_after": load(), "rows": rows, "ranking": ranking}, indent=1))
         return
     print(provenance.header(provenance.provenance()), end="")
     print(f"# cpu: {name}; load average {load_before} before, {load()} after; {args.reps} runs each")
-    print(f"{'configuration':28} {'median_ms':>9} {'fastest':>8} {'predicted':>9} {'error':>7}")
+    print(f"{'configuration':28} {'median_ms':>9} {'fastest':>8} {'predicted':>9} {'vs median':>9} {'vs fastest':>10}")
     for r in rows:
-        print(f"{r['row']:28} {r['median_ms']:9.2f} {min(r['measured_ms']):8.2f} {r['predicted_ms']:9.2f} "
-              f"{100 * r['error']:+6.0f}%")
+        print(f"{r['row']:28} {r['median_ms']:9.2f} {r['fastest_ms']:8.2f} {r['predicted_ms']:9.2f} "
+              f"{100 * r['error']:+8.0f}% {100 * r['error_fastest']:+9.0f}%")
+    if ranking["pairs"]:
+        print(f"# ranking: {ranking['pairs'] - len(ranking['swapped'])} of {ranking['pairs']} pairs of two-rank layouts "
+              f"measured more than 5% apart keep their order" +
+              (f"; swapped: {'; '.join(ranking['swapped'])}" if ranking["swapped"] else ""))
 
 
 if __name__ == "__main__":

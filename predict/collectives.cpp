@@ -63,8 +63,8 @@ int nodes_spanned(const dist::Grid& grid, Axis axis, int gpus_per_node) {
   return most;
 }
 
-const Link& group_link(const dist::Grid& grid, Axis axis, const Machine& machine) {
-  return nodes_spanned(grid, axis, machine.gpus_per_node) > 1 ? machine.inter : machine.intra;
+const Link& group_link(const dist::Grid& grid, Axis axis, const Machine& machine, Collective c) {
+  return nodes_spanned(grid, axis, machine.gpus_per_node) > 1 ? machine.inter : machine.intra_for(c);
 }
 
 }  // namespace minidl::predict

@@ -36,7 +36,9 @@ const char* axis_name(Axis axis);
 
 // The most nodes any one group along `axis` spans in `grid` on nodes of gpus_per_node ranks.
 int nodes_spanned(const dist::Grid& grid, Axis axis, int gpus_per_node);
-// The link a group along `axis` is limited by: intra when every such group fits in one node, else inter.
-const Link& group_link(const dist::Grid& grid, Axis axis, const Machine& machine);
+// The link a group along `axis` is limited by for collective `c`: within a node (every such group fits in one),
+// the machine's link measured for `c`, or intra; else inter.
+const Link& group_link(const dist::Grid& grid, Axis axis, const Machine& machine,
+                       Collective c = Collective::kAllReduce);
 
 }  // namespace minidl::predict

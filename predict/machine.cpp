@@ -88,6 +88,15 @@ double positive(const nlohmann::json& j, const char* key, const std::string& pat
 
 }  // namespace
 
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAllGather: return "all_gather";
+  }
+  return "?";
+}
+
 void Machine::validate() const {
   MINIDL_CHECK(gpus_per_node >= 1, "machine ", name, ": gpus_per_node must be >= 1, got ", gpus_per_node);
   const std::pair<const char*, double> fields[] = {
@@ -98,6 +107,10 @@ void Machine::validate() const {
     MINIDL_CHECK(value > 0, "machine ", name, ": ", field, " must be positive, got ", value);
   MINIDL_CHECK(intra.alpha >= 0 && inter.alpha >= 0, "machine ", name, ": latencies must be >= 0, got ", intra.alpha,
                " and ", inter.alpha);
+  for (Collective c : kCollectives)
+    if (const std::optional<Link>& m = measured[int(c)])
+      MINIDL_CHECK(m->alpha >= 0 && m->beta > 0, "machine ", name, ": the ", collective_name(c),
+                   " link needs alpha >= 0 and beta > 0, got ", m->alpha, " and ", m->beta);
 }
 
 Machine load_machine(const std::string& path) {
@@ -124,6 +137,18 @@ Machine load_machine(const std::string& path) {
                ": expected an object 'eff' with gemm, attention and elementwise");
   m.eff = {positive(j["eff"], "gemm", path), positive(j["eff"], "attention", path),
            positive(j["eff"], "elementwise", path)};
+  if (j.contains("collectives")) {  // measured links by collective (scripts/predict_calibrate.py)
+    const nlohmann::json& measured = j["collectives"];
+    MINIDL_CHECK(measured.is_object(), "load_machine: ", path,
+                 ": expected 'collectives' to be an object of links by collective");
+    for (Collective c : kCollectives)
+      if (measured.contains(collective_name(c))) {
+        const nlohmann::json& link = measured[collective_name(c)];
+        MINIDL_CHECK(link.is_object(), "load_machine: ", path, ": expected collectives.", collective_name(c),
+                     " to be an object with alpha and beta");
+        m.measured[int(c)] = Link{link.value("alpha", -1.0), positive(link, "beta", path)};
+      }
+  }
   m.source = j.value("source", std::string(path));
   m.cpu = j.value("cpu", false);
   m.validate();
@@ -143,6 +168,9 @@ std::string machine_to_json(const Machine& m) {
       {"eff", {{"gemm", m.eff.gemm}, {"attention", m.eff.attention}, {"elementwise", m.eff.elementwise}}},
       {"source", m.source},
       {"cpu", m.cpu}};
+  for (Collective c : kCollectives)
+    if (const std::optional<Link>& link = m.measured[int(c)])
+      j["collectives"][collective_name(c)] = {{"alpha", link->alpha}, {"beta", link->beta}};
   return j.dump(2);
 }
 

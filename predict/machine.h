@@ -14,6 +14,7 @@
 // assumptions named in presets.cpp; the CPU host's are measured by the calibration.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,15 @@ struct Link {
   double alpha = 0;  // seconds per message (latency)
   double beta = 0;   // bytes per second, one direction, per rank
 };
+
+// The collectives a link is measured for. A calibration that finds them unlike one another (on the CPU host, Open
+// MPI's reduce-scatter moves a byte four times slower than its all-reduce; its all-gather, faster) records one
+// link each for within a node; the GPU presets leave them empty and every collective uses `intra`, as NCCL's rings
+// all move bytes alike.
+enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+inline constexpr Collective kCollectives[] = {Collective::kAllReduce, Collective::kReduceScatter,
+                                              Collective::kAllGather};
+const char* collective_name(Collective c);  // "all_reduce", "reduce_scatter", "all_gather": bench_collectives' --op
 
 struct OpEfficiency {
   double gemm = 1;         // matrix products, against peak_flops
@@ -45,6 +55,14 @@ struct Machine {
   // The ranks are CPU processes running minidl's CPU kernels, whose f32 weight gradients are added into .grad() by
   // the GEMM itself (autograd/functions/product_operand.h): what ZeRO's dropped gradients cost depends on it.
   bool cpu = false;
+  // Measured links within a node, by collective (Collective as index; absent: intra).
+  std::optional<Link> measured[3] = {};
+
+  // The link a collective runs at within a node.
+  const Link& intra_for(Collective c) const {
+    const std::optional<Link>& m = measured[int(c)];
+    return m ? *m : intra;
+  }
 
   double peak_flops(DType amp) const { return amp == DType::f32 ? peak_flops_32 : peak_flops_16; }
   // Throws naming the field unless every quantity is positive.

@@ -107,7 +107,9 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
   const double ln_f = model.bias ? 2 * C : C;
   const double rank0_params = whole.persistent - (p > 1 ? ln_f : 0) + double(blocks[0]) * whole.block;
   if (l.dp > 1) {
-    const Link& link = group_link(grid, Axis::kDp, m);
+    const Link& reduce_link =
+        group_link(grid, Axis::kDp, m, l.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter);
+    const Link& gather_link = group_link(grid, Axis::kDp, m, Collective::kAllGather);
     // Units in registration order (embedding, blocks, ln_f), ready as the last micro-batch's backward passes them:
     // the head and ln_f first, the blocks from the last, the embedding (and the tied wte) at the end.
     const RankCost& r0 = ranks[0];
@@ -122,7 +124,8 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
     std::vector<BucketTiming> timed;
     for (const Bucket& bk : gradient_buckets(units)) {
       const double bytes = 4 * double(bk.numel);
-      const double cost = l.zero == 0 ? all_reduce(l.dp, bytes, link) : ring_reduce_scatter(l.dp, bytes, link);
+      const double cost =
+          l.zero == 0 ? all_reduce(l.dp, bytes, reduce_link) : ring_reduce_scatter(l.dp, bytes, reduce_link);
       timed.push_back({bk.ready, cost});
     }
     const OverlapResult o = overlap_buckets(timed, end);
@@ -130,20 +133,23 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
     out.dp_comm_total = o.comm_total;
     out.dp_collective = l.zero == 0 ? "all-reduce" : "reduce-scatter + all-gather";
     if (l.zero == 1 || l.zero == 2) {
-      const double gather = ring_all_gather(l.dp, 4 * rank0_params, link);
+      const double gather = ring_all_gather(l.dp, 4 * rank0_params, gather_link);
       out.time.dp_comm += gather;
       out.dp_comm_total += gather;
     } else if (l.zero == 3) {
       // Blocks gathered before their forward and their backward (a recomputation finds its block gathered),
       // prefetched while the previous block computes: the first gather waits, the others only where longer.
-      const double g = ring_all_gather(l.dp, 4 * whole.block, link);
+      const double g = ring_all_gather(l.dp, 4 * whole.block, gather_link);
       const double n = double(model.n_layer), bf = block_f + tp_block_f;
       const double exposed = 2 * g + (n - 1) * (std::max(0.0, g - bf) + std::max(0.0, g - per_block));
-      const double persistent = ring_all_gather(l.dp, 4 * whole.persistent, link);
+      const double persistent = ring_all_gather(l.dp, 4 * whole.persistent, gather_link);
       out.time.dp_comm += M * exposed + persistent;
       out.dp_comm_total += M * 2 * n * g + persistent;
       out.dp_collective = "reduce-scatter + all-gather (blocks gathered per pass)";
     }
+    // On the CPU host a rank's collectives run on its own core: MPI's shared-memory copies and reductions are the
+    // core's work, and its progress loop polls there. So nothing hides behind the backward: all of it is exposed.
+    if (m.cpu) out.time.dp_comm = out.dp_comm_total;
   }
 
   // ---- optimizer ----

@@ -22,7 +22,9 @@
 //   has passed its last block in the last micro-batch (accumulation does not synchronise before it); DDP
 //   all-reduces each bucket, ZeRO 1-3 reduce-scatter it, on one stream overlapping the rest of that backward
 //   (predict/overlap.h). ZeRO 1-2 then all-gather the updated parameters (exposed); ZeRO-3 also gathers every
-//   block before its forward and its backward, each gather prefetched during the previous block's compute.
+//   block before its forward and its backward, each gather prefetched during the previous block's compute. On a
+//   CPU machine (Machine::cpu) the collectives are the core's own work, so none of them is hidden. Within a node
+//   each collective runs at the link the machine measured for it, if any (Machine::intra_for).
 // - optimizer: AdamW's pass over the rank's parameters (its shard under ZeRO), a memory-bound op.
 // - ZeRO's copies: the memory-bound work ZeRO 1-3 do beyond DDP's (predict/compute.h: zero_ops), on the rank's
 //   critical path (the main thread copies and zeroes the gradient buckets, and casts ZeRO-3's gathered blocks).

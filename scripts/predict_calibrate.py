@@ -8,15 +8,18 @@ predict/presets/cpu-host.json, which minidl_predict --machine cpu-host reads.
 A "GPU" of this machine is one rank with one thread (one core); a node is the host, with as many ranks as cores.
 Each number comes from a benchmark of the machine, never from a training step's time:
 - peak FLOP/s: the sgemm ceiling at a GPT step's own linear-layer shapes, one thread (bench_gpt_step's
-  sgemm_ceiling_gflops, bench/sgemm_ceiling.h); products then run at efficiency 1 against it;
+  sgemm_ceiling_gflops, bench/sgemm_ceiling.h), the median of 5 runs; products then run at efficiency 1 against it;
 - memory bandwidth: the parallel copy bench_cpu_ops times beside its ops (one thread, arrays of --numel floats);
   the elementwise efficiency is the median over the step's memory-bound ops (layer norm, bias + GELU,
   cross-entropy, AdamW, forward and backward) of their GB/s over that copy's;
 - attention: bench_cpu_ops' attention_fwd_bwd GFLOP/s counts the 7 causal tile products (7·B·T²·C); nanoGPT's
   count, which the predictor uses, is 12·B·T²·C, so the efficiency is GFLOP/s · 12/7 over the sgemm ceiling;
-- links: mpirun -n 2 bench_collectives --op all_reduce --backend mpi, fitted by least squares to the ring's
-  t = 2(n−1)·α + 2(n−1)/n · S/β at n = 2, i.e. t = 2α + S/β. There is one host, so the inter-node link is set to
-  the same values (a second host was not measured).
+- links: mpirun -n 2 bench_collectives --backend mpi for each of all_reduce, reduce_scatter and all_gather, each
+  fitted by least squares to its ring formula (predict/collectives.h) at n = 2: t = 2α + S/β for the all-reduce,
+  t = α + S/(2β) for the others (S the full buffer). The all-reduce's is the host's link ("intra"); each
+  collective's own is kept under "collectives", which the predictor uses for that collective within the host
+  (Open MPI's reduce-scatter here moves a byte several times slower than its all-reduce). There is one host, so the
+  inter-node link is set to the all-reduce's values (a second host was not measured).
 """
 import argparse
 import json
@@ -43,14 +46,19 @@ def last_json(text):
     return json.loads(text.strip().splitlines()[-1])
 
 
-def fit_alpha_beta(rows):
-    """Least squares of t = a + S·c over (size, time) rows; α = a / 2 and β = 1 / c for the 2-rank ring."""
+# The 2-rank ring's t = k_alpha·α + k_beta·S/β for each collective (predict/collectives.h at n = 2).
+RING_AT_2 = {"all_reduce": (2, 1.0), "reduce_scatter": (1, 0.5), "all_gather": (1, 0.5)}
+
+
+def fit_alpha_beta(rows, op="all_reduce"):
+    """Least squares of t = a + S·c over (size, time) rows; α = a / k_alpha and β = k_beta / c."""
     xs = [r["size"] for r in rows]
     ts = [r["time"] * 1e-6 for r in rows]  # bench_collectives prints µs, as nccl-tests
     mx, mt = statistics.fmean(xs), statistics.fmean(ts)
     c = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sum((x - mx) ** 2 for x in xs)
     a = mt - c * mx
-    return max(a, 0.0) / 2, 1.0 / c
+    k_alpha, k_beta = RING_AT_2[op]
+    return max(a, 0.0) / k_alpha, k_beta / c
 
 
 def cpu_name():
@@ -74,9 +82,10 @@ def main():
         if not os.path.exists(binary(name)):
             sys.exit(f"predict_calibrate: {binary(name)} not found (build it, or pass --bin)")
 
-    step = last_json(run([binary("bench_gpt_step"), "--threads", "1", "--steps", "2", "--warmup", "1",
-                          "--ceiling-every", "1", "--json"]))
-    peak = step["sgemm_ceiling_gflops"] * 1e9
+    # The median of 5 runs: one run's ceiling moves by 10-20% on a shared machine.
+    peak = statistics.median(
+        last_json(run([binary("bench_gpt_step"), "--threads", "1", "--steps", "2", "--warmup", "1",
+                       "--ceiling-every", "1", "--json"]))["sgemm_ceiling_gflops"] for _ in range(5)) * 1e9
 
     ops = json.loads(run([binary("bench_cpu_ops"), "--isa", "best", "--threads", "1", "--reps", "3", "--numel",
                           str(args.numel), "--ops", ",".join(MEM_OPS + ["attention_fwd_bwd"]), "--json"]))["rows"]
@@ -85,10 +94,14 @@ def main():
     elementwise = statistics.median(r["fraction_of_copy"] for r in mem)
     attention = [r for r in ops if r["op"] == "attention_fwd_bwd"][0]["GFLOP/s"] * 1e9 * 12 / 7 / peak
 
-    rows = json.loads(run(["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none", binary("bench_collectives"),
-                           "--op", "all_reduce", "--backend", "mpi", "--min-bytes", "1K", "--max-bytes", "8M",
-                           "--step-factor", "2", "--iters", "20", "--warmup", "5", "--json"]))["rows"]
-    alpha, beta = fit_alpha_beta(rows)
+    links = {}
+    for op in RING_AT_2:
+        rows = json.loads(run(["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none",
+                               binary("bench_collectives"), "--op", op, "--backend", "mpi", "--min-bytes", "1K",
+                               "--max-bytes", "8M", "--step-factor", "2", "--iters", "20", "--warmup", "5",
+                               "--json"]))["rows"]
+        links[op] = fit_alpha_beta(rows, op)
+    alpha, beta = links["all_reduce"]
 
     cores = os.cpu_count() or 1
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -102,10 +115,13 @@ def main():
         "intra": {"alpha": alpha, "beta": beta},
         "inter": {"alpha": alpha, "beta": beta},
         "eff": {"gemm": 1.0, "attention": attention, "elementwise": elementwise},
+        "collectives": {op: {"alpha": a, "beta": b} for op, (a, b) in links.items()},
         "cpu": True,
         "source": "scripts/predict_calibrate.py on {}, {} cores: sgemm {:.1f} GFLOP/s, copy {:.1f} GB/s, mpi "
-                  "all-reduce alpha {:.1f} us beta {:.2f} GB/s (one host: inter = intra)".format(
-                      cpu_name(), cores, peak / 1e9, copy / 1e9, alpha * 1e6, beta / 1e9),
+                  "alpha/beta: {} (one host: inter = intra = all-reduce's)".format(
+                      cpu_name(), cores, peak / 1e9, copy / 1e9,
+                      ", ".join("{} {:.1f} us {:.2f} GB/s".format(op.replace("_", "-"), a * 1e6, b / 1e9)
+                                for op, (a, b) in links.items())),
     }
     with open(args.out, "w") as f:
         json.dump(machine, f, indent=2)

@@ -1,6 +1,10 @@
 // The α-β formulas of predict/collectives.h against values derived by hand, and where groups live.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <string>
+
 #include "predict/collectives.h"
 
 namespace minidl::predict {
@@ -54,6 +58,33 @@ TEST(PredictCollectives, GroupsFollowTheRankOrderTpFastestThenDpThenPp) {
   EXPECT_EQ(&group_link(dist::Grid{8, 1, 1}, Axis::kDp, m), &m.intra);
   EXPECT_EQ(&group_link(dist::Grid{2, 8, 1}, Axis::kTp, m), &m.intra);
   EXPECT_EQ(&group_link(dist::Grid{2, 8, 1}, Axis::kDp, m), &m.inter);
+}
+
+// A link measured for one collective (the CPU host's calibration) serves that collective within a node; the others
+// keep intra, and a group across nodes uses inter whatever the collective. A load_machine round trip keeps them.
+TEST(PredictCollectives, MeasuredLinksServeTheirCollectiveWithinANode) {
+  Machine m;
+  m.name = "host";
+  m.gpus_per_node = 2;
+  m.peak_flops_16 = m.peak_flops_32 = m.mem_bw = m.mem_capacity = 1;
+  m.intra = {5e-6, 8e9};
+  m.inter = {5e-6, 8e9};
+  m.measured[int(Collective::kReduceScatter)] = Link{0, 1e9};
+  const dist::Grid two{2, 1, 1}, four{4, 1, 1};
+  EXPECT_EQ(&group_link(two, Axis::kDp, m, Collective::kReduceScatter), &*m.measured[int(Collective::kReduceScatter)]);
+  EXPECT_EQ(&group_link(two, Axis::kDp, m, Collective::kAllReduce), &m.intra);
+  EXPECT_EQ(&group_link(two, Axis::kDp, m, Collective::kAllGather), &m.intra);
+  EXPECT_EQ(&group_link(four, Axis::kDp, m, Collective::kReduceScatter), &m.inter);
+  // 2 ranks, 8 MB: half the buffer crosses, at 1 GB/s instead of 8.
+  EXPECT_DOUBLE_EQ(ring_reduce_scatter(2, 8e6, group_link(two, Axis::kDp, m, Collective::kReduceScatter)), 4e-3);
+
+  const std::string path = ::testing::TempDir() + "/minidl_machine_measured.json";
+  std::ofstream(path) << machine_to_json(m);
+  const Machine back = load_machine(path);
+  std::remove(path.c_str());
+  ASSERT_TRUE(back.measured[int(Collective::kReduceScatter)].has_value());
+  EXPECT_EQ(back.measured[int(Collective::kReduceScatter)]->beta, 1e9);
+  EXPECT_FALSE(back.measured[int(Collective::kAllGather)].has_value());
 }
 
 }  // namespace

@@ -125,6 +125,22 @@ TEST(PredictStep, BreakdownAddsUpAndRatesFollowFromIt) {
   EXPECT_DOUBLE_EQ(p.efficiency, p.single_gpu_step / (8 * t.total()));
 }
 
+// On a GPU the buckets' collectives hide behind the rest of the backward but for the last; on a CPU machine they
+// are the core's own work, so all of them are on the step.
+TEST(PredictStep, CpuCoresHideNoCommunication) {
+  const Workload w{baby(), 24};
+  Layout l;
+  l.dp = 2;
+  Machine m = toy_machine();
+  m.intra = {1e-5, 1e9};  // slow enough that the buckets take time
+  const Prediction gpu = predict(w, l, m);
+  EXPECT_LT(gpu.time.dp_comm, gpu.dp_comm_total);
+  m.cpu = true;
+  const Prediction cpu = predict(w, l, m);
+  EXPECT_DOUBLE_EQ(cpu.time.dp_comm, cpu.dp_comm_total);
+  EXPECT_DOUBLE_EQ(cpu.dp_comm_total, gpu.dp_comm_total);
+}
+
 TEST(PredictZero, CopiesAreTheBytesZeroMovesBeyondDdp) {
   // The baby config's parameters: 4 blocks of 12C² + 13C, wte (65·C), wpe (64·C) and ln_f (2C) at C = 128.
   const double C = 128, blocks = 4 * (12 * C * C + 13 * C), params = blocks + 65 * C + 64 * C + 2 * C;
