@@ -89,7 +89,8 @@ def main():
                                      B // dp, "--recompute", "block", "--amp", "bf16"])
         rows.append({"row": f"Megatron-LM Table 1, {size}B, t={t} p={p}, {n} A100s, B={B}",
                      "published_s": published, "predicted_s": pred["step_ms"] / 1e3 if pred else None,
-                     "note": err or f"{X} TFLOP/s per GPU published; predicted breakdown (ms) " +
+                     "note": err or f"{X} TFLOP/s per GPU published, {flops / (n * pred['step_ms'] / 1e3) / 1e12:.0f} "
+                     "predicted; predicted breakdown (ms) " +
                      ", ".join(f"{k} {v:.0f}" for k, v in pred["breakdown_ms"].items() if v >= 0.5)})
     for (row, machine, layers, heads, embd, b, tokens, published, quote) in LLMC:
         micro = tokens // (8 * b * 1024)
