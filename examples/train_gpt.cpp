@@ -183,6 +183,11 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_flag("--tf32", o.tf32,
                "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
                "error); off by default");
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "MFU's peak in TFLOP/s per rank (0: the GPU's dense peak from its name, or the CPU's measured sgemm "
+                 "ceiling); for a GPU the table does not know")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--max-skipped-steps", o.max_skipped_steps,
                  "fp16: stop after this many consecutive steps the loss scaler skipped (inf/NaN loss or gradients; "
                  "on a CUDA device checked on the steps it prints)")

@@ -696,7 +696,7 @@ class Meter {
         ms > 0 ? tokens_ / ms * 1e3 : 0.0, gflops, peak_rss_mb(), per_step(compute_ms_), per_step(comm_ms_),
         per_step(exposed_ms_), scaler ? scaler->current_scale() : 1.0,
         (long long)(scaler ? scaler->skipped_steps() : 0), mb(MemTag::kActivations), mb(MemTag::kParams),
-        mb(MemTag::kGrads), mb(MemTag::kOptimizer), peak_tflops_ > 0 ? gflops / (peak_tflops_ * 1e3) : 0.0);
+        mb(MemTag::kGrads), mb(MemTag::kOptimizer), peak_tflops_ > 0 ? gflops / (peak_tflops_ * 1e3) : NAN);
     std::fflush(stdout);
   }
 
@@ -788,10 +788,15 @@ int Trainer::run() {
   if (o.cuda_graph) batches.capture(*s.stage, *s.optimizer, so);
   const int64_t first_step = s.resume ? s.resume->state.step : 0;
   ReadBack reads(o, schedule, so.scaler, s.device, s.topo->dp_group(), s.resume ? s.resume->state.schedule_step : 0);
-  // MFU: achieved FLOP/s over the GPU's dense peak for the dtype the products run in (GPUs in the table), or the
-  // CPU's sgemm ceiling at the step's shapes.
-  Meter meter(o, s.stage->flops_per_token(s.seq) * double(o.batch * s.seq), double(o.batch * s.seq),
-              s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32) : s.cpu_ceiling_tflops(),
+  // MFU: achieved FLOP/s over --peak-tflops, else the GPU's dense peak for the dtype the products run in (GPUs in
+  // the table), else the CPU's sgemm ceiling at the step's shapes. A GPU the table lacks gets no MFU, and says so.
+  const double peak_tflops = o.peak_tflops > 0    ? o.peak_tflops
+                             : s.device.is_cuda() ? gpu_peak_tflops(device_name(s.device), s.amp, o.tf32)
+                                                  : s.cpu_ceiling_tflops();
+  if (peak_tflops <= 0 && s.logger)
+    std::printf("MFU: no dense peak known for '%s' (train/device.cpp's table); pass --peak-tflops for one\n",
+                device_name(s.device).c_str());
+  Meter meter(o, s.stage->flops_per_token(s.seq) * double(o.batch * s.seq), double(o.batch * s.seq), peak_tflops,
               s.device.is_cuda());
   ProgressLine progress(parse_progress_mode(o.progress), o.log_every, s.logger);
   std::unique_ptr<EventWriter> tb;  // --tensorboard, on the logging rank

@@ -92,6 +92,9 @@ struct TrainConfig {
   int64_t loss_scale_growth_interval = 2000;
   std::string device = "cpu";
   bool tf32 = false;
+  // MFU's peak in TFLOP/s per rank; 0: the GPU's dense peak from the table by name (train::gpu_peak_tflops), or on
+  // the CPU the sgemm ceiling measured at the step's shapes.
+  double peak_tflops = 0;
   bool cuda_graph = false;  // capture one step as a CUDA graph and replay it (train/cuda_graph.h)
   // The watchdog (dist/flight_recorder.h): seconds a collective may take before every rank dumps its flight
   // recorder into debug_dir and the job ends naming the ranks that did not join (unset: MINIDL_COLLECTIVE_TIMEOUT,

@@ -218,6 +218,26 @@ TEST_F(TrainGpt, EmulatedCudaLossesMatchTheCpuAtEveryStep) {
   expect_same_losses("--layers 2 --heads 2 --embd 32 --seq 32 --batch 4 --amp bf16", 20);
 }
 
+// MFU is never a silent 0. --peak-tflops sets the peak (here on the CPU: mfu = gflops / (peak · 1000)); on a device
+// the table does not know (the emulated one) the run says so at its start and the summary's mfu is nan, until
+// --peak-tflops gives one.
+TEST_F(TrainGpt, MfuAgainstAGivenPeakAndNeverASilentZero) {
+  Result cpu = run(tiny_flags() + " --steps 3 --peak-tflops 0.05");
+  ASSERT_EQ(cpu.code, 0) << cpu.out;
+  EXPECT_NEAR(summary_field(cpu.out, "mfu"), summary_field(cpu.out, "gflops") / 50, 1e-4) << cpu.out;
+  expect_rejected(tiny_flags() + " --peak-tflops -1", {"--peak-tflops"});
+  if (std::string(TRAIN_GPT_CUDA) != "emulated") GTEST_SKIP() << "train_gpt is not built with MINIDL_CUDA_EMULATION";
+  const std::string flags = tiny_flags() + " --embd 32 --device cuda --steps 3";
+  Result unknown = run(flags);
+  ASSERT_EQ(unknown.code, 0) << unknown.out;
+  EXPECT_NE(unknown.out.find("MFU: no dense peak known for 'CPU emulator of CUDA'"), std::string::npos) << unknown.out;
+  EXPECT_TRUE(std::isnan(summary_field(unknown.out, "mfu"))) << unknown.out;
+  Result given = run(flags + " --peak-tflops 0.05");
+  ASSERT_EQ(given.code, 0) << given.out;
+  EXPECT_EQ(given.out.find("MFU: no dense peak"), std::string::npos);
+  EXPECT_GT(summary_field(given.out, "mfu"), 0) << given.out;
+}
+
 // --cuda-graph (train/cuda_graph.h) on the emulated device: every step's printed loss and the saved weights equal
 // the eager run's bit for bit (2 eager steps, 1 captured, 7 replayed, fp16 with the loss scaler, gradient
 // accumulation, dropout and a warmup + cosine schedule); what a captured step cannot do is refused by name.
