@@ -28,10 +28,12 @@ struct Recorder {
   int next_tid = 0;
   // Spans whose device interval is not read yet (DeviceTimer), and the device tracks by name.
   std::vector<std::pair<std::string, void*>> device_pending;
+  size_t device_collect_at = 0;  // read device_pending when it grows to this size
   std::map<std::string, int> device_tids;
 };
 
-// A span's device interval is read in batches: at finish(), and when this many wait.
+// A span's device interval is read in batches: at finish(), and when this many more wait than the last read left
+// (a device far behind the host keeps some unread; they are not polled again at every span).
 constexpr size_t kDeviceBatch = 256;
 
 Recorder& recorder() {
@@ -88,6 +90,7 @@ void collect_locked(Recorder& r, bool wait) {
                         {"tid", device_tid_locked(r, track)}});
   }
   r.device_pending.resize(kept);
+  r.device_collect_at = kept + kDeviceBatch;
 }
 
 }  // namespace
@@ -112,6 +115,7 @@ void start(const std::string& path, int pid) {
   r.clock_offset_us = r.clock_uncertainty_us = 0;
   r.events.clear();
   r.device_tids.clear();
+  r.device_collect_at = kDeviceBatch;
   if (device_timer.restart) device_timer.restart();
   r.events.push_back(
       {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
@@ -205,7 +209,7 @@ Span::~Span() {
   }
   if (mark_) {
     r.device_pending.emplace_back(name_, mark_);
-    if (r.device_pending.size() >= kDeviceBatch) collect_locked(r, /*wait=*/false);
+    if (r.device_pending.size() >= r.device_collect_at) collect_locked(r, /*wait=*/false);
   }
   r.events.push_back({{"name", name_},
                       {"ph", "X"},

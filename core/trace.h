@@ -13,7 +13,8 @@
 // On a device, each span also gets the device's time: what the device's stream did between the span's start and
 // end (CUDA events; a backend installs set_device_timer), on a track of its own per stream ("device 0: compute
 // stream"), so a reader sees the kernels a forward launched run after the host has moved on. The device's
-// intervals are read once the device has passed them: at finish(), and whenever 256 spans wait to be read.
+// intervals are read once the device has passed them: at finish(), and whenever 256 more spans wait to be read than
+// the last reading left.
 //
 // The ranks' clocks are started after a barrier, but a rank may leave it later than another (descheduled on a
 // loaded host, or simply later in the barrier's tree): each rank's offset from rank 0's clock is measured where
