@@ -13,10 +13,12 @@
 //     stream), else the current device's compute stream, if this process has used the device (a CPU run of an
 //     emulated build has none) and the thread is timed (trace::set_device_timing). None while it is captured into
 //     a CUDA graph: a captured record would time a replay, not this span.
-//   - The clock: events only measure elapsed time between two events. At the first mark of a trace the device is
-//     synchronised, a reference event recorded and waited for, and the trace's clock read; a span starts at that
-//     reading plus the elapsed time from the reference to its start event. The host reads its clock a few
-//     microseconds after the reference completes, so device spans may sit that much late; cudaEventElapsedTime's
+//   - The clock: events only measure elapsed time between two events. At the first mark of a trace on a device a
+//     reference event is recorded on the span's stream and waited for, and the trace's clock read; a span starts
+//     at that reading plus the elapsed time from the reference to its start event (events on any stream of a
+//     device share its clock). Only that stream's queued work is waited for, not the device's (a collective in
+//     flight on another stream may wait for a peer). The host reads its clock a few microseconds after the
+//     reference completes, so device spans may sit that much late; cudaEventElapsedTime's
 //     float keeps the placement to about 2^-24 of the time since the trace started (0.2 ms after an hour), the
 //     duration (from the span's own pair) to its 0.5 us resolution.
 //   - The cost: two event records per span; events are pooled, and read in batches (core/trace.cpp).
@@ -65,7 +67,6 @@ Timer& timer() {
 const Reference& reference_locked(Timer& t, int device, cudaStream_t stream) {
   auto [it, added] = t.references.try_emplace(device);
   if (added) {
-    MINIDL_CUDA_CHECK(cudaDeviceSynchronize());
     MINIDL_CUDA_CHECK(cudaEventCreate(&it->second.event));
     MINIDL_CUDA_CHECK(cudaEventRecord(it->second.event, stream));
     MINIDL_CUDA_CHECK(cudaEventSynchronize(it->second.event));
