@@ -4,13 +4,23 @@
 # fails (or the build does: a mutant that no longer compiles is listed as such, and the list needs mending).
 #
 #   scripts/mutants.sh              # every mutant; prints caught/total and the survivors
-#   scripts/mutants.sh --list       # the list, one line each
 #   scripts/mutants.sh ring ddp     # only the mutants whose names are given
+#   scripts/mutants.sh --check      # builds nothing: does every mutant (or each one named after it) still apply?
+#   scripts/mutants.sh --list       # the list, one line each
 #
-# Not part of CI (a mutant costs a rebuild and its tests: about 30 minutes for the list on 2 cores); run it before
-# closing a test issue and after large changes. MINIDL_BUILD_DIR names the build tree (default build: the Release
-# tree with the emulated CUDA backend that scripts/test.sh and CI's test stage configure). Sources are restored
-# from a copy taken before each mutation, also when the script is interrupted; uncommitted changes are safe.
+# A mutant applies when its file exists, its text occurs there exactly once and its replacement differs from it.
+# --check prints a line for each one that does not (name, file, why: file missing, pattern not found, found N
+# times, replacement unchanged) and exits 1, or prints "N mutants apply" and exits 0. CI's docs stage runs it, so a
+# change that moves a mutant's code fails there until the mutant is mended (git log -S'<its text>' and grep find
+# where the code went; plant the same kind of bug there, against tests that exist). The building mode refuses a
+# stale mutant the same way: it is not run nor counted as caught, it is listed as stale, and the script exits 1.
+#
+# The building mode is not part of CI (a mutant costs a rebuild and its tests: about 30 minutes for the list on 2
+# cores); run it before closing a test issue and after large changes. MINIDL_BUILD_DIR names the build tree
+# (default build: the Release tree with the emulated CUDA backend that scripts/test.sh and CI's test stage
+# configure). Sources are restored from a copy taken before each mutation, also when the script is interrupted;
+# uncommitted changes are safe. Exit status: 0 when every mutant run was caught (--check: every one applies), 1
+# when one survived, did not compile or is stale, 2 on a usage error or a malformed list.
 #
 # Each mutant is three lines and a blank one:
 #   name ; file ; ctest arguments (the tests that exist to see it) ; what the bug is
@@ -81,11 +91,11 @@ embedding_tile ; ops/cuda/embedding.cu ; -R CudaEmbedding|cuda_kernels ; the CUD
 + dweight[v * C + c] += grad_out[k * C + c];
 
 checkpoint_clean_steps ; train/checkpoint.cpp ; -R Resume\.(EightSteps|Fp16) ; the loss scaler's clean steps not restored on load
-- g.at("clean_steps").get<int64_t>(),
+- j.at("clean_steps").get<int64_t>(),
 + int64_t(0),
 
 checkpoint_skipped_steps ; train/checkpoint.cpp ; -R Resume\.(EightSteps|Fp16) ; the loss scaler's skipped steps not restored on load
-- g.at("skipped_steps").get<int64_t>()};
+- j.at("skipped_steps").get<int64_t>()};
 + int64_t(0)};
 
 ignored_targets ; train/step.cpp ; -R ^Training\.|^GradAccum\. ; ignored (-1) targets counted in the loss's divisor
@@ -93,8 +103,8 @@ ignored_targets ; train/step.cpp ; -R ^Training\.|^GradAccum\. ; ignored (-1) ta
 + for (double v : y.to_vector()) n += 1;
 
 lr_on_skip ; train/trainer.cpp ; -R TrainGpt\.Fp16 ; fp16: the learning-rate schedule advances on skipped steps
-- if (holds_on_skip) schedule_step += unread_steps - new_skips;
-+ if (holds_on_skip) schedule_step += unread_steps;
+- if (holds_on_skip_) schedule_step_ += unread_ - new_skips;
++ if (holds_on_skip_) schedule_step_ += unread_;
 
 zero3_piece ; dist/zero3.cpp ; -R ^test_zero\.np|Zero ; ZeRO-3: each shard piece one element short at its parameter's end
 - std::min(first + shard, spec.offsets[s] + params[spec.params[s]].numel());
@@ -104,7 +114,7 @@ sp_dropout ; dist/sequence_parallel.cpp ; -R TensorParallel|^test_dist_tensor_pa
 - ((ctx.first_sample + b) * T + first_position) * C;
 + ((ctx.first_sample + b) * T) * C;
 
-pipeline_tied_wte ; train/pipeline_step.cpp ; -R Pipeline|^test_dist_pipeline\.np|^test_dist_3d ; the tied wte's gradient averaged over the embedding group instead of summed
+pipeline_tied_wte ; train/grad_sync.cpp ; -R Pipeline|^test_dist_pipeline\.np|^test_dist_3d ; the tied wte's gradient averaged over the embedding group instead of summed
 - emb->all_reduce(g, dist::ReduceOp::kSum)->wait();
 + emb->all_reduce(g, dist::ReduceOp::kAvg)->wait();
 
@@ -131,36 +141,85 @@ nccl_group_of_one ; dist/cuda/nccl_backend.cpp ; -R ^test_dist_cuda\.np ; a grou
 EOF
 }
 
-# The list as records: name, file, ctest arguments, what, old, new (one per line, fields tab-separated).
+# The list as records, one a line, fields separated by the unit separator (0x1f, so that no empty field is lost):
+# name, file, ctest arguments, what, old, new, and whether it applies: "ok", or why not.
+sep=$'\x1f'
 records() {
   mutants | python3 -c '
-import sys
+import os, sys
 blocks = [b for b in sys.stdin.read().split("\n\n") if b.strip()]
+seen = set()
 for b in blocks:
-    head, old, new = b.strip("\n").split("\n")
-    name, path, tests, what = [f.strip() for f in head.split(" ; ", 3)]
-    assert old.startswith("- ") and new.startswith("+ "), b
-    print("\t".join([name, path, tests, what, old[2:], new[2:]]))
+    lines = b.strip("\n").split("\n")
+    head = lines[0].split(" ; ", 3)
+    if len(lines) != 3 or len(head) != 4 or not lines[1].startswith("- ") or not lines[2].startswith("+ "):
+        sys.exit("mutants: malformed entry (expected name ; file ; tests ; what, then - and + lines):\n" + b)
+    name, path, tests, what = [f.strip() for f in head]
+    if name in seen:
+        sys.exit(f"mutants: two mutants named {name}")
+    seen.add(name)
+    old, new = lines[1][2:], lines[2][2:]
+    pattern, replacement = old.replace("\\n", "\n"), new.replace("\\n", "\n")
+    if not os.path.isfile(path):
+        why = "file missing"
+    else:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            count = f.read().count(pattern)
+        why = ("pattern not found" if count == 0 else f"pattern found {count} times" if count > 1
+               else "replacement unchanged" if replacement == pattern else "ok")
+    print("\x1f".join([name, path, tests, what, old, new, why]))
 '
 }
 
-if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+usage_lines() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }
+
+mode=run
+case ${1:-} in
+  -h | --help) usage_lines; exit 0 ;;
+  --list) mode=list; shift ;;
+  --check) mode=check; shift ;;
+  -*) echo "mutants: unknown option '$1' (scripts/mutants.sh --help)" >&2; exit 2 ;;
+esac
+
+list="$(records)" || exit 2
+if [[ $mode == list ]]; then
+  awk -F"$sep" '{ printf "%-26s %-34s %s\n", $1, $2, $4 }' <<<"$list"
   exit 0
 fi
-if [[ ${1:-} == --list ]]; then
-  records | awk -F'\t' '{ printf "%-26s %-34s %s\n", $1, $2, $4 }'
+wanted=" $* "
+known=" $(cut -d"$sep" -f1 <<<"$list" | tr '\n' ' ') "
+for w in "$@"; do
+  [[ $known == *" $w "* ]] || { echo "mutants: no mutant named '$w' (scripts/mutants.sh --list)" >&2; exit 2; }
+done
+# The mutants to check or run: those named, or all.
+chosen="$list"
+(( $# == 0 )) || chosen="$(awk -F"$sep" -v wanted="$wanted" 'index(wanted, " " $1 " ")' <<<"$list")"
+
+# The mutants that do not apply, one line each: name (file): why.
+stale_lines() {
+  awk -F"$sep" '$7 != "ok" { printf "mutants: %s (%s): %s\n", $1, $2, $7 }' <<<"$chosen"
+}
+count=$(grep -c . <<<"$chosen")
+stale_count=$(awk -F"$sep" '$7 != "ok"' <<<"$chosen" | grep -c .)
+
+if [[ $mode == check ]]; then
+  if (( stale_count > 0 )); then
+    stale_lines
+    echo "mutants: $stale_count of $count mutants do not apply (mend them in scripts/mutants.sh: see its header)" >&2
+    exit 1
+  fi
+  echo "$count mutants apply"
   exit 0
 fi
+
 if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
   echo "mutants: $build_dir is not a configured build tree (run scripts/build.sh first, or set MINIDL_BUILD_DIR)" >&2
   exit 2
 fi
-wanted=" $* "
-known=" $(records | cut -f1 | tr '\n' ' ') "
-for w in "$@"; do
-  [[ $known == *" $w "* ]] || { echo "mutants: no mutant named '$w' (scripts/mutants.sh --list)" >&2; exit 2; }
-done
+if (( stale_count > 0 )); then
+  stale_lines
+  echo "mutants: $stale_count stale mutants will not be run (scripts/mutants.sh --check; mend them first)" >&2
+fi
 
 backup="$(mktemp)"
 current=""
@@ -168,35 +227,42 @@ restore() { [[ -n $current ]] && cp "$backup" "$current"; current=""; }
 trap 'restore; rm -f "$backup"' EXIT
 trap 'exit 130' INT TERM
 
-total=0 caught=0
-survivors=() broken=()
+index=0 total=0 caught=0
+survivors=() broken=() stale=()
 log_dir="$build_dir/mutants"
 mkdir -p "$log_dir"
-while IFS=$'\t' read -r -u 3 name file tests what old new; do
-  [[ $# -gt 0 && $wanted != *" $name "* ]] && continue
-  total=$((total + 1))
+while IFS="$sep" read -r -u 3 name file tests what old new why; do
+  index=$((index + 1))
+  if [[ $why != ok ]]; then
+    stale+=("$name ($file: $why)")
+    echo "[$index] $name: STALE, not run ($file: $why)"
+    continue
+  fi
   cp "$file" "$backup"
   current="$file"
+  # The same check again, on the file as it is now (another edit may have landed since the list was read).
   if ! python3 - "$file" "$old" "$new" <<'PY'
 import sys
 path, old, new = sys.argv[1], sys.argv[2].replace("\\n", "\n"), sys.argv[3].replace("\\n", "\n")
-text = open(path).read()
+text = open(path, encoding="utf-8", errors="surrogateescape").read()
 if text.count(old) != 1:
-    sys.exit(f"{path}: the text to replace occurs {text.count(old)} times (expected once): {old!r}")
-open(path, "w").write(text.replace(old, new))
+    sys.exit(f"pattern found {text.count(old)} times")
+with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
+    f.write(text.replace(old, new))
 PY
   then
     restore
-    broken+=("$name (stale: its text is not in $file once)")
-    echo "[$total] $name: STALE"
+    stale+=("$name ($file: its text is no longer there once)")
+    echo "[$index] $name: STALE, not run ($file)"
     continue
   fi
+  total=$((total + 1))
   t0=$SECONDS
   log="$log_dir/$name.log"
   if ! cmake --build "$build_dir" -j "$(nproc)" >"$log" 2>&1; then
     restore
     broken+=("$name (does not compile: $log)")
-    echo "[$total] $name: DOES NOT COMPILE ($log)"
+    echo "[$index] $name: DOES NOT COMPILE ($log)"
     continue
   fi
   read -ra ctest_args <<<"$tests"
@@ -208,13 +274,16 @@ PY
     verdict="caught by $(grep -m1 -Eo '[0-9]+ - [^ ]+' "$log" | sed 's/^[0-9]* - //')"
   fi
   restore
-  echo "[$total] $name: $verdict ($((SECONDS - t0)) s)"
-done 3< <(records)
+  echo "[$index] $name: $verdict ($((SECONDS - t0)) s)"
+done 3<<<"$chosen"
 
 # Rebuild the restored sources, so the tree is what the working copy says.
-cmake --build "$build_dir" -j "$(nproc)" >"$log_dir/restore.log" 2>&1 || echo "mutants: the final rebuild failed" >&2
+if (( total > 0 )); then
+  cmake --build "$build_dir" -j "$(nproc)" >"$log_dir/restore.log" 2>&1 || echo "mutants: the final rebuild failed" >&2
+fi
 echo
-echo "mutants: $caught/$total caught"
+echo "mutants: $caught/$total caught$( (( ${#stale[@]} == 0 )) || echo ", ${#stale[@]} stale (not run)")"
 (( ${#survivors[@]} == 0 )) || printf '  survived: %s\n' "${survivors[@]}"
 (( ${#broken[@]} == 0 )) || printf '  not run: %s\n' "${broken[@]}"
-(( ${#survivors[@]} == 0 && ${#broken[@]} == 0 ))
+(( ${#stale[@]} == 0 )) || printf '  stale: %s\n' "${stale[@]}"
+(( ${#survivors[@]} == 0 && ${#broken[@]} == 0 && ${#stale[@]} == 0 ))
