@@ -15,7 +15,9 @@ namespace minidl {
 // The environment has to say so before libgomp's initialiser runs, and libc's own initialiser discards a setenv
 // made earlier, so a program re-executes itself once with GOMP_SPINCOUNT=10000 added, from the executable's
 // .preinit_array (it runs before every library's initialiser: nothing has been set up to lose). It never overrides
-// the user's OMP_WAIT_POLICY or GOMP_SPINCOUNT, and goes on unchanged if the exec fails.
+// the user's OMP_WAIT_POLICY or GOMP_SPINCOUNT, and goes on unchanged if the exec fails. It executes the file by
+// its own path (read from /proc/self/exe), not by /proc/self/exe: the kernel names a process after the file it
+// executes, and ps, top, pgrep and a scheduler's process list must show train_gpt, not "exe".
 //
 // It is the program's choice, not the library's: a program that links this object (CMake target
 // minidl_program_defaults: minidl's own programs and benchmarks) re-executes itself; a program of one's own that
@@ -29,7 +31,11 @@ static void default_openmp_spin(int, char** argv, char** envp) {
   std::memcpy(env, envp, n * sizeof(char*));
   env[n] = const_cast<char*>("GOMP_SPINCOUNT=10000");
   env[n + 1] = nullptr;
-  execve("/proc/self/exe", argv, env);
+  char path[4096];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (length <= 0) return;
+  path[length] = '\0';
+  execve(path, argv, env);
 }
 [[gnu::used, gnu::section(".preinit_array")]] static void (*const preinit_openmp_spin)(int, char**,
                                                                                        char**) = default_openmp_spin;

@@ -284,6 +284,22 @@ TEST_F(TrainGpt, OpenMpSpinsBrieflyUnlessTheUserChoseOtherwise) {
   EXPECT_EQ(policy.out.find("GOMP_SPINCOUNT = '10000'"), std::string::npos) << policy.out;
 }
 
+// The re-execution keeps the program's name: ps -o comm= shows train_gpt for a running train_gpt (the kernel names
+// a process after the file it executes; /proc/self/exe would make it "exe"). Read once the run prints, that is
+// after the re-execution.
+TEST_F(TrainGpt, KeepsItsNameInTheProcessList) {
+  const std::string log = path("name.log");
+  const std::string script = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT " + std::string(TRAIN_GPT_BIN) + " " +
+                             tiny_flags() + " --steps 100000 >" + log +
+                             " 2>&1 & pid=$!; "
+                             "for i in $(seq 300); do [ -s " +
+                             log +
+                             " ] && break; sleep 0.1; done; "
+                             "ps -o comm= -p $pid; kill $pid; wait $pid 2>/dev/null; true";
+  Result r = minidl::testing::run_program("sh -c '" + script + "'");
+  EXPECT_EQ(r.out, "train_gpt\n") << r.out;
+}
+
 TEST_F(TrainGpt, BatchThatDoesNotSplitIntoMicroBatches) {
   expect_rejected(tiny_flags() + " --batch 10 --grad-accum 4", {"--batch 10", "--grad-accum 4"});
 }
