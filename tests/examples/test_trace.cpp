@@ -228,8 +228,11 @@ TEST_F(TrainGptTrace, DeviceTimeOnEachStream) {
 // waits for a peer nested in them are added back (a forward on stage 1 starts by waiting for its activation). The
 // run measures only the time blocked on a peer ("pipeline measured bubble per stage", over the steps after the
 // first). What no span covers is the loop between actions and the recording of the spans themselves: 0.4 points
-// of a 9% bubble on a quiet machine, 0.1-0.3 with two busy loops on the 2 cores. A wrong reading is tens of points
-// off (the wait halved: 44.7% against 22.1%).
+// of a 9% bubble on a quiet machine, but it grows with the host's load (a preempted loop), and it failed the 10%
+// bound in 2 of 5 full ctest -j2 runs. So that gap is read off the trace too (the window less the union of its
+// actions' spans) and taken out before the comparison, which then holds at any load: what remains is the trace's
+// waits against the run's own timer of them. A wrong reading is tens of points off (the wait halved: 44.7%
+// against 22.1%); the gap itself is printed.
 TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
   const int steps = 6, micro_batches = 4;
   Result r = run_with(mpiexec(2), pipeline_flags() + " --steps " + std::to_string(steps) + " --trace " + path("trace"));
@@ -244,25 +247,39 @@ TEST_F(TrainGptTrace, ShowsThePipelineBubble) {
     ASSERT_EQ(windows.size(), size_t(steps));
     EXPECT_EQ(named(spans, "forward").size(), size_t(steps * micro_batches));
     EXPECT_EQ(named(spans, "backward").size(), size_t(steps * micro_batches));
-    double window_us = 0, compute_us = 0;
+    double window_us = 0, compute_us = 0, covered_us = 0;
     for (size_t w = 1; w < windows.size(); ++w) {  // the measured bubble leaves the first step out
       window_us += windows[w].dur;
+      std::vector<std::pair<double, double>> actions;  // [start, end) of each action span in the window
       for (const Span& action : spans) {
+        if (action.name == "wait for peer" && windows[w].contains(action))
+          actions.emplace_back(action.ts, action.end());  // a wait is covered, whether in an action or not
         if (!(action.starts_with("forward") || action.starts_with("backward") || action.starts_with("send ") ||
               action.starts_with("recv ")) ||
             !windows[w].contains(action))
           continue;
         compute_us += action.dur;
+        actions.emplace_back(action.ts, action.end());
         for (const Span& wait : spans)
           if (wait.name == "wait for peer" && action.contains(wait)) compute_us -= wait.dur;
       }
+      std::sort(actions.begin(), actions.end());
+      double reach = -1e300;  // the union of the actions' intervals
+      for (const auto& [start, end] : actions) {
+        if (end > reach) covered_us += end - std::max(start, reach);
+        reach = std::max(reach, end);
+      }
     }
     const double traced = 100 * (window_us - compute_us) / window_us, measured = std::stod(m[size_t(rank + 1)]);
+    const double gap = 100 * (window_us - covered_us) / window_us;  // no span covers it: the loop, the recording
     EXPECT_GT(measured, 1.0) << "stage " << rank << " never waited: no bubble to compare\n" << r.out;
-    EXPECT_LE(std::abs(traced - measured), 0.10 * measured)
-        << "idle in the trace " << traced << "%, measured " << measured << "%\n"
+    EXPECT_GE(gap, -0.01) << "the actions' spans cover more than the window";
+    EXPECT_LE(std::abs(traced - gap - measured), 0.10 * measured)
+        << "idle in the trace " << traced << "% (of which " << gap << "% outside every span), measured " << measured
+        << "%\n"
         << r.out;
-    std::printf("stage %d: idle in the trace %.2f%%, measured %.2f%%\n", rank, traced, measured);
+    std::printf("stage %d: idle in the trace %.2f%% (%.2f%% outside every span), measured %.2f%%\n", rank, traced, gap,
+                measured);
   }
 }
 
