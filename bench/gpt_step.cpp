@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
   int64_t grad_accum = 1;
   std::string recompute = "none", amp = "off";
   bool json = false, tf32 = false, cuda_graph = false, same_batch = false;
+  std::string json_out;
   std::string device_flag = "cpu";
   double peak_tflops = 0;
   int tp = 1;
@@ -175,6 +177,9 @@ int main(int argc, char** argv) {
                  "cuda, mpi means nccl (ring: the device ring)")
       ->capture_default_str();
   app.add_flag("--json", json, "Also print one JSON object as the last line");
+  app.add_option("--json-out", json_out,
+                 "Also write that JSON object to this file (whole, then renamed into place: a script reads it "
+                 "without parsing the program's output)");
   app.add_flag("--same-batch", same_batch,
                "Train on one batch, repeated every step: the loss must fall (the "
                "loss line gives the first and the last timed step's)");
@@ -385,21 +390,37 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) counted.print(steps);
     std::printf("loss: first timed step %.4f, last %.4f%s\n", loss_first, loss_last,
                 same_batch ? " (one batch repeated)" : "");
-    if (json) {
+    if (json || !json_out.empty()) {
       char blas_fields[160] = "";
       if (ceiling_products)
         std::snprintf(blas_fields, sizeof blas_fields,
                       ", \"blas_ms_per_step\": %.3f, \"blas_gflops_per_core\": %.2f, "
                       "\"rest_ms_per_step\": %.3f",
                       blas_ms, blas_gflops, rest_ms);
-      std::printf(
-          "{\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"peak_mem_mb\": %.1f, "
-          "\"threads\": %d, \"act_peak_mb\": %.1f, \"device\": \"%s\", \"mfu\": %.4f, "
-          "\"sgemm_ceiling_gflops\": %.2f, \"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d, "
-          "\"loss_first\": %.6g, \"loss_last\": %.6g, \"same_batch\": %s%s%s, \"provenance\": %s}\n",
-          median, tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(), mb(l.peak(MemTag::kActivations)),
-          name.c_str(), mfu, ceiling, pct_ceiling, world, zero, loss_first, loss_last, same_batch ? "true" : "false",
-          blas_fields, device.is_cuda() ? counted.json_fields(steps).c_str() : "", provenance.dump().c_str());
+      char head[1024];
+      std::snprintf(head, sizeof head,
+                    "{\"ms_per_step\": %.3f, \"ms_min\": %.3f, \"ms_max\": %.3f, \"tokens_per_s\": %.1f, "
+                    "\"gflops\": %.2f, \"peak_mem_mb\": %.1f, \"threads\": %d, \"act_peak_mb\": %.1f, "
+                    "\"device\": \"%s\", \"mfu\": %.4f, \"peak_tflops\": %.1f, \"sgemm_ceiling_gflops\": %.2f, "
+                    "\"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d, \"steps\": %lld, \"loss_first\": %.6g, "
+                    "\"loss_last\": %.6g, \"same_batch\": %s",
+                    median, *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()),
+                    tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(), mb(l.peak(MemTag::kActivations)),
+                    name.c_str(), mfu, peak_tflops, ceiling, pct_ceiling, world, zero, (long long)steps, loss_first,
+                    loss_last, same_batch ? "true" : "false");
+      std::string steps_ms = ", \"ms_steps\": [";  // every timed step, for a driver that pools runs
+      for (size_t i = 0; i < ms.size(); ++i) steps_ms += (i ? ", " : "") + std::to_string(ms[i]);
+      steps_ms += "]";
+      const std::string object = std::string(head) + blas_fields + steps_ms +
+                                 (device.is_cuda() ? counted.json_fields(steps) : std::string()) +
+                                 ", \"provenance\": " + provenance.dump() + "}\n";
+      if (json) std::fputs(object.c_str(), stdout);
+      if (!json_out.empty()) {
+        const std::string part = json_out + ".part";
+        MINIDL_CHECK(bool(std::ofstream(part) << object), "--json-out: cannot write ", part);
+        MINIDL_CHECK(std::rename(part.c_str(), json_out.c_str()) == 0, "--json-out: cannot rename ", part, " to ",
+                     json_out);
+      }
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt_step: error (rank %d): %s\n", ctx.rank(), e.what());

@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", cfg.batch, "Sequences per step")->capture_default_str();
   app.add_option("--vocab", cfg.vocab, "Vocabulary size")->capture_default_str();
   app.add_option("--amp", amp, "Precision of products and attention: off (f32), bf16 or fp16")->capture_default_str();
-  app.add_option("--gpu", gpu_name, "H100 (SXM5) or A100 (SXM4 80GB)")->capture_default_str();
+  app.add_option("--gpu", gpu_name, "H200 (SXM), H100 (SXM5) or A100 (SXM4 80GB)")->capture_default_str();
   std::string kernel_set = "now";
   app.add_option("--kernels", kernel_set,
                  "Which kernels: now (today's: tensor-core flash attention; 16-bit-native "
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
                                          : KernelSet::kNow;
   const GpuPeak* gpu = find_gpu(gpu_name);
   if (gpu == nullptr) {
-    std::fprintf(stderr, "bench_gpu_roofline: error: --gpu: expected H100 or A100, got '%s'\n", gpu_name.c_str());
+    std::fprintf(stderr, "bench_gpu_roofline: error: --gpu: expected H200, H100 or A100, got '%s'\n", gpu_name.c_str());
     return 2;
   }
   if (cfg.layers < 1 || cfg.heads < 1 || cfg.embd < 1 || cfg.embd % cfg.heads != 0 || cfg.seq < 1 || cfg.batch < 1 ||

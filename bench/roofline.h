@@ -24,13 +24,15 @@
 
 namespace minidl::bench {
 
-// Dense peaks from NVIDIA's datasheets (H100 Tensor Core GPU datasheet, SXM5; A100 80GB datasheet, SXM4):
+// Dense peaks from NVIDIA's datasheets (H100 Tensor Core GPU datasheet, SXM5, which lists the H200 SXM beside it;
+// A100 80GB datasheet, SXM4):
 // bf16/f16 tensor-core TFLOP/s without sparsity, FP32 (non-tensor) TFLOP/s, HBM bandwidth in GB/s.
 struct GpuPeak {
   const char* name;
   double half_tflops, f32_tflops, hbm_gbps;
 };
 inline constexpr GpuPeak kGpuPeaks[] = {
+    {"H200", 989.0, 67.0, 4800.0},  // H200 SXM 141GB HBM3e: the H100's compute, 4.8 TB/s
     {"H100", 989.0, 67.0, 3350.0},  // H100 SXM5 80GB HBM3
     {"A100", 312.0, 19.5, 2039.0},  // A100 SXM4 80GB HBM2e
 };

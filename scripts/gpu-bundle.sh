@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds minidl for real GPUs on this (Debian, GPU-less) machine and packs what a GPU node needs to check it into one
-# .tar.xz: the GPU test binaries (tests/gpu: gpu.*), the benchmark programs and train_gpt, the shared libraries they
-# load that a GPU node may lack, and scripts/gpu-run.sh, which runs the check there from the unpacked folder with
-# nothing installed.
+# .tar.xz: the GPU test binaries (tests/gpu: gpu.*), gpu_probe, the benchmark programs and train_gpt, the shared
+# libraries they load that a GPU node may lack, bench/torch_gpt_step.py (the PyTorch reference), Tiny Shakespeare and
+# GPT-2's encoding (the trace step's data), and scripts/gpu-run.sh, which runs the check there from the unpacked
+# folder with nothing installed.
 #
 #   scripts/gpu-bundle.sh                       # -> build-bundle/minidl-gpu.tar.xz
 #   scripts/gpu-bundle.sh /tmp/minidl-gpu.tar.xz
@@ -18,7 +19,8 @@
 #
 # The audit: after packing, `ldd` (with no LD_LIBRARY_PATH) must resolve every dependency of every program, library
 # and plug-in inside the bundle, to glibc, or to the driver and CUDA libraries; the script fails naming any other
-# (and any library not found on this machine). The bundle must be at most 60 MiB (MINIDL_BUNDLE_MAX_MIB).
+# (and any library not found on this machine). The bundle must be at most 50 MiB (MINIDL_BUNDLE_MAX_MIB), so that
+# it and the source tree travel together under a GPU node's 64 MiB (docs/cuda.md).
 #
 # Exit status: 0 on success; 1 when the build, the audit or the size check fails; 2 on bad usage.
 set -euo pipefail
@@ -37,7 +39,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 build_dir="${MINIDL_BUNDLE_BUILD_DIR:-build-bundle}"
 archs="${MINIDL_BUNDLE_ARCHS:-80;90}"
-max_mib="${MINIDL_BUNDLE_MAX_MIB:-60}"
+max_mib="${MINIDL_BUNDLE_MAX_MIB:-50}"
 out="${1:-$build_dir/minidl-gpu.tar.xz}"
 if [[ "$out" != *.tar.xz ]]; then
   echo "gpu-bundle: the output must end in .tar.xz, got '$out'" >&2
@@ -60,17 +62,20 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIDL_ENABLE_C
 [[ -f "$build_dir/gpu_test_targets.txt" ]] ||
   fail "the build has no real CUDA backend (nvcc not found?): see $configure_log"
 read -ra test_targets <<<"$(tr ';' ' ' <"$build_dir/gpu_test_targets.txt")"
-programs=(bench_gpt_step bench_gpu_roofline bench_collectives train_gpt)
+programs=(gpu_probe bench_gpt_step bench_gpu_roofline bench_collectives train_gpt)
 cmake --build "$build_dir" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" --target "${programs[@]}" "${test_targets[@]}"
 
 # ---- stage ----
 stage="$build_dir/stage"
 top="$stage/minidl-gpu"
 rm -rf "$stage"
-mkdir -p "$top/bin" "$top/tests" "$top/lib/openmpi3" "$top/scripts"
+mkdir -p "$top/bin" "$top/tests" "$top/lib/openmpi3" "$top/scripts" "$top/bench" "$top/data"
 for p in "${programs[@]}"; do install -m 755 "$build_dir/bin/$p" "$top/bin/"; done
 for t in "${test_targets[@]}"; do install -m 755 "$build_dir/tests/$t" "$top/tests/"; done
-install -m 755 scripts/gpu-run.sh "$top/scripts/"
+install -m 755 scripts/gpu-run.sh scripts/gpu_profile.py "$top/scripts/"
+install -m 755 bench/torch_gpt_step.py "$top/bench/"
+# The trace step trains GPT-2 124M on Tiny Shakespeare with GPT-2's BPE.
+install -m 644 data/tinyshakespeare.txt data/gpt2.tiktoken "$top/data/"
 
 # Which dependencies stay on the node: glibc, the NVIDIA driver, the CUDA libraries.
 is_glibc() { [[ $1 =~ ^(linux-vdso|linux-gate|ld-linux.*|libc|libm|libpthread|libdl|librt|libutil|libresolv|libanl)\.so ]]; }
@@ -119,11 +124,60 @@ if [[ -n "${copied[libmpi.so.40]:-}" ]]; then
   done
 fi
 
-strip "$top"/bin/* "$top"/tests/*
+# Debug information out, symbols kept: compute-sanitizer's and a crash's reports name the host functions.
+strip --strip-debug "$top"/bin/* "$top"/tests/*
 strip --strip-unneeded "$top"/lib/*.so* "$top"/lib/openmpi3/*.so
 for f in "$top"/bin/* "$top"/tests/*; do patchelf --set-rpath '$ORIGIN/../lib' "$f"; done
 for f in "$top"/lib/*.so*; do patchelf --set-rpath '$ORIGIN' "$f"; done
 for f in "$top"/lib/openmpi3/*.so; do patchelf --set-rpath '$ORIGIN/..' "$f"; done
+
+# ---- the kit to build on the node (scripts/gpu-build-there.sh): headers and CMake packages of the dependencies,
+# a mirror of /usr's layout (so their CMake files find themselves), and link-time names for the bundle's libraries.
+# With it, a node that has only nvcc, CMake, ninja and a C++ compiler builds the GPU targets. ----
+kit="$top/devkit"
+multiarch="$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
+kit_paths=(include/CLI include/nlohmann include/hwy include/gtest include/gmock include/pcre2.h
+           "include/$multiarch/openblas-openmp" "lib/$multiarch/openmpi/include" share/cmake/CLI11
+           share/cmake/nlohmann_json "lib/$multiarch/cmake/hwy" "lib/$multiarch/cmake/GTest")
+for p in "${kit_paths[@]}" "lib/$multiarch"/libg{test,mock}{,_main}.a; do
+  [[ -e /usr/$p ]] || fail "the build kit needs /usr/$p (scripts/install-deps.sh installs it)"
+  mkdir -p "$kit/$(dirname "$p")"
+  cp -RL "/usr/$p" "$kit/$(dirname "$p")/"
+done
+# kit_link LINK-PATH SONAME: a link-time name in the kit for a library of lib/.
+kit_link() {
+  [[ -e $top/lib/$2 ]] || fail "the build kit: $2 is not in the bundle's lib/"
+  mkdir -p "$kit/$(dirname "$1")"
+  ln -sf "$(realpath --relative-to="$kit/$(dirname "$1")" "$top/lib/$2")" "$kit/$1"
+}
+for f in $(grep -ho 'lib/[^"]*\.so[.0-9]*' "$kit/lib/$multiarch/cmake/hwy/"hwy-config-*.cmake | sort -u); do
+  # hwy's CMake file checks that each of its libraries exists; minidl links libhwy alone.
+  kit_link "$f" libhwy.so.1
+done
+kit_link "lib/$multiarch/libhwy.so" libhwy.so.1
+kit_link "lib/$multiarch/libpcre2-8.so" libpcre2-8.so.0
+kit_link "lib/$multiarch/libmpi.so" libmpi.so.40
+kit_link "lib/$multiarch/openblas-openmp/libopenblas.so" libopenblas.so.0
+# Open MPI's compiler wrappers answer CMake's FindMPI (-showme:compile, -showme:link) from their installed data
+# files; these stand-ins answer the same questions with the kit's paths, and compile with the node's compiler.
+mkdir -p "$kit/bin"
+for wrapper in mpicc:gcc mpicxx:g++; do
+  cat >"$kit/bin/${wrapper%%:*}" <<EOF
+#!/bin/sh
+kit="\$(cd "\$(dirname "\$0")/.." && pwd)"
+inc="\$kit/lib/$multiarch/openmpi/include" lib="\$kit/lib/$multiarch"
+case "\$1" in
+  -showme:compile) echo "-I\$inc" ;;
+  -showme:link) echo "-L\$lib -lmpi" ;;
+  -showme:incdirs) echo "\$inc" ;;
+  -showme:libdirs) echo "\$lib" ;;
+  -showme:libs) echo "mpi" ;;
+  -showme:version) echo "${wrapper%%:*}: Open MPI (minidl's build kit)" ;;
+  *) exec "\${MINIDL_KIT_COMPILER:-${wrapper#*:}}" -I"\$inc" "\$@" -L"\$lib" -lmpi ;;
+esac
+EOF
+  chmod 755 "$kit/bin/${wrapper%%:*}"
+done
 
 # ---- audit: every dependency resolves inside the bundle, or is glibc, the driver or CUDA ----
 audit="$stage/ldd-audit.txt"
@@ -148,6 +202,7 @@ package_of() {
   echo "minidl GPU bundle"
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -sm), $(. /etc/os-release && echo "$PRETTY_NAME")"
+  echo "glibc: $(ldd --version | head -n 1 | grep -Eo '[0-9]+\.[0-9]+$')"
   echo "compiler: $(g++ --version | head -n 1)"
   echo "nvcc: $( (command -v nvcc >/dev/null && nvcc --version || /usr/local/cuda/bin/nvcc --version) | tail -n 2 | head -n 1)"
   echo "cuda architectures: $archs (-lineinfo)"

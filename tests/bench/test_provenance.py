@@ -70,6 +70,24 @@ def main():
         for key in ["cpu", "commit", "open_mpi", "openblas"]:
             line = f"# {key}: {prov[key]}"
             check(line in table.splitlines(), f"{name}'s table header lacks {line!r}")
+    # --json-out: the same object in a file a driver reads without parsing the output (scripts/gpu-run.sh), with
+    # every timed step's ms and their min <= median <= max.
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "step.json")
+        cmd = [os.path.join(bin_dir, "bench_gpt_step")] + programs["bench_gpt_step"][:-6] + ["--steps", "3", "--warmup", "0",
+                                                                                            "--threads", "1"]
+        printed = json.loads(run(cmd + ["--json", "--json-out", path]).strip().splitlines()[-1])
+        check(os.path.exists(path) and not os.path.exists(path + ".part"), "--json-out left no file, or its .part")
+        if os.path.exists(path):
+            with open(path) as f:
+                written = json.load(f)
+            check(written == printed, "--json-out's object differs from the printed one")
+            steps = written.get("ms_steps", [])
+            check(len(steps) == 3, f"ms_steps has {len(steps)} entries, expected 3")
+            check(written["ms_min"] <= written["ms_per_step"] <= written["ms_max"], "min <= median <= max fails")
+            check(abs(written["ms_min"] - min(steps)) < 1e-3 and abs(written["ms_max"] - max(steps)) < 1e-3,
+                  "ms_min/ms_max are not the extremes of ms_steps")
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1
