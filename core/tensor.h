@@ -34,6 +34,9 @@ namespace minidl {
 namespace autograd {
 class Node;
 }
+namespace nn {
+struct ParamLayout;  // nn/param_layout.h: a parameter's place in the one-process model
+}
 
 class Tensor;
 using Strides = Shape;
@@ -76,6 +79,9 @@ struct AutogradMeta {
   // Set by a scheme that takes over this parameter's update (ZeRO steps its shard parameters instead): an optimizer
   // built over the parameter refuses it with this message, which names what to optimise instead.
   std::string update_owner;
+  // How this parameter lies in the one-process model (nn/param_layout.h; null: whole), set by the parallelism that
+  // split or replicated it.
+  std::shared_ptr<const nn::ParamLayout> layout;
 };
 
 struct TensorImpl {

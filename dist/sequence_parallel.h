@@ -1,7 +1,7 @@
 // Sequence parallelism: the part of tensor parallelism (dist/tensor_parallel.h) that splits the residual stream
 // along the sequence between the parallel layers.
 //
-//   dist::TensorParallelGPT model(cfg, seed, topology.tp_group(), /*sequence_parallel=*/true);   // the usual way
+//   dist::apply_tensor_parallel(model, tp, dist::gpt2_plan(/*sequence_parallel=*/true));   // the usual way
 //   Tensor x = dist::reduce_scatter_to_sequence_parallel(partial, tp);   // (B, T, C) sums -> (B, T / tp, C)
 //   Tensor y = dist::sequence_parallel_linear(layernorm(x, w, b), c_fc_weight, c_fc_bias, tp);   // (B, T, 4C / tp)
 //

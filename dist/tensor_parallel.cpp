@@ -26,8 +26,6 @@ Tensor copy_of(const Tensor& t) {
   return c;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // ids as ops::vocab_range takes them: contiguous, and i64 on a device (the trainer's batches are uploaded as i64
 // already; other device ids make one round trip through the host to convert).
 Tensor vocab_range_ids(const Tensor& ids) {
@@ -119,124 +117,71 @@ Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group) {
   });
 }
 
-// ---- ShardLayout ----
+// ---- whole tensors from every rank's slices ----
 
-Shape ShardLayout::local_shape() const {
-  if (!is_split()) return full_shape;
-  Shape s = full_shape;
-  s[size_t(dim)] = parts * ceil_div(full_shape[size_t(dim)] / parts, ranks);
-  return s;
-}
-
-std::vector<ShardLayout::Piece> ShardLayout::pieces() const {
-  MINIDL_ASSERT(is_split(), "ShardLayout::pieces of a replicated layout");
-  const int64_t part = full_shape[size_t(dim)] / parts, slice = ceil_div(part, ranks);
-  MINIDL_ASSERT(part * parts == full_shape[size_t(dim)], "ShardLayout: ", full_shape[size_t(dim)],
-                " does not split into ", parts, " parts");
-  std::vector<Piece> out;
-  for (int64_t p = 0; p < parts; ++p) {
-    const int64_t start = int64_t(rank) * slice, length = std::max<int64_t>(0, std::min(slice, part - start));
-    if (length > 0) out.push_back({p * part + start, p * slice, length});
+nn::NamedTensors gather_whole(const std::vector<Tensor>& params, const nn::NamedTensors& local,
+                              const std::function<bool(const std::string&)>& keep) {
+  autograd::NoGradGuard no_grad;
+  MINIDL_ASSERT(params.size() == local.size(), "gather_whole: ", local.size(), " tensors for ", params.size(),
+                " parameters");
+  nn::NamedTensors whole;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = local[i];
+    const nn::ParamLayout mine = nn::layout_of(params[i]);
+    MINIDL_ASSERT(p.shape() == mine.local_shape(), "gather_whole: ", name, " has shape ", p.shape(), ", expected ",
+                  mine.local_shape());
+    const bool kept = !keep || keep(name);
+    if (!mine.is_split()) {
+      if (kept) whole.emplace_back(name, p.to(Device::cpu()).clone());
+      continue;
+    }
+    ProcessGroup& group = *mine.group;
+    const int n = group.size();
+    Tensor all = Tensor::empty({int64_t(n) * p.numel()}, p.dtype(), p.device());
+    group.all_gather(all, p.contiguous())->wait();
+    if (!kept) continue;
+    all = all.to(Device::cpu());
+    Tensor full = Tensor::zeros(mine.full_shape, p.dtype());
+    for (int r = 0; r < n; ++r) {
+      nn::ParamLayout theirs = mine;
+      theirs.rank = r;  // every rank's layout is the same function of its rank
+      theirs.scatter_into(full, all.narrow(0, int64_t(r) * p.numel(), p.numel()).reshape(p.shape()));
+    }
+    whole.emplace_back(name, full);
   }
-  return out;
+  return whole;
 }
 
-Tensor ShardLayout::slice(const Tensor& full) const {
-  MINIDL_CHECK(full.shape() == full_shape, "tensor parallel: expected a whole parameter of shape ", full_shape,
-               ", got ", full.shape());
-  if (!is_split()) return copy_of(full.to(Device::cpu()));
-  Tensor local = Tensor::zeros(local_shape(), full.dtype());
-  const Tensor src = full.to(Device::cpu());
-  for (const Piece& p : pieces())
-    local.narrow(dim, p.local_start, p.length).copy_(src.narrow(dim, p.full_start, p.length));
-  return local;
+// ---- styles ----
+
+Tensor ColumnParallel::product(const nn::Linear& l, const Tensor& x) const {
+  return sequence_input_ ? sequence_parallel_linear(x, l.weight, Tensor(), group_)
+                         : matmul(copy_to_tensor_parallel(x, group_), l.weight);
 }
 
-void ShardLayout::scatter_into(Tensor& full, const Tensor& local) const {
-  MINIDL_ASSERT(local.shape() == local_shape(), "ShardLayout: local shape ", local.shape(), ", expected ",
-                local_shape());
-  if (!is_split()) {
-    full.copy_(local);
-    return;
-  }
-  for (const Piece& p : pieces()) {
-    Tensor dst = full.narrow(dim, p.full_start, p.length);
-    dst.copy_(local.narrow(dim, p.local_start, p.length));
-  }
+Tensor ColumnParallel::forward(const nn::Linear& l, const Tensor& x) const {
+  return sequence_input_ ? sequence_parallel_linear(x, l.weight, l.bias, group_)
+                         : linear(copy_to_tensor_parallel(x, group_), l.weight, l.bias);
 }
 
-void ShardLayout::init_normal(Tensor& local, double std, uint64_t seed, uint64_t stream) const {
-  if (!is_split()) {
-    nn::init_normal(local, std, seed, stream);
-    return;
-  }
-  for (const Piece& p : pieces()) {
-    Shape s = full_shape;
-    s[size_t(dim)] = p.length;
-    Tensor piece = Tensor::empty(s);
-    nn::init_normal_slice(piece, std, seed, stream, full_shape, dim, p.full_start);
-    local.narrow(dim, p.local_start, p.length).copy_(piece);
-  }
+Tensor RowParallel::reduce(const Tensor& partial) const {
+  return sequence_output_ ? reduce_scatter_to_sequence_parallel(partial, group_)
+                          : reduce_from_tensor_parallel(partial, group_);
 }
 
-// ---- layers ----
+Tensor RowParallel::product(const nn::Linear& l, const Tensor& x) const { return reduce(matmul(x, l.weight)); }
 
-ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias,
-                                           int64_t parts)
-    : group_(group) {
-  const int n = group.size();
-  MINIDL_CHECK(in_features > 0 && out_features > 0 && out_features % (parts * n) == 0,
-               "ColumnParallelLinear: expected out_features (", out_features, ") to split into ", parts, " part(s) x ",
-               n, " tensor-parallel ranks, got in = ", in_features, ", out = ", out_features);
-  weight_layout = {{in_features, out_features}, 1, parts, n, group.rank()};
-  bias_layout = {{out_features}, 0, parts, n, group.rank()};
-  MemoryTagGuard tag(MemTag::kParams);
-  weight = register_parameter("weight", Tensor::zeros(weight_layout.local_shape()));
-  if (bias) this->bias = register_parameter("bias", Tensor::zeros(bias_layout.local_shape()));
-}
-
-Tensor ColumnParallelLinear::product(const Tensor& x) const {
-  return sequence_parallel ? sequence_parallel_linear(x, weight, Tensor(), group_)
-                           : matmul(copy_to_tensor_parallel(x, group_), weight);
-}
-
-Tensor ColumnParallelLinear::forward(const Tensor& x) const {
-  return sequence_parallel ? sequence_parallel_linear(x, weight, bias, group_)
-                           : linear(copy_to_tensor_parallel(x, group_), weight, bias);
-}
-
-RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias)
-    : group_(group) {
-  const int n = group.size();
-  MINIDL_CHECK(in_features > 0 && out_features > 0 && in_features % n == 0, "RowParallelLinear: expected in_features (",
-               in_features, ") to split into ", n, " tensor-parallel ranks, got in = ", in_features,
-               ", out = ", out_features);
-  weight_layout = {{in_features, out_features}, 0, 1, n, group.rank()};
-  bias_layout = ShardLayout::replicated({out_features});
-  MemoryTagGuard tag(MemTag::kParams);
-  weight = register_parameter("weight", Tensor::zeros(weight_layout.local_shape()));
-  if (bias) this->bias = register_parameter("bias", Tensor::zeros({out_features}));
-}
-
-Tensor RowParallelLinear::forward(const Tensor& x) const {
-  Tensor partial = matmul(x, weight);
-  Tensor y = sequence_parallel ? reduce_scatter_to_sequence_parallel(partial, group_)
-                               : reduce_from_tensor_parallel(partial, group_);
+Tensor RowParallel::forward(const nn::Linear& l, const Tensor& x) const {
+  Tensor partial = matmul(x, l.weight);
+  Tensor y = reduce(partial);
   // In the output's dtype, as linear() adds it under autocast.
-  return bias.defined() ? add(y, autograd::autocast_to(bias, y.dtype())) : y;
+  return l.bias.defined() ? add(y, autograd::autocast_to(l.bias, y.dtype())) : y;
 }
 
-VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t embedding_dim, ProcessGroup& group)
-    : vocab_size(vocab), group_(group) {
-  MINIDL_CHECK(vocab > 0 && embedding_dim > 0, "VocabParallelEmbedding: expected positive sizes, got ", vocab, " x ",
-               embedding_dim);
-  weight_layout = {{vocab, embedding_dim}, 0, 1, group.size(), group.rank()};
-  vocab_per_rank = weight_layout.local_shape()[0];
+VocabParallel::VocabParallel(ProcessGroup& group, int64_t vocab, bool sequence_output)
+    : vocab_size(vocab), group_(group), sequence_output_(sequence_output) {
+  vocab_per_rank = (vocab + group.size() - 1) / group.size();
   vocab_start = int64_t(group.rank()) * vocab_per_rank;
-  {
-    MemoryTagGuard tag(MemTag::kParams);
-    weight = register_parameter("weight", Tensor::zeros(weight_layout.local_shape()));
-  }
   if (vocab_start + vocab_per_rank > vocab) {
     std::vector<float> mask(size_t(vocab_per_rank), 0.0f);
     for (int64_t j = 0; j < vocab_per_rank; ++j)
@@ -246,34 +191,55 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t embedding_
   }
 }
 
-Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
-  if (group_.size() == 1) return embedding(weight, ids);
-  MINIDL_CHECK(!sequence_parallel || (ids.dim() == 2 && ids.size(1) % group_.size() == 0),
-               "sequence parallelism: the sequence length must be a multiple of --tp ", group_.size(),
-               ", got ids of "
-               "shape ",
-               ids.shape());
+Tensor VocabParallel::forward(const nn::Embedding& e, const Tensor& ids) const {
+  MINIDL_CHECK(!sequence_output_ || (ids.dim() == 2 && ids.size(1) % group_.size() == 0),
+               "--sequence-parallel: the sequence length must be a multiple of --tp ", group_.size(),
+               ", got ids of shape ", ids.shape());
   // Ids outside this rank's range look up row 0 and are zeroed, so the all-reduce adds exactly one real row per
   // id. The local rows and the mask are computed where the ids are (on a device: one kernel, no copy back).
   const ops::VocabRange local = ops::vocab_range(vocab_range_ids(ids), vocab_start, vocab_per_rank, 0, -1);
   Shape keep_shape = ids.shape();
   keep_shape.push_back(1);
-  Tensor e;
+  Tensor rows;
   {
     ops::HostCheckedIndicesGuard in_range;  // [0, vocab_per_rank) by construction
-    e = embedding(weight, local.index);
+    rows = embedding(e.weight, local.index);
   }
   Tensor mask = local.in_range.reshape(keep_shape);
-  e = mul(e, mask.dtype() == e.dtype() ? mask : ops::cast(mask, e.dtype()));
-  return sequence_parallel ? reduce_scatter_to_sequence_parallel(e, group_) : reduce_from_tensor_parallel(e, group_);
+  rows = mul(rows, mask.dtype() == rows.dtype() ? mask : ops::cast(mask, rows.dtype()));
+  return sequence_output_ ? reduce_scatter_to_sequence_parallel(rows, group_)
+                          : reduce_from_tensor_parallel(rows, group_);
 }
 
-Tensor VocabParallelEmbedding::logits(const Tensor& x) const {
-  Tensor in = sequence_parallel ? gather_from_sequence_parallel(x, group_) : copy_to_tensor_parallel(x, group_);
-  Tensor z = matmul(in, weight, false, true);
+Tensor VocabParallel::local_logits(const nn::Embedding& e, const Tensor& x) const {
+  Tensor in = sequence_output_ ? gather_from_sequence_parallel(x, group_) : copy_to_tensor_parallel(x, group_);
+  Tensor z = matmul(in, e.weight, false, true);
   if (!pad_mask_.defined()) return z;
   if (pad_mask_.device() != z.device()) pad_mask_ = pad_mask_.to(z.device());
   return add(z, pad_mask_);  // padded vocabulary rows: -inf
+}
+
+Tensor VocabParallel::head_logits(const nn::Embedding& e, const Tensor& x, int64_t vocab) const {
+  // Padding rows sit at the end of the padded vocabulary: the first vocab columns are the real ones.
+  return gather_from_tensor_parallel(local_logits(e, x), group_).narrow(2, 0, vocab);
+}
+
+Tensor VocabParallel::head_loss(const nn::Embedding& e, const Tensor& x, const Tensor& targets,
+                                Reduction reduction) const {
+  Tensor z = local_logits(e, x);  // (B, T, V / tp)
+  const int64_t N = targets.numel();
+  return vocab_parallel_cross_entropy(z.reshape({N, z.size(2)}), targets.reshape({N}), vocab_start, group_, -1,
+                                      reduction);
+}
+
+Tensor SequenceParallelDropout::forward(const nn::Dropout& d, const Tensor& x) const {
+  return sequence_parallel_dropout(d, d.context(), x, group_);
+}
+
+Tensor SequenceShardedPositions::forward(const nn::Embedding& e, const Tensor& ids) const {
+  const int64_t T = ids.size(0), n = group_.size();
+  MINIDL_CHECK(T % n == 0, "--sequence-parallel: the sequence length T = ", T, " must be a multiple of --tp ", n);
+  return embedding(e.weight, ids.narrow(0, int64_t(group_.rank()) * (T / n), T / n));
 }
 
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets, int64_t vocab_start,
@@ -319,50 +285,6 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
     return mul(loss, 1.0 / double(count));
   }
   return div(loss, sum(where.counted));  // the count stays on the device (exact in f32 below 2^24 rows)
-}
-
-// ---- attention and MLP ----
-
-ParallelSelfAttention::ParallelSelfAttention(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
-                                             std::shared_ptr<const nn::DropoutContext> ctx)
-    : group_(group), ctx_(ctx) {
-  MINIDL_CHECK(cfg.n_head % group.size() == 0, "tensor parallelism: --tp ", group.size(), " must divide --heads ",
-               cfg.n_head, " (attention is split by heads)");
-  local_heads = cfg.n_head / group.size();
-  c_attn =
-      register_module("c_attn", std::make_shared<ColumnParallelLinear>(cfg.n_embd, 3 * cfg.n_embd, group, cfg.bias, 3));
-  c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(cfg.n_embd, cfg.n_embd, group, cfg.bias));
-  resid_dropout = register_module("resid_dropout", std::make_shared<nn::Dropout>(cfg.dropout, dropout_stream, ctx));
-}
-
-Tensor ParallelSelfAttention::forward(const Tensor& x) const {
-  // c_attn's output is this rank's q, k and v heads, in that order: the layout causal_attention expects.
-  Tensor y = c_proj->forward(causal_attention(c_attn->forward(x), int(local_heads)));
-  return sequence_parallel_ ? sequence_parallel_dropout(*resid_dropout, *ctx_, y, group_) : resid_dropout->forward(y);
-}
-
-void ParallelSelfAttention::set_sequence_parallel(bool on) {
-  sequence_parallel_ = c_attn->sequence_parallel = c_proj->sequence_parallel = on;
-}
-
-ParallelMLP::ParallelMLP(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
-                         std::shared_ptr<const nn::DropoutContext> ctx)
-    : group_(group), ctx_(ctx) {
-  c_fc = register_module("c_fc", std::make_shared<ColumnParallelLinear>(cfg.n_embd, 4 * cfg.n_embd, group, cfg.bias));
-  c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(4 * cfg.n_embd, cfg.n_embd, group, cfg.bias));
-  dropout = register_module("dropout", std::make_shared<nn::Dropout>(cfg.dropout, dropout_stream, ctx));
-}
-
-Tensor ParallelMLP::forward(const Tensor& x) const {
-  // As nn::MLP: the bias inside the fused GELU. GELU is elementwise, so it runs on each rank's columns alone.
-  Tensor pre = c_fc->product(x);
-  Tensor h = c_fc->bias.defined() ? bias_gelu(pre, c_fc->bias) : gelu(pre);
-  Tensor y = c_proj->forward(h);
-  return sequence_parallel_ ? sequence_parallel_dropout(*dropout, *ctx_, y, group_) : dropout->forward(y);
-}
-
-void ParallelMLP::set_sequence_parallel(bool on) {
-  sequence_parallel_ = c_fc->sequence_parallel = c_proj->sequence_parallel = on;
 }
 
 }  // namespace minidl::dist

@@ -1,10 +1,10 @@
 // Tensor parallelism, Megatron-LM style: one layer's weights split across the ranks of a tensor-parallel (tp) group,
-// with the two communication operators that keep the split layer computing exactly what the whole layer does.
+// with the two communication operators that keep the split layer computing exactly what the whole layer does. The
+// layers are the model's own (nn::Linear, nn::Embedding, nn::Dropout): a style below makes one compute on this
+// rank's slices, and dist::apply_tensor_parallel (dist/tp_plan.h) installs them from a plan, outside the model.
 //
-//   dist::ProcessGroup& tp = topology.tp_group();
-//   dist::ColumnParallelLinear fc(C, 4 * C, tp);       // weight (C, 4C / tp): rank r's columns
-//   dist::RowParallelLinear proj(4 * C, C, tp);        // weight (4C / tp, C): rank r's rows; bias (C), replicated
-//   Tensor y = proj.forward(gelu(fc.forward(x)));      // x, y: (B, T, C), the same on every rank of the group
+//   dist::apply_tensor_parallel(model, topology.tp_group(), dist::gpt2_plan(/*sequence_parallel=*/false));
+//   // now mlp.c_fc computes linear(f(x), its columns), mlp.c_proj g(x_r @ its rows) + bias: the same y
 //
 // The two operators (Megatron's f and g; x replicated means every rank of the group holds the same x):
 //
@@ -22,14 +22,15 @@
 // activation between the two layers (heads, the 4C hidden units) never moves.
 //
 // Sequence parallelism (the residual stream split along the sequence between these layers) is in
-// dist/sequence_parallel.h; the layers below switch to it with their sequence_parallel flags.
+// dist/sequence_parallel.h; the styles take it as their "sequence" placement.
 //
-// Every rank starts from the one-process weights: ShardLayout says which part of a whole parameter a rank holds,
-// and is used for initialisation (by global element index, nn::init_normal_slice), for loading a whole checkpoint,
-// and for gathering the whole parameter back to save it.
+// Every rank starts from the one-process weights: each split parameter carries its nn::ParamLayout, which says
+// which part of the whole parameter it holds, and is used for loading a whole checkpoint and for gathering the
+// whole parameter back to save it (gather_whole).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@
 #include "nn/gpt.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/param_layout.h"
 
 namespace minidl::dist {
 
@@ -69,95 +71,95 @@ Tensor reduce_from_tensor_parallel(const Tensor& x, ProcessGroup& group);
 // sampler reads; training never gathers.)
 Tensor gather_from_tensor_parallel(const Tensor& x, ProcessGroup& group);
 
-// Which part of a whole parameter of shape full_shape one rank holds. The split dimension `dim` is cut into
-// `parts` equal parts (c_attn: 3, for q, k and v), and each part into `ranks` slices of ceil(part / ranks); rank r
-// holds slice r of every part, concatenated. Where a slice runs past the end of its part (a vocabulary of 65 at
-// tp 2: 33 rows each, the second rank's last row past 65) the local rows are padding: zero, never read back into
-// the whole parameter. dim = -1: replicated (the rank holds the whole parameter).
-struct ShardLayout {
-  Shape full_shape;
-  int dim = -1;
-  int64_t parts = 1;
-  int ranks = 1, rank = 0;
+// Which part of a whole parameter one rank holds: the layout each split or replicated parameter carries
+// (nn/param_layout.h).
+using ShardLayout = nn::ParamLayout;
 
-  static ShardLayout replicated(const Shape& full_shape) { return {full_shape, -1, 1, 1, 0}; }
-  bool is_split() const { return dim >= 0 && ranks > 1; }
-  // The shape of the local tensor.
-  Shape local_shape() const;
-  // The contiguous runs of the split dimension (split layouts only): local [local_start, local_start + length)
-  // holds whole [full_start, full_start + length).
-  struct Piece {
-    int64_t full_start, local_start, length;
-  };
-  std::vector<Piece> pieces() const;
-  // Local tensor (f32, CPU) from the whole parameter: the pieces copied, padding zero.
-  Tensor slice(const Tensor& full) const;
-  // Writes this rank's local tensor into the whole parameter `full` (the pieces only).
-  void scatter_into(Tensor& full, const Tensor& local) const;
-  // Fills local (f32, contiguous, CPU) with N(0, std^2) drawn as nn::init_normal(whole, std, seed, stream) draws
-  // the whole parameter, so the split model starts from the one-process weights. Padding stays zero.
-  void init_normal(Tensor& local, double std, uint64_t seed, uint64_t stream) const;
-};
+// Collective over each split tensor's group: `local` (one tensor per entry of `params`, shaped like it and in the
+// same order: the parameters themselves, or AdamW's moments of them) as whole tensors on the CPU, with local's
+// names, q, k and v back in their ranges and padding dropped, by each parameter's own layout; the tensor of a
+// parameter that is not split passes through (copied to the CPU). Only the tensors `keep` names are returned (every
+// rank takes part in every all-gather); none given: all.
+nn::NamedTensors gather_whole(const std::vector<Tensor>& params, const nn::NamedTensors& local,
+                              const std::function<bool(const std::string&)>& keep = {});
+
+// ---- the styles: how a layer of the unmodified model computes once its parameters are this rank's slices ----
+// (installed, and the parameters split, by dist::apply_tensor_parallel: dist/tp_plan.h). A "sequence" placement is
+// sequence parallelism's: the activation between the tensor-parallel layers holds this rank's T / tp positions.
 
 // Y = X A + b with A (in, out) split by columns: weight (in, out / tp), bias (out / tp). Input replicated (passed
-// through f), output split: rank r's out / tp features. parts > 1: the out features are `parts` concatenated blocks
-// (q, k, v) each split by columns, so rank r's output is its slice of each block, in block order.
-class ColumnParallelLinear : public nn::Module {
+// through f; sequence placement: this rank's positions, gathered along the sequence), output split: rank r's
+// out / tp features. With q, k and v as three parts (c_attn), rank r's output is its slice of each, in order: its
+// heads, which causal_attention takes as they are.
+class ColumnParallel final : public nn::LinearStyle {
  public:
-  ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias = true,
-                       int64_t parts = 1);
-  // x: (..., in), replicated (with sequence_parallel: (B, T / tp, in), this rank's positions) -> (..., out / tp)
-  Tensor forward(const Tensor& x) const;
-  // x @ weight without the bias (the MLP adds it inside the fused GELU).
-  Tensor product(const Tensor& x) const;
-
-  Tensor weight, bias;
-  ShardLayout weight_layout, bias_layout;
-  bool sequence_parallel = false;
+  ColumnParallel(ProcessGroup& group, bool sequence_input) : group_(group), sequence_input_(sequence_input) {}
+  // x: (..., in) -> (..., out / tp)
+  Tensor forward(const nn::Linear& l, const Tensor& x) const override;
+  Tensor product(const nn::Linear& l, const Tensor& x) const override;
 
  private:
   ProcessGroup& group_;
+  bool sequence_input_;
 };
 
 // Y = X B + b with B (in, out) split by rows: weight (in / tp, out); the bias (out) is replicated and added once,
-// after the all-reduce (adding it on every rank before the sum would count it tp times).
-class RowParallelLinear : public nn::Module {
+// after the all-reduce (adding it on every rank before the sum would count it tp times). Sequence placement: the
+// partial products reduce-scattered along the sequence, the bias added to this rank's positions.
+class RowParallel final : public nn::LinearStyle {
  public:
-  RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias = true);
-  // x: (..., in / tp), this rank's slice -> (..., out), replicated (with sequence_parallel: reduce-scattered to
-  // (B, T / tp, out), the bias added to this rank's positions)
-  Tensor forward(const Tensor& x) const;
-
-  Tensor weight, bias;
-  ShardLayout weight_layout, bias_layout;
-  bool sequence_parallel = false;
+  RowParallel(ProcessGroup& group, bool sequence_output) : group_(group), sequence_output_(sequence_output) {}
+  // x: (..., in / tp), this rank's slice -> (..., out), replicated (sequence: (B, T / tp, out))
+  Tensor forward(const nn::Linear& l, const Tensor& x) const override;
+  Tensor product(const nn::Linear& l, const Tensor& x) const override;
 
  private:
+  Tensor reduce(const Tensor& partial) const;
   ProcessGroup& group_;
+  bool sequence_output_;
 };
 
 // A token embedding (V, C) split by rows (vocabulary ranges): rank r holds rows [r * Vr, (r + 1) * Vr) with
 // Vr = ceil(V / tp); rows at or past V are padding. The lookup gives zeros for ids outside the rank's range, and
-// g sums the ranks' results: every id is found on exactly one rank. As the tied output head, logits() gives the
-// rank's slice of the vocabulary, padding at -inf so it never wins a softmax or a sample.
-class VocabParallelEmbedding : public nn::Module {
+// g sums the ranks' results (sequence placement: reduce-scattered along the sequence): every id is found on exactly
+// one rank. As the tied output head: this rank's slice of the logits, padding at -inf so it never wins a softmax or
+// a sample; the whole logits gathered for sampling, the loss without them (vocab_parallel_cross_entropy).
+class VocabParallel final : public nn::EmbeddingStyle {
  public:
-  VocabParallelEmbedding(int64_t vocab_size, int64_t embedding_dim, ProcessGroup& group);
-  // ids: integers in [0, V), any shape -> (*ids.shape, C), replicated (with sequence_parallel, ids (B, T) ->
-  // (B, T / tp, C), this rank's positions: reduce-scattered instead of all-reduced)
-  Tensor forward(const Tensor& ids) const;
-  // x: (..., C), replicated (passed through f; with sequence_parallel (B, T / tp, C), gathered) -> (..., Vr):
-  // x @ weight^T with padded columns at -inf
-  Tensor logits(const Tensor& x) const;
+  VocabParallel(ProcessGroup& group, int64_t vocab_size, bool sequence_output);
+  // ids: integers in [0, V), any shape -> (*ids.shape, C), replicated (sequence: ids (B, T) -> (B, T / tp, C))
+  Tensor forward(const nn::Embedding& e, const Tensor& ids) const override;
+  Tensor head_logits(const nn::Embedding& e, const Tensor& x, int64_t vocab) const override;
+  Tensor head_loss(const nn::Embedding& e, const Tensor& x, const Tensor& targets, Reduction reduction) const override;
+  // x: (..., C), replicated (sequence: (B, T / tp, C), gathered) -> (..., Vr): x @ weight^T, padded columns -inf
+  Tensor local_logits(const nn::Embedding& e, const Tensor& x) const;
 
-  Tensor weight;  // (Vr, C)
-  ShardLayout weight_layout;
   int64_t vocab_size, vocab_start, vocab_per_rank;
-  bool sequence_parallel = false;
 
  private:
   ProcessGroup& group_;
+  bool sequence_output_;
   mutable Tensor pad_mask_;  // (Vr): 0, or -inf on padded rows; undefined when there are none
+};
+
+// Sequence parallelism's dropout: this rank's positions with the masks one process draws for them.
+class SequenceParallelDropout final : public nn::DropoutStyle {
+ public:
+  explicit SequenceParallelDropout(ProcessGroup& group) : group_(group) {}
+  Tensor forward(const nn::Dropout& d, const Tensor& x) const override;
+
+ private:
+  ProcessGroup& group_;
+};
+
+// Sequence parallelism's position embedding: ids (T) -> this rank's rows [r * T / tp, (r + 1) * T / tp).
+class SequenceShardedPositions final : public nn::EmbeddingStyle {
+ public:
+  explicit SequenceShardedPositions(ProcessGroup& group) : group_(group) {}
+  Tensor forward(const nn::Embedding& e, const Tensor& ids) const override;
+
+ private:
+  ProcessGroup& group_;
 };
 
 // Cross-entropy over a vocabulary split across the group, without any rank holding the whole logits:
@@ -172,46 +174,5 @@ class VocabParallelEmbedding : public nn::Module {
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets, int64_t vocab_start,
                                     ProcessGroup& group, int64_t ignore_index = -1,
                                     Reduction reduction = Reduction::kMean);
-
-// Attention split by heads: c_attn column-parallel with q, k, v as three parts, so rank r holds heads
-// [r * H / tp, (r + 1) * H / tp) of each and causal_attention runs unchanged on H / tp heads; c_proj row-parallel.
-class ParallelSelfAttention : public nn::Module {
- public:
-  ParallelSelfAttention(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
-                        std::shared_ptr<const nn::DropoutContext> ctx);
-  // x: (B, T, C), replicated -> (B, T, C), replicated; with sequence parallelism (B, T / tp, C) in and out
-  Tensor forward(const Tensor& x) const;
-  void set_sequence_parallel(bool on);
-
-  std::shared_ptr<ColumnParallelLinear> c_attn;
-  std::shared_ptr<RowParallelLinear> c_proj;
-  std::shared_ptr<nn::Dropout> resid_dropout;
-  int64_t local_heads;
-
- private:
-  ProcessGroup& group_;
-  std::shared_ptr<const nn::DropoutContext> ctx_;
-  bool sequence_parallel_ = false;
-};
-
-// The MLP column then row: c_fc (C, 4C) by columns (its bias inside the fused GELU, as the one-process MLP), c_proj
-// (4C, C) by rows.
-class ParallelMLP : public nn::Module {
- public:
-  ParallelMLP(const nn::GPTConfig& cfg, ProcessGroup& group, uint64_t dropout_stream,
-              std::shared_ptr<const nn::DropoutContext> ctx);
-  // x: (B, T, C), replicated -> (B, T, C), replicated; with sequence parallelism (B, T / tp, C) in and out
-  Tensor forward(const Tensor& x) const;
-  void set_sequence_parallel(bool on);
-
-  std::shared_ptr<ColumnParallelLinear> c_fc;
-  std::shared_ptr<RowParallelLinear> c_proj;
-  std::shared_ptr<nn::Dropout> dropout;
-
- private:
-  ProcessGroup& group_;
-  std::shared_ptr<const nn::DropoutContext> ctx_;
-  bool sequence_parallel_ = false;
-};
 
 }  // namespace minidl::dist

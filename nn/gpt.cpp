@@ -9,6 +9,7 @@
 #include "core/upload.h"
 #include "ops/cast.h"
 #include "ops/embedding.h"
+#include "nn/param_layout.h"
 
 namespace minidl::nn {
 
@@ -30,14 +31,15 @@ bool GPTConfig::operator==(const GPTConfig& o) const {
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, uint64_t dropout_stream,
                                          std::shared_ptr<const DropoutContext> ctx)
-    : n_head(cfg.n_head) {
+    : n_head(cfg.n_head), head_dim(cfg.n_embd / cfg.n_head) {
   c_attn = register_module("c_attn", std::make_shared<Linear>(cfg.n_embd, 3 * cfg.n_embd, cfg.bias));
   c_proj = register_module("c_proj", std::make_shared<Linear>(cfg.n_embd, cfg.n_embd, cfg.bias));
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(cfg.dropout, dropout_stream, ctx));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
-  Tensor y = causal_attention(c_attn->forward(x), int(n_head));
+  const Tensor qkv = c_attn->forward(x);
+  Tensor y = causal_attention(qkv, heads(qkv));
   return resid_dropout->forward(c_proj->forward(y));
 }
 
@@ -50,10 +52,12 @@ MLP::MLP(const GPTConfig& cfg, uint64_t dropout_stream, std::shared_ptr<const Dr
 Tensor MLP::forward(const Tensor& x) const {
   // On a CUDA device c_fc's GEMM, its bias and the GELU are one GEMM with the GELU in its epilogue, and so is the
   // backward's GELU gradient with c_fc's bias gradient (cuBLASLt; autograd/functions/mlp.cpp).
-  if (x.device().is_cuda())
+  // (Not when a parallelism computes the two layers its own way: their styles then run, as on the CPU.)
+  if (x.device().is_cuda() && !c_fc->style && !c_proj->style)
     return dropout->forward(gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
-  // The bias is added inside the fused GELU kernel: one pass over the (B, T, 4C) activation instead of two.
-  Tensor pre = matmul(x, c_fc->weight);
+  // The bias is added inside the fused GELU kernel: one pass over the (B, T, 4C) activation instead of two. GELU is
+  // elementwise, so it runs on a column-parallel rank's columns alone.
+  Tensor pre = c_fc->product(x);
   Tensor h = c_fc->bias.defined() ? bias_gelu(pre, c_fc->bias) : gelu(pre);
   return dropout->forward(c_proj->forward(h));
 }
@@ -95,14 +99,15 @@ Tensor cached_attention(const Tensor& qkv, int64_t H, BlockKV& kv, int64_t lengt
 }
 
 Tensor Block::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const {
-  const Tensor y = cached_attention(attn->c_attn->forward(ln_1->forward(x)), attn->n_head, kv, length, block_size);
+  const Tensor qkv = attn->c_attn->forward(ln_1->forward(x));
+  const Tensor y = cached_attention(qkv, attn->heads(qkv), kv, length, block_size);
   const AddLayerNorm sum = ln_2->forward_add(x, attn->resid_dropout->forward(attn->c_proj->forward(y)));
   return sum.sum + mlp->forward(sum.y);
 }
 
 GPT::GPT(const GPTConfig& cfg, uint64_t seed) : GPT(cfg, seed, GPTStage{}) {}
 
-GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage, NoModules)
+GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage)
     : cfg_(cfg), stage_(stage), dropout_ctx_(std::make_shared<DropoutContext>()) {
   cfg.validate();
   if (stage_.last_block == -1) stage_.last_block = cfg.n_layer;
@@ -110,9 +115,6 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage, NoModules)
                "GPT: expected a stage's blocks [first_block, last_block) inside [0, n_layer = ", cfg.n_layer,
                "], got [", stage.first_block, ", ", stage.last_block, ")");
   dropout_ctx_->seed = seed;
-}
-
-GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage) : GPT(cfg, seed, stage, NoModules{}) {
   const SkipDefaultInit skip;  // init_weights below sets every parameter (biases stay zero, as GPT-2's)
   const uint64_t base = DropoutContext::kDropoutStreamBase;
   // HF nests everything but the (tied) head under "transformer".
@@ -270,24 +272,36 @@ Tensor GPT::padded_head_weight() const {
                           [V](const Tensor& g) { return std::vector<Tensor>{g.narrow(0, 0, V).contiguous()}; });
 }
 
-Tensor GPT::padded_logits(const Tensor& x) const {
+Tensor GPT::head_input(const Tensor& x) const {
   MINIDL_CHECK(stage_.head, "GPT::head: this stage (blocks [", stage_.first_block, ", ", stage_.last_block,
                ")) does not hold the head");
   MINIDL_CHECK(x.dim() == 3 && x.size(2) == cfg_.n_embd, "GPT::head: expected x of shape (B, T, n_embd = ", cfg_.n_embd,
                "), got ", x.shape());
+  return ln_f->forward(x);
+}
+
+Tensor GPT::padded_logits(const Tensor& x) const {
   // Tied head: logits = ln_f(x) @ wte^T, the transpose folded into the BLAS call.
-  return matmul(ln_f->forward(x), padded_head_weight(), false, true);
+  const Tensor in = head_input(x);  // checked before the table is touched
+  return matmul(in, padded_head_weight(), false, true);
 }
 
 Tensor GPT::head(const Tensor& x) const {
+  if (stage_.head && wte->style) return wte->style->head_logits(*wte, head_input(x), cfg_.vocab_size);  // split
   Tensor logits = padded_logits(x);
   return logits.size(2) == cfg_.vocab_size ? logits : logits.narrow(2, 0, cfg_.vocab_size);
 }
 
 Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reduction) const {
-  MINIDL_CHECK(x.dim() == 3 && targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1),
-               "GPT::head_loss: expected targets of shape (B, T) matching x ", x.shape(), ", got ", targets.shape());
+  // x holds T / n of targets' T positions where ln_f acts on one rank's slice of the sequence.
+  const ParamLayout ln = ln_f ? layout_of(ln_f->weight) : ParamLayout{};
+  const int64_t shards = ln.sequence_sliced ? ln.ranks : 1;
+  MINIDL_CHECK(
+      x.dim() == 3 && targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1) * shards,
+      "GPT::head_loss: expected targets of shape (B, T) matching x ", x.shape(),
+      shards > 1 ? " (this rank's T / n positions)" : "", ", got ", targets.shape());
   check_ids(targets, "targets", true);
+  if (stage_.head && wte->style) return wte->style->head_loss(*wte, head_input(x), targets, reduction);  // split
   const int64_t N = targets.numel(), Vp = cfg_.padded_vocab();
   // The classifier reads the real V columns of rows Vp apart; the logits die here, so its backward may write
   // dlogits over them (autograd/functions.h).
@@ -297,17 +311,14 @@ Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reductio
 Tensor GPT::forward(const Tensor& ids) const { return head(blocks(0, cfg_.n_layer, embed(ids))); }
 
 bool GPT::supports_kv_cache() const {
-  return stage_.embedding && stage_.head && stage_.first_block == 0 && stage_.last_block == cfg_.n_layer;
+  return stage_.embedding && stage_.head && stage_.first_block == 0 && stage_.last_block == cfg_.n_layer &&
+         sequence_shards() == 1;
 }
 
-Tensor GPT::embed_at(const Tensor& ids, int64_t first) const {
-  const Tensor positions = position_ids(cfg_.block_size, ids.device()).narrow(0, first, ids.size(1));
-  ops::HostCheckedIndicesGuard in_range;  // [first, first + t) within block_size
-  return drop->forward(wte->forward(ids) + wpe->forward(positions));
-}
-
-Tensor GPT::forward_block_cached(int64_t i, const Tensor& x, BlockKV& kv, int64_t length) const {
-  return (*(h->begin() + (i - stage_.first_block)))->forward_cached(x, kv, length, cfg_.block_size);
+int64_t GPT::sequence_shards() const {
+  for (const Tensor& p : parameters())
+    if (const ParamLayout l = layout_of(p); l.sequence_sliced) return l.ranks;
+  return 1;
 }
 
 Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
@@ -317,9 +328,15 @@ Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
                "GPT::forward_cached: expected ids of shape (1, t) with ", cache.length,
                " + t <= block_size = ", cfg_.block_size, ", got ", ids.shape());
   check_ids(ids, "token ids", false);
-  Tensor x = embed_at(ids, cache.length);
+  const Tensor positions = position_ids(cfg_.block_size, ids.device()).narrow(0, cache.length, ids.size(1));
+  Tensor x;
+  {
+    ops::HostCheckedIndicesGuard in_range;  // [length, length + t) within block_size
+    x = drop->forward(wte->forward(ids) + wpe->forward(positions));
+  }
   cache.blocks.resize(size_t(cfg_.n_layer));
-  for (int64_t i = 0; i < cfg_.n_layer; ++i) x = forward_block_cached(i, x, cache.blocks[size_t(i)], cache.length);
+  for (int64_t i = 0; i < cfg_.n_layer; ++i)
+    x = (*(h->begin() + i))->forward_cached(x, cache.blocks[size_t(i)], cache.length, cfg_.block_size);
   cache.length += ids.size(1);
   return head(x);
 }
@@ -443,7 +460,9 @@ std::vector<Tensor> GPT::block_parameters(int64_t i) const {
 }
 
 double GPT::flops_per_token(int64_t T) const {
-  const double n = double(num_parameters() - (wpe ? wpe->weight.numel() : 0));
+  int64_t whole = 0;  // the whole tensors' elements, whatever a parallelism split
+  for (const Tensor& p : parameters()) whole += layout_of(p).full_numel();
+  const double n = double(whole - (wpe ? layout_of(wpe->weight).full_numel() : 0));
   return 6.0 * n + 12.0 * double(cfg_.n_layer) * double(cfg_.n_embd) * double(T);
 }
 

@@ -79,7 +79,9 @@ enum class Recompute { kNone, kAttn, kMlp, kBlock };
 Recompute parse_recompute(const std::string& name);
 const char* recompute_name(Recompute r);
 
-// qkv = x @ c_attn (C, 3C) -> causal_attention over n_head heads -> c_proj (C, C) -> dropout.
+// qkv = x @ c_attn (C, 3C) -> causal_attention over its heads -> c_proj (C, C) -> dropout. The heads are counted
+// from qkv's width (3 · heads · head_dim), so an attention whose c_attn a parallelism split (this rank's heads of
+// q, k and v) runs unchanged on them.
 // The fused attention kernel keeps no T x T probability matrix, so there is no dropout on the attention
 // probabilities (attn_pdrop is 0 in the exported config.json); dropout applies to the residual branch.
 class CausalSelfAttention : public Module {
@@ -88,9 +90,12 @@ class CausalSelfAttention : public Module {
   // x: (B, T, C) -> (B, T, C)
   Tensor forward(const Tensor& x) const;
 
+  // The heads of a qkv (..., 3 · heads · head_dim) that c_attn wrote.
+  int heads(const Tensor& qkv) const { return int(qkv.size(qkv.dim() - 1) / (3 * head_dim)); }
+
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_dropout;
-  int64_t n_head;
+  int64_t n_head, head_dim;  // of the whole model
 };
 
 // c_fc (C, 4C) -> gelu(. + bias) fused -> c_proj (4C, C) -> dropout.
@@ -157,7 +162,6 @@ class GPT : public BlockModule {
   explicit GPT(const GPTConfig& cfg, uint64_t seed = 0);
   // Only `stage`'s part of it (see GPTStage). Throws unless 0 <= first_block <= last_block <= n_layer.
   GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage);
-  virtual ~GPT() = default;
 
   // ids: (B, T) i32/i64 with T <= block_size and values in [0, vocab_size) -> logits (B, T, vocab_size)
   // = head(blocks(0, n_layer, embed(ids))) (a view of rows padded_vocab() apart: never a padded id).
@@ -174,19 +178,23 @@ class GPT : public BlockModule {
   // forward()'s arithmetic (its logits are forward(ids)'s bit for bit); later calls take one id each. Needs the
   // whole model in this process (supports_kv_cache()) and cache.length + t <= block_size.
   Tensor forward_cached(const Tensor& ids, KVCache& cache) const;
-  // Whether forward_cached works here: the whole model (not a chunk of it). A subclass with other blocks
-  // overrides it (and the two pieces below).
-  virtual bool supports_kv_cache() const;
+  // Whether forward_cached works here: the whole model (not a chunk of it), every position on this process (its
+  // parameters are not sequence-sliced: nn::ParamLayout).
+  bool supports_kv_cache() const;
+  // Over how many ranks the positions between the blocks are split: n when the parameters say they act on one
+  // rank's slice of the sequence (sequence parallelism: nn::ParamLayout's sequence_sliced), else 1.
+  int64_t sequence_shards() const;
 
   // The pieces of forward; each throws if this stage does not hold the part it needs.
-  // ids: (B, T) as in forward -> drop(wte(ids) + wpe(0 .. T-1)): (B, T, C)
-  virtual Tensor embed(const Tensor& ids) const;
+  // ids: (B, T) as in forward -> drop(wte(ids) + wpe(0 .. T-1)): (B, T, C) (B, T / n, C: sequence_shards())
+  Tensor embed(const Tensor& ids) const;
   // x: (B, T, C) through global blocks [a, b) under the recompute setting, calling the block hooks -> (B, T, C)
   Tensor blocks(int64_t a, int64_t b, const Tensor& x) const;
-  // x: (B, T, C) -> ln_f, then the tied head x @ wte^T: logits (B, T, vocab_size)
-  virtual Tensor head(const Tensor& x) const;
+  // x: (B, T, C) -> ln_f, then the tied head x @ wte^T: logits (B, T, vocab_size) (through wte's style when one
+  // split the vocabulary: the whole logits)
+  Tensor head(const Tensor& x) const;
   // x: (B, T, C) -> cross-entropy of head(x) against targets (B, T), as in loss
-  virtual Tensor head_loss(const Tensor& x, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
+  Tensor head_loss(const Tensor& x, const Tensor& targets, Reduction reduction = Reduction::kMean) const;
   // Throws unless every value of ids (i32/i64, (B, T)) lies in [0, vocab_size), or is -1 with allow_ignore; `what`
   // names them in the message ("token ids", "targets"). A device tensor is checked on a host copy unless
   // ops::HostCheckedIndicesGuard vouches for it: loss() and the training step check a host batch before upload.
@@ -197,8 +205,8 @@ class GPT : public BlockModule {
   // where N counts the parameters without the position embedding (the tied token embedding does matmul work as
   // the output head, the position lookup does none): 2 FLOPs per multiply-add, times 3 for forward plus the two
   // backward matmuls; the second term is the attention scores and weighted sum (QK^T and AV), which use no
-  // parameters. On a stage, N counts the parameters it holds.
-  virtual double flops_per_token(int64_t T) const;
+  // parameters. On a stage, N counts the parameters it holds, as whole tensors (nn::ParamLayout).
+  double flops_per_token(int64_t T) const;
 
   const GPTConfig& config() const { return cfg_; }
   // Shared by every dropout in the model: set .step once per forward (see DropoutContext).
@@ -208,7 +216,7 @@ class GPT : public BlockModule {
   // What this GPT holds; last_block is resolved (never -1).
   const GPTStage& stage() const { return stage_; }
   // BlockModule: the blocks of this stage (set_block_hooks: called around each, nn/block_hooks.h has the order),
-  // and the parameters of global block i as registered under "transformer.h.<i>" by this model or a subclass.
+  // and the parameters of global block i as registered under "transformer.h.<i>".
   int64_t first_block() const override { return stage_.first_block; }
   int64_t num_blocks() const override { return stage_.last_block - stage_.first_block; }
   std::vector<Tensor> block_parameters(int64_t i) const override;
@@ -220,26 +228,17 @@ class GPT : public BlockModule {
   std::shared_ptr<ModuleList<Block>> h;
   std::shared_ptr<LayerNorm> ln_f;
 
- protected:
-  // For a subclass that registers and initialises its own modules under the same names (and overrides embed, head,
-  // head_loss and forward_block): the config, the stage and the dropout context only; every module pointer above
-  // stays null.
-  struct NoModules {};
-  GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage, NoModules);
-  // The context every Dropout of the model shares (what a subclass's dropouts are built with).
-  std::shared_ptr<DropoutContext> dropout_context_ptr() const { return dropout_ctx_; }
+ private:
   // x through global block i under the recompute setting.
-  virtual Tensor forward_block(int64_t i, const Tensor& x) const;
-  // forward_cached's pieces: the embedding of ids (1, t) at positions [first, first + t), and x through global
-  // block i with its cache.
-  virtual Tensor embed_at(const Tensor& ids, int64_t first) const;
-  virtual Tensor forward_block_cached(int64_t i, const Tensor& x, BlockKV& kv, int64_t length) const;
+  Tensor forward_block(int64_t i, const Tensor& x) const;
   // part(x) as an activation-checkpointed region of global block `block` (autograd::checkpoint over `params`)
   // whose recomputation draws this forward's dropout masks and is wrapped in the block hooks.
   Tensor checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor& x, std::vector<Tensor> params,
                       int64_t block) const;
   // Position ids [0, T) on `device`: built once per device (positions_[device] holds [0, block_size)).
   Tensor position_ids(int64_t T, Device device) const;
+  // x: (B, T, C) checked, through ln_f.
+  Tensor head_input(const Tensor& x) const;
   // x: (B, T, C) -> ln_f, then the tied head against the padded table: (B, T, padded_vocab()) whose columns at or
   // past vocab_size are padding (zero rows of the table: logits 0, never read by the loss or by head()).
   Tensor padded_logits(const Tensor& x) const;
@@ -249,8 +248,6 @@ class GPT : public BlockModule {
   // weight is a view into someone else's buffer (a flat buffer of many parameters) the padded table is a copy made
   // per call.
   Tensor padded_head_weight() const;
-
- private:
   void init_weights(uint64_t seed);
   // Position of the parameter `name` in the whole model's named_parameters() order.
   int64_t global_parameter_index(const std::string& name) const;

@@ -105,7 +105,15 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias) {
   }
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+Tensor EmbeddingStyle::head_logits(const Embedding&, const Tensor&, int64_t) const {
+  MINIDL_CHECK(false, "this embedding style does not split the vocabulary: it cannot be the tied head");
+  return {};
+}
+
+Tensor EmbeddingStyle::head_loss(const Embedding&, const Tensor&, const Tensor&, Reduction) const {
+  MINIDL_CHECK(false, "this embedding style does not split the vocabulary: it cannot be the tied head");
+  return {};
+}
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) {
   MINIDL_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: expected positive sizes, got ", num_embeddings,
@@ -114,8 +122,6 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) {
   weight = register_parameter("weight", Tensor::zeros({num_embeddings, embedding_dim}));
   if (auto init = next_default_init()) init_normal(weight, 1.0, init->first, init->second);
 }
-
-Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
 
 LayerNorm::LayerNorm(int64_t dim, bool bias, double eps) : eps(eps) {
   MINIDL_CHECK(dim > 0, "LayerNorm: expected a positive size, got ", dim);
@@ -147,7 +153,7 @@ Dropout::Dropout(double p, uint64_t stream, std::shared_ptr<const DropoutContext
   MINIDL_CHECK(ctx_ != nullptr, "Dropout: null DropoutContext");
 }
 
-Tensor Dropout::forward(const Tensor& x) const {
+Tensor Dropout::masked(const Tensor& x) const {
   if (!is_training() || p_ == 0.0) return x;
   if (ctx_->step_on_device.defined())
     return minidl::dropout(x, p_, ctx_->seed, stream_, ctx_->offset_in_step(x),

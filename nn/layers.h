@@ -49,15 +49,44 @@ class SkipDefaultInit {
   SkipDefaultInit& operator=(const SkipDefaultInit&) = delete;
 };
 
+class Linear;
+class Embedding;
+class Dropout;
+
+// How a layer computes once a parallelism applied from outside the model has made its parameters this rank's
+// slices (dist/tensor_parallel.h's styles, installed by dist::apply_tensor_parallel). A layer without one computes
+// as written: one null check per call, and the model's code never changes.
+struct LinearStyle {
+  virtual ~LinearStyle() = default;
+  virtual Tensor forward(const Linear& l, const Tensor& x) const = 0;  // x @ weight + bias
+  virtual Tensor product(const Linear& l, const Tensor& x) const = 0;  // x @ weight (a caller adds the bias)
+};
+struct EmbeddingStyle {
+  virtual ~EmbeddingStyle() = default;
+  virtual Tensor forward(const Embedding& e, const Tensor& ids) const = 0;
+  // As a tied output head (GPT's wte), for a style that splits the table: the whole logits x (..., C) ->
+  // (..., vocab), and the cross-entropy of x's logits against targets (x's leading shape, -1 ignored). A style
+  // that does not split the vocabulary throws, naming itself.
+  virtual Tensor head_logits(const Embedding& e, const Tensor& x, int64_t vocab) const;
+  virtual Tensor head_loss(const Embedding& e, const Tensor& x, const Tensor& targets, Reduction reduction) const;
+};
+struct DropoutStyle {
+  virtual ~DropoutStyle() = default;
+  virtual Tensor forward(const Dropout& d, const Tensor& x) const = 0;
+};
+
 // y = x @ weight + bias. weight: (in, out) — the GPT-2 "Conv1D" layout, the transpose of torch.nn.Linear's.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   // x: (..., in) -> (..., out)
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const { return style ? style->forward(*this, x) : linear(x, weight, bias); }
+  // x @ weight, without the bias (the MLP adds it inside its fused GELU).
+  Tensor product(const Tensor& x) const { return style ? style->product(*this, x) : matmul(x, weight); }
 
-  Tensor weight;  // (in, out), U(-1/sqrt(in), 1/sqrt(in)) (zeros under SkipDefaultInit)
-  Tensor bias;    // (out), the same; undefined when constructed without bias
+  Tensor weight;                             // (in, out), U(-1/sqrt(in), 1/sqrt(in)) (zeros under SkipDefaultInit)
+  Tensor bias;                               // (out), the same; undefined when constructed without bias
+  std::shared_ptr<const LinearStyle> style;  // null: as written
 };
 
 // A lookup table: row ids[i] of weight.
@@ -65,9 +94,10 @@ class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
   // ids: integer tensor of any shape, values in [0, num_embeddings) -> (*ids.shape, embedding_dim)
-  Tensor forward(const Tensor& ids) const;
+  Tensor forward(const Tensor& ids) const { return style ? style->forward(*this, ids) : embedding(weight, ids); }
 
   Tensor weight;  // (num_embeddings, embedding_dim), N(0, 1) (zeros under SkipDefaultInit)
+  std::shared_ptr<const EmbeddingStyle> style;  // null: as written
 };
 
 // Layer normalisation over the last dimension (fused op). weight starts at 1, bias at 0.
@@ -126,10 +156,14 @@ class Dropout : public Module {
  public:
   // ctx is shared by all the dropouts of a model so one `ctx->step = s` moves them all.
   Dropout(double p, uint64_t stream, std::shared_ptr<const DropoutContext> ctx);
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const { return style ? style->forward(*this, x) : masked(x); }
+  // The dropout as written (what forward does without a style).
+  Tensor masked(const Tensor& x) const;
 
   double p() const { return p_; }
   uint64_t stream() const { return stream_; }
+  const DropoutContext& context() const { return *ctx_; }
+  std::shared_ptr<const DropoutStyle> style;  // null: as written
 
  private:
   double p_;

@@ -12,7 +12,8 @@ struct Dims {
 
 Dims dims(const ComputeQuery& q) {
   const double T = double(q.seq > 0 ? q.seq : q.model.block_size), tp = std::max(1, q.tp);
-  // The head's rows: the padded vocabulary at tp 1, rounded up to a multiple of tp otherwise (dist/tp_gpt.h).
+  // The head's rows: the padded vocabulary at tp 1, rounded up to a multiple of tp otherwise (dist/tensor_parallel.h,
+  // VocabParallel).
   const double vp = q.tp > 1 ? double((q.model.vocab_size + q.tp - 1) / q.tp * q.tp) : double(q.model.padded_vocab());
   return {double(q.micro_batch) * T,
           T,

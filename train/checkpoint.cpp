@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "autograd/node.h"
-#include "dist/tp_gpt.h"
+#include "dist/tensor_parallel.h"
+#include "nn/param_layout.h"
 #include "nn/atomic_file.h"
 #include "nn/checkpoint.h"
 #include "nn/safetensors.h"
@@ -270,25 +271,11 @@ Tensor header_of(const nn::NamedTensors& local, const std::vector<size_t>& which
   return t;
 }
 
-// Collective over the tp group: `local` (one tensor per stage.named_parameters(), this rank's slices) as whole
-// tensors on the CPU, chunk by chunk, those `keep` names (every rank takes part in every all-gather).
-nn::NamedTensors gather_over_tp(const Stage& stage, const nn::NamedTensors& local,
-                                const std::function<bool(const std::string&)>& keep) {
-  nn::NamedTensors whole;
-  size_t at = 0;
-  for (int v = 0; v < stage.chunk_count(); ++v) {
-    const size_t n = stage.chunk(v).named_parameters().size();
-    MINIDL_ASSERT(at + n <= local.size(), "gather_over_tp: ", local.size(), " tensors for more parameters");
-    for (auto& t : stage.split(v)->gather_whole(nn::NamedTensors(local.begin() + at, local.begin() + at + n), keep))
-      whole.push_back(std::move(t));
-    at += n;
-  }
-  MINIDL_ASSERT(at == local.size(), "gather_over_tp: ", local.size(), " tensors for ", at, " parameters");
-  return whole;
-}
-
 int dp_rank(const Stage& stage) { return stage.topology() ? stage.topology()->coord().dp : 0; }
-int tp_rank(const Stage& stage) { return stage.split(0) ? stage.split(0)->group().rank() : 0; }
+// The tensor-parallel group's size and this rank's place in it, as the parameters lie (every parameter of a split
+// model, replicated ones too, names the group; a whole one is a group of one).
+int tp_size(const Stage& stage) { return nn::layout_of(stage.parameters().front()).ranks; }
+int tp_rank(const Stage& stage) { return nn::layout_of(stage.parameters().front()).rank; }
 
 }  // namespace
 
@@ -297,7 +284,8 @@ nn::NamedTensors gather_stages(const Stage& stage, const nn::NamedTensors& local
   nn::NamedTensors whole;
   if (dp_rank(stage) != 0) return whole;  // the other replicas hold the same values
   // At tp > 1 every stage's tp group first makes its slices whole; its tp rank 0 takes part in the stages' gather.
-  const nn::NamedTensors local = stage.tp() > 1 ? gather_over_tp(stage, local_slices, {}) : local_slices;
+  const nn::NamedTensors local =
+      tp_size(stage) > 1 ? dist::gather_whole(stage.parameters(), local_slices) : local_slices;
   if (tp_rank(stage) != 0) return whole;
   const int stages = stage.spec().stages, chunks = stage.spec().chunks();
   // Where each local chunk's tensors start in `local` (stage.named_parameters() lists the chunks in order).
@@ -346,7 +334,7 @@ nn::NamedTensors gather_stages(const Stage& stage, const nn::NamedTensors& local
 }
 
 std::shared_ptr<nn::GPT> consolidated_model(const Stage& stage, bool keep) {
-  if (stage.spec().chunks() == 1 && stage.tp() == 1)  // one process's whole model: itself
+  if (stage.spec().chunks() == 1 && tp_size(stage) == 1)  // one process's whole model: itself
     return keep ? std::shared_ptr<nn::GPT>(&stage.chunk(0), [](nn::GPT*) {}) : nullptr;
   nn::NamedTensors whole = gather_stages(stage, stage.named_parameters(), keep);
   if (!keep) return nullptr;
@@ -360,16 +348,15 @@ std::vector<std::pair<std::string, int64_t>> logical_sizes(const Stage& stage) {
   for (int v = 0; v < stage.chunk_count(); ++v)
     for (const auto& [name, p] : stage.chunk(v).named_parameters()) {
       if (!stage.owns(name)) continue;
-      int64_t n = 1;
-      for (int64_t d : stage.logical_shape(v, name, p)) n *= d;
-      out.emplace_back(name, n);
+      out.emplace_back(name, nn::layout_of(p).full_numel());
     }
   return out;
 }
 
 KeepTensors checkpoint_share(const Stage& stage) {
   const int dp = stage.topology() ? stage.topology()->grid().dp : 1;
-  return checkpoint_share(logical_sizes(stage), dp_rank(stage) * stage.tp() + tp_rank(stage), dp * stage.tp());
+  const int tp = tp_size(stage);
+  return checkpoint_share(logical_sizes(stage), dp_rank(stage) * tp + tp_rank(stage), dp * tp);
 }
 
 OptimizerCheckpoint optimizer_state(const optim::AdamW& optimizer, const Stage& stage, GradSync& sync,
@@ -379,12 +366,13 @@ OptimizerCheckpoint optimizer_state(const optim::AdamW& optimizer, const Stage& 
   auto mine = [&stage, &keep](const std::string& name) { return stage.owns(name) && keep(name); };
   // One tensor per stage parameter shaped like this rank's (every rank of a tp group needs all its slices for the
   // all-gathers, whatever it keeps), then whole.
+  const bool split = tp_size(stage) > 1;
   auto moments = [&](const Tensor& flat) {
     nn::NamedTensors local;
     for (int v = 0; v < stage.chunk_count(); ++v)
-      for (auto& t : sync.state(optimizer, flat, stage, v, stage.tp() > 1 ? KeepTensors(true) : KeepTensors(mine)))
+      for (auto& t : sync.state(optimizer, flat, stage, v, split ? KeepTensors(true) : KeepTensors(mine)))
         local.push_back(std::move(t));
-    return stage.tp() > 1 ? gather_over_tp(stage, local, mine) : local;
+    return split ? dist::gather_whole(stage.parameters(), local, mine) : local;
   };
   return {opt.step, moments(opt.m), moments(opt.v)};
 }
@@ -392,21 +380,19 @@ OptimizerCheckpoint optimizer_state(const optim::AdamW& optimizer, const Stage& 
 void load_model(Stage& stage, const std::string& path) {
   nn::SafetensorsFile file = nn::load_safetensors(path);
   try {
+    const bool split = tp_size(stage) > 1;
     for (int v = 0; v < stage.chunk_count(); ++v) {
-      if (dist::TensorParallelGPT* split = stage.split(v)) {
-        split->load_whole_state_dict(file.tensors);  // this rank's slices; throws naming a missing tensor
-        continue;
-      }
       const nn::GPTStage& part = stage.chunk(v).stage();
-      if (part.embedding && part.head && part.first_block == 0 && part.last_block == stage.config().n_layer) {
+      if (!split && part.embedding && part.head && part.first_block == 0 && part.last_block == stage.config().n_layer) {
         stage.chunk(v).load_state_dict(file.tensors, /*strict=*/true);  // the whole model: nothing left over
         continue;
       }
-      nn::StateDict mine;
+      nn::StateDict mine;  // this rank's part of each of the chunk's tensors, as its layout says
       for (const auto& [name, p] : stage.chunk(v).named_parameters()) {
         auto it = file.tensors.find(name);
         MINIDL_CHECK(it != file.tensors.end(), "no tensor ", name);
-        mine[name] = it->second;
+        const nn::ParamLayout layout = nn::layout_of(p);
+        mine[name] = layout.is_split() ? layout.slice(it->second) : it->second;
       }
       stage.chunk(v).load_state_dict(mine, /*strict=*/true);
     }
@@ -425,18 +411,18 @@ void restore_optimizer(const Checkpoint& c, const Stage& stage, GradSync& sync, 
   autograd::NoGradGuard no_grad;
   Tensor m = Tensor::zeros({optimizer.numel()}), v = Tensor::zeros({optimizer.numel()});
   for (int k = 0; k < stage.chunk_count(); ++k) {
-    // This rank's part of each logical tensor: a tp slice at tp > 1 (padding zero), by name.
-    const dist::TensorParallelGPT* split = stage.split(k);
+    // This rank's part of each logical tensor, as its parameter's layout says (a tp slice, padding zero), by name.
     std::map<std::string, Tensor> m_of, v_of;
     for (const auto& [name, p] : stage.chunk(k).named_parameters()) {
       auto im = c.exp_avg.find(name), iv = c.exp_avg_sq.find(name);
       MINIDL_CHECK(im != c.exp_avg.end() && iv != c.exp_avg_sq.end(), "checkpoint ", c.dir, ": no optimizer state for ",
                    name, " in its optimizer files");
-      const Shape want = stage.logical_shape(k, name, p);
+      const nn::ParamLayout layout = nn::layout_of(p);
+      const Shape want = layout.full_shape;
       MINIDL_CHECK(im->second.shape() == want && iv->second.shape() == want, "checkpoint ", c.dir,
                    ": optimizer state for ", name, " has shape ", im->second.shape(), ", expected ", want);
-      m_of[name] = split ? split->layout(name).slice(im->second).contiguous() : im->second;
-      v_of[name] = split ? split->layout(name).slice(iv->second).contiguous() : iv->second;
+      m_of[name] = layout.is_split() ? layout.slice(im->second).contiguous() : im->second;
+      v_of[name] = layout.is_split() ? layout.slice(iv->second).contiguous() : iv->second;
     }
     sync.load_state(optimizer, m, stage, k, m_of);  // ZeRO: this rank's shard of each (padding stays zero)
     sync.load_state(optimizer, v, stage, k, v_of);

@@ -4,6 +4,7 @@
 
 #include "dist/flight_recorder.h"
 #include "dist/tensor_parallel.h"
+#include "nn/param_layout.h"
 #include "ops/elementwise.h"
 #include "optim/clip.h"
 
@@ -131,13 +132,15 @@ void GradSync::after_backward() {
   for (auto& e : engines_)
     if (!e->overlaps) e->zero->reduce_scatter_gradients();
   pipeline_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (!stage_->sequence_parallel()) return;
-  // The replicated parameters act on this rank's positions only: one all-reduce over a flat copy of every partial
-  // gradient (LayerNorm-sized vectors and wpe), or of their ZeRO shards. The sum over tp of the average over dp is
-  // the average of the sums.
+  // Parameters that act on this rank's positions only (sequence parallelism: nn::ParamLayout's sequence_sliced)
+  // hold partial gradients: one all-reduce over a flat copy of them all (LayerNorm-sized vectors and wpe), or of
+  // their ZeRO shards. The sum over tp of the average over dp is the average of the sums.
+  bool sliced = false;  // the same on every rank of the tp group: the stage's structure
+  for (const Tensor& p : stage_->parameters()) sliced |= nn::layout_of(p).sequence_sliced;
+  if (!sliced) return;
   std::vector<Tensor> grads;
   for (const Tensor& p : owned_params(stage_->parameters()))
-    if (stage_->layout(origin(p)) == Layout::kReplicated && p.grad().defined()) grads.push_back(p.grad());
+    if (nn::layout_of(origin(p)).sequence_sliced && p.grad().defined()) grads.push_back(p.grad());
   dist::all_reduce_sum(grads, topology_->tp_group());
 }
 
@@ -223,18 +226,19 @@ T GradSync::norm_squared(const std::vector<Tensor>& params, Device device) const
   auto part = [&](const std::vector<Tensor>& some) {
     std::vector<Tensor> counted;
     for (const Tensor& p : some)
-      if (stage_->layout(origin(p)) != Layout::kTiedCopy) counted.push_back(p);
+      if (!stage_->is_tied_copy(origin(p))) counted.push_back(p);
     T mine = squares(counted, static_cast<T*>(nullptr), device);
     if (zero_ > 0) mine = sum_over(topology_->dp_group(), mine);  // each dp rank holds its shard
     return T(sum_over(topology_->model_parallel_group(), mine));
   };
-  if (stage_->tp() == 1) return part(params);
-  // A replicated parameter is held tp times but counts once: the split ones' squares plus 1/tp of the replicated
-  // ones', two collectives of one number each, in the same order on every rank.
+  const int tp = topology_->grid().tp;
+  if (tp == 1) return part(params);
+  // A replicated parameter (its layout says so) is held tp times but counts once: the split ones' squares plus
+  // 1/tp of the replicated ones', two collectives of one number each, in the same order on every rank.
   std::vector<Tensor> split, replicated;
-  for (const Tensor& p : params) (stage_->layout(origin(p)) == Layout::kReplicated ? replicated : split).push_back(p);
+  for (const Tensor& p : params) (nn::layout_of(origin(p)).is_replicated() ? replicated : split).push_back(p);
   const T split_sq = part(split);
-  return plus_share(split_sq, part(replicated), stage_->tp());
+  return plus_share(split_sq, part(replicated), tp);
 }
 
 double GradSync::grad_norm_squared(const std::vector<Tensor>& params) const {

@@ -2,6 +2,9 @@
 
 #include <cstdio>
 
+#include "core/memory.h"
+#include "dist/tp_plan.h"
+
 namespace minidl::train {
 
 ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& model_cfg, const dist::Topology& topo,
@@ -9,7 +12,17 @@ ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& mo
   ParallelModel m;
   // The schedule is validated here, before anything is sent.
   const std::vector<int64_t> starts = pipeline_starts(o, model_cfg);
-  m.stage = std::make_unique<Stage>(model_cfg, o.seed, pipeline_spec(o), starts, topo, o.sequence_parallel);
+  Stage::ChunkFactory make_chunk;  // tensor parallelism, applied from outside the model
+  if (topo.grid().tp > 1)
+    make_chunk = [&topo, plan = dist::gpt2_plan(o.sequence_parallel)](const nn::GPTConfig& c, uint64_t seed,
+                                                                      const nn::GPTStage& part) {
+      auto chunk = std::make_shared<nn::GPT>(c, seed, part);
+      dist::apply_tensor_parallel(*chunk, topo.tp_group(), plan);
+      return chunk;
+    };
+  m.stage = std::make_unique<Stage>(model_cfg, o.seed, pipeline_spec(o), starts, topo, make_chunk);
+  // A tensor-parallel rank built each chunk whole before keeping its slices: the peaks describe training.
+  if (topo.grid().tp > 1) ledger(Device::cpu()).reset_peaks();
   if (load) load(*m.stage);
   m.stage->to(device);  // before DDP's buckets, ZeRO's flat buffers and the optimizer: they follow the parameters
   m.stage->train();

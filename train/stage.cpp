@@ -1,6 +1,6 @@
 #include "train/stage.h"
 
-#include "dist/tp_gpt.h"
+#include "nn/param_layout.h"
 #include "train/grad_sync.h"
 
 namespace minidl::train {
@@ -9,49 +9,41 @@ Stage::Stage(const dist::PipelineSpec& spec, const dist::Topology* topology)
     : topology_(topology), schedule_(dist::make_schedule(spec)), rank_(topology ? topology->coord().pp : 0) {}
 
 Stage::Stage(const nn::GPTConfig& cfg, uint64_t seed, const dist::PipelineSpec& spec,
-             const std::vector<int64_t>& starts, const dist::Topology& topology, bool sequence_parallel)
+             const std::vector<int64_t>& starts, const dist::Topology& topology, const ChunkFactory& make_chunk)
     : Stage(spec, &topology) {
   MINIDL_CHECK(spec.stages == topology.grid().pp, "pipeline: the schedule has ", spec.stages,
                " stages but the topology ", topology.grid().pp);
   MINIDL_CHECK(int64_t(starts.size()) == spec.chunks() + 1, "pipeline: expected ", spec.chunks() + 1,
                " block boundaries, got ", starts.size());
   dist::validate_schedule(schedule_);
-  sequence_parallel_ = sequence_parallel && topology.grid().tp > 1;
+  MINIDL_CHECK(topology.grid().tp == 1 || make_chunk, "Stage: tp ", topology.grid().tp,
+               " needs a chunk factory that splits each chunk (train::build_model_and_sync passes one)");
   const int C = spec.chunks();
   for (int v = 0; v < spec.virtual_stages; ++v) {
     const int64_t c = global_chunk(v);
     const nn::GPTStage part{starts[size_t(c)], starts[size_t(c) + 1], c == 0, c == C - 1};
-    if (topology.grid().tp > 1) {
-      auto split = std::make_shared<dist::TensorParallelGPT>(cfg, seed, topology.tp_group(), sequence_parallel_, part);
-      add_chunk(split, split.get());
-    } else {
-      add_chunk(std::make_shared<nn::GPT>(cfg, seed, part), nullptr);
-    }
+    add_chunk(make_chunk ? make_chunk(cfg, seed, part) : std::make_shared<nn::GPT>(cfg, seed, part));
   }
 }
 
-Stage Stage::of(nn::GPT& model, int micro_batches) { return of(model, nullptr, micro_batches); }
-Stage Stage::of(dist::TensorParallelGPT& model, int micro_batches) { return of(model, &model, micro_batches); }
-
-Stage Stage::of(nn::GPT& model, dist::TensorParallelGPT* split, int micro_batches) {
+Stage Stage::of(nn::GPT& model, int micro_batches) {
   Stage s({dist::ScheduleKind::k1F1B, 1, micro_batches, 1}, nullptr);
-  s.sequence_parallel_ = split && split->sequence_parallel();
-  s.add_chunk(std::shared_ptr<nn::GPT>(&model, [](nn::GPT*) {}), split);  // not owned
+  s.add_chunk(std::shared_ptr<nn::GPT>(&model, [](nn::GPT*) {}));  // not owned
   return s;
 }
 
-void Stage::add_chunk(std::shared_ptr<nn::GPT> chunk, dist::TensorParallelGPT* split) {
-  if (split) {
-    tp_ = split->group().size();
-    for (const Tensor& p : split->replicated_parameters()) replicated_.insert(p.impl());
-  }
+void Stage::add_chunk(std::shared_ptr<nn::GPT> chunk) {
+  const auto named = chunk->named_parameters();
+  for (const auto& [name, p] : named)  // what crosses a boundary is as sliced as the parameters acting on it
+    if (const nn::ParamLayout l = nn::layout_of(p); l.sequence_sliced) sequence_shards_ = l.ranks;
   if (spec().stages > 1 && (chunk->stage().embedding || chunk->stage().head)) {
-    // The tied wte: the embedding's (vocabulary-parallel at tp > 1) on the first stage, the head's on the last.
-    tied_weight_ = split ? split->vocab_embedding->weight : chunk->wte->weight;
+    // The tied wte (vocabulary-parallel at tp > 1): the embedding's on the first stage, the head's on the last.
+    for (const auto& [name, p] : named)
+      if (name == "transformer.wte.weight") tied_weight_ = p;
+    MINIDL_ASSERT(tied_weight_.defined(), "Stage: a chunk with the embedding or the head has no wte");
     if (!chunk->stage().embedding) tied_copy_ = tied_weight_;
   }
   chunks_.push_back(std::move(chunk));
-  splits_.push_back(split);
 }
 
 std::vector<std::pair<std::string, Tensor>> Stage::named_parameters() const {
@@ -65,10 +57,6 @@ std::vector<Tensor> Stage::parameters() const {
   std::vector<Tensor> out;
   for (auto& np : named_parameters()) out.push_back(np.second);
   return out;
-}
-
-Shape Stage::logical_shape(int v, const std::string& name, const Tensor& p) const {
-  return split(v) ? split(v)->layout(name).full_shape : p.shape();
 }
 
 bool Stage::owns(const std::string& name) const { return name != "transformer.wte.weight" || first_stage(); }
@@ -92,9 +80,8 @@ void Stage::set_dropout(uint64_t step, int64_t first_sample) {
 
 int64_t Stage::num_parameters() const {
   int64_t n = 0;
-  for (int v = 0; v < chunk_count(); ++v)
-    n += split(v) ? split(v)->logical_num_parameters() : chunk(v).num_parameters();
-  if (tied_copy_.defined()) n -= config().vocab_size * config().n_embd;  // the first stage counts wte
+  for (const Tensor& p : parameters()) n += nn::layout_of(p).full_numel();  // whole tensors, wte once a chunk
+  if (tied_copy_.defined()) n -= config().vocab_size * config().n_embd;     // the first stage counts wte
   return pp_group() ? int64_t(sum_over(*pp_group(), double(n))) : n;
 }
 

@@ -1,8 +1,8 @@
 // train::Stage: the part of the model one rank trains, as one or more model chunks, and the schedule that runs
 // them. Every run is a pipeline: pp = 1 is one stage holding one chunk with the whole model, whose schedule (1F1B
 // over one stage) is the gradient-accumulation loop; pp > 1 splits the blocks over the stages; tp > 1 splits every
-// chunk over the tensor-parallel group (dist::TensorParallelGPT). The executor (train/step.h) runs the schedule,
-// whatever the layout.
+// chunk over the tensor-parallel group (by the chunk factory the caller passes). The executor (train/step.h) runs the
+// schedule, whatever the layout.
 //
 //   dist::Topology topo(world, {.dp = 1, .tp = 1, .pp = 2}, "mpi");
 //   dist::PipelineSpec spec{.kind = dist::ScheduleKind::k1F1B, .stages = 2, .micro_batches = 4};
@@ -14,41 +14,37 @@
 // chunk, so with pp > 1 wte lives on the first and the last stage (two copies, initialised identically by global
 // parameter index: nn/gpt.h).
 //
-// The layout of every parameter is the stage's answer, recorded when the chunks are built: held whole, split over
-// the tp group, or replicated on it (the same values on every tp rank: LayerNorms, wpe, row-parallel biases), and
-// whether it is the tied copy of wte on the last stage (the first stage's copy is the one that counts).
+// The layout of every parameter is the parameter's own (nn::layout_of: held whole, split over the tp group, or
+// replicated on it: LayerNorms, wpe, row-parallel biases); the stage adds only what a pipeline knows: whether it is
+// the tied copy of wte on the last stage (the first stage's copy is the one that counts).
 #pragma once
 
+#include <functional>
 #include <memory>
-#include <unordered_set>
 #include <vector>
 
 #include "dist/pipeline.h"
 #include "dist/topology.h"
 #include "nn/gpt.h"
 
-namespace minidl::dist {
-class TensorParallelGPT;
-}  // namespace minidl::dist
-
 namespace minidl::train {
-
-// How a parameter of this rank lies in the whole model: held whole (tp 1), split over the tp group, replicated on
-// it, or the last stage's tied copy of wte (whole or split: its values are the first stage's copy's).
-enum class Layout { kWhole, kSplit, kReplicated, kTiedCopy };
 
 class Stage {
  public:
+  // Makes the chunk `part` of the whole model (cfg, seed) on this rank. By default nn::GPT's constructor; a
+  // parallelism applied from outside supplies its own (train/parallel_model.cpp: tensor parallelism over the tp
+  // group). The chunk's parameters carry their layouts (nn/param_layout.h): the stage reads them, never the class.
+  using ChunkFactory =
+      std::function<std::shared_ptr<nn::GPT>(const nn::GPTConfig& cfg, uint64_t seed, const nn::GPTStage& part)>;
   // This rank's chunks of the whole model (cfg, seed) for `spec` on `topology`, and the schedule, validated (throws
   // naming the ranks and the action on a bad schedule, before anything is sent). starts: chunks + 1 block
-  // boundaries (dist::split_layers). With tp > 1 every chunk is a dist::TensorParallelGPT split over the tp group,
-  // and sequence_parallel splits what crosses a stage boundary along the sequence too: (micro, T / tp, C).
+  // boundaries (dist::split_layers). With tp > 1, make_chunk splits each chunk over the tp group; with sequence
+  // parallelism what crosses a stage boundary is split along the sequence too: (micro, T / tp, C).
   Stage(const nn::GPTConfig& cfg, uint64_t seed, const dist::PipelineSpec& spec, const std::vector<int64_t>& starts,
-        const dist::Topology& topology, bool sequence_parallel = false);
+        const dist::Topology& topology, const ChunkFactory& make_chunk = {});
   // A model the caller owns (it must outlive the stage) as one stage of one chunk over `micro_batches`: what one
-  // process, or a data-parallel rank, trains. A tensor-parallel split keeps its layouts.
+  // process, or a data-parallel rank, trains. A tensor-parallel split keeps its layouts (on its parameters).
   static Stage of(nn::GPT& model, int micro_batches = 1);
-  static Stage of(dist::TensorParallelGPT& model, int micro_batches = 1);
 
   const dist::Schedule& schedule() const { return schedule_; }
   const dist::PipelineSpec& spec() const { return schedule_.spec; }
@@ -59,9 +55,6 @@ class Stage {
   bool is_last_chunk(int v) const { return global_chunk(v) == spec().chunks() - 1; }
   int chunk_count() const { return int(chunks_.size()); }
   nn::GPT& chunk(int v) const { return *chunks_[size_t(v)]; }
-  // Chunk v's tensor-parallel split, or null (tp 1).
-  const dist::TensorParallelGPT* split(int v) const { return splits_[size_t(v)]; }
-  dist::TensorParallelGPT* split(int v) { return splits_[size_t(v)]; }
   const nn::GPTConfig& config() const { return chunks_.front()->config(); }
   // The topology and its pp group (null for Stage::of: one process, or one rank of a group the caller drives).
   const dist::Topology* topology() const { return topology_; }
@@ -72,24 +65,17 @@ class Stage {
   std::vector<Tensor> parameters() const;
   Device device() const { return parameters().front().device(); }
 
-  // The layout of one of this stage's parameters.
-  Layout layout(const Tensor& p) const {
-    if (tied_copy_.defined() && p.impl() == tied_copy_.impl()) return Layout::kTiedCopy;
-    if (replicated_.count(p.impl())) return Layout::kReplicated;
-    return tp_ > 1 ? Layout::kSplit : Layout::kWhole;
-  }
   // The tied wte this stage holds when pp > 1 (the embedding's on the first stage, the head's on the last; their
   // gradients are summed over the embedding group); undefined otherwise.
   Tensor tied_weight() const { return tied_weight_; }
-  // The whole (one-process) shape of parameter `name` of chunk v.
-  Shape logical_shape(int v, const std::string& name, const Tensor& p) const;
+  // Whether p is the last stage's copy of the tied wte (its values are the first stage's: counted once).
+  bool is_tied_copy(const Tensor& p) const { return tied_copy_.defined() && p.impl() == tied_copy_.impl(); }
   // Whether this stage writes `name` in a checkpoint: every parameter but the last stage's copy of wte.
   bool owns(const std::string& name) const;
-  // Positions of a sequence of T tokens that one rank holds between blocks (T / tp with sequence parallelism): the
-  // second dimension of what crosses a stage boundary.
-  int64_t positions_per_rank(int64_t T) const { return sequence_parallel_ ? T / tp_ : T; }
-  bool sequence_parallel() const { return sequence_parallel_; }
-  int tp() const { return tp_; }
+  // Positions of a sequence of T tokens that one rank holds between blocks: the second dimension of what crosses a
+  // stage boundary. T / n when the chunks' parameters act on a slice of the sequence (nn::ParamLayout's
+  // sequence_sliced, over n ranks: sequence parallelism).
+  int64_t positions_per_rank(int64_t T) const { return T / sequence_shards_; }
 
   void to(Device device);
   void train(bool on = true);
@@ -115,16 +101,13 @@ class Stage {
 
  private:
   Stage(const dist::PipelineSpec& spec, const dist::Topology* topology);
-  static Stage of(nn::GPT& model, dist::TensorParallelGPT* split, int micro_batches);
-  void add_chunk(std::shared_ptr<nn::GPT> chunk, dist::TensorParallelGPT* split);
+  void add_chunk(std::shared_ptr<nn::GPT> chunk);
 
   const dist::Topology* topology_ = nullptr;
   dist::Schedule schedule_;
-  int rank_ = 0, tp_ = 1;
-  bool sequence_parallel_ = false;
+  int rank_ = 0;
+  int64_t sequence_shards_ = 1;
   std::vector<std::shared_ptr<nn::GPT>> chunks_;
-  std::vector<dist::TensorParallelGPT*> splits_;
-  std::unordered_set<const TensorImpl*> replicated_;
   Tensor tied_weight_, tied_copy_;
   std::shared_ptr<Timing> timing_ = std::make_shared<Timing>();
 };

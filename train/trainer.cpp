@@ -22,8 +22,9 @@
 #include "dist/flight_recorder.h"
 #include "dist/init.h"
 #include "dist/topology.h"
-#include "dist/tp_gpt.h"
+#include "dist/tensor_parallel.h"
 #include "nn/checkpoint.h"
+#include "nn/param_layout.h"
 #include "ops/matmul.h"
 #include "ops/sgemm_ceiling.h"
 #include "optim/schedule.h"
@@ -267,9 +268,9 @@ void Trainer::State::print_tensor_parallel_step() const {
   double predicted = 0;
   for (int v = 0; v < stage->chunk_count(); ++v)
     for (const auto& [name, p] : stage->chunk(v).named_parameters()) {
-      double whole = 4;
-      for (int64_t d : stage->logical_shape(v, name, p)) whole *= double(d);
-      predicted += stage->layout(p) == Layout::kReplicated ? whole : whole / tp;
+      const nn::ParamLayout layout = nn::layout_of(p);
+      const double whole = 4.0 * double(layout.full_numel());
+      predicted += layout.is_split() ? whole / tp : whole;
     }
   const dist::TensorParallelTraffic t = dist::tensor_parallel_traffic();
   std::printf(

@@ -44,7 +44,7 @@ struct MemoryQuery {
   int64_t micro_batch = 1;  // sequences per rank per micro-batch
   int64_t seq = 0;          // tokens per sequence; 0: model.block_size
   int64_t grad_accum = 1;
-  // Tensor parallelism (dist/tp_gpt.h): a block's matrices and column-parallel biases and the (padded) vocabulary
+  // Tensor parallelism (dist/tp_plan.h): a block's matrices and column-parallel biases and the (padded) vocabulary
   // are split over tp ranks, LayerNorms, wpe and row-parallel biases replicated; activations are the replicated
   // LayerNorm inputs and outputs (4C per token and block) plus 1/tp of the rest (12C), all of them 1/tp with
   // sequence parallelism; the head's logits are 1/tp.

@@ -1,5 +1,5 @@
 // Naive tensor parallelism (Megatron-LM): a GPT block's MLP and attention split across the N ranks of a group,
-// each rank holding 1/N of the weights. Read after naive/ddp.h; production: dist/tensor_parallel.h, dist/tp_gpt.h.
+// each rank holding 1/N of the weights. Read after naive/ddp.h; production: dist/tensor_parallel.h, dist/tp_plan.h.
 //
 //   dist::naive::ParallelMLP mlp(whole_mlp, group);              // this rank's slices of an nn::MLP's weights
 //   dist::naive::ParallelAttention attn(whole_attn, group);      // this rank's heads of an nn::CausalSelfAttention

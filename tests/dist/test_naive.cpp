@@ -30,6 +30,7 @@
 #include "dist/naive/zero1.h"
 #include "dist/naive/zero3.h"
 #include "dist/process_group.h"
+#include "dist/tp_plan.h"
 #include "dist/zero.h"
 #include "dist/zero3.h"
 #include "nn/gpt.h"
@@ -263,6 +264,53 @@ TEST(Naive, TensorParallelMLPAndAttentionEqualTheWholeLayers) {
                 {pattn.proj_weight, cut(attn.c_proj->weight.grad(), 0, r * c, c)},
                 {pattn.proj_bias, attn.c_proj->bias.grad()}};
       });
+}
+
+// The naive layers against production tensor parallelism (dist/tp_plan.h's plan applied to a GPT built from the
+// same seed): forward, the input's gradient and every weight slice's gradient, bitwise, since both compute the
+// same products and all-reduce them over the same backend; only the code that places the slices differs.
+TEST(Naive, TensorParallelEqualsProductionBitwise) {
+  auto pg = dist::make_process_group("ring", ctx().world());
+  const nn::GPTConfig cfg{kVocab, kSeq, 1, 6, 12, 0.0, true};
+  nn::GPT whole(cfg, 5), prod(cfg, 5);
+  dist::apply_tensor_parallel(prod, *pg, dist::gpt2_plan(false));
+  const nn::Block &w = (*whole.h)[0], &p = (*prod.h)[0];
+  const Tensor x = random_tensor({2, kSeq, 12}, 100, 1.0), dy = random_tensor({2, kSeq, 12}, 101, 1.0);
+  auto bitwise = [](const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && a.to_vector() == b.to_vector();
+  };
+  auto check = [&](const char* what, const std::function<Tensor(const Tensor&)>& naive,
+                   const std::function<Tensor(const Tensor&)>& production,
+                   const std::vector<std::pair<Tensor, Tensor>>& weights) {
+    SCOPED_TRACE(what);
+    Tensor x1 = x.clone().set_requires_grad(true), x2 = x.clone().set_requires_grad(true);
+    Tensor y1 = naive(x1), y2 = production(x2);
+    sum(mul(y1, dy)).backward();
+    sum(mul(y2, dy)).backward();
+    EXPECT_TRUE(bitwise(y1, y2)) << "forward, max |diff| " << max_abs_diff(y1, y2);
+    EXPECT_TRUE(bitwise(x1.grad(), x2.grad())) << "input gradient";
+    int i = 0;
+    for (const auto& [mine, theirs] : weights) {
+      EXPECT_TRUE(bitwise(mine.detach(), theirs.detach())) << "weight " << i << " starts from another slice";
+      EXPECT_TRUE(bitwise(mine.grad(), theirs.grad())) << "weight " << i << "'s gradient";
+      ++i;
+    }
+  };
+  dist::naive::ParallelMLP mlp(*w.mlp, *pg);
+  check(
+      "MLP", [&](const Tensor& in) { return mlp.forward(in); }, [&](const Tensor& in) { return p.mlp->forward(in); },
+      {{mlp.fc_weight, p.mlp->c_fc->weight},
+       {mlp.fc_bias, p.mlp->c_fc->bias},
+       {mlp.proj_weight, p.mlp->c_proj->weight},
+       {mlp.proj_bias, p.mlp->c_proj->bias}});
+  dist::naive::ParallelAttention attn(*w.attn, *pg);
+  check(
+      "attention", [&](const Tensor& in) { return attn.forward(in); },
+      [&](const Tensor& in) { return p.attn->forward(in); },
+      {{attn.attn_weight, p.attn->c_attn->weight},
+       {attn.attn_bias, p.attn->c_attn->bias},
+       {attn.proj_weight, p.attn->c_proj->weight},
+       {attn.proj_bias, p.attn->c_proj->bias}});
 }
 
 // Two stages, 4 micro-batches of 2 sequences, 4 blocks (2 per stage): one step's gradients.

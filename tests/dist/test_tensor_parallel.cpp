@@ -1,4 +1,5 @@
-// Tensor parallelism (dist/tensor_parallel.h, dist/tp_gpt.h) against one process, at world sizes 2 and 4:
+// Tensor parallelism (dist/tensor_parallel.h's styles applied by dist/tp_plan.h's plan to an unmodified nn::GPT)
+// against one process, at world sizes 2 and 4:
 // - the split model starts from the one-process weights (gathered back, bit for bit: q/k/v re-interleaved, the
 //   vocabulary padding dropped), and its forward equals the unsplit forward layer by layer within 1e-6 (f32),
 //   its gradients too (each rank's slice of the one-process gradient; padded vocabulary rows get none);
@@ -17,10 +18,13 @@
 
 #include "core/rng.h"
 #include "dist/topology.h"
-#include "dist/tp_gpt.h"
+#include "dist/tensor_parallel.h"
+#include "dist/tp_plan.h"
 #include "nn/checkpoint.h"
 #include "optim/sgd.h"
 #include "support/mpi_test.h"
+#include "nn/param_layout.h"
+#include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/step.h"
 
@@ -45,6 +49,27 @@ data::Batch global_batch(int step, int64_t rows, bool ignore_some = false) {
   return {Tensor::from_vector(x, {rows, kSeq}), Tensor::from_vector(y, {rows, kSeq})};
 }
 
+// One process's GPT, split over tp by GPT-2's plan: what a tensor-parallel rank trains.
+std::unique_ptr<nn::GPT> split_gpt(dist::ProcessGroup& tp, bool sequence_parallel = false, double dropout = 0.0,
+                                   uint64_t seed = 1337) {
+  auto model = std::make_unique<nn::GPT>(config(dropout), seed);
+  dist::apply_tensor_parallel(*model, tp, dist::gpt2_plan(sequence_parallel));
+  return model;
+}
+
+// Collective over the group: every parameter whole (q, k, v back in their ranges, the vocabulary padding dropped).
+nn::StateDict gathered(const nn::GPT& model) {
+  nn::StateDict whole;
+  for (auto& [name, t] : dist::gather_whole(model.parameters(), model.named_parameters())) whole[name] = t;
+  return whole;
+}
+
+const dist::VocabParallel& vocab_style(const nn::GPT& model) {
+  const auto* style = dynamic_cast<const dist::VocabParallel*>(model.wte->style.get());
+  EXPECT_NE(style, nullptr) << "wte has no VocabParallel style";
+  return *style;
+}
+
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
   if (a.shape() != b.shape()) return INFINITY;
@@ -60,10 +85,11 @@ TEST(TensorParallel, StartsFromTheOneProcessWeightsAndComputesItsForwardAndGradi
   const int tp = ctx().world_size();
   dist::Topology topo(ctx().world(), {1, tp, 1}, "ring");
   nn::GPT one(config(), 1337);
-  dist::TensorParallelGPT split(config(), 1337, topo.tp_group());
+  const std::unique_ptr<nn::GPT> model = split_gpt(topo.tp_group());
+  nn::GPT& split = *model;
 
   // Initialisation by global element index: the gathered split model is the one-process model, bit for bit.
-  nn::StateDict whole = split.gather_state_dict(), want = one.state_dict();
+  nn::StateDict whole = gathered(split), want = one.state_dict();
   ASSERT_EQ(whole.size(), want.size());
   for (const auto& [name, t] : want) EXPECT_EQ(whole.at(name).to_vector(), t.to_vector()) << name;
   EXPECT_EQ(whole.at("transformer.wte.weight").shape(), (Shape{kVocab, 32}));  // padding dropped
@@ -85,8 +111,8 @@ TEST(TensorParallel, StartsFromTheOneProcessWeightsAndComputesItsForwardAndGradi
   EXPECT_NEAR(l1.item(), l2.item(), 1e-6) << "loss";
 
   // Padded vocabulary rows are -inf logits on their rank: they never win a softmax.
-  const auto& wte = *split.vocab_embedding;
-  Tensor local = wte.logits(Tensor::ones({1, 32})).detach();
+  const dist::VocabParallel& wte = vocab_style(split);
+  Tensor local = wte.local_logits(*split.wte, Tensor::ones({1, 32})).detach();
   std::vector<double> lv = local.to_vector();
   for (int64_t j = 0; j < wte.vocab_per_rank; ++j) {
     if (wte.vocab_start + j >= kVocab)
@@ -104,9 +130,9 @@ TEST(TensorParallel, StartsFromTheOneProcessWeightsAndComputesItsForwardAndGradi
     Tensor g1;
     for (const auto& [n1, p1] : one_params)
       if (n1 == name) g1 = p1.grad();
-    EXPECT_LE(max_abs_diff(split.layout(name).slice(g1), p.grad()), 1e-6) << name;
+    EXPECT_LE(max_abs_diff(nn::layout_of(p).slice(g1), p.grad()), 1e-6) << name;
   }
-  std::vector<double> gw = wte.weight.grad().to_vector();
+  std::vector<double> gw = split.wte->weight.grad().to_vector();
   for (int64_t j = 0; j < wte.vocab_per_rank; ++j)
     if (wte.vocab_start + j >= kVocab)
       for (int64_t c = 0; c < 32; ++c) EXPECT_EQ(gw[size_t(j * 32 + c)], 0.0) << "padded row " << wte.vocab_start + j;
@@ -131,9 +157,8 @@ TrainRun train_run(int tp, int dp, double dropout, nn::Recompute recompute, int6
     model = std::make_unique<nn::GPT>(config(dropout), 1337);
   } else {
     topo = std::make_unique<dist::Topology>(ctx().world(), dist::Grid{dp, tp, 1}, "ring");
-    auto split = std::make_unique<dist::TensorParallelGPT>(config(dropout), 1337, topo->tp_group(), sequence_parallel);
-    sync = std::make_unique<train::GradSync>(train::Stage::of(*split), *topo);  // DDP over dp when dp > 1
-    model = std::move(split);
+    model = split_gpt(topo->tp_group(), sequence_parallel, dropout);
+    sync = std::make_unique<train::GradSync>(train::Stage::of(*model), *topo);  // DDP over dp when dp > 1
     dp_rank = topo->coord().dp;
   }
   const int64_t per_rank = rows / std::max(dp, 1);
@@ -154,8 +179,7 @@ TrainRun train_run(int tp, int dp, double dropout, nn::Recompute recompute, int6
     r.losses.push_back(dp > 1 ? train::sum_over(topo->dp_group(), step.loss) / dp : step.loss);
     r.norms.push_back(step.grad_norm);
   }
-  auto* split = dynamic_cast<dist::TensorParallelGPT*>(model.get());
-  r.weights = split ? split->gather_state_dict() : model->state_dict();
+  r.weights = tp > 0 ? gathered(*model) : model->state_dict();
   return r;
 }
 
@@ -179,7 +203,8 @@ void expect_close(const TrainRun& a, const TrainRun& b, double tol) {
 TEST(TensorParallel, KvCachedGenerationEqualsRecomputedAndOneProcess) {
   const int tp = ctx().world_size();
   dist::Topology topo(ctx().world(), {1, tp, 1}, "ring");
-  dist::TensorParallelGPT split(config(), 1337, topo.tp_group());
+  const std::unique_ptr<nn::GPT> model = split_gpt(topo.tp_group());
+  nn::GPT& split = *model;
   EXPECT_TRUE(split.supports_kv_cache());
   nn::GPT one(config(), 1337);
   const std::vector<int32_t> prompt{5, 17, 42};
@@ -195,8 +220,7 @@ TEST(TensorParallel, KvCachedGenerationEqualsRecomputedAndOneProcess) {
     EXPECT_EQ(cached, train::generate(split, prompt, o));
     if (temperature == 0) EXPECT_EQ(cached, train::generate(one, prompt, o));
   }
-  dist::TensorParallelGPT sp(config(), 1337, topo.tp_group(), /*sequence_parallel=*/true);
-  EXPECT_EQ(sp.supports_kv_cache(), tp == 1);
+  EXPECT_EQ(split_gpt(topo.tp_group(), /*sequence_parallel=*/true)->supports_kv_cache(), tp == 1);
 }
 
 TEST(TensorParallel, SgdEqualsOneProcess) {
@@ -222,7 +246,8 @@ TEST(TensorParallel, ComposesWithDataParallelDropoutRecomputeAndAccumulation) {
 TEST(TensorParallel, SavesOneWholeModelFileThatOneProcessLoads) {
   const int tp = ctx().world_size();
   dist::Topology topo(ctx().world(), {1, tp, 1}, "ring");
-  dist::TensorParallelGPT split(config(), 1337, topo.tp_group());
+  const std::unique_ptr<nn::GPT> model = split_gpt(topo.tp_group());
+  nn::GPT& split = *model;
   optim::SGD opt(optim::decay_groups(split.named_parameters(), 0.0), optim::SGDOptions{.lr = 0.1});
   train::GradSync sync(train::Stage::of(split), topo);
   train::StepOptions o;
@@ -236,7 +261,11 @@ TEST(TensorParallel, SavesOneWholeModelFileThatOneProcessLoads) {
   if (topo.tp_group().rank() == 0) std::filesystem::create_directories(dir);
   topo.tp_group().barrier()->wait();
   const std::string path = (dir / "model.safetensors").string();
-  dist::save_tensor_parallel_gpt(path, split, "[]", {}, /*write=*/true);
+  {  // what a training run saves (train::consolidated_model: every tp rank joins the gather, rank 0 writes)
+    const bool leader = topo.tp_group().rank() == 0;
+    const std::shared_ptr<nn::GPT> whole = train::consolidated_model(train::Stage::of(split), leader);
+    if (leader) nn::save_gpt(path, *whole, "[]", {});
+  }
   topo.tp_group().barrier()->wait();
 
   data::Batch val = global_batch(100, 4);
@@ -247,9 +276,10 @@ TEST(TensorParallel, SavesOneWholeModelFileThatOneProcessLoads) {
   one.eval();
   EXPECT_NEAR(one.loss(val.x, val.y).item(), tp_loss, 1e-6);
 
-  dist::TensorParallelGPT again(config(), 2, topo.tp_group());
-  dist::load_tensor_parallel_gpt(again, path);
-  for (const auto& [name, p] : again.named_parameters()) {
+  const std::unique_ptr<nn::GPT> again = split_gpt(topo.tp_group(), false, 0.0, /*seed=*/2);
+  train::Stage again_stage = train::Stage::of(*again);
+  train::load_model(again_stage, path);  // each rank's slices, as its parameters' layouts say
+  for (const auto& [name, p] : again->named_parameters()) {
     Tensor q;
     for (const auto& [n, t] : split.named_parameters())
       if (n == name) q = t;
@@ -268,7 +298,8 @@ TEST(TensorParallel, SequenceParallelEqualsOneProcess) {
   {
     dist::Topology topo(ctx().world(), {1, world, 1}, "ring");
     nn::GPT one(config(), 1337);
-    dist::TensorParallelGPT split(config(), 1337, topo.tp_group(), /*sequence_parallel=*/true);
+    const std::unique_ptr<nn::GPT> model = split_gpt(topo.tp_group(), /*sequence_parallel=*/true);
+    nn::GPT& split = *model;
     train::GradSync sync(train::Stage::of(split), topo);
     data::Batch b = global_batch(0, 3, /*ignore_some=*/true);
     Tensor x = split.embed(b.x);
@@ -285,7 +316,7 @@ TEST(TensorParallel, SequenceParallelEqualsOneProcess) {
     for (const auto& [name, p] : split.named_parameters())
       for (const auto& [n1, p1] : one_params)
         if (n1 == name) {
-          EXPECT_LE(max_abs_diff(split.layout(name).slice(p1.grad()), p.grad()), 1e-6) << name;
+          EXPECT_LE(max_abs_diff(nn::layout_of(p).slice(p1.grad()), p.grad()), 1e-6) << name;
           ++compared;
         }
     EXPECT_EQ(compared, split.named_parameters().size());
@@ -312,10 +343,12 @@ TEST(TensorParallel, TrafficMatchesTheFormula) {
   data::Batch b = global_batch(0, B);
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
-    dist::TensorParallelGPT split(config(), 1337, topo.tp_group(), sp);
+    const std::unique_ptr<nn::GPT> model = split_gpt(topo.tp_group(), sp);
+    nn::GPT& split = *model;
     train::GradSync sync(train::Stage::of(split), topo);
     int64_t replicated = 0;
-    for (const Tensor& p : split.replicated_parameters()) replicated += p.numel();
+    for (const Tensor& p : split.parameters())
+      if (nn::layout_of(p).is_replicated()) replicated += p.numel();
     dist::reset_tensor_parallel_traffic();
     sync.before_backward(0, true);
     split.loss(b.x, b.y).backward();
@@ -331,4 +364,52 @@ TEST(TensorParallel, TrafficMatchesTheFormula) {
       EXPECT_EQ(t.reduce_scatter_bytes, 4 * (4 * L + 2) * N * C);
     }
   }
+}
+
+// The plan against the model it splits: every parameter ends with a layout naming the group (split by a row, or
+// replicated), the split ones being exactly GPT-2's matrices, column-parallel biases and wte; a row that names
+// nothing in a whole model, or a module of the wrong kind, is refused by name; a group of one changes nothing.
+TEST(TensorParallel, PlanSplitsExactlyItsModulesAndAGroupOfOneChangesNothing) {
+  const int world = ctx().world_size();
+  dist::Topology topo(ctx().world(), {1, world, 1}, "ring");
+  const std::unique_ptr<nn::GPT> model = split_gpt(topo.tp_group());
+  int64_t split = 0, replicated = 0;
+  for (const auto& [name, p] : model->named_parameters()) {
+    const nn::ParamLayout l = nn::layout_of(p);
+    EXPECT_EQ(l.group, &topo.tp_group()) << name;
+    split += l.is_split();
+    replicated += l.is_replicated();
+    EXPECT_FALSE(l.sequence_sliced) << name;
+  }
+  EXPECT_EQ(split, 1 + 2 * (4 + 2)) << "wte, and per block 4 matrices and the c_attn and c_fc biases";
+  EXPECT_EQ(replicated, 3 + 2 * 6) << "wpe, ln_f (2), and per block 2 LayerNorms (4) and the 2 row-parallel biases";
+
+  dist::TensorParallelPlan typo = dist::gpt2_plan(false);
+  typo.push_back({"transformer.h.*.mlp.c_fcc", {dist::ParallelStyle::kColwise}});
+  nn::GPT a(config(), 1337);
+  try {
+    dist::apply_tensor_parallel(a, topo.tp_group(), typo);
+    ADD_FAILURE() << "a plan row naming nothing was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer.h.*.mlp.c_fcc"), std::string::npos) << e.what();
+  }
+  nn::GPT b(config(), 1337);
+  try {
+    dist::apply_tensor_parallel(b, topo.tp_group(), {{"transformer.h.0.ln_1", {dist::ParallelStyle::kColwise}}});
+    ADD_FAILURE() << "a LayerNorm was split as a Linear";
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("is not a Linear"), std::string::npos) << e.what(); }
+
+  dist::Topology alone(ctx().world(), {world, 1, 1}, "ring");  // tp groups of one
+  nn::GPT c(config(), 1337), one(config(), 1337);
+  dist::apply_tensor_parallel(c, alone.tp_group(), dist::gpt2_plan(true));
+  const nn::NamedTensors want = one.named_parameters();
+  const nn::NamedTensors got = c.named_parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].second.to_vector(), want[i].second.to_vector()) << got[i].first;
+    EXPECT_EQ(nn::layout_of(got[i].second).group, nullptr) << got[i].first;
+  }
+  EXPECT_EQ(c.wte->style, nullptr);
+  data::Batch batch = global_batch(0, 2);
+  EXPECT_EQ(c.loss(batch.x, batch.y).item(), one.loss(batch.x, batch.y).item());
 }

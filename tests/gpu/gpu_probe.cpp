@@ -79,8 +79,8 @@ std::vector<std::string> loaded_cuda_libraries() {
   std::ifstream maps("/proc/self/maps");
   std::set<std::string> seen;
   std::string line;
-  const char* kNames[] = {"libcuda.so",    "libcudart.so", "libcublas.so", "libcublasLt.so", "libcudnn",
-                          "libnccl.so",    "libnvrtc",     "libnvJitLink", "libnvidia-ptxjitcompiler"};
+  const char* kNames[] = {"libcuda.so", "libcudart.so", "libcublas.so", "libcublasLt.so",          "libcudnn",
+                          "libnccl.so", "libnvrtc",     "libnvJitLink", "libnvidia-ptxjitcompiler"};
   while (std::getline(maps, line)) {
     const size_t slash = line.find('/');
     if (slash == std::string::npos) continue;
@@ -181,7 +181,8 @@ int probe(bool ceilings, Report& r) {
   r.add("cudnn", std::to_string(cudnnGetVersion()));
   int nccl = 0;
   ncclGetVersion(&nccl);
-  r.add("nccl", std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100));
+  r.add("nccl",
+        std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100));
   if (ceilings) measure_ceilings(r);
   r.add("environment", "OK");
   return 0;
@@ -202,7 +203,8 @@ int main(int argc, char** argv) {
       std::printf("usage: gpu_probe [--ceilings] [--json FILE]\n");
       return 0;
     } else {
-      std::fprintf(stderr, "gpu_probe: unknown argument '%s' (expected --ceilings, --json FILE or --help)\n", a.c_str());
+      std::fprintf(stderr, "gpu_probe: unknown argument '%s' (expected --ceilings, --json FILE or --help)\n",
+                   a.c_str());
       return 2;
     }
   }
