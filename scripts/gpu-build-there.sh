@@ -97,19 +97,22 @@ cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMP
 [[ -f $build/gpu_test_targets.txt ]] || cannot "the configuration has no real CUDA backend (build-there.log)"
 read -ra test_targets <<<"$(tr ';' ' ' <"$build/gpu_test_targets.txt")"
 programs=(gpu_probe bench_gpt_step bench_gpu_roofline bench_collectives train_gpt)
-say "building ${#programs[@]} programs and ${#test_targets[@]} test binaries on $(nproc) cores"
-cmake --build "$build" -j "$(nproc)" --target "${programs[@]}" "${test_targets[@]}" >>"$log" 2>&1 ||
-  { grep -E 'error|Error' "$log" | head -n 20 >&2; cannot "the build failed (build-there.log)"; }
-say "built in $(( SECONDS - t0 ))s"
-
-# ---- stage the built programs beside the bundle's scripts, data and libraries, and check ----
+# The bundle's libraries less libstdc++, libgcc_s and libgomp (the node's own compiler's are the ones its binaries
+# need): what the test binaries load when the build lists their tests, and what the check runs with.
 there="$src/build-there/stage/minidl-gpu"
 rm -rf "$src/build-there/stage"
 mkdir -p "$there/bin" "$there/tests"
 cp -R "$bundle/scripts" "$bundle/bench" "$bundle/data" "$bundle/lib" "$there/"
+rm -f "$there"/lib/libstdc++.so* "$there"/lib/libgcc_s.so* "$there"/lib/libgomp.so*
+say "building ${#programs[@]} programs and ${#test_targets[@]} test binaries on $(nproc) cores"
+LD_LIBRARY_PATH="$there/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  cmake --build "$build" -j "$(nproc)" --target "${programs[@]}" "${test_targets[@]}" >>"$log" 2>&1 ||
+  { grep -E 'error|Error' "$log" | head -n 20 >&2; cannot "the build failed (build-there.log)"; }
+say "built in $(( SECONDS - t0 ))s"
+
+# ---- stage the built programs beside the bundle's scripts, data and libraries, and check ----
 cp "$bundle/manifest.txt" "$there/manifest.txt"
 echo "rebuilt on the node: $(uname -n), $(date -u +%Y-%m-%dT%H:%M:%SZ), architectures $archs" >>"$there/manifest.txt"
-rm -f "$there"/lib/libstdc++.so* "$there"/lib/libgcc_s.so* "$there"/lib/libgomp.so*
 for p in "${programs[@]}"; do install -m 755 "$build/bin/$p" "$there/bin/"; done
 for t in "${test_targets[@]}"; do install -m 755 "$build/tests/$t" "$there/tests/"; done
 left=$(( budget - SECONDS ))
