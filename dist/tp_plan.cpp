@@ -18,9 +18,9 @@ TensorParallelPlan gpt2_plan(bool sequence_parallel) {
                           {"transformer.h.*.mlp.c_fc", {S::kColwise, sp}},
                           {"transformer.h.*.mlp.c_proj", {S::kRowwise, sp}}};
   if (sp)
-    for (const char* path : {"transformer.wpe", "transformer.drop", "transformer.h.*.ln_1",
-                             "transformer.h.*.attn.resid_dropout", "transformer.h.*.ln_2", "transformer.h.*.mlp.dropout",
-                             "transformer.ln_f"})
+    for (const char* path :
+         {"transformer.wpe", "transformer.drop", "transformer.h.*.ln_1", "transformer.h.*.attn.resid_dropout",
+          "transformer.h.*.ln_2", "transformer.h.*.mlp.dropout", "transformer.ln_f"})
       plan.push_back({path, {S::kSequence}});
   return plan;
 }
@@ -65,8 +65,8 @@ void apply(nn::Module& m, const PlanRow& row, ProcessGroup& group) {
     case ParallelStyle::kColwise: {
       auto& l = as<nn::Linear>(m, row, "a Linear");
       const int64_t out = l.weight.size(1);
-      MINIDL_CHECK(out % (s.parts * n) == 0, "tensor parallelism: ", row.path, "'s ", out, " outputs do not split into ",
-                   s.parts, " part(s) x ", n, " ranks");
+      MINIDL_CHECK(out % (s.parts * n) == 0, "tensor parallelism: ", row.path, "'s ", out,
+                   " outputs do not split into ", s.parts, " part(s) x ", n, " ranks");
       place(l.weight, {l.weight.shape(), 1, s.parts, n, r, &group});
       if (l.bias.defined()) place(l.bias, {l.bias.shape(), 0, s.parts, n, r, &group});
       l.style = std::make_shared<ColumnParallel>(group, s.sequence);

@@ -28,10 +28,10 @@ struct ParamLayout {
   Shape full_shape;
   int dim = -1;  // the split dimension; -1: not split
   int64_t parts = 1;
-  int ranks = 1, rank = 0;                // the group's size and this rank's place in it (1, 0: whole)
-  dist::ProcessGroup* group = nullptr;    // what it is split or replicated over; null: whole
-  bool sequence_sliced = false;           // replicated, but it acts on this rank's positions only (sequence
-                                          // parallelism): its gradient is a partial sum over the group
+  int ranks = 1, rank = 0;              // the group's size and this rank's place in it (1, 0: whole)
+  dist::ProcessGroup* group = nullptr;  // what it is split or replicated over; null: whole
+  bool sequence_sliced = false;         // replicated, but it acts on this rank's positions only (sequence
+                                        // parallelism): its gradient is a partial sum over the group
 
   bool is_split() const { return dim >= 0 && ranks > 1; }
   bool is_replicated() const { return !is_split() && ranks > 1; }
