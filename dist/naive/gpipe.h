@@ -1,12 +1,19 @@
 // Naive pipeline parallelism: a two-stage GPipe. The model is cut in two; rank 0 runs the first half, rank 1 the
-// second, on M micro-batches: all M forwards, then all M backwards. Read after naive/ddp.h; production:
-// dist/pipeline.h (schedules as data: GPipe, 1F1B, interleaved), train/stage.h and train/step.cpp.
+// second, on M micro-batches: all M forwards, then all M backwards. Read after naive/ddp.h, before
+// naive/one_f_one_b.h; production: dist/pipeline.h (schedules as data), train/stage.h and train/step.cpp.
 //
-//   double loss = dist::naive::gpipe_step(group, M, {rows, T, C},
-//       [&](int m) { return gpt.blocks(0, L / 2, gpt.embed(x[m])); },                              // rank 0
-//       [&](const Tensor& h, int m) { return gpt.head_loss(gpt.blocks(L / 2, L, h), y[m]); });     // rank 1
-//   dist::naive::sum_shared_gradients(group, {gpt.wte->weight});   // the tied embedding lives on both stages
-//   optimizer.step();   // each rank steps the parameters its stage used
+//   nn::GPT half(cfg, seed, rank == 0 ? nn::GPTStage{0, L / 2, true, false} : nn::GPTStage{L / 2, L, false, true});
+//   double loss = dist::naive::gpipe_step(group, M, {B / M, T, C},
+//       [&](int m) { return half.blocks(0, L / 2, half.embed(ids[m])); },                             // rank 0
+//       [&](const Tensor& h, int m) {                                                                 // rank 1
+//         return mul(half.head_loss(half.blocks(L / 2, L, h), targets[m], Reduction::kSum), 1.0 / (B * T));
+//       });
+//   dist::naive::sum_shared_gradients(group, {half.wte->weight});   // the tied embedding lives on both stages
+//   optimizer.step();   // over half.parameters(): each rank steps its own half
+//
+// Each rank builds only its half, as production's train::Stage does: rank 0 the embedding and blocks [0, L/2),
+// rank 1 blocks [L/2, L), ln_f and the head (wte again: tied). Each parameter is initialised from its index in the
+// whole model (nn/gpt.h), so the halves are the whole model's, cut in two, and each rank holds about half the weights.
 //
 // Messages. Forward: rank 0 sends micro-batch m's activation at the cut (B/M, T, C) to rank 1, which receives it
 // into a fresh leaf tensor that requires grad and continues the forward to the loss. Backward: rank 1's backward
@@ -15,9 +22,11 @@
 // Per micro-batch: one activation forward, one gradient backward, (B/M)·T·C elements each.
 //
 // Why it equals one process with gradient accumulation over the same M micro-batches: each micro-batch's loss
-// is scaled by 1/M, the stages together run exactly the one-process forward and backward of each micro-batch
-// (the received activation and gradient are the values one process computes at the cut), and each parameter
-// accumulates its M gradient pieces in micro-batch order, the order a one-process loop adds them.
+// is its share of the batch's mean, the stages together run exactly the one-process forward and backward of each
+// micro-batch (the received activation and gradient are the values one process computes at the cut), and each
+// parameter accumulates its M gradient pieces in micro-batch order, the order a one-process loop adds them. The
+// tied wte is the exception: its embedding and head pieces are summed per stage, then added (another order). It
+// equals production's executor (train/step.h) bit for bit, wte included: that adds the same two sums.
 //
 // Schedule and its cost, S = 2 stages, here M = 4, one time slot per forward or backward:
 //   slot:    1   2   3   4   5   6   7   8   9   10
@@ -25,8 +34,8 @@
 //   rank 1:  .   F0  F1  F2  F3  B0  B1  B2  B3  .
 // The idle slots are the "bubble": 2(S-1) of 2(M+S-1) slots, a fraction (S-1)/(M+S-1), so more micro-batches
 // shrink it. Memory: all M micro-batches' activations stay alive from their forward to their backward: GPipe's
-// price. 1F1B (production) starts each backward as early as possible, keeping at most S micro-batches in flight,
-// with the same bubble.
+// price. 1F1B (naive/one_f_one_b.h) starts each backward as early as possible, keeping at most S micro-batches in
+// flight, with the same bubble.
 //
 // What production adds: any number of stages and virtual stages, 1F1B and interleaved 1F1B, schedules validated
 // before the first step (matching sends and receives) and simulated for their bubble, asynchronous sends,
@@ -43,9 +52,10 @@ namespace minidl::dist::naive {
 
 // One training step's forward and backward over M micro-batches, on a group of two ranks.
 // first_stage(m), on rank 0: micro-batch m's activation at the cut, of shape activation_shape.
-// last_stage(h, m), on rank 1: micro-batch m's (scalar, mean) loss from the received activation h.
-// Returns on rank 1 the mean of the M losses (the loss of the whole batch), on rank 0 zero. Gradients are added
-// into the parameters' .grad(), as any backward does.
+// last_stage(h, m), on rank 1: micro-batch m's share of the batch's loss (the M shares add up to the batch's mean
+// loss) from the received activation h.
+// Returns on rank 1 the batch's loss (the shares summed in f32, as production sums them), on rank 0 zero.
+// Gradients are added into the parameters' .grad(), as any backward does.
 inline double gpipe_step(ProcessGroup& group, int micro_batches, const Shape& activation_shape,
                          const std::function<Tensor(int)>& first_stage,
                          const std::function<Tensor(const Tensor&, int)>& last_stage) {
@@ -71,19 +81,20 @@ inline double gpipe_step(ProcessGroup& group, int micro_batches, const Shape& ac
     group.recv(h, 0, m)->wait();
     h.set_requires_grad(true);  // a leaf: backward stops here and leaves dL/dh in h.grad()
     inputs.push_back(h);
-    losses.push_back(mul(last_stage(h, m), 1.0 / M));  // the batch's loss is the mean of the micro-batches'
+    losses.push_back(last_stage(h, m));
   }
-  double loss = 0.0;
+  float loss = 0;
   for (int m = 0; m < M; ++m) {
     losses[size_t(m)].backward();
-    loss += losses[size_t(m)].item();
+    loss += float(losses[size_t(m)].item());
     group.send(inputs[size_t(m)].grad(), 0, M + m)->wait();
   }
   return loss;
 }
 
 // A parameter used on both stages (GPT's tied wte: the embedding on rank 0, the head on rank 1) has part of its
-// gradient on each rank: sum them, so that both copies take the same step and stay equal.
+// gradient on each rank: sum them, so that both copies take the same step and stay equal. `group`: the ranks that
+// hold it (here both; with S stages the first and the last).
 inline void sum_shared_gradients(ProcessGroup& group, const std::vector<Tensor>& shared) {
   for (const Tensor& t : shared) {
     Tensor grad = t.grad();

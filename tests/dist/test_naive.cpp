@@ -8,8 +8,11 @@
 // - naive ZeRO-3 = production dist::ZeroStage3, bitwise at 2 ranks, within 1e-5 at 3; blocks are freed after their
 //   forward and backward;
 // - naive tensor-parallel MLP and attention = the unsplit nn::MLP / nn::CausalSelfAttention within 1e-5 (below);
-// - naive GPipe (2 ranks) = one process accumulating the same 4 micro-batches: every gradient bitwise but the tied
-//   wte's (its embedding and head halves are summed in another order), within 1e-6.
+// - naive GPipe (2 ranks) = production's GPipe executor at pp 2, the loss and every gradient bitwise, wte included;
+//   = one process accumulating the same 4 micro-batches, bitwise but the tied wte's (its embedding and head halves
+//   are summed in another order), within 1e-6;
+// - naive 1F1B (2 and 3 stages) = production's 1F1B executor, bitwise; both pipelines' activation peaks within 10%
+//   of production's (each rank builds only its stage).
 // Bitwise at 2 ranks, whatever the layout: a sum of two floats does not depend on their order, and the average
 // divides it by 2 exactly. At 3 ranks a ring adds an element's three terms in an order set by which chunk holds it,
 // and naive DDP and ZeRO-3 cut their buffers (per parameter, per block) differently from production's buckets.
@@ -22,14 +25,17 @@
 #include <memory>
 
 #include "autograd/functions.h"
+#include "core/memory.h"
 #include "core/rng.h"
 #include "dist/ddp.h"
 #include "dist/naive/ddp.h"
 #include "dist/naive/gpipe.h"
+#include "dist/naive/one_f_one_b.h"
 #include "dist/naive/tensor_parallel.h"
 #include "dist/naive/zero1.h"
 #include "dist/naive/zero3.h"
 #include "dist/process_group.h"
+#include "dist/topology.h"
 #include "dist/tp_plan.h"
 #include "dist/zero.h"
 #include "dist/zero3.h"
@@ -37,6 +43,9 @@
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "support/mpi_test.h"
+#include "train/grad_sync.h"
+#include "train/stage.h"
+#include "train/step.h"
 
 using namespace minidl;
 
@@ -71,7 +80,7 @@ struct RunResult {
 };
 
 // `steps` steps of AdamW (adamw) or SGD with momentum on the global batch, each rank taking its slice.
-RunResult train(Mode mode, bool adamw, int steps = 8) {
+RunResult train_with(Mode mode, bool adamw, int steps = 8) {
   auto pg = dist::make_process_group("ring", ctx().world());
   const bool one = mode == Mode::kOneProcess;
   const int n = one ? 1 : pg->size(), rank = one ? 0 : pg->rank();
@@ -188,21 +197,21 @@ Tensor random_tensor(const Shape& shape, uint64_t seed, double scale) {
 }  // namespace
 
 TEST(Naive, DDPEqualsProductionDDPAndOneProcess) {
-  const RunResult naive = train(Mode::kNaiveDDP, false);
-  expect_equal_at_two(naive, train(Mode::kDDP, false), 1e-5);
-  expect_close(naive, train(Mode::kOneProcess, false), 1e-4);
+  const RunResult naive = train_with(Mode::kNaiveDDP, false);
+  expect_equal_at_two(naive, train_with(Mode::kDDP, false), 1e-5);
+  expect_close(naive, train_with(Mode::kOneProcess, false), 1e-4);
 }
 
 TEST(Naive, Zero1EqualsDDPWithAdamWBitwise) {
-  const RunResult naive = train(Mode::kNaiveZero1, true);
-  expect_bitwise(naive, train(Mode::kDDPOneBucket, true));
-  if (ctx().world_size() <= 2) expect_bitwise(naive, train(Mode::kZero1, true));
+  const RunResult naive = train_with(Mode::kNaiveZero1, true);
+  expect_bitwise(naive, train_with(Mode::kDDPOneBucket, true));
+  if (ctx().world_size() <= 2) expect_bitwise(naive, train_with(Mode::kZero1, true));
 }
 
 TEST(Naive, Zero3EqualsProductionZero3) {
-  const RunResult naive = train(Mode::kNaiveZero3, false);
-  expect_equal_at_two(naive, train(Mode::kZero3, false), 1e-5);
-  expect_close(naive, train(Mode::kOneProcess, false), 1e-4);
+  const RunResult naive = train_with(Mode::kNaiveZero3, false);
+  expect_equal_at_two(naive, train_with(Mode::kZero3, false), 1e-5);
+  expect_close(naive, train_with(Mode::kOneProcess, false), 1e-4);
 }
 
 // The split layers against the whole ones: forward, the input's gradient, and each weight slice's gradient. Within
@@ -313,36 +322,132 @@ TEST(Naive, TensorParallelEqualsProductionBitwise) {
        {attn.proj_bias, p.attn->c_proj->bias}});
 }
 
-// Two stages, 4 micro-batches of 2 sequences, 4 blocks (2 per stage): one step's gradients.
-TEST(Naive, GPipeEqualsOneProcessWithGradientAccumulation) {
-  if (ctx().world_size() != 2) GTEST_SKIP() << "a two-stage pipeline needs 2 ranks";
-  auto pg = dist::make_process_group("mpi", ctx().world());
-  constexpr int M = 4;
-  constexpr int64_t rows = 2, L = 4;
-  auto [x, y] = global_batch(0, M * rows);
-  nn::GPT one(tiny(L), 1337), piped(tiny(L), 1337);
-  double want = 0;
-  for (int m = 0; m < M; ++m) {
-    Tensor loss = mul(one.loss(x.narrow(0, m * rows, rows), y.narrow(0, m * rows, rows)), 1.0 / M);
-    loss.backward();
-    want += loss.item();
+namespace {
+
+// Pipelines of S stages (the world), 2 blocks each, over M = 4 micro-batches of 2 sequences, dropout on: every rank
+// builds only its stage's part of the model (nn::GPTStage), naive or production alike.
+constexpr int kMicroBatches = 4;
+constexpr int64_t kMicroRows = 2;
+nn::GPTConfig piped(int stages) { return nn::GPTConfig{kVocab, kSeq, 2 * int64_t(stages), 2, 16, 0.1, true}; }
+
+enum class Pipe { kNaiveGPipe, kNaive1F1B, kGPipe, k1F1B, kOneProcess };
+
+// One step's forward and backward on this rank.
+struct PipeStep {
+  double loss = 0;  // the batch's loss, on the last stage (and one process)
+  std::vector<std::pair<std::string, std::vector<double>>> grads;  // whole-model names
+  double activation_peak = 0;  // bytes of activations alive at once during the schedule (core/memory.h)
+};
+
+PipeStep pipeline_step(Pipe pipe, const dist::Topology& topo) {
+  const int S = topo.grid().pp, s = topo.coord().pp, M = kMicroBatches;
+  const nn::GPTConfig cfg = piped(S);
+  const auto [x, y] = global_batch(0, M * kMicroRows);
+  const double inv = 1.0 / double(M * kMicroRows * kSeq);  // production's normaliser: 1 / the batch's targets
+  auto micro = [](const Tensor& t, int m) { return t.narrow(0, m * kMicroRows, kMicroRows); };
+  MemoryLedger& mem = ledger(Device::cpu());
+  mem.reset_peaks();
+  const int64_t before = mem.current(MemTag::kActivations);
+  PipeStep out;
+  auto keep_grads = [&](const std::vector<std::pair<std::string, Tensor>>& named) {
+    for (const auto& [name, p] : named) out.grads.emplace_back(name, p.grad().to_vector());
+  };
+  if (pipe == Pipe::kGPipe || pipe == Pipe::k1F1B) {
+    const auto kind = pipe == Pipe::kGPipe ? dist::ScheduleKind::kGPipe : dist::ScheduleKind::k1F1B;
+    std::vector<int64_t> starts;
+    for (int c = 0; c <= S; ++c) starts.push_back(2 * c);
+    train::Stage stage(cfg, 1337, dist::PipelineSpec{kind, S, M, 1}, starts, topo);
+    stage.train();
+    train::GradSync sync(stage, topo);  // sums the tied wte's halves over the embedding group
+    train::StepOptions o;
+    o.grad_sync = &sync;
+    const Tensor loss = train::forward_backward(stage, data::Batch{x, y}, o);
+    out.activation_peak = double(mem.peak(MemTag::kActivations) - before);
+    if (loss.defined()) out.loss = loss.item();
+    keep_grads(stage.named_parameters());
+    return out;
   }
-  const double loss = dist::naive::gpipe_step(
-      *pg, M, {rows, kSeq, 16}, [&](int m) { return piped.blocks(0, L / 2, piped.embed(x.narrow(0, m * rows, rows))); },
-      [&](const Tensor& act, int m) {
-        return piped.head_loss(piped.blocks(L / 2, L, act), y.narrow(0, m * rows, rows));
-      });
-  dist::naive::sum_shared_gradients(*pg, {piped.wte->weight});
-  if (pg->rank() == 1) EXPECT_EQ(loss, want);
-  const auto a = piped.named_parameters(), b = one.named_parameters();
+  if (pipe == Pipe::kOneProcess) {  // the whole model accumulating over the same micro-batches
+    nn::GPT whole(cfg, 1337);
+    whole.train();
+    float loss = 0;
+    for (int m = 0; m < M; ++m) {
+      whole.dropout_context().first_sample = m * kMicroRows;
+      Tensor l = mul(whole.loss(micro(x, m), micro(y, m), Reduction::kSum), inv);
+      l.backward();
+      loss += float(l.item());
+    }
+    out.loss = loss;
+    keep_grads(whole.named_parameters());
+    return out;
+  }
+  nn::GPT part(cfg, 1337, nn::GPTStage{2 * s, 2 * s + 2, s == 0, s == S - 1});
+  part.train();
+  auto run = [&](const Tensor& h, int m) {                 // micro-batch m through this stage, as the executor runs it
+    part.dropout_context().first_sample = m * kMicroRows;  // the dropout masks of its samples in one big batch
+    Tensor act = part.blocks(2 * s, 2 * s + 2, s == 0 ? part.embed(micro(x, m)) : h);
+    return s < S - 1 ? act : mul(part.head_loss(act, micro(y, m), Reduction::kSum), inv);
+  };
+  const Shape shape{kMicroRows, kSeq, cfg.n_embd};
+  {
+    MemoryTagGuard tag(MemTag::kActivations);
+    out.loss = pipe == Pipe::kNaiveGPipe ? dist::naive::gpipe_step(
+                                               topo.pp_group(), M, shape, [&](int m) { return run(Tensor(), m); }, run)
+                                         : dist::naive::one_f_one_b_step(topo.pp_group(), M, shape, run);
+  }
+  out.activation_peak = double(mem.peak(MemTag::kActivations) - before);
+  if (topo.embedding_group()) dist::naive::sum_shared_gradients(*topo.embedding_group(), {part.wte->weight});
+  keep_grads(part.named_parameters());
+  return out;
+}
+
+// The naive pipeline against production's executor: the loss and every gradient bitwise, the tied wte's too (both
+// add the same two sums, each stage's accumulated in micro-batch order); the activation peak within 10% (what both
+// keep alive between a micro-batch's forward and its backward; production also holds its posted receives).
+void expect_same_step(const PipeStep& naive, const PipeStep& production, const dist::Topology& topo) {
+  if (topo.last_stage()) EXPECT_EQ(naive.loss, production.loss);
+  ASSERT_EQ(naive.grads.size(), production.grads.size());
+  for (size_t i = 0; i < naive.grads.size(); ++i) {
+    ASSERT_EQ(naive.grads[i].first, production.grads[i].first);
+    EXPECT_EQ(naive.grads[i].second, production.grads[i].second) << naive.grads[i].first;
+  }
+  EXPECT_NEAR(naive.activation_peak, production.activation_peak, 0.1 * production.activation_peak)
+      << "stage " << topo.coord().pp << ": naive activation peak " << naive.activation_peak << " bytes, production "
+      << production.activation_peak;
+}
+
+}  // namespace
+
+// Naive GPipe against production's GPipe at pp 2, and against one process accumulating the same micro-batches:
+// bitwise but the tied wte, whose embedding and head halves one process adds micro-batch by micro-batch, the
+// pipeline stage by stage (1e-6).
+TEST(Naive, GPipeEqualsProductionGPipeAndOneProcess) {
+  if (ctx().world_size() != 2) GTEST_SKIP() << "naive GPipe has two stages: needs 2 ranks";
+  const dist::Topology topo(ctx().world(), {1, 1, 2}, "mpi");
+  const PipeStep naive = pipeline_step(Pipe::kNaiveGPipe, topo);
+  expect_same_step(naive, pipeline_step(Pipe::kGPipe, topo), topo);
+  const PipeStep one = pipeline_step(Pipe::kOneProcess, topo);
+  if (topo.last_stage()) EXPECT_EQ(naive.loss, one.loss);
   int compared = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!a[i].second.grad().defined()) continue;  // a parameter of the other stage
-    ++compared;
-    if (a[i].first == "transformer.wte.weight")
-      EXPECT_LE(max_abs_diff(a[i].second.grad(), b[i].second.grad()), 1e-6) << a[i].first;
-    else
-      EXPECT_EQ(a[i].second.grad().to_vector(), b[i].second.grad().to_vector()) << a[i].first;
-  }
-  EXPECT_GT(compared, 4);
+  for (const auto& [name, grad] : naive.grads)
+    for (const auto& [whole_name, whole_grad] : one.grads) {
+      if (whole_name != name) continue;
+      ++compared;
+      if (name != "transformer.wte.weight") {
+        EXPECT_EQ(grad, whole_grad) << name;
+        continue;
+      }
+      double worst = 0;
+      for (size_t j = 0; j < grad.size(); ++j) worst = std::max(worst, std::abs(grad[j] - whole_grad[j]));
+      EXPECT_LE(worst, 1e-6) << name;
+    }
+  EXPECT_EQ(compared, int(naive.grads.size()));
+}
+
+// Naive 1F1B against production's 1F1B over every rank as a stage (pp 2 and 3). The activation peak is what proves
+// the schedule: a GPipe order (every warm-up as long as M) computes the same gradients but holds M micro-batches.
+TEST(Naive, OneFOneBEqualsProduction1F1B) {
+  if (ctx().world_size() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  const dist::Topology topo(ctx().world(), {1, 1, ctx().world_size()}, "mpi");
+  expect_same_step(pipeline_step(Pipe::kNaive1F1B, topo), pipeline_step(Pipe::k1F1B, topo), topo);
 }
