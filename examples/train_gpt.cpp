@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <string>
 
 #include "dist/init.h"
@@ -25,11 +26,17 @@ using namespace minidl;
 
 namespace {
 
+// The flag table: every flag in its section (train::TrainConfig's), with its help and default. --help shows the
+// sections; --help-markdown prints the same table as docs/train_gpt.md's flag list (TrainGpt.FlagListIsTheHelp
+// checks that the document holds exactly it).
 void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
+  app.option_defaults()->group("Model");
   app.add_option("--data", o.data,
                  "Text file to train on, or GPT-2 token shards in llm.c's format (a glob such as "
-                 "'out/shakespeare_*.bin', from tokenize_shards; files named *val* validate)")
+                 "'out/shakespeare_*.bin', from tokenize_shards; files named *val* validate, the others train, "
+                 "streamed one shard at a time in an order drawn from the seed). A text file: its first 90% of tokens "
+                 "train, the last 10% validate")
       ->capture_default_str();
   app.add_option("--tokenizer", o.tokenizer,
                  "char (the corpus's bytes are the tokens) or gpt2 (GPT-2's byte-level "
@@ -49,6 +56,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
       "would add more than an eighth of the vocabulary (65 -> 72); layout only: "
       "checkpoints, losses, samples and parameter counts are those of the real vocabulary. 1: no padding "
       "(ignored with --tp, which pads to a multiple of tp) [default: 64]");
+  app.add_option("--dropout", o.dropout, "Dropout probability on embeddings, attention output and MLP output")
+      ->capture_default_str();
+  app.add_option("--init-from", o.init_from, "Start from this minidl safetensors checkpoint");
+  app.option_defaults()->group("Optimizer");
   app.add_option("--batch", o.batch, "Sequences per optimizer step (the global batch)")->capture_default_str();
   app.add_option("--steps", o.steps, "Optimizer steps; 0 with --init-from only evaluates")->capture_default_str();
   app.add_option("--lr", o.lr, "Peak learning rate (AdamW)")->capture_default_str();
@@ -56,45 +67,30 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--warmup", o.warmup, "Linear warmup steps before the cosine decay")->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (matrices and embeddings only)")
       ->capture_default_str();
-  app.add_option("--dropout", o.dropout, "Dropout probability on embeddings, attention output and MLP output")
-      ->capture_default_str();
   app.add_option("--grad-clip", o.grad_clip, "Clip gradients to this global L2 norm; 0 disables")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed for initialisation, batches, dropout and sampling")->capture_default_str();
-  app.add_option("--threads", o.threads,
-                 "CPU threads (kernels and BLAS); default: the host's cores divided among the ranks on it");
-  app.add_option("--eval-every", o.eval_every, "Evaluate on the validation split every N steps; 0: only at the end")
+  app.add_option("--amp", o.amp,
+                 "Mixed precision: off, bf16 or fp16. Matrix products and attention in 16-bit with f32 accumulation, "
+                 "LayerNorm, softmax and loss math in f32, f32 master weights (autograd/autocast.h's policy table); "
+                 "fp16 adds dynamic loss scaling (2^16, x2 after 2000 clean steps, x0.5 on overflow, overflowing "
+                 "steps skipped, its state saved with --save); validation and sampling run in f32")
       ->capture_default_str();
-  app.add_option("--eval-windows", o.eval_windows,
-                 "Validation loss = mean over the first N non-overlapping windows of seq+1 tokens")
+  app.add_option("--recompute", o.recompute,
+                 "Activation checkpointing per block: none, attn (ln_1 + attention), mlp (ln_2 + MLP) or block")
       ->capture_default_str();
-  app.add_option("--log-every", o.log_every, "When printing plain lines, print a progress line every N steps")
+  app.add_option("--max-skipped-steps", o.max_skipped_steps,
+                 "fp16: stop after this many consecutive steps the loss scaler skipped (inf/NaN loss or gradients; "
+                 "on a CUDA device checked on the steps it prints)")
       ->capture_default_str();
-  app.add_option("--progress", o.progress,
-                 "Progress display: redraw (one line redrawn in place), lines (a line every --log-every steps) or auto "
-                 "(redraw on a terminal, lines in a file, a pipe or under mpirun, whose ranks see a pseudo-terminal)")
+  app.add_option("--loss-scale-init", o.loss_scale_init, "fp16: the loss scaler's first scale (1 to 2^24)")
       ->capture_default_str();
-  app.add_option("--save", o.save, "Write the trained model to this safetensors file (+ config.json beside it)");
-  app.add_option("--init-from", o.init_from, "Start from this minidl safetensors checkpoint");
-  app.add_option("--checkpoint-dir", o.checkpoint_dir,
-                 "Folder for training checkpoints (step-XXXXXXXX/: model, AdamW state, schedule, scaler, data "
-                 "position, manifest with checksums). With it, SIGTERM/SIGUSR1 finish the step, save and exit 0");
-  app.add_option("--save-every", o.save_every, "Write a training checkpoint every N steps and at the end (0: off)")
+  app.add_option("--loss-scale-growth-interval", o.loss_scale_growth_interval,
+                 "fp16: consecutive clean steps before the loss scale doubles")
       ->capture_default_str();
-  app.add_option("--keep-last", o.keep_last, "Keep only the newest K training checkpoints (0: all)")
-      ->capture_default_str();
-  app.add_option("--resume", o.resume,
-                 "Continue a run bit for bit from a checkpoint directory, or 'auto': the newest complete one in "
-                 "--checkpoint-dir (a fresh start when there is none), so the same command restarts a crashed job");
-  app.add_option("--sample,--max-new-tokens", o.sample, "After training, generate this many tokens of text")
-      ->capture_default_str();
-  app.add_option("--prompt", o.prompt, "With --sample: the text to continue (default: a fresh paragraph)");
-  app.add_option("--temperature", o.temperature, "Sampling temperature; 0 takes the most likely token (greedy)")
-      ->capture_default_str();
-  app.add_option("--top-k", o.top_k, "Draw only among the k most likely tokens (0: all)")->capture_default_str();
-  app.add_flag("!--no-kv-cache", o.kv_cache,
-               "Recompute the whole window for every generated token instead of "
-               "keeping each block's keys and values");
+  app.add_flag("--advance-lr-on-skip", o.advance_lr_on_skip,
+               "fp16: advance the LR schedule on steps the loss scaler skips (default: hold it)");
+  app.option_defaults()->group("Parallel");
   app.add_option("--dp", o.dp,
                  "Data-parallel ranks (run under mpirun -n N); each takes batch/dp of every global batch. "
                  "dp x tp x pp must equal N. Default: N / (tp x pp)");
@@ -111,6 +107,10 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "--dp, --tp (stages of tensor-parallel blocks), --zero 0-2, --save, --init-from, --sample and "
                  "training checkpoints (whole tensors: they resume at any --pp, --tp, --dp and --zero)")
       ->capture_default_str();
+  app.add_flag("--sequence-parallel", o.sequence_parallel,
+               "With --tp N: split the residual stream (LayerNorm, dropout, residual adds) along the sequence over the "
+               "N ranks, all-gathering before and reduce-scattering after the tensor-parallel layers; --seq must be a "
+               "multiple of N");
   app.add_option("--micro-batches,--grad-accum", o.micro_batches,
                  "Micro-batches per step (--grad-accum is the same flag): the step's forward and backward run over "
                  "this many equal parts of each rank's batch, their gradients accumulated; with --pp > 1 what the "
@@ -128,18 +128,68 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_flag("--print-schedule", o.print_schedule,
                "Draw the pipeline schedule (per-rank timeline of forwards, backwards and idle slots, with the "
                "simulated bubble) for --pp, --micro-batches, --schedule, --virtual-stages and exit; needs no mpirun");
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (AdamW state sharded: 8/dp bytes per "
+                 "parameter), 2 (gradients sharded too: 4/dp), 3 (block parameters sharded too, gathered per block: "
+                 "1.5x DDP's communication). With --tp: of the rank's split of the model (0-3); with --pp: of each "
+                 "stage's parameters over its dp ranks (0-2)")
+      ->capture_default_str();
   app.add_option("--backend", o.backend,
                  "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "
                  "either device); default: mpi on the CPU, nccl with --device cuda")
       ->capture_default_str();
-  app.add_option("--collective-timeout", o.collective_timeout,
-                 "Seconds a collective or send/recv may take before every rank that can still run writes its flight "
-                 "recorder to --debug-dir and the job ends (exit code 3) naming the group, the sequence number, the "
-                 "op and the ranks that have not joined it (default: $MINIDL_COLLECTIVE_TIMEOUT, else 600; 0: off)");
-  app.add_option("--debug-dir", o.debug_dir,
-                 "Where the watchdog writes each rank's progress and, on a timeout, flight recorder "
-                 "(scripts/flight_recorder.py reads them); all ranks must see it (default: $MINIDL_DEBUG_DIR, else "
-                 "$TMPDIR or /tmp, in minidl-<job id>)");
+  app.add_option("--device", o.device,
+                 "Where to train: cpu, cuda (rank r of a host uses GPU r) or cuda:N. On a device the training split "
+                 "is uploaded once and each step's batch drawn there (--pp: uploaded per step). A "
+                 "-DMINIDL_CUDA_EMULATION=ON build runs cuda on the CPU emulator of CUDA")
+      ->capture_default_str();
+  app.add_flag("--tf32", o.tf32,
+               "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
+               "error); off by default");
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "With --device cuda: run 2 steps eagerly, capture the third (forward, backward, clip, optimizer) as a "
+               "CUDA graph and replay it every step after, the batch drawn on the device inside it (the learning "
+               "rate, the batch's step and the dropout masks' step are written on the device, so replays equal eager "
+               "steps); needs one process");
+  app.add_option("--threads", o.threads,
+                 "CPU threads (kernels and BLAS); default: the host's cores divided among the ranks on it");
+  app.option_defaults()->group("Checkpoint");
+  app.add_option("--save", o.save, "Write the trained model to this safetensors file (+ config.json beside it)");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "Folder for training checkpoints (step-XXXXXXXX/: model, AdamW state, schedule, scaler, data "
+                 "position, manifest with checksums). With it, SIGTERM/SIGUSR1 finish the step, save and exit 0");
+  app.add_option("--save-every", o.save_every, "Write a training checkpoint every N steps and at the end (0: off)")
+      ->capture_default_str();
+  app.add_option("--keep-last", o.keep_last, "Keep only the newest K training checkpoints (0: all)")
+      ->capture_default_str();
+  app.add_option("--resume", o.resume,
+                 "Continue a run bit for bit from a checkpoint directory, or 'auto': the newest complete one in "
+                 "--checkpoint-dir (a fresh start when there is none), so the same command restarts a crashed job");
+  app.option_defaults()->group("Sample");
+  app.add_option("--sample,--max-new-tokens", o.sample, "After training, generate this many tokens of text")
+      ->capture_default_str();
+  app.add_option("--prompt", o.prompt, "With --sample: the text to continue (default: a fresh paragraph)");
+  app.add_option("--temperature", o.temperature, "Sampling temperature; 0 takes the most likely token (greedy)")
+      ->capture_default_str();
+  app.add_option("--top-k", o.top_k, "Draw only among the k most likely tokens (0: all)")->capture_default_str();
+  app.add_flag("!--no-kv-cache", o.kv_cache,
+               "Recompute the whole window for every generated token instead of "
+               "keeping each block's keys and values");
+  app.option_defaults()->group("Observe");
+  app.add_option("--eval-every", o.eval_every, "Evaluate on the validation split every N steps; 0: only at the end")
+      ->capture_default_str();
+  app.add_option("--eval-windows", o.eval_windows,
+                 "Validation loss = mean over the first N non-overlapping windows of seq+1 tokens")
+      ->capture_default_str();
+  app.add_option("--log-every", o.log_every, "When printing plain lines, print a progress line every N steps")
+      ->capture_default_str();
+  app.add_option("--progress", o.progress,
+                 "Progress display: redraw (one line redrawn in place), lines (a line every --log-every steps) or auto "
+                 "(redraw on a terminal, lines in a file, a pipe or under mpirun, whose ranks see a pseudo-terminal)")
+      ->capture_default_str();
+  app.add_flag("--memory-report", o.memory_report,
+               "After the first step every rank prints its memory by tag beside the predicted bytes (always on "
+               "with --zero 1-3); with --tp the prediction is the rank's split; not with --pp");
   app.add_option("--tensorboard", o.tensorboard,
                  "Write TensorBoard event files to this directory (tensorboard --logdir DIR): train/loss, val/loss, "
                  "lr, grad_norm, loss_scale, skipped_steps, tokens_per_s, mfu, step_ms, exposed_comm_ms and memory by "
@@ -148,57 +198,47 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "Write a Chrome trace per rank to this directory (rank<R>.json; open in https://ui.perfetto.dev or "
                  "chrome://tracing; scripts/merge_traces.py joins them): steps, data, forwards and backwards, "
                  "pipeline waits, the optimizer, DDP's bucket collectives and the wait for them, memory by tag");
-  app.add_flag("--check-collectives", o.check_collectives,
-               "Before every collective the ranks of its group exchange its fingerprint (op, dtype, count, root, "
-               "reduce op, sequence number) on a side channel, and a receive checks its send's: a mismatch stops "
-               "every rank naming both calls and their ranks (debugging; MINIDL_CHECK_COLLECTIVES=1 for any program)");
-  app.add_option("--zero", o.zero,
-                 "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (AdamW state sharded: 8/dp bytes per "
-                 "parameter), 2 (gradients sharded too: 4/dp), 3 (block parameters sharded too, gathered per block: "
-                 "1.5x DDP's communication). With --tp: of the rank's split of the model (0-3); with --pp: of each "
-                 "stage's parameters over its dp ranks (0-2)")
-      ->capture_default_str();
-  app.add_flag("--memory-report", o.memory_report,
-               "After the first step every rank prints its memory by tag beside the predicted bytes (always on "
-               "with --zero 1-3); with --tp the prediction is the rank's split; not with --pp");
-  app.add_option("--amp", o.amp, "Mixed precision: off, bf16 or fp16 (fp16 adds dynamic loss scaling)")
-      ->capture_default_str();
-  app.add_option("--recompute", o.recompute,
-                 "Activation checkpointing per block: none, attn (ln_1 + attention), mlp (ln_2 + MLP) or block")
-      ->capture_default_str();
-  app.add_option("--device", o.device,
-                 "Where to train: cpu, cuda (rank r of a host uses GPU r) or cuda:N. On a device the training split "
-                 "is uploaded once and each step's batch drawn there (--pp: uploaded per step). A "
-                 "-DMINIDL_CUDA_EMULATION=ON build runs cuda on the CPU emulator of CUDA")
-      ->capture_default_str();
-  app.add_flag("--sequence-parallel", o.sequence_parallel,
-               "With --tp N: split the residual stream (LayerNorm, dropout, residual adds) along the sequence over the "
-               "N ranks, all-gathering before and reduce-scattering after the tensor-parallel layers; --seq must be a "
-               "multiple of N");
-  app.add_flag("--cuda-graph", o.cuda_graph,
-               "With --device cuda: run 2 steps eagerly, capture the third (forward, backward, clip, optimizer) as a "
-               "CUDA graph and replay it every step after, the batch drawn on the device inside it (the learning "
-               "rate, the batch's step and the dropout masks' step are written on the device, so replays equal eager "
-               "steps); needs one process");
-  app.add_flag("--tf32", o.tf32,
-               "Let f32 matrix products on a GPU use TF32 tensor cores (faster, ~1e-3 relative "
-               "error); off by default");
   app.add_option("--peak-tflops", o.peak_tflops,
                  "MFU's peak in TFLOP/s per rank (0: the GPU's dense peak from its name, or the CPU's measured sgemm "
                  "ceiling); for a GPU the table does not know")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--max-skipped-steps", o.max_skipped_steps,
-                 "fp16: stop after this many consecutive steps the loss scaler skipped (inf/NaN loss or gradients; "
-                 "on a CUDA device checked on the steps it prints)")
-      ->capture_default_str();
-  app.add_option("--loss-scale-init", o.loss_scale_init, "fp16: the loss scaler's first scale (1 to 2^24)")
-      ->capture_default_str();
-  app.add_option("--loss-scale-growth-interval", o.loss_scale_growth_interval,
-                 "fp16: consecutive clean steps before the loss scale doubles")
-      ->capture_default_str();
-  app.add_flag("--advance-lr-on-skip", o.advance_lr_on_skip,
-               "fp16: advance the LR schedule on steps the loss scaler skips (default: hold it)");
+  app.option_defaults()->group("Debug");
+  app.add_option("--collective-timeout", o.collective_timeout,
+                 "Seconds a collective or send/recv may take before every rank that can still run writes its flight "
+                 "recorder to --debug-dir and the job ends (exit code 3) naming the group, the sequence number, the "
+                 "op and the ranks that have not joined it (default: $MINIDL_COLLECTIVE_TIMEOUT, else 600; 0: off)");
+  app.add_option("--debug-dir", o.debug_dir,
+                 "Where the watchdog writes each rank's progress and, on a timeout, flight recorder "
+                 "(scripts/flight_recorder.py reads them); all ranks must see it (default: $MINIDL_DEBUG_DIR, else "
+                 "$TMPDIR or /tmp, in minidl-<job id>)");
+  app.add_flag("--check-collectives", o.check_collectives,
+               "Before every collective the ranks of its group exchange its fingerprint (op, dtype, count, root, "
+               "reduce op, sequence number) on a side channel, and a receive checks its send's: a mismatch stops "
+               "every rank naming both calls and their ranks (debugging; MINIDL_CHECK_COLLECTIVES=1 for any program)");
+}
+
+// The flag table in Markdown, one row per flag, a bold row opening each section.
+std::string flags_markdown(const CLI::App& app) {
+  std::string md = "| flag | default | meaning |\n|---|---|---|\n", section;
+  // Paths in the source tree (the default data) as the repository names them, whoever built the program.
+  const std::string root = std::filesystem::path(MINIDL_DEFAULT_DATA).parent_path().parent_path().string() + "/";
+  auto cell = [](std::string text) {
+    for (size_t at = 0; (at = text.find('|', at)) != std::string::npos; at += 2) text.insert(at, "\\");
+    return text;
+  };
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt == app.get_help_ptr()) continue;
+    if (opt->get_group() != section) md += "| **" + (section = opt->get_group()) + "** | | |\n";
+    std::string names;
+    for (const std::string& n : opt->get_lnames()) names += (names.empty() ? "`--" : "`, `--") + n;
+    names += opt->get_type_size() == 0 ? "`" : " " + opt->get_type_name() + "`";
+    std::string value = opt->get_default_str();
+    if (value.rfind(root, 0) == 0) value.erase(0, root.size());
+    md += "| " + cell(names) + " | " + (value.empty() ? "—" : "`" + cell(value) + "`") + " | " +
+          cell(opt->get_description()) + " |\n";
+  }
+  return md;
 }
 
 }  // namespace
@@ -217,10 +257,15 @@ int main(int argc, char** argv) {
   double plan_gib = 0;
   app.add_option("--plan-memory", plan_gib,
                  "Print which ZeRO stages, --recompute settings and micro-batches fit in this many GiB per rank for "
-                 "the model and world size given (cheapest communication first), and exit without training");
+                 "the model and world size given (cheapest communication first), and exit without training")
+      ->group("Parallel");
+  bool markdown = false;
+  app.add_flag("--help-markdown", markdown, "Print this flag list as a Markdown table (docs/train_gpt.md's) and exit")
+      ->group("Options");
   // Flag errors are the same on every rank: each returns 2 and MPI finalises normally.
   try {
     app.parse(argc, argv);
+    if (markdown) return speaks ? std::printf("%s", flags_markdown(app).c_str()), 0 : 0;
     if (config.print_schedule) {  // a drawing of the flags' schedule, for any number of ranks
       config.validate(std::max(config.dp, 1) * config.tp * config.pp);
       if (speaks) std::printf("%s", train::describe_pipeline(config).c_str());

@@ -135,7 +135,7 @@ def check(doc, folders, flags, tabled):
 
 def main():
     folders = {d for d in os.listdir(ROOT) if os.path.isdir(os.path.join(ROOT, d)) and not d.startswith(".")}
-    folders -= BUILD_FOLDERS
+    folders = {d for d in folders - BUILD_FOLDERS if not d.startswith("build")}  # .gitignore: /build*/
     flags = train_gpt_flags()
     docs = documents(folders - {"docs"})
     tabled = set()

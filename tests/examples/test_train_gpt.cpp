@@ -300,6 +300,23 @@ TEST_F(TrainGpt, KeepsItsNameInTheProcessList) {
   EXPECT_EQ(r.out, "train_gpt\n") << r.out;
 }
 
+// docs/train_gpt.md's flag list is --help-markdown's output, generated from the flag table that --help prints: a
+// flag added, renamed or re-described in examples/train_gpt.cpp without the document fails here.
+TEST(TrainGptFlags, FlagListIsTheHelp) {
+  Result r = run("--help-markdown");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(std::string(SOURCE_DIR) + "/docs/train_gpt.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string open = "<!-- flags: build/bin/train_gpt --help-markdown -->\n", close = "<!-- end flags -->";
+  const size_t begin = doc.find(open), end = doc.find(close);
+  ASSERT_NE(begin, std::string::npos) << "docs/train_gpt.md has no line " << open;
+  ASSERT_NE(end, std::string::npos) << "docs/train_gpt.md has no line " << close;
+  EXPECT_EQ(doc.substr(begin + open.size(), end - begin - open.size()), r.out)
+      << "paste the output of build/bin/train_gpt --help-markdown into docs/train_gpt.md";
+  EXPECT_NE(r.out.find("| **Model** | | |"), std::string::npos);
+  EXPECT_NE(r.out.find("| **Debug** | | |"), std::string::npos);
+}
+
 TEST_F(TrainGpt, BatchThatDoesNotSplitIntoMicroBatches) {
   expect_rejected(tiny_flags() + " --batch 10 --grad-accum 4", {"--batch 10", "--grad-accum 4"});
 }

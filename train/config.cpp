@@ -1,0 +1,199 @@
+#include "train/config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "data/token_shards.h"
+#include "train/cuda_graph.h"
+#include "train/parallel_model.h"
+#include "train/progress.h"
+#include "train/zero_memory.h"
+
+namespace minidl::train {
+
+namespace {
+
+template <class T>
+std::string str(const T& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+int dp_size(const TrainConfig& c, int world) { return c.dp > 0 ? c.dp : std::max(1, world / (c.tp * c.pp)); }
+
+DType amp_dtype(const std::string& amp) {
+  if (amp == "bf16") return DType::bf16;
+  if (amp == "fp16") return DType::f16;
+  MINIDL_CHECK(amp == "off", "--amp: expected off, bf16 or fp16, got '", amp, "'");
+  return DType::f32;
+}
+
+void TrainConfig::validate(int world) const {
+  if (!tokenizer.empty()) data::Tokenizer::check_kind(tokenizer);
+  MINIDL_CHECK(tp >= 1, "--tp: expected at least 1, got ", tp);
+  MINIDL_CHECK(pp >= 1, "--pp: expected at least 1, got ", pp);
+  MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
+  MINIDL_CHECK(heads_or_default() % tp == 0, "--tp ", tp, " must divide --heads ", heads_or_default(),
+               " (attention is split by heads)");
+  MINIDL_CHECK(!sequence_parallel || tp > 1,
+               "--sequence-parallel splits the sequence over the tensor-parallel "
+               "ranks: it needs --tp 2 or more, got --tp ",
+               tp);
+  MINIDL_CHECK(!sequence_parallel || seq_or_default() % tp == 0, "--sequence-parallel: --seq ", seq_or_default(),
+               " must be a multiple of --tp ", tp);
+  MINIDL_CHECK(!memory_report || pp == 1, "--memory-report with --pp ", pp,
+               ": the prediction is per whole model "
+               "(or its tensor-parallel split), not per pipeline stage; the summary's act_peak_mb, param_mb, "
+               "grad_mb and optim_mb and the per-stage activation peaks are measured");
+  if (cuda_graph) validate_cuda_graph(*this, world);
+  const int d = dp_size(*this, world);
+  MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
+               " does not match the ", world, " ranks this job runs on (mpirun -n)");
+  // The global batch splits into dp ranks x micro-batches of equal size.
+  MINIDL_CHECK(batch >= 1, "--batch: expected at least 1, got ", batch);
+  validate_pipeline(*this, d);
+  MINIDL_CHECK(zero >= 0 && zero <= 3, "--zero: expected 0, 1, 2 or 3, got ", zero);
+  MINIDL_CHECK(backend.empty() || backend == "mpi" || backend == "ring" || backend == "nccl",
+               "--backend: expected mpi, ring or nccl, got '", backend, "'");
+  MINIDL_CHECK(layers_or_default() >= 1, "--layers: expected at least 1, got ", layers_or_default());
+  MINIDL_CHECK(heads_or_default() >= 1, "--heads: expected at least 1, got ", heads_or_default());
+  MINIDL_CHECK(embd_or_default() >= 1 && embd_or_default() % heads_or_default() == 0,
+               "--embd: expected a positive multiple of --heads (", heads_or_default(), "), got ", embd_or_default());
+  MINIDL_CHECK(seq_or_default() >= 1, "--seq: expected at least 1, got ", seq_or_default());
+  MINIDL_CHECK(steps >= 0, "--steps: expected 0 or more, got ", steps);
+  MINIDL_CHECK(steps > 0 || !init_from.empty(), "--steps 0 only evaluates, which needs --init-from");
+  MINIDL_CHECK(save_every >= 0, "--save-every: expected 0 (off) or a positive number of steps, got ", save_every);
+  MINIDL_CHECK(keep_last >= 0, "--keep-last: expected 0 (all) or a positive count, got ", keep_last);
+  MINIDL_CHECK(!checkpoint_dir.empty() || (save_every == 0 && resume != "auto"),
+               save_every > 0 ? "--save-every" : "--resume auto", " needs --checkpoint-dir");
+  MINIDL_CHECK(resume.empty() || init_from.empty(),
+               "--resume and --init-from exclude each other: --resume continues "
+               "a run (weights, optimizer, schedule, data position), --init-from starts a new one from weights");
+  MINIDL_CHECK(lr > 0 && std::isfinite(lr), "--lr: expected a positive number, got ", lr);
+  MINIDL_CHECK(!min_lr || (*min_lr >= 0 && *min_lr <= lr), "--min-lr: expected a value in [0, --lr = ", lr, "], got ",
+               min_lr.value_or(0));
+  MINIDL_CHECK(warmup >= 0 && warmup <= steps, "--warmup: expected 0 to --steps (", steps, "), got ", warmup);
+  MINIDL_CHECK(weight_decay >= 0, "--weight-decay: expected 0 or more, got ", weight_decay);
+  MINIDL_CHECK(dropout >= 0 && dropout < 1, "--dropout: expected a probability in [0, 1), got ", dropout);
+  MINIDL_CHECK(grad_clip >= 0, "--grad-clip: expected 0 (off) or a positive norm, got ", grad_clip);
+  MINIDL_CHECK(threads >= 0, "--threads: expected a positive count, got ", threads);
+  MINIDL_CHECK(eval_every >= 0, "--eval-every: expected 0 or more, got ", eval_every);
+  MINIDL_CHECK(eval_windows >= 1, "--eval-windows: expected at least 1, got ", eval_windows);
+  MINIDL_CHECK(log_every >= 1, "--log-every: expected at least 1, got ", log_every);
+  MINIDL_CHECK(sample >= 0, "--sample: expected 0 or more, got ", sample);
+  MINIDL_CHECK(max_skipped_steps >= 1, "--max-skipped-steps: expected at least 1, got ", max_skipped_steps);
+  MINIDL_CHECK(loss_scale_init >= 1 && loss_scale_init <= 16777216.0,
+               "--loss-scale-init: expected a scale from 1 to 2^24 (16777216), got ", loss_scale_init);
+  MINIDL_CHECK(loss_scale_growth_interval >= 1, "--loss-scale-growth-interval: expected at least 1, got ",
+               loss_scale_growth_interval);
+  parse_progress_mode(progress);
+  amp_dtype(amp);
+  nn::parse_recompute(recompute);
+  MINIDL_CHECK(temperature >= 0, "--temperature: expected 0 (greedy) or a positive number, got ", temperature);
+  MINIDL_CHECK(top_k >= 0, "--top-k: expected 0 (every token) or more, got ", top_k);
+  MINIDL_CHECK(!collective_timeout || (*collective_timeout >= 0 && std::isfinite(*collective_timeout)),
+               "--collective-timeout: expected 0 (off) or a number of seconds, got ", collective_timeout.value_or(0));
+  if (!checkpoint_dir.empty() && std::filesystem::exists(checkpoint_dir))
+    MINIDL_CHECK(std::filesystem::is_directory(checkpoint_dir), "--checkpoint-dir: ", checkpoint_dir,
+                 " exists and is not a directory");
+  if (!save.empty()) {
+    auto dir = std::filesystem::absolute(save).parent_path();
+    MINIDL_CHECK(std::filesystem::is_directory(dir), "--save: directory ", dir.string(), " does not exist");
+  }
+}
+
+data::TextDataset open_dataset(const TrainConfig& o, const data::Tokenizer* saved) {
+  const bool shards = data::names_token_shards(o.data);
+  // Token shards hold GPT-2's ids (llm.c's scripts): they default to its tokenizer.
+  const std::string kind = saved ? saved->kind() : !o.tokenizer.empty() ? o.tokenizer : shards ? "gpt2" : "char";
+  if (shards) {
+    MINIDL_CHECK(kind == "gpt2", "--data ", o.data, ": token shards hold GPT-2's ids, expected --tokenizer gpt2, got ",
+                 kind);
+    return data::TextDataset::from_shards(o.data, saved ? *saved : data::Tokenizer::gpt2(o.gpt2_encoding));
+  }
+  if (saved) return data::TextDataset(o.data, *saved);
+  if (kind == "gpt2") return data::TextDataset(o.data, data::Tokenizer::gpt2(o.gpt2_encoding));
+  return data::TextDataset(o.data);
+}
+
+std::string plan_memory(const TrainConfig& o, int world, double gib) {
+  MINIDL_CHECK(gib > 0 && std::isfinite(gib), "--plan-memory: expected a positive number of GiB, got ", gib);
+  const data::TextDataset ds = open_dataset(o, nullptr);
+  nn::GPTConfig m{int64_t(ds.tokenizer().size()),
+                  o.seq_or_default(),
+                  o.layers_or_default(),
+                  o.heads_or_default(),
+                  o.embd_or_default(),
+                  o.dropout,
+                  true,
+                  o.vocab_pad};
+  m.validate();
+  return memory_plan(m, dp_size(o, world), amp_dtype(o.amp), o.batch, gib * double(1ull << 30));
+}
+
+// Flags given explicitly must agree with the checkpoint.
+nn::GPTConfig model_config(const TrainConfig& cfg, int64_t vocab, const nn::GPTConfig* checkpoint,
+                           const std::string& ckpt_source) {
+  nn::GPTConfig m{
+      vocab, cfg.seq_or_default(), cfg.layers_or_default(), cfg.heads_or_default(), cfg.embd_or_default(), cfg.dropout,
+      true,  cfg.vocab_pad};
+  if (!checkpoint) return m;
+  const nn::GPTConfig& c = *checkpoint;
+  auto agree = [&](const char* flag, const std::optional<int64_t>& given, int64_t stored) {
+    MINIDL_CHECK(!given || *given == stored, flag, " ", *given, " does not match the checkpoint ", ckpt_source,
+                 ", which has ", stored);
+  };
+  agree("--layers", cfg.layers, c.n_layer);
+  agree("--heads", cfg.heads, c.n_head);
+  agree("--embd", cfg.embd, c.n_embd);
+  MINIDL_CHECK(!cfg.seq || *cfg.seq <= c.block_size, "--seq ", cfg.seq.value_or(0), " is longer than the checkpoint ",
+               ckpt_source, "'s block size ", c.block_size);
+  m = c;
+  m.dropout = cfg.dropout;
+  m.vocab_pad = cfg.vocab_pad;  // a layout choice, not stored in checkpoints
+  return m;
+}
+
+std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig& o, const data::TextDataset& ds) {
+  auto opt = [](const std::optional<int64_t>& v) { return v ? str(*v) : std::string("default"); };
+  return {{"data", o.data + " (" + str(ds.train_tokens()) + " train tokens)"},
+          {"tokenizer", ds.tokenizer().kind()},
+          {"layers", opt(o.layers)},
+          {"heads", opt(o.heads)},
+          {"embd", opt(o.embd)},
+          {"seq", opt(o.seq)},
+          {"vocab_pad", str(o.vocab_pad)},
+          {"batch", str(o.batch)},
+          {"steps", str(o.steps)},
+          {"lr", str(o.lr)},
+          {"min_lr", str(o.min_lr.value_or(-1))},
+          {"warmup", str(o.warmup)},
+          {"weight_decay", str(o.weight_decay)},
+          {"dropout", str(o.dropout)},
+          {"grad_clip", str(o.grad_clip)},
+          {"seed", str(o.seed)},
+          {"init_from", o.init_from},
+          {"backend", o.backend},
+          {"dp", str(o.dp)},
+          {"tp", str(o.tp)},
+          {"pp", str(o.pp)},
+          {"sequence_parallel", str(o.sequence_parallel)},
+          {"zero", str(o.zero)},
+          {"amp", o.amp},
+          {"recompute", o.recompute},
+          {"device", o.device},
+          {"tf32", str(o.tf32)},
+          {"advance_lr_on_skip", str(o.advance_lr_on_skip)},
+          {"checkpoint_dir", o.checkpoint_dir},
+          {"save_every", str(o.save_every)},
+          {"micro_batches", opt(o.micro_batches)},
+          {"schedule", o.schedule},
+          {"virtual_stages", str(o.virtual_stages)},
+          {"pp_layers", o.pp_layers}};
+}
+
+}  // namespace minidl::train
