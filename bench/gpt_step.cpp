@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
                    "--cuda-graph: expected one process without "
                    "--tp or --zero");
       train::StepOptions captured = options;
-      captured.grad_sync = nullptr;  // one process: nothing to synchronise
+      captured.grad_sync = &train::GradSync::one_process();  // nothing to synchronise
       graph = std::make_unique<train::CudaGraphStep>(model, opt, captured);
     }
 

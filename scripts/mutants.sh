@@ -115,8 +115,8 @@ sp_dropout ; dist/sequence_parallel.cpp ; -R TensorParallel|^test_dist_tensor_pa
 + ((ctx.first_sample + b) * T + 0 * first_position) * C;
 
 pipeline_tied_wte ; train/grad_sync.cpp ; -R Pipeline|^test_dist_pipeline\.np|^test_dist_3d ; the tied wte's gradient averaged over the embedding group instead of summed
-- emb->all_reduce(g, dist::ReduceOp::kSum)->wait();
-+ emb->all_reduce(g, dist::ReduceOp::kAvg)->wait();
+- tied_group_->all_reduce(g, dist::ReduceOp::kSum)->wait();
++ tied_group_->all_reduce(g, dist::ReduceOp::kAvg)->wait();
 
 naive_gpipe_wrong_micro ; dist/naive/gpipe.h ; -R ^test_naive\.np ; naive GPipe: rank 0 continues the backward of the wrong micro-batch with the gradient it received
 - activations[size_t(m)].backward(grad);

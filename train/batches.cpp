@@ -30,7 +30,7 @@ StepResult Batches::step(Stage& stage, optim::AdamW& optimizer, int64_t step, St
 }
 
 void Batches::capture(Stage& stage, optim::AdamW& optimizer, StepOptions so) {
-  so.grad_sync = nullptr;  // one process: nothing to synchronise
+  so.grad_sync = &GradSync::one_process();  // one process: nothing to synchronise
   so.micro_batches = stage.spec().micro_batches;
   graph_ = std::make_unique<CudaGraphStep>(stage.chunk(0), optimizer, so);
 }

@@ -38,7 +38,7 @@ CudaGraphStep::CudaGraphStep(nn::GPT& model, optim::AdamW& optimizer, const Step
     : model_(model), optimizer_(optimizer), options_(options), device_(model_device(model)) {
   backend_ = find_device_backend(DeviceKind::kCUDA);
   MINIDL_CHECK(backend_ && backend_->graph_capture, "--cuda-graph: this program's CUDA backend cannot capture graphs");
-  MINIDL_CHECK(options.grad_sync == nullptr,
+  MINIDL_CHECK(options.grad_sync->name() == "none",
                "--cuda-graph: expected one process without a gradient "
                "synchronisation (dp = tp = pp = 1, no ZeRO)");
   options_.read_back = false;

@@ -58,14 +58,29 @@ struct GradSync::Engine {
 };
 
 GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptions o)
-    : stage_(stage), topology_(&topology), zero_(o.zero) {
+    : zero_(o.zero), tp_size_(topology.grid().tp) {
   MINIDL_CHECK(o.zero >= 0 && o.zero <= 3, "ZeRO: expected stage 0, 1, 2 or 3, got ", o.zero);
   MINIDL_CHECK(o.zero < 3 || stage.spec().stages == 1, "--zero 3 with --pp ", stage.spec().stages,
                ": ZeRO-3 "
                "gathers each block's parameters just before use, which a pipeline stage's interleaved micro-batches "
                "would gather and free again and again (DeepSpeed refuses it too); use --zero 1 or 2 with --pp");
   dist::ProcessGroup& dp = topology.dp_group();
-  Tensor tied = stage.tied_weight();
+  name_ = zero_ > 0 ? "zero" + std::to_string(zero_) : topology.grid().dp > 1 ? "ddp" : "none";
+  if (topology.grid().pp > 1) name_ += "+pipeline";
+  if (topology.grid().tp > 1) name_ += "+tp";
+  if (zero_ > 0) norm_groups_.push_back(&dp);  // each dp rank holds its shard
+  norm_groups_.push_back(&topology.model_parallel_group());
+  overflow_groups_ = {&dp, &topology.model_parallel_group()};
+  Tensor tied = tied_ = stage.tied_weight();
+  if (tied.defined()) tied_group_ = topology.embedding_group();
+  for (int v = 0; v < stage.chunk_count(); ++v)
+    for (const Tensor& p : stage.chunk(v).parameters())
+      if (stage.is_tied_copy(p)) tied_copy_ = p;
+  dp_ = &dp;
+  tp_group_ = &topology.tp_group();
+  params_ = stage.parameters();
+  for (const Tensor& p : params_) sliced_ |= nn::layout_of(p).sequence_sliced;  // the same on every tp rank
+  pipelined_ = topology.grid().pp > 1;
   for (int v = 0; v < stage.chunk_count(); ++v) {
     auto e = std::make_unique<Engine>();
     std::vector<std::pair<std::string, Tensor>> params;
@@ -97,15 +112,14 @@ GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptio
 }
 
 GradSync::GradSync() = default;
+
+GradSync& GradSync::one_process() {
+  static GradSync none;
+  return none;
+}
 GradSync::~GradSync() = default;
 
-std::string GradSync::name() const {
-  if (!topology_) return "none";
-  std::string n = zero_ > 0 ? "zero" + std::to_string(zero_) : topology_->grid().dp > 1 ? "ddp" : "none";
-  if (topology_->grid().pp > 1) n += "+pipeline";
-  if (topology_->grid().tp > 1) n += "+tp";
-  return n;
-}
+std::string GradSync::name() const { return name_; }
 
 void GradSync::before_backward(int chunk, bool last) {
   if (engines_.empty()) return;
@@ -116,32 +130,29 @@ void GradSync::before_backward(int chunk, bool last) {
 }
 
 void GradSync::after_backward() {
-  if (!topology_) return;
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& e : engines_)
     if (e->overlaps) e->no_sync.reset();
-  if (dist::ProcessGroup* emb = topology_->embedding_group(); emb && stage_->tied_weight().defined()) {
+  if (tied_group_) {
     // The first stage's wte gradient comes from the embedding, the last stage's from the head: both need the sum,
     // then (outside ZeRO, which reduce-scatters it below) the average over dp, as every other gradient had.
     const dist::CallSite site("tied wte");
-    Tensor g = stage_->tied_weight().grad();
-    emb->all_reduce(g, dist::ReduceOp::kSum)->wait();
-    if (zero_ == 0 && topology_->dp_group().size() > 1)
-      topology_->dp_group().all_reduce(g, dist::ReduceOp::kAvg)->wait();
+    Tensor g = tied_.grad();
+    tied_group_->all_reduce(g, dist::ReduceOp::kSum)->wait();
+    if (zero_ == 0 && dp_->size() > 1) dp_->all_reduce(g, dist::ReduceOp::kAvg)->wait();
   }
   for (auto& e : engines_)
     if (!e->overlaps) e->zero->reduce_scatter_gradients();
-  pipeline_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (pipelined_)
+    pipeline_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   // Parameters that act on this rank's positions only (sequence parallelism: nn::ParamLayout's sequence_sliced)
   // hold partial gradients: one all-reduce over a flat copy of them all (LayerNorm-sized vectors and wpe), or of
   // their ZeRO shards. The sum over tp of the average over dp is the average of the sums.
-  bool sliced = false;  // the same on every rank of the tp group: the stage's structure
-  for (const Tensor& p : stage_->parameters()) sliced |= nn::layout_of(p).sequence_sliced;
-  if (!sliced) return;
+  if (!sliced_) return;
   std::vector<Tensor> grads;
-  for (const Tensor& p : owned_params(stage_->parameters()))
+  for (const Tensor& p : owned_params(params_))
     if (nn::layout_of(origin(p)).sequence_sliced && p.grad().defined()) grads.push_back(p.grad());
-  dist::all_reduce_sum(grads, topology_->tp_group());
+  dist::all_reduce_sum(grads, *tp_group_);
 }
 
 dist::ZeroDataParallel& GradSync::zero(int v) const {
@@ -196,7 +207,7 @@ dist::ReducerStats GradSync::comm_stats() const {
       s.comm_ms += r->last_step().comm_ms;
       s.exposed_comm_ms += r->last_step().exposed_comm_ms;
     }
-  if (topology_ && topology_->grid().pp > 1) {  // the tied wte and what waited for it: all exposed
+  if (pipelined_) {  // the tied wte and what waited for it: all exposed
     s.comm_ms += pipeline_ms_;
     s.exposed_comm_ms += pipeline_ms_;
   }
@@ -220,25 +231,22 @@ Tensor plus_share(const Tensor& split, const Tensor& replicated, int tp) {
 
 template <class T>
 T GradSync::norm_squared(const std::vector<Tensor>& params, Device device) const {
-  if (!topology_) return squares(params, static_cast<T*>(nullptr), device);
-  // The squares with the tied copy left out, summed over the groups that hold the other parts (the dp group too
-  // when sharded).
+  // The squares with the tied copy left out, summed over the groups that hold the other parts.
   auto part = [&](const std::vector<Tensor>& some) {
     std::vector<Tensor> counted;
     for (const Tensor& p : some)
-      if (!stage_->is_tied_copy(origin(p))) counted.push_back(p);
+      if (!tied_copy_.defined() || origin(p).impl() != tied_copy_.impl()) counted.push_back(p);
     T mine = squares(counted, static_cast<T*>(nullptr), device);
-    if (zero_ > 0) mine = sum_over(topology_->dp_group(), mine);  // each dp rank holds its shard
-    return T(sum_over(topology_->model_parallel_group(), mine));
+    for (dist::ProcessGroup* g : norm_groups_) mine = T(sum_over(*g, mine));
+    return mine;
   };
-  const int tp = topology_->grid().tp;
-  if (tp == 1) return part(params);
+  if (tp_size_ == 1) return part(params);
   // A replicated parameter (its layout says so) is held tp times but counts once: the split ones' squares plus
   // 1/tp of the replicated ones', two collectives of one number each, in the same order on every rank.
   std::vector<Tensor> split, replicated;
   for (const Tensor& p : params) (nn::layout_of(origin(p)).is_replicated() ? replicated : split).push_back(p);
   const T split_sq = part(split);
-  return plus_share(split_sq, part(replicated), tp);
+  return plus_share(split_sq, part(replicated), tp_size_);
 }
 
 double GradSync::grad_norm_squared(const std::vector<Tensor>& params) const {
@@ -250,14 +258,13 @@ Tensor GradSync::grad_norm_squared_on_device(const std::vector<Tensor>& params, 
 }
 
 bool GradSync::combine_overflow(bool local) const {
-  if (!topology_) return local;
-  const double any = max_over(topology_->dp_group(), local ? 1.0 : 0.0);
-  return max_over(topology_->model_parallel_group(), any) > 0;
+  double any = local ? 1.0 : 0.0;
+  for (dist::ProcessGroup* g : overflow_groups_) any = max_over(*g, any);
+  return any > 0;
 }
 
 void GradSync::combine_overflow_on_device(const Tensor& found_inf) const {
-  if (!topology_) return;
-  max_over(topology_->model_parallel_group(), max_over(topology_->dp_group(), found_inf));
+  for (dist::ProcessGroup* g : overflow_groups_) max_over(*g, found_inf);
 }
 
 nn::NamedTensors GradSync::state(const optim::Optimizer& opt, const Tensor& flat, const Stage& stage, int v,

@@ -64,8 +64,10 @@ struct SyncOptions {
 
 class GradSync {
  public:
-  // One process: nothing to synchronise.
+  // One process: nothing to synchronise (no engine, no group). one_process() is a shared one, which no call writes:
+  // what StepOptions start with.
   GradSync();
+  static GradSync& one_process();
   // Collective over the topology's groups: the engines of `stage`'s chunks (which must be on their device: the
   // buckets follow the parameters).
   GradSync(const Stage& stage, const dist::Topology& topology, SyncOptions options = {});
@@ -117,10 +119,19 @@ class GradSync {
 
  private:
   struct Engine;  // one chunk's DDP or ZeRO
-  std::optional<Stage> stage_;
-  const dist::Topology* topology_ = nullptr;
-  int zero_ = 0;
+  // What the layout makes of this rank's gradients, set once by the constructor. One process is the same code with
+  // none of it: no engine, no group, nothing tied or sliced, so every combination is the value itself.
+  std::string name_ = "none";
+  int zero_ = 0, tp_size_ = 1;
   std::vector<std::unique_ptr<Engine>> engines_;
+  std::vector<dist::ProcessGroup*> norm_groups_;          // the gradient norm's squares are summed over these, in order
+  std::vector<dist::ProcessGroup*> overflow_groups_;      // the overflow flag is maxed over these
+  dist::ProcessGroup* tied_group_ = nullptr;              // the embedding group, where this stage holds the tied wte
+  dist::ProcessGroup* dp_ = nullptr;                      // the tied wte's average over dp (DDP), after its sum
+  dist::ProcessGroup* tp_group_ = nullptr;                // the sequence-sliced gradients' sum over tp
+  Tensor tied_, tied_copy_;                               // the stage's wte; its copy on the last stage (pp > 1)
+  std::vector<Tensor> params_;                            // the stage's parameters
+  bool sliced_ = false, pipelined_ = false;               // some parameter is sequence_sliced; pp > 1
   std::unordered_map<const TensorImpl*, Tensor> origin_;  // ZeRO: shard parameter -> its parameter
   double pipeline_ms_ = 0;                                // the tied wte's synchronisation, last step
 

@@ -134,7 +134,7 @@ struct Executor {
         Saved s = it->second;
         saved.erase(it);
         // The chunk's last backward of the step launches its data-parallel buckets (DDP, ZeRO) while it runs.
-        if (o.grad_sync) o.grad_sync->before_backward(a.chunk, a.micro + 1 == stage.spec().micro_batches);
+        o.grad_sync->before_backward(a.chunk, a.micro + 1 == stage.spec().micro_batches);
         if (stage.is_last_chunk(a.chunk))
           s.output.backward();
         else
@@ -184,6 +184,9 @@ bool select_inputs(Executor& ex, const data::Batch& batch) {
 
 Tensor forward_backward(Stage& stage, const data::Batch& batch, const StepOptions& o) {
   const int64_t rows = batch.x.size(0), M = stage.spec().micro_batches;
+  MINIDL_CHECK(o.grad_sync,
+               "train_step: StepOptions::grad_sync is null; one process is GradSync::one_process(), "
+               "its default");
   MINIDL_CHECK(rows % M == 0, "train_step: a batch of ", rows, " sequences does not split into ", M,
                " equal micro-batches (--micro-batches)");
   MINIDL_CHECK(o.amp == DType::f32 || ops::is_half(o.amp), "train_step: amp must be f32 (off), bf16 or f16, got ",
@@ -215,7 +218,7 @@ Tensor forward_backward(Stage& stage, const data::Batch& batch, const StepOption
     timing.schedule_ms += elapsed_ms(t0);
     timing.wait_ms += ex.wait_ms;
     timing.steps += 1;
-    if (o.grad_sync) o.grad_sync->after_backward();
+    o.grad_sync->after_backward();
   }
   stage.set_dropout(ex.step + 1, ex.first_sample);
   return ex.loss_sum;
@@ -248,7 +251,7 @@ StepResult train_step(Stage& stage, optim::Optimizer& optimizer, const data::Bat
   }
   // The gradients this rank owns: every parameter's, or (ZeRO) its shard's.
   const std::vector<Tensor> params = stage.parameters();
-  return apply_step(optimizer, o.grad_sync ? o.grad_sync->owned_params(params) : params, o, std::move(r));
+  return apply_step(optimizer, o.grad_sync->owned_params(params), o, std::move(r));
 }
 
 StepResult train_step(nn::GPT& model, optim::Optimizer& optimizer, const data::Batch& batch, const StepOptions& o) {
@@ -275,22 +278,20 @@ StepResult apply_step_on_device(optim::Optimizer& optimizer, const std::vector<T
                                 StepResult r, Device device) {
   if (o.scaler) {
     o.scaler->keep_state_on(device);
-    if (o.grad_sync)
-      o.scaler->combine_overflow_on_device = [sync = o.grad_sync](const Tensor& f) {
-        sync->combine_overflow_on_device(f);
-      };
+    o.scaler->combine_overflow_on_device = [sync = o.grad_sync](const Tensor& f) {
+      sync->combine_overflow_on_device(f);
+    };
     r.on_device.found_inf = o.scaler->unscale_(params);
   }
   // With an overflow the norm is inf or NaN and the clip multiplies by 0 or nothing: the step is skipped anyway.
-  r.on_device.grad_norm_squared = o.grad_sync ? o.grad_sync->grad_norm_squared_on_device(params, device)
-                                              : optim::grad_norm_squared_tensor(params, device);
+  r.on_device.grad_norm_squared = o.grad_sync->grad_norm_squared_on_device(params, device);
   if (o.grad_clip > 0) optim::clip_grads_by(params, r.on_device.grad_norm_squared, o.grad_clip);
   optimizer.set_lr(o.lr);
   if (o.scaler)
     o.scaler->step(optimizer);
   else
     optimizer.step();
-  if (o.grad_sync) o.grad_sync->after_step();
+  o.grad_sync->after_step();
   optimizer.zero_grad();
   if (o.read_back) r.read();
   return r;
@@ -301,14 +302,13 @@ StepResult apply_step_on_device(optim::Optimizer& optimizer, const std::vector<T
 StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& params, const StepOptions& o,
                       StepResult r) {
   const trace::Span span("optimizer");
+  MINIDL_CHECK(o.grad_sync, "apply_step: StepOptions::grad_sync is null; one process is GradSync::one_process()");
   if (!params.empty() && params.front().device().is_cuda())
     return apply_step_on_device(optimizer, params, o, std::move(r), params.front().device());
-  if (o.scaler && o.grad_sync)  // every rank skips the step when any rank that holds gradients overflowed
+  if (o.scaler)  // every rank skips the step when any rank that holds gradients overflowed
     o.scaler->combine_overflow = [sync = o.grad_sync](bool local) { return sync->combine_overflow(local); };
   bool overflow = o.scaler && o.scaler->unscale_and_check(params);
-  r.grad_norm =
-      overflow ? INFINITY
-               : std::sqrt(o.grad_sync ? o.grad_sync->grad_norm_squared(params) : optim::grad_norm_squared(params));
+  r.grad_norm = overflow ? INFINITY : std::sqrt(o.grad_sync->grad_norm_squared(params));
   if (o.grad_clip > 0 && !overflow) {
     double factor = optim::clip_factor(r.grad_norm, o.grad_clip);
     if (factor < 1.0) optim::scale_grads(params, factor);
@@ -322,7 +322,7 @@ StepResult apply_step(optim::Optimizer& optimizer, const std::vector<Tensor>& pa
   } else {
     optimizer.step_and_zero_grad();  // after_step gathers parameters only: the gradients may go first
   }
-  if (o.grad_sync) o.grad_sync->after_step();
+  o.grad_sync->after_step();
   return r;
 }
 

@@ -34,8 +34,8 @@ struct StepOptions {
   int64_t micro_batches = 1;  // train_step(nn::GPT&, ...): micro-batches per step (a Stage has its schedule's)
   DType amp = DType::f32;     // bf16 / f16: forward and backward under AutocastGuard(amp) (autograd/autocast.h)
   optim::GradScaler* scaler = nullptr;  // dynamic loss scaling (f16); null: none
-  // How gradients are synchronised across ranks (train/grad_sync.h); null: one process, nothing to synchronise.
-  GradSync* grad_sync = nullptr;
+  // How gradients are synchronised across ranks (train/grad_sync.h); by default one process: nothing to synchronise.
+  GradSync* grad_sync = &GradSync::one_process();
   // On a CUDA device the step's second half never reads anything back: the gradient norm, the clip, the overflow
   // flag, the loss scale and the optimizer's skip stay on the device (apply_step). read_back: fill the StepResult's
   // numbers at the end of the step (one synchronisation); false leaves them in StepResult::on_device until

@@ -170,7 +170,7 @@ TrainRun train_run(int tp, int dp, double dropout, nn::Recompute recompute, int6
   o.lr = 0.1;
   o.grad_clip = clip;
   o.micro_batches = grad_accum;
-  o.grad_sync = sync.get();
+  o.grad_sync = sync ? sync.get() : &train::GradSync::one_process();
   TrainRun r;
   for (int s = 0; s < steps; ++s) {
     data::Batch g = global_batch(s, rows);

@@ -90,7 +90,7 @@ RunResult run(const Case& c) {
   o.grad_clip = c.grad_clip;
   o.micro_batches = c.grad_accum;
   o.amp = c.amp;
-  o.grad_sync = c.one_process ? nullptr : sync.get();
+  o.grad_sync = c.one_process ? &train::GradSync::one_process() : sync.get();
   RunResult result;
   for (int s = 0; s < c.steps; ++s) {
     data::Batch g = global_batch(s, c.global_batch);

@@ -90,7 +90,7 @@ void expect_steps_match(const Grid3& g) {
   whole.train();
   optim::AdamW ref_opt(optim::decay_groups(whole.named_parameters(), 0.1), optim::AdamWOptions{.lr = 1e-2});
   train::StepOptions ro = o;
-  ro.grad_sync = nullptr;
+  ro.grad_sync = &train::GradSync::one_process();
   ro.micro_batches = int64_t(g.dp) * (g.pp > 1 ? g.pp : 1);
 
   for (int step = 0; step < 3; ++step) {
