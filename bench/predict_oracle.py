@@ -13,7 +13,15 @@ With --oversubscribed it runs 4-rank layouts instead: on a 2-core host two ranks
 prediction (a core per rank) does not model, so these rows are reported apart from the accuracy table.
 
 Each row's runs alternate with the other rows' (so a busy minute hits all of them), and the table gives the
-median and the fastest run, and the prediction's error against each. On a shared machine the fastest run is the
+median and the fastest run, and the prediction's error against each.
+
+The host's speed drifts (on a shared VM the same step took 38 and 56 ms minutes apart), so one calibration before
+the runs speaks of its minute, not of theirs. Each round therefore begins with a calibration of its own
+(scripts/predict_calibrate.py, about half a minute: the sgemm ceiling's median of 5, the copy bandwidth, each
+collective's α and β), and the round's runs are predicted from it; the per-run predictions' median is compared
+with the runs' median, and the spread of both and of the rounds' ceilings is printed. --fixed predicts every run
+from one machine file instead (--machine-file, by default predict/presets/cpu-host.json), to show what the drift
+did. On a shared machine the fastest run is the
 closest to the machine's own speed (the noise only adds). The ranking check compares the two-rank layouts pairwise
 by their fastest runs: every pair measured more than 5% apart must keep its order in the prediction (closer pairs
 are within the noise of these runs). The host's load average is printed
@@ -42,11 +50,17 @@ ROWS = [
     ("dp 2, ZeRO-1", 2, ["--zero", 1], ["--dp", 2, "--batch", 24, "--zero", 1]),
     ("dp 2, ZeRO-2", 2, ["--zero", 2], ["--dp", 2, "--batch", 24, "--zero", 2]),
     ("dp 2, ZeRO-3", 2, ["--zero", 3], ["--dp", 2, "--batch", 24, "--zero", 3]),
+    ("dp 2, recompute block", 2, ["--recompute", "block"], ["--dp", 2, "--batch", 24, "--recompute", "block"]),
     ("tp 2", 2, ["--tp", 2], ["--tp", 2, "--batch", 12]),
-    ("pp 2, 1F1B, M 1", 2, ["--pp", 2, "--micro-batches", 1], ["--pp", 2, "--micro-batches", 1, "--batch", 12]),
-    ("pp 2, 1F1B, M 2", 2, ["--pp", 2, "--micro-batches", 2], ["--pp", 2, "--micro-batches", 2, "--batch", 12]),
-    ("pp 2, 1F1B, M 4", 2, ["--pp", 2, "--micro-batches", 4], ["--pp", 2, "--micro-batches", 4, "--batch", 12]),
-]
+    ("tp 2, sequence parallel", 2, ["--tp", 2, "--sequence-parallel"], ["--tp", 2, "--batch", 12,
+                                                                         "--sequence-parallel"]),
+    ("tp 2, recompute block", 2, ["--tp", 2, "--recompute", "block"], ["--tp", 2, "--batch", 12, "--recompute",
+                                                                        "block"]),
+] + [(f"pp 2, {name}, M {m}", 2, ["--pp", 2, "--micro-batches", m, "--schedule", kind] + extra,
+      ["--pp", 2, "--micro-batches", m, "--batch", 12, "--schedule", kind] + extra)
+     for name, kind, extra, ms in (("GPipe", "gpipe", [], (1, 4)), ("1F1B", "1f1b", [], (1, 4)),
+                                   ("interleaved V 2", "interleaved", ["--virtual-stages", 2], (2, 4)))
+     for m in ms]
 # Four ranks: on a host of fewer cores, oversubscribed.
 OVERSUBSCRIBED = [
     ("dp 4 (DDP)", 4, [], ["--dp", 4, "--batch", 48]),
@@ -78,6 +92,15 @@ def ranking_check(rows, apart=0.05):
     return {"pairs": pairs, "swapped": swapped}
 
 
+def calibrate(bin_dir, path):
+    """A calibration of the host now (scripts/predict_calibrate.py), written to path; returns the machine."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "predict_calibrate.py"), "--bin", bin_dir,
+                          "--out", path], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"predict_oracle: the calibration failed:\n{out.stderr}")
+    return json.load(open(path))
+
+
 def load():
     return open("/proc/loadavg").read().split()[0]
 
@@ -89,26 +112,43 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--oversubscribed", action="store_true", help="the 4-rank layouts instead")
+    ap.add_argument("--fixed", action="store_true",
+                    help="predict every run from --machine-file instead of calibrating in every round")
+    ap.add_argument("--machine-file", default=os.path.join(ROOT, "predict", "presets", "cpu-host.json"),
+                    help="with --fixed: the calibrated host (scripts/predict_calibrate.py writes it)")
     args = ap.parse_args()
+    scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"predict_oracle_{os.getpid()}.json")
     table = OVERSUBSCRIBED if args.oversubscribed else ROWS
     bench, predict = os.path.join(args.bin, "bench_gpt_step"), os.path.join(args.bin, "minidl_predict")
     load_before = load()
     measured = {name: [] for name, *_ in table}
+    predicted = {name: [] for name, *_ in table}
+    ceilings = []  # each round's calibrated sgemm ceiling, GFLOP/s
     for _ in range(args.reps):
-        for name, ranks, flags, _ in table:
+        machine_file = args.machine_file if args.fixed else scratch
+        if not args.fixed:
+            calibrate(args.bin, scratch)
+        ceilings.append(json.load(open(machine_file))["peak_flops_32"] / 1e9)
+        for name, ranks, flags, pflags in table:
             steps = [] if "--steps" in flags else ["--steps", args.steps]
             cmd = [bench, "--threads", 1, "--warmup", 3, "--json"] + steps + flags
             if ranks > 1:
                 cmd = ["mpirun", "-n", ranks, "--oversubscribe", "--bind-to", "none"] + cmd
             measured[name].append(run(cmd)["ms_per_step"])
+            predicted[name].append(run([predict, "--machine-file", machine_file, "--json"] + pflags)["step_ms"])
+    if os.path.exists(scratch):
+        os.remove(scratch)
     rows = []
-    for name, ranks, _, pflags in table:
-        p = run([predict, "--machine", "cpu-host", "--json"] + pflags)
-        median = statistics.median(measured[name])
-        fastest = min(measured[name])
-        rows.append({"row": name, "ranks": ranks, "measured_ms": measured[name], "median_ms": median,
-                     "fastest_ms": fastest, "predicted_ms": p["step_ms"], "error": (p["step_ms"] - median) / median,
-                     "error_fastest": (p["step_ms"] - fastest) / fastest})
+    for name, ranks, _, _ in table:
+        median, fastest = statistics.median(measured[name]), min(measured[name])
+        pred = statistics.median(predicted[name])
+        fastest_pred = predicted[name][measured[name].index(fastest)]  # the fastest run's own prediction
+        spread = lambda v: (max(v) - min(v)) / statistics.median(v)
+        rows.append({"row": name, "ranks": ranks, "measured_ms": measured[name], "predicted_runs_ms": predicted[name],
+                     "median_ms": median, "fastest_ms": fastest,
+                     "predicted_ms": pred, "error": (pred - median) / median,
+                     "error_fastest": (fastest_pred - fastest) / fastest, "measured_spread": spread(measured[name]),
+                     "predicted_spread": spread(predicted[name])})
     ranking = ranking_check([r for r in rows if r["ranks"] == 2])
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     fields = dict(l.split(":", 1) for l in cpu.splitlines() if ":" in l)
@@ -116,14 +156,20 @@ def main():
                                                     ("Model name", "CPU family", "Model", "CPU(s)")))
     if args.json:
         print(json.dumps({"provenance": provenance.provenance(), "cpu": name, "load_before": load_before,
+                          "ceilings_gflops": ceilings, "fixed": args.fixed,
                           "load_after": load(), "rows": rows, "ranking": ranking}, indent=1))
         return
     print(provenance.header(provenance.provenance()), end="")
-    print(f"# cpu: {name}; load average {load_before} before, {load()} after; {args.reps} runs each")
-    print(f"{'configuration':28} {'median_ms':>9} {'fastest':>8} {'predicted':>9} {'vs median':>9} {'vs fastest':>10}")
+    print(f"# cpu: {name}; load average {load_before} before, {load()} after; {args.reps} runs each; "
+          + ("predicted from " + args.machine_file if args.fixed else
+             "each round calibrated before its runs, sgemm ceilings " +
+             ", ".join(f"{c:.1f}" for c in ceilings) + " GFLOP/s"))
+    print(f"{'configuration':28} {'median_ms':>9} {'spread':>6} {'predicted':>9} {'spread':>6} {'error':>6} "
+          f"{'fastest':>8} {'its error':>9}")
     for r in rows:
-        print(f"{r['row']:28} {r['median_ms']:9.2f} {r['fastest_ms']:8.2f} {r['predicted_ms']:9.2f} "
-              f"{100 * r['error']:+8.0f}% {100 * r['error_fastest']:+9.0f}%")
+        print(f"{r['row']:28} {r['median_ms']:9.2f} {100 * r['measured_spread']:5.0f}% {r['predicted_ms']:9.2f} "
+              f"{100 * r['predicted_spread']:5.0f}% {100 * r['error']:+5.0f}% {r['fastest_ms']:8.2f} "
+              f"{100 * r['error_fastest']:+8.0f}%")
     if ranking["pairs"]:
         print(f"# ranking: {ranking['pairs'] - len(ranking['swapped'])} of {ranking['pairs']} pairs of two-rank layouts "
               f"measured more than 5% apart keep their order" +

@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--pp", l.pp, "Pipeline stages")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--virtual-stages", l.virtual_stages, "Model chunks per pipeline rank (> 1: interleaved 1F1B)")
+  app.add_option("--virtual-stages", l.virtual_stages,
+                 "Model chunks per pipeline rank (> 1: with --schedule interleaved)")
       ->check(CLI::Range(1, 1 << 10))
       ->capture_default_str();
   app.add_option("--micro-batches", l.micro_batches,
@@ -52,8 +53,10 @@ int main(int argc, char** argv) {
                  "accumulation when --pp 1)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--schedule", schedule, "Pipeline schedule with --virtual-stages 1: gpipe or 1f1b")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+  app.add_option("--schedule", schedule,
+                 "Pipeline schedule, as train_gpt's: gpipe, 1f1b or interleaved (1F1B over --virtual-stages > 1 "
+                 "chunks per rank)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))
       ->capture_default_str();
   app.add_option("--zero", l.zero, "ZeRO stage 0 (DDP) to 3")->check(CLI::Range(0, 3))->capture_default_str();
   app.add_option("--recompute", recompute, "Activation checkpointing: none, attn, mlp or block")

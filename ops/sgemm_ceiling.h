@@ -1,5 +1,8 @@
-// The sgemm ceiling of a GPT training step: what the step's own matrix products reach in OpenBLAS when each is
-// timed alone, single-threaded, times the number of cores. A step that spends all its time in GEMMs at full speed
+// The sgemm ceiling of a GPT training step: what the step's own matrix products reach in the f32 GEMM the step
+// itself runs (ops::matmul: minidl's kernel, or OpenBLAS where ops::cpu_gemm() says so) when each is timed alone,
+// single-threaded, times the number of cores. Timing OpenBLAS instead would misjudge a CPU its build does not know
+// (it falls back to a generic kernel: on a family 6 model 207 Xeon, OpenBLAS 0.3.21 picks "Prescott", a third of
+// minidl's kernel's speed). A step that spends all its time in GEMMs at full speed
 // on every core would reach it; the gap is the elementwise ops, attention and the threads' imbalance.
 //
 //   ops::SgemmCeiling ceiling({layers, embd, vocab, batch * seq});
@@ -22,7 +25,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/parallel.h"
 #include "core/tensor.h"
+#include "ops/matmul.h"
 
 namespace minidl::ops {
 
@@ -59,22 +64,22 @@ class SgemmCeiling {
   // block (the step's gradients are alive between steps) and add their bytes to the process's peak (peak_MB):
   // about 1 MB for the baby config (63.0 -> 64.1 MB).
   double measure(int threads) const {
-    const int previous = openblas_get_num_threads();  // restored after: the caller's BLAS setting stays
+    const int previous = openblas_get_num_threads(), previous_threads = num_threads();  // restored after
     openblas_set_num_threads(1);
+    set_num_threads(1);
     double flops = 0, seconds = 0;
     for (const Product& p : products_) {
-      Tensor a = Tensor::full({p.M, p.K}, 0.01), b = Tensor::full({p.K, p.N}, 0.02), c = Tensor::empty({p.M, p.N});
-      const auto run = [&] {
-        cblas_sgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans, p.tb ? CblasTrans : CblasNoTrans, int(p.M),
-                    int(p.N), int(p.K), 1.0f, a.data<float>(), int(p.ta ? p.M : p.K), b.data<float>(),
-                    int(p.tb ? p.K : p.N), 0.0f, c.data<float>(), int(p.N));
-      };
+      // Stored as the step stores them: op(A) is (M, K), op(B) is (K, N).
+      const Tensor a = Tensor::full(p.ta ? Shape{p.K, p.M} : Shape{p.M, p.K}, 0.01),
+                   b = Tensor::full(p.tb ? Shape{p.N, p.K} : Shape{p.K, p.N}, 0.02);
+      const auto run = [&] { return ops::matmul(a, b, p.ta, p.tb); };
       run();
       const auto t0 = std::chrono::steady_clock::now();
       run();
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * double(p.count);
       flops += 2.0 * double(p.M) * double(p.N) * double(p.K) * double(p.count);
     }
+    set_num_threads(previous_threads);
     openblas_set_num_threads(previous);
     return flops / seconds / 1e9 * threads;
   }

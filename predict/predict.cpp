@@ -20,11 +20,7 @@ struct RankCost {
   double b() const { return bc + bt; }
 };
 
-dist::PipelineSpec pipeline_spec(const Layout& l) {
-  const bool interleaved = l.virtual_stages > 1;
-  return {interleaved ? dist::ScheduleKind::kInterleaved : l.schedule, l.pp, l.micro_batches,
-          interleaved ? l.virtual_stages : 1};
-}
+dist::PipelineSpec pipeline_spec(const Layout& l) { return {l.schedule, l.pp, l.micro_batches, l.virtual_stages}; }
 
 Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
   const nn::GPTConfig& model = w.model;
@@ -48,16 +44,41 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
   // Tensor parallelism: all-reduces of the b·T·C activations, 2 per block each way (Megatron's g and its
   // conjugate f), recomputation repeating its part's; the embedding's one forward, the head input's one backward,
   // and the vocabulary-parallel loss's three of b·T floats (max, sum of exps, target logit).
-  double tp_block_f = 0, tp_block_b = 0, tp_emb_f = 0, tp_head_f = 0, tp_head_b = 0;
+  // Sequence parallelism replaces each all-reduce by what dist/sequence_parallel.cpp runs, each collective at the
+  // link measured for it (a reduce-scatter can move a byte far slower than an all-reduce) plus its two layout copies
+  // ((B, T, C) to the sequence-major (T, B, C) its flat chunks need, and back: the whole activation and one rank's
+  // 1/tp of it, each read and written, at the memory-bound ops' speed). Per block forward: 2 all-gathers (before
+  // the column-parallel layers) and 2 reduce-scatters (after the row-parallel ones); backward: the reduce-scatters'
+  // conjugate all-gathers, the column-parallel layers' re-gathers of their inputs (sequence_parallel_linear keeps
+  // only this rank's positions) and their input gradients' reduce-scatters: 4 all-gathers, 2 reduce-scatters.
+  // Recomputation reruns its part's forward ones. The embedding scatters its sums (backward: a gather), the head
+  // gathers ln_f's output (backward: a scatter).
+  double tp_block_f = 0, tp_block_b = 0, tp_emb_f = 0, tp_emb_b = 0, tp_head_f = 0, tp_head_b = 0;
   if (l.tp > 1) {
     const Link& link = group_link(grid, Axis::kTp, m);
-    const double act = all_reduce(l.tp, double(b) * double(T) * C * s, link);
+    const double bytes = double(b) * double(T) * C * s;
     const double rerun = l.recompute == nn::Recompute::kBlock ? 2 : l.recompute == nn::Recompute::kNone ? 0 : 1;
-    tp_block_f = 2 * act;
-    tp_block_b = (2 + rerun) * act;
-    tp_emb_f = act;
-    tp_head_f = 3 * all_reduce(l.tp, double(b) * double(T) * 4, link);
-    tp_head_b = act;
+    const double loss = 3 * all_reduce(l.tp, double(b) * double(T) * 4, link);
+    if (!l.sequence_parallel) {
+      const double act = all_reduce(l.tp, bytes, link);
+      tp_block_f = 2 * act;
+      tp_block_b = (2 + rerun) * act;
+      tp_emb_f = act;
+      tp_head_f = loss;
+      tp_head_b = act;
+    } else {
+      const double copies = 2 * (bytes + bytes / l.tp) / (m.mem_bw * m.eff.elementwise);
+      const double gather =
+          ring_all_gather(l.tp, bytes, group_link(grid, Axis::kTp, m, Collective::kAllGather)) + copies;
+      const double scatter =
+          ring_reduce_scatter(l.tp, bytes, group_link(grid, Axis::kTp, m, Collective::kReduceScatter)) + copies;
+      tp_block_f = 2 * (gather + scatter);
+      tp_block_b = 4 * gather + 2 * scatter + rerun / 2 * (2 * gather + 2 * scatter);
+      tp_emb_f = scatter;
+      tp_emb_b = gather;
+      tp_head_f = gather + loss;
+      tp_head_b = scatter;
+    }
   }
 
   // ---- pipeline: blocks per rank as the trainer splits them, the slowest rank's costs into simulate ----
@@ -72,7 +93,7 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
     RankCost& rc = ranks[size_t(r)];
     const double n = double(blocks[size_t(r)]);
     rc = {n * block_f, n * tp_block_f, n * block_b, n * tp_block_b};
-    if (r == 0) rc.fc += emb_f, rc.ft += tp_emb_f, rc.bc += emb_b;
+    if (r == 0) rc.fc += emb_f, rc.ft += tp_emb_f, rc.bc += emb_b, rc.bt += tp_emb_b;
     if (r == p - 1) rc.fc += head_f, rc.ft += tp_head_f, rc.bc += head_b, rc.bt += tp_head_b;
   }
   const auto slowest = std::max_element(
@@ -196,7 +217,7 @@ std::string describe(const Layout& l) {
   os << " M " << l.micro_batches << " zero " << l.zero;
   if (l.recompute != nn::Recompute::kNone) os << " recompute " << nn::recompute_name(l.recompute);
   if (l.sequence_parallel) os << " sp";
-  if (l.pp > 1 && l.virtual_stages == 1 && l.schedule != dist::ScheduleKind::k1F1B)
+  if (l.pp > 1 && l.schedule != dist::ScheduleKind::k1F1B && l.schedule != dist::ScheduleKind::kInterleaved)
     os << " " << dist::schedule_kind_name(l.schedule);
   return os.str();
 }
@@ -274,6 +295,7 @@ std::vector<PlanRow> plan(const Workload& w, int gpus, DType amp, const Machine&
             for (nn::Recompute rc : {nn::Recompute::kNone, nn::Recompute::kBlock})
               for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
                 Layout l{dp, tp, pp, V, M, zero, rc, amp, sp};
+                if (V > 1) l.schedule = dist::ScheduleKind::kInterleaved;
                 PlanRow row{l, refusal(w, l), {}};
                 if (row.refused.empty()) {
                   row.prediction = predict_unchecked(w, l, machine, true);

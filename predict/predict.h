@@ -10,8 +10,9 @@
 // How the step is put together, on the busiest rank:
 // - compute: per micro-batch, a pipeline rank's forward F and backward B are the roofline times of its blocks'
 //   ops (predict/compute.h; plus the embedding on the first rank and the head on the last), with tensor
-//   parallelism's all-reduces (2 per block forward, 2 backward, each of b·T·C activations; sequence parallelism's
-//   reduce-scatter + all-gather cost the same) on the critical path inside them. The blocks are cut into chunks by
+//   parallelism's all-reduces (2 per block forward, 2 backward, each of b·T·C activations; with sequence
+//   parallelism the all-gathers and reduce-scatters dist/sequence_parallel.cpp runs, at their own links, with their
+//   layout copies) on the critical path inside them. The blocks are cut into chunks by
 //   dist::split_layers, as the trainer cuts them; the slowest rank's F and B are the pipeline's per-rank costs.
 // - pipeline: the schedule's action lists (dist::make_schedule) run through dist::simulate with those costs; the
 //   makespan less M·(F + B) is the bubble. Sends and receives overlap the other micro-batches' compute except on
@@ -60,7 +61,9 @@ struct Layout {
   nn::Recompute recompute = nn::Recompute::kNone;
   DType amp = DType::f32;
   bool sequence_parallel = false;
-  dist::ScheduleKind schedule = dist::ScheduleKind::k1F1B;  // taken as interleaved when virtual_stages > 1
+  // With pp > 1, as train_gpt's --schedule: virtual_stages > 1 needs kInterleaved (gpipe and 1f1b run one chunk
+  // per rank), and kInterleaved needs them.
+  dist::ScheduleKind schedule = dist::ScheduleKind::k1F1B;
   int gpus() const { return dp * tp * pp; }
 };
 std::string describe(const Layout& l);  // "dp 8 tp 4 pp 1 M 8 zero 1 bf16 ..."

@@ -179,6 +179,28 @@ TEST(PredictZero, CopiesAreTheBytesZeroMovesBeyondDdp) {
   }
 }
 
+// Sequence parallelism, term by term as dist/sequence_parallel.cpp runs it on the baby (b 12, T 64, C 128, 4
+// blocks, tp 2): 26 all-gathers (6 a block, the embedding's backward, the head's input) and 18 reduce-scatters (4 a
+// block, the embedding's sums, the head input's gradient), each at the link measured for it and with its two layout
+// copies, plus the vocabulary-parallel loss's 3 all-reduces of b·T floats.
+TEST(PredictStep, SequenceParallelRunsItsCollectivesAtTheirOwnLinks) {
+  Machine m = toy_machine();
+  m.measured[int(Collective::kReduceScatter)] = Link{0.0, 1e9};
+  m.measured[int(Collective::kAllGather)] = Link{0.0, 2e9};
+  Layout l;
+  l.tp = 2;
+  l.sequence_parallel = true;
+  const Prediction p = predict(Workload{baby(), 12}, l, m);
+  const double bytes = 12.0 * 64 * 128 * 4, copies = 2 * (bytes + bytes / 2) / 100e9;
+  const double gather = bytes / 2 / 2e9 + copies, scatter = bytes / 2 / 1e9 + copies;
+  const double loss = 3 * (12.0 * 64 * 4 / 10e9 + 2e-6);  // the ring at n = 2: S/β + 2α
+  EXPECT_NEAR(p.time.tp_comm, 26 * gather + 18 * scatter + loss, 1e-12);
+  // The same layout without sequence parallelism: all-reduces at the all-reduce's link, none of the copies.
+  l.sequence_parallel = false;
+  const double act = bytes / 10e9 + 2e-6;
+  EXPECT_NEAR(predict(Workload{baby(), 12}, l, m).time.tp_comm, 4 * 4 * act + 2 * act + loss, 1e-12);
+}
+
 TEST(PredictStep, RefusesWhatCannotRunNamingWhy) {
   const Workload w{baby(), 12};
   Layout l;
@@ -199,22 +221,24 @@ TEST(PredictStep, RefusesWhatCannotRunNamingWhy) {
 
 TEST(PredictPlan, RanksByPredictedTimeAndSaysWhyOthersAreRefused) {
   // 2 GPUs with communication almost free: splitting the batch (dp 2) halves every op but the optimizer's, which
-  // ZeRO halves at the price of its copies; tp 2 with sequence parallelism halves them all without those copies;
-  // tp 2 without it leaves the layer norms and the stream replicated, pp 2 idles in its bubble. So tp 2 with
-  // sequence parallelism comes first, then dp 2 with ZeRO, and every valid row is at least as slow as the one before.
+  // ZeRO halves at the price of its copies, so dp 2 with ZeRO comes first. tp 2 leaves the layer norms and the
+  // stream replicated; sequence parallelism halves them but copies each collective's activation into the
+  // sequence-major layout and back (4 bytes in and out per element, twice per collective, 10 collectives a block),
+  // more than the halved layer norms save at the baby's width: without it tp 2 ranks higher. Every valid row is at
+  // least as slow as the one before.
   Machine m = toy_machine();
   m.intra = m.inter = {0.0, 1e18};
   const Workload w{baby(), 12};
   const std::vector<PlanRow> rows = plan(w, 2, DType::f32, m, 1e12);
   ASSERT_FALSE(rows.empty());
   ASSERT_TRUE(rows[0].refused.empty());
-  EXPECT_EQ(rows[0].layout.tp, 2);
-  EXPECT_TRUE(rows[0].layout.sequence_parallel);
-  const auto first_dp = std::find_if(rows.begin(), rows.end(), [](const PlanRow& r) { return r.layout.dp == 2; });
-  const auto first_tp_alone = std::find_if(
-      rows.begin(), rows.end(), [](const PlanRow& r) { return r.layout.tp == 2 && !r.layout.sequence_parallel; });
-  EXPECT_LT(first_dp, first_tp_alone);
-  EXPECT_GT(first_dp->layout.zero, 0);
+  EXPECT_EQ(rows[0].layout.dp, 2);
+  EXPECT_GT(rows[0].layout.zero, 0);
+  auto first = [&](bool sp) {
+    return std::find_if(rows.begin(), rows.end(),
+                        [&](const PlanRow& r) { return r.layout.tp == 2 && r.layout.sequence_parallel == sp; });
+  };
+  EXPECT_LT(first(false), first(true));
   bool seen_refused = false, zero3_pp_refused = false;
   for (size_t i = 1; i < rows.size(); ++i) {
     if (!rows[i].refused.empty()) {
