@@ -70,6 +70,14 @@ struct AddLayerNorm {
 };
 AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
                            double eps = 1e-5);
+// Fused RMS norm over the last dimension (Llama's, ops/rmsnorm.h): xhat = x * rsqrt(mean(x^2) + eps) in f32, cast
+// to x's dtype, then times weight (C). eps from the model's config: no default.
+Tensor rmsnorm(const Tensor& x, const Tensor& weight, double eps);
+// Rotary position embedding, rotate_half layout (ops/rope.h). x: (B, T, H, D), the heads of attention's q or k;
+// cos, sin: (P, D / 2) tables (ops::rope_tables) on x's device, rows [position_offset, position_offset + T) used.
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t position_offset = 0);
+// Llama's MLP activation silu(gate) * up (ops/swiglu.h); gate, up: the same shape.
+Tensor swiglu(const Tensor& gate, const Tensor& up);
 // GELU, tanh approximation (as GPT-2).
 Tensor gelu(const Tensor& x);
 // Fused gelu(x + bias); bias: (C) broadcast over the last dimension.

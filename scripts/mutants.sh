@@ -158,6 +158,49 @@ nccl_group_of_one ; dist/cuda/nccl_backend.cpp ; -R ^test_dist_cuda\.np ; a grou
 -     if (size() == 1) return copy_for_group_of_one(output, input, stream);\n    MINIDL_NCCL_CHECK(ncclAllGather(
 +     if (size() == 1) return;\n    MINIDL_NCCL_CHECK(ncclAllGather(
 
+rope_interleaved ; ops/cpu/rope.cpp ; -R Rope|^test_nn_ops ; RoPE rotates interleaved pairs (2i, 2i + 1, GPT-J's layout) instead of rotate_half's (i, i + D/2)
+-           simd::rope_rows(xr, cr, sr, yr, H, half, inverse);\n          continue;
++           for (int64_t j = 0; j < H * half; ++j)\n            kernels::rope_rotate(xr[2 * j], xr[2 * j + 1], cr[j % half], inverse ? -sr[j % half] : sr[j % half], yr + 2 * j, yr + 2 * j + 1);\n          continue;
+
+rope_interleaved_cuda ; ops/cuda/rope.cu ; -R RopeIsTheCpusBits|cuda_tensor_ops ; the CUDA RoPE rotates interleaved pairs instead of rotate_half's
+- to_float(x[at]), to_float(x[at + half]), c, inverse ? -s : s, &y0, &y1);\n    from_float(y0, y + at);\n    from_float(y1, y + at + half);
++ to_float(x[at + i]), to_float(x[at + i + 1]), c, inverse ? -s : s, &y0, &y1);\n    from_float(y0, y + at + i);\n    from_float(y1, y + at + i + 1);
+
+rope_backward_not_transposed ; ops/cpu/simd/norm_rope.cpp ; -R Rope|^test_nn_ops ; RoPE's backward rotates by +angle (the forward) instead of its transpose
+- if (inverse) s = hn::Neg(s);
++ if (inverse && false) s = hn::Neg(s);
+
+rope_llama3_ignored ; ops/cpu/rope.cpp ; -R Rope|^test_nn_ops ; rope_scaling llama3 ignored: the inverse frequencies left unscaled
+-     if (scaling.type == RopeType::kLlama3) {\n      const double wavelen
++     if (scaling.type == RopeType::kNone && false) {\n      const double wavelen
+
+rmsnorm_weight_before_cast ; ops/cpu/rmsnorm.cpp ; -R RMSNorm|^test_nn_ops ; RMS norm of 16-bit x multiplies the weight before casting xhat back (one rounding, not transformers' two)
+-     RMSNormForward f = rmsnorm_rows(upcast(x), Tensor(), eps);\n    f.y = cast(mul(upcast(cast(f.y, x.dtype())), weight), x.dtype());
++     RMSNormForward f = rmsnorm_rows(upcast(x), weight, eps);\n    f.y = cast(f.y, x.dtype());
+
+rmsnorm_weight_before_cast_cuda ; ops/cuda/rmsnorm.cu ; -R RMSNormMatchesTheCpu|cuda_tensor_ops ; the CUDA RMS norm multiplies the weight before rounding xhat to the storage type
+- out.v[k] = rounded_to<T>(out.v[k] * rs) * w.v[k];
++ out.v[k] = out.v[k] * rs * w.v[k];
+
+rmsnorm_dweight_unrounded ; ops/cpu/rmsnorm.cpp ; -R RMSNorm|^test_nn_ops ; RMS norm's 16-bit dweight takes the unrounded xhat, not the one the weight multiplied
+- C, is_half(rounding) ? xhat_rounded.data() : nullptr);
++ C, nullptr);
+
+rmsnorm_eps_ignored ; ops/cpu/simd/norm_rope.cpp ; -R RMSNorm|^test_nn_ops ; RMS norm ignores its eps argument (a fixed 1e-6 baked in)
+- rs = float(1.0 / std::sqrt(sq / double(n) + eps));
++ rs = float(1.0 / std::sqrt(sq / double(n) + 0 * eps + 1e-6));
+
+rmsnorm_eps_ignored_cuda ; ops/cuda/rmsnorm.cu ; -R RMSNormMatchesTheCpu|cuda_tensor_ops ; the CUDA RMS norm ignores its eps argument (a fixed 1e-6 baked in)
+- rsqrtf(warp_sum(squares) / C + eps);
++ rsqrtf(warp_sum(squares) / C + 0 * eps + 1e-6f);
+
+swiglu_dup ; ops/cpu/simd/activation.cpp ; -R SwiGLU|^test_nn_ops ; SwiGLU's gradient for up is dy * gate, the sigmoid left out
+- du[k] = hn::Mul(hn::Mul(dy[k], g[k]), s[k]);
++ du[k] = hn::Mul(dy[k], g[k]);
+
+swiglu_cuda_sigmoid ; ops/kernels/swiglu.h ; -R SwiGLU|cuda_tensor_ops ; SwiGLU's sigmoid for negative gates returns 1 - its value (the scalar path: f64, 16-bit on CUDA)
+-   return g < T(0) ? e * q : q;
++   return g < T(0) ? T(1) - e * q : q;
 EOF
 }
 

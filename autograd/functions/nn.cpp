@@ -13,7 +13,10 @@
 #include "ops/embedding.h"
 #include "ops/gelu.h"
 #include "ops/layernorm.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
 #include "ops/softmax.h"
+#include "ops/swiglu.h"
 
 namespace minidl {
 
@@ -93,6 +96,33 @@ AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weigh
   out.y.impl()->autograd.grad_fn = node;
   out.y.impl()->autograd.output_nr = 1;
   return out;
+}
+
+Tensor rmsnorm(const Tensor& x, const Tensor& weight, double eps) {
+  Tensor xc = contiguous(x), w = contiguous(weight);
+  // A 16-bit x goes to the kernel as it is, as layernorm's: normalised in f32, y rounded to x's dtype.
+  ops::RMSNormForward f = ops::rmsnorm_forward(xc, w, eps);
+  return record("rmsnorm", {xc, w}, f.y, [xc, w, rstd = f.rstd](const Tensor& g) {
+    ops::RMSNormBackward r = ops::rmsnorm_backward(contiguous(ops::cast(g, xc.dtype())), xc, w, rstd);
+    return Grads{r.dx, r.dweight};
+  });
+}
+
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t position_offset) {
+  Tensor xc = contiguous(x), c = contiguous(cos), s = contiguous(sin);
+  // The tables are constants: no gradient flows to them.
+  return record("rope", {xc}, ops::rope_forward(xc, c, s, position_offset),
+                [c, s, position_offset, dtype = xc.dtype()](const Tensor& g) {
+                  return Grads{ops::rope_backward(contiguous(ops::cast(g, dtype)), c, s, position_offset)};
+                });
+}
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  Tensor gc = contiguous(gate), uc = contiguous(up);
+  return record("swiglu", {gc, uc}, ops::swiglu_forward(gc, uc), [gc, uc](const Tensor& g) {
+    ops::SwiGLUBackward r = ops::swiglu_backward(contiguous(ops::cast(g, gc.dtype())), gc, uc);
+    return Grads{r.dgate, r.dup};
+  });
 }
 
 Tensor gelu(const Tensor& x) {

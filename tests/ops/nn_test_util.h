@@ -33,6 +33,13 @@ inline Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype, doub
   return Tensor::from_vector(random_values(shape.numel(), seed, scale), shape, dtype);
 }
 
+// random_tensor as a leaf that requires grad: an input a gradient check differentiates against.
+inline Tensor grad_leaf(const Shape& shape, uint64_t seed, DType dtype, double scale = 1.0) {
+  Tensor t = random_tensor(shape, seed, dtype, scale);
+  t.set_requires_grad(true);
+  return t;
+}
+
 // |got - want| <= rtol * max|want| elementwise: relative to the tensor's scale, so entries near zero are held to
 // the same absolute accuracy as the large ones.
 inline void expect_close(const Values& got, const Values& want, double rtol, const std::string& what) {

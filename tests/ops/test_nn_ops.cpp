@@ -18,12 +18,6 @@ using namespace minidl::testing;
 
 namespace {
 
-Tensor grad_leaf(const Shape& shape, uint64_t seed, DType dtype, double scale = 1.0) {
-  Tensor t = random_tensor(shape, seed, dtype, scale);
-  t.set_requires_grad(true);
-  return t;
-}
-
 // GELU (tanh) in double, and its derivative by central differences: independent of the kernel's closed form.
 double gelu_ref(double u) { return 0.5 * u * (1 + std::tanh(std::sqrt(2 / M_PI) * (u + 0.044715 * u * u * u))); }
 double gelu_grad_ref(double u) { return (gelu_ref(u + 1e-6) - gelu_ref(u - 1e-6)) / 2e-6; }

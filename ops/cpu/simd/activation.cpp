@@ -1,4 +1,4 @@
-// GELU (tanh approximation) and bias + GELU, forward and backward, as explicit vector code per target.
+// GELU (tanh approximation), bias + GELU and SwiGLU, forward and backward, as explicit vector code per target.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/simd/activation.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -101,6 +101,85 @@ void GeluBackwardRows(const float* dy, const float* x, const float* bias, float*
   }
 }
 
+// sigmoid(g) from e = exp(-|g|) <= 1 (ops/kernels/swiglu.h): q = 1 / (1 + e), s = q for g >= 0, e q below.
+template <size_t K, class D, class V>
+HWY_INLINE void Sigmoid(D d, const V (&g)[K], V (&s)[K]) {
+  const V one = hn::Set(d, 1.0f);
+  V e[K];
+#pragma GCC unroll 8
+  for (size_t k = 0; k < K; ++k) e[k] = hn::Neg(hn::Abs(g[k]));
+  ExpNonPositive(d, e);
+#pragma GCC unroll 8
+  for (size_t k = 0; k < K; ++k) {
+    const V q = hn::Div(one, hn::Add(one, e[k]));
+    s[k] = hn::IfNegativeThenElse(g[k], hn::Mul(e[k], q), q);
+  }
+}
+
+void SwiGLURow(const float* gate, const float* up, float* y, size_t n) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  ForEachFourThenOne(
+      d, n,
+      [&](size_t i) {
+        V g[4], s[4];
+        for (size_t k = 0; k < 4; ++k) g[k] = hn::LoadU(d, gate + i + k * N);
+        Sigmoid(d, g, s);
+        for (size_t k = 0; k < 4; ++k)
+          hn::StoreU(hn::Mul(hn::Mul(g[k], s[k]), hn::LoadU(d, up + i + k * N)), d, y + i + k * N);
+      },
+      [&](size_t i, size_t count, auto part) {
+        using Part = decltype(part);
+        V g[1] = {LoadPart<Part>(d, gate + i, count)}, s[1];
+        Sigmoid(d, g, s);
+        StorePart<Part>(hn::Mul(hn::Mul(g[0], s[0]), LoadPart<Part>(d, up + i, count)), d, y + i, count);
+      });
+}
+
+// dgate = dy u s (1 + g (1 - s)), dup = dy g s, in ops/kernels/swiglu.h's order of operations.
+template <size_t K, class D, class V>
+HWY_INLINE void SwiGLUGrad(D d, const V (&dy)[K], const V (&g)[K], const V (&u)[K], V (&dg)[K], V (&du)[K]) {
+  const V one = hn::Set(d, 1.0f);
+  V s[K];
+  Sigmoid(d, g, s);
+#pragma GCC unroll 8
+  for (size_t k = 0; k < K; ++k) {
+    const V slope = hn::Add(one, hn::Mul(g[k], hn::Sub(one, s[k])));
+    dg[k] = hn::Mul(hn::Mul(hn::Mul(dy[k], u[k]), s[k]), slope);
+    du[k] = hn::Mul(hn::Mul(dy[k], g[k]), s[k]);
+  }
+}
+
+void SwiGLUBackwardRow(const float* dy, const float* gate, const float* up, float* dgate, float* dup, size_t n) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  ForEachFourThenOne(
+      d, n,
+      [&](size_t i) {
+        V vdy[4], g[4], u[4], dg[4], du[4];
+        for (size_t k = 0; k < 4; ++k) {
+          vdy[k] = hn::LoadU(d, dy + i + k * N);
+          g[k] = hn::LoadU(d, gate + i + k * N);
+          u[k] = hn::LoadU(d, up + i + k * N);
+        }
+        SwiGLUGrad(d, vdy, g, u, dg, du);
+        for (size_t k = 0; k < 4; ++k) {
+          hn::StoreU(dg[k], d, dgate + i + k * N);
+          hn::StoreU(du[k], d, dup + i + k * N);
+        }
+      },
+      [&](size_t i, size_t count, auto part) {
+        using Part = decltype(part);
+        V vdy[1] = {LoadPart<Part>(d, dy + i, count)}, g[1] = {LoadPart<Part>(d, gate + i, count)},
+          u[1] = {LoadPart<Part>(d, up + i, count)}, dg[1], du[1];
+        SwiGLUGrad(d, vdy, g, u, dg, du);
+        StorePart<Part>(dg[0], d, dgate + i, count);
+        StorePart<Part>(du[0], d, dup + i, count);
+      });
+}
+
 }  // namespace minidl::ops::simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -112,6 +191,8 @@ namespace minidl::ops::simd {
 HWY_EXPORT(GeluRow);
 HWY_EXPORT(GeluBackwardRow);
 HWY_EXPORT(GeluBackwardRows);
+HWY_EXPORT(SwiGLURow);
+HWY_EXPORT(SwiGLUBackwardRow);
 
 void gelu_row(const float* x, const float* bias, float* y, int64_t n) {
   ensure_isa_selected();
@@ -127,6 +208,16 @@ void gelu_backward_rows(const float* dy, const float* x, const float* bias, floa
                         int64_t n) {
   ensure_isa_selected();
   HWY_DYNAMIC_DISPATCH(GeluBackwardRows)(dy, x, bias, dx, dbias, size_t(rows), size_t(n));
+}
+
+void swiglu_row(const float* gate, const float* up, float* y, int64_t n) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(SwiGLURow)(gate, up, y, size_t(n));
+}
+
+void swiglu_backward_row(const float* dy, const float* gate, const float* up, float* dgate, float* dup, int64_t n) {
+  ensure_isa_selected();
+  HWY_DYNAMIC_DISPATCH(SwiGLUBackwardRow)(dy, gate, up, dgate, dup, size_t(n));
 }
 
 }  // namespace minidl::ops::simd

@@ -130,6 +130,21 @@ void layernorm_forward_row(const float* x, const float* w, const float* b, float
 void layernorm_backward_row(const float* dy, const float* x, const float* w, float mean, float rstd, float* dx,
                             float* dw, float* db, int64_t n, const float* dsum = nullptr);
 
+// RMS norm of one row (ops/rmsnorm.h): returns rstd = 1 / sqrt(mean(x^2) + eps), the sum of squares in double;
+// y = (x * rstd) * w, or x * rstd with w null (the 16-bit path rounds that before the weight).
+float rmsnorm_forward_row(const float* x, const float* w, float* y, double eps, int64_t n);
+// RMS norm backward of one row: dx, and dw += dy * xhat_dw (16-bit x: xhat rounded to x's dtype), or
+// dw += dy * xhat with xhat_dw null.
+void rmsnorm_backward_row(const float* dy, const float* x, const float* w, float rstd, float* dx, float* dw, int64_t n,
+                          const float* xhat_dw = nullptr);
+// RoPE (ops/rope.h) of `heads` consecutive heads of 2 half floats at one position, whose tables' rows are cos and
+// sin (half floats each); inverse: the backward's rotation by minus the angle. y must not overlap x.
+void rope_rows(const float* x, const float* cos, const float* sin, float* y, int64_t heads, int64_t half, bool inverse);
+// y = silu(gate) * up (ops/kernels/swiglu.h, the exp as exp_sub_sum's).
+void swiglu_row(const float* gate, const float* up, float* y, int64_t n);
+// dgate, dup of swiglu_row, times dy.
+void swiglu_backward_row(const float* dy, const float* gate, const float* up, float* dgate, float* dup, int64_t n);
+
 // ops/kernels/adamw.h's update, operation for operation (no fused multiply-adds: same bits on every ISA). zero_g
 // (optional, g itself): set to zero once read, the optimizer's zero_grad in the same pass.
 void adamw(float* p, const float* g, float* m, float* v, const minidl::kernels::AdamWConstants& c, int64_t n,

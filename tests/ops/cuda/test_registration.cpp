@@ -28,8 +28,11 @@
 #include "ops/layernorm.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
 #include "ops/sample_windows.h"
 #include "ops/softmax.h"
+#include "ops/swiglu.h"
 #include "ops/unscale.h"
 #include "ops/vocab_range.h"
 
@@ -99,9 +102,14 @@ std::vector<std::pair<std::string, bool>> tables() {
           MINIDL_TABLE(mean_dim_device),
           MINIDL_TABLE(max_dim_device),
           MINIDL_TABLE(max_backward_device),
+          MINIDL_TABLE(rmsnorm_forward_device),
+          MINIDL_TABLE(rmsnorm_backward_device),
+          MINIDL_TABLE(rope_device),
           MINIDL_TABLE(sample_windows_device),
           MINIDL_TABLE(softmax_forward_device),
           MINIDL_TABLE(softmax_backward_device),
+          MINIDL_TABLE(swiglu_forward_device),
+          MINIDL_TABLE(swiglu_backward_device),
           MINIDL_TABLE(unscale_and_check_device),
           MINIDL_TABLE(unscale_and_check_multi_device),
           MINIDL_TABLE(vocab_range_device)};
