@@ -44,6 +44,9 @@ Tensor sum(const Tensor& x, int dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, int dim, bool keepdim = false);
 Tensor max(const Tensor& x, int dim, bool keepdim = false);  // values; gradient to the first maximum
+// The parts joined along dim (each of the others' sizes equal): a new contiguous tensor; each part's gradient is
+// its slice of the output's.
+Tensor cat(std::initializer_list<Tensor> parts, int dim);
 
 // ---- linear algebra (autograd/functions/matmul.cpp) ----
 // a: (..., M, K) or (..., K, M) if trans_a; b: (..., K, N) or (..., N, K) if trans_b; leading (batch)
@@ -94,8 +97,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
                      Reduction reduction = Reduction::kMean, int64_t classes = -1);
 // Fused causal self-attention, flash style (blocked, online softmax, no T x T matrix kept for backward).
 // qkv: (B, T, 3C) with q, k, v in that order along the last dimension; heads split C -> (n_head, C / n_head).
-// Returns (B, T, C) with heads merged.
-Tensor causal_attention(const Tensor& qkv, int n_head);
+// Returns (B, T, C) with heads merged. With n_kv_head < n_head (grouped-query attention, n_head a multiple of it),
+// qkv is (B, T, (n_head + 2 n_kv_head) D): n_head query heads, then n_kv_head key and n_kv_head value heads, query
+// head h reading kv head h / (n_head / n_kv_head); returns (B, T, n_head D). Layout: ops/attention.h.
+Tensor causal_attention(const Tensor& qkv, int n_head, int n_kv_head);
+inline Tensor causal_attention(const Tensor& qkv, int n_head) { return causal_attention(qkv, n_head, n_head); }
 // Inverted dropout with probability p. The mask for element i is Philox(seed, stream).uniform(offset + i...),
 // so it is reproducible and identical on every device. Identity when p == 0.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset);

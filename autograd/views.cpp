@@ -1,4 +1,5 @@
 // Differentiable views and conversions (members of Tensor, declared in core/tensor.h).
+#include "autograd/functions.h"
 #include "autograd/node.h"
 
 namespace minidl {
@@ -64,6 +65,42 @@ Tensor Tensor::narrow(int dim, int64_t start, int64_t length) const {
     Tensor gi = Tensor::zeros(in_shape, dt, g.device());
     gi.detach().narrow(d, start, length).copy_(g);
     return std::vector<Tensor>{gi};
+  });
+}
+
+Tensor cat(std::initializer_list<Tensor> parts, int dim) {
+  MINIDL_CHECK(parts.size() >= 1, "cat: expected at least one tensor");
+  const Tensor& first = *parts.begin();
+  const int d = first.wrap_dim(dim);
+  Shape shape = first.shape();
+  shape[d] = 0;
+  std::vector<int64_t> sizes;
+  for (const Tensor& p : parts) {
+    Shape s = p.shape();
+    MINIDL_CHECK(s.size() == first.dim() && p.dtype() == first.dtype() && p.device() == first.device(),
+                 "cat: expected tensors of one rank, dtype and device, got ", first.shape(), " and ", s);
+    s[d] = 0;
+    Shape others = shape;
+    others[d] = 0;
+    MINIDL_CHECK(s == others, "cat: expected equal sizes but along dimension ", d, ", got ", first.shape(), " and ",
+                 p.shape());
+    sizes.push_back(p.size(d));
+    shape[d] += p.size(d);
+  }
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+  int64_t at = 0;
+  for (const Tensor& p : parts) {
+    out.narrow(d, at, p.size(d)).copy_(p.detach());
+    at += p.size(d);
+  }
+  return autograd::record("cat", parts, out, [d, sizes](const Tensor& g) {
+    std::vector<Tensor> grads;
+    int64_t start = 0;
+    for (int64_t n : sizes) {
+      grads.push_back(g.narrow(d, start, n).contiguous());
+      start += n;
+    }
+    return grads;
   });
 }
 

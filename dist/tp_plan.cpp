@@ -25,6 +25,29 @@ TensorParallelPlan gpt2_plan(bool sequence_parallel) {
   return plan;
 }
 
+TensorParallelPlan llama_plan(bool sequence_parallel, bool tied) {
+  using S = ParallelStyle;
+  const bool sp = sequence_parallel;
+  TensorParallelPlan plan{{"transformer.wte", {S::kVocab, sp}},
+                          {"transformer.h.*.attn.q_proj", {S::kColwise, sp}},
+                          {"transformer.h.*.attn.k_proj", {S::kColwise, sp}},
+                          {"transformer.h.*.attn.v_proj", {S::kColwise, sp}},
+                          {"transformer.h.*.attn.c_proj", {S::kRowwise, sp}},
+                          {"transformer.h.*.mlp.gate_proj", {S::kColwise, sp}},
+                          {"transformer.h.*.mlp.up_proj", {S::kColwise, sp}},
+                          {"transformer.h.*.mlp.c_proj", {S::kRowwise, sp}}};
+  if (!tied) plan.push_back({"lm_head", {S::kVocab, sp}});
+  if (sp)
+    for (const char* path : {"transformer.drop", "transformer.h.*.ln_1", "transformer.h.*.attn.resid_dropout",
+                             "transformer.h.*.ln_2", "transformer.h.*.mlp.dropout", "transformer.ln_f"})
+      plan.push_back({path, {S::kSequence}});
+  return plan;
+}
+
+TensorParallelPlan plan_for(const nn::GPTConfig& cfg, bool sequence_parallel) {
+  return cfg.llama() ? llama_plan(sequence_parallel, cfg.tie_embeddings) : gpt2_plan(sequence_parallel);
+}
+
 namespace {
 
 std::vector<std::string> components(const std::string& path) {
@@ -92,11 +115,13 @@ void apply(nn::Module& m, const PlanRow& row, ProcessGroup& group) {
       if (auto* ln = dynamic_cast<nn::LayerNorm*>(&m)) {
         for (Tensor* p : {&ln->weight, &ln->bias})
           if (p->defined()) place(*p, {p->shape(), -1, 1, n, r, &group, true});
+      } else if (auto* rms = dynamic_cast<nn::RMSNorm*>(&m)) {
+        place(rms->weight, {rms->weight.shape(), -1, 1, n, r, &group, true});
       } else if (auto* e = dynamic_cast<nn::Embedding*>(&m)) {
         place(e->weight, {e->weight.shape(), -1, 1, n, r, &group, true});
         e->style = std::make_shared<SequenceShardedPositions>(group);
       } else {
-        as<nn::Dropout>(m, row, "a LayerNorm, an Embedding or a Dropout").style =
+        as<nn::Dropout>(m, row, "a LayerNorm, an RMSNorm, an Embedding or a Dropout").style =
             std::make_shared<SequenceParallelDropout>(group);
       }
       return;
@@ -111,6 +136,8 @@ void apply_tensor_parallel(nn::GPT& model, ProcessGroup& group, const TensorPara
   const nn::GPTConfig& cfg = model.config();
   MINIDL_CHECK(cfg.n_head % group.size() == 0, "tensor parallelism: --tp ", group.size(), " must divide --heads ",
                cfg.n_head, " (attention is split by heads)");
+  MINIDL_CHECK(cfg.kv_heads() % group.size() == 0, "tensor parallelism: num_key_value_heads ", cfg.kv_heads(),
+               " is not divisible by --tp ", group.size(), " (each rank holds whole key/value heads)");
   autograd::NoGradGuard no_grad;
   MemoryTagGuard tag(MemTag::kParams);
   const nn::GPTStage& part = model.stage();

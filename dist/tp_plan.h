@@ -47,10 +47,18 @@ using TensorParallelPlan = std::vector<PlanRow>;
 // GPT-2's plan (nn/gpt.h's module tree): attention by heads and the MLP column then row, the vocabulary split, and
 // with sequence_parallel the LayerNorms, wpe and the dropouts on this rank's positions.
 TensorParallelPlan gpt2_plan(bool sequence_parallel);
+// Llama's (nn/llama.h): q, k and v column-parallel by heads (a rank holds n_head / tp query heads and
+// n_kv_head / tp key/value heads, so its query heads' groups stay whole), c_proj row-parallel; gate and up split the
+// same way, then c_proj; the vocabulary split, the untied lm_head (tied = false) as the tied head would be; with
+// sequence_parallel the RMSNorms and the dropouts on this rank's positions.
+TensorParallelPlan llama_plan(bool sequence_parallel, bool tied);
+// The plan of cfg's architecture.
+TensorParallelPlan plan_for(const nn::GPTConfig& cfg, bool sequence_parallel);
 
 // Splits `model` over `group` as `plan` says, in place, before the model is moved, wrapped (GradSync) or optimised.
-// A group of one leaves it as it is. Throws unless the group's size divides n_head, when a row names a module of
-// another kind, or when a row matches nothing in a whole model (a pipeline chunk holds only some of the modules).
+// A group of one leaves it as it is. Throws unless the group's size divides n_head and n_kv_head, when a row names a
+// module of another kind, or when a row matches nothing in a whole model (a pipeline chunk holds only some of the
+// modules).
 void apply_tensor_parallel(nn::GPT& model, ProcessGroup& group, const TensorParallelPlan& plan);
 
 }  // namespace minidl::dist

@@ -19,7 +19,8 @@
 using namespace minidl;
 
 int main(int argc, char** argv) {
-  int64_t layers = 4, heads = 4, embd = 128, seq = 64, vocab = 65, batch = 12;
+  int64_t layers = 4, heads = 4, embd = 128, seq = 64, vocab = 65, batch = 12, kv_heads = 0, ffn = 0;
+  std::string model = "gpt2";
   predict::Layout l;
   std::string machine_name = "h100-sxm", machine_file, recompute = "none", amp = "off", schedule = "1f1b";
   int gpus = 0, plan_top = 20, plan_refused = 40, max_micro = 64;
@@ -31,6 +32,12 @@ int main(int argc, char** argv) {
       "Predict the step time, memory and scaling efficiency of a GPT training layout on a machine, or rank "
       "every layout of --gpus GPUs (--plan)."};
   const CLI::Range positive{int64_t(1), int64_t(1) << 40};
+  app.add_option("--model", model, "Architecture, as train_gpt's --model: gpt2 or llama")
+      ->check(CLI::IsMember({"gpt2", "llama"}))
+      ->capture_default_str();
+  app.add_option("--kv-heads", kv_heads, "Llama: key/value heads, a divisor of --heads [default: --heads]")
+      ->check(positive);
+  app.add_option("--ffn", ffn, "Llama: the SwiGLU MLP's hidden width [default: 4 x --embd]")->check(positive);
   app.add_option("--layers", layers, "Transformer blocks")->check(positive)->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->check(positive)->capture_default_str();
   app.add_option("--embd", embd, "Embedding width (a multiple of --heads)")->check(positive)->capture_default_str();
@@ -130,7 +137,16 @@ int main(int argc, char** argv) {
     if (intra_gbs > 0) m.intra.beta = intra_gbs * 1e9;
     if (inter_gbs > 0) m.inter.beta = inter_gbs * 1e9;
     m.validate();
-    const predict::Workload w{nn::GPTConfig{vocab, seq, layers, heads, embd, 0.0, true}, batch};
+    predict::Workload w{nn::GPTConfig{vocab, seq, layers, heads, embd, 0.0, true}, batch};
+    MINIDL_CHECK(model == "llama" || (kv_heads == 0 && ffn == 0),
+                 "--kv-heads and --ffn shape a Llama: they need "
+                 "--model llama");
+    if (model == "llama") {
+      w.model.arch = nn::GPTConfig::Arch::kLlama;
+      w.model.bias = false;
+      w.model.n_kv_head = kv_heads;
+      w.model.intermediate_size = ffn;
+    }
     w.model.validate();
     l.recompute = nn::parse_recompute(recompute);
     l.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;

@@ -48,6 +48,17 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--heads", o.heads,
                  "Attention heads per block (must divide --embd) [default: 4, or the checkpoint's]");
   app.add_option("--embd", o.embd, "Embedding width C [default: 128, or the checkpoint's]");
+  app.add_option("--model", o.model,
+                 "Architecture: gpt2 (learned positions, LayerNorm, GELU MLP) or llama (RoPE, RMSNorm, SwiGLU, "
+                 "grouped-query attention, no biases) [default: gpt2, or the checkpoint's]");
+  app.add_option("--kv-heads", o.kv_heads,
+                 "Llama: key/value heads, a divisor of --heads (grouped-query attention; 1: multi-query) "
+                 "[default: --heads]");
+  app.add_option("--head-dim", o.head_dim, "Llama: the width of a head [default: --embd / --heads]");
+  app.add_option("--ffn", o.ffn, "Llama: the SwiGLU MLP's hidden width [default: 4 x --embd]");
+  app.add_option("--rope-theta", o.rope_theta, "Llama: RoPE's base theta")->capture_default_str();
+  app.add_option("--norm-eps", o.norm_eps, "Llama: the RMSNorms' eps")->capture_default_str();
+  app.add_flag("--untie", o.untie, "Llama: an output head of its own (lm_head), not the token embedding");
   app.add_option("--seq", o.seq, "Sequence length T (also the model's block size) [default: 64, or the checkpoint's]");
   app.add_option(
       "--vocab-pad", o.vocab_pad,
@@ -190,6 +201,9 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_flag("--memory-report", o.memory_report,
                "After the first step every rank prints its memory by tag beside the predicted bytes (always on "
                "with --zero 1-3); with --tp the prediction is the rank's split; not with --pp");
+  app.add_option("--loss-log", o.loss_log,
+                 "Write every step's loss to this file when the run ends, one 'step loss' line each with 17 "
+                 "significant digits (bit-exact): the golden-loss replays of tests/golden/ compare it");
   app.add_option("--tensorboard", o.tensorboard,
                  "Write TensorBoard event files to this directory (tensorboard --logdir DIR): train/loss, val/loss, "
                  "lr, grad_norm, loss_scale, skipped_steps, tokens_per_s, mfu, step_ms, exposed_comm_ms and memory by "

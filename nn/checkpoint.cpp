@@ -1,9 +1,12 @@
 #include "nn/checkpoint.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "nn/atomic_file.h"
+#include "nn/hf_format.h"
 
 namespace minidl::nn {
 
@@ -12,6 +15,23 @@ std::string gpt_config_to_json(const GPTConfig& cfg) {
       {"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size}, {"n_layer", cfg.n_layer}, {"n_head", cfg.n_head},
       {"n_embd", cfg.n_embd},         {"dropout", cfg.dropout},       {"bias", cfg.bias},
   };
+  if (cfg.llama()) {  // GPT-2's files stay as they were
+    const ops::RopeScaling& r = cfg.rope_scaling;
+    j["arch"] = "llama";
+    j["n_kv_head"] = cfg.kv_heads();
+    j["head_dim"] = cfg.head_size();
+    j["intermediate_size"] = cfg.mlp_width();
+    j["norm_eps"] = cfg.norm_eps;
+    j["rope_theta"] = cfg.rope_theta;
+    j["rope_scaling"] = {{"type", r.type == ops::RopeType::kNone     ? "none"
+                                  : r.type == ops::RopeType::kLinear ? "linear"
+                                                                     : "llama3"},
+                         {"factor", r.factor},
+                         {"low_freq_factor", r.low_freq_factor},
+                         {"high_freq_factor", r.high_freq_factor},
+                         {"original_max_position_embeddings", r.original_max_position_embeddings}};
+    j["tie_embeddings"] = cfg.tie_embeddings;
+  }
   return j.dump();
 }
 
@@ -26,35 +46,31 @@ GPTConfig gpt_config_from_json(const std::string& text) {
     cfg.n_embd = j.at("n_embd").get<int64_t>();
     cfg.dropout = j.at("dropout").get<double>();
     cfg.bias = j.at("bias").get<bool>();
+    if (j.value("arch", "gpt2") == "llama") {
+      cfg.arch = GPTConfig::Arch::kLlama;
+      cfg.n_kv_head = j.at("n_kv_head").get<int64_t>();
+      cfg.head_dim = j.at("head_dim").get<int64_t>();
+      cfg.intermediate_size = j.at("intermediate_size").get<int64_t>();
+      cfg.norm_eps = j.at("norm_eps").get<double>();
+      cfg.rope_theta = j.at("rope_theta").get<double>();
+      cfg.tie_embeddings = j.at("tie_embeddings").get<bool>();
+      const nlohmann::json& r = j.at("rope_scaling");
+      const std::string type = r.at("type").get<std::string>();
+      MINIDL_CHECK(type == "none" || type == "linear" || type == "llama3", "GPT config: unknown rope_scaling type '",
+                   type, "'; supported: none, linear, llama3");
+      cfg.rope_scaling = {type == "none"     ? ops::RopeType::kNone
+                          : type == "linear" ? ops::RopeType::kLinear
+                                             : ops::RopeType::kLlama3,
+                          r.at("factor").get<double>(), r.at("low_freq_factor").get<double>(),
+                          r.at("high_freq_factor").get<double>(),
+                          r.at("original_max_position_embeddings").get<int64_t>()};
+    }
   } catch (const nlohmann::json::exception& e) {
     MINIDL_CHECK(false, "GPT config: expected a JSON object with vocab_size, block_size, n_layer, n_head, n_embd, ",
                  "dropout and bias, got '", text, "' (", e.what(), ")");
   }
   cfg.validate();
   return cfg;
-}
-
-// GPT2LMHeadModel's config.json for this model (the keys transformers' GPT2Config reads).
-static std::string hf_config_json(const GPTConfig& cfg) {
-  nlohmann::ordered_json j = {
-      {"architectures", {"GPT2LMHeadModel"}},
-      {"model_type", "gpt2"},
-      {"vocab_size", cfg.vocab_size},
-      {"n_positions", cfg.block_size},
-      {"n_embd", cfg.n_embd},
-      {"n_layer", cfg.n_layer},
-      {"n_head", cfg.n_head},
-      {"n_inner", nullptr},                 // null means 4 * n_embd, as minidl's MLP
-      {"activation_function", "gelu_new"},  // the tanh approximation
-      {"resid_pdrop", cfg.dropout},
-      {"embd_pdrop", cfg.dropout},
-      {"attn_pdrop", 0.0},
-      {"layer_norm_epsilon", 1e-5},
-      {"tie_word_embeddings", true},
-      {"bos_token_id", nullptr},
-      {"eos_token_id", nullptr},
-  };
-  return j.dump(2) + "\n";
 }
 
 void save_gpt(const std::string& path, const GPT& model, const std::string& vocab_json, const Metadata& extras) {
@@ -64,12 +80,31 @@ void save_gpt(const std::string& path, const GPT& model, const std::string& voca
   for (const auto& [key, value] : extras)
     MINIDL_CHECK(metadata.emplace(key, value).second, "save_gpt('", path, "'): the metadata key '", key,
                  "' is reserved (format, config, vocab)");
-  save_safetensors(path, model.named_parameters(), metadata);
+  // Under HF's names and layouts (nn/hf_format.h): GPT-2's are minidl's; a Llama's Linear weights go (out, in).
+  NamedTensors tensors;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const Tensor t = p.detach();
+    tensors.emplace_back(hf_tensor_name(model.config(), name),
+                         hf_transposed(model.config(), name) ? t.transpose(0, 1).contiguous() : t);
+  }
+  save_safetensors(path, tensors, metadata);
   std::filesystem::path config_path = std::filesystem::path(path).parent_path() / "config.json";
   write_text_file_atomically(config_path.string(), hf_config_json(model.config()));
 }
 
 GPTCheckpoint load_gpt(const std::string& path) {
+  if (std::filesystem::is_directory(path)) {  // a folder as save_pretrained writes it: its config.json
+    const std::string file = (std::filesystem::path(path) / "model.safetensors").string();
+    if (std::filesystem::exists(file) && read_safetensors_header(file).metadata.count("config"))
+      return load_gpt(file);  // minidl's --save: its own config and tokenizer
+    const std::string config = (std::filesystem::path(path) / "config.json").string();
+    MINIDL_CHECK(std::filesystem::exists(config), "load_gpt('", path, "'): a model folder needs a config.json");
+    std::ifstream in(config);
+    std::stringstream text;
+    text << in.rdbuf();
+    // No tokenizer of minidl's in the folder: GPT-2's byte-level BPE (data/tokenizer.h).
+    return {config_from_hf_json(text.str(), config), {{"format", "pt"}, {"vocab", R"({"type": "gpt2"})"}}};
+  }
   SafetensorsHeader header = read_safetensors_header(path);
   auto it = header.metadata.find("config");
   MINIDL_CHECK(it != header.metadata.end(), "load_gpt('", path,
@@ -83,9 +118,8 @@ GPTCheckpoint load_gpt(const std::string& path) {
 }
 
 void load_into(GPT& model, const std::string& path) {
-  SafetensorsFile file = load_safetensors(path);
   try {
-    model.load_state_dict(file.tensors, /*strict=*/true);
+    model.load_state_dict(read_model_tensors(path, model.config()), /*strict=*/true);
   } catch (const Error& e) { MINIDL_CHECK(false, "load_into('", path, "'): ", e.what()); }
 }
 

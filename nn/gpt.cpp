@@ -9,6 +9,7 @@
 #include "core/upload.h"
 #include "ops/cast.h"
 #include "ops/embedding.h"
+#include "nn/llama.h"
 #include "nn/param_layout.h"
 
 namespace minidl::nn {
@@ -18,15 +19,38 @@ void GPTConfig::validate() const {
   MINIDL_CHECK(block_size > 0, "GPTConfig: expected block_size > 0, got ", block_size);
   MINIDL_CHECK(n_layer > 0, "GPTConfig: expected n_layer > 0, got ", n_layer);
   MINIDL_CHECK(n_head > 0, "GPTConfig: expected n_head > 0, got ", n_head);
-  MINIDL_CHECK(n_embd > 0 && n_embd % n_head == 0, "GPTConfig: n_embd must be a positive multiple of n_head (", n_head,
-               "), got n_embd = ", n_embd);
+  MINIDL_CHECK(n_embd > 0 && (head_dim > 0 || n_embd % n_head == 0), "GPTConfig: n_embd must be a positive multiple ",
+               "of n_head (", n_head, ") unless head_dim is given, got n_embd = ", n_embd);
   MINIDL_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: expected 0 <= dropout < 1, got ", dropout);
   MINIDL_CHECK(vocab_pad >= 1, "GPTConfig: expected vocab_pad >= 1 (1: no padding), got ", vocab_pad);
+  MINIDL_CHECK(n_kv_head >= 0 && head_dim >= 0 && intermediate_size >= 0,
+               "GPTConfig: expected n_kv_head, head_dim and intermediate_size >= 0 (0: the default), got ", n_kv_head,
+               ", ", head_dim, ", ", intermediate_size);
+  if (!llama()) {
+    MINIDL_CHECK(
+        kv_heads() == n_head && head_size() * n_head == n_embd && mlp_width() == 4 * n_embd && tie_embeddings &&
+            rope_scaling.type == ops::RopeType::kNone,
+        "GPTConfig: GPT-2 has n_kv_head = n_head, head_dim = n_embd / n_head, intermediate_size = 4 * n_embd, ",
+        "a tied head and no rope_scaling; grouped-query attention, an explicit head_dim or an untied head need ",
+        "arch llama");
+    return;
+  }
+  MINIDL_CHECK(n_head % kv_heads() == 0, "GPTConfig: num_attention_heads (", n_head,
+               ") must be a multiple of num_key_value_heads (", kv_heads(), ")");
+  MINIDL_CHECK(head_size() % 2 == 0, "GPTConfig: RoPE needs an even head_dim, got ", head_size());
+  MINIDL_CHECK(!bias, "GPTConfig: Llama has no biases (bias must be false)");
+  MINIDL_CHECK(norm_eps > 0 && rope_theta > 0, "GPTConfig: expected norm_eps > 0 and rope_theta > 0, got ", norm_eps,
+               " and ", rope_theta);
 }
 
 bool GPTConfig::operator==(const GPTConfig& o) const {
+  const ops::RopeScaling &a = rope_scaling, &b = o.rope_scaling;
   return vocab_size == o.vocab_size && block_size == o.block_size && n_layer == o.n_layer && n_head == o.n_head &&
-         n_embd == o.n_embd && dropout == o.dropout && bias == o.bias;
+         n_embd == o.n_embd && dropout == o.dropout && bias == o.bias && arch == o.arch && kv_heads() == o.kv_heads() &&
+         head_size() == o.head_size() && mlp_width() == o.mlp_width() && norm_eps == o.norm_eps &&
+         rope_theta == o.rope_theta && tie_embeddings == o.tie_embeddings && a.type == b.type && a.factor == b.factor &&
+         a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
+         a.original_max_position_embeddings == b.original_max_position_embeddings;
 }
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, uint64_t dropout_stream,
@@ -69,38 +93,52 @@ Block::Block(const GPTConfig& cfg, uint64_t first_stream, std::shared_ptr<const 
   mlp = register_module("mlp", std::make_shared<MLP>(cfg, first_stream + 1, ctx));
 }
 
-Tensor Block::forward(const Tensor& x) const {
-  // The residual add and ln_2 in one fused op (one pass over the stream each way instead of two).
-  const AddLayerNorm y = ln_2->forward_add(x, attn->forward(ln_1->forward(x)));
+Tensor Block::after_attention(const Tensor& x, const Tensor& a) const {
+  const AddLayerNorm y = ln_2->forward_add(x, a);
   return y.sum + mlp->forward(y.y);
 }
 
-Tensor cached_attention(const Tensor& qkv, int64_t H, BlockKV& kv, int64_t length, int64_t block_size) {
-  MINIDL_CHECK(qkv.dim() == 3 && qkv.size(0) == 1 && qkv.size(2) % (3 * H) == 0, "cached_attention: expected qkv of ",
-               "shape (1, t, 3 * heads * head_dim) with heads = ", H, ", got ", qkv.shape());
-  const int64_t t = qkv.size(1), C = qkv.size(2) / 3, D = C / H;
+static std::vector<Tensor> joined(std::vector<Tensor> a, const std::vector<Tensor>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<Tensor> Block::attention_parameters() const { return joined(ln_1->parameters(), attn->parameters()); }
+std::vector<Tensor> Block::mlp_parameters() const { return joined(ln_2->parameters(), mlp->parameters()); }
+
+Tensor cached_attention(const Tensor& qkv, int64_t H, int64_t Hkv, BlockKV& kv, int64_t length, int64_t block_size) {
+  MINIDL_CHECK(
+      qkv.dim() == 3 && qkv.size(0) == 1 && H >= 1 && Hkv >= 1 && H % Hkv == 0 && qkv.size(2) % (H + 2 * Hkv) == 0,
+      "cached_attention: expected qkv of shape (1, t, (heads + 2 * kv_heads) * head_dim) with heads = ", H,
+      " a multiple of kv_heads = ", Hkv, ", got ", qkv.shape());
+  const int64_t t = qkv.size(1), D = qkv.size(2) / (H + 2 * Hkv), group = H / Hkv;
   MINIDL_CHECK((length == 0 || t == 1) && length + t <= block_size, "cached_attention: expected one new position ",
                "after the first call and at most block_size = ", block_size, " positions in all, got ", t, " after ",
                length);
-  // (1, t, C) -> (H, t, D)
-  auto heads = [&](int64_t part) { return qkv.narrow(2, part * C, C).reshape({t, H, D}).transpose(0, 1).contiguous(); };
+  // Columns [first * D, (first + n) * D) of (1, t, .) -> (n, t, D)
+  auto heads = [&](int64_t first, int64_t n) {
+    return qkv.narrow(2, first * D, n * D).reshape({t, n, D}).transpose(0, 1).contiguous();
+  };
   if (!kv.k_t.defined()) {
     MemoryTagGuard tag(MemTag::kActivations);
-    kv.k_t = Tensor::empty({H, D, block_size}, qkv.dtype(), qkv.device());
-    kv.v = Tensor::empty({H, block_size, D}, qkv.dtype(), qkv.device());
+    kv.k_t = Tensor::empty({Hkv, D, block_size}, qkv.dtype(), qkv.device());
+    kv.v = Tensor::empty({Hkv, block_size, D}, qkv.dtype(), qkv.device());
   }
-  kv.k_t.narrow(2, length, t).copy_(heads(1).transpose(1, 2));
-  kv.v.narrow(1, length, t).copy_(heads(2));
-  if (length == 0) return causal_attention(qkv, int(H));  // the uncached forward's own attention
-  // Views of the kept columns and rows: the products read them in place (one stride per head).
+  kv.k_t.narrow(2, length, t).copy_(heads(H, Hkv).transpose(1, 2));
+  kv.v.narrow(1, length, t).copy_(heads(H + Hkv, Hkv));
+  if (length == 0) return causal_attention(qkv, int(H), int(Hkv));  // the uncached forward's own attention
+  // Views of the kept columns and rows: the products read them in place (one stride per head). The group's query
+  // heads (g consecutive ones share a kv head) are the rows of one product with their kv head's keys.
   const Tensor keys_t = kv.k_t.narrow(2, 0, length + 1), values = kv.v.narrow(1, 0, length + 1);
-  const Tensor p = softmax(mul(matmul(heads(0), keys_t), 1.0 / std::sqrt(double(D))));  // (H, 1, L + 1)
-  return matmul(p, values).transpose(0, 1).contiguous().reshape({1, 1, C});
+  const Tensor q = heads(0, H).reshape({Hkv, group, D});
+  const Tensor p = softmax(mul(matmul(q, keys_t), 1.0 / std::sqrt(double(D))));  // (Hkv, group, L + 1)
+  return matmul(p, values).reshape({H, 1, D}).transpose(0, 1).contiguous().reshape({1, 1, H * D});
 }
 
 Tensor Block::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const {
   const Tensor qkv = attn->c_attn->forward(ln_1->forward(x));
-  const Tensor y = cached_attention(qkv, attn->heads(qkv), kv, length, block_size);
+  const int64_t H = attn->heads(qkv);
+  const Tensor y = cached_attention(qkv, H, H, kv, length, block_size);
   const AddLayerNorm sum = ln_2->forward_add(x, attn->resid_dropout->forward(attn->c_proj->forward(y)));
   return sum.sum + mlp->forward(sum.y);
 }
@@ -119,17 +157,33 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage)
   const uint64_t base = DropoutContext::kDropoutStreamBase;
   // HF nests everything but the (tied) head under "transformer".
   auto transformer = register_module("transformer", std::make_shared<Module>());
-  if (stage_.embedding || stage_.head)
+  if (stage_.embedding || (stage_.head && cfg.tie_embeddings))
     wte = transformer->register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.n_embd));
   if (stage_.embedding) {
-    wpe = transformer->register_module("wpe", std::make_shared<Embedding>(cfg.block_size, cfg.n_embd));
+    if (!cfg.llama())
+      wpe = transformer->register_module("wpe", std::make_shared<Embedding>(cfg.block_size, cfg.n_embd));
     drop = transformer->register_module("drop", std::make_shared<Dropout>(cfg.dropout, base, dropout_ctx_));
   }
   // Blocks are named, and draw dropout streams, by their global index.
-  h = transformer->register_module("h", std::make_shared<ModuleList<Block>>(stage_.first_block));
-  for (int64_t i = stage_.first_block; i < stage_.last_block; ++i)
-    h->push_back(std::make_shared<Block>(cfg, base + 1 + 2 * uint64_t(i), dropout_ctx_));
-  if (stage_.head) ln_f = transformer->register_module("ln_f", std::make_shared<LayerNorm>(cfg.n_embd, cfg.bias));
+  h = transformer->register_module("h", std::make_shared<ModuleList<TransformerBlock>>(stage_.first_block));
+  std::shared_ptr<const RotaryTables> rope;
+  if (cfg.llama() && stage_.last_block > stage_.first_block)
+    rope = std::make_shared<RotaryTables>(cfg.block_size, cfg.head_size(), cfg.rope_theta, cfg.rope_scaling);
+  for (int64_t i = stage_.first_block; i < stage_.last_block; ++i) {
+    const uint64_t stream = base + 1 + 2 * uint64_t(i);
+    if (cfg.llama())
+      h->push_back(std::make_shared<LlamaBlock>(cfg, stream, dropout_ctx_, rope));
+    else
+      h->push_back(std::make_shared<Block>(cfg, stream, dropout_ctx_));
+  }
+  if (stage_.head) {
+    if (cfg.llama())
+      ln_f = transformer->register_module("ln_f", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+    else
+      ln_f = transformer->register_module("ln_f", std::make_shared<LayerNorm>(cfg.n_embd, cfg.bias));
+    if (!cfg.tie_embeddings)
+      lm_head = register_module("lm_head", std::make_shared<Embedding>(cfg.vocab_size, cfg.n_embd));
+  }
   init_weights(seed);
   if (stage_.head) padded_head_weight();  // moves wte's weight into its padded buffer now, not in the first step
 }
@@ -149,16 +203,20 @@ static int64_t position(const NamedTensors& params, const std::string& name) {
 }
 
 int64_t GPT::global_parameter_index(const std::string& name) const {
-  // The whole model's order: transformer.wte.weight, transformer.wpe.weight, then each block's parameters
-  // (6 weights, and 6 biases with cfg.bias: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj), then ln_f.
-  const int64_t embeddings = 2, per_block = cfg_.bias ? 12 : 6;
+  // The whole model's order: transformer.wte.weight, transformer.wpe.weight (GPT-2), then each block's parameters
+  // (GPT-2: 6 weights, and 6 biases with cfg.bias: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj;
+  // Llama: ln_1, attn.{q,k,v}_proj, attn.c_proj, ln_2, mlp.{gate,up}_proj, mlp.c_proj), then ln_f, then lm_head
+  // (untied).
+  const int64_t embeddings = cfg_.llama() ? 1 : 2, per_block = cfg_.llama() ? 9 : cfg_.bias ? 12 : 6;
+  const int64_t ln_f_params = cfg_.llama() || !cfg_.bias ? 1 : 2;
   if (name == "transformer.wte.weight") return 0;
   if (name == "transformer.wpe.weight") return 1;
+  if (name == "lm_head.weight") return embeddings + cfg_.n_layer * per_block + ln_f_params;
   const std::string blocks_prefix = "transformer.h.", ln_f_prefix = "transformer.ln_f.";
   if (starts_with(name, blocks_prefix)) {
     const size_t dot = name.find('.', blocks_prefix.size());
     const int64_t i = std::stoll(name.substr(blocks_prefix.size(), dot - blocks_prefix.size()));
-    const Block& block = (*h)[size_t(i - stage_.first_block)];
+    const TransformerBlock& block = (*h)[size_t(i - stage_.first_block)];
     const NamedTensors own = block.named_parameters();
     MINIDL_ASSERT(int64_t(own.size()) == per_block, "GPT: a block has ", own.size(), " parameters, expected ",
                   per_block);
@@ -213,6 +271,7 @@ Tensor GPT::embed(const Tensor& ids) const {
                "GPT::forward: sequence length must be in [1, block_size = ", cfg_.block_size, "], got T = ", T);
   check_ids(ids, "token ids", false);
 
+  if (!wpe) return drop->forward(wte->forward(ids));  // rotary positions: the blocks' attention turns q and k
   Tensor pos_emb;
   {
     ops::HostCheckedIndicesGuard in_range;  // [0, T) with T <= block_size: no device ids to check
@@ -243,7 +302,7 @@ Tensor GPT::blocks(int64_t a, int64_t b, const Tensor& x) const {
 }
 
 Tensor GPT::padded_head_weight() const {
-  const Tensor& w = wte->weight;
+  const Tensor& w = head_table()->weight;
   const int64_t V = cfg_.vocab_size, Vp = cfg_.padded_vocab(), C = cfg_.n_embd;
   if (Vp == V) return w;
   const auto in_padded_buffer = [&] {
@@ -287,7 +346,8 @@ Tensor GPT::padded_logits(const Tensor& x) const {
 }
 
 Tensor GPT::head(const Tensor& x) const {
-  if (stage_.head && wte->style) return wte->style->head_logits(*wte, head_input(x), cfg_.vocab_size);  // split
+  if (stage_.head && head_table()->style)  // split
+    return head_table()->style->head_logits(*head_table(), head_input(x), cfg_.vocab_size);
   Tensor logits = padded_logits(x);
   return logits.size(2) == cfg_.vocab_size ? logits : logits.narrow(2, 0, cfg_.vocab_size);
 }
@@ -301,7 +361,8 @@ Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, Reduction reductio
       "GPT::head_loss: expected targets of shape (B, T) matching x ", x.shape(),
       shards > 1 ? " (this rank's T / n positions)" : "", ", got ", targets.shape());
   check_ids(targets, "targets", true);
-  if (stage_.head && wte->style) return wte->style->head_loss(*wte, head_input(x), targets, reduction);  // split
+  if (stage_.head && head_table()->style)  // split
+    return head_table()->style->head_loss(*head_table(), head_input(x), targets, reduction);
   const int64_t N = targets.numel(), Vp = cfg_.padded_vocab();
   // The classifier reads the real V columns of rows Vp apart; the logits die here, so its backward may write
   // dlogits over them (autograd/functions.h).
@@ -332,7 +393,7 @@ Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
   Tensor x;
   {
     ops::HostCheckedIndicesGuard in_range;  // [length, length + t) within block_size
-    x = drop->forward(wte->forward(ids) + wpe->forward(positions));
+    x = wpe ? drop->forward(wte->forward(ids) + wpe->forward(positions)) : drop->forward(wte->forward(ids));
   }
   cache.blocks.resize(size_t(cfg_.n_layer));
   for (int64_t i = 0; i < cfg_.n_layer; ++i)
@@ -393,11 +454,6 @@ class PinnedDropout {
   DropoutContext previous_;
 };
 
-std::vector<Tensor> concat(std::vector<Tensor> a, const std::vector<Tensor>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 }  // namespace
 
 // Runs part(x) as a checkpointed region whose recomputation sees the dropout position of this forward, even if the
@@ -427,21 +483,18 @@ Tensor GPT::checkpointed(std::function<Tensor(const Tensor&)> part, const Tensor
 
 Tensor GPT::forward_block(int64_t i, const Tensor& x) const {
   // The lambdas hold the block by shared_ptr: the recomputation may run after this call returns.
-  const std::shared_ptr<Block> block = *(h->begin() + (i - stage_.first_block));
-  auto attn_part = [block](const Tensor& in) { return block->attn->forward(block->ln_1->forward(in)); };
-  auto mlp_part = [block](const Tensor& in) { return block->mlp->forward(block->ln_2->forward(in)); };
+  const std::shared_ptr<TransformerBlock> block = *(h->begin() + (i - stage_.first_block));
+  auto attn_part = [block](const Tensor& in) { return block->attention_branch(in); };
+  auto mlp_part = [block](const Tensor& in) { return block->mlp_branch(in); };
   switch (recompute_) {
     case Recompute::kNone: return block->forward(x);
     case Recompute::kBlock:
       return checkpointed([block](const Tensor& in) { return block->forward(in); }, x, block->parameters(), i);
-    case Recompute::kAttn: {
-      const AddLayerNorm y = block->ln_2->forward_add(
-          x, checkpointed(attn_part, x, concat(block->ln_1->parameters(), block->attn->parameters()), i));
-      return y.sum + block->mlp->forward(y.y);
-    }
+    case Recompute::kAttn:
+      return block->after_attention(x, checkpointed(attn_part, x, block->attention_parameters(), i));
     case Recompute::kMlp: {
       Tensor y = x + attn_part(x);
-      return y + checkpointed(mlp_part, y, concat(block->ln_2->parameters(), block->mlp->parameters()), i);
+      return y + checkpointed(mlp_part, y, block->mlp_parameters(), i);
     }
   }
   return block->forward(x);
@@ -462,8 +515,10 @@ std::vector<Tensor> GPT::block_parameters(int64_t i) const {
 double GPT::flops_per_token(int64_t T) const {
   int64_t whole = 0;  // the whole tensors' elements, whatever a parallelism split
   for (const Tensor& p : parameters()) whole += layout_of(p).full_numel();
-  const double n = double(whole - (wpe ? layout_of(wpe->weight).full_numel() : 0));
-  return 6.0 * n + 12.0 * double(cfg_.n_layer) * double(cfg_.n_embd) * double(T);
+  for (const auto& table : {wpe, cfg_.tie_embeddings ? nullptr : wte})  // lookups, not products
+    if (table) whole -= layout_of(table->weight).full_numel();
+  const double width = double(cfg_.n_head * cfg_.head_size());
+  return 6.0 * double(whole) + 12.0 * double(cfg_.n_layer) * width * double(T);
 }
 
 }  // namespace minidl::nn

@@ -1,6 +1,13 @@
-// GPT-2: learned position embeddings, pre-LayerNorm transformer blocks, tanh-GELU MLP, fused causal
-// self-attention, and an output head tied to the token embedding. Parameter names and layouts are Hugging Face's
-// GPT2LMHeadModel ("transformer.h.0.attn.c_attn.weight", weights (in, out)), so checkpoints load in PyTorch.
+// The decoder-only transformer minidl trains, in two architectures that share everything but their blocks' parts:
+// - GPT-2 (the default): learned position embeddings, pre-LayerNorm blocks, tanh-GELU MLP, fused causal
+//   self-attention, and an output head tied to the token embedding. Parameter names and layouts are Hugging Face's
+//   GPT2LMHeadModel ("transformer.h.0.attn.c_attn.weight", weights (in, out)), so checkpoints load in PyTorch.
+// - Llama (cfg.arch = kLlama, nn/llama.h): RMSNorm, rotary positions (no position table), a SwiGLU MLP, no biases,
+//   grouped-query attention (n_kv_head key/value heads) and a tied or untied head. Its parameters use the same
+//   tree of names (transformer.wte, transformer.h.<i>.{ln_1, attn, ln_2, mlp}, transformer.ln_f, lm_head);
+//   nn/checkpoint.h maps them to LlamaForCausalLM's names and (out, in) layout in the files it writes and reads.
+// The embedding, the attention core, the head and its loss, initialisation, stages, recomputation and everything
+// above nn/ are the same code for both.
 //
 //   GPTConfig cfg{.vocab_size = 65, .block_size = 256, .n_layer = 6, .n_head = 6, .n_embd = 384, .dropout = 0.2};
 //   GPT model(cfg, /*seed=*/1337);
@@ -30,6 +37,7 @@
 #include <string>
 
 #include "autograd/functions.h"
+#include "ops/rope.h"
 
 #include "nn/block_hooks.h"
 #include "nn/layers.h"
@@ -54,6 +62,22 @@ struct GPTConfig {
   // vocab_size, losses ignore the padding, and logits are (B, T, vocab_size). Not stored in checkpoints and not
   // compared by ==. 1: no padding.
   int64_t vocab_pad = 64;
+
+  // The architecture (see the top of this file). The fields below it are Llama's; GPT-2 takes their defaults.
+  enum class Arch { kGPT2, kLlama };
+  Arch arch = Arch::kGPT2;
+  int64_t n_kv_head = 0;            // key/value heads, n_head a multiple of it (GQA; 1: MQA); 0: n_head
+  int64_t head_dim = 0;             // 0: n_embd / n_head (which must then divide); Llama may set it explicitly
+  int64_t intermediate_size = 0;    // the MLP's hidden width; 0: 4 * n_embd
+  double norm_eps = 1e-5;           // the norms' eps (HF's rms_norm_eps; GPT-2's layer_norm_epsilon is 1e-5)
+  double rope_theta = 10000.0;      // RoPE's base
+  ops::RopeScaling rope_scaling{};  // none | linear | llama3 (ops/rope.h)
+  bool tie_embeddings = true;       // false: the head is its own (vocab_size, C) table, lm_head (Llama only)
+
+  bool llama() const { return arch == Arch::kLlama; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
+  int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * n_embd; }
 
   int64_t padded_vocab() const {
     int64_t multiple = std::max<int64_t>(vocab_pad, 1);
@@ -111,27 +135,55 @@ class MLP : public Module {
 
 // One block's keys and values of the positions a generation has computed (KVCache).
 struct BlockKV {
-  // This process's heads, filled up to KVCache::length: the keys transposed, (heads, head_dim, block_size), so a
-  // new query's scores are one row against a row-major matrix (the products' row path), and the values
-  // (heads, block_size, head_dim).
+  // This process's key/value heads (n_kv_head of them: a grouped-query model keeps n_kv_head / n_head of an MHA
+  // cache's bytes), filled up to KVCache::length: the keys transposed, (kv_heads, head_dim, block_size), so a new
+  // query's scores are one row against a row-major matrix (the products' row path), and the values
+  // (kv_heads, block_size, head_dim).
   Tensor k_t, v;
 };
 
-// The attention of a block's new positions with a cache, what every block kind shares (nn::Block and a subclass's
-// blocks): qkv (1, t, 3 * heads * D), this process's q, k and v heads, at positions
-// [length, length + t) -> (1, t, heads * D). length == 0: the fused causal attention over the t positions (the
-// uncached forward's own arithmetic), keeping their keys and values in `kv`; length > 0: t == 1, the new query
-// against the kept keys and values (a product and a softmax: one position's work).
-Tensor cached_attention(const Tensor& qkv, int64_t heads, BlockKV& kv, int64_t length, int64_t block_size);
+// The attention of a block's new positions with a cache, what every block kind shares: qkv (1, t, (heads + 2 *
+// kv_heads) * D), this process's q, k and v heads as ops/attention.h lays them out (positions already rotated
+// where the model rotates them), at positions [length, length + t) -> (1, t, heads * D). length == 0: the fused
+// causal attention over the t positions (the uncached forward's own arithmetic), keeping their keys and values in
+// `kv`; length > 0: t == 1, the new query against the kept keys and values (a product and a softmax: one position's
+// work), query head h reading key/value head h / (heads / kv_heads).
+Tensor cached_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads, BlockKV& kv, int64_t length,
+                        int64_t block_size);
 
-// Pre-LN block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Uses dropout streams first_stream and first_stream + 1.
-class Block : public Module {
+// A pre-norm transformer block, x + attn(norm_1(x)), then + mlp(norm_2(.)): what GPT runs, recomputes and hooks,
+// whichever architecture's parts (Block, nn::LlamaBlock) it holds. Parameters: the attention branch's, then the
+// MLP branch's.
+class TransformerBlock : public Module {
+ public:
+  // x: (B, T, C) -> (B, T, C)
+  virtual Tensor forward(const Tensor& x) const { return after_attention(x, attention_branch(x)); }
+  // attn(norm_1(x)) and mlp(norm_2(x)): the parts activation checkpointing may re-run.
+  virtual Tensor attention_branch(const Tensor& x) const = 0;
+  virtual Tensor mlp_branch(const Tensor& x) const = 0;
+  // y = x + a, then y + mlp_branch(y).
+  virtual Tensor after_attention(const Tensor& x, const Tensor& a) const {
+    const Tensor y = x + a;
+    return y + mlp_branch(y);
+  }
+  virtual std::vector<Tensor> attention_parameters() const = 0;
+  virtual std::vector<Tensor> mlp_parameters() const = 0;
+  // Inference with a cache: x (1, t, C) at positions [length, length + t), its attention by cached_attention.
+  virtual Tensor forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const = 0;
+};
+
+// GPT-2's pre-LN block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Uses dropout streams first_stream and
+// first_stream + 1.
+class Block : public TransformerBlock {
  public:
   Block(const GPTConfig& cfg, uint64_t first_stream, std::shared_ptr<const DropoutContext> ctx);
-  // x: (B, T, C) -> (B, T, C)
-  Tensor forward(const Tensor& x) const;
-  // Inference with a cache: x (1, t, C) at positions [length, length + t), its attention by cached_attention.
-  Tensor forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const;
+  Tensor attention_branch(const Tensor& x) const override { return attn->forward(ln_1->forward(x)); }
+  Tensor mlp_branch(const Tensor& x) const override { return mlp->forward(ln_2->forward(x)); }
+  // The residual add and ln_2 in one fused op (one pass over the stream each way instead of two).
+  Tensor after_attention(const Tensor& x, const Tensor& a) const override;
+  std::vector<Tensor> attention_parameters() const override;
+  std::vector<Tensor> mlp_parameters() const override;
+  Tensor forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const override;
 
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
@@ -201,11 +253,13 @@ class GPT : public BlockModule {
   void check_ids(const Tensor& ids, const char* what, bool allow_ignore) const;
 
   // Training FLOPs per token (forward + backward) at sequence length T, nanoGPT's estimate_mfu formula:
-  //   6 * N + 12 * n_layer * n_embd * T
-  // where N counts the parameters without the position embedding (the tied token embedding does matmul work as
-  // the output head, the position lookup does none): 2 FLOPs per multiply-add, times 3 for forward plus the two
-  // backward matmuls; the second term is the attention scores and weighted sum (QK^T and AV), which use no
-  // parameters. On a stage, N counts the parameters it holds, as whole tensors (nn::ParamLayout).
+  //   6 * N + 12 * n_layer * (n_head * head_dim) * T
+  // where N counts the parameters that multiply: all but the lookup tables (wpe; wte too when the head is untied,
+  // lm_head then doing the head's work; the tied wte does matmul work as the head): 2 FLOPs per multiply-add,
+  // times 3 for forward plus the two backward matmuls. So SwiGLU's three matrices and grouped-query attention's
+  // smaller k and v projections count as they are. The second term is the attention scores and weighted sum (QK^T
+  // and AV), which use no parameters (n_head * head_dim = n_embd for GPT-2). On a stage, N counts the parameters
+  // it holds, as whole tensors (nn::ParamLayout).
   double flops_per_token(int64_t T) const;
 
   const GPTConfig& config() const { return cfg_; }
@@ -223,10 +277,18 @@ class GPT : public BlockModule {
 
   // Null where the stage does not hold them (GPTStage); h holds blocks [first_block, last_block), entry i being
   // global block first_block + i.
-  std::shared_ptr<Embedding> wte, wpe;  // token (V, C) and position (block_size, C) embeddings; wte is the head
+  std::shared_ptr<Embedding> wte, wpe;  // token (V, C) and position (block_size, C; GPT-2 only) embeddings
   std::shared_ptr<Dropout> drop;
-  std::shared_ptr<ModuleList<Block>> h;
-  std::shared_ptr<LayerNorm> ln_f;
+  std::shared_ptr<ModuleList<TransformerBlock>> h;
+  std::shared_ptr<Norm> ln_f;          // LayerNorm (GPT-2) or RMSNorm (Llama)
+  std::shared_ptr<Embedding> lm_head;  // the untied head's (V, C) table (!tie_embeddings); else the head is wte
+  // Block i (local index) as the architecture's kind (Block for GPT-2, nn::LlamaBlock); throws if it is another.
+  template <class B>
+  const B& block(size_t i) const {
+    const B* b = dynamic_cast<const B*>(&(*h)[i]);
+    MINIDL_CHECK(b != nullptr, "GPT::block: block ", i, " is not of the kind asked for");
+    return *b;
+  }
 
  private:
   // x through global block i under the recompute setting.
@@ -248,6 +310,8 @@ class GPT : public BlockModule {
   // weight is a view into someone else's buffer (a flat buffer of many parameters) the padded table is a copy made
   // per call.
   Tensor padded_head_weight() const;
+  // The table the head multiplies by: wte, or lm_head when untied (null where this stage has no head).
+  const Embedding* head_table() const { return lm_head ? lm_head.get() : wte.get(); }
   void init_weights(uint64_t seed);
   // Position of the parameter `name` in the whole model's named_parameters() order.
   int64_t global_parameter_index(const std::string& name) const;
@@ -257,7 +321,7 @@ class GPT : public BlockModule {
   std::shared_ptr<DropoutContext> dropout_ctx_;
   Recompute recompute_ = Recompute::kNone;
   mutable Tensor positions_;  // [0, block_size) as i64 on the device of the last embed (not thread-safe)
-  // The (Vp, C) buffer wte's weight is the first rows of (weak: it lives as long as the weight uses it).
+  // The (Vp, C) buffer the head table's weight is the first rows of (weak: it lives as long as the weight uses it).
   mutable std::weak_ptr<Storage> padded_wte_;
 };
 

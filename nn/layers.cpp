@@ -133,6 +133,13 @@ LayerNorm::LayerNorm(int64_t dim, bool bias, double eps) : eps(eps) {
     zero_bias_ = Tensor::zeros({dim});
 }
 
+RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) {
+  MINIDL_CHECK(dim > 0, "RMSNorm: expected a positive size, got ", dim);
+  MINIDL_CHECK(eps > 0, "RMSNorm: expected eps > 0, got ", eps);
+  MemoryTagGuard tag(MemTag::kParams);
+  weight = register_parameter("weight", Tensor::ones({dim}));
+}
+
 // The zeros take weight's dtype, which is the layernorm's parameter dtype also for 16-bit x (ops/layernorm.h).
 Tensor LayerNorm::bias_for(const Tensor& x) const {
   if (bias.defined()) return bias;

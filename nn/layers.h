@@ -1,4 +1,4 @@
-// The basic layers: Linear, Embedding, LayerNorm, Dropout. Each is a thin Module over one differentiable op of
+// The basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout. Each is a thin Module over one differentiable op of
 // autograd/functions.h, with parameters named as in Hugging Face GPT-2.
 //
 //   nn::manual_seed(1);                                 // the default initialisation's seed (else 0)
@@ -100,22 +100,40 @@ class Embedding : public Module {
   std::shared_ptr<const EmbeddingStyle> style;  // null: as written
 };
 
+// A normalisation over the last dimension with a learned scale (a block's or the head's norm, whichever kind the
+// architecture uses): LayerNorm (GPT-2) or RMSNorm (Llama).
+class Norm : public Module {
+ public:
+  // x: (..., dim) -> same shape
+  virtual Tensor forward(const Tensor& x) const = 0;
+
+  Tensor weight;  // (dim), starts at 1
+};
+
 // Layer normalisation over the last dimension (fused op). weight starts at 1, bias at 0.
-class LayerNorm : public Module {
+class LayerNorm : public Norm {
  public:
   explicit LayerNorm(int64_t dim, bool bias = true, double eps = 1e-5);
-  // x: (..., dim) -> same shape
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const override;
   // {a + b, forward(a + b)} in one fused op (autograd add_layernorm): a residual add and the norm that reads it.
   AddLayerNorm forward_add(const Tensor& a, const Tensor& b) const;
 
-  Tensor weight;  // (dim)
-  Tensor bias;    // (dim); undefined when constructed without bias
+  Tensor bias;  // (dim); undefined when constructed without bias
   double eps;
 
  private:
   Tensor zero_bias_;  // without bias: zeros for the fused op, which always adds one (not a parameter, not saved)
   Tensor bias_for(const Tensor& x) const;  // bias, or zeros like weight on x's device
+};
+
+// Root-mean-square normalisation (fused op, autograd rmsnorm): x * rsqrt(mean(x^2) + eps) in f32, rounded to x's
+// dtype, then times weight (Llama's order: transformers #30236). eps comes from the model's config.
+class RMSNorm : public Norm {
+ public:
+  RMSNorm(int64_t dim, double eps);
+  Tensor forward(const Tensor& x) const override { return rmsnorm(x, weight, eps); }
+
+  double eps;
 };
 
 // Where dropout masks come from. A mask is a pure function of (seed, stream, step): the dropout op draws element i's

@@ -8,6 +8,8 @@ namespace {
 
 struct Dims {
   double BT, T, C, Vp, tp, s, f = 4, stream;  // stream: the share of the residual stream a rank holds
+  // Llama (nn/llama.h): the query heads' width H·D, the key/value heads' KV·D, SwiGLU's width I; GPT-2: 0.
+  double HD = 0, KVD = 0, I = 0;
 };
 
 Dims dims(const ComputeQuery& q) {
@@ -22,7 +24,10 @@ Dims dims(const ComputeQuery& q) {
           tp,
           q.amp == DType::f32 ? 4.0 : 2.0,
           4.0,
-          q.sequence_parallel && q.tp > 1 ? 1.0 / tp : 1.0};
+          q.sequence_parallel && q.tp > 1 ? 1.0 / tp : 1.0,
+          q.model.llama() ? double(q.model.n_head * q.model.head_size()) : 0.0,
+          q.model.llama() ? double(q.model.kv_heads() * q.model.head_size()) : 0.0,
+          q.model.llama() ? double(q.model.mlp_width()) : 0.0};
 }
 
 OpCost gemm(std::string name, double m, double k, double n, double s) {
@@ -31,12 +36,25 @@ OpCost gemm(std::string name, double m, double k, double n, double s) {
 
 // The block's forward, split into its two halves (what --recompute attn and mlp re-run).
 std::vector<OpCost> attn_half(const Dims& d) {
+  if (d.HD > 0) {  // Llama: RMSNorm, three projections, RoPE on q and k and their packing, attention over H·D
+    const double qkv = (d.HD + 2 * d.KVD) / d.tp;
+    return {{"rmsnorm + residual (attn)", OpClass::kElementwise, 0, d.stream * d.BT * d.C * (d.f + d.s + 3 * d.f)},
+            gemm("q, k, v", d.BT, d.C, qkv, d.s),
+            {"rope + pack q|k|v", OpClass::kElementwise, 0, d.s * d.BT * (4 * (d.HD + d.KVD) + 2 * qkv * d.tp) / d.tp},
+            {"attention", OpClass::kAttention, 4 * d.BT * d.T * d.HD / d.tp, d.s * d.BT * (qkv + d.HD / d.tp)},
+            gemm("attn proj", d.BT, d.HD / d.tp, d.C, d.s)};
+  }
   return {{"layernorm + residual (attn)", OpClass::kElementwise, 0, d.stream * d.BT * d.C * (d.f + d.s + 3 * d.f)},
           gemm("qkv", d.BT, d.C, 3 * d.C / d.tp, d.s),
           {"attention", OpClass::kAttention, 4 * d.BT * d.T * d.C / d.tp, d.s * 4 * d.BT * d.C / d.tp},
           gemm("attn proj", d.BT, d.C / d.tp, d.C, d.s)};
 }
 std::vector<OpCost> mlp_half(const Dims& d) {
+  if (d.I > 0)  // Llama: gate and up, SwiGLU, down
+    return {{"rmsnorm + residual (mlp)", OpClass::kElementwise, 0, d.stream * d.BT * d.C * (d.f + d.s + 3 * d.f)},
+            gemm("gate, up", d.BT, d.C, 2 * d.I / d.tp, d.s),
+            {"swiglu", OpClass::kElementwise, 0, d.s * 3 * d.BT * d.I / d.tp},
+            gemm("mlp proj", d.BT, d.I / d.tp, d.C, d.s)};
   return {{"layernorm + residual (mlp)", OpClass::kElementwise, 0, d.stream * d.BT * d.C * (d.f + d.s + 3 * d.f)},
           gemm("fc", d.BT, d.C, 4 * d.C / d.tp, d.s),
           {"gelu", OpClass::kElementwise, 0, d.s * 2 * 4 * d.BT * d.C / d.tp},
@@ -121,12 +139,14 @@ std::vector<OpCost> head_backward_ops(const ComputeQuery& q) { return backward_o
 
 std::vector<OpCost> embedding_forward_ops(const ComputeQuery& q) {
   const Dims d = dims(q);
-  return {{"embedding", OpClass::kElementwise, 0, d.f * 3 * d.BT * d.C}};  // wte rows, wpe rows, their sum
+  const double tables = q.model.llama() ? 1 : 3;  // wte rows (GPT-2: and wpe rows, their sum)
+  return {{"embedding", OpClass::kElementwise, 0, d.f * tables * d.BT * d.C}};
 }
 
 std::vector<OpCost> embedding_backward_ops(const ComputeQuery& q) {
   const Dims d = dims(q);
-  return {{"embedding bwd", OpClass::kElementwise, 0, d.f * 3 * d.BT * d.C}};  // dy read, two scatter-adds
+  const double tables = q.model.llama() ? 2 : 3;  // dy read, a scatter-add per table
+  return {{"embedding bwd", OpClass::kElementwise, 0, d.f * tables * d.BT * d.C}};
 }
 
 std::vector<OpCost> optimizer_ops(double params, double cast_params, DType amp) {
@@ -150,9 +170,14 @@ std::vector<OpCost> zero_ops(int stage, double params, double block_params, int 
 
 double model_flops_per_token(const nn::GPTConfig& m, int64_t seq) {
   const double C = double(m.n_embd), L = double(m.n_layer);
-  const double block = m.bias ? 12 * C * C + 13 * C : 12 * C * C + 2 * C;
-  const double params = double(m.vocab_size) * C + L * block + (m.bias ? 2 * C : C);  // wte, blocks, ln_f
-  return 6 * params + 12 * L * C * double(seq);
+  double block = m.bias ? 12 * C * C + 13 * C : 12 * C * C + 2 * C, width = C;
+  if (m.llama()) {  // q and o C·HD, k and v C·KV·D, gate, up and down C·I, two RMSNorms
+    const double hd = double(m.n_head * m.head_size()), kvd = double(m.kv_heads() * m.head_size());
+    block = 2 * C * hd + 2 * C * kvd + 3 * C * double(m.mlp_width()) + 2 * C;
+    width = hd;
+  }
+  const double params = double(m.vocab_size) * C + L * block + (m.bias ? 2 * C : C);  // the head's table, blocks, ln_f
+  return 6 * params + 12 * L * width * double(seq);
 }
 
 }  // namespace minidl::predict

@@ -41,16 +41,18 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
   const double head_b = ops_seconds(head_backward_ops(cq), m, l.amp);
   const double emb_f = ops_seconds(embedding_forward_ops(cq), m, l.amp);
   const double emb_b = ops_seconds(embedding_backward_ops(cq), m, l.amp);
-  // Tensor parallelism: all-reduces of the b·T·C activations, 2 per block each way (Megatron's g and its
-  // conjugate f), recomputation repeating its part's; the embedding's one forward, the head input's one backward,
-  // and the vocabulary-parallel loss's three of b·T floats (max, sum of exps, target logit).
+  // Tensor parallelism: all-reduces of the b·T·C activations, 2 per block forward (Megatron's g after each
+  // row-parallel layer) and one per column-parallel layer backward (its f: 2 for GPT-2, 5 for a Llama, whose q, k,
+  // v, gate and up are separate layers), recomputation repeating its part's; the embedding's one forward, the head
+  // input's one backward, and the vocabulary-parallel loss's three of b·T floats (max, sum of exps, target logit).
   // Sequence parallelism replaces each all-reduce by what dist/sequence_parallel.cpp runs, each collective at the
   // link measured for it (a reduce-scatter can move a byte far slower than an all-reduce) plus its two layout copies
   // ((B, T, C) to the sequence-major (T, B, C) its flat chunks need, and back: the whole activation and one rank's
-  // 1/tp of it, each read and written, at the memory-bound ops' speed). Per block forward: 2 all-gathers (before
-  // the column-parallel layers) and 2 reduce-scatters (after the row-parallel ones); backward: the reduce-scatters'
-  // conjugate all-gathers, the column-parallel layers' re-gathers of their inputs (sequence_parallel_linear keeps
-  // only this rank's positions) and their input gradients' reduce-scatters: 4 all-gathers, 2 reduce-scatters.
+  // 1/tp of it, each read and written, at the memory-bound ops' speed). Per block forward: an all-gather before each
+  // column-parallel layer (GPT-2 2, Llama 5) and 2 reduce-scatters (after the row-parallel ones); backward: the
+  // reduce-scatters' conjugate all-gathers, the column-parallel layers' re-gathers of their inputs
+  // (sequence_parallel_linear keeps only this rank's positions) and their input gradients' reduce-scatters: GPT-2
+  // 4 all-gathers and 2 reduce-scatters, Llama 7 and 5.
   // Recomputation reruns its part's forward ones. The embedding scatters its sums (backward: a gather), the head
   // gathers ln_f's output (backward: a scatter).
   double tp_block_f = 0, tp_block_b = 0, tp_emb_f = 0, tp_emb_b = 0, tp_head_f = 0, tp_head_b = 0;
@@ -59,10 +61,13 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
     const double bytes = double(b) * double(T) * C * s;
     const double rerun = l.recompute == nn::Recompute::kBlock ? 2 : l.recompute == nn::Recompute::kNone ? 0 : 1;
     const double loss = 3 * all_reduce(l.tp, double(b) * double(T) * 4, link);
+    // The column-parallel layers of a block, each with its own f (and, under sequence parallelism, its own gather):
+    // GPT-2's c_attn and c_fc; a Llama's q, k, v, gate and up.
+    const double col = model.llama() ? 5 : 2;
     if (!l.sequence_parallel) {
       const double act = all_reduce(l.tp, bytes, link);
       tp_block_f = 2 * act;
-      tp_block_b = (2 + rerun) * act;
+      tp_block_b = (col + rerun) * act;
       tp_emb_f = act;
       tp_head_f = loss;
       tp_head_b = act;
@@ -72,8 +77,8 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
           ring_all_gather(l.tp, bytes, group_link(grid, Axis::kTp, m, Collective::kAllGather)) + copies;
       const double scatter =
           ring_reduce_scatter(l.tp, bytes, group_link(grid, Axis::kTp, m, Collective::kReduceScatter)) + copies;
-      tp_block_f = 2 * (gather + scatter);
-      tp_block_b = 4 * gather + 2 * scatter + rerun / 2 * (2 * gather + 2 * scatter);
+      tp_block_f = col * gather + 2 * scatter;
+      tp_block_b = (2 + col) * gather + col * scatter + rerun / 2 * (col * gather + 2 * scatter);
       tp_emb_f = scatter;
       tp_emb_b = gather;
       tp_head_f = gather + loss;
@@ -229,6 +234,8 @@ std::string refusal(const Workload& w, const Layout& l) {
     why << "dp, tp, pp, virtual stages and micro-batches must be >= 1";
   else if (m.n_head % l.tp != 0)
     why << "tp " << l.tp << " does not divide the " << m.n_head << " heads";
+  else if (m.kv_heads() % l.tp != 0)
+    why << "num_key_value_heads " << m.kv_heads() << " is not divisible by tp " << l.tp;
   else if (int64_t(l.pp) * l.virtual_stages > m.n_layer)
     why << "pp " << l.pp << " x virtual stages " << l.virtual_stages << " exceeds the " << m.n_layer << " layers";
   else if (w.global_batch % l.dp != 0)

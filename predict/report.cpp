@@ -86,9 +86,12 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
   const nn::GPTConfig& c = p.workload.model;
   std::string out;
   out += line("machine: %s, %d GPUs per node (%s)\n", m.name.c_str(), m.gpus_per_node, m.source.c_str());
-  out += line("model: layers %lld heads %lld embd %lld seq %lld vocab %lld; global batch %lld sequences\n",
-              (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)c.block_size,
-              (long long)c.vocab_size, (long long)p.workload.global_batch);
+  const std::string llama =
+      c.llama() ? line(" kv-heads %lld ffn %lld", (long long)c.kv_heads(), (long long)c.mlp_width()) : "";
+  out +=
+      line("model: %s layers %lld heads %lld%s embd %lld seq %lld vocab %lld; global batch %lld sequences\n",
+           c.llama() ? "llama" : "gpt2", (long long)c.n_layer, (long long)c.n_head, llama.c_str(), (long long)c.n_embd,
+           (long long)c.block_size, (long long)c.vocab_size, (long long)p.workload.global_batch);
   out += line("layout: %s (%d GPUs)\n", layout_text(p).c_str(), p.layout.gpus());
   out += line("\n%-44s %10s %7s\n", "step time", "ms", "share");
   const double total = t.total();

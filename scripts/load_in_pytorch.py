@@ -7,7 +7,8 @@ use what minidl trained.
     -> val_loss=1.4821
 
 The checkpoint is read with struct/json/numpy (no safetensors package needed); --transformers evaluates it with
-Hugging Face's GPT2LMHeadModel instead (the file must be model.safetensors, beside minidl's config.json). The model is a small nanoGPT-style
+Hugging Face's GPT2LMHeadModel (or LlamaForCausalLM, for a minidl Llama) instead (the file must be
+model.safetensors, beside minidl's config.json). The model is a small nanoGPT-style
 GPT-2 whose parameter names are Hugging Face's (transformer.h.0.attn.c_attn.weight, ...) and whose linear weights
 use HF's Conv1D layout (in, out): y = x @ W + b. The output head is tied to transformer.wte.weight.
 
@@ -229,15 +230,18 @@ def main():
         sys.exit(f"--seq {args.seq} exceeds the model's block_size {cfg['block_size']}")
     if args.transformers:
         # Hugging Face's own GPT-2 reads the folder: config.json (written beside the file) and model.safetensors.
-        from transformers import GPT2LMHeadModel
+        from transformers import GPT2LMHeadModel, LlamaForCausalLM
         folder = os.path.dirname(os.path.abspath(args.checkpoint))
         if os.path.basename(args.checkpoint) != "model.safetensors":
             sys.exit(f"--transformers: expected a file named model.safetensors (transformers reads that name), got "
                      f"{args.checkpoint}")
-        hf = GPT2LMHeadModel.from_pretrained(folder)
+        llama = cfg.get("arch") == "llama"
+        hf = (LlamaForCausalLM if llama else GPT2LMHeadModel).from_pretrained(folder)
         model = lambda ids: hf(ids).logits  # noqa: E731
         hf.eval()
         parameters = sum(p.numel() for p in hf.parameters())
+    elif cfg.get("arch") == "llama":
+        sys.exit(f"{args.checkpoint}: a Llama (HF's names and layout); evaluate it with --transformers")
     else:
         gpt = GPT(cfg)
         gpt.load_state_dict(tensors, strict=True)

@@ -12,6 +12,7 @@
 
 #include "autograd/node.h"
 #include "dist/tensor_parallel.h"
+#include "nn/hf_format.h"
 #include "nn/param_layout.h"
 #include "nn/atomic_file.h"
 #include "nn/checkpoint.h"
@@ -378,19 +379,19 @@ OptimizerCheckpoint optimizer_state(const optim::AdamW& optimizer, const Stage& 
 }
 
 void load_model(Stage& stage, const std::string& path) {
-  nn::SafetensorsFile file = nn::load_safetensors(path);
   try {
+    const nn::StateDict tensors = nn::read_model_tensors(path, stage.config());  // minidl's names and layouts
     const bool split = tp_size(stage) > 1;
     for (int v = 0; v < stage.chunk_count(); ++v) {
       const nn::GPTStage& part = stage.chunk(v).stage();
       if (!split && part.embedding && part.head && part.first_block == 0 && part.last_block == stage.config().n_layer) {
-        stage.chunk(v).load_state_dict(file.tensors, /*strict=*/true);  // the whole model: nothing left over
+        stage.chunk(v).load_state_dict(tensors, /*strict=*/true);  // the whole model: nothing left over
         continue;
       }
       nn::StateDict mine;  // this rank's part of each of the chunk's tensors, as its layout says
       for (const auto& [name, p] : stage.chunk(v).named_parameters()) {
-        auto it = file.tensors.find(name);
-        MINIDL_CHECK(it != file.tensors.end(), "no tensor ", name);
+        auto it = tensors.find(name);
+        MINIDL_CHECK(it != tensors.end(), "no tensor ", name);
         const nn::ParamLayout layout = nn::layout_of(p);
         mine[name] = layout.is_split() ? layout.slice(it->second) : it->second;
       }

@@ -39,6 +39,8 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
   MINIDL_CHECK(heads_or_default() % tp == 0, "--tp ", tp, " must divide --heads ", heads_or_default(),
                " (attention is split by heads)");
+  MINIDL_CHECK(!kv_heads || *kv_heads % tp == 0, "num_key_value_heads ", kv_heads.value_or(0),
+               " is not divisible by --tp ", tp, " (each rank holds whole key/value heads)");
   MINIDL_CHECK(!sequence_parallel || tp > 1,
                "--sequence-parallel splits the sequence over the tensor-parallel "
                "ranks: it needs --tp 2 or more, got --tp ",
@@ -61,8 +63,22 @@ void TrainConfig::validate(int world) const {
                "--backend: expected mpi, ring or nccl, got '", backend, "'");
   MINIDL_CHECK(layers_or_default() >= 1, "--layers: expected at least 1, got ", layers_or_default());
   MINIDL_CHECK(heads_or_default() >= 1, "--heads: expected at least 1, got ", heads_or_default());
-  MINIDL_CHECK(embd_or_default() >= 1 && embd_or_default() % heads_or_default() == 0,
-               "--embd: expected a positive multiple of --heads (", heads_or_default(), "), got ", embd_or_default());
+  MINIDL_CHECK(embd_or_default() >= 1 && (head_dim || embd_or_default() % heads_or_default() == 0),
+               "--embd: expected a positive multiple of --heads (", heads_or_default(),
+               ") unless --head-dim is given, got ", embd_or_default());
+  MINIDL_CHECK(model.empty() || model == "gpt2" || model == "llama", "--model: expected gpt2 or llama, got '", model,
+               "'");
+  if (model != "llama")
+    MINIDL_CHECK(!kv_heads && !head_dim && !ffn && !untie && rope_theta == 10000.0 && norm_eps == 1e-5,
+                 "--kv-heads, --head-dim, --ffn, --rope-theta, --norm-eps and --untie shape a Llama: they need --model "
+                 "llama");
+  if (kv_heads) {
+    MINIDL_CHECK(*kv_heads >= 1 && heads_or_default() % *kv_heads == 0, "--kv-heads: expected a divisor of --heads ",
+                 heads_or_default(), " (each key/value head serves heads / kv-heads query heads), got ", *kv_heads);
+  }
+  MINIDL_CHECK(!head_dim || (*head_dim >= 2 && *head_dim % 2 == 0), "--head-dim: expected a positive even width ",
+               "(RoPE turns pairs), got ", head_dim.value_or(0));
+  MINIDL_CHECK(!ffn || *ffn >= 1, "--ffn: expected at least 1, got ", ffn.value_or(0));
   MINIDL_CHECK(seq_or_default() >= 1, "--seq: expected at least 1, got ", seq_or_default());
   MINIDL_CHECK(steps >= 0, "--steps: expected 0 or more, got ", steps);
   MINIDL_CHECK(steps > 0 || !init_from.empty(), "--steps 0 only evaluates, which needs --init-from");
@@ -123,14 +139,7 @@ data::TextDataset open_dataset(const TrainConfig& o, const data::Tokenizer* save
 std::string plan_memory(const TrainConfig& o, int world, double gib) {
   MINIDL_CHECK(gib > 0 && std::isfinite(gib), "--plan-memory: expected a positive number of GiB, got ", gib);
   const data::TextDataset ds = open_dataset(o, nullptr);
-  nn::GPTConfig m{int64_t(ds.tokenizer().size()),
-                  o.seq_or_default(),
-                  o.layers_or_default(),
-                  o.heads_or_default(),
-                  o.embd_or_default(),
-                  o.dropout,
-                  true,
-                  o.vocab_pad};
+  const nn::GPTConfig m = model_config(o, int64_t(ds.tokenizer().size()), nullptr, "");
   m.validate();
   return memory_plan(m, dp_size(o, world), amp_dtype(o.amp), o.batch, gib * double(1ull << 30));
 }
@@ -141,8 +150,20 @@ nn::GPTConfig model_config(const TrainConfig& cfg, int64_t vocab, const nn::GPTC
   nn::GPTConfig m{
       vocab, cfg.seq_or_default(), cfg.layers_or_default(), cfg.heads_or_default(), cfg.embd_or_default(), cfg.dropout,
       true,  cfg.vocab_pad};
+  if (cfg.model == "llama") {
+    m.arch = nn::GPTConfig::Arch::kLlama;
+    m.bias = false;
+    m.n_kv_head = cfg.kv_heads.value_or(0);
+    m.head_dim = cfg.head_dim.value_or(0);
+    m.intermediate_size = cfg.ffn.value_or(0);
+    m.rope_theta = cfg.rope_theta;
+    m.norm_eps = cfg.norm_eps;
+    m.tie_embeddings = !cfg.untie;
+  }
   if (!checkpoint) return m;
   const nn::GPTConfig& c = *checkpoint;
+  MINIDL_CHECK(cfg.model.empty() || (cfg.model == "llama") == c.llama(), "--model ", cfg.model,
+               " does not match the checkpoint ", ckpt_source, ", which is ", c.llama() ? "llama" : "gpt2");
   auto agree = [&](const char* flag, const std::optional<int64_t>& given, int64_t stored) {
     MINIDL_CHECK(!given || *given == stored, flag, " ", *given, " does not match the checkpoint ", ckpt_source,
                  ", which has ", stored);
@@ -150,6 +171,9 @@ nn::GPTConfig model_config(const TrainConfig& cfg, int64_t vocab, const nn::GPTC
   agree("--layers", cfg.layers, c.n_layer);
   agree("--heads", cfg.heads, c.n_head);
   agree("--embd", cfg.embd, c.n_embd);
+  agree("--kv-heads", cfg.kv_heads, c.kv_heads());
+  agree("--head-dim", cfg.head_dim, c.head_size());
+  agree("--ffn", cfg.ffn, c.mlp_width());
   MINIDL_CHECK(!cfg.seq || *cfg.seq <= c.block_size, "--seq ", cfg.seq.value_or(0), " is longer than the checkpoint ",
                ckpt_source, "'s block size ", c.block_size);
   m = c;

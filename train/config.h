@@ -26,6 +26,13 @@ struct TrainConfig {
   std::string gpt2_encoding;  // GPT-2's encoding file (data/gpt2.tiktoken)
   // Unset means the default (4, 4, 128, 64) or, with init_from, the checkpoint's; set ones must agree with it.
   std::optional<int64_t> layers, heads, embd, seq;
+  // The architecture (nn::GPTConfig::Arch): "gpt2" or "llama"; empty: the checkpoint's, else gpt2. Llama's shape:
+  // key/value heads (unset: heads), head width (unset: embd / heads), the MLP's width (unset: 4 embd), RoPE's
+  // base, the RMSNorms' eps and an untied head.
+  std::string model;
+  std::optional<int64_t> kv_heads, head_dim, ffn;
+  double rope_theta = 10000.0, norm_eps = 1e-5;
+  bool untie = false;
   int64_t vocab_pad = 64;  // nn::GPTConfig::vocab_pad: the head's table padded to a multiple (1: none)
   double dropout = 0.0;
   std::string init_from;  // a model file to start from
@@ -91,6 +98,10 @@ struct TrainConfig {
   // TensorBoard event files (train/tensorboard.h) in this directory, from the logging rank: the progress line's
   // numbers at every printed step, the validation loss, memory by ledger tag. Empty: none.
   std::string tensorboard;
+  // Every step's loss (the global batch's), one "step loss" line each with 17 significant digits, written by the
+  // logging rank when the run ends (via a temporary: a run that fails writes none): what a golden-loss replay
+  // compares bit for bit (tests/golden/). Empty: none. On a device it reads every step's loss back.
+  std::string loss_log;
   // A Chrome trace per rank in this directory (core/trace.h: rank<R>.json, the ranks' clocks started together):
   // steps, data, each forward and backward, waits for pipeline peers, the optimizer, DDP's buckets on the
   // communication thread and the wait for them, evaluation, checkpoints, memory by ledger tag. Empty: none.

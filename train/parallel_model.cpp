@@ -14,8 +14,8 @@ ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& mo
   const std::vector<int64_t> starts = pipeline_starts(o, model_cfg);
   Stage::ChunkFactory make_chunk;  // tensor parallelism, applied from outside the model
   if (topo.grid().tp > 1)
-    make_chunk = [&topo, plan = dist::gpt2_plan(o.sequence_parallel)](const nn::GPTConfig& c, uint64_t seed,
-                                                                      const nn::GPTStage& part) {
+    make_chunk = [&topo, plan = dist::plan_for(model_cfg, o.sequence_parallel)](const nn::GPTConfig& c, uint64_t seed,
+                                                                                const nn::GPTStage& part) {
       auto chunk = std::make_shared<nn::GPT>(c, seed, part);
       dist::apply_tensor_parallel(*chunk, topo.tp_group(), plan);
       return chunk;

@@ -12,7 +12,8 @@ ReadBack::ReadBack(const TrainConfig& o, const optim::CosineSchedule& schedule, 
       scaler_(scaler),
       dp_(dp),
       holds_on_skip_(scaler && !o.advance_lr_on_skip),
-      every_step_(!device.is_cuda() || (holds_on_skip_ && !(o.warmup == 0 && schedule.min_lr() == schedule.lr()))),
+      every_step_(!device.is_cuda() || !o.loss_log.empty() ||
+                  (holds_on_skip_ && !(o.warmup == 0 && schedule.min_lr() == schedule.lr()))),
       schedule_step_(schedule_step),
       skipped_seen_(scaler ? scaler->skipped_steps() : 0) {}
 

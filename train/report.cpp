@@ -8,6 +8,7 @@
 #include "core/parallel.h"
 #include "core/trace.h"
 #include "dist/tensor_parallel.h"
+#include "nn/atomic_file.h"
 #include "nn/param_layout.h"
 #include "ops/sgemm_ceiling.h"
 #include "train/device.h"
@@ -73,6 +74,11 @@ void Report::stepped(int64_t step, int64_t first_step, double ms, double data_ms
   if (step >= o_.steps - 10 && std::isfinite(r.loss)) recent_loss_ += r.loss, ++recent_;
   if (topo_.grid().size() > 1 && (step + 1) % o_.log_every == 0)
     report_stragglers(step, {ms, data_ms, ms - comm.exposed_comm_ms, comm.exposed_comm_ms});
+  if (logger_ && !o_.loss_log.empty()) {
+    char entry[64];
+    std::snprintf(entry, sizeof entry, "%lld %.17g\n", (long long)(step + 1), r.loss);
+    loss_log_ += entry;
+  }
   if (!shows(step)) return;
   progress_.update(step + 1, o_.steps, line(step, r.loss, lr, scaler));
   if (tb_) log(step + 1, r, lr, scaler);
@@ -127,6 +133,7 @@ void Report::end_progress() { progress_.finish(); }
 
 void Report::end(std::optional<double> val_loss, const optim::GradScaler* scaler) {
   progress_.finish();
+  if (logger_ && !o_.loss_log.empty()) nn::write_text_file_atomically(o_.loss_log, loss_log_);
   if (val_loss && tb_) tb_->scalar("val/loss", *val_loss, o_.steps);
   const std::string traced = trace::finish();
   if (logger_ && !traced.empty()) std::printf("trace: %s (and every rank's beside it)\n", traced.c_str());

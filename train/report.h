@@ -67,6 +67,7 @@ class Report {
   dist::ReducerStats comm_;
   double shown_ms_ = 0, window_ms_ = 0, timed_ms_ = 0, compute_ms_ = 0, comm_ms_ = 0, exposed_ms_ = 0;
   double recent_loss_ = 0;
+  std::string loss_log_;  // --loss-log's lines so far
   int64_t window_steps_ = 0, timed_ = 0, recent_ = 0;
 };
 

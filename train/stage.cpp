@@ -36,7 +36,7 @@ void Stage::add_chunk(std::shared_ptr<nn::GPT> chunk) {
   const auto named = chunk->named_parameters();
   for (const auto& [name, p] : named)  // what crosses a boundary is as sliced as the parameters acting on it
     if (const nn::ParamLayout l = nn::layout_of(p); l.sequence_sliced) sequence_shards_ = l.ranks;
-  if (spec().stages > 1 && (chunk->stage().embedding || chunk->stage().head)) {
+  if (spec().stages > 1 && chunk->config().tie_embeddings && (chunk->stage().embedding || chunk->stage().head)) {
     // The tied wte (vocabulary-parallel at tp > 1): the embedding's on the first stage, the head's on the last.
     for (const auto& [name, p] : named)
       if (name == "transformer.wte.weight") tied_weight_ = p;

@@ -9,22 +9,33 @@ namespace minidl::train {
 
 namespace {
 
-// Parameters of one block on one of tp ranks: ln_1, ln_2 (2C each with bias, replicated), c_attn (C·3C + 3C),
-// attn.c_proj (C² + C, its bias replicated), c_fc (C·4C + 4C), mlp.c_proj (4C·C + C, its bias replicated)
+// Parameters of one block on one of tp ranks. GPT-2: ln_1, ln_2 (2C each with bias, replicated), c_attn (C·3C +
+// 3C), attn.c_proj (C² + C, its bias replicated), c_fc (C·4C + 4C), mlp.c_proj (4C·C + C, its bias replicated)
 // = (12C² + 7C) / tp + 6C, at tp 1 12C² + 13C; without biases 12C² / tp + 2C (the LayerNorm weights).
+// Llama (H query heads, KV key/value heads of D, SwiGLU width I): q and o C·HD each, k and v C·KV·D each, gate, up
+// and down C·I each, all split, and the two RMSNorms (C each, replicated): (2C·HD + 2C·KV·D + 3C·I) / tp + 2C.
 double block_params(const nn::GPTConfig& m, int tp) {
   const double c = double(m.n_embd);
+  if (m.llama()) {
+    const double hd = double(m.n_head * m.head_size()), kvd = double(m.kv_heads() * m.head_size());
+    return (2 * c * hd + 2 * c * kvd + 3 * c * double(m.mlp_width())) / tp + 2 * c;
+  }
   return m.bias ? (12 * c * c + 7 * c) / tp + 6 * c : 12 * c * c / tp + 2 * c;
 }
 
-// wte (V·C, its rows split over tp ranks, the vocabulary padded to a multiple of tp), wpe (T·C), ln_f (2C, or C
-// without bias).
+// wte (V·C, its rows split over tp ranks, the vocabulary padded to a multiple of tp), wpe (T·C; GPT-2), ln_f (2C,
+// or C without bias), an untied lm_head (V·C, split as wte).
 double persistent_params(const nn::GPTConfig& m, int tp) {
   const double c = double(m.n_embd), rows = double((m.vocab_size + tp - 1) / tp);
-  return rows * c + double(m.block_size) * c + (m.bias ? 2 * c : c);
+  const double tables = rows * c * (m.tie_embeddings ? 1 : 2);
+  return tables + (m.llama() ? 0.0 : double(m.block_size) * c) + (m.bias ? 2 * c : c);
 }
 
 }  // namespace
+
+double kv_cache_bytes(const nn::GPTConfig& m, DType dtype) {
+  return 2.0 * double(m.n_layer * m.kv_heads() * m.head_size() * m.block_size) * double(dtype_size(dtype));
+}
 
 MemoryPlan predict_memory(const MemoryQuery& q) {
   const nn::GPTConfig& m = q.model;
@@ -57,20 +68,31 @@ MemoryPlan predict_memory(const MemoryQuery& q) {
 
   const double tokens = double(q.micro_batch) * double(q.seq > 0 ? q.seq : m.block_size);
   const double act = half ? 2 : 4, c = double(m.n_embd);
+  // Per token and block, what the backward keeps: the norms' inputs and outputs (4C, replicated under tp) and the
+  // attention and MLP halves' split tensors. GPT-2: qkv and the attention output (4C), the MLP's 4C input and GELU
+  // output (8C). Llama: the packed rotated q|k|v and the attention output (2HD + 2KV·D), gate, up and their
+  // SwiGLU (3I).
+  double attn_split = 4 * c, mlp_split = 8 * c;
+  if (m.llama()) {
+    const double hd = double(m.n_head * m.head_size()), kvd = double(m.kv_heads() * m.head_size());
+    attn_split = 2 * hd + 2 * kvd;
+    mlp_split = 3 * double(m.mlp_width());
+  }
+  const double whole = 4 * c + attn_split + mlp_split;
   // The part of a block's activations one of tp ranks keeps (see MemoryQuery::tp), and of what lies between the
-  // parallel layers (the residual stream, the LayerNorms): all of it, or 1/tp under sequence parallelism.
+  // parallel layers (the residual stream, the norms): all of it, or 1/tp under sequence parallelism.
   const bool sp = q.sequence_parallel && tp > 1;
-  const double share = sp ? 1.0 / tp : (4 + 12.0 / tp) / 16, stream = sp ? 1.0 / tp : 1.0;
-  const double full_block = share * 16 * c * act * tokens, input = stream * c * act * tokens;
+  const double share = sp ? 1.0 / tp : (4 * c + (attn_split + mlp_split) / tp) / whole, stream = sp ? 1.0 / tp : 1.0;
+  const double full_block = share * whole * act * tokens, input = stream * c * act * tokens;
+  const double attn_half = (2 * c + attn_split) * share * act * tokens,
+               mlp_half = (2 * c + mlp_split) * share * act * tokens;
   double blocks = 0;
   switch (q.recompute) {
     case nn::Recompute::kNone: blocks = double(m.n_layer) * full_block; break;
     case nn::Recompute::kBlock: blocks = double(m.n_layer) * input + full_block; break;
-    case nn::Recompute::kAttn:
-      blocks = double(m.n_layer) * (share * 10 * c * act * tokens + input) + share * 6 * c * act * tokens;
-      break;
+    case nn::Recompute::kAttn: blocks = double(m.n_layer) * (mlp_half + input) + attn_half; break;
     case nn::Recompute::kMlp:
-      blocks = double(m.n_layer) * (share * 7 * c * act * tokens + input) + share * 10 * c * act * tokens;
+      blocks = double(m.n_layer) * (attn_half + share * c * act * tokens + input) + mlp_half;
       break;
   }
   // The head: ln_f input and output, then the logits: at tp 1 the padded row in the activation dtype, read as is by

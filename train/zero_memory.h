@@ -7,7 +7,7 @@
 //   p.peak()                                     // plus what one step adds at its worst moment
 //
 // Ψ parameters (f32) on this rank (with --tp: its slices and the replicated ones), Φ of them persistent under stage 3
-// (wte, wpe, ln_f: outside the blocks), N dp ranks, AdamW (m and v, 8 bytes per parameter), per rank:
+// (wte, wpe or lm_head, ln_f: outside the blocks), N dp ranks, AdamW (m and v, 8 bytes per parameter), per rank:
 //                 parameters            gradients      optimizer    added during a step
 //   stage 0 (DDP) 4Ψ                    4Ψ             8Ψ           the 16-bit copies (2Ψ, --amp)
 //   stage 1       4Ψ                    4Ψ             8Ψ/N         the 16-bit copies (2Ψ, --amp)
@@ -20,11 +20,11 @@
 //
 // Activations are an estimate, not the ledger's law: per block and token, the tensors minidl's backward keeps
 // (ln_1 input and output, qkv, attention output and its log-sum-exp, ln_2 input and output, the MLP's 4C input
-// and GELU output: 16·C values) in the activation dtype (4 bytes, 2 under --amp); with --recompute block only the
-// block's input (C values) plus one block's full set during its recomputation; attn and mlp recompute their half.
-// The head keeps ln_f's input and output and the logits: 2C values + Vp (the padded vocabulary) in the activation
-// dtype per token, the classifier writing their gradient over them; with --tp, 2·V/tp f32 values (the logits and
-// their gradient).
+// and GELU output: 16·C values; a Llama's packed rotated q|k|v, gate, up and SwiGLU output in their place) in the
+// activation dtype (4 bytes, 2 under --amp); with --recompute block only the block's input (C values) plus one block's
+// full set during its recomputation; attn and mlp recompute their half. The head keeps ln_f's input and output and the
+// logits: 2C values + Vp (the padded vocabulary) in the activation dtype per token, the classifier writing their
+// gradient over them; with --tp, 2·V/tp f32 values (the logits and their gradient).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +34,11 @@
 #include "nn/gpt.h"
 
 namespace minidl::train {
+
+// The KV cache a generation keeps (nn::KVCache, allocated whole at its first call): keys and values of n_kv_head
+// heads of head_dim for block_size positions in each block, 2 · n_layer · n_kv_head · head_dim · block_size elements
+// of `dtype`: a grouped-query model's is n_kv_head / n_head of multi-head attention's.
+double kv_cache_bytes(const nn::GPTConfig& model, DType dtype);
 
 struct MemoryQuery {
   nn::GPTConfig model;

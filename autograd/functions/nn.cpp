@@ -170,12 +170,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   return record("cross_entropy", {x, t}, f.loss, backward);
 }
 
-Tensor causal_attention(const Tensor& qkv, int n_head) {
+Tensor causal_attention(const Tensor& qkv, int n_head, int n_kv_head) {
   Tensor x = contiguous(autocast_to_half(qkv));
-  ops::AttentionForward f = ops::causal_attention_forward(x, n_head);
-  return record("causal_attention", {x}, f.out, [x, out = f.out.detach(), lse = f.lse, n_head](const Tensor& g) {
-    return Grads{ops::causal_attention_backward(contiguous(g), x, out, lse, n_head)};
-  });
+  ops::AttentionForward f = ops::causal_attention_forward(x, n_head, n_kv_head);
+  return record("causal_attention", {x}, f.out,
+                [x, out = f.out.detach(), lse = f.lse, n_head, n_kv_head](const Tensor& g) {
+                  return Grads{ops::causal_attention_backward(contiguous(g), x, out, lse, n_head, n_kv_head)};
+                });
 }
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, uint64_t offset) {

@@ -1,8 +1,9 @@
 // Flash-style causal attention on the CPU.
 //
-// Work is split over (batch, head) pairs with parallel_for; each pair runs single-threaded over tiles of
-// kBlock queries x kBlock keys. The f32 tile products run in a register-blocked vector kernel
-// (ops/cpu/simd/tile_gemm.cpp) that reads the operands in place: cblas_sgemm spent much of each 64 x 64 x D call
+// Work is split over (batch, head) pairs with parallel_for (the backward's over (batch, kv head) pairs, each looping
+// over its group's query heads, so one thread sums a kv head's gradient in one order); each pair runs
+// single-threaded over tiles of kBlock queries x kBlock keys. The f32 tile products run in a register-blocked vector
+// kernel (ops/cpu/simd/tile_gemm.cpp) that reads the operands in place: cblas_sgemm spent much of each 64 x 64 x D call
 // packing them (forward + backward 8.3 -> 4.6 ms at B=12 T=64 C=128 H=4, 102.7 -> 72.3 ms at B=8 T=256 C=384 H=6;
 // 1 thread, AVX2, bench/attention.cpp). f64, the reference, stays on BLAS. The softmax work between the products
 // is vectorised too (ops/cpu/simd's max, exp and row updates for f32, a tile's rows in one call each): a tile has
@@ -126,8 +127,11 @@ static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
-// One (batch, head) of the packed tensors: pointers to its first q, k, v row (row stride 3C) and to its first
-// row of the (B, T, C) output-shaped tensors (row stride C).
+// The kv head that query head h reads: heads [g j, g j + g) share kv head j, g = H / Hkv (ops/attention.h).
+static int64_t kv_head(int64_t h, const AttentionDims& d) { return h / d.group(); }
+
+// One (batch, query head) of the packed tensors: pointers to its first q row and its kv head's first k and v rows
+// (row stride (H + 2 Hkv) D) and to its first row of the (B, T, H D) output-shaped tensors (row stride H D).
 template <class T, class U>
 struct Head {
   T *q, *k, *v;
@@ -136,8 +140,9 @@ struct Head {
 };
 template <class T, class U>
 static Head<T, U> head(T* qkv, U* o, const AttentionDims& d, int64_t b, int64_t h) {
-  T* base = qkv + b * d.T * 3 * d.C + h * d.D;
-  return {base, base + d.C, base + 2 * d.C, o + b * d.T * d.C + h * d.D, 3 * d.C, d.C};
+  T* base = qkv + b * d.T * d.width();
+  T* k = base + d.C + kv_head(h, d) * d.D;
+  return {base + h * d.D, k, k + d.Hkv * d.D, o + b * d.T * d.C + h * d.D, d.width(), d.C};
 }
 
 template <class T>
@@ -180,17 +185,17 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
   }
 }
 
-AttentionForward causal_attention_forward(const Tensor& qkv, int n_head) {
-  AttentionDims d = check_causal_attention(qkv, n_head);
+AttentionForward causal_attention_forward(const Tensor& qkv, int n_head, int n_kv_head) {
+  AttentionDims d = check_causal_attention(qkv, n_head, n_kv_head);
   // A device runs its own kernels for every dtype (16-bit inputs on tensor cores, ops/cuda/flash_attention.h).
-  if (!qkv.device().is_cpu()) return causal_attention_forward_device(qkv.device())(qkv, n_head);
+  if (!qkv.device().is_cpu()) return causal_attention_forward_device(qkv.device())(qkv, n_head, n_kv_head);
   if (is_half(qkv.dtype())) {  // f32 a block of sequences at a time (ops/cast.h): sequences are independent
     Tensor q = qkv.contiguous().detach();
     AttentionForward f{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
                        Tensor::empty({d.B, d.H, d.T}, DType::f32, qkv.device())};
-    for (int64_t b = 0, block = half_block_rows(d.T * 3 * d.C); b < d.B; b += block) {
+    for (int64_t b = 0, block = half_block_rows(d.T * d.width()); b < d.B; b += block) {
       int64_t n = std::min(block, d.B - b);
-      AttentionForward part = causal_attention_forward(upcast(q.narrow(0, b, n)), n_head);
+      AttentionForward part = causal_attention_forward(upcast(q.narrow(0, b, n)), n_head, n_kv_head);
       Tensor out = f.out.detach().narrow(0, b, n);
       cast_into(part.out, out);
       f.lse.detach().narrow(0, b, n).copy_(part.lse);
@@ -215,10 +220,12 @@ AttentionForward causal_attention_forward(const Tensor& qkv, int n_head) {
 // With P = exp(S - L) recomputed per tile and Drow = rowsum(dO * O) (equal to rowsum(P * dP), but O(D) per row
 // instead of O(T)):
 //   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - Drow),  dQ += scale dS K,  dK += scale dS^T Q.
-// x.o is O and g.o is dO; the slice of dqkv this head owns (g.q, g.k, g.v) is written by this thread only.
+// x.o is O and g.o is dO; the slice of dqkv this head touches (g.q, and its kv head's g.k, g.v) is written by this
+// thread only. The first query head of a group writes its kv head's dK and dV (accumulate_kv false), the others add
+// to them.
 template <class T>
 static void backward_head(const Head<const T, const T>& x, const Head<T, const T>& g, const T* L,
-                          const AttentionDims& d, std::vector<T>& scratch) {
+                          const AttentionDims& d, bool accumulate_kv, std::vector<T>& scratch) {
   const T scale = T(1) / std::sqrt(T(d.D));
   scratch.resize(size_t(2 * kBlock * kBlock + d.T + 2 * kBlock * d.D));
   T *P = scratch.data(), *dP = P + kBlock * kBlock, *Drow = dP + kBlock * kBlock, *kt = Drow + d.T;
@@ -239,9 +246,9 @@ static void backward_head(const Head<const T, const T>& x, const Head<T, const T
       const Triangle upper_sum = diagonal ? Triangle::kUpperReduce : Triangle::kFull;
       gemm(false, false, bq, bk, d.D, scale, q, x.ld_qkv, kt, bk, T(0), P, bk, lower_out);
       rows_exp(P, bk, bq, bk, i0 - j0, L + i0, nullptr);
-      // The first tile of a key block (i0 == j0) writes its dV and dK rows, the first of a query block (j0 == 0)
-      // its dQ rows; later tiles add to them. So dqkv needs no zeroing.
-      const T first_k = diagonal ? T(0) : T(1), first_q = j0 == 0 ? T(0) : T(1);
+      // The first tile of a key block (i0 == j0) of a group's first head writes its dV and dK rows, the first of a
+      // query block (j0 == 0) its dQ rows; later tiles and heads add to them. So dqkv needs no zeroing.
+      const T first_k = diagonal && !accumulate_kv ? T(0) : T(1), first_q = j0 == 0 ? T(0) : T(1);
       gemm(true, false, bk, d.D, bq, T(1), P, bk, dO, g.ld_o, first_k, g.v + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
       gemm(false, false, bq, bk, d.D, T(1), dO, g.ld_o, vt, bk, T(0), dP, bk, lower_out);
       // dS = P (dP - Drow); zero where P is (dP there may not be computed).
@@ -253,8 +260,8 @@ static void backward_head(const Head<const T, const T>& x, const Head<T, const T
 }
 
 // The backward reads Q, K and V, saved by the forward long before, from memory: each head's rows are a few cache
-// lines every 3C values, and the head's loads, spread among its products, wait on one line after another. So a
-// thread starting a sequence first reads the sequence's whole qkv block (T x 3C values, contiguous), one value per
+// lines every row of qkv, and the head's loads, spread among its products, wait on one line after another. So a
+// thread starting a sequence first reads the sequence's whole qkv block (T rows of qkv, contiguous), one value per
 // line in order: the lines come in at the speed of a sequential pass and its heads then find them in the cache.
 // Baby config (B=12 T=64 C=128 H=4; a 96 KiB block), AVX2, AMD EPYC family 25 model 17: bench_attention --cold
 // backward 0.78-0.81 -> 0.62-0.67 ms at 1 thread, 0.38-0.48 -> 0.33-0.42 at 2; inside the 2-thread step 373-381 ->
@@ -271,8 +278,8 @@ static void load_lines(const T* p, int64_t n) {
 }
 
 Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                 int n_head) {
-  AttentionDims d = check_causal_attention(qkv, n_head);
+                                 int n_head, int n_kv_head) {
+  AttentionDims d = check_causal_attention(qkv, n_head, n_kv_head);
   check_shaped_like("causal_attention_backward", "dout", dout, Shape{d.B, d.T, d.C}, qkv);
   check_shaped_like("causal_attention_backward", "out", out, Shape{d.B, d.T, d.C}, qkv);
   if (is_half(qkv.dtype())) {  // the forward saved an f32 logsumexp for 16-bit inputs
@@ -282,14 +289,16 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   } else {
     check_shaped_like("causal_attention_backward", "lse", lse, Shape{d.B, d.H, d.T}, qkv);
   }
-  if (!qkv.device().is_cpu()) return causal_attention_backward_device(qkv.device())(dout, qkv, out, lse, n_head);
+  if (!qkv.device().is_cpu())
+    return causal_attention_backward_device(qkv.device())(dout, qkv, out, lse, n_head, n_kv_head);
   if (is_half(qkv.dtype())) {
     Tensor q = qkv.contiguous().detach(), o = out.contiguous().detach(), g = dout.contiguous().detach();
     Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
-    for (int64_t b = 0, block = half_block_rows(d.T * 3 * d.C); b < d.B; b += block) {
+    for (int64_t b = 0, block = half_block_rows(d.T * d.width()); b < d.B; b += block) {
       int64_t n = std::min(block, d.B - b);
-      Tensor part = causal_attention_backward(upcast(g.narrow(0, b, n)), upcast(q.narrow(0, b, n)),
-                                              upcast(o.narrow(0, b, n)), lse.detach().narrow(0, b, n), n_head);
+      Tensor part =
+          causal_attention_backward(upcast(g.narrow(0, b, n)), upcast(q.narrow(0, b, n)), upcast(o.narrow(0, b, n)),
+                                    lse.detach().narrow(0, b, n), n_head, n_kv_head);
       Tensor dst = dqkv.detach().narrow(0, b, n);
       cast_into(part, dst);
     }
@@ -300,13 +309,17 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
     using T = decltype(tag);
     const T *pqkv = qkv.data<T>(), *po = out.data<T>(), *pl = lse.data<T>(), *pdo = dout.data<T>();
     T* pd = dqkv.data<T>();
-    const bool read_ahead = d.T * 3 * d.C * int64_t(sizeof(T)) <= kReadAheadBytes;
-    parallel_for(0, d.B * d.H, 1, [&](int64_t p0, int64_t p1) {
+    const int64_t seq = d.T * d.width();  // one sequence's qkv values
+    const bool read_ahead = seq * int64_t(sizeof(T)) <= kReadAheadBytes;
+    // One task per (batch, kv head): its group's query heads, in order, are the only writers of its dK and dV.
+    parallel_for(0, d.B * d.Hkv, 1, [&](int64_t p0, int64_t p1) {
       thread_local std::vector<T> scratch;
       for (int64_t p = p0; p < p1; ++p) {
-        int64_t b = p / d.H, h = p % d.H;
-        if (read_ahead && (p == p0 || h == 0)) load_lines(pqkv + b * d.T * 3 * d.C, d.T * 3 * d.C);
-        backward_head(head(pqkv, po, d, b, h), head(pd, pdo, d, b, h), pl + p * d.T, d, scratch);
+        int64_t b = p / d.Hkv, j = p % d.Hkv;
+        if (read_ahead && (p == p0 || j == 0)) load_lines(pqkv + b * seq, seq);
+        for (int64_t h = j * d.group(); h < (j + 1) * d.group(); ++h)
+          backward_head(head(pqkv, po, d, b, h), head(pd, pdo, d, b, h), pl + (b * d.H + h) * d.T, d,
+                        h != j * d.group(), scratch);
       }
     });
   });

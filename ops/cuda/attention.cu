@@ -1,7 +1,8 @@
 // Flash-style causal attention forward on the GPU (ops/attention.h; CPU reference ops/cpu/attention.cpp): per
 // (batch, head) and block of kQueries query rows, the key/value tiles up to the diagonal pass through shared
 // memory, each query row keeps an online softmax (kernels::OnlineSoftmax) and its output row in registers, and
-// only the output (B, T, C) and the logsumexp (B, H, T) reach global memory: nothing T x T is ever stored.
+// only the output (B, T, C) and the logsumexp (B, H, T) reach global memory: nothing T x T is ever stored. With
+// grouped kv heads (Hkv < H) a query head's block reads its kv head's K and V, rows (H + 2 Hkv) D apart.
 //
 // Scalar f32 CUDA C++: the path for f32 inputs; f16/bf16 inputs with head dimension 32, 64 or 128 take the
 // tensor-core kernels of flash_attention.cu. Work split: a warp owns kQueries / kWarps query rows. For a tile of kKeys
@@ -34,10 +35,10 @@ constexpr size_t smem_floats(int D) {
   return size_t(kQueries) * D + size_t(kKeys) * (D + 1) + size_t(kKeys) * D + size_t(kQueries) * kKeys;
 }
 
-// grid (ceil(T / kQueries), B * H); dynamic shared memory smem_floats(D) floats.
+// grid (ceil(T / kQueries), B * H); dynamic shared memory smem_floats(D) floats. C = H D; Hkv kv heads.
 template <int D>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    attention_forward_kernel(const float* qkv, float* out, float* lse, int T, int C, int H) {
+    attention_forward_kernel(const float* qkv, float* out, float* lse, int T, int C, int H, int Hkv) {
   constexpr int kDimsPerLane = (D + kWarpSize - 1) / kWarpSize;
   float* q_tile = dynamic_smem<float>();     // (kQueries, D)
   float* k_tile = q_tile + kQueries * D;     // (kKeys, D + 1)
@@ -45,10 +46,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   float* p_tile = v_tile + kKeys * D;        // (kQueries, kKeys): each row's probabilities for the tile
   const int b = int(blockIdx.y) / H, h = int(blockIdx.y) % H;
   const int i0 = int(blockIdx.x) * kQueries;
-  const int64_t ld = 3 * int64_t(C);
+  const int64_t ld = int64_t(C) + 2 * int64_t(Hkv) * D;
   const float* q = qkv + int64_t(b) * T * ld + int64_t(h) * D;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const float* k = qkv + int64_t(b) * T * ld + C + int64_t(h / (H / Hkv)) * D;
+  const float* v = k + int64_t(Hkv) * D;
   const float scale = 1.0f / sqrtf(float(D));
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
 
@@ -123,7 +124,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 }
 
 template <int D>
-cudaError_t launch_forward(const float* qkv, float* out, float* lse, int B, int T, int C, int H, cudaStream_t stream) {
+cudaError_t launch_forward(const float* qkv, float* out, float* lse, int B, int T, int C, int H, int Hkv,
+                           cudaStream_t stream) {
   // gridDim.y (one block row per (batch, head)) is limited to 65535 on the GPU: B * H beyond it (B = 1024, H = 64)
   // would fail to launch. Whole batches go in launches of at most 65535 / H, with the pointers moved past the
   // batches already done (the kernel indexes from its b = blockIdx.y / H).
@@ -133,7 +135,8 @@ cudaError_t launch_forward(const float* qkv, float* out, float* lse, int B, int 
     const dim3 grid(unsigned((T + kQueries - 1) / kQueries), unsigned(nb * H));
     const cudaError_t launched =
         launch_kernel(attention_forward_kernel<D>, grid, dim3(kThreads), smem_floats(D) * sizeof(float), stream,
-                      qkv + int64_t(b0) * T * 3 * C, out + int64_t(b0) * T * C, lse + int64_t(b0) * H * T, T, C, H);
+                      qkv + int64_t(b0) * T * (C + 2 * int64_t(Hkv) * D), out + int64_t(b0) * T * C,
+                      lse + int64_t(b0) * H * T, T, C, H, Hkv);
     if (launched != cudaSuccess) return launched;
   }
   return cudaSuccess;
@@ -142,12 +145,13 @@ cudaError_t launch_forward(const float* qkv, float* out, float* lse, int B, int 
 }  // namespace
 
 cudaError_t causal_attention_forward(const float* qkv, float* out, float* lse, int B, int T, int C, int n_head,
-                                     cudaStream_t stream) {
+                                     int n_kv_head, cudaStream_t stream) {
+  if (n_kv_head < 1 || n_head % n_kv_head != 0) return cudaErrorInvalidValue;
   if (B == 0 || T == 0) return cudaSuccess;
   switch (C / n_head) {
-    case 16: return launch_forward<16>(qkv, out, lse, B, T, C, n_head, stream);
-    case 32: return launch_forward<32>(qkv, out, lse, B, T, C, n_head, stream);
-    case 64: return launch_forward<64>(qkv, out, lse, B, T, C, n_head, stream);
+    case 16: return launch_forward<16>(qkv, out, lse, B, T, C, n_head, n_kv_head, stream);
+    case 32: return launch_forward<32>(qkv, out, lse, B, T, C, n_head, n_kv_head, stream);
+    case 64: return launch_forward<64>(qkv, out, lse, B, T, C, n_head, n_kv_head, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -32,13 +32,13 @@ constexpr size_t forward_smem_bytes() {
 // 209, an occupancy trade only a GPU run can judge (bench/cuda_sass_check.sh fails on any spill).
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads, D == 32 ? 1 : 0)
-    flash_forward_kernel(const T* qkv, T* out, float* lse, int BH, int H, int T_len, int C, float scale) {
+    flash_forward_kernel(const T* qkv, T* out, float* lse, int BH, int H, int Hkv, int T_len, int C, float scale) {
   constexpr int kKeys = kScoreColumns<D>, kLd = kPadded<D>;
   T* q_tile = dynamic_smem<T>();
   T* k_tiles = q_tile + kQueries * kLd;  // [2][kKeys][kLd]
   T* v_tiles = k_tiles + 2 * kKeys * kLd;
 
-  const HeadTile<D, T> tile(qkv, BH, H, T_len, C, kQueries);
+  const HeadTile<D, T> tile(qkv, BH, H, Hkv, T_len, C, kQueries);
   const int q0 = tile.row0, bh = tile.bh, b = tile.b, h = tile.h;
   const int64_t ld = tile.ld;
   const T *q = tile.q, *k = tile.k, *v = tile.v;
@@ -149,7 +149,8 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 1 : 0)
 }
 
 template <class T, int D>
-cudaError_t launch_forward(const T* qkv, T* out, float* lse, int B, int T_len, int C, int H, cudaStream_t stream) {
+cudaError_t launch_forward(const T* qkv, T* out, float* lse, int B, int T_len, int C, int H, int Hkv,
+                           cudaStream_t stream) {
   constexpr size_t smem = forward_smem_bytes<D>();
   if (smem > 48 * 1024) {
     const cudaError_t raised =
@@ -158,18 +159,18 @@ cudaError_t launch_forward(const T* qkv, T* out, float* lse, int B, int T_len, i
   }
   const int n_query_tiles = (T_len + kQueries - 1) / kQueries;
   const dim3 grid(unsigned(int64_t(n_query_tiles) * B * H));
-  return launch_kernel(flash_forward_kernel<T, D>, grid, dim3(kThreads), smem, stream, qkv, out, lse, B * H, H, T_len,
-                       C, 1.0f / sqrtf(float(D)));
+  return launch_kernel(flash_forward_kernel<T, D>, grid, dim3(kThreads), smem, stream, qkv, out, lse, B * H, H, Hkv,
+                       T_len, C, 1.0f / sqrtf(float(D)));
 }
 
 template <class T>
-cudaError_t forward(const T* qkv, T* out, float* lse, int B, int T_len, int C, int H, cudaStream_t stream) {
-  if (!aligned16(qkv, out)) return cudaErrorInvalidValue;
+cudaError_t forward(const T* qkv, T* out, float* lse, int B, int T_len, int C, int H, int Hkv, cudaStream_t stream) {
+  if (!aligned16(qkv, out) || Hkv < 1 || H % Hkv != 0) return cudaErrorInvalidValue;
   if (B == 0 || T_len == 0) return cudaSuccess;
   switch (C / H) {
-    case 32: return launch_forward<T, 32>(qkv, out, lse, B, T_len, C, H, stream);
-    case 64: return launch_forward<T, 64>(qkv, out, lse, B, T_len, C, H, stream);
-    case 128: return launch_forward<T, 128>(qkv, out, lse, B, T_len, C, H, stream);
+    case 32: return launch_forward<T, 32>(qkv, out, lse, B, T_len, C, H, Hkv, stream);
+    case 64: return launch_forward<T, 64>(qkv, out, lse, B, T_len, C, H, Hkv, stream);
+    case 128: return launch_forward<T, 128>(qkv, out, lse, B, T_len, C, H, Hkv, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -177,12 +178,12 @@ cudaError_t forward(const T* qkv, T* out, float* lse, int B, int T_len, int C, i
 }  // namespace
 
 cudaError_t flash_attention_forward(const __half* qkv, __half* out, float* lse, int B, int T, int C, int n_head,
-                                    cudaStream_t stream) {
-  return forward(qkv, out, lse, B, T, C, n_head, stream);
+                                    int n_kv_head, cudaStream_t stream) {
+  return forward(qkv, out, lse, B, T, C, n_head, n_kv_head, stream);
 }
 cudaError_t flash_attention_forward(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, int B, int T, int C,
-                                    int n_head, cudaStream_t stream) {
-  return forward(qkv, out, lse, B, T, C, n_head, stream);
+                                    int n_head, int n_kv_head, cudaStream_t stream) {
+  return forward(qkv, out, lse, B, T, C, n_head, n_kv_head, stream);
 }
 
 }  // namespace minidl::ops::cuda

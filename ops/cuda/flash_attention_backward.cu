@@ -6,9 +6,10 @@
 //   row_dot_kernel   Drow per (batch, head, query row), f32, into the scratch
 //   dq_kernel        a block per 64 query rows of one (batch, head), walking the key tiles up to the diagonal
 //                    (the forward's schedule): S, P, dP, dS per tile, dQ accumulated in registers
-//   dkv_kernel       a block per 64 keys, walking the query tiles from the diagonal on: the transposed products
-//                    S^T = K Q^T, dP^T = V dO^T give P^T and dS^T with keys as rows, so dV and dK accumulate in
-//                    registers as A operands straight from the accumulators
+//   dkv_kernel       a block per 64 keys of one kv head, walking, for each query head of its group in order, the
+//                    query tiles from the diagonal on: the transposed products S^T = K Q^T, dP^T = V dO^T give
+//                    P^T and dS^T with keys as rows, so dV and dK accumulate in registers as A operands straight
+//                    from the accumulators (a grouped kv head's sum over its query heads in one fixed order)
 // Recomputing S and P in both kernels costs a second pass over the scores but keeps every reduction in one block.
 // Q/dO (dkv) and K/V (dq) tiles are double-buffered with cp.async like the forward's; grids are flat (no 65535
 // limit), the heaviest tiles first.
@@ -46,14 +47,14 @@ constexpr size_t dq_smem_bytes() {
 
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) dq_kernel(const T* dout, const T* qkv, const float* lse, const float* drow,
-                                                      T* dqkv, int BH, int H, int T_len, int C, float scale) {
+                                                      T* dqkv, int BH, int H, int Hkv, int T_len, int C, float scale) {
   constexpr int kKeys = kScoreColumns<D>, kLd = kPadded<D>;
   T* q_tile = dynamic_smem<T>();
   T* do_tile = q_tile + kBlockRows * kLd;
   T* k_tiles = do_tile + kBlockRows * kLd;  // [2][kKeys][kLd]
   T* v_tiles = k_tiles + 2 * kKeys * kLd;
 
-  const HeadTile<D, T> tile(qkv, BH, H, T_len, C, kBlockRows);
+  const HeadTile<D, T> tile(qkv, BH, H, Hkv, T_len, C, kBlockRows);
   const int q0 = tile.row0, bh = tile.bh, b = tile.b, h = tile.h;
   const int64_t ld = tile.ld;
   const T *q = tile.q, *k = tile.k, *v = tile.v;
@@ -133,9 +134,11 @@ constexpr size_t dkv_smem_bytes() {
          size_t(4 * kScoreColumns<D>) * sizeof(float);                     // lse[2], drow[2]
 }
 
+// One block per (key tile, batch x kv head), BHkv = B Hkv of them per key tile.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads) dkv_kernel(const T* dout, const T* qkv, const float* lse, const float* drow,
-                                                       T* dqkv, int BH, int H, int T_len, int C, float scale) {
+__global__ void __launch_bounds__(kThreads)
+    dkv_kernel(const T* dout, const T* qkv, const float* lse, const float* drow, T* dqkv, int BHkv, int H, int Hkv,
+               int T_len, int C, float scale) {
   constexpr int kQueries = kScoreColumns<D>, kLd = kPadded<D>;
   T* k_tile = dynamic_smem<T>();
   T* v_tile = k_tile + kBlockRows * kLd;
@@ -144,28 +147,29 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(const T* dout, const T* q
   float* lse_tiles = reinterpret_cast<float*>(do_tiles + 2 * kQueries * kLd);  // [2][kQueries], log2 units
   float* drow_tiles = lse_tiles + 2 * kQueries;
 
-  const int bh = int(blockIdx.x % unsigned(BH));
-  const int k0 = int(blockIdx.x / unsigned(BH)) * kBlockRows;  // the first key tiles see the most queries
-  const int b = bh / H, h = bh % H;
-  const int64_t ld = 3 * int64_t(C);
-  const T* q = qkv + int64_t(b) * T_len * ld + int64_t(h) * D;
-  const T* k = q + C;
-  const T* v = q + 2 * C;
-  const T* dO = dout + int64_t(b) * T_len * C + int64_t(h) * D;
-  const float* head_lse = lse + int64_t(bh) * T_len;
-  const float* head_drow = drow + int64_t(bh) * T_len;
+  const int bkv = int(blockIdx.x % unsigned(BHkv));
+  const int k0 = int(blockIdx.x / unsigned(BHkv)) * kBlockRows;  // the first key tiles see the most queries
+  const int b = bkv / Hkv, kv = bkv % Hkv, group = H / Hkv;
+  const int64_t ld = int64_t(C) + 2 * int64_t(Hkv) * D;
+  const T* k = qkv + int64_t(b) * T_len * ld + C + int64_t(kv) * D;
+  const T* v = k + int64_t(Hkv) * D;
   const int warp = int(threadIdx.x) / kWarpSize, lane = int(threadIdx.x) % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int warp_key0 = k0 + warp * kRowsPerWarp;
   const int keys[2] = {warp_key0 + g, warp_key0 + g + 8};
   const float scale_log2 = scale * kLog2e;
 
-  const int first_tile = k0 / kQueries;  // queries before k0 see none of these keys
-  const int n_tiles = (T_len + kQueries - 1) / kQueries - first_tile;
-  // Query tile `it` into buffer it % 2: Q and dO by cp.async, the row statistics by plain stores (visible after
-  // the barrier that follows the tile's wait).
+  const int first_tile = k0 / kQueries;                                // queries before k0 see none of these keys
+  const int n_tiles = (T_len + kQueries - 1) / kQueries - first_tile;  // per query head
+  // Step `it` is query tile first_tile + it % n_tiles of the group's query head it / n_tiles. Its tile goes into
+  // buffer it % 2: Q and dO by cp.async, the row statistics by plain stores (visible after the barrier that
+  // follows the tile's wait).
   const auto load_queries = [&](int it) {
-    const int buf = it % 2, row0 = (first_tile + it) * kQueries;
+    const int buf = it % 2, row0 = (first_tile + it % n_tiles) * kQueries, h = kv * group + it / n_tiles;
+    const T* q = qkv + int64_t(b) * T_len * ld + int64_t(h) * D;
+    const T* dO = dout + int64_t(b) * T_len * C + int64_t(h) * D;
+    const float* head_lse = lse + (int64_t(b) * H + h) * T_len;
+    const float* head_drow = drow + (int64_t(b) * H + h) * T_len;
     load_tile_async<D, kQueries>(q_tiles + buf * kQueries * kLd, q, ld, row0, T_len);
     load_tile_async<D, kQueries>(do_tiles + buf * kQueries * kLd, dO, C, row0, T_len);
     for (int r = int(threadIdx.x); r < kQueries; r += kThreads) {
@@ -186,13 +190,13 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(const T* dout, const T* q
 #pragma unroll
     for (int i = 0; i < 4; ++i) dk[n][i] = dv[n][i] = 0.0f;
 
-  for (int it = 0; it < n_tiles; ++it) {
-    const int buf = it % 2, q0 = (first_tile + it) * kQueries;
+  for (int it = 0; it < group * n_tiles; ++it) {
+    const int buf = it % 2, q0 = (first_tile + it % n_tiles) * kQueries;
     const T* q_tile = q_tiles + buf * kQueries * kLd;
     const T* do_tile = do_tiles + buf * kQueries * kLd;
     const float* tile_lse = lse_tiles + buf * kQueries;
     const float* tile_drow = drow_tiles + buf * kQueries;
-    prefetch_next_tile_and_wait(it, n_tiles, load_queries);
+    prefetch_next_tile_and_wait(it, group * n_tiles, load_queries);
     // Warp-uniform: some query of the tile sees some key of the warp, and some key is a real one.
     if (q0 + kQueries - 1 >= warp_key0 && warp_key0 < T_len) {
       float s[kQueries / 8][4], dp[kQueries / 8][4];
@@ -228,8 +232,8 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(const T* dout, const T* q
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (keys[r] >= T_len) continue;
-    T* dk_row = dqkv + (int64_t(b) * T_len + keys[r]) * ld + C + int64_t(h) * D;
-    T* dv_row = dk_row + C;
+    T* dk_row = dqkv + (int64_t(b) * T_len + keys[r]) * ld + C + int64_t(kv) * D;
+    T* dv_row = dk_row + int64_t(Hkv) * D;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       *reinterpret_cast<uint32_t*>(dk_row + 8 * n + 2 * t) =
@@ -247,33 +251,32 @@ cudaError_t allow_smem(Kernel* kernel, size_t bytes) {
 
 template <class T, int D>
 cudaError_t launch_backward(const T* dout, const T* qkv, const T* out, const float* lse, T* dqkv, float* drow, int B,
-                            int T_len, int C, int H, cudaStream_t stream) {
+                            int T_len, int C, int H, int Hkv, cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(float(D));
   const int64_t rows = int64_t(B) * T_len * H;
   cudaError_t e = launch_kernel(row_dot_kernel<T, D>, dim3(unsigned((rows + kWarps - 1) / kWarps)), dim3(kThreads), 0,
                                 stream, dout, out, drow, rows, T_len, H);
   if (e != cudaSuccess) return e;
   const unsigned tiles = unsigned((T_len + kBlockRows - 1) / kBlockRows);
-  const dim3 grid(unsigned(tiles * unsigned(B * H)));
   if ((e = allow_smem(dq_kernel<T, D>, dq_smem_bytes<D>())) != cudaSuccess) return e;
-  e = launch_kernel(dq_kernel<T, D>, grid, dim3(kThreads), dq_smem_bytes<D>(), stream, dout, qkv, lse, drow, dqkv,
-                    B * H, H, T_len, C, scale);
+  e = launch_kernel(dq_kernel<T, D>, dim3(tiles * unsigned(B * H)), dim3(kThreads), dq_smem_bytes<D>(), stream, dout,
+                    qkv, lse, drow, dqkv, B * H, H, Hkv, T_len, C, scale);
   if (e != cudaSuccess) return e;
   if ((e = allow_smem(dkv_kernel<T, D>, dkv_smem_bytes<D>())) != cudaSuccess) return e;
-  return launch_kernel(dkv_kernel<T, D>, grid, dim3(kThreads), dkv_smem_bytes<D>(), stream, dout, qkv, lse, drow, dqkv,
-                       B * H, H, T_len, C, scale);
+  return launch_kernel(dkv_kernel<T, D>, dim3(tiles * unsigned(B * Hkv)), dim3(kThreads), dkv_smem_bytes<D>(), stream,
+                       dout, qkv, lse, drow, dqkv, B * Hkv, H, Hkv, T_len, C, scale);
 }
 
 template <class T>
 cudaError_t backward(const T* dout, const T* qkv, const T* out, const float* lse, T* dqkv, float* scratch, int B,
-                     int T_len, int C, int H, cudaStream_t stream) {
-  if (!aligned16(dout, qkv, out, dqkv)) return cudaErrorInvalidValue;
+                     int T_len, int C, int H, int Hkv, cudaStream_t stream) {
+  if (!aligned16(dout, qkv, out, dqkv) || Hkv < 1 || H % Hkv != 0) return cudaErrorInvalidValue;
   if (!flash_attention_supports(C / H)) return cudaErrorInvalidValue;
   if (B == 0 || T_len == 0) return cudaSuccess;
   switch (C / H) {
-    case 32: return launch_backward<T, 32>(dout, qkv, out, lse, dqkv, scratch, B, T_len, C, H, stream);
-    case 64: return launch_backward<T, 64>(dout, qkv, out, lse, dqkv, scratch, B, T_len, C, H, stream);
-    default: return launch_backward<T, 128>(dout, qkv, out, lse, dqkv, scratch, B, T_len, C, H, stream);
+    case 32: return launch_backward<T, 32>(dout, qkv, out, lse, dqkv, scratch, B, T_len, C, H, Hkv, stream);
+    case 64: return launch_backward<T, 64>(dout, qkv, out, lse, dqkv, scratch, B, T_len, C, H, Hkv, stream);
+    default: return launch_backward<T, 128>(dout, qkv, out, lse, dqkv, scratch, B, T_len, C, H, Hkv, stream);
   }
 }
 
@@ -282,14 +285,14 @@ cudaError_t backward(const T* dout, const T* qkv, const T* out, const float* lse
 size_t flash_attention_backward_scratch_floats(int B, int T, int n_head) { return size_t(B) * n_head * T; }
 
 cudaError_t flash_attention_backward(const __half* dout, const __half* qkv, const __half* out, const float* lse,
-                                     __half* dqkv, float* scratch, int B, int T, int C, int n_head,
+                                     __half* dqkv, float* scratch, int B, int T, int C, int n_head, int n_kv_head,
                                      cudaStream_t stream) {
-  return backward(dout, qkv, out, lse, dqkv, scratch, B, T, C, n_head, stream);
+  return backward(dout, qkv, out, lse, dqkv, scratch, B, T, C, n_head, n_kv_head, stream);
 }
 cudaError_t flash_attention_backward(const __nv_bfloat16* dout, const __nv_bfloat16* qkv, const __nv_bfloat16* out,
                                      const float* lse, __nv_bfloat16* dqkv, float* scratch, int B, int T, int C,
-                                     int n_head, cudaStream_t stream) {
-  return backward(dout, qkv, out, lse, dqkv, scratch, B, T, C, n_head, stream);
+                                     int n_head, int n_kv_head, cudaStream_t stream) {
+  return backward(dout, qkv, out, lse, dqkv, scratch, B, T, C, n_head, n_kv_head, stream);
 }
 
 }  // namespace minidl::ops::cuda

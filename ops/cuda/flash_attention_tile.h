@@ -111,23 +111,23 @@ __device__ __forceinline__ void mma2(float (&d0)[4], float (&d1)[4], const uint3
 
 // Max over the four lanes of a quad (the lanes holding one accumulator row).
 // The (batch, head) and the tile of `rows` query rows a block works on — blocks are numbered heaviest tile first (the
-// causal tile with the most keys), every batch x head of one tile together — and that head's q, k and v columns
-// of the (B, T, 3C) input.
+// causal tile with the most keys), every batch x head of one tile together — and that query head's q columns and
+// its kv head's (h / (H / Hkv)) k and v columns of the (B, T, C + 2 Hkv D) input (ops/attention.h), C = H D.
 template <int D, class T>
 struct HeadTile {
   int row0, bh, b, h;
-  int64_t ld;  // elements between consecutive positions of q, k and v: 3C
+  int64_t ld;  // elements between consecutive positions of q, k and v: C + 2 Hkv D
   const T *q, *k, *v;
-  __device__ HeadTile(const T* qkv, int BH, int H, int T_len, int C, int rows) {
+  __device__ HeadTile(const T* qkv, int BH, int H, int Hkv, int T_len, int C, int rows) {
     const int n_tiles = (T_len + rows - 1) / rows;
     bh = int(blockIdx.x % unsigned(BH));
     row0 = (n_tiles - 1 - int(blockIdx.x / unsigned(BH))) * rows;
     b = bh / H;
     h = bh % H;
-    ld = 3 * int64_t(C);
+    ld = int64_t(C) + 2 * int64_t(Hkv) * D;
     q = qkv + int64_t(b) * T_len * ld + int64_t(h) * D;
-    k = q + C;
-    v = q + 2 * C;
+    k = qkv + int64_t(b) * T_len * ld + C + int64_t(h / (H / Hkv)) * D;
+    v = k + int64_t(Hkv) * D;
   }
 };
 

@@ -283,7 +283,7 @@ TEST(Naive, TensorParallelEqualsProductionBitwise) {
   const nn::GPTConfig cfg{kVocab, kSeq, 1, 6, 12, 0.0, true};
   nn::GPT whole(cfg, 5), prod(cfg, 5);
   dist::apply_tensor_parallel(prod, *pg, dist::gpt2_plan(false));
-  const nn::Block &w = (*whole.h)[0], &p = (*prod.h)[0];
+  const nn::Block &w = whole.block<nn::Block>(0), &p = prod.block<nn::Block>(0);
   const Tensor x = random_tensor({2, kSeq, 12}, 100, 1.0), dy = random_tensor({2, kSeq, 12}, 101, 1.0);
   auto bitwise = [](const Tensor& a, const Tensor& b) {
     return a.shape() == b.shape() && a.to_vector() == b.to_vector();

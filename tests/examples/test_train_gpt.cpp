@@ -363,13 +363,32 @@ TEST_F(TrainGpt, TrainSaveReloadEvaluate) {
   EXPECT_NE(all.out.find("over 24 windows"), std::string::npos) << all.out;  // 420 val tokens / 17
 }
 
+// The oracles' interpreter (scripts/install-deps.sh --with-oracles: transformers, tensorboard).
+std::string oracle_python() {
+  const char* venv = std::getenv("MINIDL_ORACLES_VENV");
+  return std::string(venv ? venv : "/opt/minidl-oracles") + "/bin/python";
+}
+
+// transformers' own model (scripts/load_in_pytorch.py --transformers) evaluates the folder `dir` that run `r`
+// saved, over the windows r's validation used, and gets r's validation loss (to f32 summation order: its kernels
+// sum in their own order).
+void expect_transformers_val_loss(const std::string& python, const std::string& dir, const std::string& data,
+                                  const Result& r) {
+  Result hf =
+      minidl::testing::run_program(python + " " + SOURCE_DIR + "/scripts/load_in_pytorch.py " + dir +
+                                   "/model.safetensors --data " + data + " --seq 16 --windows 4 --transformers");
+  ASSERT_EQ(hf.code, 0) << hf.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(hf.out, m, std::regex("val_loss=([-0-9.e+naif]+)"))) << hf.out;
+  EXPECT_TRUE(losses_agree(std::stod(m[1]), summary_field(r.out, "val_loss"), kF32SumOrder)) << hf.out << r.out;
+}
+
 // A real client loads what --save wrote: transformers' own GPT2LMHeadModel reads the folder (model.safetensors and
 // the config.json beside it) and computes the validation loss train_gpt printed, over the same windows
 // (scripts/load_in_pytorch.py --transformers). Skipped without the oracles' environment (scripts/install-deps.sh
 // --with-oracles, which CI runs; transformers is never a build dependency).
 TEST_F(TrainGpt, SavedModelLoadsInTransformers) {
-  const char* venv = std::getenv("MINIDL_ORACLES_VENV");
-  const std::string python = std::string(venv ? venv : "/opt/minidl-oracles") + "/bin/python";
+  const std::string python = oracle_python();
   if (minidl::testing::run_program(python + " -c 'import transformers'").code != 0)
     GTEST_SKIP() << python << " has no transformers: scripts/install-deps.sh --with-oracles installs it";
   for (const std::string tokenizer : {"char", "gpt2"}) {  // the corpus's bytes, and GPT-2's 50,257 tokens
@@ -379,23 +398,63 @@ TEST_F(TrainGpt, SavedModelLoadsInTransformers) {
     Result r =
         run(tiny_flags() + " --steps 10 --lr 3e-3 --tokenizer " + tokenizer + " --save " + dir + "/model.safetensors");
     ASSERT_EQ(r.code, 0) << r.out;
-    Result hf = minidl::testing::run_program(python + " " + SOURCE_DIR + "/scripts/load_in_pytorch.py " + dir +
-                                             "/model.safetensors --data " + path("tiny.txt") +
-                                             " --seq 16 --windows 4 --transformers");
-    ASSERT_EQ(hf.code, 0) << hf.out;
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(hf.out, m, std::regex("val_loss=([-0-9.e+naif]+)"))) << hf.out;
-    // transformers' kernels sum in their own order, in f32 as ours.
-    EXPECT_TRUE(losses_agree(std::stod(m[1]), summary_field(r.out, "val_loss"), kF32SumOrder)) << hf.out << r.out;
+    expect_transformers_val_loss(python, dir, path("tiny.txt"), r);
   }
+}
+
+// --model llama trains (GQA 2:1, untied), and transformers' own LlamaForCausalLM, loading what --save wrote,
+// computes the validation loss train_gpt printed; --init-from the same folder continues from it.
+TEST_F(TrainGpt, LlamaSaveLoadsInTransformers) {
+  const std::string python = oracle_python();
+  if (minidl::testing::run_program(python + " -c 'import transformers'").code != 0)
+    GTEST_SKIP() << python << " has no transformers: scripts/install-deps.sh --with-oracles installs it";
+  const std::string dir = path("hf_llama");
+  fs::create_directories(dir);
+  const std::string llama = " --model llama --heads 4 --kv-heads 2 --ffn 40 --untie --rope-theta 5e5";
+  Result r = run(tiny_flags() + llama + " --steps 10 --lr 3e-3 --save " + dir + "/model.safetensors");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_transformers_val_loss(python, dir, path("tiny.txt"), r);
+  // The folder: its file says llama and the shape, so no shape flags.
+  Result again = run("--data " + path("tiny.txt") + " --seq 16 --batch 4 --threads 1 --eval-windows 4 --steps 0 " +
+                     "--init-from " + dir);
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(losses_agree(summary_field(again.out, "val_loss"), summary_field(r.out, "val_loss"), 0)) << again.out;
+}
+
+// The Llama debug configuration's 20 losses, bit for bit, against tests/golden/llama_debug.losses (its README has
+// the command that wrote it): Tiny Shakespeare, GPT-2's BPE, GQA 2:1, on the AVX2 kernels.
+TEST_F(TrainGpt, LlamaDebugLossesReplayBitwise) {
+  const std::string data = std::string(SOURCE_DIR) + "/data/tinyshakespeare.txt";
+  const std::string log = path("llama_debug.losses");
+  Result r = run_with(
+      "MINIDL_CPU_ISA=avx2 ",
+      "--data " + data + " --gpt2-encoding " + SOURCE_DIR +
+          "/data/gpt2.tiktoken --tokenizer gpt2 --model llama --layers 2 --heads 4 --kv-heads 2 --embd 64 --ffn 176 "
+          "--seq 64 --batch 8 --steps 20 --lr 3e-3 --warmup 5 --eval-windows 8 --log-every 5 --loss-log " +
+          log);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream got_file(log), want_file(std::string(SOURCE_DIR) + "/tests/golden/llama_debug.losses");
+  std::stringstream got, want;
+  got << got_file.rdbuf();
+  want << want_file.rdbuf();
+  ASSERT_FALSE(want.str().empty()) << "no golden file";
+  EXPECT_EQ(got.str(), want.str()) << "the losses moved: if on purpose, regenerate (tests/golden/README.md)";
+}
+
+TEST_F(TrainGpt, LlamaFlagsAreChecked) {
+  expect_rejected(tiny_flags() + " --model llama --heads 4 --kv-heads 3", {"--kv-heads", "divisor of --heads 4"});
+  expect_rejected(tiny_flags() + " --kv-heads 2", {"need --model llama"});
+  expect_rejected(tiny_flags() + " --model mamba", {"--model: expected gpt2 or llama, got 'mamba'"});
+  expect_rejected(tiny_flags() + " --model llama --heads 6 --embd 24 --kv-heads 3 --tp 2",
+                  {"num_key_value_heads 3 is not divisible by --tp 2"});
+  expect_rejected(tiny_flags() + " --model llama --head-dim 5", {"--head-dim: expected a positive even width"});
 }
 
 // --tensorboard: TensorBoard's own EventAccumulator (the oracles' environment, as above) reads every tag the run
 // wrote, and the values are the run's: train/loss and lr as the progress lines print them, val/loss as the evaluation
 // line and the summary do.
 TEST_F(TrainGpt, TensorBoardReadsTheEventFiles) {
-  const char* venv = std::getenv("MINIDL_ORACLES_VENV");
-  const std::string python = std::string(venv ? venv : "/opt/minidl-oracles") + "/bin/python";
+  const std::string python = oracle_python();
   if (minidl::testing::run_program(python + " -c 'import tensorboard'").code != 0)
     GTEST_SKIP() << python << " has no tensorboard: scripts/install-deps.sh --with-oracles installs it";
   Result r = run(tiny_flags() +

@@ -96,7 +96,8 @@ struct Ref {
       Mat x(size_t(T), std::vector<double>(C, 0.0));
       for (int64_t t = 0; t < T; ++t)
         for (size_t c = 0; c < C; ++c) x[t][c] = wte[size_t(ids[b * T + t]) * C + c] + wpe[size_t(t) * C + c];
-      for (const auto& block : *m.h) {
+      for (size_t i = 0; i < m.h->size(); ++i) {
+        const nn::Block* block = &m.block<nn::Block>(i);
         Mat a = attention(affine(layernorm(x, block->ln_1->weight, block->ln_1->bias), block->attn->c_attn->weight,
                                  block->attn->c_attn->bias),
                           cfg.n_head);
@@ -111,7 +112,8 @@ struct Ref {
         for (int64_t t = 0; t < T; ++t)
           for (size_t c = 0; c < C; ++c) x[t][c] += f[t][c];
       }
-      x = layernorm(x, m.ln_f->weight, m.ln_f->bias);
+      const auto& ln_f = dynamic_cast<const nn::LayerNorm&>(*m.ln_f);
+      x = layernorm(x, ln_f.weight, ln_f.bias);
       for (const auto& row : x) {
         std::vector<double> l(size_t(cfg.vocab_size), 0.0);
         for (size_t v = 0; v < l.size(); ++v)

@@ -70,7 +70,7 @@ TEST(GPTInit, IsAFunctionOfTheSeed) {
     if (pa[i].second.dim() == 2) EXPECT_FALSE(bitwise_equal(pa[i].second, pc[i].second)) << pa[i].first;
   }
   // Each parameter has its own stream: two same-shaped weights differ.
-  EXPECT_FALSE(bitwise_equal((*a.h)[0].attn->c_attn->weight, (*a.h)[1].attn->c_attn->weight));
+  EXPECT_FALSE(bitwise_equal(a.block<nn::Block>(0).attn->c_attn->weight, a.block<nn::Block>(1).attn->c_attn->weight));
 }
 
 TEST(GPTInit, ParametersAreChargedToTheParamsTag) {

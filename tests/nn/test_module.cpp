@@ -123,8 +123,8 @@ TEST(Module, GPTHasHuggingFaceNamesInOrder) {
   const int64_t per_block = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * 4 * C + 4 * C) + (4 * C * C + C);
   EXPECT_EQ(model.num_parameters(), V * C + 8 * C + L * per_block + 2 * C);
   EXPECT_EQ(model.h->size(), 2u);
-  EXPECT_EQ((*model.h)[1].attn->c_attn->weight.shape(), (Shape{C, 3 * C}));
-  EXPECT_EQ((*model.h)[0].mlp->c_proj->weight.shape(), (Shape{4 * C, C}));
+  EXPECT_EQ(model.block<nn::Block>(1).attn->c_attn->weight.shape(), (Shape{C, 3 * C}));
+  EXPECT_EQ(model.block<nn::Block>(0).mlp->c_proj->weight.shape(), (Shape{4 * C, C}));
 }
 
 // Layers built alone start from PyTorch's default initialisation (a Linear that started at zero trained a user's
@@ -160,5 +160,6 @@ TEST(Layers, DefaultInitialisationIsPyTorchsAndDeterministic) {
   }
   GPTConfig cfg{.vocab_size = 11, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8};
   GPT gpt(cfg, /*seed=*/1);
-  for (double x : (*gpt.h)[0].attn->c_attn->bias.to_vector()) EXPECT_EQ(x, 0.0) << "GPT-2's biases start at zero";
+  for (double x : gpt.block<nn::Block>(0).attn->c_attn->bias.to_vector())
+    EXPECT_EQ(x, 0.0) << "GPT-2's biases start at zero";
 }

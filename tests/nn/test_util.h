@@ -11,6 +11,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/rng.h"
+#include "core/tensor.h"
 
 namespace minidl::testing {
 
@@ -50,6 +52,14 @@ inline void expect_error(const std::function<void()>& fn, std::initializer_list<
     std::string msg = e.what();
     for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   }
+}
+
+// (B, T) token ids in [0, V), element i from Philox(seed, stream): a batch any test can rebuild.
+inline Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed, uint64_t stream) {
+  std::vector<int32_t> v(size_t(B * T));
+  Philox rng(seed, stream);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = int32_t(rng.draw(i).x % uint32_t(V));
+  return Tensor::from_vector(v, {B, T});
 }
 
 }  // namespace minidl::testing

@@ -55,6 +55,40 @@ TEST(PredictCompute, BlockFlopsAreNanoGptsCountSplitOverTp) {
   EXPECT_DOUBLE_EQ(split, BT * (2 * 12 * C * C + 4 * C * T) / 2);
 }
 
+// A Llama (GQA 4:2, SwiGLU 344 wide): the block's products are its own matrices (q and o C·HD, k and v C·KV·D,
+// gate, up and down C·I), and the model's FLOPs per token are nn::GPT's own count of the same model.
+TEST(PredictCompute, LlamaBlockFlopsAreItsMatricesAndTheModelsCount) {
+  nn::GPTConfig llama = baby();
+  llama.arch = nn::GPTConfig::Arch::kLlama;
+  llama.bias = false;
+  llama.n_kv_head = 2;
+  llama.intermediate_size = 344;
+  ComputeQuery q{llama, 1, false, DType::f32, 3, 64, nn::Recompute::kNone};
+  double flops = 0;
+  for (const auto& ops : {block_forward_ops(q), block_backward_ops(q)})
+    for (const OpCost& op : ops) flops += op.flops;
+  const double C = 128, T = 64, BT = 3 * 64, KVD = 64, I = 344;
+  EXPECT_DOUBLE_EQ(flops, BT * (6 * (2 * C * C + 2 * C * KVD + 3 * C * I) + 12 * C * T));
+  EXPECT_DOUBLE_EQ(model_flops_per_token(llama, 64), nn::GPT(llama, 0).flops_per_token(64));
+  EXPECT_DOUBLE_EQ(model_flops_per_token(baby(), 64), nn::GPT(baby(), 0).flops_per_token(64));
+}
+
+// Tensor parallelism of a Llama: each of its 5 column-parallel layers (q, k, v, gate, up) all-reduces its input
+// gradient, against GPT-2's 2 (c_attn, c_fc); the forward's 2 are the row-parallel layers', as GPT-2's.
+TEST(PredictStep, LlamaTensorParallelismAllReducesPerColumnParallelLayer) {
+  nn::GPTConfig llama = baby();
+  llama.arch = nn::GPTConfig::Arch::kLlama;
+  llama.bias = false;
+  llama.n_kv_head = 2;
+  Layout l;
+  l.tp = 2;
+  const Machine m = toy_machine();
+  const double act = 12.0 * 64 * 128 * 4 / 10e9 + 2e-6, loss = 3 * (12.0 * 64 * 4 / 10e9 + 2e-6);
+  EXPECT_NEAR(predict(Workload{llama, 12}, l, m).time.tp_comm, 4 * (2 + 5) * act + 2 * act + loss, 1e-12);
+  llama.n_kv_head = 1;
+  EXPECT_NE(refusal(Workload{llama, 12}, l).find("num_key_value_heads 1 is not divisible by tp 2"), std::string::npos);
+}
+
 TEST(PredictMemory, EqualsTrainPredictMemoryForTheSameQuery) {
   const Workload w{baby(), 24};
   Layout l;

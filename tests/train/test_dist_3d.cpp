@@ -1,9 +1,10 @@
-// dp × tp × pp × ZeRO together (train::build_model_and_sync) against one process, at 4 and 8 ranks: for each grid
-// the world size allows, three AdamW steps with clipping active (the clip is far below the gradient norm). Every
-// step's loss, and its gradient norm before clipping, equal one process's within 1e-5 relative: the norm counts
-// each logical parameter once — the tp-replicated LayerNorms, wpe and row-parallel biases, the duplicated tied wte
-// of the first and last stage, ZeRO's shards over dp — which a norm counting any of them twice misses by percents.
-// The fp16 overflow flag is combined over the same groups: a rank whose gradients overflow makes every rank skip.
+// dp × tp × pp × ZeRO together (train::build_model_and_sync) against one process, at 4 and 8 ranks, for GPT-2 and
+// for Llama: for each grid the world size allows, three AdamW steps with clipping active (the clip is far below
+// the gradient norm). Every step's loss, and its gradient norm before clipping, equal one process's within 1e-5
+// relative: the norm counts each logical parameter once — the tp-replicated LayerNorms, wpe and row-parallel biases,
+// the duplicated tied wte of the first and last stage, ZeRO's shards over dp — which a norm counting any of them twice
+// misses by percents. The fp16 overflow flag is combined over the same groups: a rank whose gradients overflow makes
+// every rank skip.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,7 +25,20 @@ constexpr int64_t kVocab = 13, kSeq = 8, kRows = 8, kLayers = 4;
 
 const dist::Context& ctx() { return minidl::testing::mpi_context(); }
 
-nn::GPTConfig model_config() { return {kVocab, kSeq, kLayers, 2, 16, 0.0, true}; }
+// GPT-2, or Llama (nn/llama.h) with grouped-query attention (4 query heads on 2 kv heads: tp 2 splits both) and
+// an untied head: the same plan-driven parallelism, the same oracle.
+bool g_llama = false;
+
+nn::GPTConfig model_config() {
+  nn::GPTConfig c{kVocab, kSeq, kLayers, g_llama ? 4 : 2, 16, 0.0, !g_llama};
+  if (g_llama) {
+    c.arch = nn::GPTConfig::Arch::kLlama;
+    c.n_kv_head = 2;
+    c.intermediate_size = 24;
+    c.tie_embeddings = false;
+  }
+  return c;
+}
 
 data::Batch global_batch(int step) {
   std::vector<int32_t> x(kRows * kSeq), y(kRows * kSeq);
@@ -58,8 +72,14 @@ std::vector<Grid3> grids(int world) {
 train::TrainConfig train_config(const Grid3& g) {
   train::TrainConfig c;
   c.layers = kLayers;
-  c.heads = 2;
+  c.heads = g_llama ? 4 : 2;
   c.embd = 16;
+  if (g_llama) {
+    c.model = "llama";
+    c.kv_heads = 2;
+    c.ffn = 24;
+    c.untie = true;
+  }
   c.seq = kSeq;
   c.batch = kRows;
   c.dp = g.dp;
@@ -112,6 +132,13 @@ void expect_steps_match(const Grid3& g) {
 TEST(ThreeD, StepsAndClippingNormsEqualOneProcess) {
   if (grids(ctx().world_size()).empty()) GTEST_SKIP() << "grids for 4 and 8 ranks";
   for (const Grid3& g : grids(ctx().world_size())) expect_steps_match(g);
+}
+
+TEST(ThreeD, LlamaStepsAndClippingNormsEqualOneProcess) {
+  if (grids(ctx().world_size()).empty()) GTEST_SKIP() << "grids for 4 and 8 ranks";
+  g_llama = true;
+  for (const Grid3& g : grids(ctx().world_size())) expect_steps_match(g);
+  g_llama = false;
 }
 
 // Every rank of a 3D grid takes the fp16 overflow of any one rank: the scaler skips the step everywhere.

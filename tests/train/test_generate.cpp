@@ -11,9 +11,11 @@
 
 #include "autograd/node.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "nn/gpt.h"
 #include "tests/support/test_device.h"
 #include "train/evaluate.h"
+#include "train/zero_memory.h"
 
 namespace minidl {
 namespace {
@@ -91,6 +93,30 @@ TEST(Generate, CachedTokensEqualRecomputedOnesGreedyAndSampled) {
   top1.seed = 99;
   greedy.max_new_tokens = top1.max_new_tokens = 30;
   EXPECT_EQ(train::generate(model, prompt(), top1), train::generate(model, prompt(), greedy));
+}
+
+// The cache's bytes are what train::kv_cache_bytes predicts, n_kv_head heads per block: a Llama with 2 of 6 heads
+// keeps a third of the multi-head model's.
+TEST(Generate, KVCacheBytesAreThePredictedOnes) {
+  SKIP_WITHOUT_DEVICE();
+  nn::GPTConfig mha{37, 24, 2, 6, 96, 0.0, false};  // head_dim 16, which the CUDA kernels take
+  mha.arch = nn::GPTConfig::Arch::kLlama;
+  nn::GPTConfig gqa = mha;
+  gqa.n_kv_head = 2;
+  EXPECT_EQ(3 * train::kv_cache_bytes(gqa, DType::f32), train::kv_cache_bytes(mha, DType::f32));
+  for (const nn::GPTConfig& cfg : {generation_config(), mha, gqa}) {
+    nn::GPT model(cfg, 5);
+    model.to(testing::test_device());
+    model.eval();
+    autograd::NoGradGuard no_grad;
+    const MemoryLedger& mem = ledger(testing::test_device());
+    const int64_t before = mem.current(MemTag::kActivations);
+    nn::KVCache cache;
+    model.forward_cached(Tensor::from_vector(prompt(), {1, int64_t(prompt().size())}).to(testing::test_device()),
+                         cache);
+    EXPECT_EQ(double(mem.current(MemTag::kActivations) - before), train::kv_cache_bytes(cfg, DType::f32))
+        << "kv heads " << cfg.kv_heads();
+  }
 }
 
 TEST(Generate, BadOptionsAreRefusedByName) {

@@ -1,6 +1,7 @@
 // ops/attention.h on CUDA devices: 16-bit inputs with head dimension 32, 64 or 128 on tensor cores
 // (ops/cuda/flash_attention.h: 16-bit operands, f32 accumulation); f32 through ops/cuda/attention.h; other 16-bit
-// inputs through an f32 copy, as on the CPU (ops/cast.h).
+// inputs through an f32 copy, as on the CPU (ops/cast.h). Every kernel takes grouped kv heads (n_kv_head < n_head)
+// in place, without repeating K and V.
 #include <type_traits>
 
 #include "ops/attention.h"
@@ -31,13 +32,13 @@ void dispatch_half(DType dt, Fn&& fn) {
 }
 
 // 16-bit attention on tensor cores (flash_attention.h); other head dimensions take the f32 kernel on an f32 copy.
-AttentionForward attention_forward(const Tensor& qkv, int n_head);
+AttentionForward attention_forward(const Tensor& qkv, int n_head, int n_kv_head);
 AttentionForward half_attention_forward(const Tensor& qkv16, const AttentionDims& d) {
   const Tensor qkv = qkv16.contiguous();
   AttentionForward f{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
                      Tensor::empty({d.B, d.H, d.T}, DType::f32, qkv.device())};
   if (!flash_attention_supports(int(d.D))) {
-    AttentionForward f32 = attention_forward(upcast(qkv), int(d.H));
+    AttentionForward f32 = attention_forward(upcast(qkv), int(d.H), int(d.Hkv));
     cast_into(f32.out, f.out);
     return {f.out, f32.lse};
   }
@@ -45,18 +46,19 @@ AttentionForward half_attention_forward(const Tensor& qkv16, const AttentionDims
   dispatch_half(qkv.dtype(), [&](auto tag) {
     using Half = decltype(tag);
     MINIDL_CUDA_CHECK(flash_attention_forward(half_data<Half>(qkv), half_data<Half>(f.out), f.lse.device_data<float>(),
-                                              int(d.B), int(d.T), int(d.C), int(d.H), on.stream));
+                                              int(d.B), int(d.T), int(d.C), int(d.H), int(d.Hkv), on.stream));
   });
   return f;
 }
 
-Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int n_head);
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int n_head,
+                          int n_kv_head);
 Tensor half_attention_backward(const Tensor& dout16, const Tensor& qkv16, const Tensor& out16, const Tensor& lse,
                                const AttentionDims& d) {
   const Tensor qkv = qkv16.contiguous(), dout = dout16.contiguous(), out = out16.contiguous();
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
   if (!flash_attention_supports(int(d.D))) {
-    cast_into(attention_backward(upcast(dout), upcast(qkv), upcast(out), lse.contiguous(), int(d.H)), dqkv);
+    cast_into(attention_backward(upcast(dout), upcast(qkv), upcast(out), lse.contiguous(), int(d.H), int(d.Hkv)), dqkv);
     return dqkv;
   }
   OnDevice on(qkv);
@@ -65,17 +67,18 @@ Tensor half_attention_backward(const Tensor& dout16, const Tensor& qkv16, const 
   const Tensor l = lse.contiguous();
   dispatch_half(qkv.dtype(), [&](auto tag) {
     using Half = decltype(tag);
-    MINIDL_CUDA_CHECK(flash_attention_backward(
-        half_data<Half>(dout), half_data<Half>(qkv), half_data<Half>(out), l.device_data<float>(),
-        half_data<Half>(dqkv), scratch.device_data<float>(), int(d.B), int(d.T), int(d.C), int(d.H), on.stream));
+    MINIDL_CUDA_CHECK(flash_attention_backward(half_data<Half>(dout), half_data<Half>(qkv), half_data<Half>(out),
+                                               l.device_data<float>(), half_data<Half>(dqkv),
+                                               scratch.device_data<float>(), int(d.B), int(d.T), int(d.C), int(d.H),
+                                               int(d.Hkv), on.stream));
   });
   return dqkv;
 }
 
-AttentionForward attention_forward(const Tensor& qkv, int n_head) {
-  if (is_half(qkv.dtype())) return half_attention_forward(qkv, check_causal_attention(qkv, n_head));
+AttentionForward attention_forward(const Tensor& qkv, int n_head, int n_kv_head) {
+  if (is_half(qkv.dtype())) return half_attention_forward(qkv, check_causal_attention(qkv, n_head, n_kv_head));
   check_f32("causal_attention", "qkv", qkv);
-  AttentionDims d = check_causal_attention(qkv, n_head);
+  AttentionDims d = check_causal_attention(qkv, n_head, n_kv_head);
   MINIDL_CHECK(d.D == 16 || d.D == 32 || d.D == 64,
                "causal_attention: the CUDA kernel takes head dimension 16, 32 "
                "or 64, got C / n_head = ",
@@ -85,21 +88,24 @@ AttentionForward attention_forward(const Tensor& qkv, int n_head) {
                      Tensor::empty({d.B, d.H, d.T}, DType::f32, qkv.device())};
   MINIDL_CUDA_CHECK(causal_attention_forward(qkv.device_data<float>(), f.out.device_data<float>(),
                                              f.lse.device_data<float>(), int(d.B), int(d.T), int(d.C), int(d.H),
-                                             on.stream));
+                                             int(d.Hkv), on.stream));
   return f;
 }
 
-Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int n_head) {
-  if (is_half(qkv.dtype())) return half_attention_backward(dout, qkv, out, lse, check_causal_attention(qkv, n_head));
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int n_head,
+                          int n_kv_head) {
+  if (is_half(qkv.dtype()))
+    return half_attention_backward(dout, qkv, out, lse, check_causal_attention(qkv, n_head, n_kv_head));
   check_f32("causal_attention_backward", "qkv", qkv);
-  AttentionDims d = check_causal_attention(qkv, n_head);
+  AttentionDims d = check_causal_attention(qkv, n_head, n_kv_head);
   OnDevice on(qkv);
   Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, qkv.device());
   Tensor scratch = Tensor::empty({int64_t(causal_attention_backward_scratch_floats(int(d.B), int(d.T), int(d.H)))},
                                  DType::f32, qkv.device());
-  MINIDL_CUDA_CHECK(causal_attention_backward(
-      dout.device_data<float>(), qkv.device_data<float>(), out.device_data<float>(), lse.device_data<float>(),
-      dqkv.device_data<float>(), scratch.device_data<float>(), int(d.B), int(d.T), int(d.C), int(d.H), on.stream));
+  MINIDL_CUDA_CHECK(causal_attention_backward(dout.device_data<float>(), qkv.device_data<float>(),
+                                              out.device_data<float>(), lse.device_data<float>(),
+                                              dqkv.device_data<float>(), scratch.device_data<float>(), int(d.B),
+                                              int(d.T), int(d.C), int(d.H), int(d.Hkv), on.stream));
   return dqkv;
 }
 

@@ -123,16 +123,49 @@ TEST_F(DeviceOps, HalfAttentionOnTheDeviceMatchesTheCpuInF32) {
       const Tensor qkv16 = random_tensor({B, T, 3 * C}, 31, dt), dout16 = random_tensor({B, T, C}, 32, dt);
       const Tensor qkv = ops::cast(qkv16, DType::f32), dout = ops::cast(dout16, DType::f32);
       ops::AttentionForward want = ops::causal_attention_forward(qkv, int(H));
-      ops::AttentionForward got = ops::causal_attention_forward_device(kCuda)(on_cuda(qkv16), int(H));
+      ops::AttentionForward got = ops::causal_attention_forward_device(kCuda)(on_cuda(qkv16), int(H), int(H));
       EXPECT_EQ(got.out.dtype(), dt);
       expect_close(back(got.out), want.out.to_vector(), rtol, what + "out");
       expect_close(back(got.lse), want.lse.to_vector(), 1e-4, what + "lse");
       Tensor dwant = ops::causal_attention_backward(dout, qkv, want.out, want.lse, int(H));
-      Tensor dgot =
-          ops::causal_attention_backward_device(kCuda)(on_cuda(dout16), on_cuda(qkv16), got.out, got.lse, int(H));
+      Tensor dgot = ops::causal_attention_backward_device(kCuda)(on_cuda(dout16), on_cuda(qkv16), got.out, got.lse,
+                                                                 int(H), int(H));
       EXPECT_EQ(dgot.dtype(), dt);
       expect_close(back(dgot), dwant.to_vector(), rtol, what + "dqkv");
     }
+}
+
+// Grouped kv heads through the ops entry: f32 on the f32 kernels, 16-bit with head dimension 32 on the tensor-core
+// kernels and 16 on the f32 kernels through a copy; each against the CPU op in f32 on the same values.
+TEST_F(DeviceOps, GroupedAttentionOnTheDeviceMatchesTheCpu) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t D : {16, 32}) {
+      const int64_t B = 2, T = 21, H = 6, Hkv = 2, C = H * D;
+      const double rtol = dt == DType::bf16 ? 1.5e-2 : dt == DType::f16 ? 3e-3 : 1e-5;
+      const std::string what = std::string(dt == DType::f32    ? "f32"
+                                           : dt == DType::bf16 ? "bf16"
+                                                               : "f16") +
+                               " D " + std::to_string(D) + " ";
+      const Tensor qkv_dt = random_tensor({B, T, (H + 2 * Hkv) * D}, 33, dt),
+                   dout_dt = random_tensor({B, T, C}, 34, dt);
+      const Tensor qkv = ops::cast(qkv_dt, DType::f32), dout = ops::cast(dout_dt, DType::f32);
+      ops::AttentionForward want = ops::causal_attention_forward(qkv, int(H), int(Hkv));
+      ops::AttentionForward got = ops::causal_attention_forward(on_cuda(qkv_dt), int(H), int(Hkv));
+      EXPECT_EQ(got.out.dtype(), dt);
+      expect_close(back(got.out), want.out.to_vector(), rtol, what + "out");
+      expect_close(back(got.lse), want.lse.to_vector(), dt == DType::f32 ? 1e-5 : 1e-4, what + "lse");
+      Tensor dwant = ops::causal_attention_backward(dout, qkv, want.out, want.lse, int(H), int(Hkv));
+      Tensor dgot =
+          ops::causal_attention_backward(on_cuda(dout_dt), on_cuda(qkv_dt), got.out, got.lse, int(H), int(Hkv));
+      EXPECT_EQ(dgot.dtype(), dt);
+      EXPECT_EQ(dgot.shape(), qkv.shape());
+      expect_close(back(dgot), dwant.to_vector(), dt == DType::f32 ? 1e-4 : rtol, what + "dqkv");
+    }
+  expect_error(
+      [&] {
+        ops::causal_attention_forward(on_cuda(random_tensor({1, 4, 5 * 16}, 1, DType::f32)), 3, 2);
+      },
+      {"causal_attention", "n_head = 3", "n_kv_head = 2"});
 }
 
 TEST_F(DeviceOps, CrossEntropyForwardAndBackwardMatchTheCpuAndCheckTargets) {

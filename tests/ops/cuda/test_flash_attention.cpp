@@ -1,7 +1,8 @@
 // The tensor-core attention kernels (ops/cuda/flash_attention.cu, flash_attention_backward.cu) on the emulator,
 // against the CPU op computed in f32 from the same 16-bit inputs: bf16 and f16, head dimensions 32, 64 and 128,
 // sequence lengths around the 64-query and 32/64-key tiles (1, 17, 65, 70, 130), several heads and batches,
-// B x H above 65535 (one launch, no gridDim.y limit), and the backward's bits run to run.
+// B x H above 65535 (one launch, no gridDim.y limit), grouped kv heads (GQA, MQA), and the backward's bits run to
+// run.
 #include <cmath>
 
 #include "device_buffer.h"
@@ -51,30 +52,32 @@ Tensor rounded_f32(const Shape& shape, uint64_t seed, bool bf16) {
                              DType::f32);
 }
 
+// qkv (B, T, (H + 2 Hkv) D), Hkv kv heads.
 template <class T>
-void check_forward_and_backward(const FlashCase& c) {
+void check_forward_and_backward(const FlashCase& c, int Hkv) {
   const auto [B, T_len, H, D, bf16] = c;
-  const int C = H * D;
-  const Tensor qkv = rounded_f32({B, T_len, 3 * C}, uint64_t(T_len * 100 + D), bf16);
-  const ops::AttentionForward want = ops::causal_attention_forward(qkv, H);
+  const int C = H * D, width = C + 2 * Hkv * D;
+  const Tensor qkv = rounded_f32({B, T_len, width}, uint64_t(T_len * 100 + D), bf16);
+  const ops::AttentionForward want = ops::causal_attention_forward(qkv, H, Hkv);
 
   DeviceBuffer<T> dqkv(bits16<T>(qkv.to_vector())), out(size_t(B) * T_len * C);
   DeviceBuffer<float> lse(size_t(B) * H * T_len);
-  ASSERT_EQ(ops::cuda::flash_attention_forward(dqkv.get(), out.get(), lse.get(), B, T_len, C, H, nullptr), cudaSuccess);
+  ASSERT_EQ(ops::cuda::flash_attention_forward(dqkv.get(), out.get(), lse.get(), B, T_len, C, H, Hkv, nullptr),
+            cudaSuccess);
   expect_close(widen(out.host()), want.out.to_vector(), rtol(bf16), "out");
   expect_close(doubles(lse.host()), want.lse.to_vector(), kLseRtol, "lse");
 
   const Tensor dout = rounded_f32({B, T_len, C}, 99, bf16);
-  const Tensor want_dqkv = ops::causal_attention_backward(dout, qkv, want.out, want.lse, H);
-  DeviceBuffer<T> ddout(bits16<T>(dout.to_vector())), grad(size_t(B) * T_len * 3 * C);
+  const Tensor want_dqkv = ops::causal_attention_backward(dout, qkv, want.out, want.lse, H, Hkv);
+  DeviceBuffer<T> ddout(bits16<T>(dout.to_vector())), grad(size_t(B) * T_len * width);
   DeviceBuffer<float> scratch(ops::cuda::flash_attention_backward_scratch_floats(B, T_len, H));
   ASSERT_EQ(ops::cuda::flash_attention_backward(ddout.get(), dqkv.get(), out.get(), lse.get(), grad.get(),
-                                                scratch.get(), B, T_len, C, H, nullptr),
+                                                scratch.get(), B, T_len, C, H, Hkv, nullptr),
             cudaSuccess);
   const std::vector<T> first = grad.host();
   expect_close(widen(first), want_dqkv.to_vector(), rtol(bf16), "dqkv");
   ASSERT_EQ(ops::cuda::flash_attention_backward(ddout.get(), dqkv.get(), out.get(), lse.get(), grad.get(),
-                                                scratch.get(), B, T_len, C, H, nullptr),
+                                                scratch.get(), B, T_len, C, H, Hkv, nullptr),
             cudaSuccess);
   const std::vector<T> second = grad.host();
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(T)), 0) << "dqkv bits differ run to run";
@@ -84,10 +87,38 @@ class FlashAttention : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(FlashAttention, ForwardAndBackwardMatchTheCpuOp) {
   if (GetParam().bf16)
-    check_forward_and_backward<__nv_bfloat16>(GetParam());
+    check_forward_and_backward<__nv_bfloat16>(GetParam(), GetParam().H);
   else
-    check_forward_and_backward<__half>(GetParam());
+    check_forward_and_backward<__half>(GetParam(), GetParam().H);
 }
+
+// Grouped kv heads: query head h reads kv head h / (H / Hkv); a kv head's dK and dV sum its group's heads in one
+// block, the group's query tiles double-buffered as one sequence.
+struct FlashGroupedCase {
+  FlashCase heads;
+  int Hkv;
+};
+
+class FlashGroupedAttention : public ::testing::TestWithParam<FlashGroupedCase> {};
+
+TEST_P(FlashGroupedAttention, ForwardAndBackwardMatchTheCpuOp) {
+  if (GetParam().heads.bf16)
+    check_forward_and_backward<__nv_bfloat16>(GetParam().heads, GetParam().Hkv);
+  else
+    check_forward_and_backward<__half>(GetParam().heads, GetParam().Hkv);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashGroupedAttention,
+                         ::testing::Values(FlashGroupedCase{{2, 17, 6, 32, true}, 2},
+                                           FlashGroupedCase{{1, 70, 4, 64, false}, 2},
+                                           FlashGroupedCase{{1, 65, 2, 128, true}, 1},
+                                           FlashGroupedCase{{1, 33, 3, 32, false}, 1}),
+                         [](const auto& info) {
+                           const FlashCase& c = info.param.heads;
+                           return std::string(c.bf16 ? "bf16" : "f16") + "_batch" + std::to_string(c.B) + "_T" +
+                                  std::to_string(c.T) + "_H" + std::to_string(c.H) + "_Hkv" +
+                                  std::to_string(info.param.Hkv) + "_D" + std::to_string(c.D);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttention,
                          ::testing::Values(FlashCase{1, 1, 1, 32, true}, FlashCase{2, 17, 2, 64, true},
@@ -117,7 +148,7 @@ TEST(FlashAttentionGrid, MoreThan65535HeadsInOneLaunch) {
   const ops::AttentionForward want = ops::causal_attention_forward(qkv, H);
   DeviceBuffer<__nv_bfloat16> dqkv(bits16<__nv_bfloat16>(qkv.to_vector())), out(size_t(B) * C);
   DeviceBuffer<float> lse(size_t(B) * H);
-  ASSERT_EQ(ops::cuda::flash_attention_forward(dqkv.get(), out.get(), lse.get(), B, 1, C, H, nullptr), cudaSuccess);
+  ASSERT_EQ(ops::cuda::flash_attention_forward(dqkv.get(), out.get(), lse.get(), B, 1, C, H, H, nullptr), cudaSuccess);
   expect_close(widen(out.host()), want.out.to_vector(), rtol(true), "out");
   expect_close(doubles(lse.host()), want.lse.to_vector(), kLseRtol, "lse");
 }
@@ -135,15 +166,30 @@ INSTANTIATE_TEST_SUITE_P(GpuShapes, FlashAttention,
                            return std::string(c.bf16 ? "bf16" : "f16") + "_batch" + std::to_string(c.B) + "_T" +
                                   std::to_string(c.T) + "_H" + std::to_string(c.H) + "_D" + std::to_string(c.D);
                          });
+INSTANTIATE_TEST_SUITE_P(GpuShapes, FlashGroupedAttention,
+                         ::testing::Values(FlashGroupedCase{{2, 1024, 8, 64, true}, 2},
+                                           FlashGroupedCase{{1, 1000, 4, 128, false}, 1}),
+                         [](const auto& info) {
+                           const FlashCase& c = info.param.heads;
+                           return std::string(c.bf16 ? "bf16" : "f16") + "_batch" + std::to_string(c.B) + "_T" +
+                                  std::to_string(c.T) + "_H" + std::to_string(c.H) + "_Hkv" +
+                                  std::to_string(info.param.Hkv) + "_D" + std::to_string(c.D);
+                         });
 #endif
 
 TEST(FlashAttentionDims, UnsupportedHeadDimensionIsAnError) {
   DeviceBuffer<__half> qkv(3 * 48), out(48);
   DeviceBuffer<float> lse(1), scratch(1);
-  EXPECT_EQ(ops::cuda::flash_attention_forward(qkv.get(), out.get(), lse.get(), 1, 1, 48, 1, nullptr),
+  EXPECT_EQ(ops::cuda::flash_attention_forward(qkv.get(), out.get(), lse.get(), 1, 1, 48, 1, 1, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(ops::cuda::flash_attention_backward(out.get(), qkv.get(), out.get(), lse.get(), qkv.get(), scratch.get(), 1,
-                                                1, 48, 1, nullptr),
+                                                1, 48, 1, 1, nullptr),
+            cudaErrorInvalidValue);
+  // n_head 3 is no multiple of n_kv_head 2.
+  EXPECT_EQ(ops::cuda::flash_attention_forward(qkv.get(), out.get(), lse.get(), 1, 1, 96, 3, 2, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(ops::cuda::flash_attention_backward(out.get(), qkv.get(), out.get(), lse.get(), qkv.get(), scratch.get(), 1,
+                                                1, 96, 3, 2, nullptr),
             cudaErrorInvalidValue);
 }
 

@@ -1,0 +1,264 @@
+#include "nn/hf_format.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "nn/safetensors.h"
+#include "ops/cast.h"
+
+namespace minidl::nn {
+
+namespace {
+
+// minidl's Llama names -> HF's, one rule per part of a block (nn/hf_format.h's table).
+const std::vector<std::pair<std::string, std::string>>& llama_block_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"ln_1.weight", "input_layernorm.weight"},
+      {"attn.q_proj.weight", "self_attn.q_proj.weight"},
+      {"attn.k_proj.weight", "self_attn.k_proj.weight"},
+      {"attn.v_proj.weight", "self_attn.v_proj.weight"},
+      {"attn.c_proj.weight", "self_attn.o_proj.weight"},
+      {"ln_2.weight", "post_attention_layernorm.weight"},
+      {"mlp.gate_proj.weight", "mlp.gate_proj.weight"},
+      {"mlp.up_proj.weight", "mlp.up_proj.weight"},
+      {"mlp.c_proj.weight", "mlp.down_proj.weight"},
+  };
+  return names;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  MINIDL_CHECK(in.good(), "cannot read ", path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+}  // namespace
+
+std::string hf_tensor_name(const GPTConfig& cfg, const std::string& name) {
+  if (!cfg.llama()) return name;
+  if (name == "transformer.wte.weight") return "model.embed_tokens.weight";
+  if (name == "transformer.ln_f.weight") return "model.norm.weight";
+  if (name == "lm_head.weight") return name;
+  static const std::regex block(R"(transformer\.h\.(\d+)\.(.*))");
+  std::smatch m;
+  MINIDL_CHECK(std::regex_match(name, m, block), "hf_tensor_name: ", name, " is not a Llama parameter");
+  for (const auto& [ours, theirs] : llama_block_names())
+    if (m[2] == ours) return "model.layers." + m[1].str() + "." + theirs;
+  MINIDL_CHECK(false, "hf_tensor_name: ", name, " is not a Llama parameter");
+  return name;
+}
+
+bool hf_transposed(const GPTConfig& cfg, const std::string& name) {
+  if (!cfg.llama()) return false;
+  return name.find("_proj.weight") != std::string::npos;  // every Linear of a Llama block
+}
+
+std::string minidl_tensor_name(const GPTConfig& cfg, const std::string& hf) {
+  auto ends_with = [&](const std::string& suffix) {
+    return hf.size() >= suffix.size() && hf.compare(hf.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (hf == "lm_head.weight") return cfg.tie_embeddings ? "" : hf;  // a tied head is wte
+  if (!cfg.llama()) {
+    if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) return "";  // the causal mask's buffers
+    return starts_with(hf, "transformer.") ? hf : "transformer." + hf;        // GPT2Model's names lack the prefix
+  }
+  if (ends_with("rotary_emb.inv_freq")) return "";  // a buffer older transformers saved
+  if (hf == "model.embed_tokens.weight") return "transformer.wte.weight";
+  if (hf == "model.norm.weight") return "transformer.ln_f.weight";
+  static const std::regex block(R"(model\.layers\.(\d+)\.(.*))");
+  std::smatch m;
+  if (std::regex_match(hf, m, block))
+    for (const auto& [ours, theirs] : llama_block_names())
+      if (m[2] == theirs) return "transformer.h." + m[1].str() + "." + ours;
+  MINIDL_CHECK(false, "unexpected tensor ", hf, " for a Llama (LlamaForCausalLM's names: model.embed_tokens.weight, ",
+               "model.layers.<i>.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight)");
+  return "";
+}
+
+std::string hf_config_json(const GPTConfig& cfg) {
+  if (!cfg.llama()) {
+    nlohmann::ordered_json j = {
+        {"architectures", {"GPT2LMHeadModel"}},
+        {"model_type", "gpt2"},
+        {"vocab_size", cfg.vocab_size},
+        {"n_positions", cfg.block_size},
+        {"n_embd", cfg.n_embd},
+        {"n_layer", cfg.n_layer},
+        {"n_head", cfg.n_head},
+        {"n_inner", nullptr},                 // null means 4 * n_embd, as minidl's MLP
+        {"activation_function", "gelu_new"},  // the tanh approximation
+        {"resid_pdrop", cfg.dropout},
+        {"embd_pdrop", cfg.dropout},
+        {"attn_pdrop", 0.0},
+        {"layer_norm_epsilon", 1e-5},
+        {"tie_word_embeddings", true},
+        {"bos_token_id", nullptr},
+        {"eos_token_id", nullptr},
+    };
+    return j.dump(2) + "\n";
+  }
+  nlohmann::ordered_json scaling = nullptr;
+  const ops::RopeScaling& r = cfg.rope_scaling;
+  // Linear as {"type", "factor"} only: transformers before 4.43 refuse any other key, later ones read "type" too.
+  if (r.type == ops::RopeType::kLinear) scaling = {{"type", "linear"}, {"factor", r.factor}};
+  if (r.type == ops::RopeType::kLlama3)
+    scaling = {{"rope_type", "llama3"},
+               {"factor", r.factor},
+               {"low_freq_factor", r.low_freq_factor},
+               {"high_freq_factor", r.high_freq_factor},
+               {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  nlohmann::ordered_json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", cfg.vocab_size},
+      {"max_position_embeddings", cfg.block_size},
+      {"hidden_size", cfg.n_embd},
+      {"intermediate_size", cfg.mlp_width()},
+      {"num_hidden_layers", cfg.n_layer},
+      {"num_attention_heads", cfg.n_head},
+      {"num_key_value_heads", cfg.kv_heads()},
+      {"head_dim", cfg.head_size()},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", cfg.norm_eps},
+      {"rope_theta", cfg.rope_theta},
+      {"rope_scaling", scaling},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"tie_word_embeddings", cfg.tie_embeddings},
+      {"torch_dtype", "float32"},
+      {"bos_token_id", nullptr},
+      {"eos_token_id", nullptr},
+  };
+  return j.dump(2) + "\n";
+}
+
+GPTConfig config_from_hf_json(const std::string& text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) { MINIDL_CHECK(false, source, ": not valid JSON (", e.what(), ")"); }
+  MINIDL_CHECK(j.is_object(), source, ": expected a JSON object");
+  const std::string type = j.value("model_type", "");
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    MINIDL_CHECK(j.contains(key) && !j[key].is_null(), source, ": missing field \"", key, "\" (model_type ", type, ")");
+    return j[key];
+  };
+  auto integer = [&](const char* key) {
+    MINIDL_CHECK(field(key).is_number_integer(), source, ": field \"", key, "\" must be an integer, got ",
+                 field(key).dump());
+    return field(key).get<int64_t>();
+  };
+  GPTConfig cfg;
+  try {
+    if (type == "gpt2") {
+      cfg.vocab_size = integer("vocab_size");
+      cfg.block_size = integer("n_positions");
+      cfg.n_layer = integer("n_layer");
+      cfg.n_head = integer("n_head");
+      cfg.n_embd = integer("n_embd");
+      MINIDL_CHECK(!j.contains("n_inner") || j["n_inner"].is_null() || j["n_inner"] == 4 * cfg.n_embd, source,
+                   ": field \"n_inner\" must be null or 4 * n_embd = ", 4 * cfg.n_embd, ", got ", j["n_inner"].dump());
+      const std::string act = j.value("activation_function", "gelu_new");
+      MINIDL_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", source,
+                   ": field \"activation_function\": expected gelu_new (the tanh GELU), got ", act);
+      cfg.dropout = 0.0;
+    } else if (type == "llama") {
+      cfg.arch = GPTConfig::Arch::kLlama;
+      cfg.bias = false;
+      cfg.vocab_size = integer("vocab_size");
+      cfg.block_size = integer("max_position_embeddings");
+      cfg.n_layer = integer("num_hidden_layers");
+      cfg.n_head = integer("num_attention_heads");
+      cfg.n_embd = integer("hidden_size");
+      cfg.intermediate_size = integer("intermediate_size");
+      cfg.n_kv_head = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                          ? integer("num_key_value_heads")
+                          : cfg.n_head;
+      if (j.contains("head_dim") && !j["head_dim"].is_null()) cfg.head_dim = integer("head_dim");
+      MINIDL_CHECK(cfg.head_dim > 0 || (cfg.n_head > 0 && cfg.n_embd % cfg.n_head == 0), source,
+                   ": hidden_size ", cfg.n_embd, " is not divisible by num_attention_heads ", cfg.n_head,
+                   " and no head_dim is given");
+      cfg.norm_eps = j.value("rms_norm_eps", 1e-6);
+      cfg.rope_theta = j.value("rope_theta", 10000.0);
+      cfg.tie_embeddings = j.value("tie_word_embeddings", false);
+      const std::string act = j.value("hidden_act", "silu");
+      MINIDL_CHECK(act == "silu", source, ": field \"hidden_act\": expected silu (SwiGLU), got ", act);
+      for (const char* key : {"attention_bias", "mlp_bias"})
+        MINIDL_CHECK(!j.value(key, false), source, ": field \"", key, "\": expected false (minidl's Llama has no ",
+                     "biases), got true");
+      if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+        const nlohmann::json& s = j["rope_scaling"];
+        const std::string rope_type = s.value("rope_type", s.value("type", ""));
+        ops::RopeScaling& r = cfg.rope_scaling;
+        if (rope_type == "default") {
+          r.type = ops::RopeType::kNone;
+        } else if (rope_type == "linear") {
+          r.type = ops::RopeType::kLinear;
+          r.factor = s.at("factor").get<double>();
+        } else if (rope_type == "llama3") {
+          r.type = ops::RopeType::kLlama3;
+          r.factor = s.at("factor").get<double>();
+          r.low_freq_factor = s.at("low_freq_factor").get<double>();
+          r.high_freq_factor = s.at("high_freq_factor").get<double>();
+          r.original_max_position_embeddings = s.at("original_max_position_embeddings").get<int64_t>();
+        } else {
+          MINIDL_CHECK(false, source, ": field \"rope_scaling\": unknown rope_type '", rope_type,
+                       "'; supported: default, linear, llama3");
+        }
+      }
+    } else {
+      MINIDL_CHECK(false, source, ": field \"model_type\": expected gpt2 or llama, got '", type, "'");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    MINIDL_CHECK(false, source, ": a field has the wrong type (", e.what(), ")");
+  }
+  try {
+    cfg.validate();
+  } catch (const Error& e) { MINIDL_CHECK(false, source, ": ", e.what()); }
+  return cfg;
+}
+
+StateDict read_model_tensors(const std::string& path, const GPTConfig& cfg) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files{path};
+  if (fs::is_directory(path)) {
+    const fs::path single = fs::path(path) / "model.safetensors", index = fs::path(path) / "model.safetensors.index.json";
+    files.clear();
+    if (fs::exists(single)) {
+      files.push_back(single.string());
+    } else {
+      MINIDL_CHECK(fs::exists(index), path, ": no model.safetensors or model.safetensors.index.json in the folder");
+      std::set<std::string> shards;
+      try {
+        for (const auto& [name, file] : nlohmann::json::parse(read_text(index.string())).at("weight_map").items())
+          shards.insert(file.get<std::string>());
+      } catch (const nlohmann::json::exception& e) {
+        MINIDL_CHECK(false, index.string(), ": expected {\"weight_map\": {tensor: file, ...}} (", e.what(), ")");
+      }
+      for (const std::string& s : shards) files.push_back((fs::path(path) / s).string());
+    }
+  }
+  StateDict out;
+  for (const std::string& file : files) {
+    SafetensorsFile f = load_safetensors(file);
+    for (auto& [name, t] : f.tensors) {
+      const std::string mine = minidl_tensor_name(cfg, name);
+      if (mine.empty()) continue;  // kept by HF, not a minidl parameter
+      Tensor v = t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32);
+      if (hf_transposed(cfg, mine)) v = v.transpose(0, 1).contiguous();
+      MINIDL_CHECK(out.emplace(mine, v).second, path, ": tensor ", name, " appears twice");
+    }
+  }
+  return out;
+}
+
+}  // namespace minidl::nn

@@ -1,0 +1,85 @@
+#include "nn/llama.h"
+
+#include "ops/cast.h"
+
+namespace minidl::nn {
+
+RotaryTables::RotaryTables(int64_t positions, int64_t head_dim, double theta, const ops::RopeScaling& scaling) {
+  MemoryTagGuard tag(MemTag::kOther);  // kept for the model's life
+  cpu_ = ops::rope_tables(positions, head_dim, theta, scaling);
+  cached_ = cpu_;
+}
+
+const ops::RopeTables& RotaryTables::on(Device device, DType dtype) const {
+  const DType want = dtype == DType::f64 ? DType::f64 : DType::f32;
+  if (cached_.cos.device() != device || cached_.cos.dtype() != want) {
+    MemoryTagGuard tag(MemTag::kOther);
+    cached_.cos = ops::cast(cpu_.cos, want).to(device);
+    cached_.sin = ops::cast(cpu_.sin, want).to(device);
+  }
+  return cached_;
+}
+
+LlamaAttention::LlamaAttention(const GPTConfig& cfg, uint64_t dropout_stream,
+                               std::shared_ptr<const DropoutContext> ctx, std::shared_ptr<const RotaryTables> rope)
+    : head_dim(cfg.head_size()), rope_(std::move(rope)) {
+  const int64_t C = cfg.n_embd, D = cfg.head_size();
+  q_proj = register_module("q_proj", std::make_shared<Linear>(C, cfg.n_head * D, false));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(C, cfg.kv_heads() * D, false));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(C, cfg.kv_heads() * D, false));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(cfg.n_head * D, C, false));
+  resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(cfg.dropout, dropout_stream, ctx));
+}
+
+Tensor LlamaAttention::qkv(const Tensor& x, int64_t offset) const {
+  const Tensor q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
+  const int64_t B = q.size(0), T = q.size(1), H = heads(), Hkv = kv_heads(), D = head_dim;
+  const ops::RopeTables& t = rope_->on(q.device(), q.dtype());
+  const Tensor q_rot = rope(q.view({B, T, H, D}), t.cos, t.sin, offset).view({B, T, H * D});
+  const Tensor k_rot = rope(k.view({B, T, Hkv, D}), t.cos, t.sin, offset).view({B, T, Hkv * D});
+  return cat({q_rot, k_rot, v}, 2);
+}
+
+Tensor LlamaAttention::forward(const Tensor& x) const {
+  const Tensor y = causal_attention(qkv(x, 0), int(heads()), int(kv_heads()));
+  return resid_dropout->forward(c_proj->forward(y));
+}
+
+LlamaMLP::LlamaMLP(const GPTConfig& cfg, uint64_t dropout_stream, std::shared_ptr<const DropoutContext> ctx) {
+  const int64_t C = cfg.n_embd, I = cfg.mlp_width();
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(C, I, false));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(C, I, false));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(I, C, false));
+  dropout = register_module("dropout", std::make_shared<Dropout>(cfg.dropout, dropout_stream, ctx));
+}
+
+// gate and up are column-parallel the same way under tensor parallelism, so a rank's columns pair up and SwiGLU,
+// elementwise, runs on them alone.
+Tensor LlamaMLP::forward(const Tensor& x) const {
+  return dropout->forward(c_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x))));
+}
+
+LlamaBlock::LlamaBlock(const GPTConfig& cfg, uint64_t first_stream, std::shared_ptr<const DropoutContext> ctx,
+                       std::shared_ptr<const RotaryTables> rope) {
+  ln_1 = register_module("ln_1", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+  attn = register_module("attn", std::make_shared<LlamaAttention>(cfg, first_stream, ctx, std::move(rope)));
+  ln_2 = register_module("ln_2", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+  mlp = register_module("mlp", std::make_shared<LlamaMLP>(cfg, first_stream + 1, ctx));
+}
+
+static std::vector<Tensor> joined(std::vector<Tensor> a, const std::vector<Tensor>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<Tensor> LlamaBlock::attention_parameters() const { return joined(ln_1->parameters(), attn->parameters()); }
+std::vector<Tensor> LlamaBlock::mlp_parameters() const { return joined(ln_2->parameters(), mlp->parameters()); }
+
+Tensor LlamaBlock::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const {
+  const Tensor qkv = attn->qkv(ln_1->forward(x), length);
+  const Tensor y = cached_attention(qkv, attn->heads(), attn->kv_heads(), kv, length, block_size);
+  const Tensor h = x + attn->resid_dropout->forward(attn->c_proj->forward(y));
+  return h + mlp_branch(h);
+}
+
+}  // namespace minidl::nn
