@@ -17,14 +17,10 @@ namespace {
 // minidl's Llama names -> HF's, one rule per part of a block (nn/hf_format.h's table).
 const std::vector<std::pair<std::string, std::string>>& llama_block_names() {
   static const std::vector<std::pair<std::string, std::string>> names = {
-      {"ln_1.weight", "input_layernorm.weight"},
-      {"attn.q_proj.weight", "self_attn.q_proj.weight"},
-      {"attn.k_proj.weight", "self_attn.k_proj.weight"},
-      {"attn.v_proj.weight", "self_attn.v_proj.weight"},
-      {"attn.c_proj.weight", "self_attn.o_proj.weight"},
-      {"ln_2.weight", "post_attention_layernorm.weight"},
-      {"mlp.gate_proj.weight", "mlp.gate_proj.weight"},
-      {"mlp.up_proj.weight", "mlp.up_proj.weight"},
+      {"ln_1.weight", "input_layernorm.weight"},         {"attn.q_proj.weight", "self_attn.q_proj.weight"},
+      {"attn.k_proj.weight", "self_attn.k_proj.weight"}, {"attn.v_proj.weight", "self_attn.v_proj.weight"},
+      {"attn.c_proj.weight", "self_attn.o_proj.weight"}, {"ln_2.weight", "post_attention_layernorm.weight"},
+      {"mlp.gate_proj.weight", "mlp.gate_proj.weight"},  {"mlp.up_proj.weight", "mlp.up_proj.weight"},
       {"mlp.c_proj.weight", "mlp.down_proj.weight"},
   };
   return names;
@@ -68,7 +64,7 @@ std::string minidl_tensor_name(const GPTConfig& cfg, const std::string& hf) {
   if (hf == "lm_head.weight") return cfg.tie_embeddings ? "" : hf;  // a tied head is wte
   if (!cfg.llama()) {
     if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) return "";  // the causal mask's buffers
-    return starts_with(hf, "transformer.") ? hf : "transformer." + hf;        // GPT2Model's names lack the prefix
+    return starts_with(hf, "transformer.") ? hf : "transformer." + hf;         // GPT2Model's names lack the prefix
   }
   if (ends_with("rotary_emb.inv_freq")) return "";  // a buffer older transformers saved
   if (hf == "model.embed_tokens.weight") return "transformer.wte.weight";
@@ -184,9 +180,8 @@ GPTConfig config_from_hf_json(const std::string& text, const std::string& source
                           ? integer("num_key_value_heads")
                           : cfg.n_head;
       if (j.contains("head_dim") && !j["head_dim"].is_null()) cfg.head_dim = integer("head_dim");
-      MINIDL_CHECK(cfg.head_dim > 0 || (cfg.n_head > 0 && cfg.n_embd % cfg.n_head == 0), source,
-                   ": hidden_size ", cfg.n_embd, " is not divisible by num_attention_heads ", cfg.n_head,
-                   " and no head_dim is given");
+      MINIDL_CHECK(cfg.head_dim > 0 || (cfg.n_head > 0 && cfg.n_embd % cfg.n_head == 0), source, ": hidden_size ",
+                   cfg.n_embd, " is not divisible by num_attention_heads ", cfg.n_head, " and no head_dim is given");
       cfg.norm_eps = j.value("rms_norm_eps", 1e-6);
       cfg.rope_theta = j.value("rope_theta", 10000.0);
       cfg.tie_embeddings = j.value("tie_word_embeddings", false);
@@ -231,7 +226,8 @@ StateDict read_model_tensors(const std::string& path, const GPTConfig& cfg) {
   namespace fs = std::filesystem;
   std::vector<std::string> files{path};
   if (fs::is_directory(path)) {
-    const fs::path single = fs::path(path) / "model.safetensors", index = fs::path(path) / "model.safetensors.index.json";
+    const fs::path single = fs::path(path) / "model.safetensors",
+                   index = fs::path(path) / "model.safetensors.index.json";
     files.clear();
     if (fs::exists(single)) {
       files.push_back(single.string());
@@ -239,8 +235,8 @@ StateDict read_model_tensors(const std::string& path, const GPTConfig& cfg) {
       MINIDL_CHECK(fs::exists(index), path, ": no model.safetensors or model.safetensors.index.json in the folder");
       std::set<std::string> shards;
       try {
-        for (const auto& [name, file] : nlohmann::json::parse(read_text(index.string())).at("weight_map").items())
-          shards.insert(file.get<std::string>());
+        const nlohmann::json map = nlohmann::json::parse(read_text(index.string())).at("weight_map");  // kept alive
+        for (const auto& [name, file] : map.items()) shards.insert(file.get<std::string>());
       } catch (const nlohmann::json::exception& e) {
         MINIDL_CHECK(false, index.string(), ": expected {\"weight_map\": {tensor: file, ...}} (", e.what(), ")");
       }

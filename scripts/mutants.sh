@@ -162,6 +162,14 @@ nccl_group_of_one ; dist/cuda/nccl_backend.cpp ; -R ^test_dist_cuda\.np ; a grou
 -     if (size() == 1) return copy_for_group_of_one(output, input, stream);\n    MINIDL_NCCL_CHECK(ncclAllGather(
 +     if (size() == 1) return;\n    MINIDL_NCCL_CHECK(ncclAllGather(
 
+llama_hf_rope_interleaved ; ops/cpu/rope.cpp ; -R ^LlamaHF\. ; the oracle alone against interleaved RoPE on HF weights (GPT-J's pairs where transformers rotates halves: llama2.c #286)
+-           simd::rope_rows(xr, cr, sr, yr, H, half, inverse);\n          continue;
++           for (int64_t j = 0; j < H * half; ++j)\n            kernels::rope_rotate(xr[2 * j], xr[2 * j + 1], cr[j % half], inverse ? -sr[j % half] : sr[j % half], yr + 2 * j, yr + 2 * j + 1);\n          continue;
+
+llama_hf_kv_head_modulo ; ops/cpu/attention.cpp ; -R ^LlamaHF\. ; the oracle alone against a query head reading kv head h % n_kv_head (repeat_kv's order is h / group)
+- static int64_t kv_head(int64_t h, const AttentionDims& d) { return h / d.group(); }
++ static int64_t kv_head(int64_t h, const AttentionDims& d) { return h % d.Hkv; }
+
 llama_eps_not_from_config ; nn/llama.cpp ; -R ^LlamaHF\. ; a Llama block's first RMSNorm takes the default eps 1e-5, not the config's (1e-6 in the oracle's models)
 -   ln_1 = register_module("ln_1", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
 +   ln_1 = register_module("ln_1", std::make_shared<RMSNorm>(cfg.n_embd, 1e-5));

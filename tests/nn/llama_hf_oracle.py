@@ -146,12 +146,17 @@ def check(case):
     # The other direction: what save_pretrained writes of this model (test_llama_hf.cpp loads it into minidl).
     saved = os.path.join(case, "hf_saved")
     model.save_pretrained(saved, safe_serialization=True)
-    if rope in ("formula", "head_dim"):  # the config was loaded without what this transformers cannot read
-        with open(os.path.join(saved, "config.json")) as f:
-            written = json.load(f)
-        written["rope_scaling"], written["head_dim"] = cfg["rope_scaling"], cfg.get("head_dim")
-        with open(os.path.join(saved, "config.json"), "w") as f:
-            json.dump(written, f, indent=2)
+    # ... sharded (model.safetensors.index.json and its shards), and in bf16.
+    sharded, bf16 = os.path.join(case, "hf_sharded"), os.path.join(case, "hf_bf16")
+    model.save_pretrained(sharded, safe_serialization=True, max_shard_size="100KB")
+    model.to(torch.bfloat16).save_pretrained(bf16, safe_serialization=True)
+    for folder in (saved, sharded, bf16):
+        if rope in ("formula", "head_dim"):  # the config was loaded without what this transformers cannot read
+            with open(os.path.join(folder, "config.json")) as f:
+                written = json.load(f)
+            written["rope_scaling"], written["head_dim"] = cfg.get("rope_scaling"), cfg.get("head_dim")
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(written, f, indent=2)
     return out
 
 

@@ -4,7 +4,8 @@
 // short original context so that its three bands act at T 256) the logits agree within 1e-4, the loss within 1e-6
 // relative, every parameter's gradient within 1e-4 of its largest element, and 32 greedy tokens with minidl's KV
 // cache equal transformers' generate(do_sample=False) and minidl's own uncached argmax. Then the other direction:
-// what transformers' save_pretrained wrote from that model loads into minidl (load_into on the folder) bit for bit.
+// what transformers' save_pretrained wrote from that model loads into minidl (load_into on the folder) bit for bit,
+// from one file and from shards, and from bf16 tensors as their values widened.
 // Skipped, saying so, without the oracles' environment (scripts/install-deps.sh --with-oracles; CI has it).
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 #include "nn/checkpoint.h"
 #include "nn/hf_format.h"
 #include "nn/safetensors.h"
+#include "ops/cast.h"
 #include "support/run_program.h"
 #include "test_util.h"
 
@@ -145,16 +147,25 @@ TEST(LlamaHF, TransformersComputesWhatMinidlComputes) {
     EXPECT_LE(j["grad_max_rel"].get<double>(), 1e-4) << j["grad_worst"];
     EXPECT_TRUE(j["missing"].empty()) << j["missing"].dump();
     EXPECT_TRUE(j["greedy_equal"].get<bool>()) << j["hf_greedy"].dump();
-    // The other direction: transformers' save_pretrained of that model, read by minidl, bit for bit.
+    // The other direction: transformers' save_pretrained of that model, read by minidl: bit for bit from one file
+    // and from shards (model.safetensors.index.json), and from bf16 tensors each minidl's value rounded to bf16.
     for (const Case& c : cases()) {
       if (c.name != name) continue;
-      const std::string saved = tmp.file(name) + "/hf_saved";
-      ASSERT_TRUE(std::filesystem::exists(saved + "/config.json")) << saved;
-      EXPECT_EQ(load_gpt(saved).config, c.cfg) << "config.json as save_pretrained wrote it";
-      GPT ours(c.cfg, 11), theirs(c.cfg, 12);
-      load_into(theirs, saved);
-      const NamedTensors a = ours.named_parameters(), b = theirs.named_parameters();
-      for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].second.to_vector(), b[i].second.to_vector()) << a[i].first;
+      for (const std::string folder : {"hf_saved", "hf_sharded", "hf_bf16"}) {
+        SCOPED_TRACE(folder);
+        const std::string saved = tmp.file(name) + "/" + folder;
+        ASSERT_TRUE(std::filesystem::exists(saved + "/config.json")) << saved;
+        EXPECT_EQ(load_gpt(saved).config, c.cfg) << "config.json as save_pretrained wrote it";
+        EXPECT_EQ(std::filesystem::exists(saved + "/model.safetensors.index.json"), folder == "hf_sharded");
+        GPT ours(c.cfg, 11), theirs(c.cfg, 12);
+        load_into(theirs, saved);
+        const NamedTensors a = ours.named_parameters(), b = theirs.named_parameters();
+        for (size_t i = 0; i < a.size(); ++i) {
+          const Tensor& mine = a[i].second;
+          const Tensor want = folder == "hf_bf16" ? ops::cast(ops::cast(mine, DType::bf16), DType::f32) : mine;
+          EXPECT_EQ(want.to_vector(), b[i].second.to_vector()) << a[i].first;
+        }
+      }
     }
     ++checked;
   }

@@ -7,7 +7,9 @@
 // every rank skip.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -113,6 +115,7 @@ void expect_steps_match(const Grid3& g) {
   ro.grad_sync = &train::GradSync::one_process();
   ro.micro_batches = int64_t(g.dp) * (g.pp > 1 ? g.pp : 1);
 
+  double worst_loss = 0, worst_norm = 0;
   for (int step = 0; step < 3; ++step) {
     const data::Batch b = global_batch(step);
     const train::StepResult want = train::train_step(whole, ref_opt, b, ro);
@@ -124,7 +127,12 @@ void expect_steps_match(const Grid3& g) {
         << "step " << step << ": loss " << got.loss << " vs " << want.loss;
     EXPECT_LE(std::abs(got.grad_norm - want.grad_norm), 1e-5 * want.grad_norm)
         << "step " << step << ": norm " << got.grad_norm << " vs " << want.grad_norm;
+    worst_loss = std::max(worst_loss, std::abs(got.loss - want.loss) / want.loss);
+    worst_norm = std::max(worst_norm, std::abs(got.grad_norm - want.grad_norm) / want.grad_norm);
   }
+  if (ctx().rank() == 0)
+    std::printf("%-8s %-24s loss rel %.2e  norm rel %.2e\n", g_llama ? "llama" : "gpt2", name(g).c_str(), worst_loss,
+                worst_norm);
 }
 
 }  // namespace
