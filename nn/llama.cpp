@@ -20,8 +20,8 @@ const ops::RopeTables& RotaryTables::on(Device device, DType dtype) const {
   return cached_;
 }
 
-LlamaAttention::LlamaAttention(const GPTConfig& cfg, uint64_t dropout_stream,
-                               std::shared_ptr<const DropoutContext> ctx, std::shared_ptr<const RotaryTables> rope)
+LlamaAttention::LlamaAttention(const GPTConfig& cfg, uint64_t dropout_stream, std::shared_ptr<const DropoutContext> ctx,
+                               std::shared_ptr<const RotaryTables> rope)
     : head_dim(cfg.head_size()), rope_(std::move(rope)) {
   const int64_t C = cfg.n_embd, D = cfg.head_size();
   q_proj = register_module("q_proj", std::make_shared<Linear>(C, cfg.n_head * D, false));
