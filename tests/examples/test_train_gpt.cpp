@@ -448,6 +448,23 @@ TEST_F(TrainGpt, LlamaFlagsAreChecked) {
   expect_rejected(tiny_flags() + " --model llama --heads 6 --embd 24 --kv-heads 3 --tp 2",
                   {"num_key_value_heads 3 is not divisible by --tp 2"});
   expect_rejected(tiny_flags() + " --model llama --head-dim 5", {"--head-dim: expected a positive even width"});
+  // A folder whose config.json transformers could have written, with what minidl cannot run exactly.
+  const std::string dir = path("hf_bad");
+  fs::create_directories(dir);
+  auto folder = [&](const std::string& config) { std::ofstream(dir + "/config.json") << config; };
+  const std::string llama = R"({"model_type": "llama", "vocab_size": 65, "max_position_embeddings": 16,
+      "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "tie_word_embeddings": true)";
+  folder(llama + R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})");
+  expect_rejected(tiny_flags() + " --init-from " + dir,
+                  {"unknown rope_type 'yarn'; supported: default, linear, llama3"});
+  folder(R"({"model_type": "llama", "vocab_size": 65, "max_position_embeddings": 16, "hidden_size": 18,
+      "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4})");
+  expect_rejected(tiny_flags() + " --init-from " + dir,
+                  {"hidden_size 18 is not divisible by num_attention_heads 4 and no head_dim is given"});
+  folder(llama + "}");  // a valid config, but no tensors
+  expect_rejected("--data " + path("tiny.txt") + " --seq 16 --batch 4 --threads 1 --init-from " + dir,
+                  {"no model.safetensors or model.safetensors.index.json"});
 }
 
 // --tensorboard: TensorBoard's own EventAccumulator (the oracles' environment, as above) reads every tag the run
