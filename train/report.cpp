@@ -17,13 +17,13 @@
 
 namespace minidl::train {
 
-namespace {
-
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
 }
+
+namespace {
 
 constexpr double kMiB = double(1 << 20);
 

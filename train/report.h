@@ -71,6 +71,9 @@ class Report {
   int64_t window_steps_ = 0, timed_ = 0, recent_ = 0;
 };
 
+// One number through a printf format ("%.1f"): the reports' and the notes' text.
+std::string fmt(const char* printf_format, double v);
+
 // MFU's peak in TFLOP/s for this rank's share: --peak-tflops, else the GPU's dense peak for the dtype the products
 // run in (GPUs in train/device.cpp's table; one it lacks gets none, and the logger says so), else the CPU's sgemm
 // ceiling at the step's own product shapes (ops/sgemm_ceiling.h, measured now, one round, summed over the ranks).
