@@ -3,13 +3,15 @@
 // last line (read by bench/compare_pytorch.py).
 //
 //   build/bin/bench_gpt_step --layers 6 --heads 6 --embd 384 --seq 256 --batch 8 --threads 2
+//   build/bin/bench_gpt_step --model llama --kv-heads 2 --ffn 344                  # Llama (nn/llama.h), GQA
 //   build/bin/bench_gpt_step ... --recompute block --amp bf16 --grad-accum 2   # memory-saving modes
 //   mpirun -n 2 build/bin/bench_gpt_step ... --tp 2 --sequence-parallel         # tensor parallel (rank 0 prints)
 //   mpirun -n 2 build/bin/bench_gpt_step --pp 2 --micro-batches 4 --schedule 1f1b   # pipeline (bench/pipeline_bench.h)
 //
 // act_MB is the activation peak from the memory ledger (what checkpointing and 16-bit activations reduce). On the
 // CPU, ceiling is the sgemm ceiling at the step's own linear-layer shapes (ops/sgemm_ceiling.h), measured in
-// rounds between groups of --ceiling-every steps (the median round), and %ceil the median over steps of each
+// rounds between groups of --ceiling-every steps (the median round; for --model llama still GPT-2's linear-layer
+// shapes at the same width, which is all ops::GptShape describes), and %ceil the median over steps of each
 // step's GFLOP/s against the rounds around it. The line after the table splits the timed steps' core time (ms
 // times threads) into the BLAS calls of the linear layers (ops::blas_count: their thread time, and their rate per
 // core beside the ceiling's) and the rest (attention, the elementwise ops, the optimizer, the threads' waits):
@@ -114,6 +116,8 @@ int main(int argc, char** argv) {
   const bool speaks = ctx.rank() == 0;
   int64_t layers = 4, heads = 4, embd = 128, seq = 64, batch = 12, vocab = 65, steps = 20, warmup = 3;
   int64_t ceiling_every = 5;
+  std::string model_name = "gpt2";
+  int64_t kv_heads = 0, ffn = 0;  // Llama only; 0: --heads, 4 x --embd
   int threads = 0;
   int64_t grad_accum = 1;
   std::string recompute = "none", amp = "off";
@@ -129,6 +133,13 @@ int main(int argc, char** argv) {
   std::string backend = "mpi";
   std::string cpu_gemm = "auto";
   CLI::App app{"Time GPT training steps with minidl (median over --steps after --warmup steps)."};
+  app.add_option("--model", model_name,
+                 "Architecture: gpt2 or llama (RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases; "
+                 "nn/llama.h)")
+      ->check(CLI::IsMember({"gpt2", "llama"}))
+      ->capture_default_str();
+  app.add_option("--kv-heads", kv_heads, "Llama: key/value heads, a divisor of --heads [default: --heads]");
+  app.add_option("--ffn", ffn, "Llama: the SwiGLU MLP's hidden width [default: 4 x --embd]");
   app.add_option("--layers", layers, "Transformer blocks")->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->capture_default_str();
   app.add_option("--embd", embd, "Embedding width")->capture_default_str();
@@ -195,14 +206,23 @@ int main(int argc, char** argv) {
     if (speaks) std::fprintf(stderr, "bench_gpt_step: error: %s (see --help)\n", e.what());
     return 2;
   }
+  // train_gpt's model for the same flags (train/config.cpp, model_config): GPT-2 with biases, or Llama without.
+  nn::GPTConfig model_cfg{vocab, seq, layers, heads, embd, 0.0, true};
+  if (model_name == "llama") {
+    model_cfg.arch = nn::GPTConfig::Arch::kLlama;
+    model_cfg.bias = false;
+    model_cfg.n_kv_head = kv_heads;
+    model_cfg.intermediate_size = ffn;
+  }
   try {
+    MINIDL_CHECK(model_name == "llama" || (kv_heads == 0 && ffn == 0), "--kv-heads and --ffn need --model llama");
     if (pp > 1) {
       MINIDL_CHECK(device_flag == "cpu" && amp != "fp16", "--pp: the pipeline bench runs on the CPU in f32 or bf16");
       MINIDL_CHECK(ctx.world_size() == pp, "--pp ", pp, " needs mpirun -n ", pp, ", got ", ctx.world_size(),
                    " rank(s)");
       set_num_threads(threads > 0 ? threads : ctx.threads_per_rank());
       bench::PipelineBench b;
-      b.model = nn::GPTConfig{vocab, seq, layers, heads, embd, 0.0, true};
+      b.model = model_cfg;
       b.batch = batch;
       b.steps = steps;
       b.warmup = warmup;
@@ -227,12 +247,12 @@ int main(int argc, char** argv) {
     ops::set_cpu_gemm(cpu_gemm == "openblas" ? ops::CpuGemm::kOpenBlas
                       : cpu_gemm == "minidl" ? ops::CpuGemm::kMinidl
                                              : ops::CpuGemm::kAuto);
-    const nn::GPTConfig model_cfg{vocab, seq, layers, heads, embd, 0.0, true};
     // The ranks form dp = N / tp groups of tp ranks: every rank of a tp group runs the same batch, and each dp rank
     // trains its own `batch` sequences (weak scaling) under DDP or ZeRO (train/parallel_model.h picks the model and
     // composes the gradient synchronisation, as train_gpt does).
     const int world = ctx.world_size() / tp;
     train::TrainConfig tc;
+    tc.model = model_name;
     tc.layers = layers;
     tc.heads = heads;
     tc.embd = embd;
@@ -356,9 +376,13 @@ int main(int argc, char** argv) {
     const double peak_rss = train::peak_rss_mb();
     std::printf("%-40s %8s %10s %9s %9s %10s %10s %7s %9s %6s\n", "config", "threads", "ms/step", "tokens/s", "GFLOP/s",
                 "peak_MB", "act_MB", "MFU", "ceiling", "%ceil");
-    char cfg[96];
-    std::snprintf(cfg, sizeof cfg, "L%lld H%lld C%lld T%lld B%lld %s %s%s%s", (long long)layers, (long long)heads,
-                  (long long)embd, (long long)seq, (long long)batch, amp.c_str(), recompute.c_str(),
+    char cfg[128];
+    // A Llama row says so, with its key/value heads and MLP width (GPT-2's row is as it always was).
+    const std::string llama_cfg = model_cfg.llama() ? "llama KV" + std::to_string(model_cfg.kv_heads()) + " I" +
+                                                          std::to_string(model_cfg.mlp_width()) + " "
+                                                    : "";
+    std::snprintf(cfg, sizeof cfg, "%sL%lld H%lld C%lld T%lld B%lld %s %s%s%s", llama_cfg.c_str(), (long long)layers,
+                  (long long)heads, (long long)embd, (long long)seq, (long long)batch, amp.c_str(), recompute.c_str(),
                   tp > 1 ? (" tp" + std::to_string(tp)).c_str() : "", sequence_parallel ? " sp" : "");
     std::string mfu_text = mfu > 0 ? std::to_string(mfu * 100).substr(0, 5) + "%" : "-";
     std::printf("%-40s %8d %10.2f %9.0f %9.1f %10.1f %10.1f %7s %9.1f %5.0f%%\n", cfg, num_threads(), median,
@@ -397,14 +421,16 @@ int main(int argc, char** argv) {
                       ", \"blas_ms_per_step\": %.3f, \"blas_gflops_per_core\": %.2f, "
                       "\"rest_ms_per_step\": %.3f",
                       blas_ms, blas_gflops, rest_ms);
-      char head[1024];
+      char head[1536];
       std::snprintf(head, sizeof head,
-                    "{\"ms_per_step\": %.3f, \"ms_min\": %.3f, \"ms_max\": %.3f, \"tokens_per_s\": %.1f, "
+                    "{\"model\": \"%s\", \"kv_heads\": %lld, \"ffn\": %lld, \"ms_per_step\": %.3f, \"ms_min\": %.3f, "
+                    "\"ms_max\": %.3f, \"tokens_per_s\": %.1f, "
                     "\"gflops\": %.2f, \"peak_mem_mb\": %.1f, \"threads\": %d, \"act_peak_mb\": %.1f, "
                     "\"device\": \"%s\", \"mfu\": %.4f, \"peak_tflops\": %.1f, \"sgemm_ceiling_gflops\": %.2f, "
                     "\"pct_ceiling\": %.2f, \"ranks\": %d, \"zero\": %d, \"steps\": %lld, \"loss_first\": %.6g, "
                     "\"loss_last\": %.6g, \"same_batch\": %s",
-                    median, *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()),
+                    model_name.c_str(), (long long)model_cfg.kv_heads(), (long long)model_cfg.mlp_width(), median,
+                    *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()),
                     tokens_per_step / median * 1e3, gflops, peak_rss, num_threads(), mb(l.peak(MemTag::kActivations)),
                     name.c_str(), mfu, peak_tflops, ceiling, pct_ceiling, world, zero, (long long)steps, loss_first,
                     loss_last, same_batch ? "true" : "false");
