@@ -3,7 +3,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -36,6 +35,15 @@ std::string read_text(const std::string& path) {
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
+// `name` as prefix + <digits> + "." + rest: the block's index and the rest of the name (both empty if not).
+std::pair<std::string, std::string> block_and_rest(const std::string& name, const std::string& prefix) {
+  if (!starts_with(name, prefix)) return {};
+  const size_t dot = name.find('.', prefix.size());
+  const std::string index = name.substr(prefix.size(), dot == std::string::npos ? 0 : dot - prefix.size());
+  if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) return {};
+  return {index, name.substr(dot + 1)};
+}
+
 }  // namespace
 
 std::string hf_tensor_name(const GPTConfig& cfg, const std::string& name) {
@@ -43,11 +51,9 @@ std::string hf_tensor_name(const GPTConfig& cfg, const std::string& name) {
   if (name == "transformer.wte.weight") return "model.embed_tokens.weight";
   if (name == "transformer.ln_f.weight") return "model.norm.weight";
   if (name == "lm_head.weight") return name;
-  static const std::regex block(R"(transformer\.h\.(\d+)\.(.*))");
-  std::smatch m;
-  MINIDL_CHECK(std::regex_match(name, m, block), "hf_tensor_name: ", name, " is not a Llama parameter");
+  const auto [index, rest] = block_and_rest(name, "transformer.h.");
   for (const auto& [ours, theirs] : llama_block_names())
-    if (m[2] == ours) return "model.layers." + m[1].str() + "." + theirs;
+    if (!index.empty() && rest == ours) return "model.layers." + index + "." + theirs;
   MINIDL_CHECK(false, "hf_tensor_name: ", name, " is not a Llama parameter");
   return name;
 }
@@ -69,11 +75,9 @@ std::string minidl_tensor_name(const GPTConfig& cfg, const std::string& hf) {
   if (ends_with("rotary_emb.inv_freq")) return "";  // a buffer older transformers saved
   if (hf == "model.embed_tokens.weight") return "transformer.wte.weight";
   if (hf == "model.norm.weight") return "transformer.ln_f.weight";
-  static const std::regex block(R"(model\.layers\.(\d+)\.(.*))");
-  std::smatch m;
-  if (std::regex_match(hf, m, block))
-    for (const auto& [ours, theirs] : llama_block_names())
-      if (m[2] == theirs) return "transformer.h." + m[1].str() + "." + ours;
+  const auto [index, rest] = block_and_rest(hf, "model.layers.");
+  for (const auto& [ours, theirs] : llama_block_names())
+    if (!index.empty() && rest == theirs) return "transformer.h." + index + "." + ours;
   MINIDL_CHECK(false, "unexpected tensor ", hf, " for a Llama (LlamaForCausalLM's names: model.embed_tokens.weight, ",
                "model.layers.<i>.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight)");
   return "";
