@@ -120,7 +120,14 @@ GPTCheckpoint load_gpt(const std::string& path) {
 void load_into(GPT& model, const std::string& path) {
   try {
     model.load_state_dict(read_model_tensors(path, model.config()), /*strict=*/true);
-  } catch (const Error& e) { MINIDL_CHECK(false, "load_into('", path, "'): ", e.what()); }
+  } catch (const Error& e) {
+    // The names are minidl's; a Llama's file has LlamaForCausalLM's (nn/hf_format.h's table).
+    MINIDL_CHECK(false, "load_into('", path, "'): ", e.what(),
+                 model.config().llama() ? " (minidl's names; in the file they are LlamaForCausalLM's, as "
+                                          "nn/hf_format.h maps them: transformer.h.<i>.ln_2.weight is "
+                                          "model.layers.<i>.post_attention_layernorm.weight, ...)"
+                                        : "");
+  }
 }
 
 }  // namespace minidl::nn

@@ -98,13 +98,8 @@ Tensor Block::after_attention(const Tensor& x, const Tensor& a) const {
   return y.sum + mlp->forward(y.y);
 }
 
-static std::vector<Tensor> joined(std::vector<Tensor> a, const std::vector<Tensor>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-std::vector<Tensor> Block::attention_parameters() const { return joined(ln_1->parameters(), attn->parameters()); }
-std::vector<Tensor> Block::mlp_parameters() const { return joined(ln_2->parameters(), mlp->parameters()); }
+std::vector<Tensor> Block::attention_parameters() const { return branch_parameters(*ln_1, *attn); }
+std::vector<Tensor> Block::mlp_parameters() const { return branch_parameters(*ln_2, *mlp); }
 
 Tensor cached_attention(const Tensor& qkv, int64_t H, int64_t Hkv, BlockKV& kv, int64_t length, int64_t block_size) {
   MINIDL_CHECK(

@@ -170,6 +170,14 @@ class TransformerBlock : public Module {
   virtual std::vector<Tensor> mlp_parameters() const = 0;
   // Inference with a cache: x (1, t, C) at positions [length, length + t), its attention by cached_attention.
   virtual Tensor forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const = 0;
+
+ protected:
+  // A branch's parameters: its norm's, then its module's.
+  static std::vector<Tensor> branch_parameters(const Module& norm, const Module& body) {
+    std::vector<Tensor> out = norm.parameters(), more = body.parameters();
+    out.insert(out.end(), more.begin(), more.end());
+    return out;
+  }
 };
 
 // GPT-2's pre-LN block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Uses dropout streams first_stream and

@@ -67,13 +67,8 @@ LlamaBlock::LlamaBlock(const GPTConfig& cfg, uint64_t first_stream, std::shared_
   mlp = register_module("mlp", std::make_shared<LlamaMLP>(cfg, first_stream + 1, ctx));
 }
 
-static std::vector<Tensor> joined(std::vector<Tensor> a, const std::vector<Tensor>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-std::vector<Tensor> LlamaBlock::attention_parameters() const { return joined(ln_1->parameters(), attn->parameters()); }
-std::vector<Tensor> LlamaBlock::mlp_parameters() const { return joined(ln_2->parameters(), mlp->parameters()); }
+std::vector<Tensor> LlamaBlock::attention_parameters() const { return branch_parameters(*ln_1, *attn); }
+std::vector<Tensor> LlamaBlock::mlp_parameters() const { return branch_parameters(*ln_2, *mlp); }
 
 Tensor LlamaBlock::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const {
   const Tensor qkv = attn->qkv(ln_1->forward(x), length);

@@ -391,7 +391,8 @@ void load_model(Stage& stage, const std::string& path) {
       nn::StateDict mine;  // this rank's part of each of the chunk's tensors, as its layout says
       for (const auto& [name, p] : stage.chunk(v).named_parameters()) {
         auto it = tensors.find(name);
-        MINIDL_CHECK(it != tensors.end(), "no tensor ", name);
+        MINIDL_CHECK(it != tensors.end(), "no tensor ", nn::hf_tensor_name(stage.config(), name),
+                     stage.config().llama() ? " (minidl's " + name + ")" : "");
         const nn::ParamLayout layout = nn::layout_of(p);
         mine[name] = layout.is_split() ? layout.slice(it->second) : it->second;
       }

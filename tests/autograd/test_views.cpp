@@ -35,5 +35,18 @@ TEST(ViewsGrad, NarrowedGradientLandsInTheRightPlace) {
   EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{0, 3, 3, 0, 3, 3}));
 }
 
+// cat (a Llama's q|k|v): the parts side by side along any dimension, each part's gradient its own slice; parts of
+// other shapes are refused naming both.
+TEST(ViewsGrad, CatJoinsThePartsAndSplitsTheGradient) {
+  Tensor a = randn64({2, 3, 4}, 3).set_requires_grad(true), b = randn64({2, 3, 2}, 4).set_requires_grad(true);
+  Tensor c = randn64({2, 1, 4}, 5).set_requires_grad(true);
+  expect_gradients_match([](const Inputs& in) { return square(cat({in[0], in[1], in[0]}, 2)); }, {a, b});
+  expect_gradients_match([](const Inputs& in) { return cat({in[0], in[1]}, -2) * 2.0; }, {a, c});
+  const Tensor joined = cat({a, b}, 2);
+  EXPECT_EQ(joined.shape(), (Shape{2, 3, 6}));
+  EXPECT_EQ(joined.narrow(2, 4, 2).contiguous().to_vector(), b.to_vector());
+  EXPECT_THROW(cat({a, c}, 2), Error);
+}
+
 }  // namespace
 }  // namespace minidl
