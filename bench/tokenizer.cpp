@@ -1,4 +1,4 @@
-// bench_tokenizer — GPT-2 encoding speed (data/gpt2_tokenizer.h) on one thread: the text file is encoded --reps
+// bench_tokenizer — GPT-2 encoding speed (data/bpe_tokenizer.h) on one thread: the text file is encoded --reps
 // times and the median is printed as MB/s of UTF-8 input, beside the CPU's name. With --tiktoken PYTHON, tiktoken
 // (the real client, in that interpreter) encodes the same file in turns with minidl, round by round, and the line
 // gives both medians and their ratio: tiktoken's Rust core is the speed to meet.
@@ -17,7 +17,7 @@
 #include "bench/provenance.h"
 #include "bench/timing.h"
 #include "core/error.h"
-#include "data/gpt2_tokenizer.h"
+#include "data/bpe_tokenizer.h"
 #include "ops/cpu/simd/isa.h"
 
 using namespace minidl;
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   app.add_option("--tiktoken", python, "A Python interpreter that has tiktoken: time it in turns with minidl");
   if (std::optional<int> code = bench::parse_flags(app, argc, argv, "bench_tokenizer")) return *code;
   try {
-    const data::Gpt2Tokenizer tok = data::Gpt2Tokenizer::from_file(encoding);
+    const data::BpeTokenizer tok = data::BpeTokenizer::gpt2(encoding);
     const std::string text = read(text_path);
     const double mb = double(text.size()) / 1e6;
     std::fputs(bench::provenance_header(bench::provenance(argc, argv)).c_str(), stdout);

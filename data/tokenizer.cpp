@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -75,8 +77,13 @@ CharTokenizer CharTokenizer::from_json(const nlohmann::json& j) {
   return CharTokenizer(std::move(vocab));
 }
 
-void Tokenizer::check_kind(const std::string& kind) {
-  MINIDL_CHECK(kind == "char" || kind == "gpt2", "--tokenizer: expected char or gpt2, got '", kind, "'");
+std::string Tokenizer::kind_of(const std::string& flag) {
+  return flag.size() > 5 && flag.ends_with(".json") ? "hf" : flag;
+}
+
+void Tokenizer::check_kind(const std::string& flag) {
+  MINIDL_CHECK(flag == "char" || flag == "gpt2" || kind_of(flag) == "hf",
+               "--tokenizer: expected char, gpt2 or a tokenizer.json file, got '", flag, "'");
 }
 
 Tokenizer Tokenizer::chars_of(std::string_view text) { return chars(CharTokenizer::from_text(text)); }
@@ -89,27 +96,55 @@ Tokenizer Tokenizer::chars(CharTokenizer tokenizer) {
 
 Tokenizer Tokenizer::gpt2(const std::string& encoding_file) {
   Tokenizer t;
-  t.gpt2_ = std::make_shared<const Gpt2Tokenizer>(Gpt2Tokenizer::from_file(encoding_file));
+  t.bpe_ = std::make_shared<const BpeTokenizer>(BpeTokenizer::gpt2(encoding_file));
+  return t;
+}
+
+Tokenizer Tokenizer::hf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MINIDL_CHECK(in.good(), "tokenizer ", path, ": cannot open the file");
+  std::stringstream text;
+  text << in.rdbuf();
+  Tokenizer t;
+  t.bpe_ = std::make_shared<const BpeTokenizer>(BpeTokenizer::from_hf_json(text.str(), path));
+  t.hf_json_ = std::make_shared<const std::string>(text.str());
   return t;
 }
 
 Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& gpt2_encoding_file) {
-  if (j.is_object() && j.value("type", "") == "gpt2") return gpt2(gpt2_encoding_file);
+  const std::string type = j.is_object() ? j.value("type", "") : "";
+  if (type == "gpt2") return gpt2(gpt2_encoding_file);
+  if (type == "hf") {
+    if (j.contains("file") && j["file"].is_string()) return hf_file(j["file"].get<std::string>());
+    MINIDL_CHECK(j.contains("tokenizer.json") && j["tokenizer.json"].is_string(),
+                 "Tokenizer::from_json: expected {\"type\": \"hf\"} with \"tokenizer.json\" (the file's text) or "
+                 "\"file\" (its path), got the keys ",
+                 j.dump().substr(0, 120));
+    Tokenizer t;
+    const std::string& text = j["tokenizer.json"].get_ref<const std::string&>();
+    t.bpe_ = std::make_shared<const BpeTokenizer>(BpeTokenizer::from_hf_json(text, "saved in the checkpoint"));
+    t.hf_json_ = std::make_shared<const std::string>(text);
+    return t;
+  }
   return chars(CharTokenizer::from_json(j));
 }
 
-nlohmann::json Tokenizer::to_json() const { return gpt2_ ? nlohmann::json{{"type", "gpt2"}} : chars_->to_json(); }
+nlohmann::json Tokenizer::to_json() const {
+  if (chars_) return chars_->to_json();
+  if (hf_json_) return {{"type", "hf"}, {"tokenizer.json", *hf_json_}};
+  return {{"type", "gpt2"}};
+}
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
-  return gpt2_ ? gpt2_->encode(text) : chars_->encode(text);
+  return bpe_ ? bpe_->encode(text) : chars_->encode(text);
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
-  return gpt2_ ? gpt2_->decode(ids) : chars_->decode(ids);
+  return bpe_ ? bpe_->decode(ids) : chars_->decode(ids);
 }
 
 int32_t Tokenizer::sample_start() const {
-  if (gpt2_) return Gpt2Tokenizer::kEndOfText;
+  if (bpe_) return bpe_->first_special() >= 0 ? bpe_->first_special() : bpe_->encode("\n").at(0);
   const auto& v = chars_->vocab();
   return std::binary_search(v.begin(), v.end(), uint8_t('\n')) ? chars_->encode("\n")[0] : 0;
 }

@@ -8,7 +8,7 @@
 // Every input file is one document, led by <|endoftext|> as llm.c's scripts lead theirs. The first --val-fraction
 // of all tokens (in file order) are written as validation shards ("val" in their names: llm.c's convention), the
 // rest as training shards, each of at most --shard-tokens tokens. Encoding runs on --threads threads
-// (Gpt2Tokenizer::encode_parallel: the same ids as one thread). Shards are written atomically; a bad input prints
+// (BpeTokenizer::encode_parallel: the same ids as one thread). Shards are written atomically; a bad input prints
 // "tokenize_shards: error: ..." and exits 2 having written nothing.
 #include <CLI/CLI.hpp>
 
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/gpt2_tokenizer.h"
+#include "data/bpe_tokenizer.h"
 #include "data/text_dataset.h"
 #include "data/token_shards.h"
 
@@ -54,11 +54,11 @@ int main(int argc, char** argv) {
   try {
     MINIDL_CHECK(!name.empty() && name.find('/') == std::string::npos, "--name: expected a file-name prefix, got '",
                  name, "'");
-    const data::Gpt2Tokenizer tok = data::Gpt2Tokenizer::from_file(encoding);
+    const data::BpeTokenizer tok = data::BpeTokenizer::gpt2(encoding);
     std::vector<int32_t> tokens;
     for (const std::string& file : inputs) {
       const std::string text = data::read_text_file(file);
-      tokens.push_back(data::Gpt2Tokenizer::kEndOfText);
+      tokens.push_back(data::BpeTokenizer::kGpt2EndOfText);
       const std::vector<int32_t> ids = tok.encode_parallel(text, threads);
       tokens.insert(tokens.end(), ids.begin(), ids.end());
       std::printf("%s: %zu bytes, %zu tokens\n", file.c_str(), text.size(), ids.size());

@@ -39,8 +39,9 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "train, the last 10% validate")
       ->capture_default_str();
   app.add_option("--tokenizer", o.tokenizer,
-                 "char (the corpus's bytes are the tokens) or gpt2 (GPT-2's byte-level "
-                 "BPE, 50,257 tokens); default: the checkpoint's with --init-from or --resume, else char");
+                 "char (the corpus's bytes are the tokens), gpt2 (GPT-2's byte-level BPE, 50,257 tokens) or a "
+                 "tokenizer.json file (a model's byte-level BPE, as Hugging Face ships it); default: the checkpoint's "
+                 "with --init-from or --resume (a model folder's tokenizer.json), else char");
   app.add_option("--gpt2-encoding", o.gpt2_encoding, "GPT-2's encoding file, for --tokenizer gpt2")
       ->capture_default_str();
   // The shape flags are optional: unset, they take the default or, with --init-from, the checkpoint's value.

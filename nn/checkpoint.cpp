@@ -102,8 +102,11 @@ GPTCheckpoint load_gpt(const std::string& path) {
     std::ifstream in(config);
     std::stringstream text;
     text << in.rdbuf();
-    // No tokenizer of minidl's in the folder: GPT-2's byte-level BPE (data/tokenizer.h).
-    return {config_from_hf_json(text.str(), config), {{"format", "pt"}, {"vocab", R"({"type": "gpt2"})"}}};
+    // The folder's tokenizer.json where it ships one (data::Tokenizer reads it), else GPT-2's byte-level BPE.
+    const std::filesystem::path tokenizer = std::filesystem::path(path) / "tokenizer.json";
+    nlohmann::json vocab = {{"type", "gpt2"}};
+    if (std::filesystem::exists(tokenizer)) vocab = {{"type", "hf"}, {"file", tokenizer.string()}};
+    return {config_from_hf_json(text.str(), config), {{"format", "pt"}, {"vocab", vocab.dump()}}};
   }
   SafetensorsHeader header = read_safetensors_header(path);
   auto it = header.metadata.find("config");

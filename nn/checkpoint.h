@@ -19,7 +19,8 @@
 //   probability dropout), and null bos/eos token ids (a byte/char vocabulary has neither).
 // Both files are written via a temporary and a rename: a crash never leaves a half-written checkpoint.
 // A folder without minidl's metadata (transformers' save_pretrained) is read through its config.json, its tensors
-// from model.safetensors or a sharded index, f16/bf16 widened to f32; its tokenizer is taken to be GPT-2's.
+// from model.safetensors or a sharded index, f16/bf16 widened to f32; its tokenizer is the folder's tokenizer.json
+// ("vocab": {"type": "hf", "file": ...}), or GPT-2's where it ships none.
 #pragma once
 
 #include <string>

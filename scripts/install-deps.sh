@@ -29,7 +29,7 @@ packages=(
   libboost-context-dev    # fibers for the CPU emulation of CUDA kernels
   clang                   # libFuzzer for the checkpoint-reader fuzzer (scripts/fuzz.sh)
   clang-format            # 14: scripts/format.sh, checked in CI
-  libpcre2-dev            # PCRE2: GPT-2's pre-tokenisation pattern over Unicode categories (data/gpt2_tokenizer.h)
+  libpcre2-dev            # PCRE2: GPT-2's pre-tokenisation pattern over Unicode categories (data/bpe_tokenizer.h)
   pkg-config              # finds PCRE2 (Debian ships no CMake package for it)
   libhwy-dev              # Google Highway: portable SIMD, vector exp/tanh and runtime ISA dispatch (ops/cpu/simd/)
   patchelf                # scripts/gpu-bundle.sh: the bundle's programs and libraries find each other ($ORIGIN)

@@ -125,7 +125,10 @@ void TrainConfig::validate(int world) const {
 data::TextDataset open_dataset(const TrainConfig& o, const data::Tokenizer* saved) {
   const bool shards = data::names_token_shards(o.data);
   // Token shards hold GPT-2's ids (llm.c's scripts): they default to its tokenizer.
-  const std::string kind = saved ? saved->kind() : !o.tokenizer.empty() ? o.tokenizer : shards ? "gpt2" : "char";
+  const std::string kind = saved                  ? saved->kind()
+                           : !o.tokenizer.empty() ? data::Tokenizer::kind_of(o.tokenizer)
+                           : shards               ? "gpt2"
+                                                  : "char";
   if (shards) {
     MINIDL_CHECK(kind == "gpt2", "--data ", o.data, ": token shards hold GPT-2's ids, expected --tokenizer gpt2, got ",
                  kind);
@@ -133,6 +136,7 @@ data::TextDataset open_dataset(const TrainConfig& o, const data::Tokenizer* save
   }
   if (saved) return data::TextDataset(o.data, *saved);
   if (kind == "gpt2") return data::TextDataset(o.data, data::Tokenizer::gpt2(o.gpt2_encoding));
+  if (kind == "hf") return data::TextDataset(o.data, data::Tokenizer::hf_file(o.tokenizer));
   return data::TextDataset(o.data);
 }
 

@@ -20,8 +20,9 @@ namespace minidl::train {
 struct TrainConfig {
   // ---- model: the data, its tokenizer and the GPT's shape
   std::string data;  // a text file, or token shards (data/token_shards.h)
-  // "char" (the corpus's bytes are the tokens) or "gpt2" (GPT-2's byte-level BPE, read from gpt2_encoding); empty:
-  // the checkpoint's (--init-from, --resume), else char.
+  // "char" (the corpus's bytes are the tokens), "gpt2" (GPT-2's byte-level BPE, read from gpt2_encoding) or a
+  // tokenizer.json's path (a model's byte-level BPE); empty: the checkpoint's (--init-from, --resume; a model folder's
+  // tokenizer.json), else char.
   std::string tokenizer;
   std::string gpt2_encoding;  // GPT-2's encoding file (data/gpt2.tiktoken)
   // Unset means the default (4, 4, 128, 64) or, with init_from, the checkpoint's; set ones must agree with it.

@@ -15,6 +15,7 @@
 #include "dist/init.h"
 #include "dist/tensor_parallel.h"
 #include "dist/topology.h"
+#include "nn/atomic_file.h"
 #include "nn/checkpoint.h"
 #include "ops/matmul.h"
 #include "optim/schedule.h"
@@ -184,8 +185,8 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     const data::Tokenizer saved = metadata_field(
         s.ckpt_source, s.ckpt->metadata, "vocab", "the tokenizer as JSON (save_gpt's)",
         [&](const std::string& t) { return data::Tokenizer::from_json(nlohmann::json::parse(t), o.gpt2_encoding); });
-    MINIDL_CHECK(o.tokenizer.empty() || o.tokenizer == saved.kind(), "--tokenizer ", o.tokenizer, ": the checkpoint ",
-                 s.ckpt_source, " was trained with the ", saved.kind(), " tokenizer");
+    MINIDL_CHECK(o.tokenizer.empty() || data::Tokenizer::kind_of(o.tokenizer) == saved.kind(), "--tokenizer ",
+                 o.tokenizer, ": the checkpoint ", s.ckpt_source, " was trained with the ", saved.kind(), " tokenizer");
     s.ds.emplace(open_dataset(o, &saved));
   } else {
     s.ds.emplace(open_dataset(o, nullptr));
@@ -362,6 +363,8 @@ double Trainer::State::finish(const data::Batch& val, int64_t schedule_step) con
     nn::Metadata extras{{"steps", std::to_string(o.steps)}, {"val_loss", fmt("%.6f", val_loss)}};
     if (scaler) extras["grad_scaler"] = scaler_state_json(scaler->state());
     nn::save_gpt(o.save, *whole, ds->tokenizer().to_json().dump(), extras);
+    if (const std::string* file = ds->tokenizer().hf_json())  // beside the weights, for transformers' AutoTokenizer
+      nn::write_text_file_atomically((std::filesystem::path(o.save).parent_path() / "tokenizer.json").string(), *file);
     std::printf("saved %s\n", o.save.c_str());
   }
   if (o.sample > 0 && logger) {

@@ -1,4 +1,4 @@
-// GPT-2's byte-level BPE (data/gpt2_tokenizer.h) against its published figures and against tiktoken. The shipped
+// GPT-2's byte-level BPE (data/bpe_tokenizer.h) against its published figures and against tiktoken. The shipped
 // corpus split 90/10 by characters gives GPT-2's 301,966 train and 36,059 validation tokens, the train split
 // starting 5962, 22307, 25, 198, 8421, 356, 5120, 597, 2252, 11 (../shared/data/README.md: tiktoken's counts); a
 // stress text (accents, CJK, emoji, whitespace runs, digits, contractions, <|endoftext|> as text) gives tiktoken's
@@ -16,27 +16,21 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/gpt2_tokenizer.h"
+#include "data/bpe_tokenizer.h"
+#include "corpus.h"
 #include "support/run_program.h"
 
 namespace fs = std::filesystem;
-using minidl::data::Gpt2Tokenizer;
+using minidl::data::BpeTokenizer;
 
 namespace {
 
-std::string data_dir() {
-  const char* dir = std::getenv("MINIDL_DATA_DIR");
-  return dir ? dir : MINIDL_TEST_DATA_DIR;
-}
+using minidl::testing::data_dir;
+using minidl::testing::read_bytes;
 
-const Gpt2Tokenizer& tokenizer() {
-  static const Gpt2Tokenizer t = Gpt2Tokenizer::from_file(std::string(MINIDL_SOURCE_DIR) + "/data/gpt2.tiktoken");
+const BpeTokenizer& tokenizer() {
+  static const BpeTokenizer t = BpeTokenizer::gpt2(std::string(MINIDL_SOURCE_DIR) + "/data/gpt2.tiktoken");
   return t;
-}
-
-std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // Unicode code points of a UTF-8 text (the corpus is ASCII: its characters are its bytes, but the count must not
@@ -60,7 +54,7 @@ const char* kStress =
 }  // namespace
 
 TEST(Gpt2Tokenizer, ShippedCorpusGivesGpt2sCountsAndFirstIds) {
-  const std::string corpus = read(data_dir() + "/tinyshakespeare.txt");
+  const std::string corpus = read_bytes(data_dir() + "/tinyshakespeare.txt");
   ASSERT_EQ(corpus.size(), 1115394u);
   // nanoGPT's split: the first 90% of the characters (here: bytes, the corpus being ASCII) for training.
   const size_t cut = size_t(double(characters(corpus)) * 0.9);
@@ -77,7 +71,7 @@ TEST(Gpt2Tokenizer, KnownIdsAndSpecialToken) {
   EXPECT_EQ(tokenizer().size(), 50257);
   EXPECT_EQ(tokenizer().encode("Hello world"), (std::vector<int32_t>{15496, 995}));
   EXPECT_EQ(tokenizer().encode(""), std::vector<int32_t>{});
-  EXPECT_EQ(tokenizer().decode(std::vector<int32_t>{Gpt2Tokenizer::kEndOfText}), "<|endoftext|>");
+  EXPECT_EQ(tokenizer().decode(std::vector<int32_t>{BpeTokenizer::kGpt2EndOfText}), "<|endoftext|>");
   EXPECT_THROW(tokenizer().decode(std::vector<int32_t>{50257}), minidl::Error);
   EXPECT_THROW(tokenizer().decode(std::vector<int32_t>{-1}), minidl::Error);
 }
@@ -118,7 +112,7 @@ TEST(Gpt2Tokenizer, IdsEqualTiktokens) {
     std::vector<int32_t> want;
     std::istringstream in(r.out);
     for (int32_t id; in >> id;) want.push_back(id);
-    const std::vector<int32_t> got = tokenizer().encode(read(file));
+    const std::vector<int32_t> got = tokenizer().encode(read_bytes(file));
     for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
       ASSERT_EQ(got[i], want[i]) << "token " << i << " ('" << tokenizer().token_bytes(got[i]) << "' against '"
                                  << tokenizer().token_bytes(want[i]) << "')";
@@ -133,7 +127,7 @@ TEST(Gpt2Tokenizer, MalformedEncodingFilesAreRefusedByName) {
   auto refused = [&](const std::string& name, const std::string& contents, const std::string& part) {
     std::ofstream((dir / name).string(), std::ios::binary) << contents;
     try {
-      Gpt2Tokenizer::from_file((dir / name).string());
+      BpeTokenizer::gpt2((dir / name).string());
       ADD_FAILURE() << name << " was accepted";
     } catch (const minidl::Error& e) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
@@ -144,14 +138,14 @@ TEST(Gpt2Tokenizer, MalformedEncodingFilesAreRefusedByName) {
   refused("bad_base64.tiktoken", "IQ== 0\n!!!! 1\n", "line 2: expected 'BASE64 RANK' with rank 1");
   refused("out_of_order.tiktoken", "IQ== 0\nIg== 2\n", "line 2: expected 'BASE64 RANK' with rank 1");
   refused("twice.tiktoken", "IQ== 0\nIQ== 1\n", "the bytes of rank 1 already have a rank");
-  EXPECT_THROW(Gpt2Tokenizer::from_file((dir / "absent.tiktoken").string()), minidl::Error);
+  EXPECT_THROW(BpeTokenizer::gpt2((dir / "absent.tiktoken").string()), minidl::Error);
   fs::remove_all(dir);
 }
 
 // The parallel encoding cuts the text only where the pattern ends a piece: the ids are the serial ones, for every
 // thread count, on the corpus (blank lines between speeches) and on the stress text.
 TEST(Gpt2Tokenizer, ParallelEncodingIsTheSerialOne) {
-  const std::string corpus = read(data_dir() + "/tinyshakespeare.txt");
+  const std::string corpus = read_bytes(data_dir() + "/tinyshakespeare.txt");
   const std::vector<int32_t> serial = tokenizer().encode(corpus);
   for (int threads : {1, 2, 3, 8}) EXPECT_EQ(tokenizer().encode_parallel(corpus, threads), serial) << threads;
   const std::string stress = std::string(kStress) + "\n\n" + kStress + "\n\n\n  " + kStress;

@@ -46,7 +46,7 @@ TEST(TextDataset, Gpt2SplitsAtNinetyPercentOfTheCharacters) {
   EXPECT_EQ(ds.train().size(), 301966u);
   EXPECT_EQ(ds.val().size(), 36059u);
   EXPECT_EQ(ds.tokenizer().decode(ds.train()) + ds.tokenizer().decode(ds.val()), data::read_text_file(path));
-  EXPECT_EQ(ds.tokenizer().sample_start(), data::Gpt2Tokenizer::kEndOfText);
+  EXPECT_EQ(ds.tokenizer().sample_start(), data::BpeTokenizer::kGpt2EndOfText);
   EXPECT_EQ(data::Tokenizer::from_json(ds.tokenizer().to_json(), std::string(MINIDL_SOURCE_DIR) + "/data/gpt2.tiktoken")
                 .kind(),
             std::string("gpt2"));

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "data/gpt2_tokenizer.h"
+#include "data/bpe_tokenizer.h"
 #include "data/token_shards.h"
 #include "nn/safetensors.h"
 #include "support/loss_agreement.h"
@@ -441,6 +441,57 @@ TEST_F(TrainGpt, LlamaDebugLossesReplayBitwise) {
   EXPECT_EQ(got.str(), want.str()) << "the losses moved: if on purpose, regenerate (tests/golden/README.md)";
 }
 
+// A model's own tokenizer.json (tests/data/hf_tokenizer_oracle.py: tokenizers trains a byte-level BPE on Tiny
+// Shakespeare): --tokenizer FILE trains on tokenizers' ids (the header's token count is theirs), --save writes the file
+// beside the weights, and a folder as transformers' save_pretrained writes it, with that tokenizer.json, is read back
+// with it: the same validation loss, a sample decoded by it, and characters refused.
+TEST_F(TrainGpt, HfTokenizerJsonTrainsAndTravelsWithTheModel) {
+  const std::string python = oracle_python();
+  if (minidl::testing::run_program(python + " -c 'import tokenizers, transformers'").code != 0)
+    GTEST_SKIP() << python << " has no tokenizers: scripts/install-deps.sh --with-oracles installs it";
+  const std::string oracle = python + " " + SOURCE_DIR + "/tests/data/hf_tokenizer_oracle.py ";
+  auto made = minidl::testing::run_program(oracle + "make " + path("tok") + " " + SOURCE_DIR +
+                                           "/data/tinyshakespeare.txt 2>&1");
+  ASSERT_EQ(made.code, 0) << made.out;
+  const std::string json = path("tok/llama3style.json");
+  // The dataset's splits, each tokenized on its own: the first 90% of the characters (tiny.txt is ASCII) and the rest.
+  const std::string text = repeat("the quick brown fox. ", 200);
+  const size_t cut = text.size() * 9 / 10;
+  std::ofstream(path("train_part.txt")) << text.substr(0, cut);
+  std::ofstream(path("val_part.txt")) << text.substr(cut);
+  auto count = [&](const std::string& file) {
+    auto ids = minidl::testing::run_program(oracle + "encode " + json + " " + file);
+    EXPECT_EQ(ids.code, 0) << ids.out;
+    std::istringstream in(ids.out);
+    size_t n = 0;
+    for (int64_t id; in >> id;) ++n;
+    return n;
+  };
+  fs::create_directories(path("ours"));
+  const std::string llama = " --model llama --heads 4 --kv-heads 2 --ffn 40 --untie";
+  Result r = run(tiny_flags() + llama + " --steps 10 --lr 3e-3 --tokenizer " + json + " --save " +
+                 path("ours/model.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("vocab=3000"), std::string::npos) << r.out;
+  std::smatch tokens;
+  ASSERT_TRUE(std::regex_search(r.out, tokens, std::regex("\\(([0-9]+) train / ([0-9]+) val tokens\\) tokenizer=hf")))
+      << r.out;
+  EXPECT_EQ(std::stoull(tokens[1]), count(path("train_part.txt"))) << "tokenizers' ids of the train split";
+  EXPECT_EQ(std::stoull(tokens[2]), count(path("val_part.txt"))) << "tokenizers' ids of the validation split";
+  std::ifstream a(json), b(path("ours/tokenizer.json"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), std::string(std::istreambuf_iterator<char>(b), {}));
+  auto resaved = minidl::testing::run_program(oracle + "resave " + path("ours") + " " + path("theirs") + " 2>&1");
+  ASSERT_EQ(resaved.code, 0) << resaved.out;
+  const std::string from = "--data " + path("tiny.txt") + " --seq 16 --batch 4 --threads 1 --eval-windows 4 ";
+  Result again = run(from + "--steps 0 --sample 12 --init-from " + path("theirs"));
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("tokenizer=hf"), std::string::npos) << again.out;
+  EXPECT_TRUE(losses_agree(summary_field(again.out, "val_loss"), summary_field(r.out, "val_loss"), 0)) << again.out;
+  EXPECT_NE(again.out.find("---- sample ----\n<|begin_of_text|>"), std::string::npos) << again.out;
+  expect_rejected(from + "--steps 0 --tokenizer char --init-from " + path("theirs"),
+                  {"--tokenizer char", "trained with the hf tokenizer"});
+}
+
 TEST_F(TrainGpt, LlamaFlagsAreChecked) {
   expect_rejected(tiny_flags() + " --model llama --heads 4 --kv-heads 3", {"--kv-heads", "divisor of --heads 4"});
   expect_rejected(tiny_flags() + " --kv-heads 2", {"need --model llama"});
@@ -538,7 +589,8 @@ TEST_F(TrainGpt, Gpt2TokenizerTrainsAndItsCheckpointsKeepIt) {
   EXPECT_TRUE(losses_agree(summary_field(again.out, "val_loss"), summary_field(r.out, "val_loss"), kF32SumOrder));
   expect_rejected(tiny_flags() + " --steps 0 --tokenizer char --init-from " + path("bpe/model.safetensors"),
                   {"--tokenizer char", "trained with the gpt2 tokenizer"});
-  expect_rejected(tiny_flags() + " --steps 1 --tokenizer words", {"--tokenizer", "char or gpt2", "words"});
+  expect_rejected(tiny_flags() + " --steps 1 --tokenizer words",
+                  {"--tokenizer", "char, gpt2 or a tokenizer.json", "words"});
   // The padded vocabulary of 50,304 split over tensor-parallel ranks, and ZeRO's shards of it: one process's run.
   const std::string small = tiny_flags() + " --steps 4 --tokenizer gpt2";
   Result one = run(small);
@@ -597,9 +649,9 @@ TEST_F(TrainGpt, TrainsOnTokenShardsWrittenByTokenizeShards) {
       EXPECT_LE(t.size(), 400u) << f;
       stream.insert(stream.end(), t.begin(), t.end());
     }
-  std::vector<int32_t> want{minidl::data::Gpt2Tokenizer::kEndOfText};
+  std::vector<int32_t> want{minidl::data::BpeTokenizer::kGpt2EndOfText};
   const std::vector<int32_t> ids =
-      minidl::data::Gpt2Tokenizer::from_file(encoding).encode(repeat("the quick brown fox. ", 200));
+      minidl::data::BpeTokenizer::gpt2(encoding).encode(repeat("the quick brown fox. ", 200));
   want.insert(want.end(), ids.begin(), ids.end());
   EXPECT_EQ(stream, want);
   EXPECT_TRUE(fs::exists(path("shards/tiny_val_000000.bin")));
