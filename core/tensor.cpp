@@ -196,6 +196,39 @@ static void for_each_element(const Tensor& t, Fn&& fn) {
   }
 }
 
+// dst = src, elementwise, for one dtype and any strides: the rows of the last dimension, an odometer over the others.
+static void copy_strided_rows(const Tensor& dst, const Tensor& src) {
+  const int64_t total = dst.numel();
+  if (total == 0) return;
+  const size_t es = dtype_size(dst.dtype());
+  auto* d = static_cast<char*>(dst.raw_data());
+  const auto* s = static_cast<const char*>(src.raw_data());
+  const int n = dst.dim();
+  if (n == 0) {
+    std::memcpy(d, s, es);
+    return;
+  }
+  const Shape& sh = dst.shape();
+  const Strides &ds = dst.strides(), &ss = src.strides();
+  const int64_t inner = sh[n - 1], d_inner = ds[n - 1], s_inner = ss[n - 1];
+  const bool dense = d_inner == 1 && s_inner == 1;
+  int64_t idx[Shape::kMaxDims] = {};
+  for (int64_t done = 0; done < total; done += inner) {
+    int64_t d_off = 0, s_off = 0;
+    for (int k = 0; k < n - 1; ++k) d_off += idx[k] * ds[k], s_off += idx[k] * ss[k];
+    if (dense) {
+      std::memcpy(d + size_t(d_off) * es, s + size_t(s_off) * es, size_t(inner) * es);
+    } else {
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(d + size_t(d_off + j * d_inner) * es, s + size_t(s_off + j * s_inner) * es, es);
+    }
+    for (int k = n - 2; k >= 0; --k) {
+      if (++idx[k] < sh[k]) break;
+      idx[k] = 0;
+    }
+  }
+}
+
 double Tensor::item() const {
   MINIDL_CHECK(numel() == 1, "item(): expected a tensor with one element, got shape ", shape());
   return to_vector()[0];
@@ -249,6 +282,13 @@ Tensor& Tensor::copy_(const Tensor& src) {
   }
   if (dtype() == src.dtype() && is_contiguous() && src.is_contiguous()) {
     std::memmove(raw_data(), src.raw_data(), nbytes());
+    return *this;
+  }
+  // The same dtype, strided (a transpose made contiguous, sequence parallelism's (B, T, C) <-> (T, B, C)): row by row
+  // over the last dimension, one memcpy per row where both rows are dense. Storage shared with the source could
+  // overlap: that takes the general path, which reads the whole source first.
+  if (dtype() == src.dtype() && impl_->storage != src.impl_->storage) {
+    copy_strided_rows(*this, src);
     return *this;
   }
   if (is_contiguous() && src.is_contiguous() && dtype() == DType::f32) {

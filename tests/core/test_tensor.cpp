@@ -48,6 +48,33 @@ TEST(Tensor, TransposeIsAViewAndContiguousCopies) {
   EXPECT_TRUE(x.contiguous().same(x));  // no copy when already contiguous
 }
 
+// copy_ between strided tensors of one dtype (rows by memcpy, element by element where the last dimension is
+// strided, a broadcast's zero stride) against the values read one by one; and a copy within one storage, which may
+// overlap, as if the source were read first.
+TEST(Tensor, StridedCopiesAreElementwise) {
+  for (DType dt : {DType::f32, DType::bf16, DType::i32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = iota({3, 4, 5}, dt);
+    const std::vector<Tensor> sources = {x.transpose(0, 1), x.transpose(1, 2), x.narrow(2, 1, 3),
+                                         x.as_strided({3, 4, 5}, {5, 0, 1}, 2), x.narrow(0, 1, 2).transpose(0, 2)};
+    for (const Tensor& src : sources) {
+      Tensor dst = Tensor::zeros(src.shape(), dt);
+      dst.copy_(src);
+      EXPECT_EQ(dst.to_vector(), src.to_vector());
+      const Shape& sh = src.shape();
+      Tensor strided_dst = Tensor::zeros({sh[2], sh[1], sh[0]}, dt).transpose(0, 2);
+      strided_dst.copy_(src);
+      EXPECT_EQ(strided_dst.to_vector(), src.to_vector());
+    }
+  }
+  Tensor y = iota({4, 3});
+  y.narrow(0, 1, 3).copy_(y.narrow(0, 0, 3).transpose(0, 1).contiguous().transpose(0, 1));
+  EXPECT_EQ(y.to_vector(), (std::vector<double>{0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8}));
+  Tensor z = iota({3, 3});
+  z.copy_(z.transpose(0, 1));  // overlapping: the general path reads the whole source first
+  EXPECT_EQ(z.to_vector(), (std::vector<double>{0, 3, 6, 1, 4, 7, 2, 5, 8}));
+}
+
 TEST(Tensor, NarrowAndReshape) {
   Tensor x = iota({4, 5});
   Tensor n = x.narrow(1, 1, 3);
