@@ -6,19 +6,24 @@ namespace minidl::dist {
 
 GridCoord Grid::coord_of(int rank) const {
   MINIDL_CHECK(rank >= 0 && rank < size(), "Grid::coord_of: rank ", rank, " outside a grid of ", size());
-  return {.dp = (rank / tp) % dp, .tp = rank % tp, .pp = rank / (tp * dp)};
+  const int inside = rank % (dp * tp * pp);
+  return {.dp = (inside / tp) % dp, .tp = inside % tp, .pp = inside / (tp * dp), .replica = rank / (dp * tp * pp)};
 }
 
 int Grid::rank_of(const GridCoord& c) const {
-  MINIDL_CHECK(c.dp >= 0 && c.dp < dp && c.tp >= 0 && c.tp < tp && c.pp >= 0 && c.pp < pp, "Grid::rank_of: (dp ", c.dp,
-               ", tp ", c.tp, ", pp ", c.pp, ") outside a grid of dp ", dp, " × tp ", tp, " × pp ", pp);
-  return (c.pp * dp + c.dp) * tp + c.tp;
+  MINIDL_CHECK(c.dp >= 0 && c.dp < dp && c.tp >= 0 && c.tp < tp && c.pp >= 0 && c.pp < pp && c.replica >= 0 &&
+                   c.replica < replicas,
+               "Grid::rank_of: (dp ", c.dp, ", tp ", c.tp, ", pp ", c.pp, ", replica ", c.replica,
+               ") outside a grid of dp ", dp, " × tp ", tp, " × pp ", pp, " × ", replicas, " replicas");
+  return ((c.replica * pp + c.pp) * dp + c.dp) * tp + c.tp;
 }
 
 void Grid::check_world(int world_size) const {
-  MINIDL_CHECK(dp >= 1 && tp >= 1 && pp >= 1, "Topology: dp, tp and pp must each be at least 1, got dp ", dp, ", tp ",
-               tp, ", pp ", pp);
-  MINIDL_CHECK(size() == world_size, "Topology: dp × tp × pp = ", dp, " × ", tp, " × ", pp, " = ", size(),
+  MINIDL_CHECK(dp >= 1 && tp >= 1 && pp >= 1 && replicas >= 1,
+               "Topology: dp, tp, pp and replicas must each be at least 1, got dp ", dp, ", tp ", tp, ", pp ", pp,
+               ", replicas ", replicas);
+  MINIDL_CHECK(size() == world_size, "Topology: dp × tp × pp = ", dp, " × ", tp, " × ", pp,
+               replicas > 1 ? " times " + std::to_string(replicas) + " replicas" : std::string(), " = ", size(),
                " does not match the world size ", world_size);
 }
 
@@ -51,20 +56,26 @@ Topology::Topology(MPI_Comm world, Grid grid, const std::string& backend, std::o
   grid_.check_world(world_size);  // every rank sees the same sizes, so every rank throws here or none does
   coord_ = grid_.coord_of(rank_);
   const GridCoord c = coord_;
-  // Colour = the coordinates that stay fixed along the axis; key = the one that varies (the group rank).
-  dp_group_ = split_group(world, c.pp * grid_.tp + c.tp, c.dp, backend, device);
-  tp_group_ = split_group(world, c.pp * grid_.dp + c.dp, c.tp, backend, device);
-  pp_group_ = split_group(world, c.dp * grid_.tp + c.tp, c.pp, backend, device);
+  // Colour = the coordinates that stay fixed along the axis; key = the one that varies (the group rank). Every
+  // group but the replicas' lies inside one replica: its colour counts the replica too (`in`).
+  const Grid& g = grid_;
+  auto in = [&](int colour) { return c.replica * g.size() / g.replicas + colour; };
+  dp_group_ = split_group(world, in(c.pp * g.tp + c.tp), c.dp, backend, device);
+  tp_group_ = split_group(world, in(c.pp * g.dp + c.dp), c.tp, backend, device);
+  pp_group_ = split_group(world, in(c.dp * g.tp + c.tp), c.pp, backend, device);
   const bool holds_embedding = first_stage() || last_stage();
   embedding_group_ =
-      split_group(world, holds_embedding ? c.dp * grid_.tp + c.tp : MPI_UNDEFINED, c.pp, backend, device);
-  model_parallel_group_ = split_group(world, c.dp, c.pp * grid_.tp + c.tp, backend, device);
+      split_group(world, holds_embedding ? in(c.dp * g.tp + c.tp) : MPI_UNDEFINED, c.pp, backend, device);
+  model_parallel_group_ = split_group(world, in(c.dp), c.pp * g.tp + c.tp, backend, device);
+  replica_group_ = split_group(world, (c.pp * g.dp + c.dp) * g.tp + c.tp, c.replica,
+                               backend == "nccl" ? "mpi" : backend, Device::cpu());
   // What the flight recorder and the watchdog call them.
   dp_group_->set_label("dp");
   tp_group_->set_label("tp");
   pp_group_->set_label("pp");
   if (embedding_group_) embedding_group_->set_label("embedding");
   model_parallel_group_->set_label("model_parallel");
+  replica_group_->set_label("replica");
 }
 
 }  // namespace minidl::dist

@@ -17,6 +17,9 @@
 //   embedding, whose gradient they all-reduce); with pp = 1 it is the rank alone; middle stages have none;
 // - the model-parallel group: every rank of one dp replica (tp · pp ranks), over which the gradient norm and the
 //   fp16 overflow flag are combined (each logical parameter counted once).
+// - the replica group (local SGD and DiLoCo, dist/local_sgd.h): with replicas R > 1 the world is R copies of the
+//   dp × tp × pp grid, numbered outermost (rank = replica · dp·tp·pp + the grid's rank), every other group inside
+//   one replica; the replica group joins the ranks at the same (dp, tp, pp) in every replica, on the host.
 // This is the only place that reads world ranks: everything above it (the sampler slice, dropout offsets, DDP,
 // the loss average) uses a coordinate and a group.
 #pragma once
@@ -30,17 +33,18 @@
 namespace minidl::dist {
 
 struct GridCoord {
-  int dp = 0, tp = 0, pp = 0;
+  int dp = 0, tp = 0, pp = 0, replica = 0;
   bool operator==(const GridCoord&) const = default;
 };
 
-// The sizes of the three axes; a pure value (no MPI), so the mapping is testable anywhere.
+// The sizes of the three axes (and the replicas of the whole grid); a pure value (no MPI), so the mapping is testable
+// anywhere.
 struct Grid {
-  int dp = 1, tp = 1, pp = 1;
-  int size() const { return dp * tp * pp; }
+  int dp = 1, tp = 1, pp = 1, replicas = 1;
+  int size() const { return dp * tp * pp * replicas; }
   GridCoord coord_of(int rank) const;
   int rank_of(const GridCoord& coord) const;
-  // Throws naming the three sizes unless each is >= 1 and dp · tp · pp == world_size.
+  // Throws naming the sizes unless each is >= 1 and dp · tp · pp · replicas == world_size.
   void check_world(int world_size) const;
 };
 
@@ -64,6 +68,9 @@ class Topology {
   // Null on a middle pipeline stage.
   ProcessGroup* embedding_group() const { return embedding_group_.get(); }
   ProcessGroup& model_parallel_group() const { return *model_parallel_group_; }
+  // The ranks at this rank's (dp, tp, pp) in every replica, serving the host ("mpi", or "ring" when that is the
+  // backend); the rank alone when replicas = 1.
+  ProcessGroup& replica_group() const { return *replica_group_; }
   const std::string& backend() const { return backend_; }
   Device device() const { return dp_group_->device(); }
   bool first_stage() const { return coord_.pp == 0; }
@@ -74,7 +81,8 @@ class Topology {
   int rank_ = 0;
   GridCoord coord_;
   std::string backend_;
-  std::unique_ptr<ProcessGroup> dp_group_, tp_group_, pp_group_, embedding_group_, model_parallel_group_;
+  std::unique_ptr<ProcessGroup> dp_group_, tp_group_, pp_group_, embedding_group_, model_parallel_group_,
+      replica_group_;
 };
 
 }  // namespace minidl::dist

@@ -146,6 +146,27 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "1.5x DDP's communication). With --tp: of the rank's split of the model (0-3); with --pp: of each "
                  "stage's parameters over its dp ranks (0-2)")
       ->capture_default_str();
+  app.add_option("--sync", o.sync,
+                 "How the data-parallel copies agree: ddp (gradients every step, or ZeRO's, inside the layout), "
+                 "local-sgd (every --sync-every steps the --replica-groups replicas' parameters are averaged) or "
+                 "diloco (their pseudo-gradients, global - local, averaged and stepped by an outer SGD with Nesterov "
+                 "momentum; the global parameters and the momentum in host memory). Any --dp, --tp, --pp and --zero "
+                 "0-2 run inside each replica; not with --checkpoint-dir yet")
+      ->capture_default_str();
+  app.add_option("--sync-every", o.sync_every,
+                 "With --sync local-sgd or diloco: H, the inner steps between outer syncs (one all-reduce of the "
+                 "parameters per H steps; a last, shorter window is synced at the end)")
+      ->capture_default_str();
+  app.add_option("--replica-groups", o.replica_groups,
+                 "With --sync local-sgd or diloco: R, the replicas of the dp x tp x pp layout (N = R x dp x tp x pp "
+                 "ranks); the outer all-reduce joins the ranks at the same coordinates of every replica, and the "
+                 "replicas split --batch as an outer data-parallel axis")
+      ->capture_default_str();
+  app.add_option("--outer-lr", o.outer_lr, "With --sync diloco: the outer SGD's learning rate")->capture_default_str();
+  app.add_option("--outer-momentum", o.outer_momentum, "With --sync diloco: the outer SGD's momentum, in [0, 1)")
+      ->capture_default_str();
+  app.add_option("--nesterov", o.nesterov, "With --sync diloco: Nesterov momentum (true) or plain (false)")
+      ->capture_default_str();
   app.add_option("--backend", o.backend,
                  "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "
                  "either device); default: mpi on the CPU, nccl with --device cuda")

@@ -54,6 +54,10 @@ pipeline_1f1b ; dist/pipeline.cpp ; -R ^test_dist_pipeline\.np|Pipeline ; 1F1B's
 -         F(warm + i, 0);\n        B(i, 0);
 +         B(i, 0);\n        F(warm + i, 0);
 
+local_sgd_sign ; dist/local_sgd.cpp ; -R ^test_local_sgd\.np ; DiLoCo's pseudo-gradient taken as local - global (torchft's PR #233): the outer step climbs
+- local[i] = global_[i] - local[i];
++ local[i] = local[i] - global_[i];
+
 softmax_backward ; ops/cpu/softmax.cpp ; -R Softmax|CrossEntropy|Attention|GradCheck ; softmax's backward subtracts twice the dot product
 - simd::mul_sub_row(yr, dyr, simd::dot_row(dyr, yr, V), pdx + r * V, V);
 + simd::mul_sub_row(yr, dyr, 2 * simd::dot_row(dyr, yr, V), pdx + r * V, V);

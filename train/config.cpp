@@ -23,13 +23,41 @@ std::string str(const T& v) {
 
 }  // namespace
 
-int dp_size(const TrainConfig& c, int world) { return c.dp > 0 ? c.dp : std::max(1, world / (c.tp * c.pp)); }
+int dp_size(const TrainConfig& c, int world) {
+  return c.dp > 0 ? c.dp : std::max(1, world / (c.tp * c.pp * std::max(1, c.replica_groups)));
+}
 
 DType amp_dtype(const std::string& amp) {
   if (amp == "bf16") return DType::bf16;
   if (amp == "fp16") return DType::f16;
   MINIDL_CHECK(amp == "off", "--amp: expected off, bf16 or fp16, got '", amp, "'");
   return DType::f32;
+}
+
+void TrainConfig::validate_outer_sync(int world) const {
+  MINIDL_CHECK(sync == "ddp" || sync == "local-sgd" || sync == "diloco",
+               "--sync: expected ddp, local-sgd or diloco, got '", sync, "'");
+  MINIDL_CHECK(sync_every >= 1, "--sync-every: expected a positive number of steps between syncs, got ", sync_every);
+  MINIDL_CHECK(replica_groups >= 1, "--replica-groups: expected at least 1, got ", replica_groups);
+  MINIDL_CHECK(world % replica_groups == 0, "--replica-groups ", replica_groups, " does not divide the ", world,
+               " ranks this job runs on (mpirun -n): every replica holds the same layout");
+  if (sync == "ddp") {
+    MINIDL_CHECK(replica_groups == 1, "--replica-groups ", replica_groups,
+                 " needs --sync local-sgd or diloco (--sync ddp synchronises every rank every step)");
+    MINIDL_CHECK(sync_every == 1, "--sync-every ", sync_every, " needs --sync local-sgd or diloco");
+    return;
+  }
+  MINIDL_CHECK(zero <= 2, "--sync ", sync,
+               " with --zero 3: the outer step needs each rank's whole parameters, which "
+               "ZeRO-3 shards between steps; use --zero 1 or 2 inside a replica");
+  MINIDL_CHECK(checkpoint_dir.empty(), "--sync ", sync,
+               " with --checkpoint-dir: checkpoints of the replicas' "
+               "diverging windows are not built yet (--save writes the synced model at the end)");
+  MINIDL_CHECK(!cuda_graph, "--sync ", sync,
+               " with --cuda-graph: the outer step writes the parameters outside the graph");
+  MINIDL_CHECK(outer_lr > 0 && std::isfinite(outer_lr), "--outer-lr: expected a positive number, got ", outer_lr);
+  MINIDL_CHECK(outer_momentum >= 0 && outer_momentum < 1, "--outer-momentum: expected a value in [0, 1), got ",
+               outer_momentum);
 }
 
 void TrainConfig::validate(int world) const {
@@ -52,12 +80,14 @@ void TrainConfig::validate(int world) const {
                "(or its tensor-parallel split), not per pipeline stage; the summary's act_peak_mb, param_mb, "
                "grad_mb and optim_mb and the per-stage activation peaks are measured");
   if (cuda_graph) validate_cuda_graph(*this, world);
-  const int d = dp_size(*this, world);
-  MINIDL_CHECK(int64_t(d) * tp * pp == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " = ", int64_t(d) * tp * pp,
+  validate_outer_sync(world);
+  const int d = dp_size(*this, world), r = replica_groups;
+  MINIDL_CHECK(int64_t(d) * tp * pp * r == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp,
+               r > 1 ? " x --replica-groups " + std::to_string(r) : std::string(), " = ", int64_t(d) * tp * pp * r,
                " does not match the ", world, " ranks this job runs on (mpirun -n)");
-  // The global batch splits into dp ranks x micro-batches of equal size.
+  // The global batch splits into (replicas x) dp ranks x micro-batches of equal size.
   MINIDL_CHECK(batch >= 1, "--batch: expected at least 1, got ", batch);
-  validate_pipeline(*this, d);
+  validate_pipeline(*this, d * r);
   MINIDL_CHECK(zero >= 0 && zero <= 3, "--zero: expected 0, 1, 2 or 3, got ", zero);
   MINIDL_CHECK(backend.empty() || backend == "mpi" || backend == "ring" || backend == "nccl",
                "--backend: expected mpi, ring or nccl, got '", backend, "'");
@@ -211,6 +241,12 @@ std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig
           {"pp", str(o.pp)},
           {"sequence_parallel", str(o.sequence_parallel)},
           {"zero", str(o.zero)},
+          {"sync", o.sync},
+          {"sync_every", str(o.sync_every)},
+          {"replica_groups", str(o.replica_groups)},
+          {"outer_lr", str(o.outer_lr)},
+          {"outer_momentum", str(o.outer_momentum)},
+          {"nesterov", str(o.nesterov)},
           {"amp", o.amp},
           {"recompute", o.recompute},
           {"device", o.device},

@@ -68,6 +68,14 @@ struct TrainConfig {
   // ZeRO stage over the dp group (dist/zero.h, dist/zero3.h): 0 = DDP, 1 = optimizer state sharded, 2 = gradients
   // too, 3 = block parameters too.
   int zero = 0;
+  // How the replicas agree (dist/local_sgd.h): "ddp" (every step, through the layout's own gradient sync; one
+  // replica), or "local-sgd" / "diloco" every sync_every steps across replica_groups copies of the dp × tp × pp grid
+  // (world = replica_groups · dp · tp · pp), DiLoCo with an outer SGD of outer_lr, outer_momentum, Nesterov or not.
+  std::string sync = "ddp";
+  int64_t sync_every = 1;
+  int replica_groups = 1;
+  double outer_lr = 0.7, outer_momentum = 0.9;
+  bool nesterov = true;
   std::string backend;  // empty: mpi on the CPU, nccl on CUDA devices
   std::string device = "cpu";
   bool tf32 = false;
@@ -128,6 +136,7 @@ struct TrainConfig {
   int64_t micro_batches_or_default() const { return micro_batches.value_or(pp); }
   // Throws minidl::Error naming the flag, what was expected and what was given. Same answer on every rank.
   void validate(int world_size) const;
+  void validate_outer_sync(int world_size) const;  // --sync and its flags (part of validate)
 };
 
 // The data-parallel size: --dp, or the world size divided by tp · pp.

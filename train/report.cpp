@@ -72,7 +72,7 @@ void Report::stepped(int64_t step, int64_t first_step, double ms, double data_ms
     exposed_ms_ += comm.exposed_comm_ms, ++timed_;
   }
   if (step >= o_.steps - 10 && std::isfinite(r.loss)) recent_loss_ += r.loss, ++recent_;
-  if (topo_.grid().size() > 1 && (step + 1) % o_.log_every == 0)
+  if (topo_.grid().size() > topo_.grid().replicas && (step + 1) % o_.log_every == 0)
     report_stragglers(step, {ms, data_ms, ms - comm.exposed_comm_ms, comm.exposed_comm_ms});
   if (logger_ && !o_.loss_log.empty()) {
     char entry[64];
@@ -164,7 +164,7 @@ void Report::summary(double val_loss, const optim::GradScaler* scaler) const {
 void Report::report_stragglers(int64_t step, const std::array<double, 4>& mine) {
   const std::vector<double> all = gather_every_rank(topo_, mine);
   if (!logger_) return;
-  const int world = topo_.grid().size();
+  const int world = topo_.grid().size() / topo_.grid().replicas;  // replica 0's ranks (each replica's stand alone)
   auto at = [&](int r, int k) { return all[4 * size_t(r) + size_t(k)]; };
   std::string line = "step " + std::to_string(step + 1) + " per rank (slowest / fastest):";
   const char* names[] = {"step", "data", "compute", "exposed comm"};
@@ -202,7 +202,7 @@ double mfu_peak_tflops(const TrainConfig& o, const Stage& stage, const dist::Top
   // The whole model's shapes: a tensor-parallel rank's are smaller, so its MFU is approximate.
   const nn::GPTConfig& c = stage.config();
   const double gflops = ops::SgemmCeiling({c.n_layer, c.n_embd, c.vocab_size, rows}).measure(num_threads());
-  return sum_over(topo.model_parallel_group(), sum_over(topo.dp_group(), gflops)) / 1e3;
+  return sum_over(topo.replica_group(), sum_over(topo.model_parallel_group(), sum_over(topo.dp_group(), gflops))) / 1e3;
 }
 
 // Parameters, gradients and optimizer state are what is held between steps (padding: < N elements per bucket);

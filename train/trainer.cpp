@@ -13,6 +13,7 @@
 #include "dist/clock_sync.h"
 #include "dist/flight_recorder.h"
 #include "dist/init.h"
+#include "dist/local_sgd.h"
 #include "dist/tensor_parallel.h"
 #include "dist/topology.h"
 #include "nn/atomic_file.h"
@@ -72,6 +73,7 @@ struct Trainer::State {
   std::unique_ptr<GradSync> sync;
   std::optional<optim::GradScaler> scaler;
   std::unique_ptr<optim::AdamW> optimizer;
+  std::unique_ptr<dist::OuterSync> outer;  // --sync local-sgd | diloco: across the replicas (dist/local_sgd.h)
 
   void print_header() const;
   // Collective: checkpoint_dir/step-N, every rank writing its share, the logger the rest; every rank waits for it.
@@ -132,11 +134,15 @@ void Trainer::State::print_header() const {
   const dist::Grid& g = topo->grid();
   std::printf(
       "minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
-      "threads=%d dp=%d tp=%d pp=%d zero=%d micro_batches=%d amp=%s recompute=%s device=%s data=%s "
+      "threads=%d dp=%d tp=%d pp=%d%s zero=%d micro_batches=%d amp=%s recompute=%s device=%s data=%s "
       "(%zu train / %zu val tokens) tokenizer=%s\n",
       (long long)num_params, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)seq,
-      (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp, cfg.zero,
-      stage->spec().micro_batches, cfg.amp.c_str(), cfg.recompute.c_str(),
+      (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp,
+      g.replicas > 1 || cfg.sync != "ddp" ? (" sync=" + cfg.sync + " every=" + std::to_string(cfg.sync_every) +
+                                             " replicas=" + std::to_string(g.replicas))
+                                                .c_str()
+                                          : "",
+      cfg.zero, stage->spec().micro_batches, cfg.amp.c_str(), cfg.recompute.c_str(),
       device.is_cpu() ? "cpu" : (cfg.device + " (" + device_name(device) + ")").c_str(), cfg.data.c_str(),
       size_t(ds->train_tokens()), ds->val().size(), ds->tokenizer().kind());
   if (amp == DType::bf16) std::printf("amp bf16: no loss scaling needed (bf16 has f32's exponent range)\n");
@@ -210,7 +216,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   MINIDL_CHECK(s.device.is_cpu() ? backend != "nccl" : backend != "mpi", "--backend ", backend,
                " does not serve --device ", o.device, ": use ",
                s.device.is_cpu() ? "mpi or ring on the CPU" : "nccl or ring on CUDA devices");
-  const dist::Grid grid{dp_size(o, ctx.world_size()), o.tp, o.pp};
+  const dist::Grid grid{dp_size(o, ctx.world_size()), o.tp, o.pp, o.replica_groups};
   s.topo = std::make_unique<dist::Topology>(ctx.world(), grid, backend, s.device);
   const dist::GridCoord me = s.topo->coord();
   s.logger = me == dist::GridCoord{};
@@ -226,9 +232,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   }
 
   // Data parallelism: dp rank d takes samples [d * local, (d + 1) * local) of each global batch; its dropout masks
-  // are those of the same samples in one process.
-  s.local_batch = o.batch / grid.dp;
-  s.first_sample = me.dp * s.local_batch;
+  // are those of the same samples in one process. Replicas split the global batch as an outer dp axis would, so
+  // local SGD at --sync-every 1 sees the batches DDP over all of them would.
+  s.local_batch = o.batch / (grid.dp * grid.replicas);
+  s.first_sample = (me.replica * grid.dp + me.dp) * s.local_batch;
   // This rank's stage and its GradSync (train/parallel_model.h); checkpoint weights go in before anything moves or
   // is sharded (each chunk takes its tensors of the whole model; at tp > 1 its slices).
   ParallelModel built = build_model_and_sync(o, model_cfg, *s.topo, s.device, s.first_sample, [&](Stage& stage) {
@@ -265,6 +272,10 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     // The data sampler and the dropout masks are functions of (seed, step): the step is their whole position.
     s.stage->set_dropout(uint64_t(s.resume->state.step), s.first_sample);
   }
+  if (o.sync != "ddp")  // after any checkpoint is read: every replica starts from replica 0's parameters
+    s.outer = std::make_unique<dist::OuterSync>(
+        s.stage->parameters(), s.topo->replica_group(),
+        dist::OuterOptions{dist::outer_kind(o.sync), o.sync_every, o.outer_lr, o.outer_momentum, o.nesterov});
   if (!o.checkpoint_dir.empty()) install_preemption_handlers();
   s.print_header();
 }
@@ -304,6 +315,7 @@ int Trainer::run() {
     if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
     std::optional<trace::Span> span(std::in_place, trace::enabled() ? "step " + std::to_string(step + 1) : "");
     StepResult r = batches.step(*s.stage, *s.optimizer, step, so);
+    if (s.outer) s.outer->after_step(step + 1);
     span.reset();
     trace_memory(s.device);
     reads.stepped();
@@ -318,6 +330,16 @@ int Trainer::run() {
     report.stepped(step, first_step, ms, batches.data_ms, comm, r, so.lr, so.scaler);
     if (evaluates) report.validation(step + 1, s.evaluate(val));
     if (s.checkpoint_after(step, r, reads, report)) return report.end(std::nullopt, so.scaler), 0;  // preempted
+  }
+  if (s.outer) {
+    s.outer->finish(o.steps);
+    const dist::OuterStats& st = s.outer->stats();
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "outer sync: %s every %lld steps over %d replicas: %lld syncs of %.2f MiB, %.1f ms",
+                  dist::outer_kind_name(s.outer->options().kind), (long long)o.sync_every, o.replica_groups,
+                  (long long)st.syncs, st.syncs ? double(st.bytes) / double(st.syncs) / double(1 << 20) : 0.0, st.ms);
+    report.print(line);
   }
   report.end_progress();
   report.end(s.finish(val, reads.schedule_step()), so.scaler);
