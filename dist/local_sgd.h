@@ -88,7 +88,7 @@ class OuterSync {
 
  private:
   void sync();
-  std::vector<float> read_params() const;     // the parameters, flat, on the host
+  std::vector<float> read_params() const;  // the parameters, flat, on the host
   void write_params(const std::vector<float>& flat);
 
   std::vector<Tensor> params_;
