@@ -18,13 +18,7 @@ const char* outer_kind_name(OuterKind kind) { return kind == OuterKind::kLocalSg
 
 OuterSync::OuterSync(std::vector<Tensor> params, ProcessGroup& replicas, OuterOptions options)
     : params_(std::move(params)), replicas_(replicas), options_(options) {
-  MINIDL_CHECK(options_.every >= 1, "OuterSync: every (H) must be at least 1, got ", options_.every);
-  MINIDL_CHECK(replicas_.device().is_cpu(), "OuterSync: the replica group must serve the host (its buffers are there)");
-  for (const Tensor& p : params_) {
-    MINIDL_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), "OuterSync: parameters must be contiguous f32, got ",
-                 dtype_name(p.dtype()), p.is_contiguous() ? "" : " (not contiguous)");
-    numel_ += p.numel();
-  }
+  check_params();
   // One starting point for every replica: replica 0's parameters.
   Tensor flat = Tensor::from_vector(read_params(), {numel_});
   replicas_.broadcast(flat, 0)->wait();
@@ -33,6 +27,29 @@ OuterSync::OuterSync(std::vector<Tensor> params, ProcessGroup& replicas, OuterOp
   if (options_.kind == OuterKind::kDiLoCo) {
     global_ = std::move(start);
     momentum_.assign(size_t(numel_), 0.0f);
+  }
+}
+
+OuterSync::OuterSync(std::vector<Tensor> params, ProcessGroup& replicas, OuterOptions options,
+                     std::vector<float> global, std::vector<float> momentum)
+    : params_(std::move(params)),
+      replicas_(replicas),
+      options_(options),
+      global_(std::move(global)),
+      momentum_(std::move(momentum)) {
+  check_params();
+  const size_t kept = options_.kind == OuterKind::kDiLoCo ? size_t(numel_) : 0;
+  MINIDL_CHECK(global_.size() == kept && momentum_.size() == kept, "OuterSync: expected ", kept,
+               " values each of θ_global and the outer momentum, got ", global_.size(), " and ", momentum_.size());
+}
+
+void OuterSync::check_params() {
+  MINIDL_CHECK(options_.every >= 1, "OuterSync: every (H) must be at least 1, got ", options_.every);
+  MINIDL_CHECK(replicas_.device().is_cpu(), "OuterSync: the replica group must serve the host (its buffers are there)");
+  for (const Tensor& p : params_) {
+    MINIDL_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), "OuterSync: parameters must be contiguous f32, got ",
+                 dtype_name(p.dtype()), p.is_contiguous() ? "" : " (not contiguous)");
+    numel_ += p.numel();
   }
 }
 
@@ -92,15 +109,6 @@ void OuterSync::sync() {
   stats_.syncs += 1;
   stats_.bytes += uint64_t(numel_) * sizeof(float);
   stats_.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void OuterSync::load_state(std::vector<float> global, std::vector<float> momentum) {
-  MINIDL_CHECK(options_.kind == OuterKind::kDiLoCo, "OuterSync::load_state: local SGD keeps no state");
-  MINIDL_CHECK(int64_t(global.size()) == numel_ && int64_t(momentum.size()) == numel_,
-               "OuterSync::load_state: expected ", numel_, " values each, got ", global.size(), " and ",
-               momentum.size());
-  global_ = std::move(global);
-  momentum_ = std::move(momentum);
 }
 
 }  // namespace minidl::dist

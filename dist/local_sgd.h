@@ -29,7 +29,8 @@
 // between (the replicas can sit on a slow link). A ring moves 2(R−1)/R of those bytes per rank.
 //
 // Memory: DiLoCo keeps θ_global and m beside the model, in host memory (2 × 4 bytes a parameter, as torchft keeps
-// them on the CPU); local SGD keeps nothing. The pseudo-gradients pass through one host buffer of the same size.
+// them on the CPU), and in checkpoints (train/checkpoint.h), so a run resumes inside a window; local SGD keeps
+// nothing. The pseudo-gradients pass through one host buffer of the same size.
 //
 // The outer step runs in f32 on the host, element by element, in a fixed order: the result depends only on the
 // replicas' parameters and the sum of R values (exact in either order at R = 2), so a one-process simulation of the
@@ -71,6 +72,10 @@ class OuterSync {
   // rank's coordinates in every replica (a host group: the buffers are on the host). Collective over `replicas`:
   // every replica starts from replica 0's parameters (broadcast), so θ_global is the same everywhere.
   OuterSync(std::vector<Tensor> params, ProcessGroup& replicas, OuterOptions options);
+  // Resuming a window where a checkpoint stopped it: each replica keeps its own parameters (they differ in the
+  // middle of a window) and DiLoCo takes back θ_global and m (flat over `params`; empty for local SGD). Local.
+  OuterSync(std::vector<Tensor> params, ProcessGroup& replicas, OuterOptions options, std::vector<float> global,
+            std::vector<float> momentum);
 
   const OuterOptions& options() const { return options_; }
   // After `steps_done` inner steps: at the end of a window (steps_done a multiple of H), the outer step.
@@ -84,9 +89,9 @@ class OuterSync {
   // DiLoCo's state, flat over `params` in their order (empty for local SGD): for checkpoints and tests.
   const std::vector<float>& global() const { return global_; }
   const std::vector<float>& momentum() const { return momentum_; }
-  void load_state(std::vector<float> global, std::vector<float> momentum);
 
  private:
+  void check_params();  // and counts them
   void sync();
   std::vector<float> read_params() const;  // the parameters, flat, on the host
   void write_params(const std::vector<float>& flat);

@@ -151,7 +151,7 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "local-sgd (every --sync-every steps the --replica-groups replicas' parameters are averaged) or "
                  "diloco (their pseudo-gradients, global - local, averaged and stepped by an outer SGD with Nesterov "
                  "momentum; the global parameters and the momentum in host memory). Any --dp, --tp, --pp and --zero "
-                 "0-2 run inside each replica; not with --checkpoint-dir yet")
+                 "0-2 run inside each replica; checkpoints hold every replica's state and resume inside a window")
       ->capture_default_str();
   app.add_option("--sync-every", o.sync_every,
                  "With --sync local-sgd or diloco: H, the inner steps between outer syncs (one all-reduce of the "

@@ -42,6 +42,43 @@ bool is_step_dir(const fs::path& p) {
   return name.rfind("step-", 0) == 0 && name.find('.') == std::string::npos && fs::is_directory(p);
 }
 
+// Writes the manifest of `files` (relative to tmp) and DONE into tmp, then renames it to dir: a directory is
+// complete, or not there.
+void seal(const fs::path& tmp, const std::string& dir, const std::vector<std::string>& files) {
+  Manifest manifest;
+  for (const std::string& f : files) {
+    MINIDL_CHECK(fs::exists(tmp / f), "checkpoint ", tmp.string(), ": ", f, " was not written");
+    manifest[f] = {uint64_t(fs::file_size(tmp / f)), fnv1a64_of_file((tmp / f).string())};
+  }
+  nn::write_text_file_atomically((tmp / kManifestFile).string(), manifest_json(manifest));
+  nn::write_text_file_atomically((tmp / kDoneFile).string(), "complete\n");
+  fs::rename(tmp, dir);
+}
+
+// dir's DONE marker and its parsed manifest; then, every file of `files` of the size and checksum it gives.
+Manifest verified_manifest(const std::string& dir) {
+  MINIDL_CHECK(fs::is_directory(dir), "--resume: ", dir, " is not a checkpoint directory");
+  MINIDL_CHECK(fs::exists(fs::path(dir) / kDoneFile), "checkpoint ", dir,
+               ": incomplete (no DONE marker: the save did not finish)");
+  const std::string manifest_path = (fs::path(dir) / kManifestFile).string();
+  MINIDL_CHECK(fs::exists(manifest_path), "checkpoint ", dir, ": missing ", kManifestFile);
+  return parse_manifest(manifest_path, read_text(manifest_path));
+}
+void verify_files(const std::string& dir, const Manifest& manifest, const std::vector<std::string>& files) {
+  for (const std::string& f : files) {
+    const fs::path p = fs::path(dir) / f;
+    auto e = manifest.find(f);
+    MINIDL_CHECK(e != manifest.end(), "checkpoint ", dir, "/", kManifestFile, ": no entry for ", f);
+    MINIDL_CHECK(fs::exists(p), "checkpoint ", dir, ": missing file ", f);
+    const uint64_t bytes = fs::file_size(p);
+    MINIDL_CHECK(bytes == e->second.bytes, "checkpoint ", p.string(), ": ", bytes, " bytes where the manifest says ",
+                 e->second.bytes, " (truncated or replaced)");
+    const std::string sum = fnv1a64_of_file(p.string());
+    MINIDL_CHECK(sum == e->second.fnv1a64, "checkpoint ", p.string(), ": checksum ", sum, " where the manifest says ",
+                 e->second.fnv1a64, " (corrupted)");
+  }
+}
+
 std::atomic<bool> g_preempted{false};
 extern "C" void on_preemption_signal(int) { g_preempted.store(true); }
 
@@ -120,25 +157,88 @@ void save_checkpoint(const std::string& dir, const nn::GPT* model, const std::st
   if (state.scaler) st["grad_scaler"] = nlohmann::json::parse(scaler_state_json(*state.scaler));
   nn::write_text_file_atomically((tmp / kStateFile).string(), st.dump(2));
 
-  Manifest manifest;
   std::vector<std::string> files{kModelFile, "config.json", kStateFile};
   for (int i = 0; i < writer.count; ++i) files.push_back(optimizer_file_name(i, writer.count));
-  for (const std::string& f : files) {
-    MINIDL_CHECK(fs::exists(tmp / f), "checkpoint ", tmp.string(), ": ", f, " was not written");
-    manifest[f] = {uint64_t(fs::file_size(tmp / f)), fnv1a64_of_file((tmp / f).string())};
-  }
-  nn::write_text_file_atomically((tmp / kManifestFile).string(), manifest_json(manifest));
-  nn::write_text_file_atomically((tmp / kDoneFile).string(), "complete\n");
-  fs::rename(tmp, dir);
+  seal(tmp, dir, files);
 }
 
-Checkpoint load_checkpoint(const std::string& dir) {
-  MINIDL_CHECK(fs::is_directory(dir), "--resume: ", dir, " is not a checkpoint directory");
-  MINIDL_CHECK(fs::exists(fs::path(dir) / kDoneFile), "checkpoint ", dir,
-               ": incomplete (no DONE marker: the save did not finish)");
-  const std::string manifest_path = (fs::path(dir) / kManifestFile).string();
-  MINIDL_CHECK(fs::exists(manifest_path), "checkpoint ", dir, ": missing ", kManifestFile);
-  const Manifest manifest = parse_manifest(manifest_path, read_text(manifest_path));
+std::string replica_dir_name(int replica) {
+  char name[32];
+  std::snprintf(name, sizeof name, "replica-%05d", replica);
+  return name;
+}
+
+std::string outer_file_name(int index, int count) {
+  char name[64];
+  std::snprintf(name, sizeof name, "outer-%05d-of-%05d.safetensors", index, count);
+  return name;
+}
+
+void save_replicated_checkpoint(const std::string& dir, int replica, int replicas, const nn::GPT* model,
+                                const std::string& vocab_json, const OptimizerCheckpoint& optimizer,
+                                const TrainingState& state, const CheckpointWriter& writer,
+                                const OuterCheckpoint* outer, int outer_index, bool world_leader,
+                                const std::function<void()>& world_barrier) {
+  const fs::path tmp = dir + ".tmp";
+  if (world_leader) {
+    MINIDL_CHECK(!fs::exists(dir), "checkpoint: ", dir, " exists already");
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+  }
+  world_barrier();
+  save_checkpoint((tmp / replica_dir_name(replica)).string(), model, vocab_json, optimizer, state, writer);
+  const bool has_outer = replica == 0 && outer != nullptr && !outer->global.empty();
+  if (has_outer) {
+    const auto n = int64_t(outer->global.size());
+    nn::save_safetensors(
+        (tmp / outer_file_name(outer_index, writer.count)).string(),
+        {{"global", Tensor::from_vector(outer->global, {n})}, {"momentum", Tensor::from_vector(outer->momentum, {n})}},
+        {{"format", "minidl-diloco"}});
+  }
+  world_barrier();  // every replica's directory and every outer file is complete
+  if (!world_leader) return;
+  std::vector<std::string> files;
+  for (int r = 0; r < replicas; ++r) files.push_back(replica_dir_name(r) + "/" + kManifestFile);
+  if (has_outer)
+    for (int i = 0; i < writer.count; ++i) files.push_back(outer_file_name(i, writer.count));
+  seal(tmp, dir, files);
+}
+
+OuterCheckpoint load_outer_state(const Checkpoint& c, int index, int count) {
+  MINIDL_CHECK(c.outer_files > 0, "--resume ", c.run_dir, ": no DiLoCo state (", outer_file_name(0, count),
+               ", ...): it was saved by a --sync local-sgd run, whose replicas cannot restart a DiLoCo window");
+  MINIDL_CHECK(c.outer_files == count, "--resume ", c.run_dir, ": DiLoCo's state was saved by ", c.outer_files,
+               " ranks per replica, this run has ", count,
+               " (it is flat over a rank's parameters: resume with the same dp, tp and pp)");
+  const std::string path = (fs::path(c.run_dir) / outer_file_name(index, count)).string();
+  const nn::SafetensorsFile f = nn::load_safetensors(path);
+  auto get = [&](const char* name) {
+    auto it = f.tensors.find(name);
+    MINIDL_CHECK(it != f.tensors.end(), "checkpoint ", path, ": no tensor \"", name, "\"");
+    return it->second.to_float_vector();
+  };
+  return {get("global"), get("momentum")};
+}
+
+Checkpoint load_checkpoint(const std::string& dir, int replica) {
+  const Manifest manifest = verified_manifest(dir);
+  if (fs::is_directory(fs::path(dir) / replica_dir_name(0))) {  // R replicas' checkpoints and DiLoCo's state
+    std::vector<std::string> files;
+    int replicas = 0, outer = 0, index = 0, count = 0;
+    for (const auto& [f, e] : manifest) {
+      if (f == replica_dir_name(replicas) + "/" + kManifestFile) ++replicas;
+      if (std::sscanf(f.c_str(), "outer-%d-of-%d.safetensors", &index, &count) == 2) outer = count;
+      files.push_back(f);
+    }
+    verify_files(dir, manifest, files);
+    MINIDL_CHECK(replica < replicas, "--resume ", dir, ": holds ", replicas, " replicas' states, not replica ", replica,
+                 "'s");
+    Checkpoint c = load_checkpoint((fs::path(dir) / replica_dir_name(replica)).string());
+    c.run_dir = dir;
+    c.replicas = replicas;
+    c.outer_files = outer;
+    return c;
+  }
   // The optimizer files: one, or count of them, each named with its index and the count.
   std::vector<std::string> optimizer_files;
   if (manifest.count(kOptimizerFile)) {
@@ -147,26 +247,16 @@ Checkpoint load_checkpoint(const std::string& dir) {
     int index = -1, count = 0;
     for (const auto& [f, e] : manifest)
       if (std::sscanf(f.c_str(), "optimizer-%d-of-%d.safetensors", &index, &count) == 2) break;
-    MINIDL_CHECK(count > 0, "checkpoint ", manifest_path, ": no entry for ", kOptimizerFile, " or its shards (",
-                 optimizer_file_name(0, 2), ", ...)");
+    MINIDL_CHECK(count > 0, "checkpoint ", (fs::path(dir) / kManifestFile).string(), ": no entry for ", kOptimizerFile,
+                 " or its shards (", optimizer_file_name(0, 2), ", ...)");
     for (int i = 0; i < count; ++i) optimizer_files.push_back(optimizer_file_name(i, count));
   }
   std::vector<std::string> files{kModelFile, kStateFile};
   files.insert(files.end(), optimizer_files.begin(), optimizer_files.end());
-  for (const std::string& f : files) {
-    const fs::path p = fs::path(dir) / f;
-    auto e = manifest.find(f);
-    MINIDL_CHECK(e != manifest.end(), "checkpoint ", manifest_path, ": no entry for ", f);
-    MINIDL_CHECK(fs::exists(p), "checkpoint ", dir, ": missing file ", f);
-    const uint64_t bytes = fs::file_size(p);
-    MINIDL_CHECK(bytes == e->second.bytes, "checkpoint ", p.string(), ": ", bytes, " bytes where the manifest says ",
-                 e->second.bytes, " (truncated or replaced)");
-    const std::string sum = fnv1a64_of_file(p.string());
-    MINIDL_CHECK(sum == e->second.fnv1a64, "checkpoint ", p.string(), ": checksum ", sum, " where the manifest says ",
-                 e->second.fnv1a64, " (corrupted)");
-  }
+  verify_files(dir, manifest, files);
   Checkpoint c;
   c.dir = dir;
+  c.run_dir = dir;
   nn::GPTCheckpoint model = nn::load_gpt((fs::path(dir) / kModelFile).string());
   c.model_config = model.config;
   c.vocab_json = model.metadata.at("vocab");
@@ -217,10 +307,10 @@ std::vector<std::string> complete_checkpoints(const std::string& parent,
 }
 
 std::optional<Checkpoint> latest_checkpoint(const std::string& parent,
-                                            const std::function<void(const std::string&)>& log) {
+                                            const std::function<void(const std::string&)>& log, int replica) {
   for (const std::string& dir : complete_checkpoints(parent, log)) {
     try {
-      return load_checkpoint(dir);
+      return load_checkpoint(dir, replica);
     } catch (const Error& e) { log("skipping " + dir + ": " + e.what()); }
   }
   return std::nullopt;

@@ -32,6 +32,18 @@
 //   train::restore_model(c, stage);                    // before the GradSync shards the parameters
 //   train::restore_optimizer(c, stage, sync, optimizer);
 //   std::optional<train::Checkpoint> latest = train::latest_checkpoint(dir, log);   // newest that verifies
+//
+// A run of R > 1 replicas (--sync local-sgd | diloco, dist/local_sgd.h) holds R different models between two outer
+// syncs, each with its own AdamW state, so its checkpoint holds R checkpoints and DiLoCo's state beside them:
+//
+//   ckpt/step-00000020/
+//     replica-00000/ ... replica-00001/   each a checkpoint as above, written by its replica's ranks
+//     outer-00000-of-00002.safetensors    DiLoCo's θ_global and outer momentum ("global", "momentum"), flat over the
+//                                         parameters rank i of a replica holds (replica 0's ranks write them: every
+//                                         replica holds the same); none for local SGD, which keeps no state
+//     manifest.json, DONE                 the replicas' manifest.json and the outer files, checksummed; DONE last
+//
+// so a run resumes bitwise in the middle of an H-step window as at its boundary (same layout inside a replica).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +52,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nn/gpt.h"
 #include "optim/adamw.h"
@@ -57,7 +70,10 @@ struct TrainingState {
 };
 
 struct Checkpoint {
-  std::string dir;
+  std::string dir;      // the directory the model and AdamW state came from (replica-K/ of a replicated one)
+  std::string run_dir;  // the step directory (dir itself unless replicated)
+  int replicas = 1;     // the replicas whose states run_dir holds
+  int outer_files = 0;  // DiLoCo's outer-*-of-N files (N = the ranks of a replica), 0 if none
   nn::GPTConfig model_config;
   std::string vocab_json;
   TrainingState state;
@@ -118,8 +134,26 @@ nn::NamedTensors gather_stages(const Stage& stage, const nn::NamedTensors& local
 // one process's whole model. Collective as gather_stages.
 std::shared_ptr<nn::GPT> consolidated_model(const Stage& stage, bool keep);
 
-// Reads and verifies a checkpoint directory; throws naming the file and the problem.
-Checkpoint load_checkpoint(const std::string& dir);
+// Collective over the world, for R > 1 replicas: replica `replica`'s checkpoint (save_checkpoint's, `writer` within
+// the replica) into dir/replica-K, DiLoCo's state (`outer`, non-null on replica 0's ranks; `outer_index` of
+// `outer_count`), then the leader (`world_leader`) seals dir as above. `world_barrier` synchronises every rank.
+struct OuterCheckpoint {
+  std::vector<float> global, momentum;  // dist::OuterSync's, flat over this rank's parameters
+};
+std::string replica_dir_name(int replica);  // "replica-00001"
+std::string outer_file_name(int index, int count);
+void save_replicated_checkpoint(const std::string& dir, int replica, int replicas, const nn::GPT* model,
+                                const std::string& vocab_json, const OptimizerCheckpoint& optimizer,
+                                const TrainingState& state, const CheckpointWriter& writer,
+                                const OuterCheckpoint* outer, int outer_index, bool world_leader,
+                                const std::function<void()>& world_barrier);
+// DiLoCo's state of rank `index` of `count` of a replica, from a replicated checkpoint; throws naming the file, or
+// why it cannot serve (no DiLoCo state, another count of ranks per replica).
+OuterCheckpoint load_outer_state(const Checkpoint& c, int index, int count);
+
+// Reads and verifies a checkpoint directory; throws naming the file and the problem. A replicated one (above): its
+// manifest and `replica`'s checkpoint.
+Checkpoint load_checkpoint(const std::string& dir, int replica = 0);
 
 // Every chunk's parameters from the whole model's tensors (by name; both copies of wte; at tp > 1 this rank's
 // slices). Local. Throws naming a missing or misshapen tensor and the file.
@@ -136,7 +170,7 @@ std::vector<std::string> complete_checkpoints(const std::string& parent,
 // The newest of them that loads and verifies (load_checkpoint), or none: one that fails is reported through `log`
 // with the reason and skipped, so a restart after a crash never sticks on a damaged directory.
 std::optional<Checkpoint> latest_checkpoint(const std::string& parent,
-                                            const std::function<void(const std::string&)>& log);
+                                            const std::function<void(const std::string&)>& log, int replica = 0);
 
 // Deletes all but the newest `keep` complete checkpoints in `parent` (and any *.tmp left by a crash).
 void prune_checkpoints(const std::string& parent, int64_t keep);

@@ -50,9 +50,6 @@ void TrainConfig::validate_outer_sync(int world) const {
   MINIDL_CHECK(zero <= 2, "--sync ", sync,
                " with --zero 3: the outer step needs each rank's whole parameters, which "
                "ZeRO-3 shards between steps; use --zero 1 or 2 inside a replica");
-  MINIDL_CHECK(checkpoint_dir.empty(), "--sync ", sync,
-               " with --checkpoint-dir: checkpoints of the replicas' "
-               "diverging windows are not built yet (--save writes the synced model at the end)");
   MINIDL_CHECK(!cuda_graph, "--sync ", sync,
                " with --cuda-graph: the outer step writes the parameters outside the graph");
   MINIDL_CHECK(outer_lr > 0 && std::isfinite(outer_lr), "--outer-lr: expected a positive number, got ", outer_lr);

@@ -100,30 +100,46 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
   // its share of its stage's logical tensors (ZeRO: all-gathered bucket by bucket, tp: tensor by tensor); the
   // leader also writes the whole model (gathered into a one-process GPT). The two barriers together wait for every
   // rank: each dp group, then each replica.
+  // rank (0, 0, 0) of each replica writes its model. The two barriers together wait for every rank of a replica:
+  // each dp group, then the replica; with the replica group's, for every rank.
   const dist::Grid& g = topo->grid();
   const dist::GridCoord me = topo->coord();
-  CheckpointWriter writer{(me.pp * g.dp + me.dp) * g.tp + me.tp, g.pp * g.dp * g.tp, logger, [this] {
-                            topo->dp_group().barrier()->wait();
-                            topo->model_parallel_group().barrier()->wait();
-                          }};
+  const bool replica_leader = me.pp == 0 && me.dp == 0 && me.tp == 0;
+  const std::function<void()> replica_barrier = [this] {
+    topo->dp_group().barrier()->wait();
+    topo->model_parallel_group().barrier()->wait();
+  };
+  const int index = (me.pp * g.dp + me.dp) * g.tp + me.tp;
+  CheckpointWriter writer{index, g.pp * g.dp * g.tp, replica_leader, replica_barrier};
   sync->hold_full_parameters(true);
   const OptimizerCheckpoint opt = optimizer_state(*optimizer, *stage, *sync, checkpoint_share(*stage));
-  const std::shared_ptr<const nn::GPT> whole = consolidated_model(*stage, logger);
+  const std::shared_ptr<const nn::GPT> whole = consolidated_model(*stage, replica_leader);
   if (logger) std::filesystem::create_directories(cfg.checkpoint_dir);
   nlohmann::json run = nlohmann::json::object();
   for (const auto& [k, v] : agreed_fields(cfg, *ds)) run[k] = v;
   TrainingState st{steps_done, schedule_step, std::nullopt, run.dump()};
   if (scaler) st.scaler = scaler->state();
-  train::save_checkpoint(dir, whole.get(), ds->tokenizer().to_json().dump(), opt, st, writer);
+  if (g.replicas == 1) {
+    train::save_checkpoint(dir, whole.get(), ds->tokenizer().to_json().dump(), opt, st, writer);
+  } else {  // each replica's own checkpoint, and DiLoCo's θ_global and momentum
+    const OuterCheckpoint state{outer->global(), outer->momentum()};
+    train::save_replicated_checkpoint(dir, me.replica, g.replicas, whole.get(), ds->tokenizer().to_json().dump(), opt,
+                                      st, writer, &state, index, logger, [&] {
+                                        replica_barrier();
+                                        topo->replica_group().barrier()->wait();
+                                      });
+  }
   if (logger) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     uint64_t bytes = 0;
-    for (const auto& f : std::filesystem::directory_iterator(dir)) bytes += std::filesystem::file_size(f.path());
+    for (const auto& f : std::filesystem::recursive_directory_iterator(dir))
+      if (f.is_regular_file()) bytes += f.file_size();
     what += " (" + fmt("%.1f", double(bytes) / double(1 << 20)) + " MiB in " + fmt("%.0f", ms) + " ms)";
     if (cfg.keep_last > 0) prune_checkpoints(cfg.checkpoint_dir, cfg.keep_last);
   }
   sync->hold_full_parameters(false);
   writer.barrier();  // nobody goes on (or exits) before the checkpoint is complete
+  if (g.replicas > 1) topo->replica_group().barrier()->wait();
   return what;
 }
 
@@ -169,13 +185,19 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   }
 
   const auto t0 = std::chrono::steady_clock::now();
+  const int replica = ctx.rank() / (ctx.world_size() / o.replica_groups);  // the grid's outermost axis
   if (o.resume == "auto") {  // the newest checkpoint that verifies; damaged ones are skipped by name
-    s.resume = latest_checkpoint(o.checkpoint_dir, [&](const std::string& m) { s.notes.push_back(m); });
+    s.resume = latest_checkpoint(
+        o.checkpoint_dir, [&](const std::string& m) { s.notes.push_back(m); }, replica);
     if (!s.resume) s.notes.push_back("no complete checkpoint in " + o.checkpoint_dir + " verifies: starting fresh");
   } else if (!o.resume.empty()) {
-    s.resume = load_checkpoint(o.resume);  // verified: sizes, checksums, DONE
+    s.resume = load_checkpoint(o.resume, replica);  // verified: sizes, checksums, DONE
   }
   if (s.resume) {
+    MINIDL_CHECK(s.resume->replicas == 1 || s.resume->replicas == o.replica_groups, "--resume ", s.resume->run_dir,
+                 ": it holds the states of ", s.resume->replicas, " replicas (--replica-groups ", s.resume->replicas,
+                 "), this run has --replica-groups ", o.replica_groups, " (--init-from ", s.resume->dir,
+                 "/model.safetensors starts a new run from one of them)");
     s.notes.push_back("resuming from " + s.resume->dir + " (read and verified in " + fmt("%.0f", ms_since(t0)) +
                       " ms)");
     s.ckpt_source = s.resume->dir;
@@ -272,10 +294,18 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     // The data sampler and the dropout masks are functions of (seed, step): the step is their whole position.
     s.stage->set_dropout(uint64_t(s.resume->state.step), s.first_sample);
   }
-  if (o.sync != "ddp")  // after any checkpoint is read: every replica starts from replica 0's parameters
-    s.outer = std::make_unique<dist::OuterSync>(
-        s.stage->parameters(), s.topo->replica_group(),
-        dist::OuterOptions{dist::outer_kind(o.sync), o.sync_every, o.outer_lr, o.outer_momentum, o.nesterov});
+  if (o.sync != "ddp") {
+    const dist::OuterOptions outer{dist::outer_kind(o.sync), o.sync_every, o.outer_lr, o.outer_momentum, o.nesterov};
+    if (s.resume && s.resume->replicas > 1) {  // each replica where it stopped, inside a window or at its end
+      OuterCheckpoint st;
+      if (outer.kind == dist::OuterKind::kDiLoCo)
+        st = load_outer_state(*s.resume, (me.pp * grid.dp + me.dp) * grid.tp + me.tp, grid.pp * grid.dp * grid.tp);
+      s.outer = std::make_unique<dist::OuterSync>(s.stage->parameters(), s.topo->replica_group(), outer,
+                                                  std::move(st.global), std::move(st.momentum));
+    } else {  // after any checkpoint is read: every replica starts from replica 0's parameters
+      s.outer = std::make_unique<dist::OuterSync>(s.stage->parameters(), s.topo->replica_group(), outer);
+    }
+  }
   if (!o.checkpoint_dir.empty()) install_preemption_handlers();
   s.print_header();
 }
@@ -358,8 +388,8 @@ void Trainer::State::after_first_step(int64_t first_step) const {
 // checkpoint; so does every save_every-th step but the last (finish saves that one). Returns whether to stop.
 bool Trainer::State::checkpoint_after(int64_t step, StepResult& r, ReadBack& reads, Report& report) const {
   if (cfg.checkpoint_dir.empty()) return false;
-  const bool stop =
-      max_over(topo->model_parallel_group(), max_over(topo->dp_group(), preemption_requested() ? 1.0 : 0.0)) > 0;
+  const double asked = max_over(topo->dp_group(), preemption_requested() ? 1.0 : 0.0);
+  const bool stop = max_over(topo->replica_group(), max_over(topo->model_parallel_group(), asked)) > 0;
   if (stop || (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && step + 1 < cfg.steps)) {
     reads.settle(r, step);  // the schedule step and the scaler's state a checkpoint saves
     report.print((stop ? "preempted: saved " : "saved ") + save_checkpoint(step + 1, reads.schedule_step()));

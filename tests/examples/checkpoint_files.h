@@ -13,6 +13,8 @@
 #include <regex>
 #include <string>
 
+#include <unistd.h>
+
 #include "support/run_program.h"
 
 namespace minidl::testing {
@@ -20,6 +22,20 @@ namespace minidl::testing {
 // "" for one process, else MPIEXEC -n n (oversubscribed: the tests run more ranks than cores).
 inline std::string mpiexec(int n) {
   return n == 1 ? "" : std::string(MPIEXEC) + " -n " + std::to_string(n) + " --oversubscribe --allow-run-as-root ";
+}
+
+// A fresh directory for the running test (under the temporary directory, named by `prefix`, the pid and the
+// test), holding tiny.txt: 200 times "the quick brown fox. " (17 distinct bytes).
+inline std::filesystem::path fresh_test_dir(const std::string& prefix) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      (prefix + std::to_string(::getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox. ";
+  std::ofstream(dir / "tiny.txt") << text;
+  return dir;
 }
 
 inline std::string read_file(const std::filesystem::path& p) {
@@ -44,9 +60,25 @@ enum class RunConfig { kSame, kMayDiffer };
 // the step, the schedule's and the optimizer's step counts, the loss scaler's state (scale, clean and skipped
 // steps, hysteresis) and, unless `config` says it may differ, the run's configuration (but for the checkpoints'
 // folder and interval). False, saying what differs, when there is no model file or anything differs.
+// A replicated checkpoint (train/checkpoint.h: replica-K/ directories and DiLoCo's outer files) is the same when
+// every replica's is and the outer files are.
 inline ::testing::AssertionResult same_files(const std::string& a, const std::string& b,
                                              RunConfig config = RunConfig::kSame) {
   const auto fa = safetensors_files(a), fb = safetensors_files(b);
+  if (std::filesystem::is_directory(std::filesystem::path(a) / "replica-00000")) {
+    auto replica = [](int r) {
+      char name[32];
+      std::snprintf(name, sizeof name, "/replica-%05d", r);
+      return std::string(name);
+    };
+    int replicas = 0;
+    for (; std::filesystem::is_directory(a + replica(replicas)); ++replicas)
+      if (auto same = same_files(a + replica(replicas), b + replica(replicas), config); !same) return same;
+    if (std::filesystem::is_directory(b + replica(replicas)))
+      return ::testing::AssertionFailure() << b << " holds more replicas than " << a << "'s " << replicas;
+    if (fa != fb) return ::testing::AssertionFailure() << "the outer files of " << a << " and " << b << " differ";
+    return ::testing::AssertionSuccess();
+  }
   if (!fa.count("model.safetensors") || fa.size() < 2) return ::testing::AssertionFailure() << a << " has no model";
   if (fa != fb) {
     auto fail = ::testing::AssertionFailure() << "the safetensors files of " << a << " and " << b << " differ:";

@@ -31,15 +31,7 @@ using minidl::testing::summary_text;
 
 class Resume : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("minidl_resume_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string text;
-    for (int i = 0; i < 200; ++i) text += "the quick brown fox. ";
-    std::ofstream(dir_ / "tiny.txt") << text;
-  }
+  void SetUp() override { dir_ = minidl::testing::fresh_test_dir("minidl_resume_"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   // Dropout and a warmup + cosine schedule: everything that has a position to resume.
