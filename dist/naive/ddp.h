@@ -35,19 +35,24 @@ class DataParallel {
  public:
   // Collective: every rank gets rank 0's parameters and buffers, so all ranks start from the same model.
   DataParallel(nn::Module& model, ProcessGroup& group) : model_(model), group_(group) {
+    // EXERCISE(ddp): make every rank hold rank 0's parameters and buffers.
     for (auto [name, p] : model.named_parameters()) group.broadcast(p, 0)->wait();
     for (auto [name, b] : model.named_buffers()) group.broadcast(b, 0)->wait();
+    // END EXERCISE
   }
 
   // Collective, after backward: every parameter's gradient becomes its average over the ranks of the group.
   // Each rank visits the parameters in the same order (the module's), so the ranks pair the same all-reduces.
   void average_gradients() {
+    // EXERCISE(ddp): average each trained parameter's gradient over the group, in place, in the same order on every
+    // rank; skip frozen parameters, and refuse a trained one without a gradient by name.
     for (auto [name, p] : model_.named_parameters()) {
       if (!p.requires_grad()) continue;
       Tensor grad = p.grad();
       MINIDL_CHECK(grad.defined(), "naive DDP: parameter ", name, " has no gradient (was it used in the loss?)");
       group_.all_reduce(grad, ReduceOp::kAvg)->wait();  // in place: p.grad() now holds the average
     }
+    // END EXERCISE
   }
 
  private:

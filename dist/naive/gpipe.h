@@ -62,6 +62,9 @@ inline double gpipe_step(ProcessGroup& group, int micro_batches, const Shape& ac
   MINIDL_CHECK(group.size() == 2, "naive GPipe: expected a group of 2 ranks (one per stage), got ", group.size());
   const int M = micro_batches;
   // Tags: activation of micro-batch m = m, its gradient = M + m, so each message meets its own receive.
+  // EXERCISE(pipeline): rank 0: all M forwards, sending each activation (tag m), then all M backwards from the received
+  // gradients (tag M + m). Rank 1: receive each activation into a leaf that requires grad, run last_stage, then the
+  // M backwards, sending each leaf's gradient back. Return rank 1's loss summed in f32, rank 0's 0.
   if (group.rank() == 0) {
     std::vector<Tensor> activations;  // kept, with their graphs, until their backward
     for (int m = 0; m < M; ++m) {
@@ -90,6 +93,7 @@ inline double gpipe_step(ProcessGroup& group, int micro_batches, const Shape& ac
     group.send(inputs[size_t(m)].grad(), 0, M + m)->wait();
   }
   return loss;
+  // END EXERCISE
 }
 
 // A parameter used on both stages (GPT's tied wte: the embedding on rank 0, the head on rank 1) has part of its
@@ -97,8 +101,10 @@ inline double gpipe_step(ProcessGroup& group, int micro_batches, const Shape& ac
 // hold it (here both; with S stages the first and the last).
 inline void sum_shared_gradients(ProcessGroup& group, const std::vector<Tensor>& shared) {
   for (const Tensor& t : shared) {
+    // EXERCISE(pipeline): sum each shared parameter's gradient over the group, in place.
     Tensor grad = t.grad();
     group.all_reduce(grad, ReduceOp::kSum)->wait();
+    // END EXERCISE
   }
 }
 

@@ -75,6 +75,9 @@ inline double one_f_one_b_step(ProcessGroup& group, int micro_batches, const Sha
   std::deque<std::pair<Tensor, Tensor>> in_flight;  // (received input, output) of each forward not yet backwarded
   std::vector<std::shared_ptr<Work>> sends;         // a Work keeps its tensor alive until it completes
   float loss = 0;
+  // EXERCISE(pipeline): forward(m): receive from s - 1 (not on stage 0), run, send to s + 1 (on the last stage, add to
+  // the loss); backward(m): the oldest in flight, its gradient received from s + 1 (not on the last stage), sent to
+  // s - 1. Warm-up, steady state and cool-down as derived above; wait for every send before returning.
   auto forward = [&](int m) {
     Tensor h;
     if (!first) {
@@ -109,6 +112,7 @@ inline double one_f_one_b_step(ProcessGroup& group, int micro_batches, const Sha
   }
   for (int m = M - warmup; m < M; ++m) backward(m);
   for (auto& work : sends) work->wait();
+  // END EXERCISE
   return loss;
 }
 

@@ -39,20 +39,24 @@ namespace minidl::dist::naive {
 
 // f: identity forward, all-reduce (sum) of the gradient backward.
 inline Tensor f(const Tensor& x, ProcessGroup& group) {
+  // EXERCISE(tensor_parallel): identity forward; backward all-reduces (sums) the incoming gradient.
   return autograd::record("naive_tp_f", {x}, x.detach(), [&group](const Tensor& gy) {
     Tensor sum = Tensor::empty(gy.shape());
     sum.copy_(gy);
     group.all_reduce(sum, ReduceOp::kSum)->wait();
     return std::vector<Tensor>{sum};
   });
+  // END EXERCISE
 }
 
 // g: all-reduce (sum) forward, identity backward.
 inline Tensor g(const Tensor& x, ProcessGroup& group) {
+  // EXERCISE(tensor_parallel): all-reduce (sum) forward; identity backward.
   Tensor sum = Tensor::empty(x.shape());
   sum.copy_(x.detach());
   group.all_reduce(sum, ReduceOp::kSum)->wait();
   return autograd::record("naive_tp_g", {x}, sum, [](const Tensor& gy) { return std::vector<Tensor>{gy}; });
+  // END EXERCISE
 }
 
 // Elements [begin, begin + n) of `whole` along dimension `dim`, copied into a new leaf parameter.
@@ -66,16 +70,21 @@ inline Tensor slice(const Tensor& whole, int dim, int64_t begin, int64_t n) {
 // c_fc column-parallel (its bias split with its columns), c_proj row-parallel (its bias whole, added after g).
 struct ParallelMLP {
   ParallelMLP(const nn::MLP& whole, ProcessGroup& group) : group(group) {
+    // EXERCISE(tensor_parallel): c_fc column-parallel (this rank's H/N columns and their bias), c_proj row-parallel
+    // (the matching H/N rows; its bias whole).
     const int64_t h = whole.c_fc->weight.shape()[1] / group.size(), first = group.rank() * h;
     fc_weight = slice(whole.c_fc->weight, 1, first, h);                       // (C, H/N)
     fc_bias = slice(whole.c_fc->bias, 0, first, h);                           // (H/N)
     proj_weight = slice(whole.c_proj->weight, 0, first, h);                   // (H/N, C)
     proj_bias = slice(whole.c_proj->bias, 0, 0, whole.c_proj->bias.numel());  // (C), replicated
+    // END EXERCISE
   }
   // x: (B, T, C), replicated -> (B, T, C), replicated
   Tensor forward(const Tensor& x) const {
+    // EXERCISE(tensor_parallel): f, this rank's columns with GELU, its rows, g, then the bias once.
     Tensor hidden = bias_gelu(matmul(f(x, group), fc_weight), fc_bias);  // (B, T, H/N): this rank's columns
     return add(g(matmul(hidden, proj_weight), group), proj_bias);        // sum over ranks of the row products
+    // END EXERCISE
   }
 
   ProcessGroup& group;
@@ -103,8 +112,11 @@ struct ParallelAttention {
   }
   // x: (B, T, C), replicated -> (B, T, C), replicated
   Tensor forward(const Tensor& x) const {
+    // EXERCISE(tensor_parallel): f, this rank's heads' q, k, v and attention, its rows of c_proj, g, then the bias
+    // once.
     Tensor heads = causal_attention(linear(f(x, group), attn_weight, attn_bias), int(n_head));  // (B, T, C/N)
     return add(g(matmul(heads, proj_weight), group), proj_bias);
+    // END EXERCISE
   }
 
   ProcessGroup& group;

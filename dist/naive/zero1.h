@@ -66,12 +66,15 @@ class Zero1AdamW {
         p.set_data(view);
         // The part of p inside this rank's shard becomes a parameter of the shard's optimizer (a leaf viewing the
         // flat vector, its gradient a view of grad_shard_), with p's weight decay.
+        // EXERCISE(zero1): the part of p inside this rank's shard [first, first + shard), if any, becomes a leaf
+        // viewing flat_params_ whose gradient views grad_shard_, added to shard_groups.back().
         const int64_t begin = std::max(first, offset), end = std::min(first + shard, offset + p.numel());
         if (begin < end) {
           Tensor piece = flat_params_.as_strided({end - begin}, {1}, begin).set_requires_grad(true);
           piece.set_grad(grad_shard_.as_strided({end - begin}, {1}, begin - first));
           shard_groups.back().params.push_back(piece);
         }
+        // END EXERCISE
         offset += p.numel();
       }
     }
@@ -82,6 +85,8 @@ class Zero1AdamW {
   // Collective, after backward: one AdamW step of the whole model; the parameters' gradients are zeroed.
   void step() {
     // 0. Flatten this rank's gradients into one vector with the parameters' layout (padding stays zero).
+    // EXERCISE(zero1): flatten the gradients into flat_grads_; reduce-scatter (average) into grad_shard_; step AdamW;
+    // all-gather the updated shards into flat_params_; zero the gradients.
     int64_t offset = 0;
     for (Tensor& p : params_) {
       MINIDL_CHECK(p.grad().defined(), "naive ZeRO-1: a parameter of shape ", p.shape(), " has no gradient");
@@ -96,6 +101,7 @@ class Zero1AdamW {
     const int64_t shard = grad_shard_.numel();
     group_.all_gather(flat_params_, flat_params_.as_strided({shard}, {1}, group_.rank() * shard))->wait();
     for (Tensor& p : params_) p.grad().zero_();
+    // END EXERCISE
   }
 
   optim::AdamW& optimizer() { return *adamw_; }  // set_lr, state()

@@ -95,15 +95,19 @@ class Zero3 final : public nn::BlockHooks {
 
   // Collective. Block i's whole parameters, from every rank's shard (also to read the weights outside a pass).
   void gather(int64_t i) {
+    // EXERCISE(zero3): allocate block i's flat buffer again and fill it from every rank's shard.
     Block& b = blocks_[size_t(i)];
     if (b.gathered) return;
     b.flat.impl()->storage->reallocate(size_t(b.flat.numel()) * sizeof(float));
     group_.all_gather(b.flat, b.shard)->wait();
     b.gathered = true;
+    // END EXERCISE
   }
   void release(int64_t i) {
+    // EXERCISE(zero3): free block i's flat buffer, keeping the object (autograd's saved views alias it).
     blocks_[size_t(i)].flat.impl()->storage->release();
     blocks_[size_t(i)].gathered = false;
+    // END EXERCISE
   }
 
   void before_block(int64_t i, bool) override { gather(i); }
@@ -125,6 +129,8 @@ class Zero3 final : public nn::BlockHooks {
   };
 
   void on_block_grad_ready(int64_t i) {
+    // EXERCISE(zero3): once the block's last gradient is ready: reduce-scatter (average) its flat gradient into the
+    // shard's gradient, drop the parameters' full gradients, free the block.
     Block& b = blocks_[size_t(i)];
     if (--b.grads_left > 0) return;
     // The block's full gradient, laid out like flat, exists only for this reduce-scatter.
@@ -138,6 +144,7 @@ class Zero3 final : public nn::BlockHooks {
     Tensor shard_grad = b.shard.grad();
     group_.reduce_scatter(shard_grad, flat_grad, ReduceOp::kAvg)->wait();
     release(i);
+    // END EXERCISE
   }
 
   nn::GPT& model_;

@@ -1,0 +1,251 @@
+"""`minidl-exercise check NAME`: builds a learner's exercises/NAME/ against the already built library and runs the
+exercise's criteria, each in its own mpiexec at each of its world sizes, and says which invariant broke.
+
+The grader program is tests/exercises/grade_NAME.cpp (its criteria, their world sizes and repeats: `--list`). The
+build compiles it against the reference (dist/naive/); here the same compile line from the build's
+compile_commands.json is run with the learner's folder in place of dist/naive/, and linked with the build's own
+link line (build.ninja), so nothing of the library is rebuilt.
+
+Each run gets MINIDL_COLLECTIVE_TIMEOUT (4 s), so a hang is named by the watchdog within seconds (which rank waits
+in which call on which peer, placed at a ring step by the grader's CALL lines); RUN_TIMEOUT_S more stops a run
+that hangs anyway. Statuses: passed, failed, timeout, blocked (not run: the code did not compile). Exit codes: 0
+every criterion passed, 1 not, 2 bad usage.
+"""
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.abspath(os.environ.get("MINIDL_BUILD_DIR", os.path.join(ROOT, "build")))
+COLLECTIVE_TIMEOUT_S = 4
+RUN_TIMEOUT_S = 40
+COMPILER_LINES = 20
+EXCERPT_LINES = 30
+OUTPUT_CAP = 200_000  # characters of a run's output kept (a flood is cut, and says so)
+
+WATCHDOG = re.compile(r"minidl: collective timeout on rank (\d+): group (\S+) \(ranks [^)]*\) sequence (\d+) (\w+) "
+                      r"(\w+) x (\d+)(?: \((\w+)\))?(?: peer (\d+))? has not completed after ([\d.]+) s")
+CALL = re.compile(r"^\[rank (\d+)\] CALL (.+) numel=(\d+) p2p_base=(\d+)$")
+RESULT = re.compile(r"^\[rank (\d+)\] RESULT (passed|failed)(?:: (.*))?$")
+SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+) \(([^)]+)\)")
+
+
+def fail_usage(message):
+    print(f"minidl-exercise: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def build_lines(name, learner_dir, out_dir):
+    """(compile argv, link argv) for the grader of `name` against learner_dir, from the build tree."""
+    source = os.path.join(ROOT, "tests", "exercises", f"grade_{name}.cpp")
+    commands = os.path.join(BUILD, "compile_commands.json")
+    if not os.path.isfile(commands) or not os.path.isfile(os.path.join(BUILD, "libminidl.a")):
+        fail_usage(f"no built library in {BUILD} (expected compile_commands.json and libminidl.a): build minidl "
+                   "first (scripts/build.sh), or point MINIDL_BUILD_DIR at its build tree")
+    entry = next((e for e in json.load(open(commands)) if os.path.abspath(e["file"]) == source), None)
+    if entry is None:
+        fail_usage(f"{BUILD} has no compile line for {os.path.relpath(source, ROOT)}: configure the build again "
+                   "(cmake -S . -B build)")
+    argv = shlex.split(entry["command"])
+    naive = "-I" + os.path.join(ROOT, "dist", "naive")
+    if naive not in argv:
+        fail_usage(f"the compile line of {os.path.relpath(source, ROOT)} has no {naive} to replace")
+    argv[argv.index(naive)] = "-I" + os.path.abspath(learner_dir)
+    obj = os.path.join(out_dir, f"grade_{name}.o")
+    argv[argv.index("-o") + 1] = obj
+    argv = [a for a in argv if a not in ("-O3", "-O2")] + ["-O1"]
+    # The link line of the reference grader's target, from build.ninja: the compiler, FLAGS, LINK_FLAGS, the
+    # object, LINK_PATH and LINK_LIBRARIES, run in the build directory (its paths are relative to it).
+    ninja = open(os.path.join(BUILD, "build.ninja"), encoding="utf-8").read()
+    m = re.search(rf"^build tests/exercises/grade_{name}: \S+ .*?\n((?:  \S+ = .*\n)+)", ninja, re.M)
+    if not m:
+        fail_usage(f"{BUILD}/build.ninja has no target tests/exercises/grade_{name}: configure the build again")
+    var = dict(re.findall(r"^  (\S+) = (.*)$", m.group(1), re.M))
+    binary = os.path.join(out_dir, f"grade_{name}")
+    link = ([argv[0]] + shlex.split(var.get("FLAGS", "")) + shlex.split(var.get("LINK_FLAGS", "")) + [obj, "-o", binary]
+            + shlex.split(var.get("LINK_PATH", "")) + shlex.split(var.get("LINK_LIBRARIES", "")))
+    return argv, entry["directory"], link, binary
+
+
+def criteria_of(binary):
+    out = subprocess.run([binary, "--list"], capture_output=True, text=True, timeout=30)
+    rows = []
+    for line in out.stdout.splitlines():
+        cid, ranks, repeats, what = line.split("\t", 3)
+        rows.append((cid, [int(n) for n in ranks.split(",")], int(repeats), what))
+    return rows
+
+
+def ring_place(call, numel, k, np):
+    """Where the k-th send/recv of a call into the learner's ring falls, if each step is one send and one recv."""
+    step = (k - 1) // 2
+    phase = ""
+    if call.startswith("ring_all_reduce"):
+        phase = f" (reduce-scatter step {step})" if step < np - 1 else f" (all-gather step {step - (np - 1)})"
+    return f"ring step {step}{phase} of {call} of {numel} elements"
+
+
+def hang_reason(output, np, debug_dir):
+    """Who waits on whom: each rank's open calls from its flight recorder dump (the watchdog writes them), placed at
+    a ring step by the rank's last CALL line; the watchdog's own lines when there are no dumps."""
+    last_call = {}
+    for line in output.splitlines():
+        m = CALL.match(line)
+        if m:
+            last_call[int(m.group(1))] = (m.group(2), int(m.group(3)), int(m.group(4)))
+    expired = {int(m.group(1)): m for m in WATCHDOG.finditer(output)}
+    if not expired:
+        return None
+    waits, peers = [], []
+    for rank in range(np):
+        try:
+            dump = json.load(open(os.path.join(debug_dir, f"flight-rank{rank}.json")))
+        except (OSError, ValueError):
+            dump = None
+        opened = [e for e in (dump or {}).get("entries", []) if e["state"] == "enqueued"]
+        if not opened and rank in expired:
+            m = expired[rank]
+            opened = [{"group": m.group(2), "seq": int(m.group(3)), "op": m.group(4), "count": int(m.group(6)),
+                       "peer": int(m.group(8)) if m.group(8) else -1}]
+        if not opened:
+            continue
+        # A blocked recv is what a rank waits on; an open send is a message nobody has taken.
+        recvs = [e for e in opened if e["op"] == "recv"]
+        main = recvs[0] if recvs else opened[0]
+        prep = {"recv": "from", "send": "to"}.get(main["op"], "with")
+        text = f"rank {rank} waits in {main['op']} of {main['count']} elements"
+        if main["peer"] >= 0:
+            text += f" {prep} rank {main['peer']}"
+        if main["group"] == "exercise" and main["op"] in ("send", "recv") and rank in last_call:
+            call, numel, base = last_call[rank]
+            text += " at " + ring_place(call, numel, main["seq"] - base, np)
+        elif main["group"] != "exercise":
+            text += f" (the grader's own {main['op']}: an earlier call left the ranks out of step)"
+        unsent = [e for e in opened if e["op"] == "send" and e is not main]
+        if unsent:
+            text += f", its send to rank {unsent[0]['peer']} not taken either"
+        waits.append(text)
+        peers.append((main["op"], rank, main["peer"]))
+    if len(peers) == np and all(op == "recv" and peer == (r + 1) % np for op, r, peer in peers):
+        waits.append("every rank receives from its right neighbour, who sends to the right too: a ring receives "
+                     "from the left, r - 1")
+    return "hang: " + "; ".join(waits) + f" (named by the watchdog after {COLLECTIVE_TIMEOUT_S} s)"
+
+
+def capped(text):
+    if len(text) <= OUTPUT_CAP:
+        return text
+    return text[:OUTPUT_CAP // 2] + f"\n[... {len(text) - OUTPUT_CAP} characters cut ...]\n" + text[-OUTPUT_CAP // 2:]
+
+
+def excerpt(text):
+    lines = [l for l in text.splitlines() if not CALL.match(l)]
+    if len(lines) > EXCERPT_LINES:
+        lines = lines[:EXCERPT_LINES // 2] + [f"[... {len(lines) - EXCERPT_LINES} lines ...]"] + lines[-EXCERPT_LINES // 2:]
+    return "\n".join(lines)
+
+
+def run_criterion(binary, cid, np, debug_dir):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MINIDL_COLLECTIVE_TIMEOUT=str(COLLECTIVE_TIMEOUT_S),
+               MINIDL_DEBUG_DIR=debug_dir, MINIDL_CHECK_COLLECTIVES="1", MINIDL_FLIGHT_RECORDER_SIZE="1000000",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    cmd = ["mpiexec", "-n", str(np), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [binary, "--criterion", cid]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=RUN_TIMEOUT_S)
+        output, rc, timed_out = p.stdout.decode(errors="replace"), p.returncode, False
+    except subprocess.TimeoutExpired as e:
+        output, rc, timed_out = (e.stdout or b"").decode(errors="replace"), None, True
+    seconds = time.monotonic() - t0
+    output = capped(output)
+    results = [RESULT.match(l) for l in output.splitlines()]
+    results = [m for m in results if m]
+    failures = [f"rank {m.group(1)}: {m.group(3)}" for m in results if m.group(2) == "failed"]
+    hang = hang_reason(output, np, debug_dir)
+    sig = SIGNAL.search(output)
+    if rc == 0 and sum(m.group(2) == "passed" for m in results) == np:
+        status, reason = "passed", ""
+    elif failures:
+        status, reason = "failed", failures[0]
+    elif hang:
+        status, reason = "timeout", hang
+    elif sig:
+        status, reason = "failed", f"rank {sig.group(1)} died of signal {sig.group(2)} ({sig.group(3)})"
+    elif timed_out:
+        status, reason = "timeout", f"still running after {RUN_TIMEOUT_S} s (no rank was named: a loop that never ends?)"
+    else:
+        status, reason = "failed", f"the run ended with exit code {rc} and no result line"
+    return {"id": f"{cid}.np{np}", "status": status, "seconds": round(seconds, 2), "reason": reason,
+            "log": excerpt(output) if status != "passed" else ""}
+
+
+def print_table(name, rows):
+    width = max(len(r["id"]) for r in rows)
+    print(f"exercise {name}")
+    print(f"  {'criterion':<{width}}  {'status':<8} {'seconds':>7}  reason")
+    for r in rows:
+        reason = r["reason"].split(" (MINIDL_TODO: ")[0]  # the hint is in the log and the JSON
+        reason = reason if len(reason) <= 400 else reason[:400] + " ..."
+        print(f"  {r['id']:<{width}}  {r['status']:<8} {r['seconds']:>7.2f}  {reason}")
+    graded = [r for r in rows if r["id"] != "compiles"]
+    passed = sum(r["status"] == "passed" for r in graded)
+    print(f"  score {passed}/{len(graded)} (compiles: {rows[0]['status']})")
+
+
+def check(name, files, learner_dir, json_path, only=None):
+    if not os.path.isdir(learner_dir):
+        fail_usage(f"{learner_dir} does not exist: 'minidl-exercise start {name}' writes it")
+    missing = [f for f in files if not os.path.isfile(os.path.join(learner_dir, f))]
+    if missing:
+        fail_usage(f"{learner_dir} lacks {', '.join(missing)} (expected {', '.join(files)}; "
+                   f"'minidl-exercise reset {name}' writes them again)")
+    if not os.path.isfile(os.path.join(ROOT, "tests", "exercises", f"grade_{name}.cpp")):
+        fail_usage(f"exercise {name} has no grader yet (tests/exercises/grade_{name}.cpp)")
+    out_dir = os.path.join(BUILD, "exercises", name)
+    os.makedirs(out_dir, exist_ok=True)
+    compile_argv, directory, link_argv, binary = build_lines(name, learner_dir, out_dir)
+    rows = []
+    t0 = time.monotonic()
+    built = subprocess.run(compile_argv, cwd=directory, capture_output=True, text=True)
+    if built.returncode == 0:
+        built = subprocess.run(link_argv, cwd=BUILD, capture_output=True, text=True)
+    seconds = round(time.monotonic() - t0, 2)
+    if built.returncode != 0:
+        first = "\n".join((built.stderr or built.stdout).splitlines()[:COMPILER_LINES])
+        rows.append({"id": "compiles", "status": "failed", "seconds": seconds,
+                     "reason": "the compiler's first lines: " + first.splitlines()[0] if first else "no output",
+                     "log": first})
+        reference = os.path.join(BUILD, "tests", "exercises", f"grade_{name}")
+        listed = criteria_of(reference) if os.path.isfile(reference) else []
+        for cid, ranks, _, _ in listed:
+            for np in ranks:
+                rows.append({"id": f"{cid}.np{np}", "status": "blocked", "seconds": 0.0,
+                             "reason": "not run: the exercise does not compile", "log": ""})
+    else:
+        rows.append({"id": "compiles", "status": "passed", "seconds": seconds, "reason": "", "log": ""})
+        debug_root = tempfile.mkdtemp(prefix=f"minidl-exercise-{name}-")
+        try:
+            listed = criteria_of(binary)
+            if only and only not in [c[0] for c in listed]:
+                fail_usage(f"exercise {name} has no criterion '{only}'; its criteria: {', '.join(c[0] for c in listed)}")
+            for cid, ranks, _, _ in listed:
+                if only and cid != only:
+                    continue
+                for np in ranks:
+                    rows.append(run_criterion(binary, cid, np, os.path.join(debug_root, f"{cid}.np{np}")))
+        finally:
+            shutil.rmtree(debug_root, ignore_errors=True)
+    print_table(name, rows)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump({"exercise": name, "criteria": rows}, f, indent=1)
+    return 0 if all(r["status"] == "passed" for r in rows) else 1
