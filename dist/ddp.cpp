@@ -23,7 +23,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
 DistributedDataParallel::DistributedDataParallel(const std::vector<std::pair<std::string, Tensor>>& params,
                                                  ProcessGroup& group, DDPOptions options)
     : reducer_(
-          params, group, [](ProcessGroup& g, size_t, Tensor& bucket) { return g.all_reduce(bucket, ReduceOp::kAvg); },
+          params, group,
+          [c = options.compression](ProcessGroup& g, size_t, Tensor& bucket) { return average(g, bucket, c); },
           reducer_options(options)) {
   // Every rank starts from rank 0's weights, whatever its own initialisation was.
   if (options.broadcast_at_start)

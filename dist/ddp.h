@@ -24,6 +24,7 @@
 
 #include <memory>
 
+#include "dist/comm_hook.h"
 #include "dist/reducer.h"
 #include "nn/module.h"
 
@@ -39,6 +40,8 @@ struct DDPOptions {
   bool broadcast_at_start = true;
   // An explicit bucket assignment (ReducerOptions::buckets): the tests give DDP ZeRO-3's per-block buckets.
   std::vector<BucketSpec> buckets;
+  // What each bucket's average sends (dist/comm_hook.h): f32, or 16 bits on the wire.
+  Compression compression = Compression::kNone;
 };
 
 using DDPStepStats = ReducerStats;

@@ -45,6 +45,10 @@ OuterSync::OuterSync(std::vector<Tensor> params, ProcessGroup& replicas, OuterOp
 
 void OuterSync::check_params() {
   MINIDL_CHECK(options_.every >= 1, "OuterSync: every (H) must be at least 1, got ", options_.every);
+  MINIDL_CHECK(options_.kind == OuterKind::kDiLoCo || options_.compression == Compression::kNone, "OuterSync: a ",
+               compression_name(options_.compression),
+               " hook compresses DiLoCo's pseudo-gradients; local SGD averages the parameters themselves (DiLoCo "
+               "with outer lr 1 and no momentum is local SGD)");
   MINIDL_CHECK(replicas_.device().is_cpu(), "OuterSync: the replica group must serve the host (its buffers are there)");
   for (const Tensor& p : params_) {
     MINIDL_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), "OuterSync: parameters must be contiguous f32, got ",
@@ -91,7 +95,7 @@ void OuterSync::sync() {
   if (options_.kind == OuterKind::kDiLoCo)
     for (size_t i = 0; i < local.size(); ++i) local[i] = global_[i] - local[i];  // Δ_r = θ_global − θ_r
   Tensor flat = Tensor::from_vector(local, {numel_});
-  replicas_.all_reduce(flat, ReduceOp::kAvg)->wait();  // mean over the replicas: of θ_r, or of Δ_r
+  average(replicas_, flat, options_.compression)->wait();  // mean over the replicas: of θ_r, or of Δ_r
   std::vector<float> mean = flat.to_float_vector();
   if (options_.kind == OuterKind::kDiLoCo) {
     const float mu = float(options_.momentum), lr = float(options_.lr);
@@ -107,7 +111,7 @@ void OuterSync::sync() {
     write_params(mean);
   }
   stats_.syncs += 1;
-  stats_.bytes += uint64_t(numel_) * sizeof(float);
+  stats_.bytes += uint64_t(numel_) * (options_.compression == Compression::kNone ? sizeof(float) : 2);
   stats_.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 

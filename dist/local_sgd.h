@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/comm_hook.h"
 #include "dist/process_group.h"
 
 namespace minidl::dist {
@@ -58,11 +59,14 @@ struct OuterOptions {
   double lr = 0.7;        // η, DiLoCo's outer learning rate (torchft's example)
   double momentum = 0.9;  // μ
   bool nesterov = true;
+  // What the pseudo-gradients' average sends (dist/comm_hook.h): DiLoCo only (local SGD averages the parameters
+  // themselves, which 16 bits would round by 2^-9 of their size at every sync).
+  Compression compression = Compression::kNone;
 };
 
 struct OuterStats {
   int64_t syncs = 0;   // outer all-reduces so far
-  uint64_t bytes = 0;  // their payload (4 bytes a parameter each)
+  uint64_t bytes = 0;  // their payload (4 bytes a parameter each, 2 with a 16-bit hook)
   double ms = 0;       // their time, the outer step included
 };
 

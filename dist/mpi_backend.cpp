@@ -11,6 +11,20 @@ namespace {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
 
+// MPI has no 16-bit float types: all_reduce_16bit sends them as MPI_UINT16_T under a user-defined sum that adds
+// in f32 and rounds back (reduce_into's), at every step of Open MPI's algorithm.
+template <DType dtype>
+void sum_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_into(dtype, ReduceOp::kSum, inout, in, *len);
+}
+MPI_Op sum_op_16bit(DType dtype) {
+  static MPI_Op ops[2] = {MPI_OP_NULL, MPI_OP_NULL};  // created once, freed by MPI_Finalize
+  MPI_Op& op = ops[dtype == DType::bf16];
+  if (op == MPI_OP_NULL)
+    MINIDL_MPI_CHECK(MPI_Op_create(dtype == DType::bf16 ? &sum_16bit<DType::bf16> : &sum_16bit<DType::f16>, 1, &op));
+  return op;
+}
+
 // A non-blocking point-to-point operation; holds its tensor so the buffer outlives the transfer.
 class MpiRequestWork final : public Work {
  public:
@@ -70,6 +84,13 @@ std::shared_ptr<Work> MpiProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp op
   MINIDL_MPI_CHECK(
       MPI_Allreduce(MPI_IN_PLACE, tensor.raw_data(), count, mpi_datatype(tensor.dtype()), mpi_op(op), comm_));
   if (op == ReduceOp::kAvg) divide_by(tensor.dtype(), tensor.raw_data(), tensor.numel(), size_);
+  return completed_work();
+}
+
+std::shared_ptr<Work> MpiProcessGroup::do_all_reduce_16bit(Tensor& tensor, ReduceOp) {
+  int count = mpi_count("mpi all_reduce_16bit", tensor.numel());
+  MINIDL_MPI_CHECK(
+      MPI_Allreduce(MPI_IN_PLACE, tensor.raw_data(), count, MPI_UINT16_T, sum_op_16bit(tensor.dtype()), comm_));
   return completed_work();
 }
 

@@ -234,12 +234,23 @@ void ProcessGroup::check_tensor(const char* op, const Tensor& t) const {
 std::shared_ptr<Work> ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
   check_tensor("all_reduce", tensor);
   if (tensor.numel() == 0) return completed_work();
+  all_reduce_bytes_ += uint64_t(tensor.numel()) * (is_half(tensor.dtype()) ? 4 : dtype_size(tensor.dtype()));
   return recorded("all_reduce", tensor, -1, reduce_op_name(op), [&]() -> std::shared_ptr<Work> {
     if (!is_half(tensor.dtype())) return do_all_reduce(tensor, op);
     Tensor staged = comm_copy(tensor, DType::f32);
     return std::make_shared<ThenWork>(do_all_reduce(staged, op),
                                       [tensor, staged]() mutable { convert_into(tensor, staged); });
   });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_reduce_16bit(Tensor& tensor, ReduceOp op) {
+  if (!is_half(tensor.dtype())) return all_reduce(tensor, op);
+  check_tensor("all_reduce_16bit", tensor);
+  MINIDL_CHECK(op == ReduceOp::kSum, name(), " all_reduce_16bit: expected sum (divide first for a mean), got ",
+               reduce_op_name(op));
+  if (tensor.numel() == 0) return completed_work();
+  all_reduce_bytes_ += tensor.nbytes();
+  return recorded("all_reduce", tensor, -1, reduce_op_name(op), [&] { return do_all_reduce_16bit(tensor, op); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
@@ -313,6 +324,7 @@ std::shared_ptr<Work> ProcessGroup::do_broadcast(Tensor&, int) { unsupported("br
 std::shared_ptr<Work> ProcessGroup::do_send(const Tensor&, int, int) { unsupported("send"); }
 std::shared_ptr<Work> ProcessGroup::do_recv(Tensor&, int, int) { unsupported("recv"); }
 std::shared_ptr<Work> ProcessGroup::do_barrier() { unsupported("barrier"); }
+std::shared_ptr<Work> ProcessGroup::do_all_reduce_16bit(Tensor&, ReduceOp) { unsupported("all_reduce_16bit"); }
 
 namespace {
 

@@ -14,7 +14,8 @@
 // - Every dtype works (f32, f64, f16, bf16, i32, i64, u8). Reductions of f16/bf16 accumulate in f32 and round
 //   once at the end, on every backend, so results do not depend on the backend's reduction order more than f32
 //   does (the price: f32 on the wire, twice the bytes). NCCL could reduce f16/bf16 natively, but it would round
-//   at every hop of its ring, so "nccl" too converts to f32 on the device first. Integer sums must fit the dtype;
+//   at every hop of its ring, so "nccl" too converts to f32 on the device first (all_reduce_16bit asks for the
+//   16-bit wire and its roundings, for the compression hooks). Integer sums must fit the dtype;
 //   kAvg on integers is the sum divided by size() with C++ integer division (truncation toward zero), as NCCL
 //   does.
 // - kAvg is the sum divided by size() once, at the end (never a running average).
@@ -37,6 +38,8 @@
 //   (dist/flight_recorder.h). Zero-element calls are no-ops and are not recorded.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +77,14 @@ class ProcessGroup {
 
   // tensor = op over ranks of tensor, in place.
   std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op);
+  // The same, but an f16/bf16 tensor stays 16-bit on the wire and in every partial sum, each rounded to the dtype
+  // where all_reduce accumulates in f32 (NCCL's native reduction; "mpi" with a user-defined op, "ring" hop by hop):
+  // half the bytes, for a rounding at every hop. What the bf16/fp16 communication hooks use (dist/comm_hook.h),
+  // dividing by size() first. kSum only; other dtypes as all_reduce. Not "ring" on a device.
+  std::shared_ptr<Work> all_reduce_16bit(Tensor& tensor, ReduceOp op);
+  // The bytes this group's all-reduces carried so far, in the dtype on the wire (f32 for all_reduce's staged
+  // f16/bf16): what a compression hook halves. Any thread may read it.
+  uint64_t all_reduce_bytes() const { return all_reduce_bytes_.load(); }
   // output = slice `rank()` of (op over ranks of input), where input is viewed flat as size() slices of
   // output.numel() elements.
   std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op);
@@ -120,6 +131,8 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> do_send(const Tensor& tensor, int dst, int tag);
   virtual std::shared_ptr<Work> do_recv(Tensor& tensor, int src, int tag);
   virtual std::shared_ptr<Work> do_barrier();
+  // all_reduce_16bit of an f16/bf16 tensor (a sum).
+  virtual std::shared_ptr<Work> do_all_reduce_16bit(Tensor& tensor, ReduceOp op);
 
  private:
   [[noreturn]] void unsupported(const char* op) const;
@@ -135,6 +148,7 @@ class ProcessGroup {
   std::vector<int> world_ranks_;
   MPI_Comm check_comm_ = nullptr;  // none (not MPI_COMM_NULL, which needs <mpi.h>: set_check_channel never stores it)
   int64_t checked_seq_ = 0;
+  std::atomic<uint64_t> all_reduce_bytes_{0};
 };
 
 // Whether new process groups get a fingerprint side channel (--check-collectives; MINIDL_CHECK_COLLECTIVES=1 at

@@ -1,6 +1,7 @@
 #include "dist/reduce.h"
 
 #include "core/error.h"
+#include "core/half.h"
 
 namespace minidl::dist {
 
@@ -23,7 +24,20 @@ void divide(T* data, int64_t count, int divisor) {
   for (int64_t i = 0; i < count; ++i) data[i] = T(data[i] / d);
 }
 
-// Calls fn(T{}) for the dtypes the reduction kernels are written for.
+// 16-bit floats (ProcessGroup::all_reduce_16bit's): each element through f32, rounded back once, so every hop of a
+// ring rounds its partial sum to the dtype, as NCCL's native reduction does.
+f16 rounded(f16, float f) { return to_f16(f); }
+bf16 rounded(bf16, float f) { return to_bf16(f); }
+template <class H>
+void sum_into_16bit(H* __restrict dst, const H* __restrict src, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = rounded(H{}, to_float(dst[i]) + to_float(src[i]));
+}
+template <class H>
+void divide_16bit(H* data, int64_t count, int divisor) {
+  for (int64_t i = 0; i < count; ++i) data[i] = rounded(H{}, to_float(data[i]) / float(divisor));
+}
+
+// Calls fn(T{}) for the dtypes the reduction kernels are written for (the 16-bit ones have their own).
 template <class Fn>
 void dispatch_reducible(const char* what, DType dtype, Fn&& fn) {
   switch (dtype) {
@@ -35,12 +49,17 @@ void dispatch_reducible(const char* what, DType dtype, Fn&& fn) {
     case DType::f16:
     case DType::bf16: break;
   }
-  MINIDL_ASSERT(false, what, ": ", dtype, " reductions must be staged through f32 by ProcessGroup");
+  MINIDL_ASSERT(false, what, ": ", dtype, " has no reduction here");
 }
 
 }  // namespace
 
 void reduce_into(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count) {
+  if (dtype == DType::f16 || dtype == DType::bf16) {
+    MINIDL_ASSERT(op != ReduceOp::kMax, "reduce_into: 16-bit reductions are sums");
+    if (dtype == DType::f16) return sum_into_16bit(static_cast<f16*>(dst), static_cast<const f16*>(src), count);
+    return sum_into_16bit(static_cast<bf16*>(dst), static_cast<const bf16*>(src), count);
+  }
   dispatch_reducible("reduce_into", dtype, [&](auto tag) {
     using T = decltype(tag);
     if (op == ReduceOp::kMax)
@@ -52,6 +71,8 @@ void reduce_into(DType dtype, ReduceOp op, void* dst, const void* src, int64_t c
 
 void divide_by(DType dtype, void* data, int64_t count, int divisor) {
   if (divisor == 1) return;
+  if (dtype == DType::f16) return divide_16bit(static_cast<f16*>(data), count, divisor);
+  if (dtype == DType::bf16) return divide_16bit(static_cast<bf16*>(data), count, divisor);
   dispatch_reducible("divide_by", dtype, [&](auto tag) {
     using T = decltype(tag);
     divide(static_cast<T*>(data), count, divisor);

@@ -19,8 +19,10 @@
 namespace minidl::dist {
 
 // dst[i] = op(dst[i], src[i]) for i < count, where op is + for kSum and kAvg (the division comes once, at the end,
-// from divide_by) and max for kMax. dtype: f32, f64, i32, i64, u8 (f16/bf16 reductions are staged through f32).
-// The buffers must not overlap. The loops are plain and contiguous so the compiler vectorises them.
+// from divide_by) and max for kMax. dtype: f32, f64, i32, i64, u8; and sums of f16/bf16, each element added in f32
+// and rounded back (ProcessGroup::all_reduce_16bit's hops; its all_reduce stages them through f32 instead). On a
+// device only the first five. The buffers must not overlap. The loops are plain and contiguous so the compiler
+// vectorises them.
 void reduce_into(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count);
 
 // data[i] = data[i] / divisor: true division for floating dtypes, truncating division for integers.

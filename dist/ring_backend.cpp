@@ -221,6 +221,12 @@ std::shared_ptr<Work> RingProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp o
   return completed_work();
 }
 
+std::shared_ptr<Work> RingProcessGroup::do_all_reduce_16bit(Tensor& tensor, ReduceOp op) {
+  MINIDL_CHECK(tensor.device().is_cpu(), "ring all_reduce_16bit: on the CPU only (on a device, use nccl)");
+  run_ring(*transport_, options_, tensor, all_reduce_schedule(rank(), size()), op);  // each hop rounds its sum
+  return completed_work();
+}
+
 std::shared_ptr<Work> RingProcessGroup::do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
   // The ring reduces in place, and the input is const: work on a copy (one copy of S bytes, cheap next to
   // the (n-1)/n · S bytes the ring moves, and it keeps the schedule the same as all-reduce's first phase).

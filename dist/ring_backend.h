@@ -46,6 +46,7 @@ class RingProcessGroup final : public ProcessGroup {
 
  protected:
   std::shared_ptr<Work> do_all_reduce(Tensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> do_all_reduce_16bit(Tensor& tensor, ReduceOp op) override;
   std::shared_ptr<Work> do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) override;
   std::shared_ptr<Work> do_all_gather(Tensor& output, const Tensor& input) override;
   std::shared_ptr<Work> do_broadcast(Tensor& tensor, int root) override;

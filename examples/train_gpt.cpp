@@ -167,6 +167,14 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
       ->capture_default_str();
   app.add_option("--nesterov", o.nesterov, "With --sync diloco: Nesterov momentum (true) or plain (false)")
       ->capture_default_str();
+  app.add_option("--comm-hook", o.comm_hook,
+                 "What DDP's gradient averages send: none (f32), bf16 or fp16 (x / N in 16 bits, summed in 16 bits "
+                 "on the wire: half the bytes; PyTorch's bf16/fp16 compress hooks). Not with --zero")
+      ->capture_default_str();
+  app.add_option("--outer-comm-hook", o.outer_comm_hook,
+                 "With --sync diloco: what the pseudo-gradients' average sends: none (f32), bf16 or fp16 (half the "
+                 "bytes)")
+      ->capture_default_str();
   app.add_option("--backend", o.backend,
                  "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "
                  "either device); default: mpi on the CPU, nccl with --device cuda")

@@ -41,6 +41,15 @@ void TrainConfig::validate_outer_sync(int world) const {
   MINIDL_CHECK(replica_groups >= 1, "--replica-groups: expected at least 1, got ", replica_groups);
   MINIDL_CHECK(world % replica_groups == 0, "--replica-groups ", replica_groups, " does not divide the ", world,
                " ranks this job runs on (mpirun -n): every replica holds the same layout");
+  for (const auto& [flag, hook] :
+       {std::pair{"--comm-hook", &comm_hook}, std::pair{"--outer-comm-hook", &outer_comm_hook}})
+    MINIDL_CHECK(*hook == "none" || *hook == "bf16" || *hook == "fp16", flag, ": expected none, bf16 or fp16, got '",
+                 *hook, "'");
+  MINIDL_CHECK(comm_hook == "none" || zero == 0, "--comm-hook ", comm_hook, " with --zero ", zero,
+               ": the hook compresses DDP's all-reduce, and ZeRO reduce-scatters its gradients instead");
+  MINIDL_CHECK(outer_comm_hook == "none" || sync == "diloco", "--outer-comm-hook ", outer_comm_hook,
+               " needs --sync diloco: it compresses the pseudo-gradients (local SGD averages the parameters "
+               "themselves; diloco with --outer-lr 1 --outer-momentum 0 is local SGD)");
   if (sync == "ddp") {
     MINIDL_CHECK(replica_groups == 1, "--replica-groups ", replica_groups,
                  " needs --sync local-sgd or diloco (--sync ddp synchronises every rank every step)");
@@ -244,6 +253,8 @@ std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig
           {"outer_lr", str(o.outer_lr)},
           {"outer_momentum", str(o.outer_momentum)},
           {"nesterov", str(o.nesterov)},
+          {"comm_hook", o.comm_hook},
+          {"outer_comm_hook", o.outer_comm_hook},
           {"amp", o.amp},
           {"recompute", o.recompute},
           {"device", o.device},

@@ -76,6 +76,8 @@ struct TrainConfig {
   int replica_groups = 1;
   double outer_lr = 0.7, outer_momentum = 0.9;
   bool nesterov = true;
+  // What DDP's gradient averages and DiLoCo's pseudo-gradient average send (dist/comm_hook.h): none, bf16, fp16.
+  std::string comm_hook = "none", outer_comm_hook = "none";
   std::string backend;  // empty: mpi on the CPU, nccl on CUDA devices
   std::string device = "cpu";
   bool tf32 = false;

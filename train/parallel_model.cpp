@@ -30,6 +30,7 @@ ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& mo
   m.stage->set_recompute(nn::parse_recompute(o.recompute));
   SyncOptions sync;
   sync.zero = o.zero;
+  sync.compression = dist::compression(o.comm_hook);
   m.sync = std::make_unique<GradSync>(*m.stage, topo, sync);
   m.num_params = m.stage->num_parameters();
   if (o.pp > 1) m.notes.push_back(pipeline_note(o, starts));

@@ -295,7 +295,8 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     s.stage->set_dropout(uint64_t(s.resume->state.step), s.first_sample);
   }
   if (o.sync != "ddp") {
-    const dist::OuterOptions outer{dist::outer_kind(o.sync), o.sync_every, o.outer_lr, o.outer_momentum, o.nesterov};
+    const dist::OuterOptions outer{dist::outer_kind(o.sync), o.sync_every, o.outer_lr,
+                                   o.outer_momentum,         o.nesterov,   dist::compression(o.outer_comm_hook)};
     if (s.resume && s.resume->replicas > 1) {  // each replica where it stopped, inside a window or at its end
       OuterCheckpoint st;
       if (outer.kind == dist::OuterKind::kDiLoCo)

@@ -153,6 +153,11 @@ std::shared_ptr<Work> NcclProcessGroup::do_all_reduce(Tensor& tensor, ReduceOp o
   });
 }
 
+// NCCL reduces f16/bf16 natively (each hop rounds), which all_reduce_16bit asks for (a sum).
+std::shared_ptr<Work> NcclProcessGroup::do_all_reduce_16bit(Tensor& tensor, ReduceOp op) {
+  return do_all_reduce(tensor, op);
+}
+
 std::shared_ptr<Work> NcclProcessGroup::do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
   return enqueue("nccl reduce-scatter", {output, input}, [&](cudaStream_t stream) {
     if (size() == 1) return copy_for_group_of_one(output, input, stream);

@@ -1,7 +1,7 @@
 // train_gpt with --sync local-sgd | diloco (dist/local_sgd.h) end to end: the counters (ceil(steps / H) syncs of the
 // parameter bytes), checkpoints that resume bitwise in the middle of an H-step window and at its boundary (each
-// replica's model and AdamW state, DiLoCo's θ_global and momentum: train/checkpoint.h), and bad input refused by
-// name with exit code 2.
+// replica's model and AdamW state, DiLoCo's θ_global and momentum: train/checkpoint.h), the 16-bit communication
+// hooks (dist/comm_hook.h) against f32, and bad input refused by name with exit code 2.
 //
 // Oracle: the run that never stopped (its final checkpoint byte for byte, its validation loss as printed).
 #include <gtest/gtest.h>
@@ -79,6 +79,32 @@ TEST_F(TrainLocalSgd, CountsCeilStepsOverHSyncsOfTheParameterBytes) {
   EXPECT_NE(r.out.find("sync=diloco every=3 replicas=2"), std::string::npos) << r.out;
 }
 
+// The 16-bit communication hooks train as f32 does: DDP with --comm-hook bf16 / fp16 and DiLoCo with
+// --outer-comm-hook fp16 end within 1% of the f32 runs' validation loss after 8 steps (the baby config's 300 steps
+// are in the notes), and DiLoCo's sync line counts half the bytes.
+TEST_F(TrainLocalSgd, SixteenBitHooksTrainWithinOnePercentOfF32) {
+  auto val_loss = [](const Result& r) { return std::stod(minidl::testing::summary_text(r.out, "val_loss")); };
+  const std::string ddp = std::string(TRAIN_GPT_BIN) + " --data " + path("tiny.txt") +
+                          " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 --eval-windows 4 "
+                          "--eval-every 0 --log-every 1000 --lr 3e-3 --steps 8";
+  Result f32 = run(2, ddp);
+  ASSERT_EQ(f32.code, 0) << f32.out;
+  for (const char* hook : {" --comm-hook bf16", " --comm-hook fp16"}) {
+    Result r = run(2, ddp + hook);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NEAR(val_loss(r), val_loss(f32), 0.01 * val_loss(f32)) << hook;
+  }
+  Result outer = run(2, flags(8, "diloco --sync-every 2"));
+  Result fp16 = run(2, flags(8, "diloco --sync-every 2 --outer-comm-hook fp16"));
+  ASSERT_EQ(outer.code, 0) << outer.out;
+  ASSERT_EQ(fp16.code, 0) << fp16.out;
+  EXPECT_NEAR(val_loss(fp16), val_loss(outer), 0.01 * val_loss(outer));
+  std::smatch a, b;
+  const std::regex mib("4 syncs of ([0-9.]+) MiB");
+  ASSERT_TRUE(std::regex_search(outer.out, a, mib) && std::regex_search(fp16.out, b, mib)) << outer.out << fp16.out;
+  EXPECT_NEAR(std::stod(b[1]), std::stod(a[1]) / 2, 0.006);  // printed with 2 decimals
+}
+
 // Bad input: exit code 2 and a message naming the flag and the reason; nothing written.
 TEST_F(TrainLocalSgd, RefusesByName) {
   struct Case {
@@ -93,6 +119,9 @@ TEST_F(TrainLocalSgd, RefusesByName) {
       {2, flags(4, "gossip"), "gossip"},
       {2, flags(4, "diloco --outer-lr 0"), "--outer-lr"},
       {2, flags(4, "diloco --outer-momentum 1.5"), "--outer-momentum"},
+      {2, flags(4, "local-sgd --outer-comm-hook fp16"), "--outer-comm-hook fp16 needs --sync diloco"},
+      {2, flags(4, "diloco --comm-hook powersgd"), "--comm-hook: expected none, bf16 or fp16, got 'powersgd'"},
+      {2, flags(4, "diloco --comm-hook bf16 --zero 1"), "--comm-hook bf16 with --zero 1"},
   };
   for (const Case& c : cases) {
     Result r = run(c.ranks, c.args);
