@@ -7,7 +7,9 @@
 //
 // and `minidl-exercise start ring` writes exercises/ring/ring.h with the region replaced by
 //
+//   // EXERCISE(ring)
 //   MINIDL_TODO("at step s send chunk r-s-1 to the right ...");
+//   // END EXERCISE
 //
 // which throws a minidl::NotImplementedError naming the exercise (the skeleton defines MINIDL_EXERCISE at its top),
 // the function (__func__) and the hint, so a grader can say "not written yet" instead of "wrong".

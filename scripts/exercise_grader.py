@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+import exercise_regions as er
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.abspath(os.environ.get("MINIDL_BUILD_DIR", os.path.join(ROOT, "build")))
 COLLECTIVE_TIMEOUT_S = 4
@@ -77,9 +79,41 @@ def criteria_of(binary):
     out = subprocess.run([binary, "--list"], capture_output=True, text=True, timeout=30)
     rows = []
     for line in out.stdout.splitlines():
-        cid, ranks, repeats, what = line.split("\t", 3)
-        rows.append((cid, [int(n) for n in ranks.split(",")], int(repeats), what))
+        cid, ranks, repeats, given, what = line.split("\t", 4)
+        rows.append((cid, [int(n) for n in ranks.split(",")], int(repeats), tuple(g for g in given.split(",") if g),
+                     what))
     return rows
+
+
+def variant(name, files, learner_dir, given, out_dir):
+    """A folder holding the learner's files with the regions `given` ("ddp.h:1", ...) taken from the reference, or
+    None when a file's markers no longer match the reference's (then the learner's files are graded whole)."""
+    where = os.path.join(out_dir, "given-" + "-".join(g.replace(".h:", "") for g in given))
+    os.makedirs(where, exist_ok=True)
+    for f in files:
+        text = open(os.path.join(learner_dir, f), encoding="utf-8").read()
+        indices = [int(g.split(":")[1]) for g in given if g.split(":")[0] == f]
+        if indices:
+            reference = open(os.path.join(ROOT, "dist", "naive", f), encoding="utf-8").read()
+            try:
+                text = er.with_reference_regions(text, reference, f, indices)
+            except er.RegionError:
+                text = None
+            if text is None:
+                return None
+        open(os.path.join(where, f), "w", encoding="utf-8").write(text)
+    return where
+
+
+def build(name, learner_dir, out_dir):
+    """(binary, None) or (None, the compiler's first lines) for the grader against the files in learner_dir."""
+    compile_argv, directory, link_argv, binary = build_lines(name, learner_dir, out_dir)
+    built = subprocess.run(compile_argv, cwd=directory, capture_output=True, text=True)
+    if built.returncode == 0:
+        built = subprocess.run(link_argv, cwd=BUILD, capture_output=True, text=True)
+    if built.returncode != 0:
+        return None, "\n".join((built.stderr or built.stdout).splitlines()[:COMPILER_LINES])
+    return binary, None
 
 
 def ring_place(call, numel, k, np):
@@ -196,6 +230,13 @@ def print_table(name, rows):
         reason = r["reason"].split(" (MINIDL_TODO: ")[0]  # the hint is in the log and the JSON
         reason = reason if len(reason) <= 400 else reason[:400] + " ..."
         print(f"  {r['id']:<{width}}  {r['status']:<8} {r['seconds']:>7.2f}  {reason}")
+    given = {}
+    for r in rows:
+        if r.get("given"):
+            given.setdefault(", ".join(r["given"]), []).append(r["id"].rsplit(".np", 1)[0])
+    for regions, ids in given.items():
+        print(f"  (with the reference's {regions}, so that a bug there fails nothing else: "
+              f"{', '.join(dict.fromkeys(ids))})")
     graded = [r for r in rows if r["id"] != "compiles"]
     passed = sum(r["status"] == "passed" for r in graded)
     print(f"  score {passed}/{len(graded)} (compiles: {rows[0]['status']})")
@@ -212,36 +253,39 @@ def check(name, files, learner_dir, json_path, only=None):
         fail_usage(f"exercise {name} has no grader yet (tests/exercises/grade_{name}.cpp)")
     out_dir = os.path.join(BUILD, "exercises", name)
     os.makedirs(out_dir, exist_ok=True)
-    compile_argv, directory, link_argv, binary = build_lines(name, learner_dir, out_dir)
     rows = []
     t0 = time.monotonic()
-    built = subprocess.run(compile_argv, cwd=directory, capture_output=True, text=True)
-    if built.returncode == 0:
-        built = subprocess.run(link_argv, cwd=BUILD, capture_output=True, text=True)
+    binary, first = build(name, learner_dir, out_dir)
     seconds = round(time.monotonic() - t0, 2)
-    if built.returncode != 0:
-        first = "\n".join((built.stderr or built.stdout).splitlines()[:COMPILER_LINES])
+    if binary is None:
         rows.append({"id": "compiles", "status": "failed", "seconds": seconds,
-                     "reason": "the compiler's first lines: " + first.splitlines()[0] if first else "no output",
+                     "reason": "the compiler's first lines: " + (first.splitlines()[0] if first else "(none)"),
                      "log": first})
         reference = os.path.join(BUILD, "tests", "exercises", f"grade_{name}")
         listed = criteria_of(reference) if os.path.isfile(reference) else []
-        for cid, ranks, _, _ in listed:
+        for cid, ranks, _, _, _ in listed:
             for np in ranks:
                 rows.append({"id": f"{cid}.np{np}", "status": "blocked", "seconds": 0.0,
                              "reason": "not run: the exercise does not compile", "log": ""})
     else:
         rows.append({"id": "compiles", "status": "passed", "seconds": seconds, "reason": "", "log": ""})
         debug_root = tempfile.mkdtemp(prefix=f"minidl-exercise-{name}-")
+        binaries = {(): binary}
         try:
             listed = criteria_of(binary)
             if only and only not in [c[0] for c in listed]:
                 fail_usage(f"exercise {name} has no criterion '{only}'; its criteria: {', '.join(c[0] for c in listed)}")
-            for cid, ranks, _, _ in listed:
+            for cid, ranks, _, given, _ in listed:
                 if only and cid != only:
                     continue
+                if given not in binaries:  # the learner's files with the reference's regions `given`
+                    folder = variant(name, files, learner_dir, given, out_dir)
+                    binaries[given] = build(name, folder, os.path.join(folder))[0] if folder else binary
                 for np in ranks:
-                    rows.append(run_criterion(binary, cid, np, os.path.join(debug_root, f"{cid}.np{np}")))
+                    row = run_criterion(binaries[given] or binary, cid, np, os.path.join(debug_root, f"{cid}.np{np}"))
+                    if given:
+                        row["given"] = list(given)
+                    rows.append(row)
         finally:
             shutil.rmtree(debug_root, ignore_errors=True)
     print_table(name, rows)

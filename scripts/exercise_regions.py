@@ -7,17 +7,19 @@ A solution file marks each region a learner writes:
     ...the solution...
     // END EXERCISE
 
-A skeleton is the file with each region (its marker, hint, solution and end line) replaced by one statement,
-MINIDL_TODO("the hint"), which throws a NotImplementedError naming the exercise and the function (core/exercise.h);
-the skeleton defines MINIDL_EXERCISE right after its `#pragma once`. Everything outside the regions (signatures,
-derivation comments) is kept line for line. One file holds the regions of one exercise only.
+A skeleton is the file with each region's hint and solution replaced by one statement, MINIDL_TODO("the hint"),
+between bare markers (`// EXERCISE(ring)` ... `// END EXERCISE`: where the learner writes, and how the grader finds
+a learner's regions to give a criterion the reference's for the parts it does not grade). MINIDL_TODO throws a
+NotImplementedError naming the exercise and the function (core/exercise.h); the skeleton defines MINIDL_EXERCISE
+right after its `#pragma once`. Everything outside the regions (signatures, derivation comments) is kept line for
+line. One file holds the regions of one exercise only.
 
 scripts/minidl-exercise is the command; tests/exercises/test_exercise_tool.py checks this module independently.
 """
 import os
 import re
 
-MARK = re.compile(r"^(\s*)// EXERCISE\(([a-z0-9_]+)\): ?(.*)$")
+MARK = re.compile(r"^(\s*)// EXERCISE\(([a-z0-9_]+)\)(?:: ?(.*))?$")
 END = re.compile(r"^\s*// END EXERCISE\s*$")
 COMMENT = re.compile(r"^\s*// ?(.*)$")
 # The order of docs/exercises.md: the ring first (every other file all-reduces), the pipeline last.
@@ -40,9 +42,10 @@ class Region:
         return lines[self.body_first:self.end]
 
 
-def parse(path, text):
+def parse(path, text, learner=False):
     """The regions of one file, in order. Raises RegionError for a marker without its end, an end without its
-    marker, a nested marker, an empty region or regions of two exercises in one file."""
+    marker, a nested marker, an empty region or regions of two exercises in one file. A learner's file (a skeleton
+    being written) may have markers without a hint."""
     lines = text.split("\n")
     regions, i, name = [], 0, os.path.basename(path)
     while i < len(lines):
@@ -52,7 +55,7 @@ def parse(path, text):
         if not m:
             i += 1
             continue
-        indent, exercise, hint = m.group(1), m.group(2), [m.group(3).strip()]
+        indent, exercise, hint = m.group(1), m.group(2), [(m.group(3) or "").strip()]
         j = i + 1
         while j < len(lines) and COMMENT.match(lines[j]) and not END.match(lines[j]) and not MARK.match(lines[j]):
             hint.append(COMMENT.match(lines[j]).group(1).strip())
@@ -65,10 +68,10 @@ def parse(path, text):
             j += 1
         if j == len(lines):
             raise RegionError(f"{name}:{i + 1}: region {exercise} has no '// END EXERCISE'")
-        if j == body_first:
+        if j == body_first and not learner:
             raise RegionError(f"{name}:{i + 1}: region {exercise} is empty (expected the solution between the "
                               "hint and '// END EXERCISE')")
-        if not " ".join(hint).strip():
+        if not learner and not " ".join(hint).strip():
             raise RegionError(f"{name}:{i + 1}: region {exercise} has no hint (expected '// EXERCISE(name): hint')")
         regions.append(Region(path, exercise, indent, " ".join(h for h in hint if h), i, body_first, j))
         i = j + 1
@@ -100,13 +103,17 @@ def c_string_lines(text, indent, prefix):
 
 
 def skeleton(path, text, exercise):
-    """The file with every region of `exercise` replaced by MINIDL_TODO("hint"), and MINIDL_EXERCISE defined."""
+    """The file with every region of `exercise` replaced by MINIDL_TODO("hint") between bare markers (so the grader
+    can still find the learner's regions, and give a criterion the reference's for the parts it does not grade),
+    and MINIDL_EXERCISE defined."""
     lines = text.split("\n")
     regions = [r for r in parse(path, text) if r.exercise == exercise]
     out, at = [], 0
     for r in regions:
         out += lines[at:r.first]
+        out.append(f"{r.indent}// EXERCISE({exercise})")
         out += c_string_lines(r.hint, r.indent, "MINIDL_TODO")
+        out.append(f"{r.indent}// END EXERCISE")
         at = r.end + 1
     out += lines[at:]
     try:
@@ -137,3 +144,16 @@ def exercises(naive_dir):
                 found[r.exercise].append(f)
     rank = {n: i for i, n in enumerate(ORDER)}
     return {n: found[n] for n in sorted(found, key=lambda n: (rank.get(n, len(ORDER)), n))}
+
+
+def with_reference_regions(learner_text, reference_text, path, indices):
+    """The learner's file with its regions number `indices` (1-based, in file order) replaced by the reference's.
+    None when the learner's file does not have the reference's number of regions (markers deleted or added)."""
+    mine, theirs = parse(path, learner_text, learner=True), parse(path, reference_text)
+    if len(mine) != len(theirs):
+        return None
+    lines, ref = learner_text.split("\n"), reference_text.split("\n")
+    for k in sorted(indices, reverse=True):  # from the end, so earlier line numbers stay put
+        a, b = mine[k - 1], theirs[k - 1]
+        lines[a.body_first:a.end] = b.body(ref)
+    return "\n".join(lines)

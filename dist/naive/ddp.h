@@ -26,6 +26,8 @@
 // - no_sync() for gradient accumulation, unused-parameter detection, CUDA streams.
 #pragma once
 
+#include <unordered_set>
+
 #include "dist/process_group.h"
 #include "nn/module.h"
 
@@ -42,14 +44,17 @@ class DataParallel {
   }
 
   // Collective, after backward: every parameter's gradient becomes its average over the ranks of the group.
-  // Each rank visits the parameters in the same order (the module's), so the ranks pair the same all-reduces.
+  // Each rank visits the parameters in the same order (the module's), so the ranks pair the same all-reduces. A
+  // tensor registered under two names (tied weights) is averaged once: twice would cost twice the traffic. One the
+  // loss did not use has no gradient and gets none: every rank runs the same model, so all of them skip it.
   void average_gradients() {
     // EXERCISE(ddp): average each trained parameter's gradient over the group, in place, in the same order on every
-    // rank; skip frozen parameters, and refuse a trained one without a gradient by name.
+    // rank, each tensor once (a tied one has two names); frozen and unused parameters keep no gradient.
+    std::unordered_set<const TensorImpl*> seen;
     for (auto [name, p] : model_.named_parameters()) {
-      if (!p.requires_grad()) continue;
+      if (!p.requires_grad() || !seen.insert(p.impl()).second) continue;
       Tensor grad = p.grad();
-      MINIDL_CHECK(grad.defined(), "naive DDP: parameter ", name, " has no gradient (was it used in the loss?)");
+      if (!grad.defined()) continue;                    // unused by the loss, on every rank alike: it keeps none
       group_.all_reduce(grad, ReduceOp::kAvg)->wait();  // in place: p.grad() now holds the average
     }
     // END EXERCISE

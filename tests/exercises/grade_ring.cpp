@@ -163,7 +163,8 @@ int main(int argc, char** argv) {
              all_reduce_powers(run, 4 * run.size());
              all_reduce_random(run, dist::ReduceOp::kSum, 8 * run.size());
              all_reduce_random(run, dist::ReduceOp::kAvg, 8 * run.size());
-           }},
+           },
+           {"ring.h:1", "ring.h:2"}},
           {"uneven_counts",
            "counts N does not divide, below N, 1 and 0",
            {2, 3, 4},

@@ -68,14 +68,19 @@ def regions_removed_equal_the_markers(work, env):
                                   f'#define MINIDL_EXERCISE "{name}"'], f"{f}: the skeleton's prelude: {prelude}")
             body = skeleton[:pragma + 1] + skeleton[pragma + 5:]
             collapsed, i = [], 0
-            while i < len(body):
-                if body[i].strip().startswith("MINIDL_TODO("):
-                    while not body[i].rstrip().endswith(");"):
-                        i += 1
+            while i < len(body):  # a bare marker, one MINIDL_TODO statement, the end marker
+                if body[i].strip() == f"// EXERCISE({name})":
+                    j = i + 1
+                    check(body[j].strip().startswith("MINIDL_TODO("), f"{f}:{j + 1}: no MINIDL_TODO after the marker")
+                    while j < len(body) and not body[j].rstrip().endswith(");"):
+                        j += 1
+                    check(j + 1 < len(body) and body[j + 1].strip() == "// END EXERCISE",
+                          f"{f}:{j + 2}: the MINIDL_TODO is not followed by the end marker")
                     collapsed.append("<TODO>")
+                    i = j + 2
                 else:
                     collapsed.append(body[i])
-                i += 1
+                    i += 1
             check(collapsed == kept, f"{f}: the skeleton is not the original with exactly its {len(found)} regions "
                                      "replaced")
             todos = re.findall(r'MINIDL_TODO\((.*?)\);', "\n".join(skeleton), re.S)
