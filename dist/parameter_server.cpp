@@ -1,0 +1,281 @@
+#include "dist/parameter_server.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "core/error.h"
+#include "dist/init.h"
+#include "dist/shard.h"
+
+namespace minidl::dist {
+
+namespace {
+
+constexpr int kPushTag = 7101, kParamsTag = 7102;
+
+// A message: two int64 (a step or -1, and a version) and the floats of one shard.
+std::vector<char> pack(int64_t a, int64_t b, const float* data, int64_t n) {
+  std::vector<char> m(2 * sizeof(int64_t) + size_t(n) * sizeof(float));
+  std::memcpy(m.data(), &a, sizeof a);
+  std::memcpy(m.data() + sizeof a, &b, sizeof b);
+  if (n > 0) std::memcpy(m.data() + 2 * sizeof a, data, size_t(n) * sizeof(float));
+  return m;
+}
+
+struct Message {
+  int source = 0;
+  int64_t a = 0, b = 0;
+  std::vector<float> data;
+};
+
+Message receive_message(MPI_Comm comm, int source, int tag) {
+  MPI_Status status;
+  MINIDL_MPI_CHECK(MPI_Probe(source, tag, comm, &status));
+  int bytes = 0;
+  MINIDL_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &bytes));
+  std::vector<char> m(static_cast<size_t>(bytes));
+  MINIDL_MPI_CHECK(MPI_Recv(m.data(), bytes, MPI_BYTE, status.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE));
+  Message out;
+  out.source = status.MPI_SOURCE;
+  std::memcpy(&out.a, m.data(), sizeof out.a);
+  std::memcpy(&out.b, m.data() + sizeof out.a, sizeof out.b);
+  out.data.resize((size_t(bytes) - 2 * sizeof(int64_t)) / sizeof(float));
+  if (!out.data.empty()) std::memcpy(out.data.data(), m.data() + 2 * sizeof(int64_t), out.data.size() * sizeof(float));
+  return out;
+}
+
+void send_message(MPI_Comm comm, int dest, int tag, const std::vector<char>& m) {
+  MINIDL_MPI_CHECK(MPI_Send(m.data(), int(m.size()), MPI_BYTE, dest, tag, comm));
+}
+
+ShardRange range_of(const PsLayout& l, int server) { return shard_range(l.numel, l.servers, server); }
+
+// The update a server applies, shared with the replay so that both round alike: async and ssp divide each gradient
+// by W; sync sums the W gradients in worker order, then divides.
+std::vector<float> divided(std::vector<float> g, int workers) {
+  for (float& x : g) x = x / float(workers);
+  return g;
+}
+std::vector<float> mean_in_worker_order(const std::vector<std::vector<float>>& g) {
+  std::vector<float> sum = g[0];
+  for (size_t w = 1; w < g.size(); ++w)
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = sum[i] + g[w][i];
+  return divided(std::move(sum), int(g.size()));
+}
+
+}  // namespace
+
+PsOptions ps_options(const std::string& text) {
+  if (text == "sync") return {PsMode::kSync, 0};
+  if (text == "async") return {PsMode::kAsync, 0};
+  long long s = -1;
+  char extra = 0;
+  MINIDL_CHECK(std::sscanf(text.c_str(), "ssp:%lld%c", &s, &extra) == 1 && s >= 0, "parameter-server mode '", text,
+               "': expected sync, async or ssp:S with S >= 0 (the staleness bound)");
+  return {PsMode::kSsp, int64_t(s)};
+}
+
+ParameterServer::ParameterServer(MPI_Comm comm, PsLayout layout, int index, std::vector<float> shard, PsApply apply,
+                                 PsOptions options)
+    : comm_(comm),
+      layout_(layout),
+      index_(index),
+      shard_(std::move(shard)),
+      apply_(std::move(apply)),
+      options_(options) {
+  MINIDL_CHECK(layout_.workers >= 1 && layout_.servers >= 1,
+               "ParameterServer: expected at least one worker and one "
+               "server, got ",
+               layout_.workers, " and ", layout_.servers);
+  MINIDL_CHECK(int64_t(shard_.size()) == range_of(layout_, index_).size(), "ParameterServer: server ", index_, " owns ",
+               range_of(layout_, index_).size(), " parameters, got ", shard_.size());
+}
+
+void ParameterServer::reply(int worker) {
+  send_message(comm_, worker, kParamsTag, pack(-1, version_, shard_.data(), int64_t(shard_.size())));
+}
+
+void ParameterServer::serve(int64_t steps) {
+  const int W = layout_.workers;
+  for (int w = 0; w < W; ++w) reply(w);      // version 0: every worker's first pull
+  std::vector<int64_t> clock(size_t(W), 0);  // pushes applied per worker
+  std::vector<int> waiting;                  // ssp: workers whose reply is held back
+  if (options_.mode == PsMode::kSync) {
+    for (int64_t s = 0; s < steps; ++s) {
+      std::vector<std::vector<float>> grads(static_cast<size_t>(W));
+      std::vector<int64_t> computed(static_cast<size_t>(W));
+      for (int k = 0; k < W; ++k) {  // in arrival order; summed below in worker order
+        Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
+        MINIDL_CHECK(m.a == s && grads[size_t(m.source)].empty(), "parameter server ", index_, ": worker ", m.source,
+                     " pushed step ", m.a, " during step ", s);
+        computed[size_t(m.source)] = m.b;
+        grads[size_t(m.source)] = std::move(m.data);
+      }
+      apply_(shard_, mean_in_worker_order(grads));
+      ++version_;
+      for (int w = 0; w < W; ++w) log_.push_back({w, s, computed[size_t(w)], version_});
+      for (int w = 0; w < W; ++w) reply(w);
+    }
+    return;
+  }
+  for (int64_t k = 0; k < steps * W; ++k) {
+    Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
+    const int w = m.source;
+    MINIDL_CHECK(m.a == clock[size_t(w)], "parameter server ", index_, ": worker ", w, " pushed step ", m.a,
+                 ", expected ", clock[size_t(w)]);
+    apply_(shard_, divided(std::move(m.data), W));
+    ++version_;
+    ++clock[size_t(w)];
+    log_.push_back({w, m.a, m.b, version_});
+    if (options_.mode == PsMode::kAsync) {
+      reply(w);
+      continue;
+    }
+    // SSP: a worker at clock c may go on once the slowest has clock >= c - s.
+    waiting.push_back(w);
+    const int64_t slowest = *std::min_element(clock.begin(), clock.end());
+    std::vector<int> still;
+    for (int u : waiting) {
+      if (clock[size_t(u)] - slowest <= options_.staleness)
+        reply(u);
+      else
+        still.push_back(u);
+    }
+    waiting = std::move(still);
+  }
+  MINIDL_ASSERT(waiting.empty(), "parameter server: replies left after the last push");
+}
+
+std::vector<int64_t> ParameterServer::staleness_histogram() const {
+  std::vector<int64_t> h;
+  for (const PsPush& p : log_) {
+    // The version it was applied to: sync applies a step's W gradients together, to version - 1.
+    const auto k = size_t(p.version - 1 - p.computed);
+    if (h.size() <= k) h.resize(k + 1, 0);
+    ++h[k];
+  }
+  return h;
+}
+
+PsWorker::PsWorker(MPI_Comm comm, PsLayout layout, int worker)
+    : comm_(comm), layout_(layout), worker_(worker), versions_(size_t(layout.servers), 0) {}
+
+std::vector<float> PsWorker::receive() {
+  std::vector<float> flat(size_t(layout_.numel));
+  for (int j = 0; j < layout_.servers; ++j) {
+    Message m = receive_message(comm_, layout_.workers + j, kParamsTag);
+    const ShardRange r = range_of(layout_, j);
+    MINIDL_CHECK(int64_t(m.data.size()) == r.size(), "parameter-server worker ", worker_, ": server ", j, " sent ",
+                 m.data.size(), " parameters, expected ", r.size());
+    std::copy(m.data.begin(), m.data.end(), flat.begin() + r.begin);
+    versions_[size_t(j)] = m.b;
+  }
+  return flat;
+}
+
+std::vector<float> PsWorker::pull() { return receive(); }
+
+std::vector<float> PsWorker::push_pull(int64_t step, const std::vector<float>& grad) {
+  MINIDL_CHECK(int64_t(grad.size()) == layout_.numel, "parameter-server worker ", worker_, ": a gradient of ",
+               grad.size(), " values, expected ", layout_.numel);
+  for (int j = 0; j < layout_.servers; ++j) {
+    const ShardRange r = range_of(layout_, j);
+    send_message(comm_, layout_.workers + j, kPushTag,
+                 pack(step, versions_[size_t(j)], grad.data() + r.begin, r.size()));
+  }
+  return receive();
+}
+
+std::string ssp_violation(const std::vector<PsPush>& log, int workers, int64_t staleness) {
+  std::vector<int64_t> pushed(size_t(workers), 0);
+  for (size_t e = 0; e < log.size(); ++e) {
+    const PsPush& p = log[e];
+    for (int w = 0; w < workers; ++w)
+      if (pushed[size_t(w)] < p.step - staleness)
+        return "entry " + std::to_string(e) + ": worker " + std::to_string(p.worker) + "'s step " +
+               std::to_string(p.step) + " was applied when worker " + std::to_string(w) + " had pushed only " +
+               std::to_string(pushed[size_t(w)]) + " (bound " + std::to_string(staleness) + ")";
+    ++pushed[size_t(p.worker)];
+  }
+  return "";
+}
+
+std::vector<float> ps_replay(const PsLayout& layout, const std::vector<std::vector<PsPush>>& logs,
+                             std::vector<float> initial, const PsGradient& gradient, const PsApply& apply,
+                             PsOptions options) {
+  const int S = layout.servers, W = layout.workers;
+  MINIDL_CHECK(int(logs.size()) == S, "ps_replay: expected ", S, " server logs, got ", logs.size());
+  // Every shard's versions (all of them: the model is small where one replays), and per server which version
+  // each (worker, step) was computed on.
+  std::vector<std::vector<std::vector<float>>> versions(static_cast<size_t>(S));
+  std::vector<std::map<std::pair<int, int64_t>, int64_t>> computed(static_cast<size_t>(S));
+  for (int j = 0; j < S; ++j) {
+    const ShardRange r = range_of(layout, j);
+    versions[size_t(j)].emplace_back(initial.begin() + r.begin, initial.begin() + r.end);
+    for (const PsPush& p : logs[size_t(j)]) computed[size_t(j)][{p.worker, p.step}] = p.computed;
+  }
+  std::map<std::pair<int, int64_t>, std::vector<float>> grads;  // computed once, on first need
+  // The gradient of (worker, step), if every shard it was computed on exists yet.
+  auto grad_of = [&](int w, int64_t step) -> const std::vector<float>* {
+    auto it = grads.find({w, step});
+    if (it != grads.end()) return &it->second;
+    std::vector<float> params(size_t(layout.numel));
+    for (int k = 0; k < S; ++k) {
+      auto c = computed[size_t(k)].find({w, step});
+      MINIDL_CHECK(c != computed[size_t(k)].end(), "ps_replay: server ", k, "'s log has no push of worker ", w,
+                   " step ", step);
+      if (c->second >= int64_t(versions[size_t(k)].size())) return nullptr;  // not reached yet
+      const std::vector<float>& shard = versions[size_t(k)][size_t(c->second)];
+      std::copy(shard.begin(), shard.end(), params.begin() + range_of(layout, k).begin);
+    }
+    return &grads.emplace(std::make_pair(w, step), gradient(w, step, params)).first->second;
+  };
+  std::vector<size_t> at(size_t(S), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int j = 0; j < S; ++j) {
+      const std::vector<PsPush>& log = logs[size_t(j)];
+      const ShardRange r = range_of(layout, j);
+      auto slice = [&](const std::vector<float>& g) {
+        return std::vector<float>(g.begin() + r.begin, g.begin() + r.end);
+      };
+      while (at[size_t(j)] < log.size()) {
+        std::vector<float> shard = versions[size_t(j)].back();
+        if (options.mode == PsMode::kSync) {  // W entries, one step, summed in worker order
+          std::vector<std::vector<float>> g;
+          for (int w = 0; w < W; ++w) {
+            const PsPush& p = log[at[size_t(j)] + size_t(w)];
+            const std::vector<float>* full = grad_of(p.worker, p.step);
+            if (!full) break;
+            g.push_back(slice(*full));
+          }
+          if (int(g.size()) < W) break;
+          apply(shard, mean_in_worker_order(g));
+          at[size_t(j)] += size_t(W);
+        } else {
+          const PsPush& p = log[at[size_t(j)]];
+          const std::vector<float>* full = grad_of(p.worker, p.step);
+          if (!full) break;
+          apply(shard, divided(slice(*full), W));
+          at[size_t(j)] += 1;
+        }
+        versions[size_t(j)].push_back(std::move(shard));
+        progress = true;
+      }
+    }
+  }
+  std::vector<float> out(size_t(layout.numel));
+  for (int j = 0; j < S; ++j) {
+    MINIDL_CHECK(at[size_t(j)] == logs[size_t(j)].size(), "ps_replay: server ", j,
+                 "'s log cannot be replayed past "
+                 "entry ",
+                 at[size_t(j)], " (a push computed on a version no log produces)");
+    const std::vector<float>& shard = versions[size_t(j)].back();
+    std::copy(shard.begin(), shard.end(), out.begin() + range_of(layout, j).begin);
+  }
+  return out;
+}
+
+}  // namespace minidl::dist

@@ -1,0 +1,131 @@
+// A parameter server: S server ranks hold the parameters, W worker ranks compute gradients, push them and pull the
+// parameters back. Synchronous, asynchronous and bounded-staleness (SSP) training, with a log that makes the
+// asynchronous runs reproducible in one process.
+//
+//   // ranks 0 .. W-1 work, W .. W+S-1 serve (one communicator, the host's MPI)
+//   dist::PsLayout layout{.workers = W, .servers = S, .numel = flat_params.size()};
+//   if (rank >= W) {
+//     dist::ParameterServer server(comm, layout, rank - W, my_shard_of(flat_params), apply_sgd, {.mode = kAsync});
+//     server.serve(steps);                     // until every worker pushed `steps` gradients
+//   } else {
+//     dist::PsWorker worker(comm, layout, rank);
+//     std::vector<float> theta = worker.pull();                     // version 0 from every server
+//     for (int64_t s = 0; s < steps; ++s) theta = worker.push_pull(s, gradient(theta, s));
+//   }
+//
+// Sharding: the flat parameter vector is cut into S contiguous ranges (dist/shard.h's shard_range); server j owns
+// range j, so a worker's push is S messages, one slice each, and so is its pull. Per step a worker sends and
+// receives 4·Ψ bytes in all (Ψ parameters) and each server 4·Ψ/S · W: the servers' links carry W times a worker's
+// traffic, which is why there are S of them (DDP's ring moves 2(N−1)/N·4Ψ per rank and needs no server).
+//
+// Modes (PsMode), with v the number of gradients a server has applied to its shard (its version):
+//   sync   the server waits for all W workers' gradients of a step, sums them in worker order 0 .. W−1, divides by
+//          W, applies the update once (v += 1) and sends every worker the new shard: DDP's arithmetic (at W = 2 its
+//          sum is DDP's bitwise; the order fixes it at any W).
+//   async  each gradient is applied as it arrives, divided by W (so W pushes move as far as one sync step), and only
+//          its worker gets the new shard back at once: nobody waits for anybody, and a gradient may have been
+//          computed on a version older than the one it is applied to (its staleness: v at apply − v it was
+//          computed on).
+//   ssp s  async, but a worker that has pushed c gradients gets its reply only once every worker has pushed at
+//          least c − s (stale synchronous parallel, Ho et al. 2013): nobody is ever more than s steps ahead of
+//          the slowest. s = 0 is lock-step (but still applies the gradients one at a time).
+//
+// The log: each server records every gradient it applies (worker, step, the version the worker computed it on,
+// the version after). ps_replay() re-runs the training in one process from the logs: it recomputes each gradient
+// on the shards at the versions the log names and applies them in each server's order; the result is bitwise the
+// distributed run's (tests/dist/test_parameter_server.cpp), however the messages raced.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <mpi.h>
+#include <string>
+#include <vector>
+
+namespace minidl::dist {
+
+enum class PsMode { kSync, kAsync, kSsp };
+
+struct PsOptions {
+  PsMode mode = PsMode::kSync;
+  int64_t staleness = 0;  // ssp's s
+};
+// "sync", "async" or "ssp:S" (S >= 0); throws naming the accepted forms otherwise.
+PsOptions ps_options(const std::string& text);
+
+struct PsLayout {
+  int workers = 1, servers = 1;  // ranks 0 .. workers-1 work, the next `servers` ranks serve
+  int64_t numel = 0;             // the flat parameter vector's length
+};
+
+// One applied push.
+struct PsPush {
+  int worker = 0;
+  int64_t step = 0;      // the worker's step (its push count before it)
+  int64_t computed = 0;  // the shard's version the gradient was computed on
+  int64_t version = 0;   // the shard's version after applying it (sync: one version per step, W entries share it)
+};
+
+// What a server does to its shard with a gradient (already divided by W; sync: the mean). `shard` and `grad` have
+// the shard's length.
+using PsApply = std::function<void(std::vector<float>& shard, const std::vector<float>& grad)>;
+
+class ParameterServer {
+ public:
+  // Server `index` (0 .. servers-1) of `layout` on `comm`, starting from `shard` (its range of the parameters).
+  ParameterServer(MPI_Comm comm, PsLayout layout, int index, std::vector<float> shard, PsApply apply,
+                  PsOptions options);
+  // Until every worker has pushed `steps` gradients (answering each pull and push as its mode says).
+  void serve(int64_t steps);
+  const std::vector<float>& shard() const { return shard_; }
+  const std::vector<PsPush>& log() const { return log_; }
+  // Staleness of the applied gradients: histogram[k] = how many were applied k versions after the one they were
+  // computed on.
+  std::vector<int64_t> staleness_histogram() const;
+
+ private:
+  void reply(int worker);
+
+  MPI_Comm comm_;
+  PsLayout layout_;
+  int index_;
+  std::vector<float> shard_;
+  PsApply apply_;
+  PsOptions options_;
+  int64_t version_ = 0;
+  std::vector<PsPush> log_;
+};
+
+class PsWorker {
+ public:
+  PsWorker(MPI_Comm comm, PsLayout layout, int worker);
+  // The parameters at every server's version 0.
+  std::vector<float> pull();
+  // Pushes the gradient of step `step` (computed on what the last pull returned) and returns the parameters the
+  // servers send back (sync: after everyone's step; async: at once; ssp: within the bound).
+  std::vector<float> push_pull(int64_t step, const std::vector<float>& grad);
+
+ private:
+  std::vector<float> receive();
+
+  MPI_Comm comm_;
+  PsLayout layout_;
+  int worker_;
+  std::vector<int64_t> versions_;  // per server: the version of the shard last received
+};
+
+// Whether a server's log keeps SSP's bound: when worker u's gradient of step t was applied, every worker had
+// already pushed at least t − s gradients (so none ran more than s steps ahead of the slowest). Empty when it
+// holds; else the first entry that breaks it, named.
+std::string ssp_violation(const std::vector<PsPush>& log, int workers, int64_t staleness);
+
+// The one-process replay of a run from its servers' logs (log[j]: server j's): starts from `initial` (the whole
+// flat vector), and for each logged push recomputes `gradient(worker, step, params)` on the parameters that worker
+// had pulled (each shard at the version the logs name) and applies it as the server did. Returns the final flat
+// parameters, bitwise the servers' shards.
+using PsGradient = std::function<std::vector<float>(int worker, int64_t step, const std::vector<float>& params)>;
+std::vector<float> ps_replay(const PsLayout& layout, const std::vector<std::vector<PsPush>>& logs,
+                             std::vector<float> initial, const PsGradient& gradient, const PsApply& apply,
+                             PsOptions options);
+
+}  // namespace minidl::dist
