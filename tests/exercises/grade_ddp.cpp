@@ -16,50 +16,17 @@
 #include "core/rng.h"
 #include "ddp.h"
 #include "grader.h"
+#include "grader_model.h"
 #include "nn/module.h"
 
 using namespace minidl;
 using exercises::fail;
 using exercises::Run;
+using namespace exercises::model;
 
 namespace {
 
-constexpr int64_t kRows = 12, kIn = 4, kHidden = 8, kOut = 2;
-constexpr uint64_t kRankZeroSeed = 100;
-
-Tensor normal(const Shape& shape, uint64_t seed, uint64_t stream, double scale) {
-  return mul(Tensor::randn(shape, Philox(seed, stream)), scale).detach();
-}
-
-// y = (gelu(gelu(x W + b) T) Tᵀ + frozen) P, T registered as "wte" and as "lm_head" (one tensor, two names).
-struct Net : nn::Module {
-  explicit Net(uint64_t seed) {
-    fc_weight = register_parameter("fc_weight", normal({kIn, kHidden}, seed, 1, 0.5));
-    fc_bias = register_parameter("fc_bias", normal({kHidden}, seed, 2, 0.1));
-    tied = register_parameter("wte", normal({kHidden, kHidden}, seed, 3, 0.4));
-    register_parameter("lm_head", tied);
-    frozen = register_parameter("frozen", normal({kHidden}, seed, 4, 0.3));
-    frozen.set_requires_grad(false);
-    unused = register_parameter("unused", normal({3}, seed, 5, 1.0));
-    proj = register_parameter("proj", normal({kHidden, kOut}, seed, 6, 0.5));
-    running = register_buffer("running", normal({kHidden}, seed, 7, 1.0));
-  }
-  Tensor loss(const Tensor& x, const Tensor& y) const {
-    Tensor h = gelu(matmul(gelu(add(matmul(x, fc_weight), fc_bias)), tied));
-    Tensor out = matmul(add(matmul(h, tied, false, true), frozen), proj);
-    return mean(square(sub(out, y)));
-  }
-  Tensor fc_weight, fc_bias, tied, frozen, unused, proj, running;
-};
-
-std::pair<Tensor, Tensor> batch(int step) {
-  return {normal({kRows, kIn}, 7, 100 + uint64_t(step), 1.0), normal({kRows, kOut}, 7, 200 + uint64_t(step), 1.0)};
-}
-
-Tensor slice(const Tensor& t, const Run& run) {
-  const int64_t rows = kRows / run.size();
-  return t.narrow(0, run.rank() * rows, rows);
-}
+Tensor slice(const Tensor& t, const Run& run) { return exercises::model::slice(t, run.rank(), run.size()); }
 
 // The trained parameters, each tensor once, with all its names.
 std::vector<std::pair<std::string, Tensor>> unique_trained(const nn::Module& m) {
