@@ -256,6 +256,9 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "Where the watchdog writes each rank's progress and, on a timeout, flight recorder "
                  "(scripts/flight_recorder.py reads them); all ranks must see it (default: $MINIDL_DEBUG_DIR, else "
                  "$TMPDIR or /tmp, in minidl-<job id>)");
+  app.add_option("--inject-delay", o.inject_delay,
+                 "RANK:MS: world rank RANK sleeps MS ms at the start of every step, a straggler on demand (a test and "
+                 "benchmark tool: bench/stragglers.py; the per-rank straggler line names it)");
   app.add_flag("--check-collectives", o.check_collectives,
                "Before every collective the ranks of its group exchange its fingerprint (op, dtype, count, root, "
                "reduce op, sequence number) on a side channel, and a receive checks its send's: a mismatch stops "

@@ -1,6 +1,7 @@
 #include "train/config.h"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 
@@ -66,8 +67,19 @@ void TrainConfig::validate_outer_sync(int world) const {
                outer_momentum);
 }
 
+std::pair<int, int> TrainConfig::injected_delay() const {
+  if (inject_delay.empty()) return {-1, 0};
+  int rank = -1, ms = -1;
+  char extra = 0;
+  MINIDL_CHECK(std::sscanf(inject_delay.c_str(), "%d:%d%c", &rank, &ms, &extra) == 2 && rank >= 0 && ms >= 0,
+               "--inject-delay: expected RANK:MS (a rank and milliseconds, both >= 0), got '", inject_delay, "'");
+  return {rank, ms};
+}
+
 void TrainConfig::validate(int world) const {
   if (!tokenizer.empty()) data::Tokenizer::check_kind(tokenizer);
+  MINIDL_CHECK(injected_delay().first < world, "--inject-delay ", inject_delay, ": rank ", injected_delay().first,
+               " is not among the ", world, " ranks");
   MINIDL_CHECK(tp >= 1, "--tp: expected at least 1, got ", tp);
   MINIDL_CHECK(pp >= 1, "--pp: expected at least 1, got ", pp);
   MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
@@ -254,6 +266,7 @@ std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig
           {"outer_momentum", str(o.outer_momentum)},
           {"nesterov", str(o.nesterov)},
           {"comm_hook", o.comm_hook},
+          {"inject_delay", o.inject_delay},
           {"outer_comm_hook", o.outer_comm_hook},
           {"amp", o.amp},
           {"recompute", o.recompute},

@@ -130,6 +130,11 @@ struct TrainConfig {
   // Before every collective the ranks compare its fingerprint (op, dtype, count, root, reduce op, sequence number)
   // and all stop naming both sides of a mismatch (dist::set_checking_collectives; a cost per call).
   bool check_collectives = false;
+  // "RANK:MS": world rank RANK sleeps MS milliseconds at the start of every step (a test and benchmark tool: a
+  // straggler on demand, named by the per-rank straggler line). Empty: none.
+  std::string inject_delay;
+  // inject_delay parsed: {rank, ms}, or {-1, 0} for none; throws naming the flag on a malformed value.
+  std::pair<int, int> injected_delay() const;
 
   int64_t layers_or_default() const { return layers.value_or(4); }
   int64_t heads_or_default() const { return heads.value_or(4); }

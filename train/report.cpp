@@ -28,7 +28,7 @@ namespace {
 constexpr double kMiB = double(1 << 20);
 
 // Every rank's `mine`, in world-rank order: gathered over the model-parallel group, then over dp (the two together
-// span the world, and the watchdog and --check-collectives see both calls).
+// span a replica), then over the replicas (and the watchdog and --check-collectives see every call).
 std::vector<double> gather_every_rank(const dist::Topology& topo, const std::array<double, 4>& mine) {
   dist::ProcessGroup &mp = topo.model_parallel_group(), &dp = topo.dp_group();
   const Tensor in = Tensor::from_vector(std::vector<double>(mine.begin(), mine.end()), {4}, DType::f64);
@@ -42,7 +42,13 @@ std::vector<double> gather_every_rank(const dist::Topology& topo, const std::arr
   for (int d = 0; d < g.dp; ++d)
     for (int j = 0; j < mp.size(); ++j)
       std::copy_n(v.begin() + 4 * (d * mp.size() + j), 4, all.begin() + 4 * g.rank_of({d, j % g.tp, j / g.tp}));
-  return all;
+  // Every replica's (a host group, replica r's ranks after replica r - 1's: the world's order).
+  dist::ProcessGroup& replicas = topo.replica_group();
+  if (replicas.size() == 1) return all;
+  Tensor mine_all = Tensor::from_vector(all, {int64_t(all.size())}, DType::f64);
+  Tensor world = Tensor::empty({mine_all.numel() * replicas.size()}, DType::f64);
+  replicas.all_gather(world, mine_all)->wait();
+  return world.to_vector();
 }
 
 }  // namespace
@@ -72,7 +78,7 @@ void Report::stepped(int64_t step, int64_t first_step, double ms, double data_ms
     exposed_ms_ += comm.exposed_comm_ms, ++timed_;
   }
   if (step >= o_.steps - 10 && std::isfinite(r.loss)) recent_loss_ += r.loss, ++recent_;
-  if (topo_.grid().size() > topo_.grid().replicas && (step + 1) % o_.log_every == 0)
+  if (topo_.grid().size() > 1 && (step + 1) % o_.log_every == 0)
     report_stragglers(step, {ms, data_ms, ms - comm.exposed_comm_ms, comm.exposed_comm_ms});
   if (logger_ && !o_.loss_log.empty()) {
     char entry[64];
@@ -164,7 +170,7 @@ void Report::summary(double val_loss, const optim::GradScaler* scaler) const {
 void Report::report_stragglers(int64_t step, const std::array<double, 4>& mine) {
   const std::vector<double> all = gather_every_rank(topo_, mine);
   if (!logger_) return;
-  const int world = topo_.grid().size() / topo_.grid().replicas;  // replica 0's ranks (each replica's stand alone)
+  const int world = topo_.grid().size();  // every replica's ranks: a slow one delays every outer sync
   auto at = [&](int r, int k) { return all[4 * size_t(r) + size_t(k)]; };
   std::string line = "step " + std::to_string(step + 1) + " per rank (slowest / fastest):";
   const char* names[] = {"step", "data", "compute", "exposed comm"};

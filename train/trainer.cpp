@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -339,10 +340,12 @@ int Trainer::run() {
   Report report(o, *s.topo, s.device, s.logger,
                 {s.stage->flops_per_token(s.seq) * double(tokens), double(tokens),
                  mfu_peak_tflops(o, *s.stage, *s.topo, s.device, s.amp, rows, s.logger)});
+  const std::pair<int, int> delay = o.injected_delay();  // --inject-delay: a straggler on demand
   for (int64_t step = first_step; step < o.steps; ++step) {
     so.lr = schedule(reads.schedule_step());
     const auto t0 = std::chrono::steady_clock::now();
     test_hook(TestHook::kStepStart, s.topo->rank());
+    if (delay.first == s.topo->rank()) std::this_thread::sleep_for(std::chrono::milliseconds(delay.second));
     if (step == first_step && o.tp > 1) dist::reset_tensor_parallel_traffic();
     std::optional<trace::Span> span(std::in_place, trace::enabled() ? "step " + std::to_string(step + 1) : "");
     StepResult r = batches.step(*s.stage, *s.optimizer, step, so);

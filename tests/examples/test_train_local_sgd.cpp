@@ -105,6 +105,19 @@ TEST_F(TrainLocalSgd, SixteenBitHooksTrainWithinOnePercentOfF32) {
   EXPECT_NEAR(std::stod(b[1]), std::stod(a[1]) / 2, 0.006);  // printed with 2 decimals
 }
 
+// --inject-delay RANK:MS makes that rank a straggler on demand: the per-rank line names it, in DDP (where the other
+// rank waits for it) as inside a local-SGD replica.
+TEST_F(TrainLocalSgd, AnInjectedDelayIsNamedAsTheStraggler) {
+  const std::string base = std::string(TRAIN_GPT_BIN) + " --data " + path("tiny.txt") +
+                           " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 --eval-windows 4 "
+                           "--eval-every 0 --log-every 1 --progress lines --steps 3 --inject-delay 1:60";
+  for (const std::string& args : {base, base + " --replica-groups 2 --sync local-sgd --sync-every 2"}) {
+    Result r = run(2, args);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("rank 1 is a straggler"), std::string::npos) << args << "\n" << r.out;
+  }
+}
+
 // Bad input: exit code 2 and a message naming the flag and the reason; nothing written.
 TEST_F(TrainLocalSgd, RefusesByName) {
   struct Case {
@@ -122,6 +135,8 @@ TEST_F(TrainLocalSgd, RefusesByName) {
       {2, flags(4, "local-sgd --outer-comm-hook fp16"), "--outer-comm-hook fp16 needs --sync diloco"},
       {2, flags(4, "diloco --comm-hook powersgd"), "--comm-hook: expected none, bf16 or fp16, got 'powersgd'"},
       {2, flags(4, "diloco --comm-hook bf16 --zero 1"), "--comm-hook bf16 with --zero 1"},
+      {2, flags(4, "diloco --inject-delay 2:10"), "--inject-delay 2:10: rank 2 is not among the 2 ranks"},
+      {2, flags(4, "diloco --inject-delay 1"), "--inject-delay: expected RANK:MS"},
   };
   for (const Case& c : cases) {
     Result r = run(c.ranks, c.args);
