@@ -105,6 +105,40 @@ def variant(name, files, learner_dir, given, out_dir):
     return where
 
 
+STATEMENT = re.compile(r"^(for|if|while|switch|return|MINIDL_|else|do)\b|^[:,]")  # or a constructor's initialisers
+
+
+def signature_of(lines, first):
+    """The signature (joined, one line) of the function around line `first`: the nearest line above it, indented
+    less than the region, that opens a parameter list and is no statement, to the line ending in '{'."""
+    region_indent = len(lines[first]) - len(lines[first].lstrip())
+    for i in range(first - 1, -1, -1):
+        line, text = lines[i], lines[i].split("//")[0].strip()
+        if (not text or len(line) - len(line.lstrip()) >= region_indent or "(" not in text
+                or STATEMENT.match(text) or text.endswith(";")):
+            continue
+        parts, j = [line.strip()], i
+        while not lines[j].rstrip().endswith("{") and j + 1 < first:
+            j += 1
+            parts.append(lines[j].strip())
+        return " ".join(parts)
+    return None
+
+
+def changed_signatures(files, learner_dir):
+    """The reference's signatures (of each function that holds a region) missing from the learner's files: what the
+    grader calls, printed when the learner's code does not compile."""
+    missing = []
+    for f in files:
+        reference = open(os.path.join(ROOT, "dist", "naive", f), encoding="utf-8").read().split("\n")
+        mine = " ".join(open(os.path.join(learner_dir, f), encoding="utf-8").read().split())
+        for r in er.parse(f, "\n".join(reference)):
+            sig = signature_of(reference, r.first)
+            if sig and " ".join(sig.split()) not in mine and sig not in missing:
+                missing.append(sig)
+    return missing
+
+
 def build(name, learner_dir, out_dir):
     """(binary, None) or (None, the compiler's first lines) for the grader against the files in learner_dir."""
     compile_argv, directory, link_argv, binary = build_lines(name, learner_dir, out_dir)
@@ -258,9 +292,11 @@ def check(name, files, learner_dir, json_path, only=None):
     binary, first = build(name, learner_dir, out_dir)
     seconds = round(time.monotonic() - t0, 2)
     if binary is None:
-        rows.append({"id": "compiles", "status": "failed", "seconds": seconds,
-                     "reason": "the compiler's first lines: " + (first.splitlines()[0] if first else "(none)"),
-                     "log": first})
+        changed = changed_signatures(files, learner_dir)
+        errors = [l for l in first.splitlines() if "error" in l] or first.splitlines() or ["(no output)"]
+        reason = ("a signature changed: expected " + "; ".join(f"`{c}`" for c in changed) if changed else
+                  "does not compile: " + errors[0])
+        rows.append({"id": "compiles", "status": "failed", "seconds": seconds, "reason": reason, "log": first})
         reference = os.path.join(BUILD, "tests", "exercises", f"grade_{name}")
         listed = criteria_of(reference) if os.path.isfile(reference) else []
         for cid, ranks, _, _, _ in listed:

@@ -6,6 +6,9 @@
                                       # every failure "not written yet" (no hang, no crash)
     check_exercise.py mutants NAME    # each planted defect of scripts/exercise_mutants.txt: its criterion rejects
                                       # it with the status and message the list names, and no other failure
+    check_exercise.py bad_input ring  # code that does not compile (compiles failed with the compiler's first
+                                      # lines, the rest blocked), a changed signature (the expected one named), a
+                                      # flood of output (capped in the report)
 MINIDL_BUILD_DIR names the build tree (CTest sets it).
 """
 import json
@@ -69,6 +72,36 @@ def main(mode, name):
                 problems.append(f"criteria not failed as 'not written yet': {', '.join(wrong)}")
             if seconds > 60:
                 problems.append(f"the skeleton took {seconds:.0f} s (at most 60)")
+        elif mode == "bad_input":
+            solution = open(os.path.join(ROOT, "dist", "naive", "ring.h"), encoding="utf-8").read()
+            cases = [
+                ("syntax", solution.replace("const int n = group.size(), r = group.rank();\n  for (int s = 0;",
+                                            "const int n = group.size(), r = group.rank()\n  for (int s = 0;", 1),
+                 lambda rows: rows[0]["status"] == "failed" and "error" in rows[0]["reason"]
+                 and 0 < len(rows[0]["log"].splitlines()) <= 20 and len(rows) > 1
+                 and all(r["status"] == "blocked" for r in rows[1:])),
+                ("signature", solution.replace("inline void ring_all_gather(ProcessGroup& group, Tensor& buffer) {",
+                                               "inline void ring_all_gather(ProcessGroup& group, Tensor& buffer, int t) {"),
+                 lambda rows: rows[0]["status"] == "failed" and "a signature changed: expected `inline void "
+                 "ring_all_gather(ProcessGroup& group, Tensor& buffer) {`" in rows[0]["reason"]),
+                ("flood", solution.replace("  const int n = group.size(), r = group.rank();\n  for (int s = 0;",
+                                           "  for (int k = 0; k < 200000; ++k) std::printf(\"flood %d\\n\", k);\n"
+                                           "  const int n = group.size(), r = group.rank();\n  for (int s = 0;", 1),
+                 lambda rows: all(r["status"] == "passed" for r in rows)),
+            ]
+            for case, text, ok in cases:
+                if text == solution:
+                    problems.append(f"bad_input {case}: its edit no longer applies to dist/naive/ring.h")
+                    continue
+                work = os.path.join(tmp, case)
+                os.makedirs(os.path.join(work, "ring"))
+                open(os.path.join(work, "ring", "ring.h"), "w", encoding="utf-8").write(text)
+                rc, rows, _ = check("ring", work, ["--only", "reduce_scatter"] if case == "flood" else [])
+                if rc == 2 or not rows or not ok(rows):
+                    problems.append(f"bad_input {case}: exit {rc}, " + "; ".join(
+                        f"{r['id']} {r['status']}: {r['reason'][:200]}" for r in rows[:3]))
+                if case == "flood" and os.path.getsize(os.path.join(work, "report.json")) > 100_000:
+                    problems.append("bad_input flood: the report is not capped")
         else:
             chosen = [m for m in mutants(name) if m[1] in files]
             if len(chosen) < 2:
@@ -98,7 +131,7 @@ def main(mode, name):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("solution", "skeleton", "mutants"):
+    if len(sys.argv) != 3 or sys.argv[1] not in ("solution", "skeleton", "mutants", "bad_input"):
         print(__doc__.strip(), file=sys.stderr)
         sys.exit(2)
     sys.exit(main(sys.argv[1], sys.argv[2]))
