@@ -25,6 +25,7 @@
 #include <memory>
 
 #include "dist/comm_hook.h"
+#include "dist/powersgd.h"
 #include "dist/reducer.h"
 #include "nn/module.h"
 
@@ -40,8 +41,10 @@ struct DDPOptions {
   bool broadcast_at_start = true;
   // An explicit bucket assignment (ReducerOptions::buckets): the tests give DDP ZeRO-3's per-block buckets.
   std::vector<BucketSpec> buckets;
-  // What each bucket's average sends (dist/comm_hook.h): f32, or 16 bits on the wire.
+  // What each bucket's average sends (dist/comm_hook.h): f32, or 16 bits on the wire; or, when set, PowerSGD's
+  // low-rank approximation (dist/powersgd.h; one state per DDP: it keeps each bucket's error and Q).
   Compression compression = Compression::kNone;
+  std::shared_ptr<PowerSgd> powersgd;
 };
 
 using DDPStepStats = ReducerStats;

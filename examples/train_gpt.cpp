@@ -169,8 +169,12 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
       ->capture_default_str();
   app.add_option("--comm-hook", o.comm_hook,
                  "What DDP's gradient averages send: none (f32), bf16 or fp16 (x / N in 16 bits, summed in 16 bits "
-                 "on the wire: half the bytes; PyTorch's bf16/fp16 compress hooks). Not with --zero")
+                 "on the wire: half the bytes; PyTorch's bf16/fp16 compress hooks) or powersgd[:RANK] (each matrix's "
+                 "average as a rank-RANK approximation, default 4, with error feedback and a warm start; CPU). Not "
+                 "with --zero")
       ->capture_default_str();
+  app.add_option("--powersgd-start", o.powersgd_start,
+                 "With --comm-hook powersgd: plain averages for the first N steps (default: a tenth of --steps)");
   app.add_option("--outer-comm-hook", o.outer_comm_hook,
                  "With --sync diloco: what the pseudo-gradients' average sends: none (f32), bf16 or fp16 (half the "
                  "bytes)")

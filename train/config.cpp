@@ -42,10 +42,14 @@ void TrainConfig::validate_outer_sync(int world) const {
   MINIDL_CHECK(replica_groups >= 1, "--replica-groups: expected at least 1, got ", replica_groups);
   MINIDL_CHECK(world % replica_groups == 0, "--replica-groups ", replica_groups, " does not divide the ", world,
                " ranks this job runs on (mpirun -n): every replica holds the same layout");
-  for (const auto& [flag, hook] :
-       {std::pair{"--comm-hook", &comm_hook}, std::pair{"--outer-comm-hook", &outer_comm_hook}})
-    MINIDL_CHECK(*hook == "none" || *hook == "bf16" || *hook == "fp16", flag, ": expected none, bf16 or fp16, got '",
-                 *hook, "'");
+  MINIDL_CHECK(outer_comm_hook == "none" || outer_comm_hook == "bf16" || outer_comm_hook == "fp16",
+               "--outer-comm-hook: expected none, bf16 or fp16, got '", outer_comm_hook, "'");
+  MINIDL_CHECK(comm_hook == "none" || comm_hook == "bf16" || comm_hook == "fp16" || powersgd_rank() > 0,
+               "--comm-hook: expected none, bf16, fp16 or powersgd[:RANK], got '", comm_hook, "'");
+  MINIDL_CHECK(!powersgd_start || *powersgd_start >= 0, "--powersgd-start: expected a number of steps >= 0, got ",
+               powersgd_start.value_or(0));
+  MINIDL_CHECK(powersgd_rank() == 0 || device == "cpu", "--comm-hook ", comm_hook,
+               " runs on the CPU (its compression is host code); with --device ", device, " use bf16 or fp16");
   MINIDL_CHECK(comm_hook == "none" || zero == 0, "--comm-hook ", comm_hook, " with --zero ", zero,
                ": the hook compresses DDP's all-reduce, and ZeRO reduce-scatters its gradients instead");
   MINIDL_CHECK(outer_comm_hook == "none" || sync == "diloco", "--outer-comm-hook ", outer_comm_hook,
@@ -65,6 +69,16 @@ void TrainConfig::validate_outer_sync(int world) const {
   MINIDL_CHECK(outer_lr > 0 && std::isfinite(outer_lr), "--outer-lr: expected a positive number, got ", outer_lr);
   MINIDL_CHECK(outer_momentum >= 0 && outer_momentum < 1, "--outer-momentum: expected a value in [0, 1), got ",
                outer_momentum);
+}
+
+int TrainConfig::powersgd_rank() const {
+  if (comm_hook == "powersgd") return 4;
+  if (comm_hook.rfind("powersgd:", 0) != 0) return 0;
+  int rank = 0;
+  char extra = 0;
+  MINIDL_CHECK(std::sscanf(comm_hook.c_str(), "powersgd:%d%c", &rank, &extra) == 1 && rank >= 1, "--comm-hook ",
+               comm_hook, ": expected powersgd:RANK with RANK >= 1");
+  return rank;
 }
 
 std::pair<int, int> TrainConfig::injected_delay() const {
@@ -266,6 +280,7 @@ std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig
           {"outer_momentum", str(o.outer_momentum)},
           {"nesterov", str(o.nesterov)},
           {"comm_hook", o.comm_hook},
+          {"powersgd_start", opt(o.powersgd_start)},
           {"inject_delay", o.inject_delay},
           {"outer_comm_hook", o.outer_comm_hook},
           {"amp", o.amp},

@@ -76,8 +76,13 @@ struct TrainConfig {
   int replica_groups = 1;
   double outer_lr = 0.7, outer_momentum = 0.9;
   bool nesterov = true;
-  // What DDP's gradient averages and DiLoCo's pseudo-gradient average send (dist/comm_hook.h): none, bf16, fp16.
+  // What DDP's gradient averages and DiLoCo's pseudo-gradient average send (dist/comm_hook.h): none, bf16, fp16;
+  // DDP's also powersgd[:RANK] (dist/powersgd.h, rank 4 by default), plain averages for its first powersgd_start
+  // steps (unset: a tenth of the steps).
   std::string comm_hook = "none", outer_comm_hook = "none";
+  std::optional<int64_t> powersgd_start;
+  // comm_hook's PowerSGD rank, or 0 when it is not powersgd[:RANK]; throws on a malformed rank.
+  int powersgd_rank() const;
   std::string backend;  // empty: mpi on the CPU, nccl on CUDA devices
   std::string device = "cpu";
   bool tf32 = false;

@@ -98,12 +98,13 @@ GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptio
           params, dp, dist::ZeroOptions{.stage = o.zero, .caps = o.caps, .broadcast_at_start = o.broadcast_at_start});
       e->overlaps = !holds_tied;
     } else if (dp.size() > 1) {
-      e->ddp =
-          std::make_unique<dist::DistributedDataParallel>(params, dp,
-                                                          dist::DDPOptions{.caps = o.caps,
-                                                                           .broadcast_at_start = o.broadcast_at_start,
-                                                                           .buckets = o.buckets,
-                                                                           .compression = o.compression});
+      e->ddp = std::make_unique<dist::DistributedDataParallel>(
+          params, dp,
+          dist::DDPOptions{.caps = o.caps,
+                           .broadcast_at_start = o.broadcast_at_start,
+                           .buckets = o.buckets,
+                           .compression = o.compression,
+                           .powersgd = o.powersgd ? std::make_shared<dist::PowerSgd>(*o.powersgd) : nullptr});
       if (holds_tied && o.broadcast_at_start) dp.broadcast(tied, 0)->wait();
     }
     if (!e->overlaps) e->no_sync.emplace(*e->reducer());  // for good: after_backward reduce-scatters

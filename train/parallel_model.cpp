@@ -30,7 +30,11 @@ ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& mo
   m.stage->set_recompute(nn::parse_recompute(o.recompute));
   SyncOptions sync;
   sync.zero = o.zero;
-  sync.compression = dist::compression(o.comm_hook);
+  if (o.powersgd_rank() > 0)
+    sync.powersgd =
+        dist::PowerSgdOptions{.rank = o.powersgd_rank(), .start_iter = o.powersgd_start.value_or(o.steps / 10)};
+  else
+    sync.compression = dist::compression(o.comm_hook);
   m.sync = std::make_unique<GradSync>(*m.stage, topo, sync);
   m.num_params = m.stage->num_parameters();
   if (o.pp > 1) m.notes.push_back(pipeline_note(o, starts));

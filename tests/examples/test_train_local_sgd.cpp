@@ -79,17 +79,17 @@ TEST_F(TrainLocalSgd, CountsCeilStepsOverHSyncsOfTheParameterBytes) {
   EXPECT_NE(r.out.find("sync=diloco every=3 replicas=2"), std::string::npos) << r.out;
 }
 
-// The 16-bit communication hooks train as f32 does: DDP with --comm-hook bf16 / fp16 and DiLoCo with
+// The communication hooks train as f32 does: DDP with --comm-hook bf16 / fp16 / powersgd:4 and DiLoCo with
 // --outer-comm-hook fp16 end within 1% of the f32 runs' validation loss after 8 steps (the baby config's 300 steps
 // are in the notes), and DiLoCo's sync line counts half the bytes.
-TEST_F(TrainLocalSgd, SixteenBitHooksTrainWithinOnePercentOfF32) {
+TEST_F(TrainLocalSgd, CommHooksTrainWithinOnePercentOfF32) {
   auto val_loss = [](const Result& r) { return std::stod(minidl::testing::summary_text(r.out, "val_loss")); };
   const std::string ddp = std::string(TRAIN_GPT_BIN) + " --data " + path("tiny.txt") +
                           " --layers 1 --heads 2 --embd 16 --seq 16 --batch 4 --threads 1 --eval-windows 4 "
                           "--eval-every 0 --log-every 1000 --lr 3e-3 --steps 8";
   Result f32 = run(2, ddp);
   ASSERT_EQ(f32.code, 0) << f32.out;
-  for (const char* hook : {" --comm-hook bf16", " --comm-hook fp16"}) {
+  for (const char* hook : {" --comm-hook bf16", " --comm-hook fp16", " --comm-hook powersgd:4 --powersgd-start 4"}) {
     Result r = run(2, ddp + hook);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NEAR(val_loss(r), val_loss(f32), 0.01 * val_loss(f32)) << hook;
@@ -133,7 +133,9 @@ TEST_F(TrainLocalSgd, RefusesByName) {
       {2, flags(4, "diloco --outer-lr 0"), "--outer-lr"},
       {2, flags(4, "diloco --outer-momentum 1.5"), "--outer-momentum"},
       {2, flags(4, "local-sgd --outer-comm-hook fp16"), "--outer-comm-hook fp16 needs --sync diloco"},
-      {2, flags(4, "diloco --comm-hook powersgd"), "--comm-hook: expected none, bf16 or fp16, got 'powersgd'"},
+      {2, flags(4, "diloco --comm-hook gzip"), "--comm-hook: expected none, bf16, fp16 or powersgd[:RANK], got 'gzip'"},
+      {2, flags(4, "diloco --comm-hook powersgd:0"), "--comm-hook powersgd:0: expected powersgd:RANK with RANK >= 1"},
+      {2, flags(4, "diloco --comm-hook powersgd --device cuda"), "--comm-hook powersgd runs on the CPU"},
       {2, flags(4, "diloco --comm-hook bf16 --zero 1"), "--comm-hook bf16 with --zero 1"},
       {2, flags(4, "diloco --inject-delay 2:10"), "--inject-delay 2:10: rank 2 is not among the 2 ranks"},
       {2, flags(4, "diloco --inject-delay 1"), "--inject-delay: expected RANK:MS"},
