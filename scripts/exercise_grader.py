@@ -237,7 +237,8 @@ def run_criterion(binary, cid, np, debug_dir):
     output = capped(output)
     results = [RESULT.match(l) for l in output.splitlines()]
     results = [m for m in results if m]
-    failures = [f"rank {m.group(1)}: {m.group(3)}" for m in results if m.group(2) == "failed"]
+    failures = [f"rank {m.group(1)}: {m.group(3)}".replace("an error: --check-collectives:", "mismatched messages:")
+                for m in results if m.group(2) == "failed"]
     hang = hang_reason(output, np, debug_dir)
     sig = SIGNAL.search(output)
     if rc == 0 and sum(m.group(2) == "passed" for m in results) == np:
