@@ -44,7 +44,7 @@ struct DDPOptions {
   // What each bucket's average sends (dist/comm_hook.h): f32, or 16 bits on the wire; or, when set, PowerSGD's
   // low-rank approximation (dist/powersgd.h; one state per DDP: it keeps each bucket's error and Q).
   Compression compression = Compression::kNone;
-  std::shared_ptr<PowerSgd> powersgd;
+  std::shared_ptr<PowerSgd> powersgd{};
 };
 
 using DDPStepStats = ReducerStats;

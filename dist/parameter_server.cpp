@@ -13,7 +13,7 @@ namespace minidl::dist {
 
 namespace {
 
-constexpr int kPushTag = 7101, kParamsTag = 7102;
+constexpr int kPushTag = 7101, kParamsTag = 7102, kFinalTag = 7103;
 
 // A message: two int64 (a step or -1, and a version) and the floats of one shard.
 std::vector<char> pack(int64_t a, int64_t b, const float* data, int64_t n) {
@@ -50,7 +50,7 @@ void send_message(MPI_Comm comm, int dest, int tag, const std::vector<char>& m) 
   MINIDL_MPI_CHECK(MPI_Send(m.data(), int(m.size()), MPI_BYTE, dest, tag, comm));
 }
 
-ShardRange range_of(const PsLayout& l, int server) { return shard_range(l.numel, l.servers, server); }
+ShardRange range_of(const PsLayout& l, int server) { return {l.begin(server), l.end(server)}; }
 
 // The update a server applies, shared with the replay so that both round alike: async and ssp divide each gradient
 // by W; sync sums the W gradients in worker order, then divides.
@@ -66,6 +66,27 @@ std::vector<float> mean_in_worker_order(const std::vector<std::vector<float>>& g
 }
 
 }  // namespace
+
+int64_t PsLayout::begin(int server) const {
+  return bounds.empty() ? shard_range(numel, servers, server).begin : bounds[size_t(server)];
+}
+int64_t PsLayout::end(int server) const {
+  return bounds.empty() ? shard_range(numel, servers, server).end : bounds[size_t(server) + 1];
+}
+
+std::vector<int64_t> bounds_at_tensors(const std::vector<int64_t>& sizes, int servers) {
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  std::vector<int64_t> bounds{0};
+  int64_t at = 0;
+  size_t t = 0;
+  for (int j = 1; j < servers; ++j) {
+    while (t < sizes.size() && at < total * j / servers) at += sizes[t++];
+    bounds.push_back(at);
+  }
+  bounds.push_back(total);
+  return bounds;
+}
 
 PsOptions ps_options(const std::string& text) {
   if (text == "sync") return {PsMode::kSync, 0};
@@ -99,9 +120,7 @@ void ParameterServer::reply(int worker) {
 
 void ParameterServer::serve(int64_t steps) {
   const int W = layout_.workers;
-  for (int w = 0; w < W; ++w) reply(w);      // version 0: every worker's first pull
-  std::vector<int64_t> clock(size_t(W), 0);  // pushes applied per worker
-  std::vector<int> waiting;                  // ssp: workers whose reply is held back
+  for (int w = 0; w < W; ++w) reply(w);  // version 0: every worker's first pull
   if (options_.mode == PsMode::kSync) {
     for (int64_t s = 0; s < steps; ++s) {
       std::vector<std::vector<float>> grads(static_cast<size_t>(W));
@@ -118,8 +137,17 @@ void ParameterServer::serve(int64_t steps) {
       for (int w = 0; w < W; ++w) log_.push_back({w, s, computed[size_t(w)], version_});
       for (int w = 0; w < W; ++w) reply(w);
     }
-    return;
+  } else {
+    serve_async(steps);
   }
+  for (int w = 0; w < W; ++w)  // the last word: everyone's last gradient is in
+    send_message(comm_, w, kFinalTag, pack(-1, version_, shard_.data(), int64_t(shard_.size())));
+}
+
+void ParameterServer::serve_async(int64_t steps) {
+  const int W = layout_.workers;
+  std::vector<int64_t> clock(size_t(W), 0);  // pushes applied per worker
+  std::vector<int> waiting;                  // ssp: workers whose reply is held back
   for (int64_t k = 0; k < steps * W; ++k) {
     Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
     const int w = m.source;
@@ -162,10 +190,10 @@ std::vector<int64_t> ParameterServer::staleness_histogram() const {
 PsWorker::PsWorker(MPI_Comm comm, PsLayout layout, int worker)
     : comm_(comm), layout_(layout), worker_(worker), versions_(size_t(layout.servers), 0) {}
 
-std::vector<float> PsWorker::receive() {
+std::vector<float> PsWorker::receive(int tag) {
   std::vector<float> flat(size_t(layout_.numel));
   for (int j = 0; j < layout_.servers; ++j) {
-    Message m = receive_message(comm_, layout_.workers + j, kParamsTag);
+    Message m = receive_message(comm_, layout_.workers + j, tag);
     const ShardRange r = range_of(layout_, j);
     MINIDL_CHECK(int64_t(m.data.size()) == r.size(), "parameter-server worker ", worker_, ": server ", j, " sent ",
                  m.data.size(), " parameters, expected ", r.size());
@@ -175,7 +203,9 @@ std::vector<float> PsWorker::receive() {
   return flat;
 }
 
-std::vector<float> PsWorker::pull() { return receive(); }
+std::vector<float> PsWorker::pull() { return receive(kParamsTag); }
+
+std::vector<float> PsWorker::final_pull() { return receive(kFinalTag); }
 
 std::vector<float> PsWorker::push_pull(int64_t step, const std::vector<float>& grad) {
   MINIDL_CHECK(int64_t(grad.size()) == layout_.numel, "parameter-server worker ", worker_, ": a gradient of ",
@@ -185,7 +215,7 @@ std::vector<float> PsWorker::push_pull(int64_t step, const std::vector<float>& g
     send_message(comm_, layout_.workers + j, kPushTag,
                  pack(step, versions_[size_t(j)], grad.data() + r.begin, r.size()));
   }
-  return receive();
+  return receive(kParamsTag);
 }
 
 std::string ssp_violation(const std::vector<PsPush>& log, int workers, int64_t staleness) {
@@ -203,7 +233,7 @@ std::string ssp_violation(const std::vector<PsPush>& log, int workers, int64_t s
 }
 
 std::vector<float> ps_replay(const PsLayout& layout, const std::vector<std::vector<PsPush>>& logs,
-                             std::vector<float> initial, const PsGradient& gradient, const PsApply& apply,
+                             std::vector<float> initial, const PsGradient& gradient, const PsReplayApply& apply,
                              PsOptions options) {
   const int S = layout.servers, W = layout.workers;
   MINIDL_CHECK(int(logs.size()) == S, "ps_replay: expected ", S, " server logs, got ", logs.size());
@@ -252,13 +282,13 @@ std::vector<float> ps_replay(const PsLayout& layout, const std::vector<std::vect
             g.push_back(slice(*full));
           }
           if (int(g.size()) < W) break;
-          apply(shard, mean_in_worker_order(g));
+          apply(j, shard, mean_in_worker_order(g));
           at[size_t(j)] += size_t(W);
         } else {
           const PsPush& p = log[at[size_t(j)]];
           const std::vector<float>* full = grad_of(p.worker, p.step);
           if (!full) break;
-          apply(shard, divided(slice(*full), W));
+          apply(j, shard, divided(slice(*full), W));
           at[size_t(j)] += 1;
         }
         versions[size_t(j)].push_back(std::move(shard));

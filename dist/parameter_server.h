@@ -56,7 +56,15 @@ PsOptions ps_options(const std::string& text);
 struct PsLayout {
   int workers = 1, servers = 1;  // ranks 0 .. workers-1 work, the next `servers` ranks serve
   int64_t numel = 0;             // the flat parameter vector's length
+  // Where server j's range starts (servers + 1 offsets, the last numel): cut at parameter boundaries so a server
+  // holds whole tensors (its optimizer then sees parameters, not pieces). Empty: shard_range's equal split.
+  std::vector<int64_t> bounds{};
+  int64_t begin(int server) const;
+  int64_t end(int server) const;
 };
+// Bounds for tensors of `sizes` elements, in order: cut before the tensor where the running total first reaches
+// j/servers of the whole, for each j (a server may get none when one tensor is larger than a share).
+std::vector<int64_t> bounds_at_tensors(const std::vector<int64_t>& sizes, int servers);
 
 // One applied push.
 struct PsPush {
@@ -75,7 +83,8 @@ class ParameterServer {
   // Server `index` (0 .. servers-1) of `layout` on `comm`, starting from `shard` (its range of the parameters).
   ParameterServer(MPI_Comm comm, PsLayout layout, int index, std::vector<float> shard, PsApply apply,
                   PsOptions options);
-  // Until every worker has pushed `steps` gradients (answering each pull and push as its mode says).
+  // Until every worker has pushed `steps` gradients (answering each pull and push as its mode says); then every
+  // worker gets the final shard (PsWorker::final_pull).
   void serve(int64_t steps);
   const std::vector<float>& shard() const { return shard_; }
   const std::vector<PsPush>& log() const { return log_; }
@@ -85,6 +94,7 @@ class ParameterServer {
 
  private:
   void reply(int worker);
+  void serve_async(int64_t steps);  // async and ssp
 
   MPI_Comm comm_;
   PsLayout layout_;
@@ -104,9 +114,11 @@ class PsWorker {
   // Pushes the gradient of step `step` (computed on what the last pull returned) and returns the parameters the
   // servers send back (sync: after everyone's step; async: at once; ssp: within the bound).
   std::vector<float> push_pull(int64_t step, const std::vector<float>& grad);
+  // After the last push_pull: the parameters once every worker's last gradient is in.
+  std::vector<float> final_pull();
 
  private:
-  std::vector<float> receive();
+  std::vector<float> receive(int tag);
 
   MPI_Comm comm_;
   PsLayout layout_;
@@ -124,8 +136,10 @@ std::string ssp_violation(const std::vector<PsPush>& log, int workers, int64_t s
 // had pulled (each shard at the version the logs name) and applies it as the server did. Returns the final flat
 // parameters, bitwise the servers' shards.
 using PsGradient = std::function<std::vector<float>(int worker, int64_t step, const std::vector<float>& params)>;
+// What server `server` applies: its PsApply (a stateful optimizer keeps one state per server).
+using PsReplayApply = std::function<void(int server, std::vector<float>& shard, const std::vector<float>& grad)>;
 std::vector<float> ps_replay(const PsLayout& layout, const std::vector<std::vector<PsPush>>& logs,
-                             std::vector<float> initial, const PsGradient& gradient, const PsApply& apply,
+                             std::vector<float> initial, const PsGradient& gradient, const PsReplayApply& apply,
                              PsOptions options);
 
 }  // namespace minidl::dist

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "dist/init.h"
+#include "train/ps_train.h"
 #include "train/trainer.h"
 
 using namespace minidl;
@@ -179,6 +180,22 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "With --sync diloco: what the pseudo-gradients' average sends: none (f32), bf16 or fp16 (half the "
                  "bytes)")
       ->capture_default_str();
+  app.add_option("--ps", o.ps,
+                 "S: train through a parameter server on the last S ranks (the others work: each a data-parallel "
+                 "share of --batch); the servers hold the parameters, cut at tensor boundaries, and step them with "
+                 "AdamW. CPU, f32/bf16; not with --tp, --pp, --zero, --sync, hooks, checkpoints or dropout")
+      ->capture_default_str();
+  app.add_option("--ps-mode", o.ps_mode,
+                 "With --ps: sync (a step's gradients averaged in worker order: DDP), async (each gradient applied "
+                 "as it arrives, divided by the workers; stale gradients) or ssp:S (async, but no worker more than S "
+                 "steps ahead of the slowest)")
+      ->capture_default_str();
+  app.add_option("--ps-log", o.ps_log,
+                 "With --ps: write every applied push of every server (worker, step, version computed on) as JSON "
+                 "lines, for --ps-replay");
+  app.add_option("--ps-replay", o.ps_replay,
+                 "Replay a --ps-log in one process (the same flags otherwise, without --ps): every stale gradient "
+                 "recomputed on the versions the log names, applied in each server's order; bitwise the run");
   app.add_option("--backend", o.backend,
                  "Gradient all-reduce for data parallelism: mpi (Open MPI's, CPU), nccl (CUDA) or ring (minidl's, "
                  "either device); default: mpi on the CPU, nccl with --device cuda")
@@ -346,6 +363,8 @@ int main(int argc, char** argv) {
       if (speaks) std::fputs(plan.c_str(), stdout);
       return 0;
     }
+    if (config.ps > 0) return train::train_with_parameter_server(config, ctx);
+    if (!config.ps_replay.empty()) return train::replay_parameter_server(config);
     return train::Trainer(config, ctx).run();
   } catch (const std::exception& e) { return fail(e.what()); } catch (...) {
     return fail("unknown exception");

@@ -78,6 +78,14 @@ powersgd_no_error_feedback ; dist/powersgd.cpp ; -R ^test_powersgd\.np ; PowerSG
 - for (size_t i = 0; i < numel; ++i) g[i] += bk.error[i];  // M_k = g_k + e_k
 + for (size_t i = 0; i < numel; ++i) g[i] += 0 * bk.error[i];  // M_k = g_k + e_k
 
+ps_replay_stale_shard ; train/ps_train.cpp ; -R ^TrainPs\.AsyncAndSsp ; the replayed server steps whatever the gradient's computation left in its tensors, not its shard's version
+- write_flat(shard, params_);  // the replay's shard at this version (the server's own already is)
++ (void)shard;  // the replay's shard at this version (the server's own already is)
+
+ps_sync_schedule ; train/ps_train.cpp ; -R ^TrainPs\.SyncIsDdp ; a sync server's learning-rate schedule runs a step ahead of DDP's
+- const int64_t position = sync_ ? applied_ : applied_ / workers_;
++ const int64_t position = sync_ ? applied_ + 1 : applied_ / workers_;
+
 softmax_backward ; ops/cpu/softmax.cpp ; -R Softmax|CrossEntropy|Attention|GradCheck ; softmax's backward subtracts twice the dot product
 - simd::mul_sub_row(yr, dyr, simd::dot_row(dyr, yr, V), pdx + r * V, V);
 + simd::mul_sub_row(yr, dyr, 2 * simd::dot_row(dyr, yr, V), pdx + r * V, V);

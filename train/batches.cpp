@@ -17,7 +17,7 @@ Batches::Batches(const data::TextDataset& ds, const Stage& stage, const TrainCon
     in_memory_.emplace(ds.train(), seq, o.batch, o.seed);
 }
 
-StepResult Batches::step(Stage& stage, optim::AdamW& optimizer, int64_t step, StepOptions so) {
+StepResult Batches::step(Stage& stage, optim::Optimizer& optimizer, int64_t step, StepOptions so) {
   if (graph_) return graph_->step(*on_device_, step, first_, n_, so.lr);
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<trace::Span> span(std::in_place, "data");

@@ -27,7 +27,7 @@ class Batches {
   Batches(const data::TextDataset& ds, const Stage& stage, const TrainConfig& config, int64_t seq, int64_t first,
           int64_t n);
   // One step of `stage` on this rank's slice of step `step`'s global batch.
-  StepResult step(Stage& stage, optim::AdamW& optimizer, int64_t step, StepOptions options);
+  StepResult step(Stage& stage, optim::Optimizer& optimizer, int64_t step, StepOptions options);
   // --cuda-graph (one process on a device: TrainConfig::validate): the step captured once and replayed.
   void capture(Stage& stage, optim::AdamW& optimizer, StepOptions options);
   double data_ms = 0;  // the last step's time drawing its batch

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "data/token_shards.h"
+#include "dist/parameter_server.h"
 #include "train/cuda_graph.h"
 #include "train/parallel_model.h"
 #include "train/progress.h"
@@ -90,10 +91,43 @@ std::pair<int, int> TrainConfig::injected_delay() const {
   return {rank, ms};
 }
 
+void TrainConfig::validate_parameter_server(int world) const {
+  MINIDL_CHECK(ps >= 0, "--ps: expected a number of server ranks >= 0, got ", ps);
+  const bool on = ps > 0 || !ps_replay.empty();
+  MINIDL_CHECK(on || (ps_mode == "sync" && ps_log.empty()), ps_log.empty() ? "--ps-mode" : "--ps-log",
+               " needs --ps S (the server ranks)");
+  if (!on) return;
+  dist::ps_options(ps_mode);  // names the accepted modes
+  MINIDL_CHECK(ps_replay.empty() || (ps == 0 && world == 1),
+               "--ps-replay replays a run in one process: without --ps, "
+               "on one rank (it got --ps ",
+               ps, " on ", world, " ranks)");
+  MINIDL_CHECK(ps_replay.empty() || std::filesystem::is_regular_file(ps_replay), "--ps-replay: ", ps_replay,
+               " is not a file");
+  MINIDL_CHECK(ps == 0 || world > ps, "--ps ", ps, " leaves no worker among the ", world, " ranks: mpirun -n ", ps + 1,
+               " or more");
+  const char* flag = ps > 0 ? "--ps" : "--ps-replay";
+  MINIDL_CHECK(tp == 1 && pp == 1 && zero == 0 && sync == "ddp" && replica_groups == 1, flag,
+               " trains whole models on its workers: not with --tp, --pp, --zero, --sync or --replica-groups");
+  MINIDL_CHECK(dp == 0, flag, ": the workers are the data-parallel ranks (every rank but the servers); drop --dp");
+  MINIDL_CHECK(comm_hook == "none", flag, " with --comm-hook ", comm_hook, ": the workers push f32 gradients");
+  MINIDL_CHECK(checkpoint_dir.empty() && resume.empty(), flag,
+               " with --checkpoint-dir or --resume: the servers' "
+               "state is not checkpointed yet");
+  MINIDL_CHECK(amp != "fp16" && !cuda_graph && device == "cpu", flag,
+               " runs on the CPU in f32 or bf16 (no fp16 loss scaling, no CUDA graphs)");
+  MINIDL_CHECK(dropout == 0, flag, " with --dropout ", dropout,
+               ": a replayed gradient must see the same masks; use --dropout 0");
+  MINIDL_CHECK(grad_clip == 0 || ps <= 1, "--ps ", ps, " with --grad-clip ", grad_clip,
+               ": clipping needs the whole gradient's norm, which only one server holds; use --ps 1 or --grad-clip 0");
+}
+
 void TrainConfig::validate(int world) const {
+  validate_parameter_server(world);
   if (!tokenizer.empty()) data::Tokenizer::check_kind(tokenizer);
   MINIDL_CHECK(injected_delay().first < world, "--inject-delay ", inject_delay, ": rank ", injected_delay().first,
                " is not among the ", world, " ranks");
+  if (ps > 0) world -= ps;  // the layout below is the workers'
   MINIDL_CHECK(tp >= 1, "--tp: expected at least 1, got ", tp);
   MINIDL_CHECK(pp >= 1, "--pp: expected at least 1, got ", pp);
   MINIDL_CHECK(dp >= 0, "--dp: expected at least 1, got ", dp);
@@ -282,6 +316,8 @@ std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig
           {"comm_hook", o.comm_hook},
           {"powersgd_start", opt(o.powersgd_start)},
           {"inject_delay", o.inject_delay},
+          {"ps", str(o.ps)},
+          {"ps_mode", o.ps_mode},
           {"outer_comm_hook", o.outer_comm_hook},
           {"amp", o.amp},
           {"recompute", o.recompute},

@@ -81,6 +81,10 @@ struct TrainConfig {
   // steps (unset: a tenth of the steps).
   std::string comm_hook = "none", outer_comm_hook = "none";
   std::optional<int64_t> powersgd_start;
+  // A parameter server (train/ps_train.h): the last ps ranks serve, the rest work; ps_mode "sync", "async" or
+  // "ssp:S"; ps_log a JSON-lines file of every applied push; ps_replay such a file, replayed in one process.
+  int ps = 0;
+  std::string ps_mode = "sync", ps_log, ps_replay;
   // comm_hook's PowerSGD rank, or 0 when it is not powersgd[:RANK]; throws on a malformed rank.
   int powersgd_rank() const;
   std::string backend;  // empty: mpi on the CPU, nccl on CUDA devices
@@ -148,7 +152,8 @@ struct TrainConfig {
   int64_t micro_batches_or_default() const { return micro_batches.value_or(pp); }
   // Throws minidl::Error naming the flag, what was expected and what was given. Same answer on every rank.
   void validate(int world_size) const;
-  void validate_outer_sync(int world_size) const;  // --sync and its flags (part of validate)
+  void validate_outer_sync(int world_size) const;        // --sync and its flags (part of validate)
+  void validate_parameter_server(int world_size) const;  // --ps, --ps-replay and what they exclude (part of it)
 };
 
 // The data-parallel size: --dp, or the world size divided by tp · pp.

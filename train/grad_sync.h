@@ -61,7 +61,7 @@ struct SyncOptions {
   std::vector<dist::BucketSpec> buckets;  // DDP: an explicit assignment instead (tests give ZeRO-3's per block)
   bool broadcast_at_start = true;         // every dp rank starts from dp rank 0's weights
   dist::Compression compression = dist::Compression::kNone;  // DDP's bucket averages (dist/comm_hook.h)
-  std::optional<dist::PowerSgdOptions> powersgd;             // ... or PowerSGD's (dist/powersgd.h), per chunk
+  std::optional<dist::PowerSgdOptions> powersgd{};           // ... or PowerSGD's (dist/powersgd.h), per chunk
 };
 
 class GradSync {

@@ -39,6 +39,7 @@ std::vector<float> gradient(int w, int64_t step, const std::vector<float>& theta
 void sgd(std::vector<float>& shard, const std::vector<float>& g) {
   for (size_t i = 0; i < shard.size(); ++i) shard[i] = shard[i] - 0.3f * g[i];
 }
+void sgd_at(int, std::vector<float>& shard, const std::vector<float>& g) { sgd(shard, g); }
 
 std::vector<float> initial() {
   std::vector<float> v(static_cast<size_t>(kNumel));
@@ -78,8 +79,9 @@ Outcome run(int servers, dist::PsOptions options, int slow = -1, int ms = 0) {
     if (rank == slow) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     theta = worker.push_pull(s, gradient(rank, s, theta));
   }
+  const std::vector<float> last = worker.final_pull();  // every worker's last gradient in
   if (rank != 0) return out;
-  out.worker0_final = theta;
+  out.worker0_final = last;
   out.params.resize(size_t(kNumel));
   for (int j = 0; j < servers; ++j) {
     const dist::ShardRange r = dist::shard_range(kNumel, servers, j);
@@ -112,7 +114,7 @@ TEST(ParameterServer, SyncIsDdpsArithmeticAndItsReplay) {
     if (ctx().rank() != 0) continue;
     EXPECT_EQ(o.worker0_final, o.params);
     const dist::PsLayout layout{workers, servers, kNumel};
-    EXPECT_EQ(dist::ps_replay(layout, o.logs, initial(), gradient, sgd, dist::ps_options("sync")), o.params);
+    EXPECT_EQ(dist::ps_replay(layout, o.logs, initial(), gradient, sgd_at, dist::ps_options("sync")), o.params);
     if (workers == 2) {  // DDP by hand: mean of the two gradients (a sum of two floats is MPI's in any order)
       std::vector<float> theta = initial();
       for (int64_t s = 0; s < kSteps; ++s) {
@@ -139,13 +141,14 @@ TEST(ParameterServer, AsyncIsBitwiseItsReplay) {
     Outcome o = run(servers, dist::ps_options("async"), /*slow=*/1, /*ms=*/3);
     if (ctx().rank() != 0) continue;
     const dist::PsLayout layout{workers, servers, kNumel};
-    EXPECT_EQ(dist::ps_replay(layout, o.logs, initial(), gradient, sgd, dist::ps_options("async")), o.params);
+    EXPECT_EQ(dist::ps_replay(layout, o.logs, initial(), gradient, sgd_at, dist::ps_options("async")), o.params);
     int64_t stale = 0;
     for (const auto& log : o.logs) {
       ASSERT_EQ(log.size(), size_t(workers * kSteps));
       for (const dist::PsPush& p : log) stale += p.version - 1 - p.computed;
     }
     EXPECT_GT(stale, 0) << "no gradient was stale: the slow worker did not fall behind";
+    EXPECT_EQ(o.worker0_final, o.params);  // the final pull: every worker's last gradient in
     // A log with two entries of different workers swapped replays to something else (or not at all).
     std::vector<std::vector<dist::PsPush>> swapped = o.logs;
     size_t e = 1;
@@ -154,7 +157,7 @@ TEST(ParameterServer, AsyncIsBitwiseItsReplay) {
     std::swap(swapped[0][0], swapped[0][e]);
     bool differs = true;
     try {
-      differs = dist::ps_replay(layout, swapped, initial(), gradient, sgd, dist::ps_options("async")) != o.params;
+      differs = dist::ps_replay(layout, swapped, initial(), gradient, sgd_at, dist::ps_options("async")) != o.params;
     } catch (const Error&) {}
     EXPECT_TRUE(differs);
   }
@@ -168,7 +171,7 @@ TEST(ParameterServer, SspKeepsItsBoundAndAsyncDoesNot) {
   if (ctx().rank() != 0) return;
   const dist::PsLayout layout{workers, servers, kNumel};
   EXPECT_EQ(dist::ssp_violation(o.logs[0], workers, 1), "");
-  EXPECT_EQ(dist::ps_replay(layout, o.logs, initial(), gradient, sgd, dist::ps_options("ssp:1")), o.params);
+  EXPECT_EQ(dist::ps_replay(layout, o.logs, initial(), gradient, sgd_at, dist::ps_options("ssp:1")), o.params);
   EXPECT_NE(dist::ssp_violation(a.logs[0], workers, 1), "") << "the fast worker never ran 2 steps ahead";
   // A hand-made log: worker 0's step 2 applied before worker 1 pushed anything breaks s = 1.
   const std::vector<dist::PsPush> bad = {{0, 0, 0, 1}, {0, 1, 1, 2}, {0, 2, 2, 3}, {1, 0, 0, 4}};
@@ -180,6 +183,12 @@ TEST(ParameterServer, ModesByName) {
   EXPECT_EQ(dist::ps_options("ssp:3").staleness, 3);
   EXPECT_EQ(dist::ps_options("ssp:3").mode, dist::PsMode::kSsp);
   for (const char* bad : {"ssp", "ssp:-1", "ssp:2x", "hogwild"}) EXPECT_THROW(dist::ps_options(bad), Error) << bad;
+  // Servers' ranges cut at tensor boundaries: the cut comes after the tensor that reaches half of 37.
+  EXPECT_EQ(dist::bounds_at_tensors({10, 5, 20, 2}, 2), (std::vector<int64_t>{0, 35, 37}));
+  EXPECT_EQ(dist::bounds_at_tensors({10, 5, 20, 2}, 1), (std::vector<int64_t>{0, 37}));
+  const dist::PsLayout cut{.workers = 2, .servers = 2, .numel = 37, .bounds = {0, 35, 37}};
+  EXPECT_EQ(cut.begin(1), 35);
+  EXPECT_EQ(cut.end(1), 37);
 }
 
 // The teaching version on its own communicator: sync gives production's bits; async's log, replayed by production,
@@ -217,9 +226,9 @@ TEST(ParameterServer, NaiveEqualsProduction) {
       for (size_t e = 0; e + 2 < flat.size(); e += 3) replayable.push_back({int(flat[e]), flat[e + 1], flat[e + 2], 0});
       const dist::PsLayout layout{workers, 1, kNumel};
       if (!async) EXPECT_EQ(theta, production.params);
-      EXPECT_EQ(
-          dist::ps_replay(layout, {replayable}, initial(), gradient, sgd, dist::ps_options(async ? "async" : "sync")),
-          theta);
+      EXPECT_EQ(dist::ps_replay(layout, {replayable}, initial(), gradient, sgd_at,
+                                dist::ps_options(async ? "async" : "sync")),
+                theta);
     }
     MPI_Comm_free(&comm);
   }
