@@ -2,6 +2,7 @@
 // initialises its model from its own seed, so the start-up broadcast is part of what is compared.
 // - naive DDP = dist::DistributedDataParallel, bitwise at 2 ranks, within 1e-5 at 3; = one process within 1e-4
 //   (one process's GEMMs sum over the whole batch, in another order than the per-rank GEMMs and the average);
+// - naive overlapped DDP = naive DDP at bucket caps giving 1 bucket, several and one tensor each (same tolerances);
 // - naive ZeRO-1 + AdamW = production DDP + AdamW with one bucket laid out like the naive flat vector, over "ring",
 //   bitwise at every size (the ring's all-reduce is its reduce-scatter plus all-gather of the same chunks, and AdamW
 //   is elementwise); = production ZeRO-1 bitwise at 2 ranks;
@@ -29,6 +30,7 @@
 #include "core/rng.h"
 #include "dist/ddp.h"
 #include "dist/naive/ddp.h"
+#include "dist/naive/ddp_overlap.h"
 #include "dist/naive/gpipe.h"
 #include "dist/naive/one_f_one_b.h"
 #include "dist/naive/tensor_parallel.h"
@@ -72,7 +74,17 @@ void expect_blocks_released(const nn::GPT& model, const char* when) {
     EXPECT_EQ(model.block_parameters(i)[0].impl()->storage->data(), nullptr) << "block " << i << " whole " << when;
 }
 
-enum class Mode { kOneProcess, kNaiveDDP, kDDP, kDDPOneBucket, kNaiveZero1, kZero1, kNaiveZero3, kZero3 };
+enum class Mode {
+  kOneProcess,
+  kNaiveDDP,
+  kNaiveDDPOverlap,
+  kDDP,
+  kDDPOneBucket,
+  kNaiveZero1,
+  kZero1,
+  kNaiveZero3,
+  kZero3
+};
 
 struct RunResult {
   std::vector<double> losses;
@@ -80,19 +92,22 @@ struct RunResult {
 };
 
 // `steps` steps of AdamW (adamw) or SGD with momentum on the global batch, each rank taking its slice.
-RunResult train_with(Mode mode, bool adamw, int steps = 8) {
+RunResult train_with(Mode mode, bool adamw, int steps = 8, int64_t bucket_cap = 0) {
   auto pg = dist::make_process_group("ring", ctx().world());
   const bool one = mode == Mode::kOneProcess;
   const int n = one ? 1 : pg->size(), rank = one ? 0 : pg->rank();
   nn::GPT model(tiny(), 1337 + uint64_t(rank));  // each rank's own init: the broadcast must replace it
   auto groups = optim::decay_groups(model.named_parameters(), adamw ? 0.1 : 0.0);
   std::unique_ptr<dist::naive::DataParallel> naive_ddp;
+  std::unique_ptr<dist::naive::OverlappedDataParallel> overlapped;
   std::unique_ptr<dist::naive::Zero1AdamW> naive_zero1;
   std::unique_ptr<dist::naive::Zero3> naive_zero3;
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   std::unique_ptr<dist::ZeroDataParallel> zero1;
   std::unique_ptr<dist::ZeroStage3> zero3;
   if (mode == Mode::kNaiveDDP) naive_ddp = std::make_unique<dist::naive::DataParallel>(model, *pg);
+  if (mode == Mode::kNaiveDDPOverlap)
+    overlapped = std::make_unique<dist::naive::OverlappedDataParallel>(model, *pg, bucket_cap);
   if (mode == Mode::kDDP) ddp = std::make_unique<dist::DistributedDataParallel>(model, *pg);
   if (mode == Mode::kDDPOneBucket) {  // one bucket, the parameters in the naive ZeRO-1's flat order (group order)
     const auto named = model.named_parameters();
@@ -132,6 +147,7 @@ RunResult train_with(Mode mode, bool adamw, int steps = 8) {
     if (naive_zero3) expect_blocks_released(model, "after the forward");
     loss.backward();
     if (naive_ddp) naive_ddp->average_gradients();
+    if (overlapped) overlapped->finish();
     Tensor l = Tensor::scalar(loss.item());
     if (!one) pg->all_reduce(l, dist::ReduceOp::kAvg)->wait();
     run.losses.push_back(l.item());
@@ -200,6 +216,17 @@ TEST(Naive, DDPEqualsProductionDDPAndOneProcess) {
   const RunResult naive = train_with(Mode::kNaiveDDP, false);
   expect_equal_at_two(naive, train_with(Mode::kDDP, false), 1e-5);
   expect_close(naive, train_with(Mode::kOneProcess, false), 1e-4);
+}
+
+// Overlapped DDP averages the same gradients in buckets: equal to naive DDP (bitwise at 2 ranks; at 3 a ring adds
+// an element's terms in an order set by its place in the buffer, and the buckets place it elsewhere) at bucket caps
+// giving one bucket, a few, and one tensor each.
+TEST(Naive, OverlappedDDPEqualsNaiveDDPAtEveryBucketCap) {
+  const RunResult naive = train_with(Mode::kNaiveDDP, false);
+  for (int64_t cap : {int64_t(1) << 40, int64_t(2000), int64_t(1)}) {
+    SCOPED_TRACE(::testing::Message() << "bucket cap " << cap);
+    expect_equal_at_two(train_with(Mode::kNaiveDDPOverlap, false, 8, cap), naive, 1e-5);
+  }
 }
 
 TEST(Naive, Zero1EqualsDDPWithAdamWBitwise) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ddp/ddp.h"
+#include "ddp_overlap/ddp_overlap.h"
 #include "pipeline/gpipe.h"
 #include "pipeline/one_f_one_b.h"
 #include "ring/ring.h"
@@ -44,6 +45,9 @@ TEST(ExerciseSkeletons, EachRegionThrowsNamingItsExerciseAndFunction) {
   expect_todo("ring", "ring_all_reduce", [&] { dist::naive::ring_all_reduce(*group, buffer, dist::ReduceOp::kSum); });
   nn::GPT model(cfg, 1);
   expect_todo("ddp", "DataParallel", [&] { dist::naive::DataParallel dp(model, *group); });
+  nn::GPT overlapped(cfg, 1);
+  dist::naive::OverlappedDataParallel dp(overlapped, *group, 1 << 20);
+  expect_todo("ddp_overlap", "finish", [&] { dp.finish(); });
   expect_todo("zero1", "Zero1AdamW", [&] {
     dist::naive::Zero1AdamW zero(model, *group, optim::decay_groups(model.named_parameters(), 0.1), {});
   });
