@@ -89,13 +89,13 @@ std::vector<int64_t> bounds_at_tensors(const std::vector<int64_t>& sizes, int se
 }
 
 PsOptions ps_options(const std::string& text) {
-  if (text == "sync") return {PsMode::kSync, 0};
-  if (text == "async") return {PsMode::kAsync, 0};
+  if (text == "sync") return {PsMode::kSync, 0, 0};
+  if (text == "async") return {PsMode::kAsync, 0, 0};
   long long s = -1;
   char extra = 0;
   MINIDL_CHECK(std::sscanf(text.c_str(), "ssp:%lld%c", &s, &extra) == 1 && s >= 0, "parameter-server mode '", text,
                "': expected sync, async or ssp:S with S >= 0 (the staleness bound)");
-  return {PsMode::kSsp, int64_t(s)};
+  return {PsMode::kSsp, int64_t(s), 0};
 }
 
 ParameterServer::ParameterServer(MPI_Comm comm, PsLayout layout, int index, std::vector<float> shard, PsApply apply,
@@ -110,33 +110,25 @@ ParameterServer::ParameterServer(MPI_Comm comm, PsLayout layout, int index, std:
                "ParameterServer: expected at least one worker and one "
                "server, got ",
                layout_.workers, " and ", layout_.servers);
+  MINIDL_CHECK(options_.backup == 0 ||
+                   (options_.mode == PsMode::kSync && layout_.servers == 1 && options_.backup < layout_.workers),
+               "ParameterServer: ", options_.backup, " backup workers need sync mode, one server and more workers (",
+               layout_.workers, ")");
+  dropped_.assign(size_t(layout_.workers), 0);
   MINIDL_CHECK(int64_t(shard_.size()) == range_of(layout_, index_).size(), "ParameterServer: server ", index_, " owns ",
                range_of(layout_, index_).size(), " parameters, got ", shard_.size());
 }
 
-void ParameterServer::reply(int worker) {
-  send_message(comm_, worker, kParamsTag, pack(-1, version_, shard_.data(), int64_t(shard_.size())));
+void ParameterServer::reply(int worker, bool stop) {
+  send_message(comm_, worker, kParamsTag, pack(stop ? 1 : 0, version_, shard_.data(), int64_t(shard_.size())));
 }
 
 void ParameterServer::serve(int64_t steps) {
   const int W = layout_.workers;
-  for (int w = 0; w < W; ++w) reply(w);  // version 0: every worker's first pull
-  if (options_.mode == PsMode::kSync) {
-    for (int64_t s = 0; s < steps; ++s) {
-      std::vector<std::vector<float>> grads(static_cast<size_t>(W));
-      std::vector<int64_t> computed(static_cast<size_t>(W));
-      for (int k = 0; k < W; ++k) {  // in arrival order; summed below in worker order
-        Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
-        MINIDL_CHECK(m.a == s && grads[size_t(m.source)].empty(), "parameter server ", index_, ": worker ", m.source,
-                     " pushed step ", m.a, " during step ", s);
-        computed[size_t(m.source)] = m.b;
-        grads[size_t(m.source)] = std::move(m.data);
-      }
-      apply_(shard_, mean_in_worker_order(grads));
-      ++version_;
-      for (int w = 0; w < W; ++w) log_.push_back({w, s, computed[size_t(w)], version_});
-      for (int w = 0; w < W; ++w) reply(w);
-    }
+  for (int w = 0; w < W; ++w) reply(w, steps == 0);  // version 0: every worker's first pull
+  if (steps == 0) {
+  } else if (options_.mode == PsMode::kSync) {
+    serve_sync(steps);
   } else {
     serve_async(steps);
   }
@@ -144,36 +136,93 @@ void ParameterServer::serve(int64_t steps) {
     send_message(comm_, w, kFinalTag, pack(-1, version_, shard_.data(), int64_t(shard_.size())));
 }
 
+void ParameterServer::serve_sync(int64_t steps) {
+  const int W = layout_.workers, need = W - options_.backup;
+  int stopped = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<std::vector<float>> grads(static_cast<size_t>(W));
+    std::vector<int64_t> computed(static_cast<size_t>(W));
+    std::vector<int> in;  // who made it into this step, in arrival order
+    while (int(in.size()) < need) {
+      Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
+      const int w = m.source;
+      if (m.a < s) {  // a backup worker's late gradient, of a step already taken: dropped, and it catches up
+        ++dropped_[size_t(w)];
+        reply(w, false);
+        continue;
+      }
+      MINIDL_CHECK(m.a == s && grads[size_t(w)].empty(), "parameter server ", index_, ": worker ", w, " pushed step ",
+                   m.a, " during step ", s);
+      computed[size_t(w)] = m.b;
+      grads[size_t(w)] = std::move(m.data);
+      in.push_back(w);
+    }
+    std::sort(in.begin(), in.end());  // summed in worker order, whoever came first
+    std::vector<std::vector<float>> taken;
+    for (int w : in) taken.push_back(std::move(grads[size_t(w)]));
+    apply_(shard_, mean_in_worker_order(taken));  // rescaled: divided by the W - b that came
+    ++version_;
+    for (int w : in) log_.push_back({w, s, computed[size_t(w)], version_});
+    for (int w : in) reply(w, s + 1 == steps);
+    if (s + 1 == steps) stopped += int(in.size());
+  }
+  while (stopped < W) {  // the backup workers still computing the last step: their gradient comes too late
+    Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
+    ++dropped_[size_t(m.source)];
+    reply(m.source, true);
+    ++stopped;
+  }
+}
+
 void ParameterServer::serve_async(int64_t steps) {
   const int W = layout_.workers;
+  // One server decides when the run ends: after steps · W gradients from whoever pushed them, so fast workers do
+  // more of them than a straggler. With several servers each worker pushes `steps` (they could not agree which
+  // gradient was the last one otherwise).
+  const bool shared_budget = layout_.servers == 1;
+  const int64_t budget = steps * W;
   std::vector<int64_t> clock(size_t(W), 0);  // pushes applied per worker
   std::vector<int> waiting;                  // ssp: workers whose reply is held back
-  for (int64_t k = 0; k < steps * W; ++k) {
+  int stopped = 0;
+  int64_t applied = 0;
+  auto stop = [&](int u) { reply(u, true), ++stopped; };
+  while (stopped < W) {
     Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
     const int w = m.source;
+    if (applied == budget) {  // the budget is spent: a gradient computed meanwhile is dropped
+      stop(w);
+      continue;
+    }
     MINIDL_CHECK(m.a == clock[size_t(w)], "parameter server ", index_, ": worker ", w, " pushed step ", m.a,
                  ", expected ", clock[size_t(w)]);
     apply_(shard_, divided(std::move(m.data), W));
-    ++version_;
-    ++clock[size_t(w)];
+    ++version_, ++applied, ++clock[size_t(w)];
     log_.push_back({w, m.a, m.b, version_});
-    if (options_.mode == PsMode::kAsync) {
-      reply(w);
+    if (applied == budget) {  // the last one: everyone held back stops too
+      stop(w);
+      for (int u : waiting) stop(u);
+      waiting.clear();
       continue;
     }
+    if (!shared_budget && clock[size_t(w)] == steps) {
+      stop(w);
+    } else if (options_.mode == PsMode::kAsync) {
+      reply(w, false);
+      continue;
+    } else {
+      waiting.push_back(w);
+    }
     // SSP: a worker at clock c may go on once the slowest has clock >= c - s.
-    waiting.push_back(w);
     const int64_t slowest = *std::min_element(clock.begin(), clock.end());
     std::vector<int> still;
     for (int u : waiting) {
       if (clock[size_t(u)] - slowest <= options_.staleness)
-        reply(u);
+        reply(u, false);
       else
         still.push_back(u);
     }
     waiting = std::move(still);
   }
-  MINIDL_ASSERT(waiting.empty(), "parameter server: replies left after the last push");
 }
 
 std::vector<int64_t> ParameterServer::staleness_histogram() const {
@@ -199,6 +248,7 @@ std::vector<float> PsWorker::receive(int tag) {
                  m.data.size(), " parameters, expected ", r.size());
     std::copy(m.data.begin(), m.data.end(), flat.begin() + r.begin);
     versions_[size_t(j)] = m.b;
+    stopped_ = stopped_ || m.a == 1;
   }
   return flat;
 }
@@ -273,17 +323,18 @@ std::vector<float> ps_replay(const PsLayout& layout, const std::vector<std::vect
       };
       while (at[size_t(j)] < log.size()) {
         std::vector<float> shard = versions[size_t(j)].back();
-        if (options.mode == PsMode::kSync) {  // W entries, one step, summed in worker order
+        if (options.mode == PsMode::kSync) {  // a step's entries (one version), summed in worker order
+          size_t end = at[size_t(j)];
+          while (end < log.size() && log[end].version == log[at[size_t(j)]].version) ++end;
           std::vector<std::vector<float>> g;
-          for (int w = 0; w < W; ++w) {
-            const PsPush& p = log[at[size_t(j)] + size_t(w)];
-            const std::vector<float>* full = grad_of(p.worker, p.step);
+          for (size_t e = at[size_t(j)]; e < end; ++e) {
+            const std::vector<float>* full = grad_of(log[e].worker, log[e].step);
             if (!full) break;
             g.push_back(slice(*full));
           }
-          if (int(g.size()) < W) break;
+          if (g.size() < end - at[size_t(j)]) break;
           apply(j, shard, mean_in_worker_order(g));
-          at[size_t(j)] += size_t(W);
+          at[size_t(j)] = end;
         } else {
           const PsPush& p = log[at[size_t(j)]];
           const std::vector<float>* full = grad_of(p.worker, p.step);

@@ -10,7 +10,8 @@
 //   } else {
 //     dist::PsWorker worker(comm, layout, rank);
 //     std::vector<float> theta = worker.pull();                     // version 0 from every server
-//     for (int64_t s = 0; s < steps; ++s) theta = worker.push_pull(s, gradient(theta, s));
+//     for (int64_t s = 0; !worker.stopped(); ++s) theta = worker.push_pull(s, gradient(theta, s));
+//     theta = worker.final_pull();                                  // every worker's last gradient in
 //   }
 //
 // Sharding: the flat parameter vector is cut into S contiguous ranges (dist/shard.h's shard_range); server j owns
@@ -25,7 +26,8 @@
 //   async  each gradient is applied as it arrives, divided by W (so W pushes move as far as one sync step), and only
 //          its worker gets the new shard back at once: nobody waits for anybody, and a gradient may have been
 //          computed on a version older than the one it is applied to (its staleness: v at apply − v it was
-//          computed on).
+//          computed on). With one server the run is steps · W gradients from whoever is fastest: a straggler
+//          pushes fewer, and the throughput holds.
 //   ssp s  async, but a worker that has pushed c gradients gets its reply only once every worker has pushed at
 //          least c − s (stale synchronous parallel, Ho et al. 2013): nobody is ever more than s steps ahead of
 //          the slowest. s = 0 is lock-step (but still applies the gradients one at a time).
@@ -49,6 +51,9 @@ enum class PsMode { kSync, kAsync, kSsp };
 struct PsOptions {
   PsMode mode = PsMode::kSync;
   int64_t staleness = 0;  // ssp's s
+  // sync with one server: each step takes the first W − backup gradients to arrive (summed in worker order, divided
+  // by W − backup) and drops the rest (Chen et al. 2016, arXiv 1604.00981): a straggler no longer sets the pace.
+  int backup = 0;
 };
 // "sync", "async" or "ssp:S" (S >= 0); throws naming the accepted forms otherwise.
 PsOptions ps_options(const std::string& text);
@@ -91,9 +96,12 @@ class ParameterServer {
   // Staleness of the applied gradients: histogram[k] = how many were applied k versions after the one they were
   // computed on.
   std::vector<int64_t> staleness_histogram() const;
+  // Per worker: the gradients dropped because they came after the step was taken (backup workers).
+  const std::vector<int64_t>& dropped() const { return dropped_; }
 
  private:
-  void reply(int worker);
+  void reply(int worker, bool stop);
+  void serve_sync(int64_t steps);
   void serve_async(int64_t steps);  // async and ssp
 
   MPI_Comm comm_;
@@ -104,6 +112,7 @@ class ParameterServer {
   PsOptions options_;
   int64_t version_ = 0;
   std::vector<PsPush> log_;
+  std::vector<int64_t> dropped_;
 };
 
 class PsWorker {
@@ -114,6 +123,10 @@ class PsWorker {
   // Pushes the gradient of step `step` (computed on what the last pull returned) and returns the parameters the
   // servers send back (sync: after everyone's step; async: at once; ssp: within the bound).
   std::vector<float> push_pull(int64_t step, const std::vector<float>& grad);
+  // Whether the servers said this was the last push: in sync after `steps` of them; asynchronously with one server
+  // once steps · W gradients are in, whoever pushed them (a gradient pushed after that is dropped), with several
+  // after this worker's `steps`.
+  bool stopped() const { return stopped_; }
   // After the last push_pull: the parameters once every worker's last gradient is in.
   std::vector<float> final_pull();
 
@@ -124,6 +137,7 @@ class PsWorker {
   PsLayout layout_;
   int worker_;
   std::vector<int64_t> versions_;  // per server: the version of the shard last received
+  bool stopped_ = false;
 };
 
 // Whether a server's log keeps SSP's bound: when worker u's gradient of step t was applied, every worker had

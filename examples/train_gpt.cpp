@@ -190,6 +190,11 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "as it arrives, divided by the workers; stale gradients) or ssp:S (async, but no worker more than S "
                  "steps ahead of the slowest)")
       ->capture_default_str();
+  app.add_option("--backup-workers", o.backup_workers,
+                 "With --ps 1 --ps-mode sync: b backup workers, each step taking the first workers - b gradients to "
+                 "arrive (averaged over them) and dropping the late ones, so a straggler no longer sets the pace "
+                 "(Chen et al. 2016); the summary counts the dropped gradients per worker")
+      ->capture_default_str();
   app.add_option("--ps-log", o.ps_log,
                  "With --ps: write every applied push of every server (worker, step, version computed on) as JSON "
                  "lines, for --ps-replay");

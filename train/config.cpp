@@ -93,6 +93,12 @@ std::pair<int, int> TrainConfig::injected_delay() const {
 
 void TrainConfig::validate_parameter_server(int world) const {
   MINIDL_CHECK(ps >= 0, "--ps: expected a number of server ranks >= 0, got ", ps);
+  MINIDL_CHECK(
+      backup_workers == 0 || (ps == 1 && ps_mode == "sync" && backup_workers > 0 && backup_workers < world - ps),
+      "--backup-workers ", backup_workers,
+      ": expected 1 .. workers - 1 with --ps 1 --ps-mode sync (each step "
+      "takes the first workers - b gradients; this job has ",
+      std::max(0, world - ps), " workers)");
   const bool on = ps > 0 || !ps_replay.empty();
   MINIDL_CHECK(on || (ps_mode == "sync" && ps_log.empty()), ps_log.empty() ? "--ps-mode" : "--ps-log",
                " needs --ps S (the server ranks)");
@@ -318,6 +324,7 @@ std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig
           {"inject_delay", o.inject_delay},
           {"ps", str(o.ps)},
           {"ps_mode", o.ps_mode},
+          {"backup_workers", str(o.backup_workers)},
           {"outer_comm_hook", o.outer_comm_hook},
           {"amp", o.amp},
           {"recompute", o.recompute},

@@ -85,6 +85,8 @@ struct TrainConfig {
   // "ssp:S"; ps_log a JSON-lines file of every applied push; ps_replay such a file, replayed in one process.
   int ps = 0;
   std::string ps_mode = "sync", ps_log, ps_replay;
+  // Sync with one server: each step takes the first workers − backup_workers gradients and drops the late ones.
+  int backup_workers = 0;
   // comm_hook's PowerSGD rank, or 0 when it is not powersgd[:RANK]; throws on a malformed rank.
   int powersgd_rank() const;
   std::string backend;  // empty: mpi on the CPU, nccl on CUDA devices

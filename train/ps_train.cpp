@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "dist/init.h"
 #include "dist/parameter_server.h"
 #include "nn/atomic_file.h"
 #include "nn/checkpoint.h"
@@ -154,7 +155,8 @@ double finish(const TrainConfig& o, const data::TextDataset& ds, Model& m, int64
 
 int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) {
   const int S = o.ps, W = ctx.world_size() - S, rank = ctx.rank();
-  const dist::PsOptions mode = dist::ps_options(o.ps_mode);
+  dist::PsOptions mode = dist::ps_options(o.ps_mode);
+  mode.backup = o.backup_workers;
   const data::TextDataset ds = open_dataset(o, nullptr);
   const int64_t seq = o.seq_or_default(), local = o.batch / W;
   Model m = one_process_model(o, ds, W, S, rank < W ? rank * local : 0);
@@ -165,7 +167,7 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
     ServerStep step(o, m, j, mode.mode);
     dist::ParameterServer server(comm, m.layout, j, step.shard(), std::ref(step), mode);
     server.serve(o.steps);
-    std::vector<int64_t> log;  // to worker 0: the log, flattened
+    std::vector<int64_t> log = server.dropped();  // to worker 0: the late gradients per worker, then the log
     for (const dist::PsPush& p : server.log()) log.insert(log.end(), {p.worker, p.step, p.computed, p.version});
     const int n = int(log.size());
     MINIDL_MPI_CHECK(MPI_Send(&n, 1, MPI_INT, 0, 1, comm));
@@ -173,6 +175,8 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
     double none = 0;
     MINIDL_MPI_CHECK(MPI_Reduce(&none, nullptr, 1, MPI_DOUBLE, MPI_MAX, 0, comm));  // the workers' time, below
     MINIDL_MPI_CHECK(MPI_Reduce(&none, nullptr, 1, MPI_DOUBLE, MPI_SUM, 0, comm));  // and their loss
+    int64_t zero = 0;
+    MINIDL_MPI_CHECK(MPI_Reduce(&zero, nullptr, 1, MPI_INT64_T, MPI_SUM, 0, comm));
     MPI_Comm_free(&comm);
     return 0;
   }
@@ -190,28 +194,34 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
   const std::pair<int, int> delay = o.injected_delay();
   const auto t0 = std::chrono::steady_clock::now();
   double loss_sum = 0;
-  for (; step < o.steps; ++step) {
+  std::vector<double> recent;          // this worker's last 10 losses
+  for (; !worker.stopped(); ++step) {  // until the servers say stop (async: fast workers do more steps)
     if (delay.first == rank) std::this_thread::sleep_for(std::chrono::milliseconds(delay.second));
     const StepResult r = batches.step(*m.built.stage, exchange, step, worker_step_options(o));
-    if (step >= o.steps - 10) loss_sum += r.loss;
-    if (rank == 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps))
-      std::printf("step %lld/%lld | loss %.4f\n", (long long)step + 1, (long long)o.steps, r.loss);
+    recent.push_back(r.loss);
+    if (recent.size() > 10) recent.erase(recent.begin());
+    if (rank == 0 && (step + 1) % o.log_every == 0)
+      std::printf("step %lld | loss %.4f (worker 0)\n", (long long)step + 1, r.loss);
   }
+  for (double l : recent) loss_sum += l;
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   write_flat(worker.final_pull(), m.params);  // every worker's last gradient in
   double all_ms = ms;                         // the slowest worker's time sets the job's tokens/s
   MINIDL_MPI_CHECK(MPI_Reduce(rank == 0 ? MPI_IN_PLACE : &all_ms, &all_ms, 1, MPI_DOUBLE, MPI_MAX, 0, comm));
   MINIDL_MPI_CHECK(MPI_Reduce(rank == 0 ? MPI_IN_PLACE : &loss_sum, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, 0, comm));
+  int64_t loss_count = int64_t(recent.size());
+  MINIDL_MPI_CHECK(MPI_Reduce(rank == 0 ? MPI_IN_PLACE : &loss_count, &loss_count, 1, MPI_INT64_T, MPI_SUM, 0, comm));
   if (rank != 0) return MPI_Comm_free(&comm), 0;
   // The servers' logs: the staleness histogram, SSP's bound, --ps-log.
   std::vector<std::vector<dist::PsPush>> logs(static_cast<size_t>(S));
-  std::vector<int64_t> histogram;
+  std::vector<int64_t> histogram, dropped(static_cast<size_t>(W), 0);
   for (int j = 0; j < S; ++j) {
     int n = 0;
     MINIDL_MPI_CHECK(MPI_Recv(&n, 1, MPI_INT, W + j, 1, comm, MPI_STATUS_IGNORE));
     std::vector<int64_t> flat(static_cast<size_t>(n));
     MINIDL_MPI_CHECK(MPI_Recv(flat.data(), n, MPI_INT64_T, W + j, 2, comm, MPI_STATUS_IGNORE));
-    for (size_t e = 0; e + 3 < flat.size(); e += 4) {
+    for (int w = 0; w < W; ++w) dropped[size_t(w)] += flat[size_t(w)];
+    for (size_t e = size_t(W); e + 3 < flat.size(); e += 4) {
       const dist::PsPush p{int(flat[e]), flat[e + 1], flat[e + 2], flat[e + 3]};
       logs[size_t(j)].push_back(p);
       const auto k = size_t(p.version - 1 - p.computed);
@@ -220,8 +230,19 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
     }
   }
   MPI_Comm_free(&comm);
-  std::string extra = std::string("parameter server: ") + std::to_string(W * o.steps) +
-                      " pushes a server; staleness (versions: count) " + histogram_text(histogram) + "\n";
+  std::vector<int64_t> per_worker(static_cast<size_t>(W), 0);
+  for (const dist::PsPush& p : logs[0]) ++per_worker[size_t(p.worker)];
+  std::string counts;
+  for (int64_t c : per_worker) counts += (counts.empty() ? std::string() : std::string(" ")) + std::to_string(c);
+  std::string extra = std::string("parameter server: ") + std::to_string(logs[0].size()) +
+                      " pushes a server (per worker: " + counts + "); staleness (versions: count) " +
+                      histogram_text(histogram) + "\n";
+  if (mode.backup > 0) {
+    std::string late;
+    for (int64_t d : dropped) late += (late.empty() ? std::string() : std::string(" ")) + std::to_string(d);
+    extra += "backup workers " + std::to_string(mode.backup) + ": each step took the first " +
+             std::to_string(W - mode.backup) + " gradients; dropped as late, per worker: " + late + "\n";
+  }
   if (mode.mode == dist::PsMode::kSsp) {
     for (int j = 0; j < S; ++j) {
       const std::string why = dist::ssp_violation(logs[size_t(j)], W, mode.staleness);
@@ -230,11 +251,15 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
     extra += std::string("ssp: the bound ") + std::to_string(mode.staleness) + " holds in every server's log\n";
   }
   if (!o.ps_log.empty()) {
-    std::string text =
-        nlohmann::json{{"format", "minidl-ps-log"}, {"mode", o.ps_mode},        {"workers", W}, {"servers", S},
-                       {"steps", o.steps},          {"bounds", m.layout.bounds}}
-            .dump() +
-        "\n";
+    std::string text = nlohmann::json{{"format", "minidl-ps-log"},
+                                      {"mode", o.ps_mode},
+                                      {"backup", mode.backup},
+                                      {"workers", W},
+                                      {"servers", S},
+                                      {"steps", o.steps},
+                                      {"bounds", m.layout.bounds}}
+                           .dump() +
+                       "\n";
     for (int j = 0; j < S; ++j)
       for (const dist::PsPush& p : logs[size_t(j)])
         text +=
@@ -248,7 +273,7 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
   const double val = finish(o, ds, m, seq, extra);
   const double tokens = double(o.batch) * double(seq) * double(o.steps);
   std::printf("summary: steps=%lld train_loss=%.8f val_loss=%.8f ms_per_step=%.2f tokens_per_s=%.0f\n",
-              (long long)o.steps, loss_sum / double(W * std::min<int64_t>(10, o.steps)), val, all_ms / double(o.steps),
+              (long long)o.steps, loss_sum / double(std::max<int64_t>(1, loss_count)), val, all_ms / double(o.steps),
               tokens / (all_ms / 1e3));
   return 0;
 }
@@ -274,7 +299,8 @@ int replay_parameter_server(const TrainConfig& o) {
                       e.at("version").get<int64_t>()});
     }
   } catch (const nlohmann::json::exception& e) { MINIDL_CHECK(false, "--ps-replay ", o.ps_replay, ": ", e.what()); }
-  const dist::PsOptions mode = dist::ps_options(head.at("mode").get<std::string>());
+  dist::PsOptions mode = dist::ps_options(head.at("mode").get<std::string>());
+  mode.backup = head.value("backup", 0);
   const data::TextDataset ds = open_dataset(o, nullptr);
   const int64_t seq = o.seq_or_default(), local = o.batch / W;
   Model m = one_process_model(o, ds, W, S, 0);

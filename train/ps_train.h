@@ -18,8 +18,11 @@
 // in each server's order.
 #pragma once
 
-#include "dist/init.h"
 #include "train/config.h"
+
+namespace minidl::dist {
+class Context;  // dist/init.h: the program includes it to call dist::init
+}  // namespace minidl::dist
 
 namespace minidl::train {
 

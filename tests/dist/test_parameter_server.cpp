@@ -53,7 +53,8 @@ struct Outcome {
   std::vector<float> worker0_final;             // what worker 0's last pull returned (on rank 0)
 };
 
-// Runs `steps` steps with `servers` servers (the other ranks work); worker `slow` sleeps `ms` before each push.
+// Runs `steps` steps with `servers` servers (the other ranks work); worker `slow` sleeps `ms` before each push, the
+// others 1 ms.
 // Rank 0 (a worker) collects the servers' shards and logs.
 Outcome run(int servers, dist::PsOptions options, int slow = -1, int ms = 0) {
   const int world = ctx().world_size(), rank = ctx().rank();
@@ -75,8 +76,10 @@ Outcome run(int servers, dist::PsOptions options, int slow = -1, int ms = 0) {
   }
   dist::PsWorker worker(ctx().world(), layout, rank);
   std::vector<float> theta = worker.pull();
-  for (int64_t s = 0; s < kSteps; ++s) {
-    if (rank == slow) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  for (int64_t s = 0; !worker.stopped(); ++s) {
+    // Everyone computes for 1 ms, the slow worker for `ms`: with one server the fast ones push more of the
+    // steps · W gradients, and the slow one's arrive stale.
+    if (slow >= 0) std::this_thread::sleep_for(std::chrono::milliseconds(rank == slow ? ms : 1));
     theta = worker.push_pull(s, gradient(rank, s, theta));
   }
   const std::vector<float> last = worker.final_pull();  // every worker's last gradient in
@@ -179,6 +182,23 @@ TEST(ParameterServer, SspKeepsItsBoundAndAsyncDoesNot) {
   EXPECT_EQ(dist::ssp_violation(bad, 2, 2), "");
 }
 
+// Backup workers (sync, one server): each step takes the first W − 1 gradients; the slow worker's mostly come too
+// late and are dropped (counted); the replay of the log (each step's entries, summed in worker order) is bitwise.
+TEST(ParameterServer, BackupWorkersDropTheLateGradients) {
+  const int workers = ctx().world_size() - 1;
+  dist::PsOptions backup = dist::ps_options("sync");
+  backup.backup = 1;
+  Outcome o = run(1, backup, /*slow=*/1, /*ms=*/6);
+  if (ctx().rank() != 0) return;
+  const dist::PsLayout layout{workers, 1, kNumel};
+  ASSERT_EQ(o.logs[0].size(), size_t((workers - 1) * kSteps));  // W − 1 a step
+  int64_t slow = 0;
+  for (const dist::PsPush& p : o.logs[0]) slow += p.worker == 1;
+  EXPECT_LT(slow, kSteps / 2) << "the slow worker made it into most steps";
+  EXPECT_EQ(dist::ps_replay(layout, o.logs, initial(), gradient, sgd_at, backup), o.params);
+  EXPECT_EQ(o.worker0_final, o.params);
+}
+
 TEST(ParameterServer, ModesByName) {
   EXPECT_EQ(dist::ps_options("ssp:3").staleness, 3);
   EXPECT_EQ(dist::ps_options("ssp:3").mode, dist::PsMode::kSsp);
@@ -223,7 +243,8 @@ TEST(ParameterServer, NaiveEqualsProduction) {
       flat.resize(size_t(n));
       MPI_Recv(flat.data(), n, MPI_INT64_T, workers, 13, comm, MPI_STATUS_IGNORE);
       std::vector<dist::PsPush> replayable;
-      for (size_t e = 0; e + 2 < flat.size(); e += 3) replayable.push_back({int(flat[e]), flat[e + 1], flat[e + 2], 0});
+      for (size_t e = 0; e + 2 < flat.size(); e += 3)  // the version after: a step's (sync) or a push's (async)
+        replayable.push_back({int(flat[e]), flat[e + 1], flat[e + 2], async ? int64_t(e / 3) + 1 : flat[e + 1] + 1});
       const dist::PsLayout layout{workers, 1, kNumel};
       if (!async) EXPECT_EQ(theta, production.params);
       EXPECT_EQ(dist::ps_replay(layout, {replayable}, initial(), gradient, sgd_at,

@@ -1,7 +1,8 @@
 // train_gpt --ps (train/ps_train.h) end to end:
 // - --ps-mode sync is DDP: the saved model is the same bytes as DDP's at 2 workers, with 1 server and with 2;
-// - async and ssp:1 with a slow worker: --ps-replay of the run's --ps-log gives the same model bytes in one
-//   process; SSP's bound is checked in the servers' logs; the staleness histogram is printed;
+// - async, ssp:1 and sync with a backup worker, a slow worker each time: --ps-replay of the run's --ps-log gives the
+//   same model bytes in one process; SSP's bound is checked in the servers' logs; the staleness histogram and the
+//   dropped late gradients are printed;
 // - bad input is refused by name with exit code 2.
 #include <gtest/gtest.h>
 
@@ -57,13 +58,17 @@ TEST_F(TrainPs, AsyncAndSspReplayBitwise) {
     const char* args;
   };
   for (Case c : {Case{3, " --ps 1 --ps-mode async"}, Case{4, " --ps 2 --ps-mode async --grad-clip 0"},
-                 Case{3, " --ps 1 --ps-mode ssp:1"}}) {
+                 Case{3, " --ps 1 --ps-mode ssp:1"}, Case{3, " --ps 1 --backup-workers 1"}}) {
     SCOPED_TRACE(c.args);
     const std::string log = path("run.jsonl");
     Result r =
         run(c.ranks, flags() + c.args + " --inject-delay 1:4 --ps-log " + log + " --save " + path("a.safetensors"));
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("staleness (versions: count)"), std::string::npos) << r.out;
+    if (std::string(c.args).find("backup") != std::string::npos)
+      EXPECT_NE(r.out.find("backup workers 1: each step took the first 1 gradients; dropped as late, per worker:"),
+                std::string::npos)
+          << r.out;
     if (std::string(c.args).find("ssp") != std::string::npos)
       EXPECT_NE(r.out.find("ssp: the bound 1 holds in every server's log"), std::string::npos) << r.out;
     std::string replay_flags = flags() + " --ps-replay " + log + " --save " + path("b.safetensors");
@@ -87,6 +92,8 @@ TEST_F(TrainPs, RefusesByName) {
       {4, flags() + " --ps 2", "--ps 2 with --grad-clip 1: clipping needs the whole gradient's norm"},
       {3, flags() + " --ps 1 --ps-mode ssp:-1", "expected sync, async or ssp:S"},
       {3, flags() + " --ps 1 --dropout 0.1", "--ps with --dropout 0.1"},
+      {2, flags() + " --backup-workers 1", "--backup-workers 1: expected 1 .. workers - 1 with --ps 1 --ps-mode sync"},
+      {3, flags() + " --ps 1 --backup-workers 2", "this job has 2 workers"},
       {2, flags() + " --ps-log " + path("x.jsonl"), "--ps-log needs --ps S"},
       {1, flags() + " --ps-replay " + path("missing.jsonl"),
        "--ps-replay: " + path("missing.jsonl") + " is not a file"},
