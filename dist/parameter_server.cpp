@@ -225,14 +225,14 @@ void ParameterServer::serve_async(int64_t steps) {
   }
 }
 
-std::vector<int64_t> ParameterServer::staleness_histogram() const {
+std::vector<int64_t> staleness_histogram(const std::vector<std::vector<PsPush>>& logs) {
   std::vector<int64_t> h;
-  for (const PsPush& p : log_) {
-    // The version it was applied to: sync applies a step's W gradients together, to version - 1.
-    const auto k = size_t(p.version - 1 - p.computed);
-    if (h.size() <= k) h.resize(k + 1, 0);
-    ++h[k];
-  }
+  for (const std::vector<PsPush>& log : logs)
+    for (const PsPush& p : log) {
+      const auto k = size_t(p.version - 1 - p.computed);
+      if (h.size() <= k) h.resize(k + 1, 0);
+      ++h[k];
+    }
   return h;
 }
 

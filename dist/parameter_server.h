@@ -93,9 +93,6 @@ class ParameterServer {
   void serve(int64_t steps);
   const std::vector<float>& shard() const { return shard_; }
   const std::vector<PsPush>& log() const { return log_; }
-  // Staleness of the applied gradients: histogram[k] = how many were applied k versions after the one they were
-  // computed on.
-  std::vector<int64_t> staleness_histogram() const;
   // Per worker: the gradients dropped because they came after the step was taken (backup workers).
   const std::vector<int64_t>& dropped() const { return dropped_; }
 
@@ -139,6 +136,10 @@ class PsWorker {
   std::vector<int64_t> versions_;  // per server: the version of the shard last received
   bool stopped_ = false;
 };
+
+// Staleness of the applied gradients in `logs`: histogram[k] = how many were applied k versions after the one they
+// were computed on (a sync step's gradients all go to the version before theirs: 0).
+std::vector<int64_t> staleness_histogram(const std::vector<std::vector<PsPush>>& logs);
 
 // Whether a server's log keeps SSP's bound: when worker u's gradient of step t was applied, every worker had
 // already pushed at least t − s gradients (so none ran more than s steps ahead of the slowest). Empty when it

@@ -32,10 +32,6 @@ template <class H>
 void sum_into_16bit(H* __restrict dst, const H* __restrict src, int64_t count) {
   for (int64_t i = 0; i < count; ++i) dst[i] = rounded(H{}, to_float(dst[i]) + to_float(src[i]));
 }
-template <class H>
-void divide_16bit(H* data, int64_t count, int divisor) {
-  for (int64_t i = 0; i < count; ++i) data[i] = rounded(H{}, to_float(data[i]) / float(divisor));
-}
 
 // Calls fn(T{}) for the dtypes the reduction kernels are written for (the 16-bit ones have their own).
 template <class Fn>
@@ -71,8 +67,6 @@ void reduce_into(DType dtype, ReduceOp op, void* dst, const void* src, int64_t c
 
 void divide_by(DType dtype, void* data, int64_t count, int divisor) {
   if (divisor == 1) return;
-  if (dtype == DType::f16) return divide_16bit(static_cast<f16*>(data), count, divisor);
-  if (dtype == DType::bf16) return divide_16bit(static_cast<bf16*>(data), count, divisor);
   dispatch_reducible("divide_by", dtype, [&](auto tag) {
     using T = decltype(tag);
     divide(static_cast<T*>(data), count, divisor);

@@ -214,7 +214,7 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
   if (rank != 0) return MPI_Comm_free(&comm), 0;
   // The servers' logs: the staleness histogram, SSP's bound, --ps-log.
   std::vector<std::vector<dist::PsPush>> logs(static_cast<size_t>(S));
-  std::vector<int64_t> histogram, dropped(static_cast<size_t>(W), 0);
+  std::vector<int64_t> dropped(static_cast<size_t>(W), 0);
   for (int j = 0; j < S; ++j) {
     int n = 0;
     MINIDL_MPI_CHECK(MPI_Recv(&n, 1, MPI_INT, W + j, 1, comm, MPI_STATUS_IGNORE));
@@ -222,11 +222,7 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
     MINIDL_MPI_CHECK(MPI_Recv(flat.data(), n, MPI_INT64_T, W + j, 2, comm, MPI_STATUS_IGNORE));
     for (int w = 0; w < W; ++w) dropped[size_t(w)] += flat[size_t(w)];
     for (size_t e = size_t(W); e + 3 < flat.size(); e += 4) {
-      const dist::PsPush p{int(flat[e]), flat[e + 1], flat[e + 2], flat[e + 3]};
-      logs[size_t(j)].push_back(p);
-      const auto k = size_t(p.version - 1 - p.computed);
-      if (histogram.size() <= k) histogram.resize(k + 1, 0);
-      ++histogram[k];
+      logs[size_t(j)].push_back({int(flat[e]), flat[e + 1], flat[e + 2], flat[e + 3]});
     }
   }
   MPI_Comm_free(&comm);
@@ -236,7 +232,7 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
   for (int64_t c : per_worker) counts += (counts.empty() ? std::string() : std::string(" ")) + std::to_string(c);
   std::string extra = std::string("parameter server: ") + std::to_string(logs[0].size()) +
                       " pushes a server (per worker: " + counts + "); staleness (versions: count) " +
-                      histogram_text(histogram) + "\n";
+                      histogram_text(dist::staleness_histogram(logs)) + "\n";
   if (mode.backup > 0) {
     std::string late;
     for (int64_t d : dropped) late += (late.empty() ? std::string() : std::string(" ")) + std::to_string(d);

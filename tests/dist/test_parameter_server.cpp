@@ -206,6 +206,8 @@ TEST(ParameterServer, ModesByName) {
   // Servers' ranges cut at tensor boundaries: the cut comes after the tensor that reaches half of 37.
   EXPECT_EQ(dist::bounds_at_tensors({10, 5, 20, 2}, 2), (std::vector<int64_t>{0, 35, 37}));
   EXPECT_EQ(dist::bounds_at_tensors({10, 5, 20, 2}, 1), (std::vector<int64_t>{0, 37}));
+  // Staleness from logs: the second push was computed on version 0 but applied to version 1.
+  EXPECT_EQ(dist::staleness_histogram({{{0, 0, 0, 1}, {1, 0, 0, 2}}}), (std::vector<int64_t>{1, 1}));
   const dist::PsLayout cut{.workers = 2, .servers = 2, .numel = 37, .bounds = {0, 35, 37}};
   EXPECT_EQ(cut.begin(1), 35);
   EXPECT_EQ(cut.end(1), 37);
