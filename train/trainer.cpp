@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "core/parallel.h"
 #include "core/trace.h"
@@ -55,6 +55,14 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// This rank's place inside its replica (the grid's rank with the replica coordinate 0): which optimizer file and
+// which DiLoCo state file it writes and reads.
+int replica_rank(const dist::Topology& topo) {
+  dist::GridCoord c = topo.coord();
+  c.replica = 0;
+  return topo.grid().rank_of(c);
+}
+
 }  // namespace
 
 struct Trainer::State {
@@ -97,21 +105,19 @@ std::string Trainer::State::save_checkpoint(int64_t steps_done, int64_t schedule
   if (std::filesystem::exists(dir)) return what;  // every rank sees it (one shared directory): none writes
   const trace::Span span("checkpoint");
   auto t0 = std::chrono::steady_clock::now();
-  // Every rank writes one optimizer file: rank (pp s, dp d, tp t) writes file (s·dp + d)·tp + t, AdamW's state of
-  // its share of its stage's logical tensors (ZeRO: all-gathered bucket by bucket, tp: tensor by tensor); the
-  // leader also writes the whole model (gathered into a one-process GPT). The two barriers together wait for every
-  // rank: each dp group, then each replica.
-  // rank (0, 0, 0) of each replica writes its model. The two barriers together wait for every rank of a replica:
-  // each dp group, then the replica; with the replica group's, for every rank.
+  // Every rank writes one optimizer file: rank (pp s, dp d, tp t) of a replica writes file (s·dp + d)·tp + t, AdamW's
+  // state of its share of its stage's logical tensors (ZeRO: all-gathered bucket by bucket, tp: tensor by tensor);
+  // each replica's rank (0, 0, 0) also writes the whole model (gathered into a one-process GPT). The two barriers
+  // together wait for every rank of a replica: each dp group, then the replica; the replica group's, for every rank.
   const dist::Grid& g = topo->grid();
   const dist::GridCoord me = topo->coord();
-  const bool replica_leader = me.pp == 0 && me.dp == 0 && me.tp == 0;
   const std::function<void()> replica_barrier = [this] {
     topo->dp_group().barrier()->wait();
     topo->model_parallel_group().barrier()->wait();
   };
-  const int index = (me.pp * g.dp + me.dp) * g.tp + me.tp;
-  CheckpointWriter writer{index, g.pp * g.dp * g.tp, replica_leader, replica_barrier};
+  const int index = replica_rank(*topo);
+  CheckpointWriter writer{index, g.size() / g.replicas, index == 0, replica_barrier};
+  const bool replica_leader = writer.leader;
   sync->hold_full_parameters(true);
   const OptimizerCheckpoint opt = optimizer_state(*optimizer, *stage, *sync, checkpoint_share(*stage));
   const std::shared_ptr<const nn::GPT> whole = consolidated_model(*stage, replica_leader);
@@ -301,7 +307,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
     if (s.resume && s.resume->replicas > 1) {  // each replica where it stopped, inside a window or at its end
       OuterCheckpoint st;
       if (outer.kind == dist::OuterKind::kDiLoCo)
-        st = load_outer_state(*s.resume, (me.pp * grid.dp + me.dp) * grid.tp + me.tp, grid.pp * grid.dp * grid.tp);
+        st = load_outer_state(*s.resume, replica_rank(*s.topo), grid.size() / grid.replicas);
       s.outer = std::make_unique<dist::OuterSync>(s.stage->parameters(), s.topo->replica_group(), outer,
                                                   std::move(st.global), std::move(st.momentum));
     } else {  // after any checkpoint is read: every replica starts from replica 0's parameters
