@@ -167,16 +167,19 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
     ServerStep step(o, m, j, mode.mode);
     dist::ParameterServer server(comm, m.layout, j, step.shard(), std::ref(step), mode);
     server.serve(o.steps);
-    std::vector<int64_t> log = server.dropped();  // to worker 0: the late gradients per worker, then the log
-    for (const dist::PsPush& p : server.log()) log.insert(log.end(), {p.worker, p.step, p.computed, p.version});
-    const int n = int(log.size());
-    MINIDL_MPI_CHECK(MPI_Send(&n, 1, MPI_INT, 0, 1, comm));
-    MINIDL_MPI_CHECK(MPI_Send(log.data(), n, MPI_INT64_T, 0, 2, comm));
     double none = 0;
     MINIDL_MPI_CHECK(MPI_Reduce(&none, nullptr, 1, MPI_DOUBLE, MPI_MAX, 0, comm));  // the workers' time, below
     MINIDL_MPI_CHECK(MPI_Reduce(&none, nullptr, 1, MPI_DOUBLE, MPI_SUM, 0, comm));  // and their loss
     int64_t zero = 0;
     MINIDL_MPI_CHECK(MPI_Reduce(&zero, nullptr, 1, MPI_INT64_T, MPI_SUM, 0, comm));
+    // Then, in the order worker 0 receives them (after the reductions it takes part in: a log longer than MPI's
+    // eager limit waits for its receive, and sent before them it would wait forever), the late gradients per worker
+    // and the log.
+    std::vector<int64_t> log = server.dropped();
+    for (const dist::PsPush& p : server.log()) log.insert(log.end(), {p.worker, p.step, p.computed, p.version});
+    const int n = int(log.size());
+    MINIDL_MPI_CHECK(MPI_Send(&n, 1, MPI_INT, 0, 1, comm));
+    MINIDL_MPI_CHECK(MPI_Send(log.data(), n, MPI_INT64_T, 0, 2, comm));
     MPI_Comm_free(&comm);
     return 0;
   }

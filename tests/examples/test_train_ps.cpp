@@ -80,6 +80,16 @@ TEST_F(TrainPs, AsyncAndSspReplayBitwise) {
   }
 }
 
+// A server's log travels to worker 0 at the end: 160 pushes are 5 KB, past Open MPI's eager limit (4 KB over shared
+// memory), so the send waits for its receive. Sent before the reductions worker 0 is in, it hung the run.
+TEST_F(TrainPs, ALogLongerThanAnEagerMessageReachesWorkerZero) {
+  Result r = minidl::testing::run_program("timeout 120 " + mpiexec(3) + flags() +
+                                          " --ps 1 --ps-mode async --steps 80 --log-every 80");
+  ASSERT_NE(r.code, 124) << "the run hung (stopped after 120 s)\n" << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("parameter server: 160 pushes a server"), std::string::npos) << r.out;
+}
+
 TEST_F(TrainPs, RefusesByName) {
   ASSERT_EQ(run(3, flags() + " --ps 1 --ps-mode async --ps-log " + path("good.jsonl")).code, 0);
   struct Case {
