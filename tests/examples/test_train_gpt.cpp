@@ -180,8 +180,8 @@ TEST_F(TrainGpt, DeviceFlag) {
 // train_gpt --device cuda on the emulated CUDA device against --device cpu: every step's loss within 1e-3
 // relative. The GEMMs are the same OpenBLAS calls; the kernels' reductions run in other orders than the CPU ops',
 // so the bits differ and the losses drift apart only slowly. The baby config (train_gpt's defaults) for 100 steps
-// is the CUDA issue's acceptance run (about a second a step on the emulator, two cores); a smaller model with
-// dropout on adds the device's dropout masks, and one under --amp bf16 the 16-bit path.
+// is the CUDA issue's acceptance run (about 3 s a step on the emulator with its checkers off, two cores); a smaller
+// model with dropout on adds the device's dropout masks, and one under --amp bf16 the 16-bit path.
 std::vector<double> step_losses(const std::string& out) {
   std::vector<double> losses;
   std::regex re("step ([0-9]+)/[0-9]+ \\| loss ([0-9.]+)");
@@ -190,10 +190,12 @@ std::vector<double> step_losses(const std::string& out) {
   return losses;
 }
 
-void expect_same_losses(const std::string& model_flags, int steps) {
+// checkers: the emulator's initcheck, memcheck and racecheck (MINIDL_EMU_CHECK, on by default) on the device run, or
+// off ("MINIDL_EMU_CHECK=none ", five times faster: they watch every shared and global access).
+void expect_same_losses(const std::string& model_flags, int steps, const std::string& checkers = "") {
   const std::string flags =
       model_flags + " --steps " + std::to_string(steps) + " --log-every 1 --eval-every 0 --eval-windows 4 --threads 2";
-  Result cpu = run(flags + " --device cpu"), cuda = run(flags + " --device cuda");
+  Result cpu = run(flags + " --device cpu"), cuda = run_with(checkers, flags + " --device cuda");
   ASSERT_EQ(cpu.code, 0) << cpu.out;
   ASSERT_EQ(cuda.code, 0) << cuda.out;
   std::vector<double> want = step_losses(cpu.out), got = step_losses(cuda.out);
@@ -211,8 +213,19 @@ void expect_same_losses(const std::string& model_flags, int steps) {
 
 TEST_F(TrainGpt, EmulatedCudaLossesMatchTheCpuAtEveryStep) {
   if (std::string(TRAIN_GPT_CUDA) != "emulated") GTEST_SKIP() << "train_gpt is not built with MINIDL_CUDA_EMULATION";
-  // The default (baby) config: 10 emulated steps take about 20 s, or 70 s with the emulator's checkers on.
-  expect_same_losses("", 10);
+  // The default (baby) config: 10 emulated steps take about 30 s with the emulator's checkers off, 130 s with them on.
+  // A checked step runs every kernel of the step once, at the baby's shapes, and a checker changes no number, so
+  // one checked step printing the unchecked run's first loss bit for bit stands for the ten (the two smaller
+  // configurations below run checked throughout).
+  expect_same_losses("", 10, "MINIDL_EMU_CHECK=none ");
+  const std::string one = " --steps 1 --eval-every 0 --eval-windows 1 --threads 2 --device cuda --loss-log ";
+  Result checked = run(one + path("checked.txt"));
+  Result unchecked = run_with("MINIDL_EMU_CHECK=none ", one + path("unchecked.txt"));
+  ASSERT_EQ(checked.code, 0) << checked.out;
+  ASSERT_EQ(unchecked.code, 0) << unchecked.out;
+  const std::string a = minidl::testing::read_file(path("checked.txt"));
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, minidl::testing::read_file(path("unchecked.txt")));  // 17 significant digits: the bits
   expect_same_losses("--layers 2 --heads 2 --embd 32 --seq 32 --batch 4 --dropout 0.1", 50);
   // bf16 autocast: the device's 16-bit-native kernels against the CPU's (worst 5e-5 over these 20 steps).
   expect_same_losses("--layers 2 --heads 2 --embd 32 --seq 32 --batch 4 --amp bf16", 20);
