@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """minidl_predict against measurements on this host: bench_gpt_step's baby config (layers 4, heads 4, embd 128,
-seq 64, batch 12 per data-parallel rank, vocab 65) at one rank and at two (dp, ZeRO, tp, pp), one thread per rank,
+seq 64, batch 12 per data-parallel rank, vocab 65) at one rank and at two (dp, ZeRO, tp, pp; and, timed by
+train_gpt, local SGD, DiLoCo and the parameter server's sync and async modes), one thread per rank,
 beside the prediction for the calibrated cpu-host machine (scripts/predict_calibrate.py). The calibration measures
 the sgemm ceiling at the baby config's shapes, so two larger configs at one rank (embd 256, and nanoGPT's 6 x 384
 at seq 256) check the products' time out of that sample.
@@ -30,6 +31,7 @@ before and after: two ranks on a two-core host that something else is using meas
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -61,6 +63,20 @@ ROWS = [
      for name, kind, extra, ms in (("GPipe", "gpipe", [], (1, 4)), ("1F1B", "1f1b", [], (1, 4)),
                                    ("interleaved V 2", "interleaved", ["--virtual-stages", 2], (2, 4)))
      for m in ms]
+# Measured by train_gpt (its summary's ms_per_step: bench_gpt_step has no outer sync and no parameter server), 40
+# steps (five outer syncs at H 8; the parameter server's figure counts its first step and pull too). Their
+# flags: (name, ranks, train_gpt flags, minidl_predict flags).
+TRAINER = "trainer"
+TRAINER_ROWS = [
+    ("local SGD, R 2, H 8", 2, ["--batch", 24, "--sync", "local-sgd", "--replica-groups", 2, "--sync-every", 8],
+     ["--batch", 24, "--sync", "local-sgd", "--replica-groups", 2, "--sync-every", 8]),
+    ("DiLoCo, R 2, H 8", 2, ["--batch", 24, "--sync", "diloco", "--replica-groups", 2, "--sync-every", 8],
+     ["--batch", 24, "--sync", "diloco", "--replica-groups", 2, "--sync-every", 8]),
+    ("parameter server, sync", 2, ["--batch", 12, "--ps", 1], ["--batch", 12, "--ps", 1]),
+    ("parameter server, async", 2, ["--batch", 12, "--ps", 1, "--ps-mode", "async"],
+     ["--batch", 12, "--ps", 1, "--ps-mode", "async"]),
+]
+ROWS = ROWS + [(name, ranks, [TRAINER] + flags, pflags) for name, ranks, flags, pflags in TRAINER_ROWS]
 # Four ranks: on a host of fewer cores, oversubscribed.
 OVERSUBSCRIBED = [
     ("dp 4 (DDP)", 4, [], ["--dp", 4, "--batch", 48]),
@@ -75,6 +91,9 @@ def run(cmd):
     out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace", env=env)
     if out.returncode != 0:
         sys.exit(f"predict_oracle: {' '.join(map(str, cmd))} failed:\n{out.stderr}")
+    summary = re.search(r"^summary: .*ms_per_step=([0-9.]+)", out.stdout, re.M)
+    if summary:  # train_gpt
+        return {"ms_per_step": float(summary.group(1))}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -120,6 +139,7 @@ def main():
     scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"predict_oracle_{os.getpid()}.json")
     table = OVERSUBSCRIBED if args.oversubscribed else ROWS
     bench, predict = os.path.join(args.bin, "bench_gpt_step"), os.path.join(args.bin, "minidl_predict")
+    trainer = os.path.join(args.bin, "train_gpt")
     load_before = load()
     measured = {name: [] for name, *_ in table}
     predicted = {name: [] for name, *_ in table}
@@ -131,7 +151,11 @@ def main():
         ceilings.append(json.load(open(machine_file))["peak_flops_32"] / 1e9)
         for name, ranks, flags, pflags in table:
             steps = [] if "--steps" in flags else ["--steps", args.steps]
-            cmd = [bench, "--threads", 1, "--warmup", 3, "--json"] + steps + flags
+            if flags and flags[0] == TRAINER:
+                cmd = [trainer, "--threads", 1, "--steps", 40, "--eval-every", 0, "--eval-windows", 1,
+                       "--log-every", 40] + flags[1:]
+            else:
+                cmd = [bench, "--threads", 1, "--warmup", 3, "--json"] + steps + flags
             if ranks > 1:
                 cmd = ["mpirun", "-n", ranks, "--oversubscribe", "--bind-to", "none"] + cmd
             measured[name].append(run(cmd)["ms_per_step"])

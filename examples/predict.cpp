@@ -73,6 +73,24 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"off", "bf16", "fp16"}))
       ->capture_default_str();
   app.add_flag("--sequence-parallel", l.sequence_parallel, "Sequence parallelism (with --tp > 1)");
+  std::string sync = "ddp", ps_mode = "sync";
+  app.add_option("--sync", sync,
+                 "As train_gpt's: ddp (one synchronous group), local-sgd or diloco (--replica-groups copies of the "
+                 "layout meet every --sync-every steps)")
+      ->check(CLI::IsMember({"ddp", "local-sgd", "diloco"}))
+      ->capture_default_str();
+  app.add_option("--replica-groups", l.replicas, "With --sync local-sgd or diloco: the replicas R")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--sync-every", l.sync_every, "With --sync local-sgd or diloco: steps H between outer syncs")
+      ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--ps", l.ps_servers,
+                 "Parameter-server ranks S beside --dp workers (train_gpt --ps S on dp + S ranks); 0: none")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--ps-mode", ps_mode, "With --ps: sync, async or ssp:S (SSP predicts as async: equal workers)")
+      ->capture_default_str();
   app.add_option("--machine", machine_name,
                  "A preset: a100-sxm, h100-sxm, h200-sxm, a100-pcie, or cpu-host (the "
                  "calibrated host, predict/presets/cpu-host.json); --list-machines prints them")
@@ -151,8 +169,18 @@ int main(int argc, char** argv) {
     l.recompute = nn::parse_recompute(recompute);
     l.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;
     l.schedule = dist::parse_schedule_kind(schedule);
+    l.sync = sync == "diloco"      ? predict::OuterSync::kDiLoCo
+             : sync == "local-sgd" ? predict::OuterSync::kLocalSgd
+                                   : predict::OuterSync::kNone;
+    MINIDL_CHECK(ps_mode == "sync" || ps_mode == "async" || (ps_mode.rfind("ssp:", 0) == 0 && ps_mode.size() > 4),
+                 "--ps-mode: expected sync, async or ssp:S, got '", ps_mode, "'");
+    l.ps_mode = ps_mode == "sync"    ? predict::PsMode::kSync
+                : ps_mode == "async" ? predict::PsMode::kAsync
+                                     : predict::PsMode::kSsp;
     if (do_plan) {
       MINIDL_CHECK(gpus > 0, "--plan needs --gpus N");
+      MINIDL_CHECK(l.sync == predict::OuterSync::kNone && l.ps_servers == 0,
+                   "--plan ranks the layouts of one synchronous group: not with --sync or --ps");
       const double budget = budget_gib > 0 ? budget_gib * double(1ull << 30) : m.mem_capacity;
       const auto rows = predict::plan(w, gpus, l.amp, m, budget, max_micro);
       std::fputs(json ? (predict::plan_json(rows, m) + "\n").c_str()
@@ -160,7 +188,8 @@ int main(int argc, char** argv) {
                  stdout);
       return 0;
     }
-    MINIDL_CHECK(gpus == 0 || gpus == l.gpus(), "--gpus ", gpus, " but --dp x --tp x --pp = ", l.gpus());
+    MINIDL_CHECK(gpus == 0 || gpus == l.gpus(), "--gpus ", gpus,
+                 " but --dp x --tp x --pp (x --replica-groups, + --ps) = ", l.gpus());
     const predict::Prediction p = predict::predict(w, l, m);
     std::fputs(json ? (predict::prediction_json(p, m) + "\n").c_str() : predict::format_prediction(p, m).c_str(),
                stdout);

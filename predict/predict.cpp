@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "predict/collectives.h"
 #include "predict/compute.h"
+#include "predict/outer.h"
 #include "predict/overlap.h"
 
 namespace minidl::predict {
@@ -22,7 +23,29 @@ struct RankCost {
 
 dist::PipelineSpec pipeline_spec(const Layout& l) { return {l.schedule, l.pp, l.micro_batches, l.virtual_stages}; }
 
-Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
+Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& m, bool with_baseline);
+
+// The rates of a prediction whose time is known: MFU, tokens/s, and efficiency against one GPU (the same global
+// batch in micro-batches of b, accumulated).
+void finish_rates(Prediction& out, const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
+  const double step = out.time.total();
+  const int64_t T = w.model.block_size;
+  out.model_flops = model_flops_per_token(w.model, T) * double(w.global_batch) * double(T);
+  out.mfu = out.model_flops / (step * l.gpus() * m.peak_flops(l.amp));
+  out.tokens_per_s = double(w.global_batch) * double(T) / step;
+  out.single_gpu_step = step;
+  if (with_baseline && l.gpus() > 1) {
+    Layout one;
+    one.micro_batches = int(w.global_batch / out.micro_batch);
+    one.recompute = l.recompute;
+    one.amp = l.amp;
+    out.single_gpu_step = predict_unchecked(w, one, m, false).time.total();
+  }
+  out.efficiency = out.single_gpu_step / (l.gpus() * step);
+}
+
+// One synchronous group: dp × tp × pp.
+Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
   const nn::GPTConfig& model = w.model;
   const int64_t T = model.block_size, b = w.global_batch / (int64_t(l.dp) * l.micro_batches);
   const double C = double(model.n_embd), s = l.amp == DType::f32 ? 4.0 : 2.0;
@@ -196,21 +219,50 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
   out.memory_peak = out.memory.peak() - out.memory.activations + out.activation_bytes;
   out.fits = out.memory_peak <= m.mem_capacity;
 
-  // ---- rates ----
-  const double step = out.time.total();
-  out.model_flops = model_flops_per_token(model, T) * double(w.global_batch) * double(T);
-  out.mfu = out.model_flops / (step * l.gpus() * m.peak_flops(l.amp));
-  out.tokens_per_s = double(w.global_batch) * double(T) / step;
-  out.single_gpu_step = step;
-  if (with_baseline && l.gpus() > 1) {
-    Layout one;
-    one.micro_batches = int(w.global_batch / b);
-    one.recompute = l.recompute;
-    one.amp = l.amp;
-    out.single_gpu_step = predict_unchecked(w, one, m, false).time.total();
-  }
-  out.efficiency = out.single_gpu_step / (l.gpus() * step);
+  out.rank_params = rank0_params;
+  finish_rates(out, w, l, m, with_baseline);
   return out;
+}
+
+// Beyond one group (predict/outer.h): R replicas of the group meeting every H steps, or W workers of a parameter
+// server, each predicted as the group it trains in, plus what their meeting costs.
+Prediction predict_beyond_group(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
+  Layout group = l;
+  group.sync = OuterSync::kNone, group.replicas = 1, group.sync_every = 1, group.ps_servers = 0;
+  Workload part = w;
+  Prediction out;
+  if (l.ps_servers > 0) {
+    // A worker trains the whole model on its share of the batch; its optimizer step is the push and the pull.
+    group.dp = 1;
+    part.global_batch = w.global_batch / l.dp;
+    out = predict_group(part, group, m, false);
+    const double shard = out.rank_params / l.ps_servers;
+    const double adamw = ops_seconds(optimizer_ops(shard, shard, l.amp), m, l.amp);
+    const PsExchange x = ps_exchange(out.rank_params, l.dp, l.ps_servers, l.ps_mode == PsMode::kSync, out.time.compute,
+                                     adamw, m.intra, m);
+    out.time.optimizer = x.optimizer;
+    out.time.outer = x.exchange;
+    // The worker holds no optimizer state (the servers do, a shard each).
+    out.memory_peak -= out.memory.optimizer;
+    out.memory.optimizer = 0;
+  } else {
+    part.global_batch = w.global_batch / l.replicas;
+    out = predict_group(part, group, m, false);
+    // The replicas' ranks at one coordinate: one node's link if the whole job fits in a node.
+    const Link& link = l.gpus() <= m.gpus_per_node ? m.intra_for(Collective::kAllReduce) : m.inter;
+    out.time.outer =
+        outer_sync_seconds(out.rank_params, l.replicas, l.sync == OuterSync::kDiLoCo, link, m) / l.sync_every;
+  }
+  out.fits = out.memory_peak <= m.mem_capacity;
+  out.workload = w;
+  out.layout = l;
+  finish_rates(out, w, l, m, with_baseline);
+  return out;
+}
+
+Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
+  if (l.ps_servers > 0 || l.sync != OuterSync::kNone) return predict_beyond_group(w, l, m, with_baseline);
+  return predict_group(w, l, m, with_baseline);
 }
 
 }  // namespace
@@ -224,6 +276,14 @@ std::string describe(const Layout& l) {
   if (l.sequence_parallel) os << " sp";
   if (l.pp > 1 && l.schedule != dist::ScheduleKind::k1F1B && l.schedule != dist::ScheduleKind::kInterleaved)
     os << " " << dist::schedule_kind_name(l.schedule);
+  if (l.sync != OuterSync::kNone)
+    os << " " << (l.sync == OuterSync::kDiLoCo ? "diloco" : "local-sgd") << " R " << l.replicas << " H "
+       << l.sync_every;
+  if (l.ps_servers > 0)
+    os << " ps " << l.ps_servers << " "
+       << (l.ps_mode == PsMode::kSync    ? "sync"
+           : l.ps_mode == PsMode::kAsync ? "async"
+                                         : "ssp");
   return os.str();
 }
 
@@ -238,10 +298,21 @@ std::string refusal(const Workload& w, const Layout& l) {
     why << "num_key_value_heads " << m.kv_heads() << " is not divisible by tp " << l.tp;
   else if (int64_t(l.pp) * l.virtual_stages > m.n_layer)
     why << "pp " << l.pp << " x virtual stages " << l.virtual_stages << " exceeds the " << m.n_layer << " layers";
-  else if (w.global_batch % l.dp != 0)
-    why << "dp " << l.dp << " does not divide the global batch " << w.global_batch;
-  else if ((w.global_batch / l.dp) % l.micro_batches != 0)
-    why << l.micro_batches << " micro-batches do not divide the per-rank batch " << w.global_batch / l.dp;
+  else if (l.replicas < 1 || l.sync_every < 1 || l.ps_servers < 0)
+    why << "replicas and sync_every must be >= 1 and the servers >= 0";
+  else if (l.sync == OuterSync::kNone && (l.replicas != 1 || l.sync_every != 1))
+    why << "replicas " << l.replicas << " and sync_every " << l.sync_every << " need local SGD or DiLoCo";
+  else if (l.sync != OuterSync::kNone && l.zero > 2)
+    why << "local SGD and DiLoCo with ZeRO-3 (the outer step needs whole parameters between steps)";
+  else if (l.ps_servers > 0 && (l.tp != 1 || l.pp != 1 || l.zero != 0 || l.sync != OuterSync::kNone))
+    why << "a parameter server's workers train whole models: not with tp, pp, ZeRO or an outer sync";
+  else if (l.ps_servers > 0 && l.amp == DType::f16)
+    why << "a parameter server runs in f32 or bf16 (no fp16 loss scaling)";
+  else if (w.global_batch % (int64_t(l.replicas) * l.dp) != 0)
+    why << "dp " << l.dp << (l.replicas > 1 ? " x replicas " + std::to_string(l.replicas) : std::string())
+        << " does not divide the global batch " << w.global_batch;
+  else if ((w.global_batch / l.replicas / l.dp) % l.micro_batches != 0)
+    why << l.micro_batches << " micro-batches do not divide the per-rank batch " << w.global_batch / l.replicas / l.dp;
   else if (l.zero < 0 || l.zero > 3)
     why << "ZeRO stage must be 0-3, got " << l.zero;
   else if (l.zero == 3 && l.pp > 1)

@@ -31,6 +31,11 @@
 //   critical path (the main thread copies and zeroes the gradient buckets, and casts ZeRO-3's gathered blocks).
 // - memory: train::predict_memory's formulas by tag for the rank holding the most blocks, its activations times
 //   the micro-batch chunks simulate() finds in flight on it (1F1B: up to p on the first rank).
+// - local SGD and DiLoCo (--sync, predict/outer.h): a replica's step at global batch / R, plus every H steps an
+//   all-reduce of the rank's parameters over the R replicas and the host passes around it, a step's share 1/H.
+// - a parameter server (--ps S, predict/outer.h): a worker's forward and backward at global batch / W, then the
+//   push and the pull, which a server answers one worker after another; sync applies AdamW once a step, async and
+//   SSP once a push, so their step is the slower of one worker's round and a server's W answers.
 // Efficiency against one GPU: the same global batch and micro-batch on one GPU (accumulating), over N times this
 // layout's step time; MFU: nanoGPT's model FLOPs over step time × N × the dense peak of the products' dtype.
 #pragma once
@@ -53,6 +58,10 @@ struct Workload {
   int64_t global_batch = 1;  // sequences per optimizer step, over all data-parallel ranks
 };
 
+// How replicas or workers meet beyond one synchronous group (train_gpt's --sync, --ps-mode).
+enum class OuterSync { kNone, kLocalSgd, kDiLoCo };
+enum class PsMode { kSync, kAsync, kSsp };
+
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
   int virtual_stages = 1;  // V > 1: the interleaved schedule
@@ -64,7 +73,13 @@ struct Layout {
   // With pp > 1, as train_gpt's --schedule: virtual_stages > 1 needs kInterleaved (gpipe and 1f1b run one chunk
   // per rank), and kInterleaved needs them.
   dist::ScheduleKind schedule = dist::ScheduleKind::k1F1B;
-  int gpus() const { return dp * tp * pp; }
+  // --sync local-sgd | diloco: `replicas` copies of the layout above train apart and meet every `sync_every` steps.
+  OuterSync sync = OuterSync::kNone;
+  int replicas = 1, sync_every = 1;
+  // --ps S: dp workers (tp = pp = 1, no ZeRO) train whole models; S more ranks hold the parameters and step them.
+  int ps_servers = 0;
+  PsMode ps_mode = PsMode::kSync;
+  int gpus() const { return dp * tp * pp * replicas + ps_servers; }
 };
 std::string describe(const Layout& l);  // "dp 8 tp 4 pp 1 M 8 zero 1 bf16 ..."
 
@@ -77,7 +92,8 @@ struct StepTime {
   double bubble = 0;       // pipeline idle time on the busiest rank
   double optimizer = 0;    // AdamW (and the 16-bit weight copies)
   double zero_copies = 0;  // ZeRO's gradient copies, bucket zeroing and per-gather casts beyond DDP's (zero_ops)
-  double total() const { return compute + tp_comm + pp_comm + dp_comm + bubble + optimizer + zero_copies; }
+  double outer = 0;  // local SGD's or DiLoCo's sync over the replicas, a step's share; a parameter server's exchange
+  double total() const { return compute + tp_comm + pp_comm + dp_comm + bubble + optimizer + zero_copies + outer; }
 };
 
 struct Prediction {
@@ -88,6 +104,7 @@ struct Prediction {
   double dp_comm_total = 0;          // all of data parallelism's collective time, hidden or not
   const char* dp_collective = "";    // "all-reduce", "reduce-scatter + all-gather", ...
   int64_t micro_batch = 0;           // b: sequences per micro-batch per rank
+  double rank_params = 0;            // parameters the first pipeline rank holds (its tp slice)
   double forward = 0, backward = 0;  // per micro-batch on the busiest pipeline rank, passed to dist::simulate
   double bubble_fraction = 0;        // dist::simulate's, for those costs
   train::MemoryPlan memory;          // of one micro-batch in flight
@@ -102,7 +119,9 @@ struct Prediction {
 
 // Why a layout cannot run this workload (empty when it can; memory is not checked here): the grid, tp dividing
 // the heads, pp·V at most the layers, micro-batches dividing the per-rank batch, interleaving's M multiple of pp,
-// ZeRO stage 0-3 and not 3 with pp > 1, sequence parallelism only with tp > 1.
+// ZeRO stage 0-3 and not 3 with pp > 1, sequence parallelism only with tp > 1; local SGD and DiLoCo with R >= 1
+// replicas, H >= 1 and ZeRO at most 2 (the trainer's --sync ddp is R 1, H 1); a parameter server with whole
+// models on its workers (tp = pp = 1, ZeRO 0, no outer sync).
 std::string refusal(const Workload& w, const Layout& l);
 
 // Throws minidl::Error with refusal()'s reason when the layout cannot run.

@@ -47,7 +47,8 @@ nlohmann::json to_json(const Prediction& p) {
             {"dp_comm_total", p.dp_comm_total * kMs},
             {"bubble", t.bubble * kMs},
             {"optimizer", t.optimizer * kMs},
-            {"zero_copies", t.zero_copies * kMs}}},
+            {"zero_copies", t.zero_copies * kMs},
+            {"outer", t.outer * kMs}}},
           {"compute_by_class_ms",
            {{"gemm", p.compute_by_class.gemm * kMs},
             {"attention", p.compute_by_class.attention * kMs},
@@ -104,6 +105,8 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
   row("pipeline bubble", t.bubble);
   row("optimizer", t.optimizer);
   row("ZeRO copies and zeroing", t.zero_copies);
+  if (p.layout.sync != OuterSync::kNone) row("outer sync over the replicas (per step)", t.outer);
+  if (p.layout.ps_servers > 0) row("parameter server push and pull", t.outer);
   out += line("%-44s %10.3f\n", "total", total * kMs);
   out += line("compute by op class: products %.3f ms, attention %.3f, memory-bound ops %.3f\n",
               p.compute_by_class.gemm * kMs, p.compute_by_class.attention * kMs, p.compute_by_class.elementwise * kMs);

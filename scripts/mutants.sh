@@ -58,6 +58,14 @@ local_sgd_sign ; dist/local_sgd.cpp ; -R ^test_local_sgd\.np ; DiLoCo's pseudo-g
 - local[i] = global_[i] - local[i];
 + local[i] = local[i] - global_[i];
 
+predict_outer_every_step ; predict/predict.cpp ; -R ^PredictOuter\. ; the predictor charges local SGD's outer sync at every step instead of one step in H
+- outer_sync_seconds(out.rank_params, l.replicas, l.sync == OuterSync::kDiLoCo, link, m) / l.sync_every;
++ outer_sync_seconds(out.rank_params, l.replicas, l.sync == OuterSync::kDiLoCo, link, m);
+
+predict_ps_async_as_sync ; predict/predict.cpp ; -R ^PredictOuter\. ; the predictor's asynchronous parameter server serialises every worker like the synchronous one
+- l.ps_mode == PsMode::kSync,
++ true,
+
 local_sgd_resume_fresh ; train/trainer.cpp ; -R ^TrainLocalSgd\.Resumes ; a resumed replica run restarts its window from replica 0's parameters and a zero outer momentum
 - if (s.resume && s.resume->replicas > 1) {
 + if (s.resume && s.resume->replicas > 1000) {

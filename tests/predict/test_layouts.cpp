@@ -25,7 +25,34 @@ predict::Layout layout_of(const train::TrainConfig& c, int world) {
   l.recompute = nn::parse_recompute(c.recompute);
   l.sequence_parallel = c.sequence_parallel;
   l.schedule = dist::parse_schedule_kind(c.schedule);
+  l.sync = c.sync == "diloco"      ? predict::OuterSync::kDiLoCo
+           : c.sync == "local-sgd" ? predict::OuterSync::kLocalSgd
+                                   : predict::OuterSync::kNone;
+  l.replicas = c.replica_groups;
+  l.sync_every = c.sync_every;
+  l.ps_servers = c.ps;
+  l.ps_mode = c.ps_mode == "sync"    ? predict::PsMode::kSync
+              : c.ps_mode == "async" ? predict::PsMode::kAsync
+                                     : predict::PsMode::kSsp;
+  l.amp = c.amp == "bf16" ? DType::bf16 : c.amp == "fp16" ? DType::f16 : DType::f32;
   return l;
+}
+
+// Both answers for one configuration on `world` ranks: the trainer's refusal and the predictor's (empty: runs).
+struct Answers {
+  std::string trainer, predictor;
+};
+Answers answers(const train::TrainConfig& c, int world) {
+  Answers a;
+  try {
+    c.validate(world);
+  } catch (const Error& e) { a.trainer = e.what(); }
+  const predict::Workload w{nn::GPTConfig{65, c.seq_or_default(), c.layers_or_default(), c.heads_or_default(),
+                                          c.embd_or_default(), 0.0, true},
+                            c.batch};
+  const int workers = c.ps > 0 ? world - c.ps : world;
+  a.predictor = workers >= 1 ? predict::refusal(w, layout_of(c, workers)) : "no worker";
+  return a;
 }
 
 TEST(PredictLayouts, EveryLayoutTheTrainerRunsHasAPredictionAndNoOther) {
@@ -65,6 +92,54 @@ TEST(PredictLayouts, EveryLayoutTheTrainerRunsHasAPredictionAndNoOther) {
   for (const std::string& m : mismatches) all += m + "\n";
   EXPECT_TRUE(mismatches.empty()) << mismatches.size() << " of " << compared << " layouts disagree:\n" << all;
   EXPECT_GT(runnable, 100);  // the grid reaches layouts that run, not only refusals
+}
+
+// The same agreement beyond one synchronous group: local SGD and DiLoCo over R replicas of each grid (ZeRO 0-3,
+// H 1 and 8, and --sync ddp with R > 1, which the trainer refuses), and a parameter server's S servers beside the
+// workers in each mode and precision (tp, pp and ZeRO with it refused by both). Clipping is off on the parameter
+// server's rows: the trainer refuses it over more than one server, and it is no part of a layout.
+TEST(PredictLayouts, LocalSgdDiLoCoAndTheParameterServerToo) {
+  int compared = 0, runnable = 0;
+  std::vector<std::string> mismatches;
+  auto compare = [&](const train::TrainConfig& c, int world) {
+    const Answers a = answers(c, world);
+    ++compared;
+    runnable += a.trainer.empty();
+    if (a.trainer.empty() != a.predictor.empty())
+      mismatches.push_back("world " + std::to_string(world) + ", --sync " + c.sync + " R " +
+                           std::to_string(c.replica_groups) + " --ps " + std::to_string(c.ps) + " " + c.ps_mode +
+                           " tp " + std::to_string(c.tp) + " pp " + std::to_string(c.pp) + " zero " +
+                           std::to_string(c.zero) + ": trainer " +
+                           (a.trainer.empty() ? "runs it" : "refuses (" + a.trainer + ")") + ", predictor " +
+                           (a.predictor.empty() ? "predicts it" : "refuses (" + a.predictor + ")"));
+  };
+  for (int world : {2, 4})
+    for (const char* sync : {"ddp", "local-sgd", "diloco"})
+      for (int r : {1, 2, 4})
+        for (int h : {1, 8})
+          for (int tp = 1; tp <= 2; ++tp)
+            for (int pp = 1; pp <= 2; ++pp)
+              for (int zero = 0; zero <= 3; ++zero) {
+                if (world % (tp * pp * r) != 0) continue;  // no grid of this world: not a layout either could run
+                train::TrainConfig c;
+                c.sync = sync, c.replica_groups = r, c.sync_every = h;
+                c.tp = tp, c.pp = pp, c.zero = zero;
+                compare(c, world);
+              }
+  for (int world : {2, 3, 4})
+    for (int servers : {1, 2})
+      for (const char* mode : {"sync", "async", "ssp:1"})
+        for (const char* amp : {"off", "bf16", "fp16"})
+          for (int tp : {1, 2})
+            for (int zero : {0, 1}) {
+              train::TrainConfig c;
+              c.ps = servers, c.ps_mode = mode, c.amp = amp, c.tp = tp, c.zero = zero, c.grad_clip = 0;
+              compare(c, world);
+            }
+  std::string all;
+  for (const std::string& m : mismatches) all += m + "\n";
+  EXPECT_TRUE(mismatches.empty()) << mismatches.size() << " of " << compared << " layouts disagree:\n" << all;
+  EXPECT_GT(runnable, 40);
 }
 
 }  // namespace

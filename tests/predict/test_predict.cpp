@@ -7,26 +7,14 @@
 #include "dist/pipeline.h"
 #include "predict/compute.h"
 #include "predict/predict.h"
+#include "tests/predict/fixtures.h"
 #include "train/zero_memory.h"
 
 namespace minidl::predict {
 namespace {
 
-nn::GPTConfig baby() { return nn::GPTConfig{65, 64, 4, 4, 128, 0.0, true}; }
-
-// A made-up machine with round numbers: 1 TFLOP/s, 100 GB/s, every efficiency 1, 4 GPUs per node.
-Machine toy_machine() {
-  Machine m;
-  m.name = "toy";
-  m.gpus_per_node = 4;
-  m.peak_flops_16 = m.peak_flops_32 = 1e12;
-  m.mem_bw = 100e9;
-  m.mem_capacity = 1e12;
-  m.intra = {1e-6, 10e9};
-  m.inter = {1e-5, 1e9};
-  m.eff = {1, 1, 1};
-  return m;
-}
+using testing::baby;
+using testing::toy_machine;
 
 TEST(PredictCompute, RooflineIsTheSlowerOfFlopsAndBytes) {
   const Machine m = toy_machine();
