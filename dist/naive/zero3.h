@@ -15,22 +15,15 @@
 //             when the last of block i's parameters has its gradient (its grad-ready hook): reduce-scatter
 //             (average) the block's flat gradient into the shard's gradient, drop the full gradient, free the block.
 // Freeing releases the buffer's storage but keeps the object (Storage::release): the views autograd saved for
-// backward alias it, so re-gathering refills exactly what backward will read.
-// The parameters outside the blocks (wte, wpe, ln_f) stay whole on every rank and are averaged as in naive DDP
-// (an all-reduce in their grad-ready hook): nothing could gather them in time, as the hooks fire around blocks only.
-//
-// Why it equals DDP: the forward and backward see the same whole weights; each shard gets the average of its
-// gradient elements (reduce-scatter = the first half of DDP's all-reduce); the optimizer is elementwise, so
-// updating each shard where it lives gives the weights DDP would have, and the next gather reassembles them.
-//
-// Communication per step, per rank, ring, block parameters Ψ: two all-gathers (forward, backward) and one
-// reduce-scatter, 3(N-1)/N·Ψ elements: 1.5x DDP's all-reduce. Memory for them: params, grads and optimizer state
-// all 1/N (16Ψ/N with AdamW), plus the one or two blocks running and their gradients until scattered.
-//
-// Limits: one backward per optimizer step (the shard gradient is overwritten), one weight decay per block shard.
-// Production (dist/zero3.h) lifts both (accumulation; shards cut at parameter boundaries), prefetches block i+1
-// on a communication thread while block i runs, scatters through DDP's reducer, gathers a recomputed block once,
-// casts gathered blocks to 16 bits under autocast, and gathers the whole model for evaluation and checkpoints.
+// backward alias it, so re-gathering refills exactly what backward will read. wte, wpe and ln_f stay whole on
+// every rank, averaged as in naive DDP (an all-reduce in their grad-ready hook): the hooks fire around blocks only.
+// Why it equals DDP: the same whole weights run; each shard gets the average of its gradient elements
+// (reduce-scatter = the first half of DDP's all-reduce); the optimizer is elementwise, so updating each shard
+// where it lives gives DDP's weights, and the next gather reassembles them.
+// Per step, per rank, ring, block parameters Ψ: two all-gathers and a reduce-scatter, 3(N-1)/N·Ψ elements (1.5x
+// DDP's); params, grads and optimizer state all 1/N (16Ψ/N with AdamW), plus the one or two blocks running.
+// Limits: one backward per step (the shard gradient is overwritten), one weight decay per block shard. Production
+// (dist/zero3.h) lifts both, prefetches block i+1 on a communication thread, gathers a recomputed block once.
 #pragma once
 
 #include <memory>
