@@ -4,6 +4,7 @@
 //   dist::naive::Zero1AdamW zero(model, group, optim::decay_groups(model.named_parameters(), 0.1), {.lr = 1e-3});
 //   model.loss(x_slice, y_slice).backward();   // each rank: the gradient of its own slice
 //   zero.step();                               // reduce-scatter, AdamW on this rank's shard, all-gather
+//   zero.step(1.0);                            // the same, the gradient first clipped to norm 1 (grad_norm())
 //
 // The idea. Lay every parameter end to end in one flat vector of Ψ elements, padded to P (a multiple of N), and
 // give rank r the contiguous shard [r·P/N, (r+1)·P/N). AdamW is elementwise: element i's update needs only element
@@ -27,6 +28,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -34,6 +36,7 @@
 #include "dist/shard.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
+#include "optim/clip.h"
 
 namespace minidl::dist::naive {
 
@@ -82,11 +85,14 @@ class Zero1AdamW {
     adamw_ = std::make_unique<optim::AdamW>(shard_groups, options);  // m and v: shard elements only
   }
 
-  // Collective, after backward: one AdamW step of the whole model; the parameters' gradients are zeroed.
-  void step() {
+  // Collective, after backward: one AdamW step of the whole model; the parameters' gradients are zeroed. With
+  // max_norm > 0 the averaged gradient is first clipped to that global L2 norm, as one process clips it. Returns
+  // the norm before clipping (0 when not asked).
+  double step(double max_norm = 0) {
+    double norm = 0;
     // 0. Flatten this rank's gradients into one vector with the parameters' layout (padding stays zero).
-    // EXERCISE(zero1): flatten the gradients into flat_grads_; reduce-scatter (average) into grad_shard_; step AdamW;
-    // all-gather the updated shards into flat_params_; zero the gradients.
+    // EXERCISE(zero1): flatten the gradients into flat_grads_; reduce-scatter (average) into grad_shard_; clip it by
+    // grad_norm() when max_norm > 0; step AdamW; all-gather the updated shards into flat_params_; zero the gradients.
     int64_t offset = 0;
     for (Tensor& p : params_) {
       MINIDL_CHECK(p.grad().defined(), "naive ZeRO-1: a parameter of shape ", p.shape(), " has no gradient");
@@ -95,12 +101,29 @@ class Zero1AdamW {
     }
     // 1. grad_shard_ = the average over ranks of this rank's shard of the flat gradient.
     group_.reduce_scatter(grad_shard_, flat_grads_, ReduceOp::kAvg)->wait();
+    if (max_norm > 0 && (norm = grad_norm()) > max_norm)  // the pieces' gradients view grad_shard_
+      for (const optim::ParamGroup& g : adamw_->param_groups())
+        optim::scale_grads(g.params, optim::clip_factor(norm, max_norm));
     // 2. AdamW on the shard's pieces: they view flat_params_, so the shard is updated in place.
     adamw_->step();
     // 3. Every rank sends its updated shard and receives the others': flat_params_ (the model) is whole again.
     const int64_t shard = grad_shard_.numel();
     group_.all_gather(flat_params_, flat_params_.as_strided({shard}, {1}, group_.rank() * shard))->wait();
     for (Tensor& p : params_) p.grad().zero_();
+    // END EXERCISE
+    return norm;
+  }
+
+  // Collective, after the reduce-scatter: the L2 norm of the whole averaged gradient, which no rank holds whole. The
+  // squares of this rank's shard (its padding is zero) summed over the group: every rank gets the same norm, so
+  // every shard is scaled alike.
+  double grad_norm() {
+    // EXERCISE(zero1): the sum of squares of grad_shard_, summed over the group, and its square root.
+    double squares = 0;
+    for (double g : grad_shard_.to_vector()) squares += g * g;
+    Tensor sum = Tensor::from_vector(std::vector<double>{squares}, {1}, DType::f64);
+    group_.all_reduce(sum, ReduceOp::kSum)->wait();
+    return std::sqrt(sum.to_vector()[0]);
     // END EXERCISE
   }
 

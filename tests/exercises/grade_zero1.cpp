@@ -15,6 +15,7 @@
 #include "grader.h"
 #include "grader_model.h"
 #include "optim/adamw.h"
+#include "optim/clip.h"
 #include "zero1.h"
 
 using namespace minidl;
@@ -125,6 +126,41 @@ void train_and_compare(Run& run, int steps) {
   }
 }
 
+// `steps` steps clipped to max_norm: the norm step() returns and the parameters against one process's
+// clip_grad_norm and AdamW; a norm equal to this rank's shard's alone is named.
+void clip_and_compare(Run& run, int steps, double max_norm) {
+  Net model(kRankZeroSeed + uint64_t(run.rank()), false), oracle(kRankZeroSeed, false);
+  const auto model_groups = groups_of(model), oracle_groups = groups_of(oracle);
+  dist::naive::Zero1AdamW zero(model, *run.exercise, model_groups, kAdamW);
+  optim::AdamW adamw(oracle_groups, kAdamW);
+  const dist::ShardRange mine = my_shard(int64_t(flat(oracle_groups, false).size()), run);
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = batch(step);
+    model.loss(slice(x, run.rank(), run.size()), slice(y, run.rank(), run.size())).backward();
+    oracle.loss(x, y).backward();
+    const std::vector<double> g = flat(oracle_groups, true);
+    double local = 0;
+    for (int64_t i = mine.begin; i < mine.end; ++i) local += g[size_t(i)] * g[size_t(i)];
+    local = std::sqrt(local);
+    const double got = zero.step(max_norm), want = optim::clip_grad_norm(oracle.parameters(), max_norm);
+    adamw.step();
+    oracle.zero_grad();
+    if (std::abs(got - want) > 1e-5 * want) {
+      if (run.size() > 1 && std::abs(got - local) <= 1e-5 * local)
+        fail("step ", step, ": grad_norm() is ", got, ", the norm of rank ", run.rank(),
+             "'s shard alone (the whole gradient's is ", want,
+             "): the norm not summed over the group, so each rank clips by a factor of its own");
+      fail("step ", step, ": step(", max_norm, ") returned the norm ", got, "; the whole averaged gradient's is ",
+           want);
+    }
+    const std::vector<double> params = flat(model_groups, false), oracle_params = flat(oracle_groups, false);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (std::abs(params[i] - oracle_params[i]) > 1e-5 * std::max(1.0, std::abs(oracle_params[i])))
+        fail("step ", step, ": flat parameter ", i, " is ", params[i], "; one process, clipped to ", max_norm, ", has ",
+             oracle_params[i]);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,6 +183,13 @@ int main(int argc, char** argv) {
            5,
            [](Run& run) { train_and_compare(run, 3); },
            {"zero1.h:1"}},
+          {"clipping",
+           "3 steps clipped to norm 0.05: the norm of the whole averaged gradient and the parameters equal one "
+           "process's clip_grad_norm and AdamW",
+           {2, 3},
+           5,
+           [](Run& run) { clip_and_compare(run, 3, 0.05); },
+           {"zero1.h:1", "zero1.h:2"}},
           {"traffic",
            "one step: a reduce-scatter and an all-gather of the padded flat vector, no all-reduce",
            {2, 3},
