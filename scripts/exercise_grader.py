@@ -174,7 +174,7 @@ def ring_place(call, numel, k, np):
     return f"ring step {step}{phase} of {call} of {numel} elements"
 
 
-def hang_reason(output, np, debug_dir):
+def hang_reason(output, np, debug_dir, ring=True):
     """Who waits on whom: each rank's open calls from its flight recorder dump (the watchdog writes them), placed at
     a ring step by the rank's last CALL line; the watchdog's own lines when there are no dumps."""
     last_call = {}
@@ -185,7 +185,7 @@ def hang_reason(output, np, debug_dir):
     expired = {int(m.group(1)): m for m in WATCHDOG.finditer(output)}
     if not expired:
         return None
-    waits, peers = [], []
+    waits, peers, unmatched = [], [], []
     for rank in range(np):
         try:
             dump = json.load(open(os.path.join(debug_dir, f"flight-rank{rank}.json")))
@@ -213,11 +213,16 @@ def hang_reason(output, np, debug_dir):
         unsent = [e for e in opened if e["op"] == "send" and e is not main]
         if unsent:
             text += f", its send to rank {unsent[0]['peer']} not taken either"
+            if main["op"] == "recv":
+                unmatched.append(f"rank {rank}'s send of {unsent[0]['count']} elements to rank {unsent[0]['peer']}")
         waits.append(text)
         peers.append((main["op"], rank, main["peer"]))
-    if len(peers) == np and all(op == "recv" and peer == (r + 1) % np for op, r, peer in peers):
+    if ring and len(peers) == np and all(op == "recv" and peer == (r + 1) % np for op, r, peer in peers):
         waits.append("every rank receives from its right neighbour, who sends to the right too: a ring receives "
                      "from the left, r - 1")
+    elif not ring and unmatched:
+        waits.append("unmatched: " + ", ".join(unmatched) + " (a send and a receive between the same ranks that do "
+                     "not meet: a tag, or an order, the other side does not expect)")
     return "hang: " + "; ".join(waits) + f" (named by the watchdog after {COLLECTIVE_TIMEOUT_S} s)"
 
 
@@ -234,7 +239,7 @@ def excerpt(text):
     return "\n".join(lines)
 
 
-def run_criterion(binary, cid, np, debug_dir):
+def run_criterion(binary, cid, np, debug_dir, ring=True):
     env = dict(os.environ, OMP_NUM_THREADS="1", MINIDL_COLLECTIVE_TIMEOUT=str(COLLECTIVE_TIMEOUT_S),
                MINIDL_DEBUG_DIR=debug_dir, MINIDL_CHECK_COLLECTIVES="1", MINIDL_FLIGHT_RECORDER_SIZE="1000000",
                OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -254,7 +259,7 @@ def run_criterion(binary, cid, np, debug_dir):
     results = [m for m in results if m]
     failures = [f"rank {m.group(1)}: {m.group(3)}".replace("an error: --check-collectives:", "mismatched messages:")
                 for m in results if m.group(2) == "failed"]
-    hang = hang_reason(output, np, debug_dir)
+    hang = hang_reason(output, np, debug_dir, ring)
     sig = SIGNAL.search(output)
     if rc == 0 and sum(m.group(2) == "passed" for m in results) == np:
         status, reason = "passed", ""
@@ -353,7 +358,7 @@ def check(name, files, learner_dir, json_path, only=None, repeat=1):
                         continue
                     for attempt in range(repeat):  # the first failure of `repeat` runs, or the last pass
                         row = run_criterion(binaries[given] or binary, cid, np,
-                                            os.path.join(debug_root, f"{cid}.np{np}.{attempt}"))
+                                            os.path.join(debug_root, f"{cid}.np{np}.{attempt}"), name == "ring")
                         if row["status"] != "passed":
                             if repeat > 1:
                                 row["reason"] += f" (run {attempt + 1} of {repeat})"
