@@ -169,14 +169,8 @@ int main(int argc, char** argv) {
     l.recompute = nn::parse_recompute(recompute);
     l.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;
     l.schedule = dist::parse_schedule_kind(schedule);
-    l.sync = sync == "diloco"      ? predict::OuterSync::kDiLoCo
-             : sync == "local-sgd" ? predict::OuterSync::kLocalSgd
-                                   : predict::OuterSync::kNone;
-    MINIDL_CHECK(ps_mode == "sync" || ps_mode == "async" || (ps_mode.rfind("ssp:", 0) == 0 && ps_mode.size() > 4),
-                 "--ps-mode: expected sync, async or ssp:S, got '", ps_mode, "'");
-    l.ps_mode = ps_mode == "sync"    ? predict::PsMode::kSync
-                : ps_mode == "async" ? predict::PsMode::kAsync
-                                     : predict::PsMode::kSsp;
+    l.sync = predict::parse_outer_sync(sync);
+    l.ps_mode = predict::parse_ps_mode(ps_mode);
     if (do_plan) {
       MINIDL_CHECK(gpus > 0, "--plan needs --gpus N");
       MINIDL_CHECK(l.sync == predict::OuterSync::kNone && l.ps_servers == 0,

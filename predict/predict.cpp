@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "dist/local_sgd.h"
+#include "dist/parameter_server.h"
 #include "predict/collectives.h"
 #include "predict/compute.h"
 #include "predict/outer.h"
@@ -266,6 +268,16 @@ Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& 
 }
 
 }  // namespace
+
+OuterSync parse_outer_sync(const std::string& name) {
+  if (name == "ddp") return OuterSync::kNone;
+  return dist::outer_kind(name) == dist::OuterKind::kDiLoCo ? OuterSync::kDiLoCo : OuterSync::kLocalSgd;
+}
+
+PsMode parse_ps_mode(const std::string& text) {
+  const dist::PsMode mode = dist::ps_options(text).mode;
+  return mode == dist::PsMode::kSync ? PsMode::kSync : mode == dist::PsMode::kAsync ? PsMode::kAsync : PsMode::kSsp;
+}
 
 std::string describe(const Layout& l) {
   std::ostringstream os;

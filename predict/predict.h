@@ -61,6 +61,10 @@ struct Workload {
 // How replicas or workers meet beyond one synchronous group (train_gpt's --sync, --ps-mode).
 enum class OuterSync { kNone, kLocalSgd, kDiLoCo };
 enum class PsMode { kSync, kAsync, kSsp };
+// train_gpt's --sync (ddp, local-sgd, diloco) and --ps-mode (sync, async, ssp:S), parsed as the trainer parses them
+// (dist::outer_kind, dist::ps_options): a bad name throws naming the accepted ones.
+OuterSync parse_outer_sync(const std::string& name);
+PsMode parse_ps_mode(const std::string& text);
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1;

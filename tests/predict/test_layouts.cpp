@@ -25,15 +25,11 @@ predict::Layout layout_of(const train::TrainConfig& c, int world) {
   l.recompute = nn::parse_recompute(c.recompute);
   l.sequence_parallel = c.sequence_parallel;
   l.schedule = dist::parse_schedule_kind(c.schedule);
-  l.sync = c.sync == "diloco"      ? predict::OuterSync::kDiLoCo
-           : c.sync == "local-sgd" ? predict::OuterSync::kLocalSgd
-                                   : predict::OuterSync::kNone;
+  l.sync = predict::parse_outer_sync(c.sync);
   l.replicas = c.replica_groups;
   l.sync_every = c.sync_every;
   l.ps_servers = c.ps;
-  l.ps_mode = c.ps_mode == "sync"    ? predict::PsMode::kSync
-              : c.ps_mode == "async" ? predict::PsMode::kAsync
-                                     : predict::PsMode::kSsp;
+  l.ps_mode = predict::parse_ps_mode(c.ps_mode);
   l.amp = c.amp == "bf16" ? DType::bf16 : c.amp == "fp16" ? DType::f16 : DType::f32;
   return l;
 }

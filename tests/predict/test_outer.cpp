@@ -4,6 +4,7 @@
 // one answers push by push, so that W workers' pushes bound its step.
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "predict/collectives.h"
 #include "predict/outer.h"
 #include "predict/predict.h"
@@ -95,6 +96,12 @@ TEST(PredictOuter, RefusesWhatTheTrainerRefuses) {
   Layout replicas_alone;
   replicas_alone.replicas = 2;
   EXPECT_NE(refusal(w, replicas_alone).find("need local SGD or DiLoCo"), std::string::npos);
+  // The flags' names, parsed as the trainer parses them.
+  EXPECT_EQ(parse_outer_sync("diloco"), OuterSync::kDiLoCo);
+  EXPECT_EQ(parse_outer_sync("ddp"), OuterSync::kNone);
+  EXPECT_EQ(parse_ps_mode("ssp:2"), PsMode::kSsp);
+  EXPECT_THROW(parse_outer_sync("gossip"), Error);
+  EXPECT_THROW(parse_ps_mode("ssp:x"), Error);
   Layout uneven;
   uneven.sync = OuterSync::kLocalSgd, uneven.replicas = 5;
   EXPECT_NE(refusal(w, uneven).find("x replicas 5 does not divide the global batch 24"), std::string::npos);
