@@ -162,9 +162,13 @@ pipeline_tied_wte ; train/grad_sync.cpp ; -R Pipeline|^test_dist_pipeline\.np|^t
 - tied_group_->all_reduce(g, dist::ReduceOp::kSum)->wait();
 + tied_group_->all_reduce(g, dist::ReduceOp::kAvg)->wait();
 
-naive_gpipe_wrong_micro ; dist/naive/gpipe.h ; -R ^test_naive\.np ; naive GPipe: rank 0 continues the backward of the wrong micro-batch with the gradient it received
-- activations[size_t(m)].backward(grad);
-+ activations[size_t(M - 1 - m)].backward(grad);
+naive_gpipe_newest_first ; dist/naive/gpipe.h ; -R ^test_naive\.np ; naive GPipe: the backwards newest first (a schedule the validator accepts, but not production's order: each gradient adds its pieces in another order)
+- for (int m = 0; m < M; ++m) add(pass(S, s, m, false));
++ for (int m = M - 1; m >= 0; --m) add(pass(S, s, m, false));
+
+naive_pipeline_loss_overwritten ; dist/naive/gpipe.h ; -R ^test_naive\.np ; naive pipelines: the executor keeps the last micro-batch's loss share instead of summing the M shares
+- if (last) loss += float(output[m].item());
++ if (last) loss = float(output[m].item());
 
 naive_tied_wte ; dist/naive/gpipe.h ; -R ^test_naive\.np ; naive pipelines: the tied wte's gradient averaged over the first and last stage instead of summed
 - group.all_reduce(grad, ReduceOp::kSum)->wait();
@@ -179,8 +183,8 @@ naive_1f1b_short_warmup ; dist/naive/one_f_one_b.h ; -R ^test_naive\.np ; naive 
 + const int warmup = std::max(0, std::min(S - 2 - s, M));
 
 naive_1f1b_newest_first ; dist/naive/one_f_one_b.h ; -R ^test_naive\.np ; naive 1F1B: the backward of the newest micro-batch in flight instead of the oldest
-- in_flight.front();  // the oldest micro-batch in flight is m: backwards run in order\n    in_flight.pop_front();
-+ in_flight.back();  // the oldest micro-batch in flight is m: backwards run in order\n    in_flight.pop_back();
+- for (int m = M - warmup; m < M; ++m) add(pass(S, s, m, false));
++ for (int m = M - 1; m >= M - warmup; --m) add(pass(S, s, m, false));
 
 zero_reshard ; dist/zero_state.cpp ; -R Resume|Zero ; resharding a checkpoint into ZeRO shards: each piece read from its tensor's start
 - narrow(0, piece.begin - spec.offsets[piece.slot], piece.numel)

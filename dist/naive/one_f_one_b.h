@@ -1,16 +1,10 @@
 // Naive pipeline parallelism, second schedule: 1F1B ("one forward, one backward") over S stages, rank s of the group
-// running stage s. Read after naive/gpipe.h: the same messages and the same bubble, in another order that keeps
-// far fewer micro-batches alive. The schedule is picotron's train_step_pipeline_1f1b; production: dist/pipeline.cpp
-// (make_schedule's per-rank action lists), train/step.cpp (the executor).
+// running stage s. Read after naive/gpipe.h: the same messages, the same bubble and the same executor (run_actions),
+// only another action list, in an order that keeps far fewer micro-batches alive. The schedule is picotron's
+// train_step_pipeline_1f1b; production: dist/pipeline.cpp (make_schedule's lists), train/step.cpp (the executor).
 //
-//   nn::GPT part(cfg, seed, {starts[s], starts[s + 1], s == 0, s == S - 1});    // only stage s's blocks
-//   double loss = dist::naive::one_f_one_b_step(group, M, {B / M, T, C}, [&](const Tensor& h, int m) {
-//     Tensor out = part.blocks(starts[s], starts[s + 1], s == 0 ? part.embed(ids[m]) : h);
-//     return s < S - 1 ? out : mul(part.head_loss(out, targets[m], Reduction::kSum), 1.0 / (B * T));
-//   });
-//   if (s == 0 || s == S - 1)   // the tied wte, on the first and the last stage: naive/gpipe.h
-//     dist::naive::sum_shared_gradients(first_and_last_group, {part.wte->weight});
-//   optimizer.step();   // over part.parameters()
+//   double loss = dist::naive::one_f_one_b_step(group, M, {B / M, T, C}, stage_forward);   // as naive/gpipe.h's
+//   dist::validate_schedule({{dist::ScheduleKind::k1F1B, S, M}, lists});   // lists[r] = one_f_one_b_actions(S, r, M)
 //
 // The schedule. Stage s runs, in order:
 //   warm-up:      w = min(S - 1 - s, M) forwards, F0 .. F(w-1);
@@ -34,7 +28,7 @@
 // Memory, the reason for 1F1B: stage s holds at most w + 1 = S - s micro-batches between forward and backward
 // (stage 0: S), where GPipe holds all M. With M >> S, the activations of M/S times fewer micro-batches.
 //
-// Sends are posted and waited for at the end of the step; receives block. A send that blocked until its receive
+// Sends are posted and waited for at the optimizer step; receives block. A send that blocked until its receive
 // was posted would deadlock the steady state above: after slot 2 rank 0 sends F1's activation, which rank 1
 // receives only after sending B0's gradient, which rank 0 receives only after that send. Receives block in schedule
 // order and each message they wait for is sent in an earlier slot, so no cycle of waits can form.
@@ -43,77 +37,41 @@
 // 0, 1, ..., M - 1 in that order (the oldest in flight first), so each parameter adds the same gradient pieces in
 // the same order. Only when each backward runs changes, never what it computes.
 //
-// What production adds: S stages with V virtual stages each (interleaved 1F1B), schedules as data validated before
-// the first step and simulated for their bubble, receives posted ahead of their use, data parallelism's gradient
-// sync armed for the last backward only, recomputation.
+// What production adds: V virtual stages per rank (interleaved 1F1B), receives posted ahead of their use, data
+// parallelism's gradient sync armed for the last backward only, recomputation.
 #pragma once
 
 #include <algorithm>
-#include <deque>
 #include <functional>
-#include <memory>
-#include <utility>
 #include <vector>
 
-#include "autograd/functions.h"
-#include "dist/process_group.h"
+#include "gpipe.h"  // beside this file: in an exercise folder, the learner's own
 
 namespace minidl::dist::naive {
 
-// One training step's forward and backward over M micro-batches, rank s of `group` running stage s of S.
-// stage_forward(h, m): micro-batch m through this stage. h is the activation received from stage s - 1, of shape
-// activation_shape (undefined on stage 0, which reads the ids itself); returns the activation for stage s + 1, or on
-// the last stage micro-batch m's share of the batch's loss (the M shares add up to the batch's mean loss).
-// Returns on the last stage the batch's loss (the shares summed in f32, as production sums them), elsewhere zero.
-// Gradients are added into the parameters' .grad(), as any backward does.
-inline double one_f_one_b_step(ProcessGroup& group, int micro_batches, const Shape& activation_shape,
-                               const std::function<Tensor(const Tensor&, int)>& stage_forward) {
-  MINIDL_CHECK(micro_batches >= 1, "naive 1F1B: expected at least 1 micro-batch, got ", micro_batches);
-  const int S = group.size(), s = group.rank(), M = micro_batches;
-  const bool first = s == 0, last = s == S - 1;
-  // Tags: activation of micro-batch m = m, its gradient = M + m, so each message meets its own receive.
-  std::deque<std::pair<Tensor, Tensor>> in_flight;  // (received input, output) of each forward not yet backwarded
-  std::vector<std::shared_ptr<Work>> sends;         // a Work keeps its tensor alive until it completes
-  float loss = 0;
-  // EXERCISE(pipeline): forward(m): receive from s - 1 (not on stage 0), run, send to s + 1 (on the last stage, add to
-  // the loss); backward(m): the oldest in flight, its gradient received from s + 1 (not on the last stage), sent to
-  // s - 1. Warm-up, steady state and cool-down as derived above; wait for every send before returning.
-  auto forward = [&](int m) {
-    Tensor h;
-    if (!first) {
-      h = Tensor::empty(activation_shape);
-      group.recv(h, s - 1, m)->wait();
-      h.set_requires_grad(true);  // a leaf: backward stops here and leaves dL/dh in h.grad()
-    }
-    Tensor out = stage_forward(h, m);
-    if (last)
-      loss += float(out.item());
-    else
-      sends.push_back(group.send(out.detach(), s + 1, m));
-    in_flight.emplace_back(h, out);
-  };
-  auto backward = [&](int m) {
-    auto [h, out] = in_flight.front();  // the oldest micro-batch in flight is m: backwards run in order
-    in_flight.pop_front();
-    if (last) {
-      out.backward();
-    } else {
-      Tensor grad = Tensor::empty(activation_shape);
-      group.recv(grad, s + 1, M + m)->wait();
-      out.backward(grad);  // the rest of micro-batch m's backward on this stage
-    }
-    if (!first) sends.push_back(group.send(h.grad(), s - 1, M + m));
-  };
+// Stage s's 1F1B list: warm-up, steady state and cool-down as derived above, then the optimizer step.
+inline std::vector<Action> one_f_one_b_actions(int S, int s, int M) {
+  std::vector<Action> out;
+  auto add = [&](const std::vector<Action>& actions) { out.insert(out.end(), actions.begin(), actions.end()); };
+  // EXERCISE(pipeline): w = min(S - 1 - s, M) forwards; then for m = w .. M-1 the forward of m and the backward of
+  // m - w (the oldest in flight); then the last w backwards; then one kOptimizerStep. pass() gives each one's actions.
   const int warmup = std::min(S - 1 - s, M);
-  for (int m = 0; m < warmup; ++m) forward(m);
+  for (int m = 0; m < warmup; ++m) add(pass(S, s, m, true));
   for (int m = warmup; m < M; ++m) {
-    forward(m);
-    backward(m - warmup);
+    add(pass(S, s, m, true));
+    add(pass(S, s, m - warmup, false));
   }
-  for (int m = M - warmup; m < M; ++m) backward(m);
-  for (auto& work : sends) work->wait();
+  for (int m = M - warmup; m < M; ++m) add(pass(S, s, m, false));
+  out.push_back({ActionKind::kOptimizerStep});
   // END EXERCISE
-  return loss;
+  return out;
+}
+
+// One 1F1B step over `group`'s S stages: this rank's one_f_one_b_actions, run by naive/gpipe.h's executor.
+inline double one_f_one_b_step(ProcessGroup& group, int M, const Shape& activation_shape,
+                               const std::function<Tensor(const Tensor&, int)>& stage_forward) {
+  MINIDL_CHECK(M >= 1, "naive 1F1B: expected at least 1 micro-batch, got ", M);
+  return run_actions(group, one_f_one_b_actions(group.size(), group.rank(), M), M, activation_shape, stage_forward);
 }
 
 }  // namespace minidl::dist::naive

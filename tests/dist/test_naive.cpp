@@ -9,11 +9,13 @@
 // - naive ZeRO-3 = production dist::ZeroStage3, bitwise at 2 ranks, within 1e-5 at 3; blocks are freed after their
 //   forward and backward;
 // - naive tensor-parallel MLP and attention = the unsplit nn::MLP / nn::CausalSelfAttention within 1e-5 (below);
-// - naive GPipe (2 ranks) = production's GPipe executor at pp 2, the loss and every gradient bitwise, wte included;
+// - naive GPipe (2 and 3 stages) = production's GPipe executor, the loss and every gradient bitwise, wte included;
 //   = one process accumulating the same 4 micro-batches, bitwise but the tied wte's (its embedding and head halves
 //   are summed in another order), within 1e-6;
 // - naive 1F1B (2 and 3 stages) = production's 1F1B executor, bitwise; both pipelines' activation peaks within 10%
-//   of production's (each rank builds only its stage).
+//   of production's (each rank builds only its stage);
+// - the naive GPipe and 1F1B action lists pass production's validator, in production's compute order, with its
+//   simulated bubble and micro-batches in flight (2 to 4 stages, 1 to 8 micro-batches).
 // Bitwise at 2 ranks, whatever the layout: a sum of two floats does not depend on their order, and the average
 // divides it by 2 exactly. At 3 ranks a ring adds an element's three terms in an order set by which chunk holds it,
 // and naive DDP and ZeRO-3 cut their buffers (per parameter, per block) differently from production's buckets.
@@ -24,6 +26,8 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "autograd/functions.h"
 #include "core/memory.h"
@@ -36,6 +40,7 @@
 #include "dist/naive/tensor_parallel.h"
 #include "dist/naive/zero1.h"
 #include "dist/naive/zero3.h"
+#include "dist/pipeline.h"
 #include "dist/process_group.h"
 #include "dist/topology.h"
 #include "dist/tp_plan.h"
@@ -418,8 +423,7 @@ PipeStep pipeline_step(Pipe pipe, const dist::Topology& topo) {
   const Shape shape{kMicroRows, kSeq, cfg.n_embd};
   {
     MemoryTagGuard tag(MemTag::kActivations);
-    out.loss = pipe == Pipe::kNaiveGPipe ? dist::naive::gpipe_step(
-                                               topo.pp_group(), M, shape, [&](int m) { return run(Tensor(), m); }, run)
+    out.loss = pipe == Pipe::kNaiveGPipe ? dist::naive::gpipe_step(topo.pp_group(), M, shape, run)
                                          : dist::naive::one_f_one_b_step(topo.pp_group(), M, shape, run);
   }
   out.activation_peak = double(mem.peak(MemTag::kActivations) - before);
@@ -445,12 +449,12 @@ void expect_same_step(const PipeStep& naive, const PipeStep& production, const d
 
 }  // namespace
 
-// Naive GPipe against production's GPipe at pp 2, and against one process accumulating the same micro-batches:
-// bitwise but the tied wte, whose embedding and head halves one process adds micro-batch by micro-batch, the
-// pipeline stage by stage (1e-6).
+// Naive GPipe against production's GPipe over every rank as a stage (pp 2 and 3), and against one process
+// accumulating the same micro-batches: bitwise but the tied wte, whose embedding and head halves one process adds
+// micro-batch by micro-batch, the pipeline stage by stage (1e-6).
 TEST(Naive, GPipeEqualsProductionGPipeAndOneProcess) {
-  if (ctx().world_size() != 2) GTEST_SKIP() << "naive GPipe has two stages: needs 2 ranks";
-  const dist::Topology topo(ctx().world(), {1, 1, 2}, "mpi");
+  if (ctx().world_size() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  const dist::Topology topo(ctx().world(), {1, 1, ctx().world_size()}, "mpi");
   const PipeStep naive = pipeline_step(Pipe::kNaiveGPipe, topo);
   expect_same_step(naive, pipeline_step(Pipe::kGPipe, topo), topo);
   const PipeStep one = pipeline_step(Pipe::kOneProcess, topo);
@@ -477,4 +481,32 @@ TEST(Naive, OneFOneBEqualsProduction1F1B) {
   if (ctx().world_size() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   const dist::Topology topo(ctx().world(), {1, 1, ctx().world_size()}, "mpi");
   expect_same_step(pipeline_step(Pipe::kNaive1F1B, topo), pipeline_step(Pipe::k1F1B, topo), topo);
+}
+
+// The naive action lists are schedules production accepts: dist::validate_schedule passes them, each rank runs its
+// forwards and backwards in production's order (only where the receives sit differs: production posts them ahead),
+// and the simulator finds production's bubble and micro-batches in flight.
+TEST(Naive, PipelineActionListsPassTheValidatorInProductionsComputeOrder) {
+  auto computes = [](const std::vector<dist::Action>& list) {
+    std::vector<dist::Action> out;
+    for (const dist::Action& a : list)
+      if (a.kind == dist::ActionKind::kForward || a.kind == dist::ActionKind::kBackward) out.push_back(a);
+    return out;
+  };
+  for (const auto kind : {dist::ScheduleKind::kGPipe, dist::ScheduleKind::k1F1B})
+    for (int S = 2; S <= 4; ++S)
+      for (int M = 1; M <= 8; ++M) {
+        SCOPED_TRACE(std::string(dist::schedule_kind_name(kind)) + " S " + std::to_string(S) + " M " +
+                     std::to_string(M));
+        dist::Schedule naive{{kind, S, M, 1}, {}};
+        for (int s = 0; s < S; ++s)
+          naive.ranks.push_back(kind == dist::ScheduleKind::kGPipe ? dist::naive::gpipe_actions(S, s, M)
+                                                                   : dist::naive::one_f_one_b_actions(S, s, M));
+        EXPECT_NO_THROW(dist::validate_schedule(naive));
+        const dist::Schedule production = dist::make_schedule(naive.spec);
+        for (int s = 0; s < S; ++s) EXPECT_EQ(computes(naive.ranks[size_t(s)]), computes(production.ranks[size_t(s)]));
+        const dist::SimResult a = dist::simulate(naive), b = dist::simulate(production);
+        EXPECT_DOUBLE_EQ(a.bubble_fraction(), b.bubble_fraction());
+        EXPECT_EQ(a.peak_in_flight, b.peak_in_flight);
+      }
 }

@@ -1,20 +1,21 @@
 // The grader of exercise pipeline (dist/naive/gpipe.h, dist/naive/one_f_one_b.h; scripts/minidl-exercise check
-// pipeline): a chain of S linear stages, one per rank, over M = 4 micro-batches, against one process that runs the
-// whole chain and accumulates the micro-batches' gradients; the shared (tied) gradient sum; and 1F1B's schedule,
-// read off the run itself: each stage's forward marks its weight with the micro-batch, so the backward that passes
-// the mark says which micro-batch's backward ran when.
+// pipeline). The action lists, as data: every rank's list of S stages through production's dist::validate_schedule
+// (a send without its receive, a receive after the compute that needs it, ... named by rank and action) and
+// dist::simulate (the bubble against (S - 1)/(M + S - 1)), and 1F1B's order read off the list. The execution: a
+// chain of S linear stages, one per rank, over M = 4 micro-batches, against one process that runs the whole chain
+// and accumulates the micro-batches' gradients; the shared (tied) gradient sum.
 //
-// A message that is sent and never received (or the reverse) hangs; the watchdog names which rank waits in which
-// send or recv on which peer (scripts/exercise_grader.py).
+// A message that is sent and never received (or the reverse) at run time hangs; the watchdog names which rank
+// waits in which send or recv on which peer, and the sends no receive took (scripts/exercise_grader.py).
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "autograd/functions.h"
-#include "autograd/node.h"
+#include "core/error.h"
 #include "core/rng.h"
+#include "dist/pipeline.h"
 #include "gpipe.h"
 #include "grader.h"
 #include "one_f_one_b.h"
@@ -35,29 +36,10 @@ Tensor weight(int stage) { return random({kWidth, kWidth}, 50 + uint64_t(stage),
 Tensor input(int m) { return random({kRows, kWidth}, 60, uint64_t(m), 1.0); }
 Tensor target(int m) { return random({kRows, kWidth}, 61, uint64_t(m), 1.0); }
 
-// What the stages saw: F m when a forward starts, B m when micro-batch m's backward leaves the stage's weight.
-struct Log {
-  std::vector<std::string> events;
-  int forwards = 0, backwards = 0, peak = 0;
-};
-
-// w, marked so that the backward through it logs micro-batch m.
-Tensor marked(const Tensor& w, int m, const std::shared_ptr<Log>& log) {
-  return autograd::record("grader_mark", {w}, w.detach(), [m, log](const Tensor& gy) {
-    log->events.push_back("B" + std::to_string(m));
-    ++log->backwards;
-    return std::vector<Tensor>{gy};
-  });
-}
-
 // Stage s of S on micro-batch m: h (undefined on stage 0) -> the next activation, or on the last stage m's share
 // of the batch's mean loss.
-Tensor stage(int s, int S, const Tensor& w, const Tensor& h, int m, const std::shared_ptr<Log>& log) {
-  if (log) {
-    log->events.push_back("F" + std::to_string(m));
-    log->peak = std::max(log->peak, ++log->forwards - log->backwards);
-  }
-  Tensor out = matmul(s == 0 ? input(m) : h, log ? marked(w, m, log) : w);
+Tensor stage(int s, int S, const Tensor& w, const Tensor& h, int m) {
+  Tensor out = matmul(s == 0 ? input(m) : h, w);
   if (s < S - 1) return gelu(out);
   return mul(mean(square(sub(out, target(m)))), 1.0 / kMicro);
 }
@@ -68,7 +50,7 @@ double whole_chain(std::vector<Tensor>& weights) {
   float loss = 0;
   for (int m = 0; m < kMicro; ++m) {
     Tensor h;
-    for (int s = 0; s < S; ++s) h = stage(s, S, weights[size_t(s)], h, m, nullptr);
+    for (int s = 0; s < S; ++s) h = stage(s, S, weights[size_t(s)], h, m);
     h.backward();
     loss += float(h.item());
   }
@@ -101,10 +83,39 @@ void expect_oracle(const Run& run, const Tensor& w, double loss, const char* sch
          "has the loss (the others return 0)");
 }
 
-std::string events(const Log& log) {
+// Every rank's list, from the learner's actions(S, s, M), as dist::validate_schedule and dist::simulate take it.
+dist::Schedule lists(dist::ScheduleKind kind, int S, int M, std::vector<dist::Action> (*actions)(int, int, int)) {
+  dist::Schedule schedule{{kind, S, M, 1}, {}};
+  for (int s = 0; s < S; ++s) schedule.ranks.push_back(actions(S, s, M));
+  return schedule;
+}
+
+void expect_valid(const dist::Schedule& schedule, const char* name) {
+  try {
+    dist::validate_schedule(schedule);
+  } catch (const Error& e) {
+    fail("the validator rejects ", name, "'s lists at S = ", schedule.spec.stages,
+         ", M = ", schedule.spec.micro_batches, ": ", e.what());
+  }
+}
+
+// Stage s's computes in list order, "F0 F1 B0 ...".
+std::string computes(const std::vector<dist::Action>& list) {
   std::string out;
-  for (const std::string& e : log.events) out += (out.empty() ? "" : " ") + e;
+  for (const dist::Action& a : list)
+    if (a.kind == dist::ActionKind::kForward || a.kind == dist::ActionKind::kBackward)
+      out += (out.empty() ? "" : " ") + std::string(a.kind == dist::ActionKind::kForward ? "F" : "B") +
+             std::to_string(a.micro);
   return out;
+}
+
+// The simulated bubble against the formula (S - 1)/(M + S - 1): the schedule idles no more than it must.
+void expect_bubble(const dist::Schedule& schedule, const char* name) {
+  const double got = dist::simulate(schedule).bubble_fraction(), want = dist::bubble_formula(schedule.spec);
+  if (got > want + 1e-9)
+    fail(name, " at S = ", schedule.spec.stages, ", M = ", schedule.spec.micro_batches,
+         ": the simulator finds a bubble of ", got, ", the formula (S - 1)/(M + S - 1) says ", want,
+         " (stages wait on each other: a compute placed after one it does not need to follow)");
 }
 
 }  // namespace
@@ -113,18 +124,39 @@ int main(int argc, char** argv) {
   return exercises::run_grader(
       argc, argv,
       {
+          {"gpipe_schedule",
+           "GPipe's lists: the validator accepts them (every send meets its receive), every forward then every "
+           "backward in micro-batch order, the simulated bubble (S - 1)/(M + S - 1)",
+           {2, 3},
+           1,
+           [](Run& run) {
+             const int S = run.size();
+             for (int M : {1, kMicro}) {
+               const dist::Schedule schedule = lists(dist::ScheduleKind::kGPipe, S, M, dist::naive::gpipe_actions);
+               expect_valid(schedule, "GPipe");
+               std::string want;
+               for (int k = 0; k < 2 * M; ++k)
+                 want += (k ? " " : "") + std::string(k < M ? "F" : "B") + std::to_string(k % M);
+               const int s = run.rank();  // each rank reports its own stage
+               if (computes(schedule.ranks[size_t(s)]) != want)
+                 fail("GPipe's stage ", s, " computes ", computes(schedule.ranks[size_t(s)]), "; GPipe runs ", want,
+                      " (every forward, then every backward, each in micro-batch order)");
+               expect_bubble(schedule, "GPipe");
+             }
+           }},
           {"gpipe",
-           "two-stage GPipe: the loss and each stage's gradient equal one process's over 4 micro-batches",
-           {2},
+           "GPipe run by your executor over S stages: the loss and each stage's gradient equal one process's over 4 "
+           "micro-batches",
+           {2, 3},
            5,
            [](Run& run) {
-             const int s = run.rank();
+             const int s = run.rank(), S = run.size();
              Tensor w = weight(s);
-             const double loss = dist::naive::gpipe_step(
-                 *run.exercise, kMicro, {kRows, kWidth}, [&](int m) { return stage(0, 2, w, Tensor(), m, nullptr); },
-                 [&](const Tensor& h, int m) { return stage(1, 2, w, h, m, nullptr); });
+             const double loss = dist::naive::gpipe_step(*run.exercise, kMicro, {kRows, kWidth},
+                                                         [&](const Tensor& h, int m) { return stage(s, S, w, h, m); });
              expect_oracle(run, w, loss, "GPipe");
-           }},
+           },
+           {"gpipe.h:1", "gpipe.h:2"}},
           {"shared_gradients",
            "a parameter on two stages gets the sum of both halves of its gradient",
            {2, 3},
@@ -146,6 +178,49 @@ int main(int argc, char** argv) {
                fail("the shared gradient is not the sum of the stages' halves");
              }
            }},
+          {"one_f_one_b_schedule",
+           "1F1B's lists: S - 1 - s forwards before stage s's first backward, backwards oldest first, at most S - s "
+           "micro-batches in flight, accepted by the validator, the simulated bubble (S - 1)/(M + S - 1)",
+           {2, 3},
+           1,
+           [](Run& run) {
+             const int S = run.size();
+             const dist::Schedule schedule =
+                 lists(dist::ScheduleKind::k1F1B, S, kMicro, dist::naive::one_f_one_b_actions);
+             {
+               const int s = run.rank();  // each rank reports its own stage
+               const std::vector<dist::Action>& list = schedule.ranks[size_t(s)];
+               int warm = 0, next = 0, in_flight = 0, peak = 0;
+               bool backward_seen = false;
+               for (const dist::Action& a : list) {
+                 if (a.kind == dist::ActionKind::kForward) {
+                   warm += !backward_seen;
+                   peak = std::max(peak, ++in_flight);
+                 } else if (a.kind == dist::ActionKind::kBackward) {
+                   backward_seen = true;
+                   --in_flight;
+                   if (a.micro != next++)
+                     fail("stage ", s, " runs its backwards out of order (", computes(list),
+                          "): 1F1B runs the oldest micro-batch in flight first");
+                 }
+               }
+               const int want_warm = std::min(S - s, kMicro);  // the warm-up's S - 1 - s, and the first steady one
+               if (warm != want_warm)
+                 fail("stage ", s, " of ", S, " runs ", warm, " forwards before its first backward (", computes(list),
+                      "); 1F1B's warm-up is S - 1 - s = ", S - 1 - s,
+                      " forwards, then one forward and one backward: ", want_warm,
+                      warm > want_warm ? ". More only hold memory (GPipe's order holds all M)"
+                                       : ". Fewer starve the later stages");
+               if (peak > S - s)
+                 fail("stage ", s, " holds ", peak,
+                      " micro-batches between forward and backward; 1F1B holds at most "
+                      "S - s = ",
+                      S - s);
+             }
+             expect_valid(schedule, "1F1B");
+             expect_bubble(schedule, "1F1B");
+           },
+           {"gpipe.h:1"}},
           {"one_f_one_b",
            "1F1B over S stages: the loss and each stage's gradient equal one process's",
            {2, 3},
@@ -153,42 +228,10 @@ int main(int argc, char** argv) {
            [](Run& run) {
              const int s = run.rank(), S = run.size();
              Tensor w = weight(s);
-             const double loss =
-                 dist::naive::one_f_one_b_step(*run.exercise, kMicro, {kRows, kWidth},
-                                               [&](const Tensor& h, int m) { return stage(s, S, w, h, m, nullptr); });
+             const double loss = dist::naive::one_f_one_b_step(
+                 *run.exercise, kMicro, {kRows, kWidth}, [&](const Tensor& h, int m) { return stage(s, S, w, h, m); });
              expect_oracle(run, w, loss, "1F1B");
-           }},
-          {"one_f_one_b_schedule",
-           "1F1B's order: S - s forwards before stage s's first backward, backwards oldest first, at most S - s "
-           "micro-batches in flight",
-           {2, 3},
-           1,
-           [](Run& run) {
-             const int s = run.rank(), S = run.size();
-             Tensor w = weight(s);
-             auto log = std::make_shared<Log>();
-             dist::naive::one_f_one_b_step(*run.exercise, kMicro, {kRows, kWidth},
-                                           [&](const Tensor& h, int m) { return stage(s, S, w, h, m, log); });
-             const int want_warm = std::min(S - s, kMicro);
-             int warm = 0;
-             while (warm < int(log->events.size()) && log->events[size_t(warm)][0] == 'F') ++warm;
-             int next = 0;
-             for (const std::string& e : log->events)
-               if (e[0] == 'B' && std::stoi(e.substr(1)) != next++)
-                 fail("stage ", s, " ran its backwards out of order (", events(*log),
-                      "): 1F1B runs the oldest "
-                      "micro-batch in flight first");
-             if (warm != want_warm)
-               fail("stage ", s, " of ", S, " ran ", warm, " forwards before its first backward (", events(*log),
-                    "); 1F1B's warm-up is S - 1 - s = ", S - 1 - s,
-                    " forwards, then one forward and one backward: ", want_warm,
-                    warm > want_warm ? ". More only hold memory (GPipe's order holds all M)"
-                                     : ". Fewer starve the later stages");
-             if (log->peak > S - s)
-               fail("stage ", s, " held ", log->peak,
-                    " micro-batches between forward and backward; 1F1B holds at "
-                    "most S - s = ",
-                    S - s);
-           }},
+           },
+           {"gpipe.h:1", "gpipe.h:3"}},
       });
 }

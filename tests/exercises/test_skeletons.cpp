@@ -60,8 +60,12 @@ TEST(ExerciseSkeletons, EachRegionThrowsNamingItsExerciseAndFunction) {
               [&] { dist::naive::ParallelMLP mlp(*model.block<nn::Block>(0).mlp, *group); });
   dist::naive::ParallelAttention attn(*model.block<nn::Block>(0).attn, *group);
   expect_todo("tensor_parallel", "forward", [&] { attn.forward(x); });
-  expect_todo("pipeline", "one_f_one_b_step", [&] {
-    dist::naive::one_f_one_b_step(*group, 2, {1, 8, 16}, [](const Tensor& h, int) { return h; });
+  expect_todo("pipeline", "pass", [&] { dist::naive::pass(2, 0, 0, true); });
+  expect_todo("pipeline", "gpipe_actions", [&] { dist::naive::gpipe_actions(2, 0, 2); });
+  expect_todo("pipeline", "one_f_one_b_actions", [&] { dist::naive::one_f_one_b_actions(2, 0, 2); });
+  expect_todo("pipeline", "run_actions", [&] {
+    dist::naive::run_actions(*group, {{dist::ActionKind::kForward, 0}}, 1, {1, 8, 16},
+                             [](const Tensor& h, int) { return h; });
   });
   expect_todo("pipeline", "sum_shared_gradients", [&] { dist::naive::sum_shared_gradients(*group, {x}); });
 }
