@@ -64,7 +64,7 @@ ROWS = [
                                    ("interleaved V 2", "interleaved", ["--virtual-stages", 2], (2, 4)))
      for m in ms]
 # Measured by train_gpt (its summary's ms_per_step: bench_gpt_step has no outer sync and no parameter server), 40
-# steps (five outer syncs at H 8; the parameter server's figure counts its first step and pull too). Their
+# steps (five outer syncs at H 8), the first step left out as everywhere. Their
 # flags: (name, ranks, train_gpt flags, minidl_predict flags).
 TRAINER = "trainer"
 TRAINER_ROWS = [

@@ -246,6 +246,10 @@ std::vector<double> Tensor::to_vector() const {
 }
 
 std::vector<float> Tensor::to_float_vector() const {
+  if (device().is_cpu() && dtype() == DType::f32 && is_contiguous()) {  // one copy, not through doubles
+    const float* p = data<float>();
+    return {p, p + numel()};
+  }
   std::vector<double> d = to_vector();
   return {d.begin(), d.end()};
 }

@@ -92,6 +92,21 @@ TEST(Tensor, NarrowAndReshape) {
   EXPECT_THROW(n.view({12}), Error);
 }
 
+// to_float_vector reads a contiguous f32 tensor in one copy; views (with their offset and strides) and other dtypes
+// take the elementwise path. Both give the values in row-major order.
+TEST(Tensor, ToFloatVectorReadsViewsAndDtypesInOrder) {
+  Tensor x = Tensor::arange(24).reshape({2, 3, 4});
+  const std::vector<double> all = x.to_vector();
+  EXPECT_EQ(x.to_float_vector(), std::vector<float>(all.begin(), all.end()));
+  for (const Tensor& v : {x.narrow(1, 1, 2), x.transpose(0, 2), x.narrow(0, 1, 1), x.to(DType::f16)}) {
+    const std::vector<double> want = v.to_vector();
+    EXPECT_EQ(v.to_float_vector(), std::vector<float>(want.begin(), want.end())) << v.shape();
+  }
+  const std::vector<float> tail = x.narrow(0, 1, 1).to_float_vector();  // contiguous, at an offset
+  EXPECT_EQ(tail.front(), 12.0f);
+  EXPECT_EQ(tail.size(), 12u);
+}
+
 TEST(Tensor, CastsRoundTrip) {
   Tensor x = Tensor::from_vector(std::vector<double>{1.0, -2.5, 0.1, 65504.0, 1e-7}, {5});
   Tensor h = x.to(DType::f16);
