@@ -15,54 +15,54 @@ namespace {
 
 constexpr int kPushTag = 7101, kParamsTag = 7102, kFinalTag = 7103;
 
-// A message: two int64 (a step or -1, and a version) and the floats of one shard.
-std::vector<char> pack(int64_t a, int64_t b, const float* data, int64_t n) {
-  std::vector<char> m(2 * sizeof(int64_t) + size_t(n) * sizeof(float));
+// A message: two int64 (a step or -1, and a version) and the floats of one shard, packed into `m`. The buffers a
+// message passes through are kept between messages (`m` here, `buffer` below): allocated afresh, a model-sized
+// buffer faults its pages in on every push and pull (about 7 ms of a baby step's ~100 ms).
+void send_message(MPI_Comm comm, int dest, int tag, std::vector<char>& m, int64_t a, int64_t b, const float* data,
+                  int64_t n) {
+  m.resize(2 * sizeof(int64_t) + size_t(n) * sizeof(float));
   std::memcpy(m.data(), &a, sizeof a);
   std::memcpy(m.data() + sizeof a, &b, sizeof b);
   if (n > 0) std::memcpy(m.data() + 2 * sizeof a, data, size_t(n) * sizeof(float));
-  return m;
+  MINIDL_MPI_CHECK(MPI_Send(m.data(), int(m.size()), MPI_BYTE, dest, tag, comm));
 }
 
 struct Message {
   int source = 0;
   int64_t a = 0, b = 0;
-  std::vector<float> data;
+  const float* data = nullptr;  // n floats inside the receive buffer, until the next receive into it
+  int64_t n = 0;
+  void copy_to(std::vector<float>& out) const { out.assign(data, data + n); }
 };
 
-Message receive_message(MPI_Comm comm, int source, int tag) {
+Message receive_message(MPI_Comm comm, int source, int tag, std::vector<char>& buffer) {
   MPI_Status status;
   MINIDL_MPI_CHECK(MPI_Probe(source, tag, comm, &status));
   int bytes = 0;
   MINIDL_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &bytes));
-  std::vector<char> m(static_cast<size_t>(bytes));
-  MINIDL_MPI_CHECK(MPI_Recv(m.data(), bytes, MPI_BYTE, status.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE));
+  buffer.resize(static_cast<size_t>(bytes));
+  MINIDL_MPI_CHECK(MPI_Recv(buffer.data(), bytes, MPI_BYTE, status.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE));
   Message out;
   out.source = status.MPI_SOURCE;
-  std::memcpy(&out.a, m.data(), sizeof out.a);
-  std::memcpy(&out.b, m.data() + sizeof out.a, sizeof out.b);
-  out.data.resize((size_t(bytes) - 2 * sizeof(int64_t)) / sizeof(float));
-  if (!out.data.empty()) std::memcpy(out.data.data(), m.data() + 2 * sizeof(int64_t), out.data.size() * sizeof(float));
+  std::memcpy(&out.a, buffer.data(), sizeof out.a);
+  std::memcpy(&out.b, buffer.data() + sizeof out.a, sizeof out.b);
+  out.n = int64_t((size_t(bytes) - 2 * sizeof(int64_t)) / sizeof(float));
+  out.data = reinterpret_cast<const float*>(buffer.data() + 2 * sizeof(int64_t));  // 16 bytes into new[]'s block
   return out;
-}
-
-void send_message(MPI_Comm comm, int dest, int tag, const std::vector<char>& m) {
-  MINIDL_MPI_CHECK(MPI_Send(m.data(), int(m.size()), MPI_BYTE, dest, tag, comm));
 }
 
 ShardRange range_of(const PsLayout& l, int server) { return {l.begin(server), l.end(server)}; }
 
 // The update a server applies, shared with the replay so that both round alike: async and ssp divide each gradient
 // by W; sync sums the W gradients in worker order, then divides.
-std::vector<float> divided(std::vector<float> g, int workers) {
+void divide(std::vector<float>& g, int workers) {
   for (float& x : g) x = x / float(workers);
-  return g;
 }
-std::vector<float> mean_in_worker_order(const std::vector<std::vector<float>>& g) {
-  std::vector<float> sum = g[0];
+void mean_in_worker_order(const std::vector<const std::vector<float>*>& g, std::vector<float>& sum) {
+  sum = *g[0];
   for (size_t w = 1; w < g.size(); ++w)
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] = sum[i] + g[w][i];
-  return divided(std::move(sum), int(g.size()));
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = sum[i] + (*g[w])[i];
+  divide(sum, int(g.size()));
 }
 
 }  // namespace
@@ -120,7 +120,7 @@ ParameterServer::ParameterServer(MPI_Comm comm, PsLayout layout, int index, std:
 }
 
 void ParameterServer::reply(int worker, bool stop) {
-  send_message(comm_, worker, kParamsTag, pack(stop ? 1 : 0, version_, shard_.data(), int64_t(shard_.size())));
+  send_message(comm_, worker, kParamsTag, out_, stop ? 1 : 0, version_, shard_.data(), int64_t(shard_.size()));
 }
 
 void ParameterServer::serve(int64_t steps) {
@@ -133,41 +133,44 @@ void ParameterServer::serve(int64_t steps) {
     serve_async(steps);
   }
   for (int w = 0; w < W; ++w)  // the last word: everyone's last gradient is in
-    send_message(comm_, w, kFinalTag, pack(-1, version_, shard_.data(), int64_t(shard_.size())));
+    send_message(comm_, w, kFinalTag, out_, -1, version_, shard_.data(), int64_t(shard_.size()));
 }
 
 void ParameterServer::serve_sync(int64_t steps) {
   const int W = layout_.workers, need = W - options_.backup;
   int stopped = 0;
   for (int64_t s = 0; s < steps; ++s) {
-    std::vector<std::vector<float>> grads(static_cast<size_t>(W));
+    grads_.resize(static_cast<size_t>(W));  // kept from step to step, as their capacity is
     std::vector<int64_t> computed(static_cast<size_t>(W));
+    std::vector<char> got(static_cast<size_t>(W), 0);
     std::vector<int> in;  // who made it into this step, in arrival order
     while (int(in.size()) < need) {
-      Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
+      Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag, in_);
       const int w = m.source;
       if (m.a < s) {  // a backup worker's late gradient, of a step already taken: dropped, and it catches up
         ++dropped_[size_t(w)];
         reply(w, false);
         continue;
       }
-      MINIDL_CHECK(m.a == s && grads[size_t(w)].empty(), "parameter server ", index_, ": worker ", w, " pushed step ",
-                   m.a, " during step ", s);
+      MINIDL_CHECK(m.a == s && !got[size_t(w)], "parameter server ", index_, ": worker ", w, " pushed step ", m.a,
+                   " during step ", s);
       computed[size_t(w)] = m.b;
-      grads[size_t(w)] = std::move(m.data);
+      m.copy_to(grads_[size_t(w)]);
+      got[size_t(w)] = 1;
       in.push_back(w);
     }
     std::sort(in.begin(), in.end());  // summed in worker order, whoever came first
-    std::vector<std::vector<float>> taken;
-    for (int w : in) taken.push_back(std::move(grads[size_t(w)]));
-    apply_(shard_, mean_in_worker_order(taken));  // rescaled: divided by the W - b that came
+    std::vector<const std::vector<float>*> taken;
+    for (int w : in) taken.push_back(&grads_[size_t(w)]);
+    mean_in_worker_order(taken, grad_);
+    apply_(shard_, grad_);  // rescaled: divided by the W - b that came
     ++version_;
     for (int w : in) log_.push_back({w, s, computed[size_t(w)], version_});
     for (int w : in) reply(w, s + 1 == steps);
     if (s + 1 == steps) stopped += int(in.size());
   }
   while (stopped < W) {  // the backup workers still computing the last step: their gradient comes too late
-    Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
+    Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag, in_);
     ++dropped_[size_t(m.source)];
     reply(m.source, true);
     ++stopped;
@@ -187,7 +190,7 @@ void ParameterServer::serve_async(int64_t steps) {
   int64_t applied = 0;
   auto stop = [&](int u) { reply(u, true), ++stopped; };
   while (stopped < W) {
-    Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag);
+    Message m = receive_message(comm_, MPI_ANY_SOURCE, kPushTag, in_);
     const int w = m.source;
     if (applied == budget) {  // the budget is spent: a gradient computed meanwhile is dropped
       stop(w);
@@ -195,7 +198,9 @@ void ParameterServer::serve_async(int64_t steps) {
     }
     MINIDL_CHECK(m.a == clock[size_t(w)], "parameter server ", index_, ": worker ", w, " pushed step ", m.a,
                  ", expected ", clock[size_t(w)]);
-    apply_(shard_, divided(std::move(m.data), W));
+    m.copy_to(grad_);
+    divide(grad_, W);
+    apply_(shard_, grad_);
     ++version_, ++applied, ++clock[size_t(w)];
     log_.push_back({w, m.a, m.b, version_});
     if (applied == budget) {  // the last one: everyone held back stops too
@@ -239,31 +244,31 @@ std::vector<int64_t> staleness_histogram(const std::vector<std::vector<PsPush>>&
 PsWorker::PsWorker(MPI_Comm comm, PsLayout layout, int worker)
     : comm_(comm), layout_(layout), worker_(worker), versions_(size_t(layout.servers), 0) {}
 
-std::vector<float> PsWorker::receive(int tag) {
-  std::vector<float> flat(size_t(layout_.numel));
+const std::vector<float>& PsWorker::receive(int tag) {
+  params_.resize(size_t(layout_.numel));
   for (int j = 0; j < layout_.servers; ++j) {
-    Message m = receive_message(comm_, layout_.workers + j, tag);
+    Message m = receive_message(comm_, layout_.workers + j, tag, in_);
     const ShardRange r = range_of(layout_, j);
-    MINIDL_CHECK(int64_t(m.data.size()) == r.size(), "parameter-server worker ", worker_, ": server ", j, " sent ",
-                 m.data.size(), " parameters, expected ", r.size());
-    std::copy(m.data.begin(), m.data.end(), flat.begin() + r.begin);
+    MINIDL_CHECK(m.n == r.size(), "parameter-server worker ", worker_, ": server ", j, " sent ", m.n,
+                 " parameters, expected ", r.size());
+    std::copy(m.data, m.data + m.n, params_.begin() + r.begin);
     versions_[size_t(j)] = m.b;
     stopped_ = stopped_ || m.a == 1;
   }
-  return flat;
+  return params_;
 }
 
-std::vector<float> PsWorker::pull() { return receive(kParamsTag); }
+const std::vector<float>& PsWorker::pull() { return receive(kParamsTag); }
 
-std::vector<float> PsWorker::final_pull() { return receive(kFinalTag); }
+const std::vector<float>& PsWorker::final_pull() { return receive(kFinalTag); }
 
-std::vector<float> PsWorker::push_pull(int64_t step, const std::vector<float>& grad) {
+const std::vector<float>& PsWorker::push_pull(int64_t step, const std::vector<float>& grad) {
   MINIDL_CHECK(int64_t(grad.size()) == layout_.numel, "parameter-server worker ", worker_, ": a gradient of ",
                grad.size(), " values, expected ", layout_.numel);
   for (int j = 0; j < layout_.servers; ++j) {
     const ShardRange r = range_of(layout_, j);
-    send_message(comm_, layout_.workers + j, kPushTag,
-                 pack(step, versions_[size_t(j)], grad.data() + r.begin, r.size()));
+    send_message(comm_, layout_.workers + j, kPushTag, out_, step, versions_[size_t(j)], grad.data() + r.begin,
+                 r.size());
   }
   return receive(kParamsTag);
 }
@@ -333,13 +338,19 @@ std::vector<float> ps_replay(const PsLayout& layout, const std::vector<std::vect
             g.push_back(slice(*full));
           }
           if (g.size() < end - at[size_t(j)]) break;
-          apply(j, shard, mean_in_worker_order(g));
+          std::vector<const std::vector<float>*> taken;
+          for (const std::vector<float>& x : g) taken.push_back(&x);
+          std::vector<float> mean;
+          mean_in_worker_order(taken, mean);
+          apply(j, shard, mean);
           at[size_t(j)] = end;
         } else {
           const PsPush& p = log[at[size_t(j)]];
           const std::vector<float>* full = grad_of(p.worker, p.step);
           if (!full) break;
-          apply(j, shard, divided(slice(*full), W));
+          std::vector<float> g = slice(*full);
+          divide(g, W);
+          apply(j, shard, g);
           at[size_t(j)] += 1;
         }
         versions[size_t(j)].push_back(std::move(shard));

@@ -110,31 +110,36 @@ class ParameterServer {
   int64_t version_ = 0;
   std::vector<PsPush> log_;
   std::vector<int64_t> dropped_;
+  std::vector<char> out_, in_;             // the message buffers, kept between messages
+  std::vector<std::vector<float>> grads_;  // sync: the step's gradient per worker
+  std::vector<float> grad_;                // what apply_ is given
 };
 
 class PsWorker {
  public:
   PsWorker(MPI_Comm comm, PsLayout layout, int worker);
   // The parameters at every server's version 0.
-  std::vector<float> pull();
+  const std::vector<float>& pull();
   // Pushes the gradient of step `step` (computed on what the last pull returned) and returns the parameters the
   // servers send back (sync: after everyone's step; async: at once; ssp: within the bound).
-  std::vector<float> push_pull(int64_t step, const std::vector<float>& grad);
+  const std::vector<float>& push_pull(int64_t step, const std::vector<float>& grad);
   // Whether the servers said this was the last push: in sync after `steps` of them; asynchronously with one server
   // once steps · W gradients are in, whoever pushed them (a gradient pushed after that is dropped), with several
   // after this worker's `steps`.
   bool stopped() const { return stopped_; }
   // After the last push_pull: the parameters once every worker's last gradient is in.
-  std::vector<float> final_pull();
+  const std::vector<float>& final_pull();
 
  private:
-  std::vector<float> receive(int tag);
+  const std::vector<float>& receive(int tag);
 
   MPI_Comm comm_;
   PsLayout layout_;
   int worker_;
   std::vector<int64_t> versions_;  // per server: the version of the shard last received
   bool stopped_ = false;
+  std::vector<float> params_;   // what pull, push_pull and final_pull return: valid until the next of them
+  std::vector<char> out_, in_;  // the message buffers, kept between messages
 };
 
 // Staleness of the applied gradients in `logs`: histogram[k] = how many were applied k versions after the one they

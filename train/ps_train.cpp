@@ -125,7 +125,7 @@ class ServerStep {
 // A worker's optimizer: its step pushes the gradient and takes the parameters the servers send back.
 class PushPull final : public optim::Optimizer {
  public:
-  PushPull(std::vector<Tensor> params, std::function<std::vector<float>(const std::vector<float>&)> exchange)
+  PushPull(std::vector<Tensor> params, std::function<const std::vector<float>&(const std::vector<float>&)> exchange)
       : Optimizer({optim::ParamGroup{params, 0.0}}, 0.0, "parameter server"),
         params_(std::move(params)),
         exchange_(std::move(exchange)) {}
@@ -137,7 +137,7 @@ class PushPull final : public optim::Optimizer {
  private:
   std::vector<Tensor> params_;
   std::vector<float> grad_;  // kept from step to step
-  std::function<std::vector<float>(const std::vector<float>&)> exchange_;
+  std::function<const std::vector<float>&(const std::vector<float>&)> exchange_;
 };
 
 StepOptions worker_step_options(const TrainConfig& o) {
@@ -209,7 +209,8 @@ int train_with_parameter_server(const TrainConfig& o, const dist::Context& ctx) 
   dist::PsWorker worker(comm, m.layout, rank);
   write_flat(worker.pull(), m.params);
   int64_t step = 0;
-  PushPull exchange(m.params, [&](const std::vector<float>& g) { return worker.push_pull(step, g); });
+  PushPull exchange(
+      m.params, [&](const std::vector<float>& g) -> const std::vector<float>& { return worker.push_pull(step, g); });
   Batches batches(ds, *m.built.stage, o, seq, rank * local, local);
   const std::pair<int, int> delay = o.injected_delay();
   // Timed from the end of the first step, as the trainer's ms_per_step is (the first step allocates and pulls
@@ -328,10 +329,10 @@ int replay_parameter_server(const TrainConfig& o) {
   std::vector<std::unique_ptr<ServerStep>> servers;
   for (int j = 0; j < S; ++j) servers.push_back(std::make_unique<ServerStep>(o, m, j, mode.mode));
   // A gradient of worker w at step s: the worker's own batch through the one executor, on `params`.
-  std::vector<float> captured;
-  PushPull capture(m.params, [&](const std::vector<float>& g) {
+  std::vector<float> captured, unchanged;
+  PushPull capture(m.params, [&](const std::vector<float>& g) -> const std::vector<float>& {
     captured = g;
-    return flat_of(m.params, false);
+    return unchanged = flat_of(m.params, false);
   });
   std::vector<std::unique_ptr<Batches>> batches;
   for (int w = 0; w < W; ++w)
