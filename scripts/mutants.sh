@@ -99,8 +99,16 @@ softmax_backward ; ops/cpu/softmax.cpp ; -R Softmax|CrossEntropy|Attention|GradC
 + simd::mul_sub_row(yr, dyr, 2 * simd::dot_row(dyr, yr, V), pdx + r * V, V);
 
 attention_kv_head ; ops/cpu/attention.cpp ; -R ^GroupedAttention\.|^LlamaHF\. ; grouped-query attention's query head h reads kv head h % n_kv_head instead of h / (n_head / n_kv_head)
-- static int64_t kv_head(int64_t h, const AttentionDims& d) { return h / d.group(); }
-+ static int64_t kv_head(int64_t h, const AttentionDims& d) { return h % d.Hkv; }
+- T* k = base + d.C + kv_head(h, d.group()) * d.D;
++ T* k = base + d.C + (h % d.Hkv) * d.D;
+
+attention_block_merge_share ; ops/cpu/attention.cpp ; -R ^AttentionBlocks\. ; merging a block's attention into the running output weighs it by the running part's share (1 - sigmoid(lse_b - lse)) instead of its own
+- for (int64_t i = 0; i < D; ++i) row[i] -= w * (row[i] - rb[i]);
++ for (int64_t i = 0; i < D; ++i) row[i] -= (U(1) - w) * (row[i] - rb[i]);
+
+attention_block_backward_causal_rows ; ops/cpu/attention.cpp ; -R ^AttentionBlocks\. ; a full (non-causal) block's backward skips the query tiles before each key tile, as the causal diagonal does
+- const int64_t first_i0 = d.causal ? j0 : 0;  // the query blocks that see this key block
++ const int64_t first_i0 = j0;  // the query blocks that see this key block
 
 layernorm_eps ; ops/cpu/simd/rows.cpp ; -R LayerNorm|Simd\. ; layer norm's epsilon outside the square root
 - rs = float(1.0 / std::sqrt(sq / double(n) + eps));
@@ -211,8 +219,8 @@ llama_hf_rope_interleaved ; ops/cpu/rope.cpp ; -R ^LlamaHF\. ; the oracle alone 
 +           for (int64_t j = 0; j < H * half; ++j)\n            kernels::rope_rotate(xr[2 * j], xr[2 * j + 1], cr[j % half], inverse ? -sr[j % half] : sr[j % half], yr + 2 * j, yr + 2 * j + 1);\n          continue;
 
 llama_hf_kv_head_modulo ; ops/cpu/attention.cpp ; -R ^LlamaHF\. ; the oracle alone against a query head reading kv head h % n_kv_head (repeat_kv's order is h / group)
-- static int64_t kv_head(int64_t h, const AttentionDims& d) { return h / d.group(); }
-+ static int64_t kv_head(int64_t h, const AttentionDims& d) { return h % d.Hkv; }
+- T* k = base + d.C + kv_head(h, d.group()) * d.D;
++ T* k = base + d.C + (h % d.Hkv) * d.D;
 
 llama_eps_not_from_config ; nn/llama.cpp ; -R ^LlamaHF\. ; a Llama block's first RMSNorm takes the default eps 1e-5, not the config's (1e-6 in the oracle's models)
 -   ln_1 = register_module("ln_1", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));

@@ -22,6 +22,7 @@
 
 #include "core/parallel.h"
 #include "ops/attention.h"
+#include "ops/attention_blocks.h"
 #include "ops/cast.h"
 #include "ops/cpu/simd/simd.h"
 #include "ops/kernels/softmax.h"
@@ -128,41 +129,55 @@ static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha
 }
 
 // The kv head that query head h reads: heads [g j, g j + g) share kv head j, g = H / Hkv (ops/attention.h).
-static int64_t kv_head(int64_t h, const AttentionDims& d) { return h / d.group(); }
+static int64_t kv_head(int64_t h, int64_t group) { return h / group; }
 
-// One (batch, query head) of the packed tensors: pointers to its first q row and its kv head's first k and v rows
-// (row stride (H + 2 Hkv) D) and to its first row of the (B, T, H D) output-shaped tensors (row stride H D).
+// One (batch, query head): pointers to its first q row and its kv head's first k and v rows, and to its first row
+// of the output-shaped tensors (row stride H D), with the rows' strides: (H + 2 Hkv) D for all three in the packed
+// qkv, H D and Hkv D for a block's separate q and k, v. `span` is what the head attends: Tq query rows against Tk
+// key rows, causal (the diagonal block, Tq = Tk, query i seeing keys 0..i) or not (every key).
 template <class T, class U>
 struct Head {
   T *q, *k, *v;
   U* o;
-  int64_t ld_qkv, ld_o;
+  int64_t ld_q, ld_kv, ld_o;
+};
+struct Span {
+  int64_t Tq, Tk, D;
+  bool causal;
 };
 template <class T, class U>
 static Head<T, U> head(T* qkv, U* o, const AttentionDims& d, int64_t b, int64_t h) {
   T* base = qkv + b * d.T * d.width();
-  T* k = base + d.C + kv_head(h, d) * d.D;
-  return {base + h * d.D, k, k + d.Hkv * d.D, o + b * d.T * d.C + h * d.D, d.width(), d.C};
+  T* k = base + d.C + kv_head(h, d.group()) * d.D;
+  return {base + h * d.D, k, k + d.Hkv * d.D, o + b * d.T * d.C + h * d.D, d.width(), d.width(), d.C};
+}
+template <class T, class U>
+static Head<T, U> block_head(T* q, T* k, T* v, U* o, const AttentionBlockDims& d, int64_t b, int64_t h) {
+  const int64_t kv = b * d.Tk * d.Hkv * d.D + kv_head(h, d.H / d.Hkv) * d.D;
+  return {q + b * d.Tq * d.C() + h * d.D, k + kv, v + kv, o + b * d.Tq * d.C() + h * d.D, d.C(), d.Hkv * d.D, d.C()};
 }
 
 template <class T>
-static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d, std::vector<T>& scratch) {
+static void forward_head(const Head<const T, T>& x, T* L, const Span& d, std::vector<T>& scratch) {
   const T scale = T(1) / std::sqrt(T(d.D));
   scratch.resize(size_t(kBlock * kBlock));
   T* S = scratch.data();
   kernels::OnlineSoftmax<T> rows[kBlock];
   T m[kBlock], sums[kBlock];
-  for (int64_t i0 = 0; i0 < d.T; i0 += kBlock) {
-    int64_t bq = std::min(kBlock, d.T - i0);
-    // Key blocks up to the diagonal. Query and key blocks are aligned, so every tile row sees at least one key
-    // (all of them before the diagonal, its own on it): no row's running max is ever -inf. The first key block
-    // starts each row's max and writes its O rows (beta = 0): nothing to zero before it or rescale in it.
-    for (int64_t j0 = 0; j0 < i0 + bq; j0 += kBlock) {
-      int64_t bk = std::min(kBlock, i0 + bq - j0);
-      const bool diagonal = j0 == i0, first = j0 == 0;  // on the diagonal P is lower-triangular: half is left out
-      gemm(false, true, bq, bk, d.D, scale, x.q + i0 * x.ld_qkv, x.ld_qkv, x.k + j0 * x.ld_qkv, x.ld_qkv, T(0), S, bk,
+  for (int64_t i0 = 0; i0 < d.Tq; i0 += kBlock) {
+    int64_t bq = std::min(kBlock, d.Tq - i0);
+    // Key blocks up to the diagonal (causal) or all of them. Query and key blocks are aligned, so every tile row
+    // sees at least one key (all of them before the diagonal, its own on it): no row's running max is ever -inf.
+    // The first key block starts each row's max and writes its O rows (beta = 0): nothing to zero before it or
+    // rescale in it. A tile off the diagonal sees all its keys: `diag` is then at least its width.
+    const int64_t keys = d.causal ? i0 + bq : d.Tk;
+    for (int64_t j0 = 0; j0 < keys; j0 += kBlock) {
+      int64_t bk = std::min(kBlock, keys - j0);
+      const bool diagonal = d.causal && j0 == i0, first = j0 == 0;  // on it P is lower-triangular: half left out
+      const int64_t diag = d.causal ? i0 - j0 : kBlock;
+      gemm(false, true, bq, bk, d.D, scale, x.q + i0 * x.ld_q, x.ld_q, x.k + j0 * x.ld_kv, x.ld_kv, T(0), S, bk,
            diagonal ? Triangle::kLowerOutput : Triangle::kFull);
-      rows_max(S, bk, bq, bk, i0 - j0, m);
+      rows_max(S, bk, bq, bk, diag, m);
       for (int64_t i = 0; i < bq; ++i) {
         if (first) {
           rows[i] = {m[i], T(0)};
@@ -172,10 +187,10 @@ static void forward_head(const Head<const T, T>& x, T* L, const AttentionDims& d
         }
         m[i] = rows[i].max;
       }
-      rows_exp(S, bk, bq, bk, i0 - j0, m, sums);
+      rows_exp(S, bk, bq, bk, diag, m, sums);
       for (int64_t i = 0; i < bq; ++i) rows[i].sum += sums[i];
-      gemm(false, false, bq, d.D, bk, T(1), S, bk, x.v + j0 * x.ld_qkv, x.ld_qkv, first ? T(0) : T(1),
-           x.o + i0 * x.ld_o, x.ld_o, diagonal ? Triangle::kLowerReduce : Triangle::kFull);
+      gemm(false, false, bq, d.D, bk, T(1), S, bk, x.v + j0 * x.ld_kv, x.ld_kv, first ? T(0) : T(1), x.o + i0 * x.ld_o,
+           x.ld_o, diagonal ? Triangle::kLowerReduce : Triangle::kFull);
     }
     for (int64_t i = 0; i < bq; ++i) {
       m[i] = T(1) / rows[i].sum;
@@ -210,7 +225,8 @@ AttentionForward causal_attention_forward(const Tensor& qkv, int n_head, int n_k
     T *po = f.out.data<T>(), *pl = f.lse.data<T>();
     parallel_for(0, d.B * d.H, 1, [&](int64_t p0, int64_t p1) {
       thread_local std::vector<T> scratch;
-      for (int64_t p = p0; p < p1; ++p) forward_head(head(pqkv, po, d, p / d.H, p % d.H), pl + p * d.T, d, scratch);
+      for (int64_t p = p0; p < p1; ++p)
+        forward_head(head(pqkv, po, d, p / d.H, p % d.H), pl + p * d.T, Span{d.T, d.T, d.D, true}, scratch);
     });
   });
   return f;
@@ -224,37 +240,39 @@ AttentionForward causal_attention_forward(const Tensor& qkv, int n_head, int n_k
 // thread only. The first query head of a group writes its kv head's dK and dV (accumulate_kv false), the others add
 // to them.
 template <class T>
-static void backward_head(const Head<const T, const T>& x, const Head<T, const T>& g, const T* L,
-                          const AttentionDims& d, bool accumulate_kv, std::vector<T>& scratch) {
+static void backward_head(const Head<const T, const T>& x, const Head<T, const T>& g, const T* L, const Span& d,
+                          bool accumulate_kv, std::vector<T>& scratch) {
   const T scale = T(1) / std::sqrt(T(d.D));
-  scratch.resize(size_t(2 * kBlock * kBlock + d.T + 2 * kBlock * d.D));
-  T *P = scratch.data(), *dP = P + kBlock * kBlock, *Drow = dP + kBlock * kBlock, *kt = Drow + d.T;
+  scratch.resize(size_t(2 * kBlock * kBlock + d.Tq + 2 * kBlock * d.D));
+  T *P = scratch.data(), *dP = P + kBlock * kBlock, *Drow = dP + kBlock * kBlock, *kt = Drow + d.Tq;
   T* vt = kt + kBlock * d.D;
-  rows_dot(g.o, g.ld_o, x.o, x.ld_o, d.T, d.D, Drow);
-  for (int64_t j0 = 0; j0 < d.T; j0 += kBlock) {
-    int64_t bk = std::min(kBlock, d.T - j0);
-    transpose(x.k + j0 * x.ld_qkv, x.ld_qkv, bk, d.D, kt);  // the key block's K^T and V^T, once for all its tiles
-    transpose(x.v + j0 * x.ld_qkv, x.ld_qkv, bk, d.D, vt);
-    for (int64_t i0 = j0; i0 < d.T; i0 += kBlock) {
-      int64_t bq = std::min(kBlock, d.T - i0);
-      const T *q = x.q + i0 * x.ld_qkv, *k = x.k + j0 * x.ld_qkv, *dO = g.o + i0 * g.ld_o;
+  rows_dot(g.o, g.ld_o, x.o, x.ld_o, d.Tq, d.D, Drow);
+  for (int64_t j0 = 0; j0 < d.Tk; j0 += kBlock) {
+    int64_t bk = std::min(kBlock, d.Tk - j0);
+    transpose(x.k + j0 * x.ld_kv, x.ld_kv, bk, d.D, kt);  // the key block's K^T and V^T, once for all its tiles
+    transpose(x.v + j0 * x.ld_kv, x.ld_kv, bk, d.D, vt);
+    const int64_t first_i0 = d.causal ? j0 : 0;  // the query blocks that see this key block
+    for (int64_t i0 = first_i0; i0 < d.Tq; i0 += kBlock) {
+      int64_t bq = std::min(kBlock, d.Tq - i0);
+      const T *q = x.q + i0 * x.ld_q, *k = x.k + j0 * x.ld_kv, *dO = g.o + i0 * g.ld_o;
       // On the diagonal P and dS are lower-triangular: S and dP are wanted on and below the diagonal only, and
       // the products with P or dS (or their transposes) leave out the terms where those are zero.
-      const bool diagonal = i0 == j0;
+      const bool diagonal = d.causal && i0 == j0;
+      const int64_t diag = d.causal ? i0 - j0 : kBlock;
       const Triangle lower_out = diagonal ? Triangle::kLowerOutput : Triangle::kFull;
       const Triangle lower_sum = diagonal ? Triangle::kLowerReduce : Triangle::kFull;
       const Triangle upper_sum = diagonal ? Triangle::kUpperReduce : Triangle::kFull;
-      gemm(false, false, bq, bk, d.D, scale, q, x.ld_qkv, kt, bk, T(0), P, bk, lower_out);
-      rows_exp(P, bk, bq, bk, i0 - j0, L + i0, nullptr);
-      // The first tile of a key block (i0 == j0) of a group's first head writes its dV and dK rows, the first of a
-      // query block (j0 == 0) its dQ rows; later tiles and heads add to them. So dqkv needs no zeroing.
-      const T first_k = diagonal && !accumulate_kv ? T(0) : T(1), first_q = j0 == 0 ? T(0) : T(1);
-      gemm(true, false, bk, d.D, bq, T(1), P, bk, dO, g.ld_o, first_k, g.v + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
+      gemm(false, false, bq, bk, d.D, scale, q, x.ld_q, kt, bk, T(0), P, bk, lower_out);
+      rows_exp(P, bk, bq, bk, diag, L + i0, nullptr);
+      // The first tile of a key block (i0 == first_i0) of a group's first head writes its dV and dK rows, the first
+      // of a query block (j0 == 0) its dQ rows; later tiles and heads add to them. So the gradients need no zeroing.
+      const T first_k = i0 == first_i0 && !accumulate_kv ? T(0) : T(1), first_q = j0 == 0 ? T(0) : T(1);
+      gemm(true, false, bk, d.D, bq, T(1), P, bk, dO, g.ld_o, first_k, g.v + j0 * g.ld_kv, g.ld_kv, upper_sum);
       gemm(false, false, bq, bk, d.D, T(1), dO, g.ld_o, vt, bk, T(0), dP, bk, lower_out);
       // dS = P (dP - Drow); zero where P is (dP there may not be computed).
-      rows_mul_sub(P, dP, bk, bq, bk, i0 - j0, Drow + i0);
-      gemm(false, false, bq, d.D, bk, scale, dP, bk, k, x.ld_qkv, first_q, g.q + i0 * g.ld_qkv, g.ld_qkv, lower_sum);
-      gemm(true, false, bk, d.D, bq, scale, dP, bk, q, x.ld_qkv, first_k, g.k + j0 * g.ld_qkv, g.ld_qkv, upper_sum);
+      rows_mul_sub(P, dP, bk, bq, bk, diag, Drow + i0);
+      gemm(false, false, bq, d.D, bk, scale, dP, bk, k, x.ld_kv, first_q, g.q + i0 * g.ld_q, g.ld_q, lower_sum);
+      gemm(true, false, bk, d.D, bq, scale, dP, bk, q, x.ld_q, first_k, g.k + j0 * g.ld_kv, g.ld_kv, upper_sum);
     }
   }
 }
@@ -318,12 +336,123 @@ Tensor causal_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
         int64_t b = p / d.Hkv, j = p % d.Hkv;
         if (read_ahead && (p == p0 || j == 0)) load_lines(pqkv + b * seq, seq);
         for (int64_t h = j * d.group(); h < (j + 1) * d.group(); ++h)
-          backward_head(head(pqkv, po, d, b, h), head(pd, pdo, d, b, h), pl + (b * d.H + h) * d.T, d,
-                        h != j * d.group(), scratch);
+          backward_head(head(pqkv, po, d, b, h), head(pd, pdo, d, b, h), pl + (b * d.H + h) * d.T,
+                        Span{d.T, d.T, d.D, true}, h != j * d.group(), scratch);
       }
     });
   });
   return dqkv;
+}
+
+// ---- blocks of a sequence (ops/attention_blocks.h): the same head kernels on separate q, k, v ----
+
+AttentionBlockDims check_attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int n_kv_head,
+                                         bool causal) {
+  const char* op = "attention_block";
+  check_float(op, "q", q);
+  MINIDL_CHECK(q.device().is_cpu(), op, ": runs on the CPU, got q on ", q.device());
+  MINIDL_CHECK(n_head >= 1 && n_kv_head >= 1 && n_head % n_kv_head == 0, op,
+               ": expected n_head a multiple of n_kv_head, both >= 1, got ", n_head, " and ", n_kv_head);
+  MINIDL_CHECK(q.dim() == 3 && q.size(2) % n_head == 0 && q.size(2) > 0, op,
+               ": expected q of shape (B, Tq, n_head * head_dim) with n_head = ", n_head, ", got ", q.shape());
+  const int64_t B = q.size(0), Tq = q.size(1), D = q.size(2) / n_head;
+  MINIDL_CHECK(k.dim() == 3 && k.size(0) == B && k.size(2) == n_kv_head * D, op, ": expected k of shape (", B, ", Tk, ",
+               n_kv_head * D, ") (n_kv_head = ", n_kv_head, ", head_dim ", D, "), got ", k.shape());
+  check_shaped_like(op, "k", k, k.shape(), q);
+  check_shaped_like(op, "v", v, k.shape(), q);
+  const int64_t Tk = k.size(1);
+  MINIDL_CHECK(Tq >= 1 && Tk >= 1, op, ": expected at least one query and one key, got Tq = ", Tq, " and Tk = ", Tk);
+  MINIDL_CHECK(!causal || Tq == Tk, op, ": a causal block is a diagonal one, Tq = Tk, got Tq = ", Tq, " and Tk = ", Tk);
+  return {B, Tq, Tk, n_head, D, n_kv_head};
+}
+
+AttentionForward attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int n_kv_head,
+                                         bool causal) {
+  const AttentionBlockDims d = check_attention_block(q, k, v, n_head, n_kv_head, causal);
+  AttentionForward f{Tensor::empty({d.B, d.Tq, d.C()}, q.dtype(), q.device()),
+                     Tensor::empty({d.B, d.H, d.Tq}, q.dtype(), q.device())};
+  dispatch_float("attention_block", q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *pq = q.data<T>(), *pk = k.data<T>(), *pv = v.data<T>();
+    T *po = f.out.data<T>(), *pl = f.lse.data<T>();
+    const Span span{d.Tq, d.Tk, d.D, causal};
+    parallel_for(0, d.B * d.H, 1, [&](int64_t p0, int64_t p1) {
+      thread_local std::vector<T> scratch;
+      for (int64_t p = p0; p < p1; ++p)
+        forward_head(block_head(pq, pk, pv, po, d, p / d.H, p % d.H), pl + p * d.Tq, span, scratch);
+    });
+  });
+  return f;
+}
+
+AttentionBlockGrads attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& out, const Tensor& lse, int n_head, int n_kv_head,
+                                             bool causal) {
+  const AttentionBlockDims d = check_attention_block(q, k, v, n_head, n_kv_head, causal);
+  const char* op = "attention_block_backward";
+  check_shaped_like(op, "dout", dout, q.shape(), q);
+  check_shaped_like(op, "out", out, q.shape(), q);
+  check_shaped_like(op, "lse", lse, Shape{d.B, d.H, d.Tq}, q);
+  AttentionBlockGrads g{Tensor::empty(q.shape(), q.dtype(), q.device()),
+                        Tensor::empty(k.shape(), k.dtype(), k.device()),
+                        Tensor::empty(v.shape(), v.dtype(), v.device())};  // every element written (backward_head)
+  dispatch_float(op, q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *pq = q.data<T>(), *pk = k.data<T>(), *pv = v.data<T>(), *po = out.data<T>(), *pl = lse.data<T>();
+    const T* pdo = dout.data<T>();
+    T *dq = g.dq.data<T>(), *dk = g.dk.data<T>(), *dv = g.dv.data<T>();
+    const Span span{d.Tq, d.Tk, d.D, causal};
+    const int64_t group = d.H / d.Hkv;
+    parallel_for(0, d.B * d.Hkv, 1, [&](int64_t p0, int64_t p1) {  // one task per (batch, kv head), as above
+      thread_local std::vector<T> scratch;
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t b = p / d.Hkv, j = p % d.Hkv;
+        for (int64_t h = j * group; h < (j + 1) * group; ++h)
+          backward_head(block_head(pq, pk, pv, po, d, b, h), block_head(dq, dk, dv, pdo, d, b, h),
+                        pl + (b * d.H + h) * d.Tq, span, h != j * group, scratch);
+      }
+    });
+  });
+  return g;
+}
+
+void merge_attention_blocks(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const char* op = "merge_attention_blocks";
+  check_float(op, "out", out);
+  MINIDL_CHECK(out.device().is_cpu(), op, ": runs on the CPU, got out on ", out.device());
+  MINIDL_CHECK(out.dim() == 3, op, ": expected out of shape (B, T, H * head_dim), got ", out.shape());
+  check_shaped_like(op, "out_b", out_b, out.shape(), out);
+  MINIDL_CHECK(lse.dim() == 3 && lse.size(0) == out.size(0) && lse.size(2) == out.size(1) && lse.size(1) > 0 &&
+                   out.size(2) % lse.size(1) == 0,
+               op, ": expected lse of shape (B, H, T) for out of shape ", out.shape(), ", got ", lse.shape());
+  check_shaped_like(op, "lse", lse, lse.shape(), out);
+  check_shaped_like(op, "lse_b", lse_b, lse.shape(), out);
+  const int64_t B = out.size(0), T = out.size(1), H = lse.size(1), D = out.size(2) / H;
+  dispatch_float(op, out.dtype(), [&](auto tag) {
+    using U = decltype(tag);
+    U *o = out.data<U>(), *l = lse.data<U>();
+    const U *ob = out_b.data<U>(), *lb = lse_b.data<U>();
+    parallel_for(0, B * H, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t b = p / H, h = p % H;
+        for (int64_t t = 0; t < T; ++t) {
+          U& a = l[p * T + t];
+          const U c = lb[p * T + t];
+          if (c == -std::numeric_limits<U>::infinity()) continue;  // the block saw nothing of this row
+          // w = sigmoid(c - a), the block's share of the row; the new lse is log(e^a + e^c) = max + log1p(e^-|a-c|).
+          const U w = a == -std::numeric_limits<U>::infinity() ? U(1) : U(1) / (U(1) + std::exp(a - c));
+          U* row = o + (b * T + t) * H * D + h * D;
+          const U* rb = ob + (b * T + t) * H * D + h * D;
+          if (w == U(1)) {
+            std::copy(rb, rb + D, row);
+          } else {
+            for (int64_t i = 0; i < D; ++i) row[i] -= w * (row[i] - rb[i]);
+          }
+          a = std::max(a, c) + std::log1p(std::exp(-std::abs(a - c)));
+        }
+      }
+    });
+  });
 }
 
 }  // namespace minidl::ops
