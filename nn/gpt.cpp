@@ -63,7 +63,8 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, uint64_t dropout_
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
   const Tensor qkv = c_attn->forward(x);
-  Tensor y = causal_attention(qkv, heads(qkv));
+  const int h = heads(qkv);
+  Tensor y = style ? style->attend(qkv, h, h) : causal_attention(qkv, h);
   return resid_dropout->forward(c_proj->forward(y));
 }
 

@@ -103,6 +103,23 @@ enum class Recompute { kNone, kAttn, kMlp, kBlock };
 Recompute parse_recompute(const std::string& name);
 const char* recompute_name(Recompute r);
 
+// Where a process's positions sit in the whole sequence: local index [local, local + length) is global position
+// [global, global + length).
+struct PositionRun {
+  int64_t local = 0, global = 0, length = 0;
+};
+
+// How the attention core runs once a parallelism applied from outside the model has split the sequence (context
+// parallelism, dist/context_parallel.h, installed by dist::apply_context_parallel). An attention without one runs
+// the fused causal attention of its own positions: one null check per call.
+struct AttentionStyle {
+  virtual ~AttentionStyle() = default;
+  // qkv (B, T, (H + 2 Hkv) D) of this process's T positions -> their causal attention over the whole sequence.
+  virtual Tensor attend(const Tensor& qkv, int n_head, int n_kv_head) const = 0;
+  // This process's T positions in the whole sequence (rotary positions are turned by these).
+  virtual std::vector<PositionRun> runs(int64_t T) const = 0;
+};
+
 // qkv = x @ c_attn (C, 3C) -> causal_attention over its heads -> c_proj (C, C) -> dropout. The heads are counted
 // from qkv's width (3 · heads · head_dim), so an attention whose c_attn a parallelism split (this rank's heads of
 // q, k and v) runs unchanged on them.
@@ -119,7 +136,8 @@ class CausalSelfAttention : public Module {
 
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_dropout;
-  int64_t n_head, head_dim;  // of the whole model
+  int64_t n_head, head_dim;                     // of the whole model
+  std::shared_ptr<const AttentionStyle> style;  // null: as written
 };
 
 // c_fc (C, 4C) -> gelu(. + bias) fused -> c_proj (4C, C) -> dropout.

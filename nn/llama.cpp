@@ -35,13 +35,29 @@ Tensor LlamaAttention::qkv(const Tensor& x, int64_t offset) const {
   const Tensor q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
   const int64_t B = q.size(0), T = q.size(1), H = heads(), Hkv = kv_heads(), D = head_dim;
   const ops::RopeTables& t = rope_->on(q.device(), q.dtype());
-  const Tensor q_rot = rope(q.view({B, T, H, D}), t.cos, t.sin, offset).view({B, T, H * D});
-  const Tensor k_rot = rope(k.view({B, T, Hkv, D}), t.cos, t.sin, offset).view({B, T, Hkv * D});
-  return cat({q_rot, k_rot, v}, 2);
+  auto turn = [&](const Tensor& a, int64_t heads, int64_t at) {
+    const int64_t n = a.size(1);
+    return rope(a.reshape({B, n, heads, D}), t.cos, t.sin, at).view({B, n, heads * D});
+  };
+  if (!style || offset != 0) return cat({turn(q, H, offset), turn(k, Hkv, offset), v}, 2);
+  // A split sequence (context parallelism): each run of this process's positions is turned at its global start.
+  const std::vector<PositionRun> runs = style->runs(T);
+  MINIDL_CHECK(runs.size() == 1 || runs.size() == 2, "LlamaAttention: expected 1 or 2 position runs, got ",
+               runs.size());
+  auto turned = [&](const Tensor& a, int64_t heads) {
+    const PositionRun &r0 = runs[0], &r1 = runs.back();
+    if (runs.size() == 1) return turn(a, heads, r0.global);
+    return cat({turn(a.narrow(1, r0.local, r0.length), heads, r0.global),
+                turn(a.narrow(1, r1.local, r1.length), heads, r1.global)},
+               1);
+  };
+  return cat({turned(q, H), turned(k, Hkv), v}, 2);
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) const {
-  const Tensor y = causal_attention(qkv(x, 0), int(heads()), int(kv_heads()));
+  const int h = int(heads()), hkv = int(kv_heads());
+  const Tensor packed = qkv(x, 0);
+  const Tensor y = style ? style->attend(packed, h, hkv) : causal_attention(packed, h, hkv);
   return resid_dropout->forward(c_proj->forward(y));
 }
 

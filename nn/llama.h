@@ -50,6 +50,7 @@ class LlamaAttention : public Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, c_proj;
   std::shared_ptr<Dropout> resid_dropout;
   int64_t head_dim;
+  std::shared_ptr<const AttentionStyle> style;  // null: as written (nn/gpt.h)
 
  private:
   std::shared_ptr<const RotaryTables> rope_;

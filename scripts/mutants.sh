@@ -50,6 +50,30 @@ tp_bias ; dist/tensor_parallel.cpp ; -R ^test_dist_tensor_parallel\.np|TensorPar
 -   Tensor partial = matmul(x, l.weight);\n  Tensor y = reduce(partial);
 +   Tensor partial = matmul(x, l.weight);\n  if (l.bias.defined()) partial = add(partial, autograd::autocast_to(l.bias, partial.dtype()));\n  Tensor y = reduce(partial);
 
+cp_backward_local_kv ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; ring attention's backward reads this rank's own keys and values at every step (diffusers #14265): silently wrong gradients, a right forward
+- const Tensor& held = cur;
++ const Tensor& held = kv;
+
+cp_lse_16bit ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; the running log-sum-exp of the ring's merge kept in bf16
+- ops::merge_attention_blocks(out[size_t(a)], lse[size_t(a)], f.out, f.lse);
++ ops::merge_attention_blocks(out[size_t(a)], lse[size_t(a)], f.out, f.lse), lse[size_t(a)] = ops::cast(ops::cast(lse[size_t(a)], DType::bf16), work);
+
+cp_gradient_not_home ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; the keys' and values' gradients travel with the blocks n-1 times, one hop short of their owners
+- if (n > 1) {  // the block's gradient on to the next holder
++ if (s + 1 < n) {  // the block's gradient on to the next holder
+
+cp_positions_local ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; GPT-2's position table read at the local indices, not the global positions
+- for (int64_t i = 0; i < r.length; ++i) p[r.local + i] = r.global + i;
++ for (int64_t i = 0; i < r.length; ++i) p[r.local + i] = r.local + i;
+
+cp_rope_local ; nn/llama.cpp ; -R ^test_context_parallel\.np ; Llama's second run of positions (the tail chunk) turned at its local start
+- turn(a.narrow(1, r1.local, r1.length), heads, r1.global)},
++ turn(a.narrow(1, r1.local, r1.length), heads, r1.local)},
+
+cp_dropout_local ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; a dropout under context parallelism draws the masks of the local positions
+- const int64_t first_element = ((ctx.first_sample + b) * T + r.global) * C;
++ const int64_t first_element = ((ctx.first_sample + b) * T + r.local) * C;
+
 pipeline_1f1b ; dist/pipeline.cpp ; -R ^test_dist_pipeline\.np|Pipeline ; 1F1B's steady state runs the backward before its forward
 -         F(warm + i, 0);\n        B(i, 0);
 +         B(i, 0);\n        F(warm + i, 0);
