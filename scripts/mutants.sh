@@ -74,6 +74,10 @@ cp_dropout_local ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; a
 - const int64_t first_element = ((ctx.first_sample + b) * T + r.global) * C;
 + const int64_t first_element = ((ctx.first_sample + b) * T + r.local) * C;
 
+naive_ring_attention_local_kv ; dist/naive/ring_attention.h ; -R ^test_context_parallel\.np ; the teaching ring's backward never passes the keys and values on: every step reads this rank's own
+- if (s + 1 < n) block = detail::pass_on(g, block, 1);
++ if (false) block = detail::pass_on(g, block, 1);
+
 pipeline_1f1b ; dist/pipeline.cpp ; -R ^test_dist_pipeline\.np|Pipeline ; 1F1B's steady state runs the backward before its forward
 -         F(warm + i, 0);\n        B(i, 0);
 +         B(i, 0);\n        F(warm + i, 0);

@@ -13,6 +13,7 @@
 #include "autograd/functions.h"
 #include "core/rng.h"
 #include "dist/context_parallel.h"
+#include "dist/naive/ring_attention.h"
 #include "dist/topology.h"
 #include "nn/gpt.h"
 #include "ops/attention.h"
@@ -230,6 +231,37 @@ TEST(ContextParallel, ModelsEqualOneProcess) {
         group.all_reduce(my_grads[i], dist::ReduceOp::kAvg)->wait();
         EXPECT_LE(relative_error(my_grads[i], whole_grads[i]), 1e-5) << what << ", parameter " << i;
       }
+    }
+  }
+}
+
+// The teaching ring (dist/naive/ring_attention.h): production's output and dq, dk, dv bit for bit (the same blocks
+// merged and summed in the same order), causal and head-tail, at every N this world divides into.
+TEST(ContextParallel, NaiveRingAttentionIsProductionBitForBit) {
+  const int world = ctx().world_size();
+  for (int n = 1; n <= world; ++n) {
+    if (world % n != 0) continue;
+    dist::Topology topo(ctx().world(), {.dp = world / n, .tp = n}, "mpi");
+    dist::ProcessGroup& group = topo.tp_group();
+    for (auto [H, Hkv] : {std::pair{4, 4}, std::pair{4, 1}}) {
+      const int64_t B = 2, T = 24, D = 8;
+      dist::ContextParallel cp(group, T);
+      const Tensor qkv = cp.split(Tensor::randn({B, T, (H + 2 * Hkv) * D}, Philox(21, uint64_t(Hkv))));
+      const Tensor w = cp.split(Tensor::randn({B, T, H * D}, Philox(22)));
+      Tensor leaf = qkv.detach().set_requires_grad(true);
+      Tensor out = cp.attention(leaf, H, Hkv);
+      sum(out * w).backward();
+      const dist::naive::RingAttentionForward f = dist::naive::ring_attention_forward(qkv, H, Hkv, group);
+      const Tensor dqkv = dist::naive::ring_attention_backward(w, qkv, f, H, Hkv, group);
+      const std::vector<double> got = out.to_vector(), a = f.out[0].to_vector(), b = f.out[1].to_vector();
+      std::vector<double> naive_out;
+      const int64_t c = T / (2 * n), W = H * D;
+      for (int64_t r = 0; r < B; ++r)
+        for (const std::vector<double>* part : {&a, &b})
+          naive_out.insert(naive_out.end(), part->begin() + r * c * W, part->begin() + (r + 1) * c * W);
+      const std::string what = "N " + std::to_string(n) + ", Hkv " + std::to_string(Hkv);
+      EXPECT_EQ(got, naive_out) << what << ": output";
+      EXPECT_EQ(leaf.grad().to_vector(), dqkv.to_vector()) << what << ": dqkv";
     }
   }
 }
