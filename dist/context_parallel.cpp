@@ -181,14 +181,23 @@ Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool cau
   const std::vector<int64_t> my_chunks = chunks_of(me);
   const int64_t per = int64_t(my_chunks.size());
 
-  // q, k, v of this rank in the working precision; K and V as one buffer (2, B, T/n, Hkv D).
-  Tensor xw = x.dtype() == work ? x : ops::cast(x, work);
-  Tensor q = xw.narrow(2, 0, H * D).contiguous();
-  Tensor kv = Tensor::empty({2, d.B, d.Tl, Hkv * D}, work);
-  half_of(kv, 0).copy_(xw.narrow(2, H * D, Hkv * D));
-  half_of(kv, 1).copy_(xw.narrow(2, (H + Hkv) * D, Hkv * D));
-  std::vector<Tensor> q_chunks;
-  for (int64_t a = 0; a < per; ++a) q_chunks.push_back(chunk_of(q, a, d));
+  // q of each chunk and K|V as one buffer (2, B, T/n, Hkv D), in the working precision. Built in forward and
+  // again in backward from qkv, which backward keeps instead (the same bytes as q, k and v).
+  struct Pieces {
+    std::vector<Tensor> q_chunks;
+    Tensor kv;
+  };
+  auto pieces = [=](const Tensor& qkv) {
+    const Tensor xw = qkv.dtype() == work ? qkv : ops::cast(qkv, work);
+    Pieces p{{}, Tensor::empty({2, d.B, d.Tl, Hkv * D}, work)};
+    for (int64_t a = 0; a < per; ++a) p.q_chunks.push_back(chunk_of(xw.narrow(2, 0, H * D), a, d));
+    half_of(p.kv, 0).copy_(xw.narrow(2, H * D, Hkv * D));
+    half_of(p.kv, 1).copy_(xw.narrow(2, (H + Hkv) * D, Hkv * D));
+    return p;
+  };
+  const Pieces mine = pieces(x);
+  const std::vector<Tensor>& q_chunks = mine.q_chunks;
+  const Tensor& kv = mine.kv;
   auto k_chunk = [d](const Tensor& block, int64_t b) { return chunk_of(half_of(block, 0), b, d); };
   auto v_chunk = [d](const Tensor& block, int64_t b) { return chunk_of(half_of(block, 1), b, d); };
 
@@ -225,13 +234,20 @@ Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool cau
   Tensor merged = joined(out);
   Tensor y = merged.dtype() == x.dtype() ? merged : ops::cast(merged, x.dtype());
 
+  // Backward keeps q, K|V, the merged output (once: the output itself when no cast made another) and lse, as many
+  // bytes as the fused attention keeps of the whole qkv and its output.
   const ContextParallel* self = this;
-  return autograd::record("RingAttention", {x}, y, [=, q_chunks = q_chunks, out = out, lse = lse](const Tensor& gy) {
+  const Tensor kept = merged.detach(), qkv_kept = x.detach();
+  return autograd::record("RingAttention", {x}, y, [=, lse = lse](const Tensor& gy) {
+    const Pieces again = pieces(qkv_kept);
+    const std::vector<Tensor>& q_chunks = again.q_chunks;
+    const Tensor& kv = again.kv;
     Tensor dy = gy.contiguous();
     if (dy.dtype() != work) dy = ops::cast(dy, work);
-    std::vector<Tensor> dy_chunks, dq(static_cast<size_t>(per));
+    std::vector<Tensor> dy_chunks, out, dq(static_cast<size_t>(per));
     for (int64_t a = 0; a < per; ++a) {
       dy_chunks.push_back(chunk_of(dy, a, d));
+      out.push_back(chunk_of(kept, a, d));
       dq[size_t(a)] = Tensor::zeros({d.B, d.Tc, H * D}, work);
     }
     // The keys and values go round again; the gradient of the block a rank holds travels with it.

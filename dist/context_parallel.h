@@ -32,8 +32,9 @@
 //
 // Communication per attention layer and rank, with block bytes b = 2 B (T/n) Hkv D s (K and V, dtype size s):
 //   forward: n-1 sends of b;   backward: n-1 sends of b and n sends of b (the gradients, in f32).
-// Memory: every activation but attention's transit buffers is 1/n of one process's; the ring adds two K/V blocks
-// (this step's and the next) and, in backward, two gradient blocks.
+// Memory: what a forward keeps for backward is 1/n of one process's (the ring keeps this rank's qkv, its merged
+// output and lse, as the fused attention does, and rebuilds its q chunks and K|V buffer in backward). In flight
+// it adds two K/V blocks (this step's and the next) and, in backward, two gradient blocks.
 //
 // Positions: chunk c of the whole sequence starts at c T/2n (head-tail) or c T/n; GPT-2's position table and
 // Llama's rotary tables are read there, and each dropout draws the masks one process draws for those positions.

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "core/memory.h"
 #include "core/rng.h"
 #include "dist/context_parallel.h"
 #include "dist/naive/ring_attention.h"
@@ -263,5 +264,42 @@ TEST(ContextParallel, NaiveRingAttentionIsProductionBitForBit) {
       EXPECT_EQ(got, naive_out) << what << ": output";
       EXPECT_EQ(leaf.grad().to_vector(), dqkv.to_vector()) << what << ": dqkv";
     }
+  }
+}
+
+// Memory: the activations a forward keeps for backward (the ledger's kActivations after the forward, the loss
+// held) are 1/N of one process's within 5%: the ring keeps qkv, the merged output and lse, as the fused attention
+// does (not also copies of q and K|V: that was 1.17/N). Printed for the record: bytes at N, the ratio to N 1.
+TEST(ContextParallel, ActivationsPerRankAreAboutOneNth) {
+  const int world = ctx().world_size();
+  nn::GPTConfig cfg = gpt2(0.0);
+  cfg.block_size = 192;
+  const int64_t B = 2, T = 192;
+  const Tensor ids = random_ids(B, T + 1, cfg.vocab_size, 9);
+  const Tensor x = ids.narrow(1, 0, T).contiguous(), y = ids.narrow(1, 1, T).contiguous();
+  auto kept = [&](dist::ContextParallel* cp) {
+    nn::GPT model(cfg, 1337);
+    model.train();
+    if (cp) dist::apply_context_parallel(model, *cp);
+    MemoryLedger& mem = ledger(Device::cpu());
+    const int64_t before = mem.current(MemTag::kActivations);
+    Tensor loss;
+    {
+      MemoryTagGuard tag(MemTag::kActivations);
+      loss = cp ? model.loss(cp->split(x), cp->split(y)) : model.loss(x, y);
+    }
+    return double(mem.current(MemTag::kActivations) - before);
+  };
+  const double one = kept(nullptr);
+  for (int n = 2; n <= world; ++n) {
+    if (world % n != 0) continue;
+    dist::Topology topo(ctx().world(), {.dp = world / n, .tp = n}, "mpi");
+    dist::ContextParallel cp(topo.tp_group(), T);
+    const double mine = kept(&cp);
+    if (ctx().rank() == 0)
+      std::printf("context parallel activations: N 1 %.0f bytes, N %d %.0f bytes a rank (%.3f of N 1, 1/N = %.3f)\n",
+                  one, n, mine, mine / one, 1.0 / n);
+    EXPECT_LE(mine, 1.05 * one / n) << "N " << n;
+    EXPECT_GE(mine, 0.95 * one / n) << "N " << n;
   }
 }
