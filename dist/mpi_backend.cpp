@@ -111,6 +111,28 @@ std::shared_ptr<Work> MpiProcessGroup::do_all_gather(Tensor& output, const Tenso
   return completed_work();
 }
 
+std::shared_ptr<Work> MpiProcessGroup::do_all_to_all(Tensor& output, const Tensor& input,
+                                                     const std::vector<int64_t>& send_counts,
+                                                     const std::vector<int64_t>& recv_counts) {
+  const size_t n = send_counts.size();
+  std::vector<int> sc(n), sd(n), rc(n), rd(n);
+  int64_t s_at = 0, r_at = 0;
+  for (size_t j = 0; j < n; ++j) {
+    sc[j] = mpi_count("mpi all_to_all", send_counts[j]);
+    rc[j] = mpi_count("mpi all_to_all", recv_counts[j]);
+    sd[j] = mpi_count("mpi all_to_all", s_at);
+    rd[j] = mpi_count("mpi all_to_all", r_at);
+    s_at += send_counts[j], r_at += recv_counts[j];
+  }
+  MPI_Datatype type = mpi_datatype(input.dtype());
+  // An empty tensor has no storage to point at; MPI reads nothing of a zero count.
+  static char none = 0;
+  void* out = output.numel() > 0 ? output.raw_data() : &none;
+  const void* in = input.numel() > 0 ? input.raw_data() : &none;
+  MINIDL_MPI_CHECK(MPI_Alltoallv(in, sc.data(), sd.data(), type, out, rc.data(), rd.data(), type, comm_));
+  return completed_work();
+}
+
 std::shared_ptr<Work> MpiProcessGroup::do_broadcast(Tensor& tensor, int root) {
   int count = mpi_count("mpi broadcast", tensor.numel());
   MINIDL_MPI_CHECK(MPI_Bcast(tensor.raw_data(), count, mpi_datatype(tensor.dtype()), root, comm_));

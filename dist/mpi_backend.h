@@ -39,6 +39,8 @@ class MpiProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> do_all_reduce_16bit(Tensor& tensor, ReduceOp op) override;
   std::shared_ptr<Work> do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) override;
   std::shared_ptr<Work> do_all_gather(Tensor& output, const Tensor& input) override;
+  std::shared_ptr<Work> do_all_to_all(Tensor& output, const Tensor& input, const std::vector<int64_t>& send_counts,
+                                      const std::vector<int64_t>& recv_counts) override;
   std::shared_ptr<Work> do_broadcast(Tensor& tensor, int root) override;
   std::shared_ptr<Work> do_send(const Tensor& tensor, int dst, int tag) override;
   std::shared_ptr<Work> do_recv(Tensor& tensor, int src, int tag) override;

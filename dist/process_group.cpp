@@ -292,6 +292,36 @@ std::shared_ptr<Work> ProcessGroup::broadcast(Tensor& tensor, int root) {
   return recorded("broadcast", tensor, root, nullptr, [&] { return do_broadcast(tensor, root); });
 }
 
+std::shared_ptr<Work> ProcessGroup::all_to_all(Tensor& output, const Tensor& input,
+                                               const std::vector<int64_t>& send_counts,
+                                               const std::vector<int64_t>& recv_counts) {
+  check_tensor("all_to_all", output);
+  check_tensor("all_to_all", input);
+  MINIDL_CHECK(input.dtype() == output.dtype(), name(), " all_to_all: input is ", input.dtype(), ", output is ",
+               output.dtype());
+  MINIDL_CHECK(int(send_counts.size()) == size() && int(recv_counts.size()) == size(), name(),
+               " all_to_all: expected a count per rank (", size(), "), got ", send_counts.size(), " send and ",
+               recv_counts.size(), " receive counts");
+  int64_t sent = 0, received = 0;
+  for (int j = 0; j < size(); ++j) {
+    MINIDL_CHECK(send_counts[size_t(j)] >= 0 && recv_counts[size_t(j)] >= 0, name(),
+                 " all_to_all: counts must be >= 0, got ", send_counts[size_t(j)], " and ", recv_counts[size_t(j)],
+                 " for rank ", j);
+    sent += send_counts[size_t(j)], received += recv_counts[size_t(j)];
+  }
+  MINIDL_CHECK(sent == input.numel() && received == output.numel(), name(), " all_to_all: the send counts add up to ",
+               sent, " and the receive counts to ", received, ", but input holds ", input.numel(), " and output holds ",
+               output.numel(), " elements");
+  MINIDL_CHECK(send_counts[size_t(rank())] == recv_counts[size_t(rank())], name(), " all_to_all: rank ", rank(),
+               " sends itself ", send_counts[size_t(rank())], " elements but receives ", recv_counts[size_t(rank())]);
+  // The fingerprint every rank shares (the counts differ between ranks): the dtype and the group's size.
+  const Tensor fingerprint = Tensor::empty({size()}, input.dtype());
+  return recorded("all_to_all", fingerprint, -1, nullptr, [&] {
+    return do_all_to_all(output, overlaps(output, input) ? comm_copy(input, input.dtype()) : input, send_counts,
+                         recv_counts);
+  });
+}
+
 std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   check_tensor("send", tensor);
   MINIDL_CHECK(dst >= 0 && dst < size(), name(), " send: destination ", dst, " is not a rank of this group of ",
@@ -321,6 +351,10 @@ std::shared_ptr<Work> ProcessGroup::do_reduce_scatter(Tensor&, const Tensor&, Re
 }
 std::shared_ptr<Work> ProcessGroup::do_all_gather(Tensor&, const Tensor&) { unsupported("all_gather"); }
 std::shared_ptr<Work> ProcessGroup::do_broadcast(Tensor&, int) { unsupported("broadcast"); }
+std::shared_ptr<Work> ProcessGroup::do_all_to_all(Tensor&, const Tensor&, const std::vector<int64_t>&,
+                                                  const std::vector<int64_t>&) {
+  unsupported("all_to_all");
+}
 std::shared_ptr<Work> ProcessGroup::do_send(const Tensor&, int, int) { unsupported("send"); }
 std::shared_ptr<Work> ProcessGroup::do_recv(Tensor&, int, int) { unsupported("recv"); }
 std::shared_ptr<Work> ProcessGroup::do_barrier() { unsupported("barrier"); }

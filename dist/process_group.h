@@ -92,6 +92,15 @@ class ProcessGroup {
   std::shared_ptr<Work> all_gather(Tensor& output, const Tensor& input);
   // tensor = rank `root`'s tensor.
   std::shared_ptr<Work> broadcast(Tensor& tensor, int root);
+  // All-to-all with counts per peer (MPI_Alltoallv; what expert parallelism's token exchange is): input holds
+  // send_counts[0] elements for rank 0, then send_counts[1] for rank 1, ...; output receives recv_counts[j] elements
+  // from rank j, in rank order (this rank's own part copied across). recv_counts[j] must be rank j's
+  // send_counts[rank()]: exchange the counts first (an all_to_all of one count per peer). Every rank sends
+  // sum(send_counts) and receives sum(recv_counts) elements, zeros allowed. "mpi": MPI_Alltoallv; "ring": a
+  // pairwise exchange in size() - 1 rounds (round k: to rank + k, from rank - k), on the CPU and on a device;
+  // "nccl" does not have it yet (it throws, naming the backend).
+  std::shared_ptr<Work> all_to_all(Tensor& output, const Tensor& input, const std::vector<int64_t>& send_counts,
+                                   const std::vector<int64_t>& recv_counts);
   // Point-to-point. A send matches the recv on `dst` with the same tag; tags are 0 .. kMaxTag.
   static constexpr int kMaxTag = 32766;
   std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag);
@@ -128,6 +137,9 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op);
   virtual std::shared_ptr<Work> do_all_gather(Tensor& output, const Tensor& input);
   virtual std::shared_ptr<Work> do_broadcast(Tensor& tensor, int root);
+  virtual std::shared_ptr<Work> do_all_to_all(Tensor& output, const Tensor& input,
+                                              const std::vector<int64_t>& send_counts,
+                                              const std::vector<int64_t>& recv_counts);
   virtual std::shared_ptr<Work> do_send(const Tensor& tensor, int dst, int tag);
   virtual std::shared_ptr<Work> do_recv(Tensor& tensor, int src, int tag);
   virtual std::shared_ptr<Work> do_barrier();

@@ -44,6 +44,7 @@
 #include "dist/ring_backend.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "core/memory.h"
@@ -244,6 +245,36 @@ std::shared_ptr<Work> RingProcessGroup::do_reduce_scatter(Tensor& output, const 
 std::shared_ptr<Work> RingProcessGroup::do_all_gather(Tensor& output, const Tensor& input) {
   elements(output, shard_range(output.numel(), size(), rank())).copy_(elements(input, {0, input.numel()}));
   run_ring(*transport_, options_, output, all_gather_schedule(rank(), size()), ReduceOp::kSum);
+  return completed_work();
+}
+
+// Pairwise exchange: in round k = 1 .. n-1 rank r sends its part for r+k and receives the part of r-k, so every
+// pair meets once and no rank waits for a third. Each round's receive is started before its send; a zero count
+// sends nothing (the peer, whose receive count is that number, expects nothing).
+std::shared_ptr<Work> RingProcessGroup::do_all_to_all(Tensor& output, const Tensor& input,
+                                                      const std::vector<int64_t>& send_counts,
+                                                      const std::vector<int64_t>& recv_counts) {
+  const int n = size(), me = rank();
+  const int64_t elem = int64_t(dtype_size(input.dtype()));
+  std::vector<int64_t> send_at(size_t(n) + 1, 0), recv_at(size_t(n) + 1, 0);
+  for (int j = 0; j < n; ++j) {
+    send_at[size_t(j) + 1] = send_at[size_t(j)] + send_counts[size_t(j)];
+    recv_at[size_t(j) + 1] = recv_at[size_t(j)] + recv_counts[size_t(j)];
+  }
+  if (send_counts[size_t(me)] > 0)
+    elements(output, {recv_at[size_t(me)], recv_at[size_t(me) + 1]})
+        .copy_(elements(input, {send_at[size_t(me)], send_at[size_t(me) + 1]}));
+  for (int k = 1; k < n; ++k) {
+    const int to = mod(me + k, n), from = mod(me - k, n);
+    std::optional<RingTransport::Ticket> recv, send;
+    if (recv_counts[size_t(from)] > 0)
+      recv = transport_->start_recv(output, recv_at[size_t(from)] * elem, recv_counts[size_t(from)] * elem, from,
+                                    kRingTag);
+    if (send_counts[size_t(to)] > 0)
+      send = transport_->start_send(input, send_at[size_t(to)] * elem, send_counts[size_t(to)] * elem, to, kRingTag);
+    if (recv) transport_->wait(*recv);
+    if (send) transport_->wait(*send);
+  }
   return completed_work();
 }
 
