@@ -106,7 +106,7 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.option_defaults()->group("Parallel");
   app.add_option("--dp", o.dp,
                  "Data-parallel ranks (run under mpirun -n N); each takes batch/dp of every global batch. "
-                 "dp x tp x pp must equal N. Default: N / (tp x pp)");
+                 "dp x cp x tp x pp must equal N. Default: N / (cp x tp x pp)");
   app.add_option("--tp", o.tp,
                  "Tensor-parallel ranks: each transformer block split Megatron-style (attention by heads, the MLP "
                  "column then row) and the vocabulary split, over tp consecutive ranks; must divide --heads. "
@@ -119,6 +119,15 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
                  "embedding, the last ln_f, the tied head and the loss); activations move by send/recv. Combines with "
                  "--dp, --tp (stages of tensor-parallel blocks), --zero 0-2, --save, --init-from, --sample and "
                  "training checkpoints (whole tensors: they resume at any --pp, --tp, --dp and --zero)")
+      ->capture_default_str();
+  app.add_option(
+         "--cp", o.cp,
+         "Context-parallel ranks: each sequence split into 2 x cp chunks, rank r holding chunks r and "
+         "2cp-1-r (equal causal work), attention a ring over the cp ranks (keys and values passed on cp-1 "
+         "times, blocks merged by log-sum-exp in f32); positions, dropout and the loss as one process has them. "
+         "--seq must be a multiple of 2 x cp; dp x cp x tp x pp must equal N. Combines with --dp, --tp, --pp, "
+         "--zero, --amp, --recompute, --grad-accum, --sample and training checkpoints (they resume at any "
+         "--cp); not with --sequence-parallel, --device cuda or --sync local-sgd/diloco")
       ->capture_default_str();
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "With --tp N: split the residual stream (LayerNorm, dropout, residual adds) along the sequence over the "
@@ -340,7 +349,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (markdown) return speaks ? std::printf("%s", flags_markdown(app).c_str()), 0 : 0;
     if (config.print_schedule) {  // a drawing of the flags' schedule, for any number of ranks
-      config.validate(std::max(config.dp, 1) * config.tp * config.pp);
+      config.validate(std::max(config.dp, 1) * config.cp * config.tp * config.pp);
       if (speaks) std::printf("%s", train::describe_pipeline(config).c_str());
       return 0;
     }

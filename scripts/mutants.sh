@@ -78,6 +78,14 @@ cp_dropout_local ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; a
 - const int64_t first_element = ((ctx.first_sample + b) * T + r.global) * C;
 + const int64_t first_element = ((ctx.first_sample + b) * T + r.local) * C;
 
+cp_labels_after_split ; train/step.cpp ; -R ^test_context_parallel\.np|ContextParallel ; the labels shifted after the split (verl #4250): each position's target the next input this rank holds, wrong at every chunk boundary
+- data::Batch{stage.positions_of(whole.x), stage.positions_of(whole.y)} : whole;
++ data::Batch{stage.positions_of(whole.x), cat({stage.positions_of(whole.x).narrow(1, 1, whole.x.size(1) / cp - 1), stage.positions_of(whole.y).narrow(1, whole.x.size(1) / cp - 1, 1)}, 1)} : whole;
+
+cp_loss_local_tokens ; train/step.cpp ; -R ^test_context_parallel\.np|ContextParallel ; each context-parallel rank's loss divided by its own target count, not the whole sequences' over cp (verl #4250)
+- double(cp) / double(std::max<int64_t>(1, o.target_count >= 0 ? o.target_count : count_targets(whole.y)));
++ 1.0 / double(std::max<int64_t>(1, count_targets(batch.y)));
+
 naive_ring_attention_local_kv ; dist/naive/ring_attention.h ; -R ^test_context_parallel\.np ; the teaching ring's backward never passes the keys and values on: every step reads this rank's own
 - if (s + 1 < n) block = detail::pass_on(g, block, 1);
 + if (false) block = detail::pass_on(g, block, 1);

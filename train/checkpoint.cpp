@@ -362,7 +362,8 @@ Tensor header_of(const nn::NamedTensors& local, const std::vector<size_t>& which
   return t;
 }
 
-int dp_rank(const Stage& stage) { return stage.topology() ? stage.topology()->coord().dp : 0; }
+// This rank's place in the group holding the same parameters (dp × cp: dist/topology.h), and its size.
+int dp_rank(const Stage& stage) { return stage.topology() ? stage.topology()->dp_group().rank() : 0; }
 // The tensor-parallel group's size and this rank's place in it, as the parameters lie (every parameter of a split
 // model, replicated ones too, names the group; a whole one is a group of one).
 int tp_size(const Stage& stage) { return nn::layout_of(stage.parameters().front()).ranks; }
@@ -425,7 +426,8 @@ nn::NamedTensors gather_stages(const Stage& stage, const nn::NamedTensors& local
 }
 
 std::shared_ptr<nn::GPT> consolidated_model(const Stage& stage, bool keep) {
-  if (stage.spec().chunks() == 1 && tp_size(stage) == 1)  // one process's whole model: itself
+  // One process's whole model: itself (not under context parallelism, whose attention is a ring of the cp group)
+  if (stage.spec().chunks() == 1 && tp_size(stage) == 1 && !stage.context_parallel())
     return keep ? std::shared_ptr<nn::GPT>(&stage.chunk(0), [](nn::GPT*) {}) : nullptr;
   nn::NamedTensors whole = gather_stages(stage, stage.named_parameters(), keep);
   if (!keep) return nullptr;
@@ -445,7 +447,7 @@ std::vector<std::pair<std::string, int64_t>> logical_sizes(const Stage& stage) {
 }
 
 KeepTensors checkpoint_share(const Stage& stage) {
-  const int dp = stage.topology() ? stage.topology()->grid().dp : 1;
+  const int dp = stage.topology() ? stage.topology()->dp_group().size() : 1;
   const int tp = tp_size(stage);
   return checkpoint_share(logical_sizes(stage), dp_rank(stage) * tp + tp_rank(stage), dp * tp);
 }

@@ -26,7 +26,7 @@ std::string str(const T& v) {
 }  // namespace
 
 int dp_size(const TrainConfig& c, int world) {
-  return c.dp > 0 ? c.dp : std::max(1, world / (c.tp * c.pp * std::max(1, c.replica_groups)));
+  return c.dp > 0 ? c.dp : std::max(1, world / (std::max(1, c.cp) * c.tp * c.pp * std::max(1, c.replica_groups)));
 }
 
 DType amp_dtype(const std::string& amp) {
@@ -113,8 +113,8 @@ void TrainConfig::validate_parameter_server(int world) const {
   MINIDL_CHECK(ps == 0 || world > ps, "--ps ", ps, " leaves no worker among the ", world, " ranks: mpirun -n ", ps + 1,
                " or more");
   const char* flag = ps > 0 ? "--ps" : "--ps-replay";
-  MINIDL_CHECK(tp == 1 && pp == 1 && zero == 0 && sync == "ddp" && replica_groups == 1, flag,
-               " trains whole models on its workers: not with --tp, --pp, --zero, --sync or --replica-groups");
+  MINIDL_CHECK(tp == 1 && pp == 1 && cp == 1 && zero == 0 && sync == "ddp" && replica_groups == 1, flag,
+               " trains whole models on its workers: not with --tp, --pp, --cp, --zero, --sync or --replica-groups");
   MINIDL_CHECK(dp == 0, flag, ": the workers are the data-parallel ranks (every rank but the servers); drop --dp");
   MINIDL_CHECK(comm_hook == "none", flag, " with --comm-hook ", comm_hook, ": the workers push f32 gradients");
   MINIDL_CHECK(checkpoint_dir.empty() && resume.empty(), flag,
@@ -126,6 +126,21 @@ void TrainConfig::validate_parameter_server(int world) const {
                ": a replayed gradient must see the same masks; use --dropout 0");
   MINIDL_CHECK(grad_clip == 0 || ps <= 1, "--ps ", ps, " with --grad-clip ", grad_clip,
                ": clipping needs the whole gradient's norm, which only one server holds; use --ps 1 or --grad-clip 0");
+}
+
+void TrainConfig::validate_context_parallel() const {
+  MINIDL_CHECK(cp >= 1, "--cp: expected at least 1, got ", cp);
+  if (cp == 1) return;
+  MINIDL_CHECK(seq_or_default() % (2 * cp) == 0, "--cp ", cp, ": the sequence length ", seq_or_default(),
+               " (--seq) must be a multiple of 2 x --cp = ", 2 * cp,
+               " (each rank holds two of 2 x cp chunks, one from each end: equal causal work)");
+  // What is not built yet is refused by name, never run wrong.
+  MINIDL_CHECK(!sequence_parallel,
+               "--cp with --sequence-parallel: both split the sequence (over cp ranks, then "
+               "over tp); not built: use --tp without --sequence-parallel");
+  MINIDL_CHECK(device.rfind("cuda", 0) != 0, "--cp with --device ", device,
+               ": the ring's block attention (ops/attention_blocks.h) runs on the CPU only; use --device cpu");
+  MINIDL_CHECK(sync == "ddp", "--cp with --sync ", sync, ": not built (the outer syncs are tested without --cp)");
 }
 
 void TrainConfig::validate(int world) const {
@@ -147,6 +162,7 @@ void TrainConfig::validate(int world) const {
                tp);
   MINIDL_CHECK(!sequence_parallel || seq_or_default() % tp == 0, "--sequence-parallel: --seq ", seq_or_default(),
                " must be a multiple of --tp ", tp);
+  validate_context_parallel();
   MINIDL_CHECK(!memory_report || pp == 1, "--memory-report with --pp ", pp,
                ": the prediction is per whole model "
                "(or its tensor-parallel split), not per pipeline stage; the summary's act_peak_mb, param_mb, "
@@ -154,9 +170,10 @@ void TrainConfig::validate(int world) const {
   if (cuda_graph) validate_cuda_graph(*this, world);
   validate_outer_sync(world);
   const int d = dp_size(*this, world), r = replica_groups;
-  MINIDL_CHECK(int64_t(d) * tp * pp * r == world, "--dp ", d, " x --tp ", tp, " x --pp ", pp,
-               r > 1 ? " x --replica-groups " + std::to_string(r) : std::string(), " = ", int64_t(d) * tp * pp * r,
-               " does not match the ", world, " ranks this job runs on (mpirun -n)");
+  MINIDL_CHECK(int64_t(d) * cp * tp * pp * r == world, "--dp ", d, cp > 1 ? " x --cp " + std::to_string(cp) : "",
+               " x --tp ", tp, " x --pp ", pp, r > 1 ? " x --replica-groups " + std::to_string(r) : std::string(),
+               " = ", int64_t(d) * cp * tp * pp * r, " does not match the ", world,
+               " ranks this job runs on (mpirun -n)");
   // The global batch splits into (replicas x) dp ranks x micro-batches of equal size.
   MINIDL_CHECK(batch >= 1, "--batch: expected at least 1, got ", batch);
   validate_pipeline(*this, d * r);
@@ -311,6 +328,7 @@ std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig
           {"dp", str(o.dp)},
           {"tp", str(o.tp)},
           {"pp", str(o.pp)},
+          {"cp", str(o.cp)},
           {"sequence_parallel", str(o.sequence_parallel)},
           {"zero", str(o.zero)},
           {"sync", o.sync},

@@ -54,7 +54,9 @@ struct TrainConfig {
   int64_t loss_scale_growth_interval = 2000;
 
   // ---- parallel: the grid, the schedule, ZeRO, the backend and the device
-  int dp = 0, tp = 1, pp = 1;  // dp 0: the world size / (tp · pp)
+  int dp = 0, tp = 1, pp = 1;  // dp 0: the world size / (cp · tp · pp)
+  // Context parallelism: each sequence split over cp ranks (head-tail), attention a ring (dist/context_parallel.h)
+  int cp = 1;
   // tp > 1: the residual stream between the tensor-parallel layers split along the sequence (dist/sequence_parallel.h)
   bool sequence_parallel = false;
   // The schedule every step runs (train/stage.h, train/step.h): micro-batches per step (--micro-batches, alias
@@ -154,11 +156,13 @@ struct TrainConfig {
   int64_t micro_batches_or_default() const { return micro_batches.value_or(pp); }
   // Throws minidl::Error naming the flag, what was expected and what was given. Same answer on every rank.
   void validate(int world_size) const;
-  void validate_outer_sync(int world_size) const;        // --sync and its flags (part of validate)
-  void validate_parameter_server(int world_size) const;  // --ps, --ps-replay and what they exclude (part of it)
+  void validate_outer_sync(int world_size) const;  // --sync and its flags (part of validate)
+  void validate_parameter_server(int world_size) const;
+  void validate_context_parallel() const;  // --cp's divisibility and what it refuses (part of validate)  // --ps,
+                                           // --ps-replay and what they exclude (part of it)
 };
 
-// The data-parallel size: --dp, or the world size divided by tp · pp.
+// The data-parallel size: --dp, or the world size divided by cp · tp · pp (and the replicas).
 int dp_size(const TrainConfig& config, int world);
 // --amp's compute dtype: f32 (off), bf16 or f16.
 DType amp_dtype(const std::string& amp);

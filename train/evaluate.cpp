@@ -18,9 +18,13 @@ double evaluate(Stage& stage, const data::Batch& windows, int64_t batch, dist::P
   stage.train(false);
   dist::ProcessGroup* pp = stage.pp_group();
   const int p = stage.spec().stages, C = stage.spec().chunks();
-  const int ranks = dp_group ? dp_group->size() : 1, me = dp_group ? dp_group->rank() : 0;
+  // The batches are dealt over the dp coordinate; a context-parallel group (dp group rank dp · cp + cp rank:
+  // dist/topology.h) evaluates each of its batches together, each rank its positions, their means added / cp.
+  const int cp = stage.context_parallel_size();
+  MINIDL_CHECK(cp == 1 || dp_group, "evaluate: a context-parallel stage needs the dp group its cp ranks are in");
+  const int ranks = dp_group ? dp_group->size() / cp : 1, me = dp_group ? dp_group->rank() / cp : 0;
   const Device device = stage.device();
-  const int64_t n = windows.x.size(0), batches = (n + batch - 1) / batch, T = windows.x.size(1);
+  const int64_t n = windows.x.size(0), batches = (n + batch - 1) / batch, T = windows.x.size(1) / cp;
   std::vector<double> sums(size_t(batches), 0.0);
   for (int64_t i = me; i < batches; i += ranks) {
     const int64_t b = i * batch, m = std::min(batch, n - b);
@@ -30,24 +34,25 @@ double evaluate(Stage& stage, const data::Batch& windows, int64_t batch, dist::P
       if (c % p != stage.rank()) continue;
       nn::GPT& chunk = stage.chunk(c / p);
       if (c == 0) {
-        x = chunk.embed(windows.x.narrow(0, b, m).to(device));
+        x = chunk.embed(stage.positions_of(windows.x.narrow(0, b, m)).to(device));
       } else {
         x = Tensor::empty({m, stage.positions_per_rank(T), stage.config().n_embd}, DType::f32, device);
         pp->recv(x, (c - 1) % p, 0)->wait();
       }
       x = chunk.blocks(chunk.stage().first_block, chunk.stage().last_block, x);
       if (c == C - 1) {
-        sums[size_t(i)] = chunk.head_loss(x, windows.y.narrow(0, b, m).to(device)).item() * double(m);
+        sums[size_t(i)] =
+            chunk.head_loss(x, stage.positions_of(windows.y.narrow(0, b, m)).to(device)).item() * double(m) / cp;
       } else {
         x = x.contiguous();
         pp->send(x, (c + 1) % p, 0)->wait();
       }
     }
   }
-  if (p > 1 || ranks > 1) {
+  if (p > 1 || ranks * cp > 1) {
     Tensor all = Tensor::from_vector(sums, {batches}, DType::f64).to(pp ? pp->device() : dp_group->device());
     if (p > 1) pp->all_reduce(all, dist::ReduceOp::kSum)->wait();
-    if (ranks > 1) dp_group->all_reduce(all, dist::ReduceOp::kSum)->wait();
+    if (ranks * cp > 1) dp_group->all_reduce(all, dist::ReduceOp::kSum)->wait();
     sums = all.to_vector();
   }
   double total = 0;

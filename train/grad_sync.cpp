@@ -65,7 +65,7 @@ GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptio
                "gathers each block's parameters just before use, which a pipeline stage's interleaved micro-batches "
                "would gather and free again and again (DeepSpeed refuses it too); use --zero 1 or 2 with --pp");
   dist::ProcessGroup& dp = topology.dp_group();
-  name_ = zero_ > 0 ? "zero" + std::to_string(zero_) : topology.grid().dp > 1 ? "ddp" : "none";
+  name_ = zero_ > 0 ? "zero" + std::to_string(zero_) : dp.size() > 1 ? "ddp" : "none";
   if (topology.grid().pp > 1) name_ += "+pipeline";
   if (topology.grid().tp > 1) name_ += "+tp";
   if (zero_ > 0) norm_groups_.push_back(&dp);  // each dp rank holds its shard

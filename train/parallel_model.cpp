@@ -21,6 +21,9 @@ ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& mo
       return chunk;
     };
   m.stage = std::make_unique<Stage>(model_cfg, o.seed, pipeline_spec(o), starts, topo, make_chunk);
+  const int64_t seq = o.seq ? *o.seq : model_cfg.block_size;  // the trained sequence length
+  if (topo.grid().cp > 1)  // context parallelism, applied from outside the model too: each sequence over cp ranks
+    m.stage->set_context_parallel(std::make_shared<dist::ContextParallel>(topo.cp_group(), seq));
   // A tensor-parallel rank built each chunk whole before keeping its slices: the peaks describe training.
   if (topo.grid().tp > 1) ledger(Device::cpu()).reset_peaks();
   if (load) load(*m.stage);
@@ -38,8 +41,11 @@ ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& mo
   m.sync = std::make_unique<GradSync>(*m.stage, topo, sync);
   m.num_params = m.stage->num_parameters();
   if (o.pp > 1) m.notes.push_back(pipeline_note(o, starts));
+  if (topo.grid().cp > 1)
+    m.notes.push_back("context parallelism: ring attention over " + std::to_string(o.cp) + " ranks, " +
+                      std::to_string(seq / o.cp) + " of " + std::to_string(seq) +
+                      " positions per rank (chunks r and 2cp-1-r of 2cp)");
   if (o.sequence_parallel) {
-    const int64_t seq = o.seq ? *o.seq : model_cfg.block_size;  // the trained sequence length
     m.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
                       std::to_string(seq / o.tp) + " of " + std::to_string(seq) + " positions per rank");
   }

@@ -36,12 +36,14 @@ std::vector<double> gather_every_rank(const dist::Topology& topo, const std::arr
   mp.all_gather(replica, in.to(mp.device()))->wait();
   Tensor everyone = Tensor::empty({replica.numel() * dp.size()}, DType::f64, dp.device());
   dp.all_gather(everyone, replica)->wait();
-  const std::vector<double> v = everyone.to_vector();  // [dp rank][model-parallel rank = pp · tp + tp rank][4]
+  // [dp group rank = dp · cp + cp rank][model-parallel rank = pp · tp + tp rank][4]
+  const std::vector<double> v = everyone.to_vector();
   const dist::Grid& g = topo.grid();
   std::vector<double> all(v.size());
-  for (int d = 0; d < g.dp; ++d)
+  for (int d = 0; d < dp.size(); ++d)
     for (int j = 0; j < mp.size(); ++j)
-      std::copy_n(v.begin() + 4 * (d * mp.size() + j), 4, all.begin() + 4 * g.rank_of({d, j % g.tp, j / g.tp}));
+      std::copy_n(v.begin() + 4 * (d * mp.size() + j), 4,
+                  all.begin() + 4 * g.rank_of({.dp = d / g.cp, .tp = j % g.tp, .pp = j / g.tp, .cp = d % g.cp}));
   // Every replica's (a host group, replica r's ranks after replica r - 1's: the world's order).
   dist::ProcessGroup& replicas = topo.replica_group();
   if (replicas.size() == 1) return all;
@@ -102,7 +104,7 @@ std::string Report::line(int64_t step, double loss, double lr, const optim::Grad
   l += " | peak " + fmt("%.0f", peak_rss_mb()) + " MB";
   if (scaler)
     l += " | scale " + fmt("%g", scaler->current_scale()) + " | skipped " + std::to_string(scaler->skipped_steps());
-  if (topo_.grid().dp > 1)
+  if (topo_.dp_group().size() > 1)
     l += " | comm " + fmt("%.1f", comm_.comm_ms) + " ms, exposed " + fmt("%.1f", comm_.exposed_comm_ms) + " ms";
   return l;
 }
@@ -217,8 +219,9 @@ void print_zero_memory(const TrainConfig& o, const Stage& stage, const dist::Top
                        int64_t micro_batch, int64_t seq) {
   const MemoryLedger& mem = ledger(device);
   const int64_t M = stage.spec().micro_batches;
-  const MemoryPlan p = predict_memory({stage.config(), o.zero, topo.grid().dp, amp, stage.chunk(0).recompute(),
-                                       micro_batch, seq, M, topo.grid().tp, o.sequence_parallel});
+  // ZeRO shards over the dp group (dp × cp ranks); a cp rank keeps the activations of its seq / cp positions.
+  const MemoryPlan p = predict_memory({stage.config(), o.zero, topo.dp_group().size(), amp, stage.chunk(0).recompute(),
+                                       micro_batch, seq / topo.grid().cp, M, topo.grid().tp, o.sequence_parallel});
   auto pct = [](double measured, double predicted) { return predicted > 0 ? 100 * (measured / predicted - 1) : 0.0; };
   const double params = double(mem.current(MemTag::kParams)), grads = double(mem.current(MemTag::kGrads)),
                optimizer = double(mem.current(MemTag::kOptimizer)), acts = double(mem.peak(MemTag::kActivations));
@@ -226,10 +229,10 @@ void print_zero_memory(const TrainConfig& o, const Stage& stage, const dist::Top
       "zero-%d memory, dp rank %d of %d: params=%.3f grads=%.3f optimizer=%.3f activations=%.3f comm=%.3f "
       "MiB; predicted params=%.3f grads=%.3f optimizer=%.3f activations=%.3f MiB; difference params=%+.1f%% "
       "grads=%+.1f%% optimizer=%+.1f%% activations=%+.1f%%\n",
-      o.zero, topo.coord().dp, topo.grid().dp, params / kMiB, grads / kMiB, optimizer / kMiB, acts / kMiB,
-      double(mem.current(MemTag::kComm)) / kMiB, p.params_rest / kMiB, p.grads_rest / kMiB, p.optimizer / kMiB,
-      p.activations / kMiB, pct(params, p.params_rest), pct(grads, p.grads_rest), pct(optimizer, p.optimizer),
-      pct(acts, p.activations));
+      o.zero, topo.dp_group().rank(), topo.dp_group().size(), params / kMiB, grads / kMiB, optimizer / kMiB,
+      acts / kMiB, double(mem.current(MemTag::kComm)) / kMiB, p.params_rest / kMiB, p.grads_rest / kMiB,
+      p.optimizer / kMiB, p.activations / kMiB, pct(params, p.params_rest), pct(grads, p.grads_rest),
+      pct(optimizer, p.optimizer), pct(acts, p.activations));
   std::fflush(stdout);
 }
 

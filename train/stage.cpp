@@ -61,6 +61,13 @@ std::vector<Tensor> Stage::parameters() const {
 
 bool Stage::owns(const std::string& name) const { return name != "transformer.wte.weight" || first_stage(); }
 
+void Stage::set_context_parallel(std::shared_ptr<const dist::ContextParallel> cp) {
+  MINIDL_CHECK(!cp_, "Stage::set_context_parallel: the stage's chunks already run context parallelism");
+  if (!cp || cp->size() == 1) return;
+  for (auto& c : chunks_) dist::apply_context_parallel(*c, *cp);
+  cp_ = std::move(cp);
+}
+
 void Stage::to(Device device) {
   for (auto& c : chunks_) c->to(device);
 }

@@ -23,6 +23,7 @@
 #include <memory>
 #include <vector>
 
+#include "dist/context_parallel.h"
 #include "dist/pipeline.h"
 #include "dist/topology.h"
 #include "nn/gpt.h"
@@ -77,6 +78,16 @@ class Stage {
   // sequence_sliced, over n ranks: sequence parallelism).
   int64_t positions_per_rank(int64_t T) const { return T / sequence_shards_; }
 
+  // Context parallelism (dist/context_parallel.h): every chunk computes on cp's positions of each sequence (its
+  // attention a ring over cp's group), and the executor and evaluate hand it those positions (positions_of).
+  // Null: the whole sequence. Shared: the chunks' styles read it.
+  void set_context_parallel(std::shared_ptr<const dist::ContextParallel> cp);
+  const dist::ContextParallel* context_parallel() const { return cp_.get(); }
+  // The ranks one sequence is split over (1 without context parallelism).
+  int context_parallel_size() const { return cp_ ? cp_->size() : 1; }
+  // This rank's positions of t (B, T, ...): cp's split, or t itself.
+  Tensor positions_of(const Tensor& t) const { return cp_ ? cp_->split(t) : t; }
+
   void to(Device device);
   void train(bool on = true);
   void set_recompute(nn::Recompute r);
@@ -108,6 +119,7 @@ class Stage {
   int rank_ = 0;
   int64_t sequence_shards_ = 1;
   std::vector<std::shared_ptr<nn::GPT>> chunks_;
+  std::shared_ptr<const dist::ContextParallel> cp_;
   Tensor tied_weight_, tied_copy_;
   std::shared_ptr<Timing> timing_ = std::make_shared<Timing>();
 };

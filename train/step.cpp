@@ -182,7 +182,12 @@ bool select_inputs(Executor& ex, const data::Batch& batch) {
 
 }  // namespace
 
-Tensor forward_backward(Stage& stage, const data::Batch& batch, const StepOptions& o) {
+Tensor forward_backward(Stage& stage, const data::Batch& whole, const StepOptions& o) {
+  // Context parallelism: this rank's positions of every sequence, the targets split as the inputs are (the
+  // sampler shifted them, y = x + 1, on the whole sequence: shifting a chunk would pair its last input with a
+  // token of the next chunk that is not there).
+  const int cp = stage.context_parallel_size();
+  const data::Batch batch = cp > 1 ? data::Batch{stage.positions_of(whole.x), stage.positions_of(whole.y)} : whole;
   const int64_t rows = batch.x.size(0), M = stage.spec().micro_batches;
   MINIDL_CHECK(o.grad_sync,
                "train_step: StepOptions::grad_sync is null; one process is GradSync::one_process(), "
@@ -195,8 +200,11 @@ Tensor forward_backward(Stage& stage, const data::Batch& batch, const StepOption
   ex.micro = rows / M;
   ex.T = batch.x.size(1);
   // The normaliser of the whole step. Under DDP each rank divides by its own slice's count and DDP averages over
-  // ranks: with equal-sized slices and no ignored targets that is the global mean exactly.
-  ex.inv_targets = 1.0 / double(std::max<int64_t>(1, o.target_count >= 0 ? o.target_count : count_targets(batch.y)));
+  // ranks: with equal-sized slices and no ignored targets that is the global mean exactly. A context-parallel rank
+  // holds 1/cp of its sequences' targets and divides by the whole sequences' count over cp: the average over the
+  // cp ranks is then the sequences' sum over their count, wherever the ignored (-1) targets fall.
+  ex.inv_targets =
+      double(cp) / double(std::max<int64_t>(1, o.target_count >= 0 ? o.target_count : count_targets(whole.y)));
   ex.step = stage.dropout_step();
   ex.first_sample = stage.dropout_first_sample();
   ex.device = stage.device();

@@ -157,10 +157,11 @@ void Trainer::State::print_header() const {
   const dist::Grid& g = topo->grid();
   std::printf(
       "minidl train_gpt: %lld parameters, layers=%lld heads=%lld embd=%lld seq=%lld batch=%lld vocab=%lld "
-      "threads=%d dp=%d tp=%d pp=%d%s zero=%d micro_batches=%d amp=%s recompute=%s device=%s data=%s "
+      "threads=%d dp=%d%s tp=%d pp=%d%s zero=%d micro_batches=%d amp=%s recompute=%s device=%s data=%s "
       "(%zu train / %zu val tokens) tokenizer=%s\n",
       (long long)num_params, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)seq,
-      (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp, g.tp, g.pp,
+      (long long)cfg.batch, (long long)c.vocab_size, num_threads(), g.dp,
+      g.cp > 1 ? (" cp=" + std::to_string(g.cp)).c_str() : "", g.tp, g.pp,
       g.replicas > 1 || cfg.sync != "ddp" ? (" sync=" + cfg.sync + " every=" + std::to_string(cfg.sync_every) +
                                              " replicas=" + std::to_string(g.replicas))
                                                 .c_str()
@@ -245,7 +246,8 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
   MINIDL_CHECK(s.device.is_cpu() ? backend != "nccl" : backend != "mpi", "--backend ", backend,
                " does not serve --device ", o.device, ": use ",
                s.device.is_cpu() ? "mpi or ring on the CPU" : "nccl or ring on CUDA devices");
-  const dist::Grid grid{dp_size(o, ctx.world_size()), o.tp, o.pp, o.replica_groups};
+  const dist::Grid grid{
+      .dp = dp_size(o, ctx.world_size()), .tp = o.tp, .pp = o.pp, .replicas = o.replica_groups, .cp = o.cp};
   s.topo = std::make_unique<dist::Topology>(ctx.world(), grid, backend, s.device);
   const dist::GridCoord me = s.topo->coord();
   s.logger = me == dist::GridCoord{};

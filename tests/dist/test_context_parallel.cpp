@@ -11,16 +11,21 @@
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "autograd/node.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "dist/context_parallel.h"
 #include "dist/naive/ring_attention.h"
 #include "dist/topology.h"
 #include "nn/gpt.h"
+#include "optim/sgd.h"
 #include "ops/attention.h"
 #include "ops/attention_blocks.h"
 #include "ops/cast.h"
 #include "support/mpi_test.h"
+#include "train/grad_sync.h"
+#include "train/stage.h"
+#include "train/step.h"
 
 using namespace minidl;
 
@@ -301,5 +306,106 @@ TEST(ContextParallel, ActivationsPerRankAreAboutOneNth) {
                   one, n, mine, mine / one, 1.0 / n);
     EXPECT_LE(mine, 1.05 * one / n) << "N " << n;
     EXPECT_GE(mine, 0.95 * one / n) << "N " << n;
+  }
+}
+
+// Each position's loss in the model's logits (B, T, V), in double: -log softmax at the target (NaN where ignored).
+std::vector<double> token_losses(const Tensor& logits, const Tensor& targets) {
+  const int64_t N = logits.size(0) * logits.size(1), V = logits.size(2);
+  const std::vector<double> z = logits.to_vector(), t = targets.to_vector();
+  std::vector<double> out(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) {
+    const double* row = z.data() + i * V;
+    const double mx = *std::max_element(row, row + V);
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+    out[size_t(i)] = t[size_t(i)] < 0 ? NAN : mx + std::log(sum) - row[int64_t(t[size_t(i)])];
+  }
+  return out;
+}
+
+// The tokens at the chunk boundaries (the last position of a chunk, whose target opens the next chunk, and the
+// first of the next, whose keys come from another rank) lose what one process's lose: the labels were shifted on
+// the whole sequence and split with the inputs. Every position's loss, gathered in sequence order, within 1e-5 of
+// one process's (GPT-2 and Llama, N 2-4, dropout on).
+TEST(ContextParallel, ChunkBoundaryTokensLoseWhatOneProcessLoses) {
+  const int world = ctx().world_size();
+  for (int n = 2; n <= world; ++n) {
+    if (world % n != 0) continue;
+    dist::Topology topo(ctx().world(), {.dp = world / n, .cp = n}, "mpi");
+    for (const nn::GPTConfig& cfg : {gpt2(0.1), llama(0.1)}) {
+      const int64_t B = 2, T = 24;
+      const Tensor ids = random_ids(B, T + 1, cfg.vocab_size, 4);
+      const Tensor x = ids.narrow(1, 0, T).contiguous(), y = ids.narrow(1, 1, T).contiguous();
+      dist::ContextParallel cp(topo.cp_group(), T);
+      auto losses = [&](bool split) {
+        autograd::NoGradGuard no_grad;
+        nn::GPT model(cfg, 1337);
+        model.train();
+        model.dropout_context().step = 1;
+        if (!split) return token_losses(model.forward(x), y);
+        dist::apply_context_parallel(model, cp);
+        return token_losses(cp.gather(model.forward(cp.split(x))), y);
+      };
+      const std::vector<double> want = losses(false), got = losses(true);
+      const int64_t c = T / (2 * n);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) {
+          const size_t i = size_t(b * T + t);
+          EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i]))
+              << (cfg.llama() ? "Llama" : "GPT-2") << ", N " << n << ", sequence " << b << ", position " << t
+              << (t % c == c - 1 || t % c == 0 ? " (a chunk boundary)" : "");
+        }
+    }
+  }
+}
+
+// The step's normaliser (train/step.cpp): a context-parallel rank divides its targets' loss by the whole sequences'
+// target count over cp, not by its own count. Ignored (-1) targets, all in the first chunk, leave rank 0 fewer
+// targets than the others: a rank dividing by its own count would weigh each of its tokens more (verl #4250's loss
+// scaled by local tokens). train_step over a dp × cp topology (GradSync averaging over both), two micro-batches,
+// dropout on, SGD at lr 1e3: the loss averaged over the ranks and every parameter's step equal one process's.
+TEST(ContextParallel, TrainStepNormalisesByTheWholeSequencesTargets) {
+  const int world = ctx().world_size();
+  const nn::GPTConfig cfg = gpt2(0.1);
+  const int64_t B = 4, T = 24;
+  const Tensor ids = random_ids(B, T + 1, cfg.vocab_size, 6);
+  std::vector<int32_t> targets;
+  for (double v : ids.narrow(1, 1, T).contiguous().to_vector()) targets.push_back(int32_t(v));
+  for (int64_t t = 0; t < 3; ++t) targets[size_t(t)] = targets[size_t(2 * T + t)] = -1;  // in chunk 0 at any N <= 4
+  const data::Batch batch{ids.narrow(1, 0, T).contiguous(), Tensor::from_vector(targets, {B, T})};
+  auto step = [&](train::Stage& stage, train::GradSync& sync) {
+    stage.train();
+    stage.set_dropout(3, 0);
+    std::vector<Tensor> before;
+    for (const Tensor& p : stage.parameters()) before.push_back(p.detach().clone());
+    optim::SGD opt({{stage.parameters(), 0.0}}, {});
+    train::StepOptions o;
+    o.lr = 1e3;  // steps far above the parameters' rounding
+    o.grad_clip = 0;
+    o.grad_sync = &sync;
+    const double loss = train::train_step(stage, opt, batch, o).loss;
+    std::vector<Tensor> moved;
+    const std::vector<Tensor> after = stage.parameters();
+    for (size_t i = 0; i < after.size(); ++i) moved.push_back(sub(before[i], after[i].detach()));
+    return std::pair{loss, moved};
+  };
+  nn::GPT whole(cfg, 1337);
+  train::Stage one = train::Stage::of(whole, 2);
+  auto [want_loss, want_moves] = step(one, train::GradSync::one_process());
+  for (int n = 1; n <= world; ++n) {
+    if (world % n != 0) continue;
+    dist::Topology topo(ctx().world(), {.dp = world / n, .cp = n}, "mpi");
+    const dist::PipelineSpec spec{.kind = dist::ScheduleKind::k1F1B, .stages = 1, .micro_batches = 2};
+    train::Stage stage(cfg, 1337, spec, {0, cfg.n_layer}, topo);
+    stage.set_context_parallel(std::make_shared<dist::ContextParallel>(topo.cp_group(), T));
+    train::GradSync sync(stage, topo);
+    auto [loss, moves] = step(stage, sync);
+    Tensor l = Tensor::from_vector(std::vector<double>{loss}, {1}, DType::f64);
+    topo.dp_group().all_reduce(l, dist::ReduceOp::kAvg)->wait();  // every dp copy saw the same batch
+    EXPECT_NEAR(l.item(), want_loss, 1e-6 * want_loss) << "N " << n;
+    ASSERT_EQ(moves.size(), want_moves.size());
+    for (size_t i = 0; i < moves.size(); ++i)
+      EXPECT_LE(relative_error(moves[i], want_moves[i]), 1e-5) << "N " << n << ", parameter " << i;
   }
 }

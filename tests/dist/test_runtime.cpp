@@ -185,6 +185,56 @@ TEST(Topology, GroupsFollowTheGrid) {
     }
 }
 
+// With a cp axis (tp-cp-dp-pp, tp fastest): the cp group is cp consecutive blocks of tp ranks, and the dp group,
+// the gradients' group, spans dp and cp together, ranked dp · cp + cp (dist/topology.h).
+TEST(Topology, ContextParallelGroupsFollowTheGrid) {
+  const int n = mpi_context().world_size(), me = mpi_context().rank();
+  std::vector<dist::Grid> grids = {{.cp = n}};
+  if (n == 4)
+    grids = {{.cp = 4}, {.dp = 2, .cp = 2}, {.tp = 2, .cp = 2}, {.pp = 2, .cp = 2}};
+  else if (n == 2)
+    grids = {{.cp = 2}};
+  for (const dist::Grid& g : grids) {
+    SCOPED_TRACE(::testing::Message() << "dp " << g.dp << " cp " << g.cp << " tp " << g.tp << " pp " << g.pp);
+    for (int r = 0; r < g.size(); ++r) {
+      const dist::GridCoord c = g.coord_of(r);
+      EXPECT_EQ(g.rank_of(c), r);
+      EXPECT_EQ(r, ((c.pp * g.dp + c.dp) * g.cp + c.cp) * g.tp + c.tp);
+    }
+    dist::Topology topo(MPI_COMM_WORLD, g, "mpi");
+    const dist::GridCoord c = topo.coord();
+    auto members = [&](dist::ProcessGroup& group) {
+      Tensor t = Tensor::full({1}, double(me), DType::i64);
+      group.all_reduce(t, dist::ReduceOp::kSum)->wait();
+      return int64_t(t.item());
+    };
+    int64_t cp_sum = 0, dp_sum = 0, mp_sum = 0;
+    for (int i = 0; i < g.cp; ++i) cp_sum += g.rank_of({.dp = c.dp, .tp = c.tp, .pp = c.pp, .cp = i});
+    for (int d = 0; d < g.dp; ++d)
+      for (int i = 0; i < g.cp; ++i) dp_sum += g.rank_of({.dp = d, .tp = c.tp, .pp = c.pp, .cp = i});
+    for (int pp = 0; pp < g.pp; ++pp)
+      for (int tp = 0; tp < g.tp; ++tp) mp_sum += g.rank_of({.dp = c.dp, .tp = tp, .pp = pp, .cp = c.cp});
+    EXPECT_EQ(topo.cp_group().size(), g.cp);
+    EXPECT_EQ(topo.cp_group().rank(), c.cp);
+    EXPECT_EQ(members(topo.cp_group()), cp_sum);
+    EXPECT_EQ(topo.dp_group().size(), g.dp * g.cp);
+    EXPECT_EQ(topo.dp_group().rank(), c.dp * g.cp + c.cp);
+    EXPECT_EQ(members(topo.dp_group()), dp_sum);
+    EXPECT_EQ(topo.model_parallel_group().size(), g.tp * g.pp);
+    EXPECT_EQ(members(topo.model_parallel_group()), mp_sum);
+    EXPECT_EQ(topo.tp_group().rank(), c.tp);
+    EXPECT_EQ(topo.pp_group().rank(), c.pp);
+  }
+  try {
+    dist::Grid{.dp = 1, .cp = 3}.check_world(4);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dp × cp × tp × pp = 1 × 3 × 1 × 1 = 3 does not match the world size 4"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // A backend that implements nothing: every operation names the backend and itself.
 class EmptyBackend : public dist::ProcessGroup {
  public:

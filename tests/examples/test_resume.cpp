@@ -50,6 +50,18 @@ class Resume : public ::testing::Test {
            std::to_string(steps) + " --zero " + std::to_string(zero);
   }
   Result run(int ranks, const std::string& args) { return minidl::testing::run_program(mpiexec(ranks) + args); }
+  // A run saving every 4 steps into path(dir); its exit code checked.
+  Result checkpointed(int ranks, const std::string& args, const std::string& dir) {
+    Result r = run(ranks, args + " --checkpoint-dir " + path(dir) + " --save-every 4");
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r;
+  }
+  // path(from)'s step-4 checkpoint copied into a fresh path(dir) and resumed there by `args` at `ranks`.
+  Result resumed_copy(int ranks, const std::string& args, const std::string& from, const std::string& dir) {
+    fs::create_directories(path(dir));
+    fs::copy(path(from) + "/step-00000004", path(dir) + "/step-00000004", fs::copy_options::recursive);
+    return run(ranks, args + " --checkpoint-dir " + path(dir) + " --save-every 4 --resume auto");
+  }
   fs::path dir_;
 };
 
@@ -258,10 +270,8 @@ TEST_F(Resume, ZeroStagesResumeBitwiseAndWriteDDPsCheckpoint) {
 // ranks' average has one rounding whatever the stage); at dp 1 and 3 the mean loss is summed in another order, so
 // the losses agree within kF32SumOrder.
 TEST_F(Resume, ZeroCheckpointsReshardAcrossStagesAndDataParallelSizes) {
-  Result ddp = run(2, zero_flags(8, 0) + " --checkpoint-dir " + path("src0") + " --save-every 4");
-  ASSERT_EQ(ddp.code, 0) << ddp.out;
-  Result zero2 = run(2, zero_flags(8, 2) + " --checkpoint-dir " + path("src2") + " --save-every 4");
-  ASSERT_EQ(zero2.code, 0) << zero2.out;
+  Result ddp = checkpointed(2, zero_flags(8, 0), "src0");
+  checkpointed(2, zero_flags(8, 2), "src2");
   const std::vector<double> reference = step_losses(ddp.out, 5);
   ASSERT_EQ(reference.size(), 4u) << ddp.out;
   struct Case {
@@ -273,10 +283,8 @@ TEST_F(Resume, ZeroCheckpointsReshardAcrossStagesAndDataParallelSizes) {
                  Case{"src2", 1, 1, false}, Case{"src2", 2, 1, true}, Case{"src2", 3, 1, false}}) {
     SCOPED_TRACE(std::string(c.from) + " resumed at dp " + std::to_string(c.ranks) + " --zero " +
                  std::to_string(c.zero));
-    const std::string out = path("out_" + std::string(c.from) + "_" + std::to_string(c.ranks));
-    fs::create_directories(out);
-    fs::copy(path(c.from) + "/step-00000004", out + "/step-00000004", fs::copy_options::recursive);
-    Result r = run(c.ranks, zero_flags(8, c.zero) + " --checkpoint-dir " + out + " --save-every 4 --resume auto");
+    const std::string dir = "out_" + std::string(c.from) + "_" + std::to_string(c.ranks), out = path(dir);
+    Result r = resumed_copy(c.ranks, zero_flags(8, c.zero), c.from, dir);
     ASSERT_EQ(r.code, 0) << r.out;
     const std::vector<double> losses = step_losses(r.out, 5);
     ASSERT_EQ(losses.size(), reference.size()) << r.out;
@@ -286,5 +294,38 @@ TEST_F(Resume, ZeroCheckpointsReshardAcrossStagesAndDataParallelSizes) {
                              kF32SumOrder));
     if (c.bitwise)
       EXPECT_TRUE(same_files(out + "/step-00000008", path("src0") + "/step-00000008", RunConfig::kMayDiffer));
+  }
+}
+
+// Context parallelism keeps whole tensors in its checkpoints, as every layout does: a checkpoint written at cp 2
+// (ZeRO-1 over its dp x cp = 2 ranks) continues at cp 1, at cp 4 under ZeRO-3, and at cp 2 x dp 2 under ZeRO-2, and
+// a cp 1 checkpoint continues at cp 2. Against the straight cp 1 run: steps 5-8's losses (printed to 4 decimals)
+// within one unit of the last place, the validation loss within kF32SumOrder.
+TEST_F(Resume, ContextParallelCheckpointsResumeAtAnyCp) {
+  Result straight = checkpointed(1, zero_flags(8, 0), "src1");
+  checkpointed(2, zero_flags(8, 1) + " --cp 2", "src2");
+  const std::vector<double> reference = step_losses(straight.out, 5);
+  ASSERT_EQ(reference.size(), 4u) << straight.out;
+  struct Case {
+    const char* from;
+    int ranks;
+    std::string layout;
+  };
+  const std::vector<Case> cases = {{"src2", 1, " --zero 0"},
+                                   {"src2", 4, " --zero 3 --cp 4"},
+                                   {"src2", 4, " --zero 2 --cp 2 --dp 2"},
+                                   {"src1", 2, " --zero 0 --cp 2"}};
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    SCOPED_TRACE(std::string(c.from) + " resumed with" + c.layout);
+    const std::string dir = "out" + std::to_string(k);
+    Result r = resumed_copy(c.ranks, zero_flags(8, 0) + c.layout, c.from, dir);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resuming from " + path(dir) + "/step-00000004"), std::string::npos) << r.out;
+    const std::vector<double> losses = step_losses(r.out, 5);
+    ASSERT_EQ(losses.size(), reference.size()) << r.out;
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], reference[i], 1.01e-4) << "step " << i + 5;
+    EXPECT_TRUE(losses_agree(std::stod(summary_text(r.out, "val_loss")),
+                             std::stod(summary_text(straight.out, "val_loss")), kF32SumOrder));
   }
 }

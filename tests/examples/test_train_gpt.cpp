@@ -847,6 +847,96 @@ TEST_F(TrainGpt, TensorParallelMatchesOneProcess) {
   }
 }
 
+namespace {
+
+// The (step, loss) lines of a --loss-log file: every step's loss to 17 significant digits.
+std::vector<double> logged_losses(const std::string& file) {
+  std::vector<double> losses;
+  std::ifstream in(file);
+  int64_t step = 0;
+  double loss = 0;
+  while (in >> step >> loss) losses.push_back(loss);
+  return losses;
+}
+
+}  // namespace
+
+// Context parallelism (--cp: each sequence over cp ranks, head-tail, ring attention) against one process: every one
+// of 20 steps' losses within 1e-5 (they agree to ~1e-7 here: the same sums in another order), and the validation
+// loss, at cp 2 (mpi and ring), cp 4, and cp 2 with dp 2 and ZeRO 1-3, tp 2, pp 2, accumulation with recomputation,
+// clipping, and the Llama model (RoPE at global positions, GQA); bf16 within its sum-order tolerance; the greedy
+// sample (the KV-cached sampler on the whole model) the same text.
+TEST_F(TrainGpt, ContextParallelMatchesOneProcess) {
+  std::string base = tiny_flags();
+  base.replace(base.find("--heads 2"), 9, "--heads 4");
+  base.replace(base.find("--layers 1"), 10, "--layers 2");
+  const std::string flags = base + " --steps 20 --lr 3e-3 --dropout 0.1 --batch 8 --grad-clip 0.3";
+  struct Case {
+    int ranks;
+    std::string model, extra;
+  };
+  const std::string llama = " --model llama --kv-heads 2";
+  const std::vector<Case> cases = {
+      {2, "", " --cp 2"},
+      {2, "", " --cp 2 --backend ring --grad-accum 2 --recompute block"},
+      {4, "", " --cp 4"},
+      {4, "", " --cp 2 --dp 2 --zero 1"},
+      {4, "", " --cp 2 --dp 2 --zero 3"},
+      {4, "", " --cp 2 --tp 2"},
+      {4, "", " --cp 2 --pp 2 --micro-batches 2"},
+      {2, llama, " --cp 2"},
+      {4, llama, " --cp 4"},
+  };
+  std::map<std::string, std::pair<std::vector<double>, double>> one;  // per model: losses, validation loss
+  for (const std::string& model : {std::string(), llama}) {
+    Result r = run(flags + model + " --loss-log " + path("one.losses"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    one[model] = {logged_losses(path("one.losses")), summary_field(r.out, "val_loss")};
+    ASSERT_EQ(one[model].first.size(), 20u);
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.model + c.extra);
+    fs::remove(path("cp.losses"));
+    Result r = run_with(mpiexec(c.ranks), flags + c.model + c.extra + " --loss-log " + path("cp.losses"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("context parallelism: ring attention over"), std::string::npos) << r.out;
+    const std::vector<double> got = logged_losses(path("cp.losses")), &want = one[c.model].first;
+    ASSERT_EQ(got.size(), want.size()) << r.out;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+    EXPECT_NEAR(summary_field(r.out, "val_loss"), one[c.model].second, 1e-5 * one[c.model].second) << r.out;
+  }
+  Result bf16 = run(flags + " --amp bf16"), bf16_cp = run_with(mpiexec(2), flags + " --amp bf16 --cp 2");
+  ASSERT_EQ(bf16_cp.code, 0) << bf16_cp.out;
+  EXPECT_TRUE(same_loss(bf16_cp, bf16, "val_loss", kBf16SumOrder)) << bf16_cp.out;
+  auto sample = [](const std::string& out) {
+    const size_t at = out.find("---- sample ----");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find("----------------", at) - at);
+  };
+  Result greedy = run(flags + " --sample 20 --temperature 0");
+  Result greedy_cp = run_with(mpiexec(2), flags + " --sample 20 --temperature 0 --cp 2");
+  ASSERT_EQ(greedy_cp.code, 0) << greedy_cp.out;
+  EXPECT_FALSE(sample(greedy.out).empty()) << greedy.out;
+  EXPECT_EQ(sample(greedy_cp.out), sample(greedy.out));
+}
+
+// --cp's bad input (exit 2, naming the numbers and flags): a sequence that does not split into 2 x cp chunks, a
+// world that is not dp x cp x tp x pp, and what it does not run.
+TEST_F(TrainGpt, ContextParallelBadInput) {
+  auto rejected = [&](const std::string& args, std::initializer_list<const char*> fragments) {
+    Result r = run(tiny_flags() + " --steps 2 " + args);  // one process: each is refused before MPI is asked
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    for (const char* f : fragments)
+      EXPECT_NE(r.out.find(f), std::string::npos) << "missing '" << f << "' in: " << r.out;
+  };
+  rejected("--cp 2 --seq 10", {"the sequence length 10 (--seq) must be a multiple of 2 x --cp = 4"});
+  rejected("--cp 0", {"--cp: expected at least 1, got 0"});
+  rejected("--cp 2", {"--dp 1 x --cp 2 x --tp 1 x --pp 1 = 2 does not match the 1 ranks"});
+  rejected("--cp 2 --dp 2", {"--dp 2 x --cp 2 x --tp 1 x --pp 1 = 4 does not match the 1 ranks"});
+  rejected("--cp 2 --tp 2 --sequence-parallel", {"--cp with --sequence-parallel"});
+  rejected("--cp 2 --device cuda", {"--cp with --device cuda", "CPU only"});
+  rejected("--cp 2 --sync local-sgd", {"--cp with --sync local-sgd"});
+}
+
 // Sequence parallelism's activation saving against its formula (docs/parallelism.md, "Tensor parallelism").
 // Per block, in units of B*T*C values, a rank keeps 4 + 12/tp without it (LayerNorm and linear inputs of
 // the residual stream are whole on every rank; q, k, v, the attention output and the MLP's 4C-wide pre-activation
