@@ -75,6 +75,7 @@ TRAINER_ROWS = [
     ("parameter server, sync", 2, ["--batch", 12, "--ps", 1], ["--batch", 12, "--ps", 1]),
     ("parameter server, async", 2, ["--batch", 12, "--ps", 1, "--ps-mode", "async"],
      ["--batch", 12, "--ps", 1, "--ps-mode", "async"]),
+    ("cp 2 (ring attention)", 2, ["--batch", 12, "--cp", 2], ["--batch", 12, "--cp", 2]),
 ]
 ROWS = ROWS + [(name, ranks, [TRAINER] + flags, pflags) for name, ranks, flags, pflags in TRAINER_ROWS]
 # Four ranks: on a host of fewer cores, oversubscribed.

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Strong scaling of train_gpt over (dp, tp, pp, zero, schedule): the same global batch and model for every
+"""Strong scaling of train_gpt over (dp, tp, pp, zero, cp, schedule): the same global batch and model for every
 configuration, so every row trains the same thing (the parallel modes are tested equal to one process) and only
 the speed and the memory differ.
 
-    bench/scaling.py                                   # baby config: 1 rank, dp 2, pp 2 (three schedules), dp2 x pp2
+    bench/scaling.py                                   # baby: 1 rank, dp 2, pp 2 (three schedules), dp2 x pp2, cp 2
     bench/scaling.py --config nanogpt --steps 6 --sweep 1,1,1:1f1b:4 1,1,2:gpipe:4 1,1,2:1f1b:4 \\
                      1,1,2:interleaved:4:2 1,1,4:1f1b:8 1,1,4:interleaved:8:2 --json --plot scaling.png
 
-A sweep entry is dp,tp,pp[,zero]:schedule:micro_batches[:virtual_stages]; the single-rank baseline accumulates over
+A sweep entry is dp,tp,pp[,zero[,cp]]:schedule:micro_batches[:virtual_stages] (cp: context parallelism, each
+sequence over cp ranks: --seq must be a multiple of 2 cp); the single-rank baseline accumulates over
 the same micro-batches (--grad-accum M), so efficiency = tokens/s(N) / (N x tokens/s(1)) compares equal work. For
 each row: ms/step, tokens/s, efficiency, the schedule's bubble as simulated by dist/pipeline (unit costs; what an
 ideal machine would idle) beside the measured one (each stage's time blocked on a peer over its schedule time, the
@@ -32,27 +33,28 @@ CONFIGS = {
     "nanogpt": dict(layers=6, heads=6, embd=384, seq=256, batch=8),
 }
 DEFAULT_SWEEP = ["1,1,1:1f1b:4", "2,1,1:1f1b:2", "1,1,2:gpipe:4", "1,1,2:1f1b:4", "1,1,2:interleaved:4:2",
-                 "2,1,2:1f1b:2"]
+                 "2,1,2:1f1b:2", "1,1,1,0,2:1f1b:4"]
 
 
 def parse_entry(text):
     parts = text.split(":")
     grid = [int(x) for x in parts[0].split(",")]
-    if len(grid) not in (3, 4) or len(parts) not in (3, 4):
-        sys.exit(f"scaling: expected dp,tp,pp[,zero]:schedule:micro_batches[:virtual_stages], got '{text}'")
+    if len(grid) not in (3, 4, 5) or len(parts) not in (3, 4):
+        sys.exit(f"scaling: expected dp,tp,pp[,zero[,cp]]:schedule:micro_batches[:virtual_stages], got '{text}'")
     dp, tp, pp = grid[:3]
-    return dict(dp=dp, tp=tp, pp=pp, zero=grid[3] if len(grid) == 4 else 0, schedule=parts[1],
+    return dict(dp=dp, tp=tp, pp=pp, zero=grid[3] if len(grid) >= 4 else 0, cp=grid[4] if len(grid) == 5 else 1,
+                schedule=parts[1],
                 micro_batches=int(parts[2]), virtual_stages=int(parts[3]) if len(parts) == 4 else 1)
 
 
 def run(e, args, cfg):
-    n = e["dp"] * e["tp"] * e["pp"]
+    n = e["dp"] * e["tp"] * e["pp"] * e["cp"]
     cmd = ["mpirun", "-n", str(n), "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", args.binary,
            "--threads", "1", "--steps", str(args.steps), "--eval-every", "0", "--eval-windows", "1",
            "--log-every", str(args.steps), "--seed", "1337", "--batch", str(cfg["batch"]),
            "--layers", str(cfg["layers"]), "--heads", str(cfg["heads"]), "--embd", str(cfg["embd"]),
            "--seq", str(cfg["seq"]), "--dp", str(e["dp"]), "--tp", str(e["tp"]), "--pp", str(e["pp"]),
-           "--zero", str(e["zero"])]
+           "--zero", str(e["zero"]), "--cp", str(e["cp"])]
     if e["pp"] > 1:
         cmd += ["--micro-batches", str(e["micro_batches"]), "--schedule", e["schedule"],
                 "--virtual-stages", str(e["virtual_stages"])]
@@ -133,8 +135,8 @@ def main():
     rows = []
     for text in args.sweep:
         e = parse_entry(text)
-        e["ranks"] = e["dp"] * e["tp"] * e["pp"]
-        e["name"] = f"dp{e['dp']} tp{e['tp']} pp{e['pp']} z{e['zero']}" + \
+        e["ranks"] = e["dp"] * e["tp"] * e["pp"] * e["cp"]
+        e["name"] = f"dp{e['dp']} tp{e['tp']} pp{e['pp']} z{e['zero']}" + (f" cp{e['cp']}" if e["cp"] > 1 else "") + \
             (f" {e['schedule']} M{e['micro_batches']}" + (f" V{e['virtual_stages']}" if e["virtual_stages"] > 1 else "")
              if e["pp"] > 1 else f" M{e['micro_batches']}")
         e.update(run(e, args, cfg))

@@ -51,6 +51,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--pp", l.pp, "Pipeline stages")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--cp", l.cp,
+                 "Context-parallel ranks: each sequence over cp ranks, attention a ring (--seq a multiple of 2 x cp); "
+                 "the gradients averaged over dp x cp")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--virtual-stages", l.virtual_stages,
                  "Model chunks per pipeline rank (> 1: with --schedule interleaved)")
       ->check(CLI::Range(1, 1 << 10))
@@ -183,7 +188,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     MINIDL_CHECK(gpus == 0 || gpus == l.gpus(), "--gpus ", gpus,
-                 " but --dp x --tp x --pp (x --replica-groups, + --ps) = ", l.gpus());
+                 " but --dp x --cp x --tp x --pp (x --replica-groups, + --ps) = ", l.gpus());
     const predict::Prediction p = predict::predict(w, l, m);
     std::fputs(json ? (predict::prediction_json(p, m) + "\n").c_str() : predict::format_prediction(p, m).c_str(),
                stdout);

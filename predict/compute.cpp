@@ -17,7 +17,8 @@ Dims dims(const ComputeQuery& q) {
   // The head's rows: the padded vocabulary at tp 1, rounded up to a multiple of tp otherwise (dist/tensor_parallel.h,
   // VocabParallel).
   const double vp = q.tp > 1 ? double((q.model.vocab_size + q.tp - 1) / q.tp * q.tp) : double(q.model.padded_vocab());
-  return {double(q.micro_batch) * T,
+  // BT: the rank's tokens (T / cp positions of each of b sequences); T: the keys each query attends to.
+  return {double(q.micro_batch) * T / std::max(1, q.cp),
           T,
           double(q.model.n_embd),
           vp,

@@ -46,6 +46,7 @@ struct ComputeQuery {
   int64_t micro_batch = 1;  // b sequences
   int64_t seq = 0;          // T; 0: model.block_size
   nn::Recompute recompute = nn::Recompute::kNone;
+  int cp = 1;  // context parallelism: this rank's T / cp positions, attending to all T keys
 };
 
 // The roofline time of one op on `machine` with products in amp's precision.

@@ -18,9 +18,9 @@ namespace {
 
 // Per micro-batch on one pipeline rank: compute and tensor-parallel communication, forward and backward.
 struct RankCost {
-  double fc = 0, ft = 0, bc = 0, bt = 0;
-  double f() const { return fc + ft; }
-  double b() const { return bc + bt; }
+  double fc = 0, ft = 0, bc = 0, bt = 0, fx = 0, bx = 0;  // compute, tp's collectives, cp's exposed ring sends
+  double f() const { return fc + ft + fx; }
+  double b() const { return bc + bt + bx; }
 };
 
 dist::PipelineSpec pipeline_spec(const Layout& l) { return {l.schedule, l.pp, l.micro_batches, l.virtual_stages}; }
@@ -46,12 +46,15 @@ void finish_rates(Prediction& out, const Workload& w, const Layout& l, const Mac
   out.efficiency = out.single_gpu_step / (l.gpus() * step);
 }
 
-// One synchronous group: dp × tp × pp.
+// One synchronous group: dp × cp × tp × pp.
 Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
   const nn::GPTConfig& model = w.model;
   const int64_t T = model.block_size, b = w.global_batch / (int64_t(l.dp) * l.micro_batches);
+  const int64_t Tl = T / l.cp;  // the positions of a sequence one rank holds
   const double C = double(model.n_embd), s = l.amp == DType::f32 ? 4.0 : 2.0;
-  const dist::Grid grid{l.dp, l.tp, l.pp};
+  // The gradients' group is dp × cp: with cp after tp in the rank order it is the dp axis of this grid.
+  const int dpg = l.dp * l.cp;
+  const dist::Grid grid{dpg, l.tp, l.pp};
   const int p = l.pp, V = l.virtual_stages, M = l.micro_batches;
   Prediction out;
   out.workload = w;
@@ -59,7 +62,7 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   out.micro_batch = b;
 
   // ---- per micro-batch costs of a block, the embedding and the head ----
-  const ComputeQuery cq{model, l.tp, l.sequence_parallel, l.amp, b, T, l.recompute};
+  const ComputeQuery cq{model, l.tp, l.sequence_parallel, l.amp, b, T, l.recompute, l.cp};
   const double block_f = ops_seconds(block_forward_ops(cq), m, l.amp);
   const double block_b = ops_seconds(block_backward_ops(cq), m, l.amp);
   const double head_f = ops_seconds(head_forward_ops(cq), m, l.amp);
@@ -83,9 +86,9 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   double tp_block_f = 0, tp_block_b = 0, tp_emb_f = 0, tp_emb_b = 0, tp_head_f = 0, tp_head_b = 0;
   if (l.tp > 1) {
     const Link& link = group_link(grid, Axis::kTp, m);
-    const double bytes = double(b) * double(T) * C * s;
+    const double bytes = double(b) * double(Tl) * C * s;
     const double rerun = l.recompute == nn::Recompute::kBlock ? 2 : l.recompute == nn::Recompute::kNone ? 0 : 1;
-    const double loss = 3 * all_reduce(l.tp, double(b) * double(T) * 4, link);
+    const double loss = 3 * all_reduce(l.tp, double(b) * double(Tl) * 4, link);
     // The column-parallel layers of a block, each with its own f (and, under sequence parallelism, its own gather):
     // GPT-2's c_attn and c_fc; a Llama's q, k, v, gate and up.
     const double col = model.llama() ? 5 : 2;
@@ -111,8 +114,32 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
     }
   }
 
+  // Context parallelism's ring, per block: cp - 1 K|V blocks forward, each hidden behind one step's block attention
+  // (attention / cp) where the machine overlaps; backward the same again plus cp f32 gradient blocks, exposed; a
+  // recomputation's forward sends again. The cp group's ranks are tp apart: the dp axis of the grid {cp, tp, 1}.
+  double cp_block_f = 0, cp_block_b = 0;
+  if (l.cp > 1) {
+    const Link& link = group_link(dist::Grid{l.cp, l.tp, 1}, Axis::kDp, m);
+    const double kv_width = double(model.kv_heads() * model.head_size()) / l.tp;
+    const double kv = point_to_point(2 * double(b) * double(Tl) * kv_width * s, link);
+    const double grad = point_to_point(2 * double(b) * double(Tl) * kv_width * 4, link);
+    double attn_f = 0, attn_b = 0;
+    for (const OpCost& op : block_forward_ops(cq))
+      if (op.cls == OpClass::kAttention) attn_f += op_seconds(op, m, l.amp);
+    for (const OpCost& op : block_backward_ops(cq))
+      if (op.cls == OpClass::kAttention) attn_b += op_seconds(op, m, l.amp);
+    const double rerun = l.recompute == nn::Recompute::kNone || l.recompute == nn::Recompute::kMlp ? 0 : 1;
+    const double exposed_f = m.cpu ? kv : std::max(0.0, kv - attn_f / l.cp);
+    // Backward's attention holds the rerun forward's too (backward_ops adds recomputation): its own share is the
+    // rest; each of its cp - 1 steps hides one K|V hop.
+    const double own_b = std::max(0.0, attn_b - rerun * attn_f);
+    const double exposed_b = m.cpu ? kv : std::max(0.0, kv - own_b / l.cp);
+    cp_block_f = (l.cp - 1) * exposed_f;
+    cp_block_b = (l.cp - 1) * exposed_b + l.cp * grad + rerun * (l.cp - 1) * exposed_f;
+  }
+
   // ---- pipeline: blocks per rank as the trainer splits them, the slowest rank's costs into simulate ----
-  const train::MemoryQuery mq{model, l.zero, l.dp, l.amp, l.recompute, b, T, M, l.tp, l.sequence_parallel};
+  const train::MemoryQuery mq{model, l.zero, dpg, l.amp, l.recompute, b, Tl, M, l.tp, l.sequence_parallel};
   const train::MemoryPlan whole = train::predict_memory(mq);
   const std::vector<int64_t> starts = dist::split_layers(model.n_layer, p * V, int64_t(whole.block),
                                                          int64_t(whole.persistent), int64_t(whole.persistent));
@@ -122,7 +149,7 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   for (int r = 0; r < p; ++r) {
     RankCost& rc = ranks[size_t(r)];
     const double n = double(blocks[size_t(r)]);
-    rc = {n * block_f, n * tp_block_f, n * block_b, n * tp_block_b};
+    rc = {n * block_f, n * tp_block_f, n * block_b, n * tp_block_b, n * cp_block_f, n * cp_block_b};
     if (r == 0) rc.fc += emb_f, rc.ft += tp_emb_f, rc.bc += emb_b, rc.bt += tp_emb_b;
     if (r == p - 1) rc.fc += head_f, rc.ft += tp_head_f, rc.bc += head_b, rc.bt += tp_head_b;
   }
@@ -146,10 +173,11 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   out.bubble_fraction = pipe.bubble_fraction;
   out.time.compute = M * (slow.fc + slow.bc);
   out.time.tp_comm = M * (slow.ft + slow.bt);
+  out.time.cp_comm = M * (slow.fx + slow.bx);
   out.time.bubble = pipe.bubble;
   if (p > 1) {
     const Link& link = group_link(grid, Axis::kPp, m);
-    const double message = double(b) * double(T) * C * s / (l.sequence_parallel ? l.tp : 1);
+    const double message = double(b) * double(Tl) * C * s / (l.sequence_parallel ? l.tp : 1);
     const double wte = double((model.vocab_size + l.tp - 1) / l.tp) * C * 4;
     out.time.pp_comm = 2 * (p - 1) * point_to_point(message, link) + all_reduce(2, wte, link);
   }
@@ -157,7 +185,7 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   // ---- data parallelism on the first pipeline rank (all of the model when pp = 1) ----
   const double ln_f = model.bias ? 2 * C : C;
   const double rank0_params = whole.persistent - (p > 1 ? ln_f : 0) + double(blocks[0]) * whole.block;
-  if (l.dp > 1) {
+  if (dpg > 1) {
     const Link& reduce_link =
         group_link(grid, Axis::kDp, m, l.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter);
     const Link& gather_link = group_link(grid, Axis::kDp, m, Collective::kAllGather);
@@ -176,7 +204,7 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
     for (const Bucket& bk : gradient_buckets(units)) {
       const double bytes = 4 * double(bk.numel);
       const double cost =
-          l.zero == 0 ? all_reduce(l.dp, bytes, reduce_link) : ring_reduce_scatter(l.dp, bytes, reduce_link);
+          l.zero == 0 ? all_reduce(dpg, bytes, reduce_link) : ring_reduce_scatter(dpg, bytes, reduce_link);
       timed.push_back({bk.ready, cost});
     }
     const OverlapResult o = overlap_buckets(timed, end);
@@ -184,16 +212,16 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
     out.dp_comm_total = o.comm_total;
     out.dp_collective = l.zero == 0 ? "all-reduce" : "reduce-scatter + all-gather";
     if (l.zero == 1 || l.zero == 2) {
-      const double gather = ring_all_gather(l.dp, 4 * rank0_params, gather_link);
+      const double gather = ring_all_gather(dpg, 4 * rank0_params, gather_link);
       out.time.dp_comm += gather;
       out.dp_comm_total += gather;
     } else if (l.zero == 3) {
       // Blocks gathered before their forward and their backward (a recomputation finds its block gathered),
       // prefetched while the previous block computes: the first gather waits, the others only where longer.
-      const double g = ring_all_gather(l.dp, 4 * whole.block, gather_link);
+      const double g = ring_all_gather(dpg, 4 * whole.block, gather_link);
       const double n = double(model.n_layer), bf = block_f + tp_block_f;
       const double exposed = 2 * g + (n - 1) * (std::max(0.0, g - bf) + std::max(0.0, g - per_block));
-      const double persistent = ring_all_gather(l.dp, 4 * whole.persistent, gather_link);
+      const double persistent = ring_all_gather(dpg, 4 * whole.persistent, gather_link);
       out.time.dp_comm += M * exposed + persistent;
       out.dp_comm_total += M * 2 * n * g + persistent;
       out.dp_collective = "reduce-scatter + all-gather (blocks gathered per pass)";
@@ -204,7 +232,7 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   }
 
   // ---- optimizer ----
-  const double updated = l.zero >= 1 ? rank0_params / l.dp : rank0_params;
+  const double updated = l.zero >= 1 ? rank0_params / dpg : rank0_params;
   out.time.optimizer = ops_seconds(optimizer_ops(updated, rank0_params, l.amp), m, l.amp);
   // ZeRO-3 runs with pp = 1 only: the first rank's blocks are all of them.
   out.time.zero_copies =
@@ -281,7 +309,9 @@ PsMode parse_ps_mode(const std::string& text) {
 
 std::string describe(const Layout& l) {
   std::ostringstream os;
-  os << "dp " << l.dp << " tp " << l.tp << " pp " << l.pp;
+  os << "dp " << l.dp;
+  if (l.cp > 1) os << " cp " << l.cp;
+  os << " tp " << l.tp << " pp " << l.pp;
   if (l.virtual_stages > 1) os << " V " << l.virtual_stages;
   os << " M " << l.micro_batches << " zero " << l.zero;
   if (l.recompute != nn::Recompute::kNone) os << " recompute " << nn::recompute_name(l.recompute);
@@ -331,6 +361,10 @@ std::string refusal(const Workload& w, const Layout& l) {
     why << "ZeRO-3 with pp > 1 (minidl gathers blocks per pass, not per pipeline chunk)";
   else if (l.sequence_parallel && l.tp == 1)
     why << "sequence parallelism needs tp > 1";
+  else if (l.cp < 1 || w.model.block_size % (2 * l.cp) != 0)
+    why << "cp " << l.cp << ": the sequence " << w.model.block_size << " must be a multiple of 2 x cp";
+  else if (l.cp > 1 && (l.sequence_parallel || l.ps_servers > 0 || l.sync != OuterSync::kNone))
+    why << "cp with sequence parallelism, a parameter server or an outer sync (train_gpt refuses them)";
   else if (l.virtual_stages > 1 && (l.pp == 1 || l.micro_batches % l.pp != 0))
     why << "interleaving needs pp > 1 and micro-batches a multiple of pp (" << l.micro_batches << ", pp " << l.pp
         << ")";

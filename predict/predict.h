@@ -1,5 +1,5 @@
-// The scaling predictor: step time, memory and efficiency of a GPT training layout (dp × tp × pp, virtual stages,
-// micro-batches, ZeRO stage, recompute, amp, sequence parallelism) on a machine (predict/machine.h), from costs
+// The scaling predictor: step time, memory and efficiency of a GPT training layout (dp × cp × tp × pp, virtual
+// stages, micro-batches, ZeRO stage, recompute, amp, sequence parallelism) on a machine (predict/machine.h), from costs
 // derived per op and per collective, not fitted to step times.
 //
 //   predict::Workload w{nn::GPTConfig{50257, 1024, 24, 16, 2048, 0.0, true}, 512};  // 512 sequences per step
@@ -18,6 +18,12 @@
 //   makespan less M·(F + B) is the bubble. Sends and receives overlap the other micro-batches' compute except on
 //   the fill and the drain: 2·(p − 1) messages of b·T·C activations are exposed, plus the tied embedding's
 //   all-reduce between the first and the last stage.
+// - context parallelism (cp > 1, dist/context_parallel.h): a rank computes on T/cp of each sequence's positions
+//   (every op's tokens / cp; attention's queries / cp against all T keys: 1/cp of its work, balanced head-tail), and
+//   its ring sends, per block forward, cp - 1 K|V blocks of 2·b·(T/cp)·Hkv·D elements, each overlapping one step's
+//   block attention (attention / cp) where the machine overlaps (not on the CPU host); backward sends the K|V
+//   blocks again (overlapped the same way) and cp gradient blocks in f32 (exposed); recomputation reruns the
+//   forward's. The cp ranks join the data-parallel collectives: DDP and ZeRO run over dp · cp ranks.
 // - data parallelism: the gradients of the first pipeline rank (all of the model when pp = 1) are bucketed as
 //   dist::assign_buckets buckets them (reverse order, 1 MiB first, 25 MiB cap), each bucket ready when backward
 //   has passed its last block in the last micro-batch (accumulation does not synchronise before it); DDP
@@ -83,7 +89,9 @@ struct Layout {
   // --ps S: dp workers (tp = pp = 1, no ZeRO) train whole models; S more ranks hold the parameters and step them.
   int ps_servers = 0;
   PsMode ps_mode = PsMode::kSync;
-  int gpus() const { return dp * tp * pp * replicas + ps_servers; }
+  // --cp: each sequence over cp ranks (ring attention); the gradients averaged over dp · cp ranks.
+  int cp = 1;
+  int gpus() const { return dp * cp * tp * pp * replicas + ps_servers; }
 };
 std::string describe(const Layout& l);  // "dp 8 tp 4 pp 1 M 8 zero 1 bf16 ..."
 
@@ -96,8 +104,11 @@ struct StepTime {
   double bubble = 0;       // pipeline idle time on the busiest rank
   double optimizer = 0;    // AdamW (and the 16-bit weight copies)
   double zero_copies = 0;  // ZeRO's gradient copies, bucket zeroing and per-gather casts beyond DDP's (zero_ops)
-  double outer = 0;  // local SGD's or DiLoCo's sync over the replicas, a step's share; a parameter server's exchange
-  double total() const { return compute + tp_comm + pp_comm + dp_comm + bubble + optimizer + zero_copies + outer; }
+  double outer = 0;    // local SGD's or DiLoCo's sync over the replicas, a step's share; a parameter server's exchange
+  double cp_comm = 0;  // context parallelism's ring sends not hidden behind attention (inside forward and backward)
+  double total() const {
+    return compute + tp_comm + pp_comm + dp_comm + bubble + optimizer + zero_copies + outer + cp_comm;
+  }
 };
 
 struct Prediction {

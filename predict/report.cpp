@@ -29,6 +29,7 @@ nlohmann::json to_json(const Prediction& p) {
   const Layout& l = p.layout;
   return {{"layout",
            {{"dp", l.dp},
+            {"cp", l.cp},
             {"tp", l.tp},
             {"pp", l.pp},
             {"virtual_stages", l.virtual_stages},
@@ -42,6 +43,7 @@ nlohmann::json to_json(const Prediction& p) {
           {"breakdown_ms",
            {{"compute", t.compute * kMs},
             {"tp_comm", t.tp_comm * kMs},
+            {"cp_comm", t.cp_comm * kMs},
             {"pp_comm", t.pp_comm * kMs},
             {"dp_comm_exposed", t.dp_comm * kMs},
             {"dp_comm_total", p.dp_comm_total * kMs},
@@ -99,6 +101,7 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
   auto row = [&](const char* name, double s) { out += line("%-44s %10.3f %6.1f%%\n", name, s * kMs, 100 * s / total); };
   row("compute (forward, backward)", t.compute);
   row("tp collectives", t.tp_comm);
+  if (p.layout.cp > 1) row("cp ring sends (exposed)", t.cp_comm);
   row("pp send/recv (exposed)", t.pp_comm);
   const std::string dp = std::string("dp ") + (p.dp_collective[0] ? p.dp_collective : "-") + " (exposed)";
   row(dp.c_str(), t.dp_comm);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "dist/pipeline.h"
+#include "predict/collectives.h"
 #include "predict/compute.h"
 #include "predict/predict.h"
 #include "tests/predict/fixtures.h"
@@ -221,6 +222,45 @@ TEST(PredictStep, SequenceParallelRunsItsCollectivesAtTheirOwnLinks) {
   l.sequence_parallel = false;
   const double act = bytes / 10e9 + 2e-6;
   EXPECT_NEAR(predict(Workload{baby(), 12}, l, m).time.tp_comm, 4 * 4 * act + 2 * act + loss, 1e-12);
+}
+
+// Context parallelism: a rank computes on T/cp of each sequence (every op's tokens halved at cp 2, attention's
+// queries against all T keys: half its work), its ring adds per block forward cp - 1 K|V sends and backward cp - 1
+// more plus cp gradient blocks (all exposed on a CPU machine; on a GPU the K|V hops hide behind attention), and the
+// gradients are averaged over dp x cp: dp 1 x cp 2 runs dp 2's collectives.
+TEST(PredictStep, ContextParallelSplitsTheTokensAndAddsItsRing) {
+  const Workload w{baby(), 12};
+  Machine m = toy_machine();
+  m.cpu = true;
+  Layout one, cp2;
+  cp2.cp = 2;
+  const Prediction a = predict(w, one, m), b = predict(w, cp2, m);
+  EXPECT_EQ(a.time.cp_comm, 0);
+  EXPECT_NEAR(b.time.compute, a.time.compute / 2, 0.02 * a.time.compute);
+  EXPECT_NEAR(b.compute_by_class.attention, a.compute_by_class.attention / 2, 1e-9 * a.compute_by_class.attention);
+  // K|V of 12 sequences x 32 positions x 128 (4 heads of 32), f32; the gradient blocks are as big (f32 too).
+  const double kv = point_to_point(2.0 * 12 * 32 * 128 * 4, m.intra);
+  EXPECT_NEAR(b.time.cp_comm, 4 * (1 * kv + 1 * kv + 2 * kv), 1e-12);
+  EXPECT_EQ(b.layout.gpus(), 2);
+  Layout dp2;
+  dp2.dp = 2;
+  EXPECT_DOUBLE_EQ(b.dp_comm_total, predict(w, dp2, m).dp_comm_total);
+  // Recomputing the block reruns its forward's sends.
+  cp2.recompute = nn::Recompute::kBlock;
+  EXPECT_NEAR(predict(w, cp2, m).time.cp_comm, 4 * (3 * kv + 2 * kv), 1e-12);
+  // On a GPU the K|V hops hide behind each step's attention where it is longer; the gradients' never do.
+  cp2.recompute = nn::Recompute::kNone;
+  m.cpu = false;
+  const Prediction gpu = predict(w, cp2, m);
+  EXPECT_LT(gpu.time.cp_comm, b.time.cp_comm);
+  EXPECT_GE(gpu.time.cp_comm, 4 * 2 * kv - 1e-12);
+  Layout bad;
+  bad.cp = 3;
+  EXPECT_NE(refusal(w, bad).find("cp 3: the sequence 64 must be a multiple of 2 x cp"), std::string::npos);
+  bad.cp = 2;
+  bad.tp = 2;
+  bad.sequence_parallel = true;
+  EXPECT_NE(refusal(w, bad).find("cp with sequence parallelism"), std::string::npos);
 }
 
 TEST(PredictStep, RefusesWhatCannotRunNamingWhy) {
