@@ -58,7 +58,8 @@ Tensor half_of(const Tensor& block, int64_t i) {
 Tensor joined(const std::vector<Tensor>& chunks) {
   if (chunks.size() == 1) return chunks[0];
   const int64_t Tc = chunks[0].size(1);
-  Tensor out = Tensor::empty({chunks[0].size(0), Tc * int64_t(chunks.size()), chunks[0].size(2)}, chunks[0].dtype());
+  Tensor out = Tensor::empty({chunks[0].size(0), Tc * int64_t(chunks.size()), chunks[0].size(2)}, chunks[0].dtype(),
+                             chunks[0].device());
   for (size_t i = 0; i < chunks.size(); ++i) out.narrow(1, int64_t(i) * Tc, Tc).copy_(chunks[i]);
   return out;
 }
@@ -165,10 +166,6 @@ Tensor ContextParallel::gather(const Tensor& x) const {
 
 Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool causal) const {
   const Tensor x = autograd::autocast_to_half(qkv_in).contiguous();
-  MINIDL_CHECK(x.device().is_cpu(),
-               "context parallelism: runs on the CPU (the block attention has no CUDA kernel "
-               "yet), got qkv on ",
-               x.device());
   MINIDL_CHECK(
       x.dim() == 3 && x.size(1) == local() && H >= 1 && Hkv >= 1 && H % Hkv == 0 && x.size(2) % (H + 2 * Hkv) == 0,
       "context parallelism: expected qkv of shape (B, T / cp = ", local(), ", (H + 2 Hkv) D) with H = ", H,
@@ -176,6 +173,7 @@ Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool cau
   const int64_t D = x.size(2) / (H + 2 * Hkv);
   const Dims d{x.size(0), local(), chunk(), H, Hkv, D};
   const DType work = x.dtype() == DType::f64 ? DType::f64 : DType::f32;  // blocks merge in f32 or wider
+  const Device dev = x.device();
   ProcessGroup* group = &group_;
   const int n = group->size(), me = group->rank();
   const std::vector<int64_t> my_chunks = chunks_of(me);
@@ -189,7 +187,7 @@ Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool cau
   };
   auto pieces = [=](const Tensor& qkv) {
     const Tensor xw = qkv.dtype() == work ? qkv : ops::cast(qkv, work);
-    Pieces p{{}, Tensor::empty({2, d.B, d.Tl, Hkv * D}, work)};
+    Pieces p{{}, Tensor::empty({2, d.B, d.Tl, Hkv * D}, work, dev)};
     for (int64_t a = 0; a < per; ++a) p.q_chunks.push_back(chunk_of(xw.narrow(2, 0, H * D), a, d));
     half_of(p.kv, 0).copy_(xw.narrow(2, H * D, Hkv * D));
     half_of(p.kv, 1).copy_(xw.narrow(2, (H + Hkv) * D, Hkv * D));
@@ -204,13 +202,13 @@ Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool cau
   // Forward: the running output and lse of each query chunk, every block of the ring merged in.
   std::vector<Tensor> out(static_cast<size_t>(per)), lse(static_cast<size_t>(per));
   for (int64_t a = 0; a < per; ++a) {
-    out[size_t(a)] = Tensor::zeros({d.B, d.Tc, H * D}, work);
-    lse[size_t(a)] = Tensor::full({d.B, H, d.Tc}, -std::numeric_limits<double>::infinity(), work);
+    out[size_t(a)] = Tensor::zeros({d.B, d.Tc, H * D}, work, dev);
+    lse[size_t(a)] = Tensor::full({d.B, H, d.Tc}, -std::numeric_limits<double>::infinity(), work, dev);
   }
   {
     autograd::NoGradGuard raw;
     Tensor cur = kv, next;
-    const Tensor arriving[2] = {Tensor::empty(kv.shape(), work), Tensor::empty(kv.shape(), work)};
+    const Tensor arriving[2] = {Tensor::empty(kv.shape(), work, dev), Tensor::empty(kv.shape(), work, dev)};
     for (int s = 0; s < n; ++s) {
       const int owner = (me - s + n) % n;
       std::optional<Exchange> ex;
@@ -248,12 +246,12 @@ Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool cau
     for (int64_t a = 0; a < per; ++a) {
       dy_chunks.push_back(chunk_of(dy, a, d));
       out.push_back(chunk_of(kept, a, d));
-      dq[size_t(a)] = Tensor::zeros({d.B, d.Tc, H * D}, work);
+      dq[size_t(a)] = Tensor::zeros({d.B, d.Tc, H * D}, work, dev);
     }
     // The keys and values go round again; the gradient of the block a rank holds travels with it.
     Tensor cur = kv, next;
-    const Tensor arriving[2] = {Tensor::empty(kv.shape(), work), Tensor::empty(kv.shape(), work)};
-    Tensor grad = Tensor::zeros(kv.shape(), work), grad_next = Tensor::empty(kv.shape(), work);
+    const Tensor arriving[2] = {Tensor::empty(kv.shape(), work, dev), Tensor::empty(kv.shape(), work, dev)};
+    Tensor grad = Tensor::zeros(kv.shape(), work, dev), grad_next = Tensor::empty(kv.shape(), work, dev);
     for (int s = 0; s < n; ++s) {
       const int owner = (me - s + n) % n;
       std::optional<Exchange> ex;
@@ -284,7 +282,7 @@ Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool cau
       }
     }
     // dqkv = [dq | dk | dv] in qkv's layout and dtype.
-    Tensor dqkv = Tensor::empty({d.B, d.Tl, (H + 2 * Hkv) * D}, work);
+    Tensor dqkv = Tensor::empty({d.B, d.Tl, (H + 2 * Hkv) * D}, work, dev);
     dqkv.narrow(2, 0, H * D).copy_(joined(dq));
     dqkv.narrow(2, H * D, Hkv * D).copy_(half_of(grad, 0));
     dqkv.narrow(2, (H + Hkv) * D, Hkv * D).copy_(half_of(grad, 1));

@@ -22,7 +22,9 @@
 // into a running output by the log-sum-exp (ops/attention_blocks.h, in f32 even when the model runs 16-bit):
 //   out -= sigmoid(lse_b - lse) (out - out_b),   lse -= logsigmoid(lse - lse_b).
 // The next block's receive and this block's send are posted before this block's attention, so the backend moves
-// one block while the CPU computes the other (MPI and NCCL send asynchronously).
+// one block while the CPU computes the other (MPI and NCCL send asynchronously). On a CUDA device the blocks run
+// ops/cuda/attention_blocks.cu and the ring NCCL's send/recv, which has no tags: a pair's messages match in the
+// order they are posted, the same on every rank (forward K|V; backward K|V, then the gradient, each step).
 //
 // Backward. Forward keeps this rank's q, k, v, out and lse only; backward sends the keys and values round again
 // (n-1 times), with the gradient of each block's keys and values travelling beside them: the holder of block

@@ -127,7 +127,7 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
          "times, blocks merged by log-sum-exp in f32); positions, dropout and the loss as one process has them. "
          "--seq must be a multiple of 2 x cp; dp x cp x tp x pp must equal N. Combines with --dp, --tp, --pp, "
          "--zero, --amp, --recompute, --grad-accum, --sample and training checkpoints (they resume at any "
-         "--cp); not with --sequence-parallel, --device cuda or --sync local-sgd/diloco")
+         "--cp), on the CPU and on CUDA devices; not with --sequence-parallel or --sync local-sgd/diloco")
       ->capture_default_str();
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "With --tp N: split the residual stream (LayerNorm, dropout, residual adds) along the sequence over the "

@@ -86,6 +86,10 @@ cp_loss_local_tokens ; train/step.cpp ; -R ^test_context_parallel\.np|ContextPar
 - double(cp) / double(std::max<int64_t>(1, o.target_count >= 0 ? o.target_count : count_targets(whole.y)));
 + 1.0 / double(std::max<int64_t>(1, count_targets(batch.y)));
 
+cuda_attention_block_diagonal_key ; ops/cuda/attention_blocks.cu ; -R AttentionBlock|^cuda_tensor_ops ; the device block backward leaves out each key's own query on the diagonal block (dk and dv lose the diagonal's term)
+- for (int64_t i = s.causal ? j : 0; i < s.Tq; ++i) {
++ for (int64_t i = s.causal ? j + 1 : 0; i < s.Tq; ++i) {
+
 naive_ring_attention_local_kv ; dist/naive/ring_attention.h ; -R ^test_context_parallel\.np ; the teaching ring's backward never passes the keys and values on: every step reads this rank's own
 - if (s + 1 < n) block = detail::pass_on(g, block, 1);
 + if (false) block = detail::pass_on(g, block, 1);

@@ -138,8 +138,6 @@ void TrainConfig::validate_context_parallel() const {
   MINIDL_CHECK(!sequence_parallel,
                "--cp with --sequence-parallel: both split the sequence (over cp ranks, then "
                "over tp); not built: use --tp without --sequence-parallel");
-  MINIDL_CHECK(device.rfind("cuda", 0) != 0, "--cp with --device ", device,
-               ": the ring's block attention (ops/attention_blocks.h) runs on the CPU only; use --device cpu");
   MINIDL_CHECK(sync == "ddp", "--cp with --sync ", sync, ": not built (the outer syncs are tested without --cp)");
 }
 

@@ -350,7 +350,8 @@ AttentionBlockDims check_attention_block(const Tensor& q, const Tensor& k, const
                                          bool causal) {
   const char* op = "attention_block";
   check_float(op, "q", q);
-  MINIDL_CHECK(q.device().is_cpu(), op, ": runs on the CPU, got q on ", q.device());
+  MINIDL_CHECK(q.device().is_cpu() || q.dtype() == DType::f32, op, ": runs in f32 on a CUDA device, got q of ",
+               q.dtype(), " on ", q.device());
   MINIDL_CHECK(n_head >= 1 && n_kv_head >= 1 && n_head % n_kv_head == 0, op,
                ": expected n_head a multiple of n_kv_head, both >= 1, got ", n_head, " and ", n_kv_head);
   MINIDL_CHECK(q.dim() == 3 && q.size(2) % n_head == 0 && q.size(2) > 0, op,
@@ -369,6 +370,9 @@ AttentionBlockDims check_attention_block(const Tensor& q, const Tensor& k, const
 AttentionForward attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int n_kv_head,
                                          bool causal) {
   const AttentionBlockDims d = check_attention_block(q, k, v, n_head, n_kv_head, causal);
+  if (!q.device().is_cpu())
+    return attention_block_forward_device(q.device())(q.contiguous(), k.contiguous(), v.contiguous(), n_head, n_kv_head,
+                                                      causal);
   AttentionForward f{Tensor::empty({d.B, d.Tq, d.C()}, q.dtype(), q.device()),
                      Tensor::empty({d.B, d.H, d.Tq}, q.dtype(), q.device())};
   dispatch_float("attention_block", q.dtype(), [&](auto tag) {
@@ -393,6 +397,10 @@ AttentionBlockGrads attention_block_backward(const Tensor& dout, const Tensor& q
   check_shaped_like(op, "dout", dout, q.shape(), q);
   check_shaped_like(op, "out", out, q.shape(), q);
   check_shaped_like(op, "lse", lse, Shape{d.B, d.H, d.Tq}, q);
+  if (!q.device().is_cpu())
+    return attention_block_backward_device(q.device())(dout.contiguous(), q.contiguous(), k.contiguous(),
+                                                       v.contiguous(), out.contiguous(), lse.contiguous(), n_head,
+                                                       n_kv_head, causal);
   AttentionBlockGrads g{Tensor::empty(q.shape(), q.dtype(), q.device()),
                         Tensor::empty(k.shape(), k.dtype(), k.device()),
                         Tensor::empty(v.shape(), v.dtype(), v.device())};  // every element written (backward_head)
@@ -419,7 +427,8 @@ AttentionBlockGrads attention_block_backward(const Tensor& dout, const Tensor& q
 void merge_attention_blocks(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
   const char* op = "merge_attention_blocks";
   check_float(op, "out", out);
-  MINIDL_CHECK(out.device().is_cpu(), op, ": runs on the CPU, got out on ", out.device());
+  MINIDL_CHECK(out.device().is_cpu() || out.dtype() == DType::f32, op, ": runs in f32 on a CUDA device, got out of ",
+               out.dtype(), " on ", out.device());
   MINIDL_CHECK(out.dim() == 3, op, ": expected out of shape (B, T, H * head_dim), got ", out.shape());
   check_shaped_like(op, "out_b", out_b, out.shape(), out);
   MINIDL_CHECK(lse.dim() == 3 && lse.size(0) == out.size(0) && lse.size(2) == out.size(1) && lse.size(1) > 0 &&
@@ -428,6 +437,9 @@ void merge_attention_blocks(Tensor& out, Tensor& lse, const Tensor& out_b, const
   check_shaped_like(op, "lse", lse, lse.shape(), out);
   check_shaped_like(op, "lse_b", lse_b, lse.shape(), out);
   const int64_t B = out.size(0), T = out.size(1), H = lse.size(1), D = out.size(2) / H;
+  MINIDL_CHECK(out.is_contiguous() && lse.is_contiguous(), op, ": expected contiguous out and lse (updated in place)");
+  if (!out.device().is_cpu())
+    return merge_attention_blocks_device(out.device())(out, lse, out_b.contiguous(), lse_b.contiguous());
   dispatch_float(op, out.dtype(), [&](auto tag) {
     using U = decltype(tag);
     U *o = out.data<U>(), *l = lse.data<U>();

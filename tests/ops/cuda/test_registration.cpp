@@ -29,6 +29,7 @@
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 #include "ops/rmsnorm.h"
+#include "ops/attention_blocks.h"
 #include "ops/rope.h"
 #include "ops/sample_windows.h"
 #include "ops/softmax.h"
@@ -105,6 +106,9 @@ std::vector<std::pair<std::string, bool>> tables() {
           MINIDL_TABLE(rmsnorm_forward_device),
           MINIDL_TABLE(rmsnorm_backward_device),
           MINIDL_TABLE(rope_device),
+          MINIDL_TABLE(attention_block_forward_device),
+          MINIDL_TABLE(attention_block_backward_device),
+          MINIDL_TABLE(merge_attention_blocks_device),
           MINIDL_TABLE(sample_windows_device),
           MINIDL_TABLE(softmax_forward_device),
           MINIDL_TABLE(softmax_backward_device),
