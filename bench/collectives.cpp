@@ -3,10 +3,12 @@
 //
 //   mpirun -n 4 build/bin/bench_collectives --op all_reduce --backend ring --min-bytes 1M --max-bytes 64M
 //   mpirun -n 2 build/bin/bench_collectives --op reduce_scatter --backend mpi --check --json
+//   mpirun -n 4 build/bin/bench_collectives --op all_to_all --backend ring --check   # size/n to every peer
 //   mpirun -n 8 build/bin/bench_collectives --backend nccl                  # device tensors, cuda:<local rank>
 //   mpirun -n 8 build/bin/bench_collectives --backend ring --device cuda    # minidl's ring over ncclSend/ncclRecv
 //
-// size is the full buffer in bytes (for reduce_scatter the input, for all_gather the output, as in nccl-tests);
+// size is the full buffer in bytes (for reduce_scatter the input, for all_gather the output, for all_to_all each
+// rank's input, size/n for every peer, as in nccl-tests' alltoall);
 // time is the mean over --iters after --warmup, from a barrier to the end of the last iteration (on a device:
 // until the device has finished it), max over ranks;
 // algbw = size / time (GB = 1e9 B); busbw = algbw · 2(n-1)/n for all_reduce and (n-1)/n for the others.
@@ -133,18 +135,23 @@ struct Row {
 
 Row measure(dist::ProcessGroup& pg, const Options& o, DType dtype, ReduceOp redop, int64_t bytes) {
   const int n = pg.size(), rank = pg.rank();
-  const bool reduces = o.op != "all_gather";
+  const bool reduces = o.op == "all_reduce" || o.op == "reduce_scatter";
+  const bool exchanges = o.op == "all_to_all";
   const int64_t elem = int64_t(dtype_size(dtype));
   int64_t count = bytes / elem;
   if (o.op != "all_reduce") count -= count % n;  // the full buffer must split evenly among ranks
   Row row{count * elem, count, 0, 0, 0, -1};
 
   Tensor full = Tensor::zeros({count}, dtype, pg.device()), part = Tensor::zeros({count / n}, dtype, pg.device());
+  Tensor received = exchanges ? Tensor::zeros({count}, dtype, pg.device()) : Tensor();
+  const std::vector<int64_t> per_peer(size_t(n), count / n);
   auto run_once = [&] {
     if (o.op == "all_reduce")
       pg.all_reduce(full, redop)->wait();
     else if (o.op == "reduce_scatter")
       pg.reduce_scatter(part, full, redop)->wait();
+    else if (exchanges)
+      pg.all_to_all(received, full, per_peer, per_peer)->wait();
     else
       pg.all_gather(full, part)->wait();
   };
@@ -163,7 +170,7 @@ Row measure(dist::ProcessGroup& pg, const Options& o, DType dtype, ReduceOp redo
   if (o.check) {
     row.wrong = 0;
     for (int iter = 0; iter < o.iters; ++iter) {
-      Tensor& input = reduces ? full : part;
+      Tensor& input = reduces || exchanges ? full : part;
       fill(input, rank, iter);
       run_once();
       auto reduced = [&](int64_t i) {
@@ -177,6 +184,10 @@ Row measure(dist::ProcessGroup& pg, const Options& o, DType dtype, ReduceOp redo
         row.wrong += count_wrong(full, reduced);
       else if (o.op == "reduce_scatter")
         row.wrong += count_wrong(part, [&](int64_t i) { return reduced(rank * part.numel() + i); });
+      else if (exchanges)  // element i came from rank i / (count/n), which sent it from its part for this rank
+        row.wrong += count_wrong(received, [&](int64_t i) {
+          return value(int(i / part.numel()), rank * part.numel() + i % part.numel(), iter);
+        });
       else
         row.wrong += count_wrong(full, [&](int64_t i) { return value(int(i / part.numel()), i % part.numel(), iter); });
     }
@@ -191,7 +202,8 @@ int main(int argc, char** argv) {
   auto ctx = dist::init(argc, argv);
   Options o;
   CLI::App app{"Bus bandwidth of minidl's collectives, nccl-tests style"};
-  app.add_option("--op", o.op, "collective")->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather"}));
+  app.add_option("--op", o.op, "collective")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "all_to_all"}));
   app.add_option("--backend", o.backend, "process group backend")->check(CLI::IsMember({"mpi", "ring", "nccl"}));
   app.add_option("--device", o.device, "where the tensors live: cpu or cuda (default: the backend's, cuda for nccl)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -219,7 +231,7 @@ int main(int argc, char** argv) {
     const ReduceOp redop = parse_redop(o.redop);
     const int64_t min_bytes = parse_bytes(o.min_bytes), max_bytes = parse_bytes(o.max_bytes);
     auto pg = dist::make_process_group(o.backend, ctx.world(), parse_device(o.device, ctx));
-    const char* redop_name = o.op == "all_gather" ? "none" : o.redop.c_str();
+    const char* redop_name = o.op == "all_gather" || o.op == "all_to_all" ? "none" : o.redop.c_str();
 
     std::vector<Row> rows;
     for (int64_t bytes = std::max<int64_t>(min_bytes, 1); bytes <= max_bytes; bytes *= o.step_factor)

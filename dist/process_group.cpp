@@ -135,12 +135,14 @@ namespace {
 
 std::atomic<bool> g_check_collectives{false};
 
-const char* const kOps[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"};
+// Every operation the fingerprints name (an op missing here named a null string: op_code -1).
+const char* const kOps[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                            "send",       "recv",           "barrier",    "all_to_all"};
 
 int64_t op_code(const char* op) {
   for (int64_t i = 0; i < int64_t(std::size(kOps)); ++i)
     if (std::string(op) == kOps[i]) return i;
-  return -1;
+  MINIDL_ASSERT(false, "--check-collectives: no fingerprint code for operation '", op, "' (add it to kOps)");
 }
 
 // A call's fingerprint: what every rank of a collective (or both ends of a message) must agree on.

@@ -98,7 +98,7 @@ class ProcessGroup {
   // send_counts[rank()]: exchange the counts first (an all_to_all of one count per peer). Every rank sends
   // sum(send_counts) and receives sum(recv_counts) elements, zeros allowed. "mpi": MPI_Alltoallv; "ring": a
   // pairwise exchange in size() - 1 rounds (round k: to rank + k, from rank - k), on the CPU and on a device;
-  // "nccl" does not have it yet (it throws, naming the backend).
+  // "nccl": one NCCL group of a send and a receive per peer with a non-zero count (the own part a device copy).
   std::shared_ptr<Work> all_to_all(Tensor& output, const Tensor& input, const std::vector<int64_t>& send_counts,
                                    const std::vector<int64_t>& recv_counts);
   // Point-to-point. A send matches the recv on `dst` with the same tag; tags are 0 .. kMaxTag.

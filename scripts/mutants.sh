@@ -42,6 +42,10 @@ all_to_all_offset ; dist/ring_backend.cpp ; -R ^test_dist\.np ; the ring's all-t
 - recv = transport_->start_recv(output, recv_at[size_t(from)] * elem
 + recv = transport_->start_recv(output, recv_at[size_t(to)] * elem
 
+nccl_all_to_all_offset ; dist/cuda/nccl_backend.cpp ; -R ^test_dist_cuda\.np ; NCCL's all-to-all receives each peer's part at the offset of what this rank sent it
+- if (r > 0) MINIDL_NCCL_CHECK(ncclRecv(out + received * elem,
++ if (r > 0) MINIDL_NCCL_CHECK(ncclRecv(out + sent * elem,
+
 ddp_sum ; dist/comm_hook.cpp ; -R ^test_ddp\.np|DataParallel ; DDP sums the gradients instead of averaging them
 - return group.all_reduce(buffer, ReduceOp::kAvg);
 + return group.all_reduce(buffer, ReduceOp::kSum);

@@ -184,6 +184,36 @@ std::shared_ptr<Work> NcclProcessGroup::do_broadcast(Tensor& tensor, int root) {
   });
 }
 
+// One group of point-to-point calls: peer j gets send_counts[j] elements from their offset in input, and
+// recv_counts[j] arrive from it at theirs in output (both in rank order); this rank's own part is copied.
+std::shared_ptr<Work> NcclProcessGroup::do_all_to_all(Tensor& output, const Tensor& input,
+                                                      const std::vector<int64_t>& send_counts,
+                                                      const std::vector<int64_t>& recv_counts) {
+  return enqueue("nccl all-to-all", {output, input}, [&](cudaStream_t stream) {
+    const size_t elem = dtype_size(input.dtype());
+    const auto* in = static_cast<const uint8_t*>(input.raw_device_data());
+    auto* out = static_cast<uint8_t*>(output.raw_device_data());
+    int64_t sent = 0, received = 0;
+    const int me = rank();
+    if (size() > 1) MINIDL_NCCL_CHECK(ncclGroupStart());
+    for (int j = 0; j < size(); ++j) {
+      const int64_t s = send_counts[size_t(j)], r = recv_counts[size_t(j)];
+      if (j == me) {
+        if (s > 0)
+          MINIDL_CUDA_CHECK(cudaMemcpyAsync(out + received * elem, in + sent * elem, size_t(s) * elem,
+                                            cudaMemcpyDeviceToDevice, stream));
+      } else {
+        const ncclDataType_t type = nccl_type(input.dtype());
+        if (s > 0) MINIDL_NCCL_CHECK(ncclSend(in + sent * elem, size_t(s), type, j, transport_->comm(), stream));
+        if (r > 0) MINIDL_NCCL_CHECK(ncclRecv(out + received * elem, size_t(r), type, j, transport_->comm(), stream));
+      }
+      sent += s;
+      received += r;
+    }
+    if (size() > 1) MINIDL_NCCL_CHECK(ncclGroupEnd());
+  });
+}
+
 std::shared_ptr<Work> NcclProcessGroup::do_send(const Tensor& tensor, int dst, int tag) {
   auto ticket = transport_->start_send(tensor, 0, int64_t(tensor.nbytes()), dst, tag);
   return std::make_shared<NcclPointToPointWork>(transport_.get(), ticket, tensor);

@@ -11,7 +11,9 @@
 //
 // Reductions: kSum and kMax are ncclSum and ncclMax; kAvg is ncclSum followed by one division on the device
 // (NCCL's ncclAvg scales each input by 1/n for floats, which rounds differently from the contract's sum / n).
-// f16/bf16 arrive staged in f32 (process_group.h). send/recv go through the transport's batched groups
+// f16/bf16 arrive staged in f32 (process_group.h). all_to_all is one NCCL group of a send and a receive per peer
+// with a non-zero count (this rank's own part a device copy), as PyTorch's and DeepSpeed's all_to_all_single are;
+// a group of one copies. send/recv go through the transport's batched groups
 // (nccl_transport.h): messages between two ranks match in the order they were posted; tags are not used.
 #pragma once
 
@@ -44,6 +46,8 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> do_reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) override;
   std::shared_ptr<Work> do_all_gather(Tensor& output, const Tensor& input) override;
   std::shared_ptr<Work> do_broadcast(Tensor& tensor, int root) override;
+  std::shared_ptr<Work> do_all_to_all(Tensor& output, const Tensor& input, const std::vector<int64_t>& send_counts,
+                                      const std::vector<int64_t>& recv_counts) override;
   std::shared_ptr<Work> do_send(const Tensor& tensor, int dst, int tag) override;
   std::shared_ptr<Work> do_recv(Tensor& tensor, int src, int tag) override;
   std::shared_ptr<Work> do_barrier() override;

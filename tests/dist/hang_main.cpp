@@ -4,6 +4,7 @@
 //   hang count_mismatch     rank 1 all-reduces 512 elements, rank 0 1024
 //   hang dtype_mismatch     rank 1 all-reduces f64, rank 0 f32
 //   hang gather_vs_reduce   rank 0 all-gathers, rank 1 all-reduces
+//   hang all_to_all_vs_reduce  rank 0 exchanges by all_to_all, rank 1 all-reduces
 //   hang send_without_recv  rank 0 waits for a message rank 1 never sends
 #include <cstdio>
 #include <string>
@@ -36,6 +37,12 @@ int main(int argc, char** argv) {
         world->all_reduce(t, dist::ReduceOp::kSum)->wait();
       else
         world->all_gather(all, t)->wait();
+    } else if (mode == "all_to_all_vs_reduce") {
+      Tensor out = Tensor::empty({1024});
+      if (odd)
+        world->all_reduce(t, dist::ReduceOp::kSum)->wait();
+      else
+        world->all_to_all(out, t, {512, 512}, {512, 512})->wait();
     } else if (mode == "send_without_recv") {
       if (!odd) world->recv(t, 1, 7)->wait();
     } else {

@@ -153,7 +153,8 @@ def main():
     for mode, zero, one in [("extra_all_reduce", "barrier", r"all_reduce f32 x 1024 \(sum\)"),
                             ("count_mismatch", r"all_reduce f32 x 1024 \(sum\)", r"all_reduce f32 x 512 \(sum\)"),
                             ("dtype_mismatch", r"all_reduce f32 x 1024 \(sum\)", r"all_reduce f64 x 1024 \(sum\)"),
-                            ("gather_vs_reduce", r"all_gather f32 x 2048", r"all_reduce f32 x 1024 \(sum\)")]:
+                            ("gather_vs_reduce", r"all_gather f32 x 2048", r"all_reduce f32 x 1024 \(sum\)"),
+                            ("all_to_all_vs_reduce", r"all_to_all f32 x 2", r"all_reduce f32 x 1024 \(sum\)")]:
         mismatch(mpiexec, hang, mode, fp.format(zero, one), check=True, code=2, within=5)
     # A receive whose send never comes has no fingerprint to compare: the watchdog names it (timeout 2 s, 1.2 s for
     # fresh progress files, 1 s for the others' dumps, the launch itself, and a loaded CI machine: 9 s).
