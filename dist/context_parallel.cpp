@@ -26,7 +26,9 @@ std::atomic<int64_t> forward_kv_sends{0}, backward_kv_sends{0}, backward_grad_se
 constexpr int kForwardKvTag = 0, kBackwardKvTag = 1, kBackwardGradTag = 2;
 
 // One step of the ring: `mine` goes to rank r+1 while rank r-1's arrives in `next` (both posted now, waited by the
-// returned function), so the caller computes on `mine` meanwhile.
+// returned function), so the caller computes on `mine` meanwhile. The send is posted first: under
+// --check-collectives a receive first waits for its sender's fingerprint, which every rank posting its receive
+// first would never send.
 struct Exchange {
   std::shared_ptr<Work> send, recv;
   void wait() const {
@@ -37,8 +39,8 @@ struct Exchange {
 Exchange exchange(ProcessGroup& g, const Tensor& mine, Tensor& next, int tag, std::atomic<int64_t>& counter) {
   const int n = g.size(), r = g.rank();
   Exchange e;
-  e.recv = g.recv(next, (r - 1 + n) % n, tag);
   e.send = g.send(mine, (r + 1) % n, tag);
+  e.recv = g.recv(next, (r - 1 + n) % n, tag);
   counter.fetch_add(1);
   sent_bytes.fetch_add(int64_t(mine.nbytes()));
   return e;

@@ -23,7 +23,7 @@ MARK = re.compile(r"^(\s*)// EXERCISE\(([a-z0-9_]+)\)(?:: ?(.*))?$")
 END = re.compile(r"^\s*// END EXERCISE\s*$")
 COMMENT = re.compile(r"^\s*// ?(.*)$")
 # The order of docs/exercises.md: the ring first (every other file all-reduces), the pipeline last.
-ORDER = ["ring", "ddp", "ddp_overlap", "zero1", "zero3", "tensor_parallel", "pipeline"]
+ORDER = ["ring", "ddp", "ddp_overlap", "zero1", "zero3", "tensor_parallel", "pipeline", "ring_attention"]
 COLUMNS = 120
 
 

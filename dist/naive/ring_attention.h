@@ -66,9 +66,8 @@ inline Tensor piece(const Tensor& block, int which, int64_t b, int64_t c) {
 inline Tensor pass_on(ProcessGroup& g, const Tensor& mine, int tag) {
   const int n = g.size(), r = g.rank();
   Tensor theirs = Tensor::empty(mine.shape(), mine.dtype());
-  auto recv = g.recv(theirs, (r - 1 + n) % n, tag);
-  auto send = g.send(mine, (r + 1) % n, tag);
-  recv->wait();
+  auto send = g.send(mine, (r + 1) % n, tag);  // first: a receive waits for its sender (--check-collectives)
+  g.recv(theirs, (r - 1 + n) % n, tag)->wait();
   send->wait();
   return theirs;
 }
@@ -86,6 +85,10 @@ inline RingAttentionForward ring_attention_forward(const Tensor& qkv, int H, int
   }
   Tensor block = l.kv;
   for (int s = 0; s < n; ++s) {
+    // EXERCISE(ring_attention): at step s you hold rank r-s's block (its chunk ids: detail::chunks_of). For each of
+    // your query chunks a and its key chunks b: skip a later key chunk; else attend (ops::attention_block_forward on
+    // detail::piece(block, 0 or 1, b, c), causal on the diagonal) and fold the result into f.out[a], f.lse[a]
+    // (ops::merge_attention_blocks). Then, but after the last step, pass the block on (detail::pass_on, tag 0).
     const std::vector<int64_t> theirs = detail::chunks_of((g.rank() - s + n) % n, n);
     for (int a = 0; a < 2; ++a)
       for (int b = 0; b < 2; ++b) {
@@ -95,6 +98,7 @@ inline RingAttentionForward ring_attention_forward(const Tensor& qkv, int H, int
         ops::merge_attention_blocks(f.out[a], f.lse[a], part.out, part.lse);
       }
     if (s + 1 < n) block = detail::pass_on(g, block, 0);
+    // END EXERCISE
   }
   return f;
 }
@@ -107,6 +111,10 @@ inline Tensor ring_attention_backward(const Tensor& dout, const Tensor& qkv, con
   std::vector<Tensor> dq{Tensor::zeros({l.B, l.c, H * l.D}), Tensor::zeros({l.B, l.c, H * l.D})};
   Tensor block = l.kv, grad = Tensor::zeros(l.kv.shape());  // the gradient of the block this rank holds
   for (int s = 0; s < n; ++s) {
+    // EXERCISE(ring_attention): the forward's pairs again, each through ops::attention_block_backward (with the
+    // row's merged f.out[a], f.lse[a]): add its dq into dq[a], its dk and dv into key chunk b of `grad` (K in
+    // grad's first half, V in its second). Then pass grad on (tag 2: after n hops it is home) and, but after the
+    // last step, the block (tag 1).
     const std::vector<int64_t> theirs = detail::chunks_of((g.rank() - s + n) % n, n);
     for (int a = 0; a < 2; ++a)
       for (int b = 0; b < 2; ++b) {
@@ -122,6 +130,7 @@ inline Tensor ring_attention_backward(const Tensor& dout, const Tensor& qkv, con
       }
     if (n > 1) grad = detail::pass_on(g, grad, 2);  // on to the next holder; after step n-1, home
     if (s + 1 < n) block = detail::pass_on(g, block, 1);
+    // END EXERCISE
   }
   const int64_t Tl = 2 * l.c, D = l.D;
   Tensor dqkv = Tensor::empty(qkv.shape());

@@ -880,6 +880,7 @@ TEST_F(TrainGpt, ContextParallelMatchesOneProcess) {
   std::vector<Case> cases = {
       {2, "", " --cp 2"},
       {2, "", " --cp 2 --backend ring --grad-accum 2 --recompute block"},
+      {2, "", " --cp 2 --check-collectives"},  // every send's fingerprint ahead of its receive
       {4, "", " --cp 4"},
       {4, "", " --cp 2 --dp 2 --zero 1"},
       {4, "", " --cp 2 --dp 2 --zero 3"},

@@ -76,6 +76,27 @@ struct Run {
   }
 };
 
+// The learner's calls (group "exercise") among entries [from, end) of the flight recorder, each a ring's: a send to
+// the right neighbour or a receive from the left one, nothing of the library's collectives. Fails naming the first
+// that is not.
+inline std::vector<dist::FlightEntry> ring_calls_since(size_t from, int rank, int n) {
+  std::vector<dist::FlightEntry> out;
+  const std::vector<dist::FlightEntry> all = dist::flight_entries();
+  for (size_t i = from; i < all.size(); ++i) {
+    const dist::FlightEntry& e = all[i];
+    if (e.group != "exercise") continue;
+    if (e.op != "send" && e.op != "recv")
+      fail("rank ", rank, " called the library's ", e.op, ": write the ring over send and recv only");
+    if (e.op == "send" && e.peer != (rank + 1) % n)
+      fail("rank ", rank, " sent to rank ", e.peer, ": a ring sends only to its right neighbour ", (rank + 1) % n);
+    if (e.op == "recv" && e.peer != (rank + n - 1) % n)
+      fail("rank ", rank, " received from rank ", e.peer, ": a ring receives only from its left neighbour ",
+           (rank + n - 1) % n);
+    out.push_back(e);
+  }
+  return out;
+}
+
 struct Criterion {
   std::string id, what;
   std::vector<int> ranks;  // the world sizes it runs at

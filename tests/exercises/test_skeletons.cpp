@@ -11,6 +11,7 @@
 #include "pipeline/gpipe.h"
 #include "pipeline/one_f_one_b.h"
 #include "ring/ring.h"
+#include "ring_attention/ring_attention.h"
 #include "support/mpi_test.h"
 #include "tensor_parallel/tensor_parallel.h"
 #include "zero1/zero1.h"
@@ -68,4 +69,12 @@ TEST(ExerciseSkeletons, EachRegionThrowsNamingItsExerciseAndFunction) {
                              [](const Tensor& h, int) { return h; });
   });
   expect_todo("pipeline", "sum_shared_gradients", [&] { dist::naive::sum_shared_gradients(*group, {x}); });
+  const Tensor qkv = Tensor::zeros({1, 2, 3 * 4});
+  expect_todo("ring_attention", "ring_attention_forward",
+              [&] { dist::naive::ring_attention_forward(qkv, 1, 1, *group); });
+  const dist::naive::RingAttentionForward f{{Tensor::zeros({1, 1, 4}), Tensor::zeros({1, 1, 4})},
+                                            {Tensor::zeros({1, 1, 1}), Tensor::zeros({1, 1, 1})}};
+  expect_todo("ring_attention", "ring_attention_backward", [&] {
+    dist::naive::ring_attention_backward(Tensor::zeros({1, 2, 4}), qkv, f, 1, 1, *group);
+  });
 }
