@@ -9,6 +9,7 @@
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "core/trace.h"
 #include "nn/llama.h"
 #include "ops/attention_blocks.h"
 #include "ops/cast.h"
@@ -29,11 +30,15 @@ constexpr int kForwardKvTag = 0, kBackwardKvTag = 1, kBackwardGradTag = 2;
 // returned function), so the caller computes on `mine` meanwhile. The send is posted first: under
 // --check-collectives a receive first waits for its sender's fingerprint, which every rank posting its receive
 // first would never send.
+void wait_ring(Work& w) {
+  const trace::Span span("ring wait");  // what the blocks' attention did not hide
+  w.wait();
+}
 struct Exchange {
   std::shared_ptr<Work> send, recv;
   void wait() const {
-    recv->wait();
-    send->wait();
+    wait_ring(*recv);
+    wait_ring(*send);
   }
 };
 Exchange exchange(ProcessGroup& g, const Tensor& mine, Tensor& next, int tag, std::atomic<int64_t>& counter) {
@@ -250,17 +255,32 @@ Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool cau
       out.push_back(chunk_of(kept, a, d));
       dq[size_t(a)] = Tensor::zeros({d.B, d.Tc, H * D}, work, dev);
     }
-    // The keys and values go round again; the gradient of the block a rank holds travels with it.
+    // The keys and values go round again; the gradient of the block a rank holds travels with it. At step s this
+    // rank computes its queries' share of the held block's gradient while the sum of the earlier holders' shares
+    // arrives from r-1; share plus arrival goes on to r+1 as the next step begins, waited for after that step's
+    // attention. Each step posts, in this order on every rank: the gradient's send and receive, then the keys'
+    // (NCCL's untagged messages match in posting order, and its batched groups pair step by step: nccl_transport.h).
+    // After step n-1 one more hop brings each block's gradient home.
     Tensor cur = kv, next;
     const Tensor arriving[2] = {Tensor::empty(kv.shape(), work, dev), Tensor::empty(kv.shape(), work, dev)};
-    Tensor grad = Tensor::zeros(kv.shape(), work, dev), grad_next = Tensor::empty(kv.shape(), work, dev);
+    Tensor incoming = Tensor::empty(kv.shape(), work, dev), sending[2], grad;
+    std::shared_ptr<Work> grad_in, grad_out;
+    const int right = (me + 1) % n, left = (me - 1 + n) % n;
+    auto pass_grad = [&](const Tensor& g, Tensor& into) {  // g on to r+1, r-1's into `into`
+      grad_out = group->send(g, right, kBackwardGradTag);
+      grad_in = group->recv(into, left, kBackwardGradTag);
+      backward_grad_sends.fetch_add(1);
+      sent_bytes.fetch_add(int64_t(g.nbytes()));
+    };
     for (int s = 0; s < n; ++s) {
       const int owner = (me - s + n) % n;
+      if (s > 0) pass_grad(sending[(s - 1) % 2], incoming);
       std::optional<Exchange> ex;
       next = arriving[s % 2];
       if (s + 1 < n) ex = exchange(*group, cur, next, kBackwardKvTag, backward_kv_sends);
       const std::vector<int64_t> their = self->chunks_of(owner);
       const Tensor& held = cur;  // rank `owner`'s keys and values, arrived (never this rank's own at every step)
+      Tensor share = Tensor::zeros(kv.shape(), work, dev);
       for (int64_t a = 0; a < per; ++a)
         for (int64_t b = 0; b < per; ++b) {
           const Pair p = pair_kind(my_chunks[size_t(a)], their[size_t(b)], causal);
@@ -269,19 +289,28 @@ Tensor ContextParallel::attention(const Tensor& qkv_in, int H, int Hkv, bool cau
               dy_chunks[size_t(a)], q_chunks[size_t(a)], k_chunk(held, b), v_chunk(held, b), out[size_t(a)],
               lse[size_t(a)], H, Hkv, p == Pair::kDiagonal);
           dq[size_t(a)] = ops::add(dq[size_t(a)], bg.dq);
-          Tensor dk = half_of(grad, 0).narrow(1, b * d.Tc, d.Tc);
-          Tensor dv = half_of(grad, 1).narrow(1, b * d.Tc, d.Tc);
+          Tensor dk = half_of(share, 0).narrow(1, b * d.Tc, d.Tc);
+          Tensor dv = half_of(share, 1).narrow(1, b * d.Tc, d.Tc);
           dk.copy_(ops::add(dk.contiguous(), bg.dk));
           dv.copy_(ops::add(dv.contiguous(), bg.dv));
         }
-      if (n > 1) {  // the block's gradient on to the next holder (after the last step: to its owner)
-        exchange(*group, grad, grad_next, kBackwardGradTag, backward_grad_sends).wait();
-        std::swap(grad, grad_next);
+      if (s > 0) {  // the previous step's hop (its buffer is the other of sending[]) and what it brought
+        wait_ring(*grad_out);
+        wait_ring(*grad_in);
       }
+      sending[s % 2] = s > 0 ? ops::add(incoming, share) : share;
       if (ex) {
         ex->wait();
         cur = next;
       }
+    }
+    grad = sending[(n - 1) % 2];
+    if (n > 1) {  // the last hop: every block's gradient home
+      Tensor home = Tensor::empty(kv.shape(), work, dev);
+      pass_grad(grad, home);
+      wait_ring(*grad_out);
+      wait_ring(*grad_in);
+      grad = home;
     }
     // dqkv = [dq | dk | dv] in qkv's layout and dtype.
     Tensor dqkv = Tensor::empty({d.B, d.Tl, (H + 2 * Hkv) * D}, work, dev);

@@ -28,10 +28,10 @@
 //
 // Backward. Forward keeps this rank's q, k, v, out and lse only; backward sends the keys and values round again
 // (n-1 times), with the gradient of each block's keys and values travelling beside them: the holder of block
-// r-s adds its queries' share and passes it on, and after n hops (one more than the keys) the gradient is back
-// with its owner (the gradient's hop is waited for after each step's attention: it does not overlap yet, the keys'
-// and values' does). Each block's gradient uses the merged out and lse of the whole row (the row's true
-// probabilities), so the shares add up to the one-process gradient.
+// r-s computes its queries' share while the earlier holders' sum arrives, adds the two and passes the sum on as
+// the next step begins, and after n hops (one more than the keys) the gradient is back with its owner. Both hops,
+// the keys' and the gradient's, overlap a step's block attention. Each block's gradient uses the merged out and
+// lse of the whole row (the row's true probabilities), so the shares add up to the one-process gradient.
 //
 // Communication per attention layer and rank, with block bytes b = 2 B (T/n) Hkv D s (K and V, dtype size s):
 //   forward: n-1 sends of b;   backward: n-1 sends of b and n sends of b (the gradients, in f32).

@@ -67,8 +67,8 @@ cp_lse_16bit ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; the r
 + ops::merge_attention_blocks(out[size_t(a)], lse[size_t(a)], f.out, f.lse), lse[size_t(a)] = ops::cast(ops::cast(lse[size_t(a)], DType::bf16), work);
 
 cp_gradient_not_home ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; the keys' and values' gradients travel with the blocks n-1 times, one hop short of their owners
-- if (n > 1) {  // the block's gradient on to the next holder
-+ if (s + 1 < n) {  // the block's gradient on to the next holder
+- grad = home;
++ (void)home;
 
 cp_positions_local ; dist/context_parallel.cpp ; -R ^test_context_parallel\.np ; GPT-2's position table read at the local indices, not the global positions
 - for (int64_t i = 0; i < r.length; ++i) p[r.local + i] = r.global + i;

@@ -112,10 +112,11 @@ inline Tensor ring_attention_backward(const Tensor& dout, const Tensor& qkv, con
   Tensor block = l.kv, grad = Tensor::zeros(l.kv.shape());  // the gradient of the block this rank holds
   for (int s = 0; s < n; ++s) {
     // EXERCISE(ring_attention): the forward's pairs again, each through ops::attention_block_backward (with the
-    // row's merged f.out[a], f.lse[a]): add its dq into dq[a], its dk and dv into key chunk b of `grad` (K in
-    // grad's first half, V in its second). Then pass grad on (tag 2: after n hops it is home) and, but after the
-    // last step, the block (tag 1).
+    // row's merged f.out[a], f.lse[a]): add its dq into dq[a], its dk and dv into key chunk b of `share` (K in its
+    // first half, V in its second); add share to `grad`, what the block's earlier holders added. Then pass grad on
+    // (tag 2: after n hops it is home) and, but after the last step, the block (tag 1).
     const std::vector<int64_t> theirs = detail::chunks_of((g.rank() - s + n) % n, n);
+    Tensor share = Tensor::zeros(l.kv.shape());  // this rank's queries' part of the held block's gradient
     for (int a = 0; a < 2; ++a)
       for (int b = 0; b < 2; ++b) {
         if (theirs[b] > l.chunks[a]) continue;
@@ -124,10 +125,11 @@ inline Tensor ring_attention_backward(const Tensor& dout, const Tensor& qkv, con
             detail::piece(block, 1, b, l.c), f.out[a], f.lse[a], H, Hkv, theirs[b] == l.chunks[a]);
         dq[a] = ops::add(dq[a], part.dq);
         for (int which = 0; which < 2; ++which) {
-          Tensor dst = grad.narrow(0, which, 1).view({l.B, 2 * l.c, Hkv * l.D}).narrow(1, b * l.c, l.c);
+          Tensor dst = share.narrow(0, which, 1).view({l.B, 2 * l.c, Hkv * l.D}).narrow(1, b * l.c, l.c);
           dst.copy_(ops::add(dst.contiguous(), which == 0 ? part.dk : part.dv));
         }
       }
+    grad = ops::add(grad, share);
     if (n > 1) grad = detail::pass_on(g, grad, 2);  // on to the next holder; after step n-1, home
     if (s + 1 < n) block = detail::pass_on(g, block, 1);
     // END EXERCISE
