@@ -156,10 +156,9 @@ struct TrainConfig {
   int64_t micro_batches_or_default() const { return micro_batches.value_or(pp); }
   // Throws minidl::Error naming the flag, what was expected and what was given. Same answer on every rank.
   void validate(int world_size) const;
-  void validate_outer_sync(int world_size) const;  // --sync and its flags (part of validate)
-  void validate_parameter_server(int world_size) const;
-  void validate_context_parallel() const;  // --cp's divisibility and what it refuses (part of validate)  // --ps,
-                                           // --ps-replay and what they exclude (part of it)
+  void validate_outer_sync(int world_size) const;        // --sync and its flags (part of validate)
+  void validate_parameter_server(int world_size) const;  // --ps, --ps-replay and what they exclude (part of it)
+  void validate_context_parallel() const;                // --cp's divisibility and what it refuses (part of validate)
 };
 
 // The data-parallel size: --dp, or the world size divided by cp · tp · pp (and the replicas).
