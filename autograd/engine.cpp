@@ -69,20 +69,36 @@ Edge gradient_edge(const Tensor& t) {
   return {acc, 0};
 }
 
-bool any_requires_grad(std::initializer_list<Tensor> inputs) {
+namespace {
+
+template <class List>
+bool requires_grad_in(const List& inputs) {
   if (!t_grad_enabled) return false;
   for (const Tensor& t : inputs)
     if (t.defined() && (t.requires_grad() || t.grad_fn())) return true;
   return false;
 }
 
-Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor output, BackwardFn backward) {
-  if (!any_requires_grad(inputs)) return output;
+template <class List>
+Tensor record_over(const char* name, const List& inputs, Tensor output, BackwardFn backward) {
+  if (!requires_grad_in(inputs)) return output;
   auto node = std::make_shared<LambdaNode>(name, std::move(backward));
   for (const Tensor& t : inputs) node->next_edges().push_back(gradient_edge(t));
   output.impl()->autograd.grad_fn = std::move(node);
   output.impl()->autograd.output_nr = 0;
   return output;
+}
+
+}  // namespace
+
+bool any_requires_grad(std::initializer_list<Tensor> inputs) { return requires_grad_in(inputs); }
+bool any_requires_grad(const std::vector<Tensor>& inputs) { return requires_grad_in(inputs); }
+
+Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor output, BackwardFn backward) {
+  return record_over(name, inputs, std::move(output), std::move(backward));
+}
+Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor output, BackwardFn backward) {
+  return record_over(name, inputs, std::move(output), std::move(backward));
 }
 
 static thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;

@@ -47,6 +47,7 @@ Tensor max(const Tensor& x, int dim, bool keepdim = false);  // values; gradient
 // The parts joined along dim (each of the others' sizes equal): a new contiguous tensor; each part's gradient is
 // its slice of the output's.
 Tensor cat(std::initializer_list<Tensor> parts, int dim);
+Tensor cat(const std::vector<Tensor>& parts, int dim);
 
 // ---- linear algebra (autograd/functions/matmul.cpp) ----
 // a: (..., M, K) or (..., K, M) if trans_a; b: (..., K, N) or (..., N, K) if trans_b; leading (batch)

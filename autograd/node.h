@@ -103,8 +103,11 @@ Edge gradient_edge(const Tensor& t);
 //   Tensor y = ops::gelu_forward(x);
 //   return record("gelu", {x}, y, [x](const Tensor& gy) { return std::vector<Tensor>{ops::gelu_backward(gy, x)}; });
 Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor output, BackwardFn backward);
+// The same over a list whose length is known only at run time (cat of n parts, an MoE's experts).
+Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor output, BackwardFn backward);
 // True if recording would happen for these inputs (lets an op skip saving tensors for backward).
 bool any_requires_grad(std::initializer_list<Tensor> inputs);
+bool any_requires_grad(const std::vector<Tensor>& inputs);
 
 // Runs backward from `roots` with the given root gradients: one per root (ones for a scalar root when undefined), or
 // none at all (every root a scalar). A tensor given twice counts twice, as in PyTorch: backward({l, l}, {}) is the

@@ -68,7 +68,9 @@ Tensor Tensor::narrow(int dim, int64_t start, int64_t length) const {
   });
 }
 
-Tensor cat(std::initializer_list<Tensor> parts, int dim) {
+Tensor cat(std::initializer_list<Tensor> parts, int dim) { return cat(std::vector<Tensor>(parts), dim); }
+
+Tensor cat(const std::vector<Tensor>& parts, int dim) {
   MINIDL_CHECK(parts.size() >= 1, "cat: expected at least one tensor");
   const Tensor& first = *parts.begin();
   const int d = first.wrap_dim(dim);

@@ -61,6 +61,32 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--rope-theta", o.rope_theta, "Llama: RoPE's base theta")->capture_default_str();
   app.add_option("--norm-eps", o.norm_eps, "Llama: the RMSNorms' eps")->capture_default_str();
   app.add_flag("--untie", o.untie, "Llama: an output head of its own (lm_head), not the token embedding");
+  app.add_option("--moe-experts", o.moe_experts,
+                 "Llama: a mixture of experts, E SwiGLU experts of width --ffn per MoE block (nn/moe.h; a Mixtral "
+                 "with the defaults); 0: dense. Combines with --dp, --pp, --zero, --amp, --recompute and --grad-accum; "
+                 "not yet with --tp, --cp, --ps, --sync local-sgd/diloco or --cuda-graph")
+      ->capture_default_str();
+  app.add_option("--moe-top-k", o.moe_top_k, "MoE: experts per token (1 to --moe-experts)")->capture_default_str();
+  app.add_option("--moe-every", o.moe_every, "MoE: block i is a mixture of experts when i % N == 0 (1: every block)")
+      ->capture_default_str();
+  app.add_option("--moe-shared", o.moe_shared,
+                 "MoE: shared experts every token passes through (DeepSeek's), as one MLP of N times the width")
+      ->capture_default_str();
+  app.add_option("--moe-router", o.moe_router,
+                 "MoE: softmax (in f32, the top k renormalised: Mixtral) or sigmoid (DeepSeek-V3)")
+      ->capture_default_str();
+  app.add_option("--moe-balance", o.moe_balance,
+                 "MoE: aux (the auxiliary loss alpha E sum f_i P_i, per sequence), bias (auxiliary-loss-free: an "
+                 "expert bias that only chooses, moved once per step from the tokens each expert got) or none")
+      ->capture_default_str();
+  app.add_option("--moe-aux-coef", o.moe_aux_coef, "MoE: alpha, the auxiliary loss's coefficient")
+      ->capture_default_str();
+  app.add_option("--moe-bias-rate", o.moe_bias_rate, "MoE: the bias update's step (DeepSeek-V3's gamma)")
+      ->capture_default_str();
+  app.add_option(
+      "--moe-capacity", o.moe_capacity,
+      "MoE: the capacity factor: an expert takes at most ceil(F T k / E) of each sequence's T tokens' slots, "
+      "the earliest first; a dropped slot adds nothing (the token keeps its residual) [default: dropless]");
   app.add_option("--seq", o.seq, "Sequence length T (also the model's block size) [default: 64, or the checkpoint's]");
   app.add_option(
       "--vocab-pad", o.vocab_pad,

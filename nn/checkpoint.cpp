@@ -31,6 +31,19 @@ std::string gpt_config_to_json(const GPTConfig& cfg) {
                          {"high_freq_factor", r.high_freq_factor},
                          {"original_max_position_embeddings", r.original_max_position_embeddings}};
     j["tie_embeddings"] = cfg.tie_embeddings;
+    if (cfg.moe()) {
+      j["moe"] = {{"experts", cfg.moe_experts},
+                  {"top_k", cfg.moe_top_k},
+                  {"every", cfg.moe_every},
+                  {"shared", cfg.moe_shared},
+                  {"router", cfg.moe_router == GPTConfig::Router::kSigmoid ? "sigmoid" : "softmax"},
+                  {"balance", cfg.moe_balance == GPTConfig::Balance::kAux    ? "aux"
+                              : cfg.moe_balance == GPTConfig::Balance::kBias ? "bias"
+                                                                             : "none"},
+                  {"aux_coef", cfg.moe_aux_coef},
+                  {"bias_rate", cfg.moe_bias_rate},
+                  {"capacity", cfg.moe_capacity}};
+    }
   }
   return j.dump();
 }
@@ -64,6 +77,22 @@ GPTConfig gpt_config_from_json(const std::string& text) {
                           r.at("factor").get<double>(), r.at("low_freq_factor").get<double>(),
                           r.at("high_freq_factor").get<double>(),
                           r.at("original_max_position_embeddings").get<int64_t>()};
+      if (j.contains("moe")) {
+        const nlohmann::json& m = j.at("moe");
+        cfg.moe_experts = m.at("experts").get<int64_t>();
+        cfg.moe_top_k = m.at("top_k").get<int64_t>();
+        cfg.moe_every = m.at("every").get<int64_t>();
+        cfg.moe_shared = m.at("shared").get<int64_t>();
+        cfg.moe_router =
+            m.at("router").get<std::string>() == "sigmoid" ? GPTConfig::Router::kSigmoid : GPTConfig::Router::kSoftmax;
+        const std::string balance = m.at("balance").get<std::string>();
+        cfg.moe_balance = balance == "bias"   ? GPTConfig::Balance::kBias
+                          : balance == "none" ? GPTConfig::Balance::kNone
+                                              : GPTConfig::Balance::kAux;
+        cfg.moe_aux_coef = m.at("aux_coef").get<double>();
+        cfg.moe_bias_rate = m.at("bias_rate").get<double>();
+        cfg.moe_capacity = m.at("capacity").get<double>();
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     MINIDL_CHECK(false, "GPT config: expected a JSON object with vocab_size, block_size, n_layer, n_head, n_embd, ",
@@ -87,7 +116,15 @@ void save_gpt(const std::string& path, const GPT& model, const std::string& voca
     tensors.emplace_back(hf_tensor_name(model.config(), name),
                          hf_transposed(model.config(), name) ? t.transpose(0, 1).contiguous() : t);
   }
+  // An MoE's expert bias, where bias balancing moved it (it changes which experts a token goes to).
+  if (model.config().moe() && model.config().moe_balance == GPTConfig::Balance::kBias)
+    for (const auto& [name, b] : model.named_buffers())
+      if (name.find(".moe.expert_bias") != std::string::npos)
+        tensors.emplace_back(hf_tensor_name(model.config(), name), b.detach());
   save_safetensors(path, tensors, metadata);
+  // transformers' config.json beside it, where transformers has the model (hf_expressible: a mixture of experts
+  // that is not a Mixtral has none; the file's own metadata holds minidl's config).
+  if (!hf_expressible(model.config())) return;
   std::filesystem::path config_path = std::filesystem::path(path).parent_path() / "config.json";
   write_text_file_atomically(config_path.string(), hf_config_json(model.config()));
 }

@@ -10,6 +10,7 @@
 #include "ops/cast.h"
 #include "ops/embedding.h"
 #include "nn/llama.h"
+#include "nn/moe.h"
 #include "nn/param_layout.h"
 
 namespace minidl::nn {
@@ -26,6 +27,18 @@ void GPTConfig::validate() const {
   MINIDL_CHECK(n_kv_head >= 0 && head_dim >= 0 && intermediate_size >= 0,
                "GPTConfig: expected n_kv_head, head_dim and intermediate_size >= 0 (0: the default), got ", n_kv_head,
                ", ", head_dim, ", ", intermediate_size);
+  MINIDL_CHECK(moe_experts >= 0, "GPTConfig: expected moe_experts >= 0 (0: dense), got ", moe_experts);
+  if (moe()) {
+    MINIDL_CHECK(llama(), "GPTConfig: a mixture of experts needs arch llama (its SwiGLU experts)");
+    MINIDL_CHECK(moe_top_k >= 1 && moe_top_k <= moe_experts, "GPTConfig: expected 1 <= moe_top_k <= moe_experts (",
+                 moe_experts, "), got ", moe_top_k);
+    MINIDL_CHECK(moe_every >= 1, "GPTConfig: expected moe_every >= 1, got ", moe_every);
+    MINIDL_CHECK(moe_shared >= 0, "GPTConfig: expected moe_shared >= 0, got ", moe_shared);
+    MINIDL_CHECK(moe_capacity >= 0 && std::isfinite(moe_capacity),
+                 "GPTConfig: expected a capacity factor > 0, or 0 (dropless), got ", moe_capacity);
+    MINIDL_CHECK(moe_aux_coef >= 0 && moe_bias_rate >= 0,
+                 "GPTConfig: expected moe_aux_coef and moe_bias_rate >= 0, got ", moe_aux_coef, " and ", moe_bias_rate);
+  }
   if (!llama()) {
     MINIDL_CHECK(
         kv_heads() == n_head && head_size() * n_head == n_embd && mlp_width() == 4 * n_embd && tie_embeddings &&
@@ -50,7 +63,10 @@ bool GPTConfig::operator==(const GPTConfig& o) const {
          head_size() == o.head_size() && mlp_width() == o.mlp_width() && norm_eps == o.norm_eps &&
          rope_theta == o.rope_theta && tie_embeddings == o.tie_embeddings && a.type == b.type && a.factor == b.factor &&
          a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
-         a.original_max_position_embeddings == b.original_max_position_embeddings;
+         a.original_max_position_embeddings == b.original_max_position_embeddings && moe_experts == o.moe_experts &&
+         (!moe() || (moe_top_k == o.moe_top_k && moe_every == o.moe_every && moe_shared == o.moe_shared &&
+                     moe_router == o.moe_router && moe_balance == o.moe_balance && moe_aux_coef == o.moe_aux_coef &&
+                     moe_bias_rate == o.moe_bias_rate && moe_capacity == o.moe_capacity));
 }
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, uint64_t dropout_stream,
@@ -142,7 +158,10 @@ Tensor Block::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64
 GPT::GPT(const GPTConfig& cfg, uint64_t seed) : GPT(cfg, seed, GPTStage{}) {}
 
 GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage)
-    : cfg_(cfg), stage_(stage), dropout_ctx_(std::make_shared<DropoutContext>()) {
+    : cfg_(cfg),
+      stage_(stage),
+      dropout_ctx_(std::make_shared<DropoutContext>()),
+      moe_ctx_(std::make_shared<MoEContext>()) {
   cfg.validate();
   if (stage_.last_block == -1) stage_.last_block = cfg.n_layer;
   MINIDL_CHECK(0 <= stage_.first_block && stage_.first_block <= stage_.last_block && stage_.last_block <= cfg.n_layer,
@@ -168,7 +187,7 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed, GPTStage stage)
   for (int64_t i = stage_.first_block; i < stage_.last_block; ++i) {
     const uint64_t stream = base + 1 + 2 * uint64_t(i);
     if (cfg.llama())
-      h->push_back(std::make_shared<LlamaBlock>(cfg, stream, dropout_ctx_, rope));
+      h->push_back(std::make_shared<LlamaBlock>(cfg, i, stream, dropout_ctx_, rope, moe_ctx_));
     else
       h->push_back(std::make_shared<Block>(cfg, stream, dropout_ctx_));
   }
@@ -201,25 +220,35 @@ static int64_t position(const NamedTensors& params, const std::string& name) {
 int64_t GPT::global_parameter_index(const std::string& name) const {
   // The whole model's order: transformer.wte.weight, transformer.wpe.weight (GPT-2), then each block's parameters
   // (GPT-2: 6 weights, and 6 biases with cfg.bias: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj;
-  // Llama: ln_1, attn.{q,k,v}_proj, attn.c_proj, ln_2, mlp.{gate,up}_proj, mlp.c_proj), then ln_f, then lm_head
-  // (untied).
-  const int64_t embeddings = cfg_.llama() ? 1 : 2, per_block = cfg_.llama() ? 9 : cfg_.bias ? 12 : 6;
+  // Llama: ln_1, attn.{q,k,v}_proj, attn.c_proj, ln_2, mlp.{gate,up}_proj, mlp.c_proj; an MoE block: ln_1, the
+  // attention's 4, ln_2, moe.router, 3 per expert, and 3 for the shared expert), then ln_f, then lm_head (untied).
+  const int64_t embeddings = cfg_.llama() ? 1 : 2;
+  auto per_block = [&](int64_t i) -> int64_t {
+    if (!cfg_.llama()) return cfg_.bias ? 12 : 6;
+    if (!cfg_.moe_layer(i)) return 9;
+    return 7 + 3 * cfg_.moe_experts + (cfg_.moe_shared > 0 ? 3 : 0);
+  };
+  auto before_block = [&](int64_t i) {
+    int64_t n = embeddings;
+    for (int64_t j = 0; j < i; ++j) n += per_block(j);
+    return n;
+  };
   const int64_t ln_f_params = cfg_.llama() || !cfg_.bias ? 1 : 2;
   if (name == "transformer.wte.weight") return 0;
   if (name == "transformer.wpe.weight") return 1;
-  if (name == "lm_head.weight") return embeddings + cfg_.n_layer * per_block + ln_f_params;
+  if (name == "lm_head.weight") return before_block(cfg_.n_layer) + ln_f_params;
   const std::string blocks_prefix = "transformer.h.", ln_f_prefix = "transformer.ln_f.";
   if (starts_with(name, blocks_prefix)) {
     const size_t dot = name.find('.', blocks_prefix.size());
     const int64_t i = std::stoll(name.substr(blocks_prefix.size(), dot - blocks_prefix.size()));
     const TransformerBlock& block = (*h)[size_t(i - stage_.first_block)];
     const NamedTensors own = block.named_parameters();
-    MINIDL_ASSERT(int64_t(own.size()) == per_block, "GPT: a block has ", own.size(), " parameters, expected ",
-                  per_block);
-    return embeddings + i * per_block + position(own, name.substr(dot + 1));
+    MINIDL_ASSERT(int64_t(own.size()) == per_block(i), "GPT: block ", i, " has ", own.size(), " parameters, expected ",
+                  per_block(i));
+    return before_block(i) + position(own, name.substr(dot + 1));
   }
   MINIDL_ASSERT(starts_with(name, ln_f_prefix), "GPT: unexpected parameter ", name);
-  return embeddings + cfg_.n_layer * per_block + position(ln_f->named_parameters(), name.substr(ln_f_prefix.size()));
+  return before_block(cfg_.n_layer) + position(ln_f->named_parameters(), name.substr(ln_f_prefix.size()));
 }
 
 void GPT::init_weights(uint64_t seed) {
@@ -235,7 +264,8 @@ void GPT::init_weights(uint64_t seed) {
     MINIDL_ASSERT(!whole || stream == int64_t(k), "GPT: parameter ", name, " is number ", k,
                   " of the whole model but was given global index ", stream);
     if (p.dim() != 2) continue;
-    bool residual = ends_with(name, ".attn.c_proj.weight") || ends_with(name, ".mlp.c_proj.weight");
+    // (and an MoE's experts' and shared expert's: moe.experts.<j>.c_proj, moe.shared.c_proj)
+    bool residual = ends_with(name, ".c_proj.weight");
     init_normal(p, residual ? residual_std : 0.02, seed, uint64_t(stream));
   }
 }
@@ -509,12 +539,17 @@ std::vector<Tensor> GPT::block_parameters(int64_t i) const {
 }
 
 double GPT::flops_per_token(int64_t T) const {
-  int64_t whole = 0;  // the whole tensors' elements, whatever a parallelism split
-  for (const Tensor& p : parameters()) whole += layout_of(p).full_numel();
+  double whole = 0;  // the whole tensors' elements, whatever a parallelism split
+  for (const auto& [name, p] : named_parameters()) {
+    double n = double(layout_of(p).full_numel());
+    // A token runs k of an MoE block's E routed experts (the router and the shared expert: every token).
+    if (name.find(".moe.experts.") != std::string::npos) n *= double(cfg_.moe_top_k) / double(cfg_.moe_experts);
+    whole += n;
+  }
   for (const auto& table : {wpe, cfg_.tie_embeddings ? nullptr : wte})  // lookups, not products
-    if (table) whole -= layout_of(table->weight).full_numel();
+    if (table) whole -= double(layout_of(table->weight).full_numel());
   const double width = double(cfg_.n_head * cfg_.head_size());
-  return 6.0 * double(whole) + 12.0 * double(cfg_.n_layer) * width * double(T);
+  return 6.0 * whole + 12.0 * double(cfg_.n_layer) * width * double(T);
 }
 
 }  // namespace minidl::nn

@@ -45,6 +45,8 @@
 
 namespace minidl::nn {
 
+struct MoEContext;
+
 struct GPTConfig {
   int64_t vocab_size = 0;
   int64_t block_size = 0;  // longest sequence (number of learned positions)
@@ -73,11 +75,25 @@ struct GPTConfig {
   double rope_theta = 10000.0;      // RoPE's base
   ops::RopeScaling rope_scaling{};  // none | linear | llama3 (ops/rope.h)
   bool tie_embeddings = true;       // false: the head is its own (vocab_size, C) table, lm_head (Llama only)
+  // Mixture of experts (nn/moe.h; Llama only). 0 experts: every MLP is dense.
+  enum class Router { kSoftmax, kSigmoid };
+  enum class Balance { kAux, kBias, kNone };
+  int64_t moe_experts = 0;               // E SwiGLU experts of width mlp_width() per MoE block
+  int64_t moe_top_k = 2;                 // experts per token
+  int64_t moe_every = 1;                 // block i is MoE when i % moe_every == 0 (Megatron's moe_layer_freq)
+  int64_t moe_shared = 0;                // shared experts every token passes through (DeepSeek's)
+  Router moe_router = Router::kSoftmax;  // softmax with the top k renormalised (Mixtral), or sigmoid (DeepSeek-V3)
+  Balance moe_balance = Balance::kAux;   // the auxiliary loss, the bias (auxiliary-loss-free), or none
+  double moe_aux_coef = 0.01;            // α of the auxiliary loss
+  double moe_bias_rate = 1e-3;           // the bias update's step (DeepSeek-V3's γ)
+  double moe_capacity = 0;               // capacity factor (slots per expert over N k / E); 0: dropless
 
   bool llama() const { return arch == Arch::kLlama; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
   int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * n_embd; }
+  bool moe() const { return moe_experts > 0; }
+  bool moe_layer(int64_t block) const { return moe() && block % moe_every == 0; }
 
   int64_t padded_vocab() const {
     int64_t multiple = std::max<int64_t>(vocab_pad, 1);
@@ -283,7 +299,8 @@ class GPT : public BlockModule {
   // where N counts the parameters that multiply: all but the lookup tables (wpe; wte too when the head is untied,
   // lm_head then doing the head's work; the tied wte does matmul work as the head): 2 FLOPs per multiply-add,
   // times 3 for forward plus the two backward matmuls. So SwiGLU's three matrices and grouped-query attention's
-  // smaller k and v projections count as they are. The second term is the attention scores and weighted sum (QK^T
+  // smaller k and v projections count as they are; an MoE block's routed experts count k / E of their parameters
+  // (each token runs k of them). The second term is the attention scores and weighted sum (QK^T
   // and AV), which use no parameters (n_head * head_dim = n_embd for GPT-2). On a stage, N counts the parameters
   // it holds, as whole tensors (nn::ParamLayout).
   double flops_per_token(int64_t T) const;
@@ -291,6 +308,8 @@ class GPT : public BlockModule {
   const GPTConfig& config() const { return cfg_; }
   // Shared by every dropout in the model: set .step once per forward (see DropoutContext).
   DropoutContext& dropout_context() { return *dropout_ctx_; }
+  // Shared by every MoE layer (nn/moe.h): the auxiliary loss's gradient weight, set once per step.
+  MoEContext& moe_context() { return *moe_ctx_; }
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
   // What this GPT holds; last_block is resolved (never -1).
@@ -345,6 +364,7 @@ class GPT : public BlockModule {
   GPTConfig cfg_;
   GPTStage stage_;
   std::shared_ptr<DropoutContext> dropout_ctx_;
+  std::shared_ptr<MoEContext> moe_ctx_;
   Recompute recompute_ = Recompute::kNone;
   mutable Tensor positions_;  // [0, block_size) as i64 on the device of the last embed (not thread-safe)
   // The (Vp, C) buffer the head table's weight is the first rows of (weak: it lives as long as the weight uses it).

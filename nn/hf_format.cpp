@@ -25,6 +25,31 @@ const std::vector<std::pair<std::string, std::string>>& llama_block_names() {
   return names;
 }
 
+// An MoE block's tensors (MixtralSparseMoeBlock's names; the shared expert as Qwen2-MoE's), by the rest of the name
+// after the block's index: ours -> theirs, or the reverse (to_hf false); "" where the name is not one of them.
+std::string moe_name(const std::string& rest, bool to_hf) {
+  static const std::vector<std::pair<std::string, std::string>> fixed = {
+      {"moe.router.weight", "block_sparse_moe.gate.weight"},
+      {"moe.expert_bias", "block_sparse_moe.gate.e_score_correction_bias"},  // DeepSeek-V3's name
+      {"moe.shared.gate_proj.weight", "block_sparse_moe.shared_expert.gate_proj.weight"},
+      {"moe.shared.up_proj.weight", "block_sparse_moe.shared_expert.up_proj.weight"},
+      {"moe.shared.c_proj.weight", "block_sparse_moe.shared_expert.down_proj.weight"}};
+  static const std::vector<std::pair<std::string, std::string>> expert = {
+      {"gate_proj.weight", "w1.weight"}, {"up_proj.weight", "w3.weight"}, {"c_proj.weight", "w2.weight"}};
+  for (const auto& [ours, theirs] : fixed)
+    if (rest == (to_hf ? ours : theirs)) return to_hf ? theirs : ours;
+  const std::string from = to_hf ? "moe.experts." : "block_sparse_moe.experts.";
+  const std::string to = to_hf ? "block_sparse_moe.experts." : "moe.experts.";
+  if (rest.rfind(from, 0) != 0) return "";
+  const size_t dot = rest.find('.', from.size());
+  if (dot == std::string::npos) return "";
+  const std::string j = rest.substr(from.size(), dot - from.size()), tail = rest.substr(dot + 1);
+  if (j.empty() || j.find_first_not_of("0123456789") != std::string::npos) return "";
+  for (const auto& [ours, theirs] : expert)
+    if (tail == (to_hf ? ours : theirs)) return to + j + "." + (to_hf ? theirs : ours);
+  return "";
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
   MINIDL_CHECK(in.good(), "cannot read ", path);
@@ -54,13 +79,24 @@ std::string hf_tensor_name(const GPTConfig& cfg, const std::string& name) {
   const auto [index, rest] = block_and_rest(name, "transformer.h.");
   for (const auto& [ours, theirs] : llama_block_names())
     if (!index.empty() && rest == ours) return "model.layers." + index + "." + theirs;
+  const std::string moe = index.empty() ? "" : moe_name(rest, true);
+  if (!moe.empty()) return "model.layers." + index + "." + moe;
   MINIDL_CHECK(false, "hf_tensor_name: ", name, " is not a Llama parameter");
   return name;
 }
 
 bool hf_transposed(const GPTConfig& cfg, const std::string& name) {
   if (!cfg.llama()) return false;
-  return name.find("_proj.weight") != std::string::npos;  // every Linear of a Llama block
+  // every Linear of a Llama block, and an MoE's router
+  return name.find("_proj.weight") != std::string::npos || name.find(".moe.router.weight") != std::string::npos;
+}
+
+bool hf_expressible(const GPTConfig& c) {
+  if (!c.moe()) return true;
+  // (k = 1: Mixtral renormalises the one gate to 1; minidl keeps Switch's gate p, so the router learns)
+  return c.moe_router == GPTConfig::Router::kSoftmax && c.moe_top_k > 1 && c.moe_balance != GPTConfig::Balance::kBias &&
+         c.moe_every == 1 && c.moe_shared == 0 && c.moe_capacity == 0 && c.head_size() * c.n_head == c.n_embd &&
+         c.rope_scaling.type == ops::RopeType::kNone;
 }
 
 std::string minidl_tensor_name(const GPTConfig& cfg, const std::string& hf) {
@@ -78,6 +114,8 @@ std::string minidl_tensor_name(const GPTConfig& cfg, const std::string& hf) {
   const auto [index, rest] = block_and_rest(hf, "model.layers.");
   for (const auto& [ours, theirs] : llama_block_names())
     if (!index.empty() && rest == theirs) return "transformer.h." + index + "." + ours;
+  const std::string moe = index.empty() || !cfg.moe() ? "" : moe_name(rest, false);
+  if (!moe.empty()) return "transformer.h." + index + "." + moe;
   MINIDL_CHECK(false, "unexpected tensor ", hf, " for a Llama (LlamaForCausalLM's names: model.embed_tokens.weight, ",
                "model.layers.<i>.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight)");
   return "";
@@ -138,6 +176,20 @@ std::string hf_config_json(const GPTConfig& cfg) {
       {"bos_token_id", nullptr},
       {"eos_token_id", nullptr},
   };
+  if (cfg.moe()) {  // Mixtral: Llama's fields but head_dim, rope_scaling and the biases' flags, and the experts'
+    MINIDL_CHECK(
+        hf_expressible(cfg), "hf_config_json: this mixture of experts is not a Mixtral (it needs the softmax ",
+        "router with top_k > 1, every block MoE, no shared expert, no capacity, no bias balancing, head_dim = ",
+        "hidden / heads and no rope_scaling)");
+    for (const char* key : {"head_dim", "rope_scaling", "attention_bias", "mlp_bias"}) j.erase(key);
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["model_type"] = "mixtral";
+    j["sliding_window"] = nullptr;
+    j["num_local_experts"] = cfg.moe_experts;
+    j["num_experts_per_tok"] = cfg.moe_top_k;
+    j["router_aux_loss_coef"] = cfg.moe_balance == GPTConfig::Balance::kAux ? cfg.moe_aux_coef : 0.0;
+    j["output_router_logits"] = false;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -171,8 +223,16 @@ GPTConfig config_from_hf_json(const std::string& text, const std::string& source
       MINIDL_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", source,
                    ": field \"activation_function\": expected gelu_new (the tanh GELU), got ", act);
       cfg.dropout = 0.0;
-    } else if (type == "llama") {
+    } else if (type == "llama" || type == "mixtral") {
       cfg.arch = GPTConfig::Arch::kLlama;
+      if (type == "mixtral") {
+        cfg.moe_experts = integer("num_local_experts");
+        cfg.moe_top_k = integer("num_experts_per_tok");
+        cfg.moe_aux_coef = j.value("router_aux_loss_coef", 0.001);
+        MINIDL_CHECK(j.value("sliding_window", nlohmann::json()).is_null(), source,
+                     ": field \"sliding_window\": expected null (minidl's attention is over the whole sequence), got ",
+                     j["sliding_window"].dump());
+      }
       cfg.bias = false;
       cfg.vocab_size = integer("vocab_size");
       cfg.block_size = integer("max_position_embeddings");
@@ -215,7 +275,7 @@ GPTConfig config_from_hf_json(const std::string& text, const std::string& source
         }
       }
     } else {
-      MINIDL_CHECK(false, source, ": field \"model_type\": expected gpt2 or llama, got '", type, "'");
+      MINIDL_CHECK(false, source, ": field \"model_type\": expected gpt2, llama or mixtral, got '", type, "'");
     }
   } catch (const nlohmann::json::exception& e) {
     MINIDL_CHECK(false, source, ": a field has the wrong type (", e.what(), ")");
@@ -258,6 +318,11 @@ StateDict read_model_tensors(const std::string& path, const GPTConfig& cfg) {
       MINIDL_CHECK(out.emplace(mine, v).second, path, ": tensor ", name, " appears twice");
     }
   }
+  // An MoE's expert biases (bias balancing's buffers) are 0 where the file has none (a Mixtral's, an aux-balanced
+  // model's).
+  for (int64_t i = 0; i < cfg.n_layer; ++i)
+    if (cfg.moe_layer(i))
+      out.emplace("transformer.h." + std::to_string(i) + ".moe.expert_bias", Tensor::zeros({cfg.moe_experts}));
   return out;
 }
 

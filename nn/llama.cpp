@@ -1,5 +1,6 @@
 #include "nn/llama.h"
 
+#include "nn/moe.h"
 #include "ops/cast.h"
 
 namespace minidl::nn {
@@ -75,16 +76,27 @@ Tensor LlamaMLP::forward(const Tensor& x) const {
   return dropout->forward(c_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x))));
 }
 
-LlamaBlock::LlamaBlock(const GPTConfig& cfg, uint64_t first_stream, std::shared_ptr<const DropoutContext> ctx,
-                       std::shared_ptr<const RotaryTables> rope) {
+LlamaBlock::LlamaBlock(const GPTConfig& cfg, int64_t index, uint64_t first_stream,
+                       std::shared_ptr<const DropoutContext> ctx, std::shared_ptr<const RotaryTables> rope,
+                       std::shared_ptr<const MoEContext> moe_ctx) {
   ln_1 = register_module("ln_1", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
   attn = register_module("attn", std::make_shared<LlamaAttention>(cfg, first_stream, ctx, std::move(rope)));
   ln_2 = register_module("ln_2", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
-  mlp = register_module("mlp", std::make_shared<LlamaMLP>(cfg, first_stream + 1, ctx));
+  if (cfg.moe_layer(index))
+    moe = register_module("moe", std::make_shared<MoE>(cfg, first_stream + 1, ctx, std::move(moe_ctx), index));
+  else
+    mlp = register_module("mlp", std::make_shared<LlamaMLP>(cfg, first_stream + 1, ctx));
+}
+
+Tensor LlamaBlock::mlp_branch(const Tensor& x) const {
+  const Tensor n = ln_2->forward(x);
+  return moe ? moe->forward(n) : mlp->forward(n);
 }
 
 std::vector<Tensor> LlamaBlock::attention_parameters() const { return branch_parameters(*ln_1, *attn); }
-std::vector<Tensor> LlamaBlock::mlp_parameters() const { return branch_parameters(*ln_2, *mlp); }
+std::vector<Tensor> LlamaBlock::mlp_parameters() const {
+  return moe ? branch_parameters(*ln_2, *moe) : branch_parameters(*ln_2, *mlp);
+}
 
 Tensor LlamaBlock::forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const {
   const Tensor qkv = attn->qkv(ln_1->forward(x), length);

@@ -66,12 +66,16 @@ class LlamaMLP : public Module {
   std::shared_ptr<Dropout> dropout;
 };
 
+class MoE;
+struct MoEContext;
+
+// With cfg.moe_layer(index), the MLP is a mixture of experts (nn/moe.h), registered as "moe" (mlp is then null).
 class LlamaBlock : public TransformerBlock {
  public:
-  LlamaBlock(const GPTConfig& cfg, uint64_t first_stream, std::shared_ptr<const DropoutContext> ctx,
-             std::shared_ptr<const RotaryTables> rope);
+  LlamaBlock(const GPTConfig& cfg, int64_t index, uint64_t first_stream, std::shared_ptr<const DropoutContext> ctx,
+             std::shared_ptr<const RotaryTables> rope, std::shared_ptr<const MoEContext> moe_ctx = nullptr);
   Tensor attention_branch(const Tensor& x) const override { return attn->forward(ln_1->forward(x)); }
-  Tensor mlp_branch(const Tensor& x) const override { return mlp->forward(ln_2->forward(x)); }
+  Tensor mlp_branch(const Tensor& x) const override;
   std::vector<Tensor> attention_parameters() const override;
   std::vector<Tensor> mlp_parameters() const override;
   Tensor forward_cached(const Tensor& x, BlockKV& kv, int64_t length, int64_t block_size) const override;
@@ -79,6 +83,7 @@ class LlamaBlock : public TransformerBlock {
   std::shared_ptr<RMSNorm> ln_1, ln_2;
   std::shared_ptr<LlamaAttention> attn;
   std::shared_ptr<LlamaMLP> mlp;
+  std::shared_ptr<MoE> moe;
 };
 
 }  // namespace minidl::nn

@@ -337,6 +337,26 @@ swiglu_dup ; ops/cpu/simd/activation.cpp ; -R SwiGLU|^test_nn_ops ; SwiGLU's gra
 swiglu_cuda_sigmoid ; ops/kernels/swiglu.h ; -R SwiGLU|cuda_tensor_ops ; SwiGLU's sigmoid for negative gates returns 1 - its value (the scalar path: f64, 16-bit on CUDA)
 -   return g < T(0) ? e * q : q;
 +   return g < T(0) ? T(1) - e * q : q;
+
+moe_bias_every_micro_batch ; train/step.cpp ; -R MixtureOfExpertsMatchesOneProcess ; the expert bias updated after every micro-batch's backward, not once per optimizer step
+-         if (s.input.defined()) saved[{a.micro, a.chunk}] = Saved{s.input, Tensor()};  // its gradient, to send
++         if (s.input.defined()) saved[{a.micro, a.chunk}] = Saved{s.input, Tensor()};\n        balance_experts(stage);
+
+moe_router_16bit ; nn/moe.cpp ; -R ^MoE\. ; the router's logits computed under autocast, in 16-bit
+-     const autograd::AutocastGuard full(DType::f32);
++     const autograd::AutocastGuard full(autograd::autocast_dtype());
+
+moe_permutation_inverse ; nn/moe.cpp ; -R ^MoE\.|^MoEHF\. ; the combine reads each slot's expert row through the dispatch order instead of its inverse
+- slot_rows[size_t(s)] = r.row[size_t(s)] >= 0 ? r.row[size_t(s)] : int64_t(r.order.size());
++ slot_rows[size_t(s)] = r.row[size_t(s)] >= 0 ? r.order[size_t(s)] : int64_t(r.order.size());
+
+moe_aux_per_batch ; nn/moe.cpp ; -R ^MoEHF\.|MixtureOfExpertsMatchesOneProcess ; the auxiliary loss summed over a forward's sequences instead of averaged (its weight then depends on how the batch is split)
+-     aux = sum(P * fi) * (cfg_.moe_aux_coef * double(E) / double(B));
++     aux = sum(P * fi) * (cfg_.moe_aux_coef * double(E));
+
+moe_bias_not_read ; nn/hf_format.cpp ; -R MixtureOfExperts ; the expert biases a model file holds replaced by zeros when it is read (a resumed run chooses other experts)
+-       out.emplace("transformer.h." + std::to_string(i) + ".moe.expert_bias", Tensor::zeros({cfg.moe_experts}));
++       out.insert_or_assign("transformer.h." + std::to_string(i) + ".moe.expert_bias", Tensor::zeros({cfg.moe_experts}));
 EOF
 }
 

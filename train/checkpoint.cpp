@@ -157,7 +157,8 @@ void save_checkpoint(const std::string& dir, const nn::GPT* model, const std::st
   if (state.scaler) st["grad_scaler"] = nlohmann::json::parse(scaler_state_json(*state.scaler));
   nn::write_text_file_atomically((tmp / kStateFile).string(), st.dump(2));
 
-  std::vector<std::string> files{kModelFile, "config.json", kStateFile};
+  std::vector<std::string> files{kModelFile, kStateFile};
+  if (nn::hf_expressible(model->config())) files.push_back("config.json");  // save_gpt's, where transformers has one
   for (int i = 0; i < writer.count; ++i) files.push_back(optimizer_file_name(i, writer.count));
   seal(tmp, dir, files);
 }
@@ -425,14 +426,44 @@ nn::NamedTensors gather_stages(const Stage& stage, const nn::NamedTensors& local
   return whole;
 }
 
+nn::NamedTensors whole_expert_biases(const Stage& stage) {
+  const nn::GPTConfig& cfg = stage.config();
+  nn::NamedTensors out;
+  if (!cfg.moe()) return out;
+  // One row per block (zeros where a block is dense or on another stage), summed over the pp group: each block's
+  // row comes from the one stage holding it.
+  const int64_t E = cfg.moe_experts;
+  std::vector<double> rows(size_t(cfg.n_layer * E), 0.0);
+  for (int v = 0; v < stage.chunk_count(); ++v)
+    for (const auto& [name, b] : stage.chunk(v).named_buffers()) {
+      if (name.find(".moe.expert_bias") == std::string::npos) continue;
+      const int64_t i = std::stoll(name.substr(std::string("transformer.h.").size()));
+      const std::vector<double> values = b.to_vector();
+      std::copy(values.begin(), values.end(), rows.begin() + i * E);
+    }
+  dist::ProcessGroup* pp = stage.pp_group();
+  if (pp && pp->size() > 1) {
+    Tensor t = Tensor::from_vector(rows, {int64_t(rows.size())}, DType::f64).to(pp->device());
+    rows = sum_over(*pp, t).to_vector();
+  }
+  for (int64_t i = 0; i < cfg.n_layer; ++i)
+    if (cfg.moe_layer(i))
+      out.emplace_back("transformer.h." + std::to_string(i) + ".moe.expert_bias",
+                       Tensor::from_vector(std::vector<double>(rows.begin() + i * E, rows.begin() + (i + 1) * E), {E}));
+  return out;
+}
+
 std::shared_ptr<nn::GPT> consolidated_model(const Stage& stage, bool keep) {
   // One process's whole model: itself (not under context parallelism, whose attention is a ring of the cp group)
   if (stage.spec().chunks() == 1 && tp_size(stage) == 1 && !stage.context_parallel())
     return keep ? std::shared_ptr<nn::GPT>(&stage.chunk(0), [](nn::GPT*) {}) : nullptr;
   nn::NamedTensors whole = gather_stages(stage, stage.named_parameters(), keep);
+  const nn::NamedTensors biases = whole_expert_biases(stage);
   if (!keep) return nullptr;
   auto one = std::make_shared<nn::GPT>(stage.config());
-  one->load_state_dict(nn::StateDict(whole.begin(), whole.end()), /*strict=*/true);
+  nn::StateDict dict(whole.begin(), whole.end());
+  dict.insert(biases.begin(), biases.end());
+  one->load_state_dict(dict, /*strict=*/true);
   return one;
 }
 
@@ -488,6 +519,8 @@ void load_model(Stage& stage, const std::string& path) {
         const nn::ParamLayout layout = nn::layout_of(p);
         mine[name] = layout.is_split() ? layout.slice(it->second) : it->second;
       }
+      for (const auto& [name, b] : stage.chunk(v).named_buffers())  // an MoE's expert biases
+        if (tensors.count(name)) mine[name] = tensors.at(name);
       stage.chunk(v).load_state_dict(mine, /*strict=*/true);
     }
   } catch (const Error& e) { MINIDL_CHECK(false, "load ('", path, "'): ", e.what()); }

@@ -133,6 +133,9 @@ nn::NamedTensors gather_stages(const Stage& stage, const nn::NamedTensors& local
 // The whole model as a one-process GPT on the CPU where `keep` (null elsewhere): the stage's own model when it is
 // one process's whole model. Collective as gather_stages.
 std::shared_ptr<nn::GPT> consolidated_model(const Stage& stage, bool keep);
+// Every MoE block's expert bias (a buffer: nn/moe.h's bias balancing), under its whole-model name, on every rank:
+// collective over the pp group (each stage contributes its blocks'). Empty for a dense model.
+nn::NamedTensors whole_expert_biases(const Stage& stage);
 
 // Collective over the world, for R > 1 replicas: replica `replica`'s checkpoint (save_checkpoint's, `writer` within
 // the replica) into dir/replica-K, DiLoCo's state (`outer`, non-null on replica 0's ranks; `outer_index` of

@@ -128,6 +128,42 @@ void TrainConfig::validate_parameter_server(int world) const {
                ": clipping needs the whole gradient's norm, which only one server holds; use --ps 1 or --grad-clip 0");
 }
 
+void TrainConfig::validate_moe() const {
+  MINIDL_CHECK(moe_experts >= 0, "--moe-experts: expected 0 (dense) or more experts, got ", moe_experts);
+  if (moe_experts == 0) {
+    MINIDL_CHECK(moe_top_k == 2 && moe_every == 1 && moe_shared == 0 && moe_router == "softmax" &&
+                     moe_balance == "aux" && !moe_capacity,
+                 "--moe-top-k, --moe-every, --moe-shared, --moe-router, --moe-balance and --moe-capacity shape a ",
+                 "mixture of experts: they need --moe-experts");
+    return;
+  }
+  MINIDL_CHECK(model == "llama", "--moe-experts ", moe_experts, ": a mixture of experts has SwiGLU experts; it needs ",
+               "--model llama, got --model ", model.empty() ? "gpt2 (the default)" : model);
+  MINIDL_CHECK(moe_top_k >= 1 && moe_top_k <= moe_experts, "--moe-top-k: expected 1 to --moe-experts ", moe_experts,
+               " experts per token, got ", moe_top_k);
+  MINIDL_CHECK(moe_every >= 1, "--moe-every: expected at least 1 (every block), got ", moe_every);
+  MINIDL_CHECK(moe_shared >= 0, "--moe-shared: expected 0 or more shared experts, got ", moe_shared);
+  MINIDL_CHECK(moe_router == "softmax" || moe_router == "sigmoid", "--moe-router: expected softmax or sigmoid, got '",
+               moe_router, "'");
+  MINIDL_CHECK(moe_balance == "aux" || moe_balance == "bias" || moe_balance == "none",
+               "--moe-balance: expected aux, bias or none, got '", moe_balance, "'");
+  MINIDL_CHECK(!moe_capacity || (*moe_capacity > 0 && std::isfinite(*moe_capacity)),
+               "--moe-capacity: expected a capacity factor above 0 (leave it out for dropless), got ",
+               moe_capacity.value_or(0));
+  MINIDL_CHECK(moe_aux_coef >= 0 && std::isfinite(moe_aux_coef), "--moe-aux-coef: expected 0 or more, got ",
+               moe_aux_coef);
+  MINIDL_CHECK(moe_bias_rate >= 0 && std::isfinite(moe_bias_rate), "--moe-bias-rate: expected 0 or more, got ",
+               moe_bias_rate);
+  // What is not built yet is refused by name, never run wrong.
+  MINIDL_CHECK(tp == 1, "--moe-experts with --tp ", tp, ": the experts are not split by tensor parallelism yet");
+  MINIDL_CHECK(cp == 1, "--moe-experts with --cp ", cp,
+               ": the auxiliary loss and the capacity count a whole sequence's tokens, which a context-parallel "
+               "rank does not hold");
+  MINIDL_CHECK(sync == "ddp" && ps == 0, "--moe-experts with ", ps > 0 ? "--ps" : "--sync " + sync,
+               ": not built (the bias balancing's counts are summed over the data-parallel group)");
+  MINIDL_CHECK(!cuda_graph, "--moe-experts with --cuda-graph: the router's choice is made on the host every step");
+}
+
 void TrainConfig::validate_context_parallel() const {
   MINIDL_CHECK(cp >= 1, "--cp: expected at least 1, got ", cp);
   if (cp == 1) return;
@@ -161,6 +197,7 @@ void TrainConfig::validate(int world) const {
   MINIDL_CHECK(!sequence_parallel || seq_or_default() % tp == 0, "--sequence-parallel: --seq ", seq_or_default(),
                " must be a multiple of --tp ", tp);
   validate_context_parallel();
+  validate_moe();
   MINIDL_CHECK(!memory_report || pp == 1, "--memory-report with --pp ", pp,
                ": the prediction is per whole model "
                "(or its tensor-parallel split), not per pipeline stage; the summary's act_peak_mb, param_mb, "
@@ -280,6 +317,17 @@ nn::GPTConfig model_config(const TrainConfig& cfg, int64_t vocab, const nn::GPTC
     m.rope_theta = cfg.rope_theta;
     m.norm_eps = cfg.norm_eps;
     m.tie_embeddings = !cfg.untie;
+    m.moe_experts = cfg.moe_experts;
+    m.moe_top_k = cfg.moe_top_k;
+    m.moe_every = cfg.moe_every;
+    m.moe_shared = cfg.moe_shared;
+    m.moe_router = cfg.moe_router == "sigmoid" ? nn::GPTConfig::Router::kSigmoid : nn::GPTConfig::Router::kSoftmax;
+    m.moe_balance = cfg.moe_balance == "bias"   ? nn::GPTConfig::Balance::kBias
+                    : cfg.moe_balance == "none" ? nn::GPTConfig::Balance::kNone
+                                                : nn::GPTConfig::Balance::kAux;
+    m.moe_aux_coef = cfg.moe_aux_coef;
+    m.moe_bias_rate = cfg.moe_bias_rate;
+    m.moe_capacity = cfg.moe_capacity.value_or(0);
   }
   if (!checkpoint) return m;
   const nn::GPTConfig& c = *checkpoint;
@@ -295,6 +343,8 @@ nn::GPTConfig model_config(const TrainConfig& cfg, int64_t vocab, const nn::GPTC
   agree("--kv-heads", cfg.kv_heads, c.kv_heads());
   agree("--head-dim", cfg.head_dim, c.head_size());
   agree("--ffn", cfg.ffn, c.mlp_width());
+  MINIDL_CHECK(cfg.moe_experts == 0 || cfg.moe_experts == c.moe_experts, "--moe-experts ", cfg.moe_experts,
+               " does not match the checkpoint ", ckpt_source, ", which has ", c.moe_experts);
   MINIDL_CHECK(!cfg.seq || *cfg.seq <= c.block_size, "--seq ", cfg.seq.value_or(0), " is longer than the checkpoint ",
                ckpt_source, "'s block size ", c.block_size);
   m = c;
@@ -327,6 +377,9 @@ std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig
           {"tp", str(o.tp)},
           {"pp", str(o.pp)},
           {"cp", str(o.cp)},
+          {"moe", str(o.moe_experts) + "/" + str(o.moe_top_k) + "/" + str(o.moe_every) + "/" + str(o.moe_shared) + "/" +
+                      o.moe_router + "/" + o.moe_balance + "/" + str(o.moe_aux_coef) + "/" + str(o.moe_bias_rate) +
+                      "/" + str(o.moe_capacity.value_or(0))},
           {"sequence_parallel", str(o.sequence_parallel)},
           {"zero", str(o.zero)},
           {"sync", o.sync},

@@ -34,6 +34,13 @@ struct TrainConfig {
   std::optional<int64_t> kv_heads, head_dim, ffn;
   double rope_theta = 10000.0, norm_eps = 1e-5;
   bool untie = false;
+  // A mixture of experts (nn/moe.h; needs --model llama): experts per MoE block (0: dense), experts per token, MoE
+  // in every n-th block, shared experts, the router (softmax | sigmoid), the balancing (aux | bias | none), the
+  // auxiliary loss's coefficient, the bias update's rate, and the capacity factor (unset: dropless).
+  int64_t moe_experts = 0, moe_top_k = 2, moe_every = 1, moe_shared = 0;
+  std::string moe_router = "softmax", moe_balance = "aux";
+  double moe_aux_coef = 0.01, moe_bias_rate = 1e-3;
+  std::optional<double> moe_capacity;
   int64_t vocab_pad = 64;  // nn::GPTConfig::vocab_pad: the head's table padded to a multiple (1: none)
   double dropout = 0.0;
   std::string init_from;  // a model file to start from
@@ -158,6 +165,7 @@ struct TrainConfig {
   void validate(int world_size) const;
   void validate_outer_sync(int world_size) const;        // --sync and its flags (part of validate)
   void validate_parameter_server(int world_size) const;  // --ps, --ps-replay and what they exclude (part of it)
+  void validate_moe() const;                             // the --moe-* flags and what an MoE refuses (part of validate)
   void validate_context_parallel() const;                // --cp's divisibility and what it refuses (part of validate)
 };
 

@@ -122,6 +122,12 @@ void Report::log(int64_t step, const StepResult& r, double lr, const optim::Grad
   tb.scalar("tokens_per_s", meter_.tokens_per_step / shown_ms_ * 1e3, step);
   if (meter_.peak_tflops > 0) tb.scalar("mfu", meter_.flops_per_step / shown_ms_ / 1e9 / meter_.peak_tflops, step);
   tb.scalar("exposed_comm_ms", comm_.exposed_comm_ms, step);
+  for (const nn::MoE::Load& e : r.experts) {  // a mixture of experts' layers on this rank
+    const std::string block = "moe/block_" + std::to_string(e.block) + "/";
+    tb.scalar(block + "tokens_max_over_mean", e.max_over_mean, step);
+    tb.scalar(block + "dropped_fraction", e.dropped_fraction, step);
+    tb.scalar(block + "aux_loss", e.aux_loss, step);
+  }
   const MemoryLedger& mem = ledger(device_);
   for (auto [tag, name] : {std::pair{MemTag::kParams, "params"},
                            {MemTag::kGrads, "grads"},

@@ -10,6 +10,7 @@
 #include "core/trace.h"
 #include "core/upload.h"
 #include "dist/flight_recorder.h"
+#include "nn/moe.h"
 #include "ops/cast.h"
 #include "ops/embedding.h"
 #include "optim/clip.h"
@@ -180,7 +181,38 @@ bool select_inputs(Executor& ex, const data::Batch& batch) {
   return true;
 }
 
+// A mixture of experts' share of the step (nn/moe.h): each micro-batch's auxiliary loss (a mean over its sequences)
+// weighs 1 / M of the step's objective, times the loss scale, as the cross-entropy does; DDP's average over the dp
+// ranks makes it the mean over the global batch's sequences, one process's.
+void set_aux_weight(Stage& stage, const StepOptions& o, int64_t micro_batches) {
+  for (int v = 0; v < stage.chunk_count(); ++v) {
+    nn::GPT& chunk = stage.chunk(v);
+    if (!chunk.config().moe()) continue;
+    const Tensor share = Tensor::full({}, 1.0 / double(micro_batches), DType::f32, stage.device());
+    chunk.moe_context().aux_weight = o.scaler ? o.scaler->scale(share).detach() : share;
+  }
+}
+
 }  // namespace
+
+std::vector<nn::MoE::Load> balance_experts(Stage& stage) {
+  std::vector<nn::MoE::Load> loads;
+  dist::ProcessGroup* dp = stage.topology() ? &stage.topology()->dp_group() : nullptr;
+  for (int v = 0; v < stage.chunk_count(); ++v)
+    for (nn::MoE* moe : nn::moe_layers(stage.chunk(v))) {
+      nn::MoE::Counts c = moe->take_counts();
+      if (dp && dp->size() > 1) {  // routed | kept, in one all-reduce
+        std::vector<double> both = c.routed;
+        both.insert(both.end(), c.kept.begin(), c.kept.end());
+        both =
+            sum_over(*dp, Tensor::from_vector(both, {int64_t(both.size())}, DType::f64).to(dp->device())).to_vector();
+        const auto half = both.begin() + int64_t(c.routed.size());
+        c = {{both.begin(), half}, {half, both.end()}};
+      }
+      loads.push_back(moe->finish_step(c));
+    }
+  return loads;
+}
 
 Tensor forward_backward(Stage& stage, const data::Batch& whole, const StepOptions& o) {
   // Context parallelism: this rank's positions of every sequence, the targets split as the inputs are (the
@@ -209,6 +241,7 @@ Tensor forward_backward(Stage& stage, const data::Batch& whole, const StepOption
   ex.first_sample = stage.dropout_first_sample();
   ex.device = stage.device();
   ex.wire = o.amp;
+  set_aux_weight(stage, o, M);
   std::optional<ops::HostCheckedIndicesGuard> checked;
   if (select_inputs(ex, batch)) checked.emplace();
   {
@@ -243,6 +276,7 @@ StepResult train_step(Stage& stage, optim::Optimizer& optimizer, const data::Bat
     r.loss_scale = o.scaler ? o.scaler->current_scale() : 1.0;
   }
   Tensor loss_sum = forward_backward(stage, batch, o);
+  r.experts = balance_experts(stage);
   dist::ProcessGroup* pp = stage.pp_group();
   if (!device.is_cuda()) {
     // The loss exists on the last stage: share it (zeros elsewhere, so the sum is exact).

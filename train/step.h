@@ -21,6 +21,7 @@
 
 #include "data/sampler.h"
 #include "nn/gpt.h"
+#include "nn/moe.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
 #include "train/grad_sync.h"
@@ -56,7 +57,8 @@ struct StepResult {
   double grad_norm = 0;  // global L2 norm before clipping (unscaled; inf when the step overflowed)
   bool applied = true;   // false: the scaler skipped the update (inf/NaN gradients)
   std::string skip_reason;
-  double loss_scale = 1;  // the scale this step used (1 without a scaler)
+  double loss_scale = 1;               // the scale this step used (1 without a scaler)
+  std::vector<nn::MoE::Load> experts;  // a mixture of experts' layers on this rank (balance_experts)
 
   // With StepOptions::read_back false on a device: the fields above are not filled in yet (NaN; applied true) and
   // their values wait here: the loss (f32), the gradients' sum of squares combined over the ranks (f32), the
@@ -80,6 +82,11 @@ int64_t count_targets(const Tensor& y);
 // On a CUDA device a host batch is checked on the host and uploaded once (ids to the first stage, targets to the
 // last). Collective over the pp group.
 Tensor forward_backward(Stage& stage, const data::Batch& batch, const StepOptions& options);
+// A mixture of experts' step (nn/moe.h), once per optimizer step: each MoE layer of the stage's chunks takes the
+// slots its experts were sent and ran in the step's backward passes, summed over the topology's dp group (dp x cp);
+// under bias balancing they move its expert bias. Returns each layer's load (StepResult::experts). train_step
+// calls it after forward_backward.
+std::vector<nn::MoE::Load> balance_experts(Stage& stage);
 
 // One optimizer step over `batch`: forward_backward, the loss shared over the pp group (computed on the last stage;
 // on a device by an all-reduce of a device scalar, waiting in r.on_device.loss with read_back false), then

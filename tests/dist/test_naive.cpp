@@ -36,6 +36,7 @@
 #include "dist/naive/ddp.h"
 #include "dist/naive/ddp_overlap.h"
 #include "dist/naive/gpipe.h"
+#include "dist/naive/moe.h"
 #include "dist/naive/one_f_one_b.h"
 #include "dist/naive/tensor_parallel.h"
 #include "dist/naive/zero1.h"
@@ -47,6 +48,7 @@
 #include "dist/zero.h"
 #include "dist/zero3.h"
 #include "nn/gpt.h"
+#include "nn/moe.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "support/mpi_test.h"
@@ -310,6 +312,48 @@ TEST(Naive, TensorParallelMLPAndAttentionEqualTheWholeLayers) {
 // The naive layers against production tensor parallelism (dist/tp_plan.h's plan applied to a GPT built from the
 // same seed): forward, the input's gradient and every weight slice's gradient, bitwise, since both compute the
 // same products and all-reduce them over the same backend; only the code that places the slices differs.
+// Naive expert parallelism (6 experts over 2 or 3 ranks, k 2, with and without a capacity that drops) against the
+// whole nn::MoE on each rank's own tokens: the output and the input's and router's gradients are the rank's own;
+// a local expert's gradient is the sum over the ranks of the whole layer's (every rank's tokens routed to it).
+TEST(Naive, ExpertParallelMoEEqualsTheWholeLayer) {
+  for (const std::string backend : {"mpi", "ring"}) {
+    auto pg = dist::make_process_group(backend, ctx().world());
+    for (double capacity : {0.0, 0.7}) {
+      SCOPED_TRACE(backend + " capacity " + std::to_string(capacity));
+      nn::GPTConfig cfg{kVocab, kSeq, 1, 2, 12, 0.0, false};
+      cfg.arch = nn::GPTConfig::Arch::kLlama;
+      cfg.intermediate_size = 10;
+      cfg.moe_experts = 6;
+      cfg.moe_top_k = 2;
+      cfg.moe_balance = nn::GPTConfig::Balance::kNone;
+      cfg.moe_capacity = capacity;
+      auto dropout = std::make_shared<nn::DropoutContext>();
+      nn::MoE whole(cfg, 0, dropout, nullptr), spread(cfg, 0, dropout, nullptr);
+      uint64_t seed = 1;
+      for (auto [name, p] : whole.named_parameters()) p.copy_(random_tensor(p.shape(), seed++, 0.3));
+      for (auto [name, p] : spread.named_parameters()) p.copy_(whole.state_dict().at(name));
+      dist::naive::ExpertParallelMoE ep(spread, *pg);
+      Tensor x = random_tensor({2, kSeq, 12}, 200 + uint64_t(pg->rank()), 1.0), x2 = x.detach().clone();
+      x.set_requires_grad(true);
+      x2.set_requires_grad(true);
+      const Tensor dy = random_tensor({2, kSeq, 12}, 300 + uint64_t(pg->rank()), 1.0);
+      const Tensor want = whole.forward(x), got = ep.forward(x2);
+      EXPECT_LE(max_abs_diff(got, want), 1e-6) << "output";
+      sum(want * dy).backward();
+      sum(got * dy).backward();
+      EXPECT_LE(max_abs_diff(x2.grad(), x.grad()), 1e-6) << "input gradient";
+      EXPECT_LE(max_abs_diff(spread.router->weight.grad(), whole.router->weight.grad()), 1e-6) << "router gradient";
+      for (int64_t e = 0; e < 6; ++e) {  // every rank all-reduces every expert's, in the same order
+        Tensor all = (*whole.experts)[size_t(e)].up_proj->weight.grad().clone();
+        pg->all_reduce(all, dist::ReduceOp::kSum)->wait();
+        if (e >= ep.first() && e < ep.first() + ep.per_rank())
+          EXPECT_LE(max_abs_diff((*spread.experts)[size_t(e)].up_proj->weight.grad(), all), 1e-5)
+              << "local expert " << e << "'s gradient";
+      }
+    }
+  }
+}
+
 TEST(Naive, TensorParallelEqualsProductionBitwise) {
   auto pg = dist::make_process_group("ring", ctx().world());
   const nn::GPTConfig cfg{kVocab, kSeq, 1, 6, 12, 0.0, true};

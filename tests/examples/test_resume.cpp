@@ -329,3 +329,23 @@ TEST_F(Resume, ContextParallelCheckpointsResumeAtAnyCp) {
                              std::stod(summary_text(straight.out, "val_loss")), kF32SumOrder));
   }
 }
+
+// A mixture of experts resumes bit for bit, its expert biases (bias balancing's buffers, which choose the experts)
+// included: 8 steps straight and 4 + 4 leave the same final checkpoint, at 1 rank, 2 data-parallel ranks and 2
+// pipeline stages.
+TEST_F(Resume, MixtureOfExpertsStraightEqualsFourPlusFour) {
+  const std::string moe =
+      " --layers 2 --model llama --moe-experts 4 --moe-balance bias --moe-bias-rate 0.01 --moe-capacity 1.5";
+  int k = 0;
+  for (auto [ranks, layout] : {std::pair<int, std::string>{1, ""}, {2, " --dp 2"}, {2, " --pp 2 --micro-batches 2"}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " rank(s)" + layout);
+    ++k;
+    minidl::testing::expect_straight_equals_four_plus_four(
+        [&](int steps, const std::string& args) {
+          std::string f = flags(steps);
+          f.replace(f.find("--layers 1"), 10, "");
+          return run(ranks, f + moe + layout + args);
+        },
+        path("a" + std::to_string(k)), path("b" + std::to_string(k)));
+  }
+}

@@ -96,6 +96,39 @@ def load(case):
     return model, how
 
 
+def compare_gradients(model, ours):
+    """The largest difference of a parameter's gradient (transformers' after backward, minidl's "grad.<HF name>" in
+    `ours`) relative to that gradient's largest magnitude, its name, and the names either side lacks."""
+    worst, worst_name, missing = 0.0, "", []
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        if p.grad is None:
+            continue
+        key = "grad." + name
+        if key not in ours:
+            if name == "lm_head.weight" and model.config.tie_word_embeddings:
+                continue  # tied: its gradient is the embedding's
+            missing.append(name)
+            continue
+        rel = (p.grad - ours[key]).abs().max().item() / max(p.grad.abs().max().item(), 1e-30)
+        if rel > worst:
+            worst, worst_name = rel, name
+    for key in ours:
+        if key.startswith("grad.") and key[5:] not in params:
+            missing.append("minidl:" + key[5:])
+    return {"grad_max_rel": worst, "grad_worst": worst_name, "missing": missing}
+
+
+def compare_greedy(model, io):
+    """generate(do_sample=False) after io's prompt against minidl's greedy tokens."""
+    prompt = torch.tensor([io["prompt"]], dtype=torch.long)
+    with torch.no_grad():
+        gen = model.generate(prompt, max_new_tokens=len(io["greedy"]), do_sample=False, pad_token_id=0,
+                             eos_token_id=None)
+    hf = gen[0, prompt.shape[1]:].tolist()
+    return {"greedy_equal": hf == io["greedy"], "hf_greedy": hf}
+
+
 def check(case):
     torch.manual_seed(0)
     with open(os.path.join(case, "config.json")) as f:
@@ -119,30 +152,8 @@ def check(case):
         "logits_max_abs": (logits.detach() - ours["logits"]).abs().max().item(),
         "loss_rel": abs(ref - ours["loss"].item()) / abs(ref),
     }
-    worst, worst_name, missing = 0.0, "", []
-    params = dict(model.named_parameters())
-    for name, p in params.items():
-        if p.grad is None:
-            continue
-        key = "grad." + name
-        if key not in ours:
-            if name == "lm_head.weight" and model.config.tie_word_embeddings:
-                continue  # tied: its gradient is the embedding's
-            missing.append(name)
-            continue
-        rel = (p.grad - ours[key]).abs().max().item() / max(p.grad.abs().max().item(), 1e-30)
-        if rel > worst:
-            worst, worst_name = rel, name
-    for key in ours:
-        if key.startswith("grad.") and key[5:] not in params:
-            missing.append("minidl:" + key[5:])
-    out.update(grad_max_rel=worst, grad_worst=worst_name, missing=missing)
-    prompt = torch.tensor([io["prompt"]], dtype=torch.long)
-    with torch.no_grad():
-        gen = model.generate(prompt, max_new_tokens=len(io["greedy"]), do_sample=False, pad_token_id=0,
-                             eos_token_id=None)
-    hf = gen[0, prompt.shape[1]:].tolist()
-    out.update(greedy_equal=hf == io["greedy"], hf_greedy=hf)
+    out.update(compare_gradients(model, ours))
+    out.update(compare_greedy(model, io))
     # The other direction: what save_pretrained writes of this model (test_llama_hf.cpp loads it into minidl).
     saved = os.path.join(case, "hf_saved")
     model.save_pretrained(saved, safe_serialization=True)
@@ -160,9 +171,14 @@ def check(case):
     return out
 
 
-if __name__ == "__main__":
+def main(check_case):
+    """check_case over the folders on the command line, one JSON line each, whatever happens."""
     for case in sys.argv[1:]:
         try:
-            print(json.dumps(check(case)), flush=True)
+            print(json.dumps(check_case(case)), flush=True)
         except Exception as e:  # one line per case, whatever happened
             print(json.dumps({"case": os.path.basename(case), "error": f"{type(e).__name__}: {e}"}), flush=True)
+
+
+if __name__ == "__main__":
+    main(check)

@@ -227,7 +227,8 @@ TEST(Llama, BadConfigsAreRefusedByName) {
   no_head_dim.erase(no_head_dim.find(R"("head_dim": 8,)"), std::string(R"("head_dim": 8,)").size());
   hf_refused(R"("hidden_size": 48)", R"("hidden_size": 50)", "hidden_size 50 is not divisible by num_attention_heads 6",
              no_head_dim);
-  hf_refused(R"("model_type": "llama")", R"("model_type": "mistral")", "expected gpt2 or llama, got 'mistral'");
+  hf_refused(R"("model_type": "llama")", R"("model_type": "mistral")",
+             "expected gpt2, llama or mixtral, got 'mistral'");
 }
 
 // A file that lacks a tensor, or holds one of another shape, is refused naming it (and both shapes).

@@ -18,6 +18,7 @@
 #include "nn/hf_format.h"
 #include "nn/safetensors.h"
 #include "ops/cast.h"
+#include "hf_oracle.h"
 #include "support/run_program.h"
 #include "test_util.h"
 
@@ -63,13 +64,6 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
   return minidl::testing::random_ids(B, T, V, 3, stream);
 }
 
-int32_t argmax_last(const Tensor& logits) {
-  const auto v = logits.to_vector();
-  const int64_t V = logits.size(2);
-  const auto first = v.end() - V;
-  return int32_t(std::max_element(first, v.end()) - first);
-}
-
 // Writes the case's folder: the model as --save writes it, the batch, and minidl's logits, loss and gradients.
 void write_case(const Case& c, const std::string& dir) {
   std::filesystem::create_directories(dir);
@@ -87,51 +81,25 @@ void write_case(const Case& c, const std::string& dir) {
   }
   save_safetensors(dir + "/outputs.safetensors", out, {});
   // Greedy: 32 tokens after an 8-token prompt, with the cache, each checked against the uncached argmax.
-  m.eval();
-  autograd::NoGradGuard no_grad;
-  std::vector<int32_t> prompt = {1, 5, 9, 13, 17, 21, 25, 29}, seq = prompt, greedy;
-  KVCache cache;
-  Tensor l = m.forward_cached(Tensor::from_vector(prompt, {1, 8}), cache);
-  for (int i = 0; i < 32; ++i) {
-    const int32_t next = argmax_last(l);
-    EXPECT_EQ(next, argmax_last(m.forward(Tensor::from_vector(seq, {1, int64_t(seq.size())}))))
-        << c.name << ": cached and uncached greedy tokens differ at " << i;
-    greedy.push_back(next);
-    seq.push_back(next);
-    l = m.forward_cached(Tensor::from_vector(std::vector<int32_t>{next}, {1, 1}), cache);
-  }
-  auto rows = [](const Tensor& t) {
-    nlohmann::json j = nlohmann::json::array();
-    const auto v = t.to_vector();
-    for (int64_t b = 0; b < t.size(0); ++b)
-      j.push_back(std::vector<int64_t>(v.begin() + b * t.size(1), v.begin() + (b + 1) * t.size(1)));
-    return j;
-  };
-  std::ofstream(dir + "/ids.json")
-      << nlohmann::json{{"ids", rows(ids)}, {"targets", rows(targets)}, {"prompt", prompt}, {"greedy", greedy}}.dump();
+  const std::vector<int32_t> prompt = {1, 5, 9, 13, 17, 21, 25, 29};
+  const std::vector<int32_t> greedy = minidl::testing::greedy_tokens(m, prompt, 32, c.name);
+  minidl::testing::write_ids(dir, ids, targets, prompt, greedy);
 }
 
 }  // namespace
 
 TEST(LlamaHF, TransformersComputesWhatMinidlComputes) {
-  const char* venv = std::getenv("MINIDL_ORACLES_VENV");
-  const std::string python = std::string(venv ? venv : "/opt/minidl-oracles") + "/bin/python";
-  if (minidl::testing::run_program(python + " -c 'import transformers'").code != 0)
-    GTEST_SKIP() << python << " has no transformers: scripts/install-deps.sh --with-oracles installs it";
+  const std::string python = minidl::testing::oracle_python();
+  if (python.empty()) GTEST_SKIP() << "no transformers: scripts/install-deps.sh --with-oracles installs it";
   minidl::testing::TempDir tmp;
-  std::string dirs;
+  std::vector<std::string> dirs;
   for (const Case& c : cases()) {
     write_case(c, tmp.file(c.name));
-    dirs += " " + tmp.file(c.name);
+    dirs.push_back(tmp.file(c.name));
   }
-  const auto r = minidl::testing::run_program(python + " " + SOURCE_DIR + "/tests/nn/llama_hf_oracle.py" + dirs);
-  ASSERT_EQ(r.code, 0) << r.out;
-  std::istringstream lines(r.out);
   std::printf("%-20s %-9s %12s %10s %10s %7s\n", "case", "rope", "logits |d|", "loss rel", "grad rel", "greedy");
   int checked = 0;
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    const nlohmann::json j = nlohmann::json::parse(line);
+  for (const nlohmann::json& j : minidl::testing::run_oracle(python, "llama_hf_oracle.py", dirs)) {
     const std::string name = j.at("case");
     SCOPED_TRACE(name);
     if (j.contains("skipped")) {
@@ -169,5 +137,5 @@ TEST(LlamaHF, TransformersComputesWhatMinidlComputes) {
     }
     ++checked;
   }
-  EXPECT_GE(checked, 6) << r.out;
+  EXPECT_GE(checked, 6);
 }
