@@ -23,6 +23,7 @@ int Grid::rank_of(const GridCoord& c) const {
 }
 
 void Grid::check_world(int world_size) const {
+  MINIDL_CHECK(ep >= 1 && (dp * cp) % ep == 0, "Topology: ep ", ep, " must divide the dp group's ", dp * cp, " ranks");
   MINIDL_CHECK(dp >= 1 && cp >= 1 && tp >= 1 && pp >= 1 && replicas >= 1,
                "Topology: dp, cp, tp, pp and replicas must each be at least 1, got dp ", dp, ", cp ", cp, ", tp ", tp,
                ", pp ", pp, ", replicas ", replicas);
@@ -75,6 +76,9 @@ Topology::Topology(MPI_Comm world, Grid grid, const std::string& backend, std::o
   model_parallel_group_ = split_group(world, in(dcp), c.pp * g.tp + c.tp, backend, device);
   replica_group_ = split_group(world, (c.pp * g.dp * g.cp + dcp) * g.tp + c.tp, c.replica,
                                backend == "nccl" ? "mpi" : backend, Device::cpu());
+  const int groups = g.dp * g.cp / g.ep;  // ep groups per dp group
+  ep_group_ = split_group(world, in((c.pp * g.tp + c.tp) * groups + dcp / g.ep), dcp % g.ep, backend, device);
+  expert_dp_group_ = split_group(world, in((c.pp * g.tp + c.tp) * g.ep + dcp % g.ep), dcp / g.ep, backend, device);
   // What the flight recorder and the watchdog call them.
   dp_group_->set_label(g.cp > 1 ? "dp_cp" : "dp");
   cp_group_->set_label("cp");
@@ -83,6 +87,8 @@ Topology::Topology(MPI_Comm world, Grid grid, const std::string& backend, std::o
   if (embedding_group_) embedding_group_->set_label("embedding");
   model_parallel_group_->set_label("model_parallel");
   replica_group_->set_label("replica");
+  ep_group_->set_label("ep");
+  expert_dp_group_->set_label("expert_dp");
 }
 
 }  // namespace minidl::dist

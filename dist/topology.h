@@ -51,6 +51,7 @@ struct GridCoord {
 // anywhere.
 struct Grid {
   int dp = 1, tp = 1, pp = 1, replicas = 1, cp = 1;
+  int ep = 1;  // expert parallelism: a divisor of dp · cp splitting the dp group (not an axis of its own: below)
   int size() const { return dp * cp * tp * pp * replicas; }
   GridCoord coord_of(int rank) const;
   int rank_of(const GridCoord& coord) const;
@@ -79,6 +80,12 @@ class Topology {
   // Null on a middle pipeline stage.
   ProcessGroup* embedding_group() const { return embedding_group_.get(); }
   ProcessGroup& model_parallel_group() const { return *model_parallel_group_; }
+  // Expert parallelism (dist/expert_parallel.h) cuts the dp group into groups of ep consecutive ranks, which share
+  // out a mixture of experts' experts: ep_group() is this rank's (ranked dp group rank % ep); expert_dp_group() joins
+  // the ranks holding the same experts, one per ep group (ranked dp group rank / ep), over which their gradients
+  // average. With ep = 1: the rank alone, and the dp group's ranks.
+  ProcessGroup& ep_group() const { return *ep_group_; }
+  ProcessGroup& expert_dp_group() const { return *expert_dp_group_; }
   // The ranks at this rank's (dp, cp, tp, pp) in every replica, serving the host ("mpi", or "ring" when that is the
   // backend); the rank alone when replicas = 1.
   ProcessGroup& replica_group() const { return *replica_group_; }
@@ -93,7 +100,7 @@ class Topology {
   GridCoord coord_;
   std::string backend_;
   std::unique_ptr<ProcessGroup> dp_group_, cp_group_, tp_group_, pp_group_, embedding_group_, model_parallel_group_,
-      replica_group_;
+      replica_group_, ep_group_, expert_dp_group_;
 };
 
 }  // namespace minidl::dist

@@ -539,13 +539,13 @@ std::vector<Tensor> GPT::block_parameters(int64_t i) const {
 }
 
 double GPT::flops_per_token(int64_t T) const {
+  // A token runs k of an MoE block's E routed experts (the router and the shared expert: every token); a rank
+  // holding E / ep of them (expert parallelism) runs them on the tokens of ep ranks: k / held either way.
+  const std::vector<MoE*> moes = moe_layers(*this);
+  const double expert_share = moes.empty() ? 1.0 : double(cfg_.moe_top_k) / double(moes.front()->experts->size());
   double whole = 0;  // the whole tensors' elements, whatever a parallelism split
-  for (const auto& [name, p] : named_parameters()) {
-    double n = double(layout_of(p).full_numel());
-    // A token runs k of an MoE block's E routed experts (the router and the shared expert: every token).
-    if (name.find(".moe.experts.") != std::string::npos) n *= double(cfg_.moe_top_k) / double(cfg_.moe_experts);
-    whole += n;
-  }
+  for (const auto& [name, p] : named_parameters())
+    whole += double(layout_of(p).full_numel()) * (name.find(".moe.experts.") != std::string::npos ? expert_share : 1.0);
   for (const auto& table : {wpe, cfg_.tie_embeddings ? nullptr : wte})  // lookups, not products
     if (table) whole -= double(layout_of(table->weight).full_numel());
   const double width = double(cfg_.n_head * cfg_.head_size());

@@ -300,9 +300,9 @@ class GPT : public BlockModule {
   // lm_head then doing the head's work; the tied wte does matmul work as the head): 2 FLOPs per multiply-add,
   // times 3 for forward plus the two backward matmuls. So SwiGLU's three matrices and grouped-query attention's
   // smaller k and v projections count as they are; an MoE block's routed experts count k / E of their parameters
-  // (each token runs k of them). The second term is the attention scores and weighted sum (QK^T
-  // and AV), which use no parameters (n_head * head_dim = n_embd for GPT-2). On a stage, N counts the parameters
-  // it holds, as whole tensors (nn::ParamLayout).
+  // (each token runs k of them; k / held on a rank holding some: expert parallelism). The second term is the attention
+  // scores and weighted sum (QK^T and AV), which use no parameters (n_head * head_dim = n_embd for GPT-2). On a stage,
+  // N counts the parameters it holds, as whole tensors (nn::ParamLayout).
   double flops_per_token(int64_t T) const;
 
   const GPTConfig& config() const { return cfg_; }

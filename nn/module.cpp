@@ -42,6 +42,16 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> child) {
   children_.emplace_back(name, std::move(child));
 }
 
+void Module::replace_module(const std::string& name, std::shared_ptr<Module> child) {
+  MINIDL_CHECK(child != nullptr, "replace_module('", name, "'): null module");
+  for (auto& [n, c] : children_)
+    if (n == name) {
+      c = std::move(child);
+      return;
+    }
+  MINIDL_CHECK(false, "replace_module('", name, "'): no such child");
+}
+
 void Module::collect(const std::string& prefix, bool buffers, NamedTensors& out) const {
   for (const auto& [name, t] : buffers ? buffers_ : params_) out.emplace_back(prefix + name, t);
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", buffers, out);

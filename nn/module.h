@@ -55,6 +55,10 @@ class Module {
     return child;
   }
 
+  // Replaces the registered child `name` (a parallelism keeping part of a module: expert parallelism keeps a rank's
+  // experts). Throws unless the name is registered.
+  void replace_module(const std::string& name, std::shared_ptr<Module> child);
+
   NamedTensors named_parameters() const;
   std::vector<Tensor> parameters() const;
   NamedTensors named_buffers() const;

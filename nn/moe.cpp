@@ -188,17 +188,22 @@ Tensor MoE::forward(const Tensor& x) const {
   for (size_t i = 0; i < r.order.size(); ++i) token_of_row[i] = r.order[i] / K;
   // Every expert runs, on however many rows it got, none included: each parameter then has a gradient (zeros for
   // an expert no token chose) in every backward, as DDP's and ZeRO's buckets expect.
-  std::vector<Tensor> outs;
   const Tensor rows = gather_rows(xf, index_tensor(token_of_row, device));
-  int64_t at = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    outs.push_back((*experts)[size_t(e)].forward(rows.narrow(0, at, r.kept[size_t(e)])));
-    at += r.kept[size_t(e)];
+  Tensor ran;
+  if (style) {
+    ran = style->run(rows, r.kept, [this](int64_t e, const Tensor& in) { return expert(e).forward(in); });
+  } else {
+    std::vector<Tensor> outs;
+    int64_t at = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      outs.push_back(expert(e).forward(rows.narrow(0, at, r.kept[size_t(e)])));
+      at += r.kept[size_t(e)];
+    }
+    ran = cat(outs, 0);
   }
   // Combine: every slot's expert row (a dropped slot's: the zero row appended last), weighted, summed per token.
-  const DType act = outs[0].dtype();
-  outs.push_back(Tensor::zeros({1, C}, act, device));
-  const Tensor expert_rows = cat(outs, 0);
+  const DType act = ran.dtype();
+  const Tensor expert_rows = cat({ran, Tensor::zeros({1, C}, act, device)}, 0);
   std::vector<int64_t> slot_rows(size_t(N * K));
   for (int64_t s = 0; s < N * K; ++s)
     slot_rows[size_t(s)] = r.row[size_t(s)] >= 0 ? r.row[size_t(s)] : int64_t(r.order.size());
@@ -222,6 +227,15 @@ Tensor MoE::forward(const Tensor& x) const {
   Counts counts{{r.routed.begin(), r.routed.end()}, {r.kept.begin(), r.kept.end()}};
   y = carry_aux_loss(y, aux, ctx_ ? ctx_->aux_weight : Tensor(), std::move(counts), counted_);
   return dropout->forward(y.reshape({B, T, C}));
+}
+
+void MoE::keep_experts(int64_t first, int64_t count) {
+  MINIDL_CHECK(count >= 1 && holds(first) && holds(first + count - 1), "MoE::keep_experts: experts [", first, ", ",
+               first + count, ") are not all held here");
+  auto kept = std::make_shared<ModuleList<LlamaMLP>>(first);
+  for (int64_t e = first; e < first + count; ++e) kept->push_back(*(experts->begin() + (e - experts->first_index())));
+  experts = kept;
+  replace_module("experts", experts);
 }
 
 MoE::Counts MoE::take_counts() const {

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -66,6 +67,17 @@ std::vector<int64_t> expert_major_order(const std::vector<int64_t>& counts, int6
 // Each expert's rows in that order: the sums over groups ([3, 7] above).
 std::vector<int64_t> rows_per_expert(const std::vector<int64_t>& counts, int64_t groups, int64_t experts);
 
+// How the experts run once a parallelism applied from outside the model has spread them over ranks (expert
+// parallelism, dist/expert_parallel.h, installed by dist::apply_expert_parallel). A layer without one runs its
+// experts itself: one null check per call.
+struct ExpertStyle {
+  virtual ~ExpertStyle() = default;
+  // rows (M, C): this process's kept slots' rows, expert-major over all E experts, kept[e] of expert e -> each row's
+  // expert output, in the same order. expert(e, x) runs expert e, one this process holds (MoE::holds).
+  virtual Tensor run(const Tensor& rows, const std::vector<int64_t>& kept,
+                     const std::function<Tensor(int64_t, const Tensor&)>& expert) const = 0;
+};
+
 // Shared by the MoE layers of a model: what the training step sets once per step.
 struct MoEContext {
   // The gradient the auxiliary loss of a forward's sequences gets (a scalar on the model's device, f32): the
@@ -100,6 +112,15 @@ class MoE : public Module {
   };
   Load finish_step(const Counts& summed);
   const GPTConfig& config() const { return cfg_; }
+  int64_t block() const { return block_; }  // the block this layer is the MLP of
+  // Keeps experts [first, first + count) only, under their global names (moe.experts.<first> ...): a parallelism
+  // that holds the others elsewhere (ExpertStyle) calls it. Throws unless the range lies within the held ones.
+  void keep_experts(int64_t first, int64_t count);
+  // Whether global expert e is held here, and it.
+  bool holds(int64_t e) const {
+    return e >= experts->first_index() && e < experts->first_index() + int64_t(experts->size());
+  }
+  const LlamaMLP& expert(int64_t e) const { return (*experts)[size_t(e - experts->first_index())]; }
   // The last forward's routing (tests, TensorBoard's tokens per expert and dropped fraction).
   const Routing& last_routing() const { return *last_; }
   // The last forward's auxiliary loss (a scalar, undefined unless cfg.moe_balance is aux): what its backward adds,
@@ -110,9 +131,10 @@ class MoE : public Module {
 
   std::shared_ptr<Linear> router;                 // (C, E), no bias (HF's block_sparse_moe.gate)
   Tensor expert_bias;                             // (E) f32 buffer: the bias balancing's choice offsets
-  std::shared_ptr<ModuleList<LlamaMLP>> experts;  // E SwiGLU MLPs of width cfg.mlp_width()
+  std::shared_ptr<ModuleList<LlamaMLP>> experts;  // E SwiGLU MLPs of width cfg.mlp_width() (keep_experts: some)
   std::shared_ptr<LlamaMLP> shared;               // cfg.moe_shared experts as one MLP of that many times the width
   std::shared_ptr<Dropout> dropout;
+  std::shared_ptr<const ExpertStyle> style;  // null: every expert here, run by this layer
 
  private:
   GPTConfig cfg_;

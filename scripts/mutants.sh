@@ -357,6 +357,18 @@ moe_aux_per_batch ; nn/moe.cpp ; -R ^MoEHF\.|MixtureOfExpertsMatchesOneProcess ;
 moe_bias_not_read ; nn/hf_format.cpp ; -R MixtureOfExperts ; the expert biases a model file holds replaced by zeros when it is read (a resumed run chooses other experts)
 -       out.emplace("transformer.h." + std::to_string(i) + ".moe.expert_bias", Tensor::zeros({cfg.moe_experts}));
 +       out.insert_or_assign("transformer.h." + std::to_string(i) + ".moe.expert_bias", Tensor::zeros({cfg.moe_experts}));
+
+ep_expert_grads_over_dp ; train/grad_sync.cpp ; -R ExpertParallelMatchesOneProcess ; an expert's gradient averaged over the whole dp group, other experts' gradients mixed in (pytorch #160285's family)
+-     if (!experts.empty() && topology.expert_dp_group().size() > 1)\n      e->expert_ddp =\n          std::make_unique<dist::DistributedDataParallel>(experts, topology.expert_dp_group(),
++     if (!experts.empty() && dp.size() > 1)\n      e->expert_ddp =\n          std::make_unique<dist::DistributedDataParallel>(experts, dp,
+
+ep_expert_grads_not_divided ; train/grad_sync.cpp ; -R ExpertParallelMatchesOneProcess ; an expert's gradient averaged over the ranks holding it only, ep times one process's (pytorch #160285's 2x at ep 2)
+-         g.copy_(ops::mul(g, 1.0 / double(ep_group_->size())));
++         g.copy_(ops::mul(g, 1.0));
+
+ep_permutation_not_inverted ; dist/expert_parallel.cpp ; -R ExpertParallelMatchesOneProcess ; the expert outputs sent home in the dispatch permutation's order instead of its inverse's
+-   for (size_t i = 0; i < order.size(); ++i) inverse[size_t(order[i])] = int64_t(i);
++   for (size_t i = 0; i < order.size(); ++i) inverse[i] = order[i];
 EOF
 }
 

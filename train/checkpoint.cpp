@@ -13,6 +13,7 @@
 #include "autograd/node.h"
 #include "dist/tensor_parallel.h"
 #include "nn/hf_format.h"
+#include "nn/moe.h"
 #include "nn/param_layout.h"
 #include "nn/atomic_file.h"
 #include "nn/checkpoint.h"
@@ -453,15 +454,42 @@ nn::NamedTensors whole_expert_biases(const Stage& stage) {
   return out;
 }
 
+// Expert parallelism (one pipeline stage): every routed expert's parameters under their whole-model names, each
+// broadcast over the ep group from the rank holding it.
+nn::NamedTensors gather_experts(const Stage& stage) {
+  autograd::NoGradGuard no_grad;
+  nn::NamedTensors out;
+  dist::ProcessGroup& ep = stage.topology()->ep_group();
+  for (nn::MoE* moe : nn::moe_layers(stage.chunk(0))) {
+    const int64_t E = moe->config().moe_experts, per_rank = E / ep.size();
+    const nn::NamedTensors shapes = moe->expert(moe->experts->first_index()).named_parameters();
+    for (int64_t e = 0; e < E; ++e)
+      for (size_t k = 0; k < shapes.size(); ++k) {
+        const Tensor& like = shapes[k].second;
+        Tensor t = moe->holds(e) ? moe->expert(e).named_parameters()[k].second.detach().contiguous().clone()
+                                 : Tensor::empty(like.shape(), like.dtype(), like.device());
+        ep.broadcast(t, int(e / per_rank))->wait();
+        out.emplace_back("transformer.h." + std::to_string(moe->block()) + ".moe.experts." + std::to_string(e) + "." +
+                             shapes[k].first,
+                         t.to(Device::cpu()));
+      }
+  }
+  return out;
+}
+
 std::shared_ptr<nn::GPT> consolidated_model(const Stage& stage, bool keep) {
+  const bool spread = stage.expert_parallel();
   // One process's whole model: itself (not under context parallelism, whose attention is a ring of the cp group)
-  if (stage.spec().chunks() == 1 && tp_size(stage) == 1 && !stage.context_parallel())
+  if (stage.spec().chunks() == 1 && tp_size(stage) == 1 && !stage.context_parallel() && !spread)
     return keep ? std::shared_ptr<nn::GPT>(&stage.chunk(0), [](nn::GPT*) {}) : nullptr;
   nn::NamedTensors whole = gather_stages(stage, stage.named_parameters(), keep);
+  // The experts other ep ranks hold (one stage: train/config.cpp refuses --ep with --pp).
+  const nn::NamedTensors experts = spread ? gather_experts(stage) : nn::NamedTensors();
   const nn::NamedTensors biases = whole_expert_biases(stage);
   if (!keep) return nullptr;
   auto one = std::make_shared<nn::GPT>(stage.config());
   nn::StateDict dict(whole.begin(), whole.end());
+  dict.insert(experts.begin(), experts.end());  // the held ones are there already, the same values
   dict.insert(biases.begin(), biases.end());
   one->load_state_dict(dict, /*strict=*/true);
   return one;

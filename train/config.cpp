@@ -130,6 +130,9 @@ void TrainConfig::validate_parameter_server(int world) const {
 
 void TrainConfig::validate_moe() const {
   MINIDL_CHECK(moe_experts >= 0, "--moe-experts: expected 0 (dense) or more experts, got ", moe_experts);
+  MINIDL_CHECK(ep >= 1, "--ep: expected at least 1, got ", ep);
+  MINIDL_CHECK(ep == 1 || moe_experts > 0, "--ep ", ep,
+               " spreads a mixture of experts' experts: it needs --moe-experts");
   if (moe_experts == 0) {
     MINIDL_CHECK(moe_top_k == 2 && moe_every == 1 && moe_shared == 0 && moe_router == "softmax" &&
                      moe_balance == "aux" && !moe_capacity,
@@ -162,6 +165,14 @@ void TrainConfig::validate_moe() const {
   MINIDL_CHECK(sync == "ddp" && ps == 0, "--moe-experts with ", ps > 0 ? "--ps" : "--sync " + sync,
                ": not built (the bias balancing's counts are summed over the data-parallel group)");
   MINIDL_CHECK(!cuda_graph, "--moe-experts with --cuda-graph: the router's choice is made on the host every step");
+  if (ep == 1) return;
+  MINIDL_CHECK(moe_experts % ep == 0, "--ep ", ep, " must divide --moe-experts ", moe_experts,
+               " (each rank holds the same number of experts)");
+  MINIDL_CHECK(zero == 0, "--ep with --zero ", zero, ": ZeRO does not shard the experts' own group yet");
+  MINIDL_CHECK(pp == 1, "--ep with --pp ", pp, ": gathering spread experts across pipeline stages is not built yet");
+  MINIDL_CHECK(checkpoint_dir.empty() && resume.empty(),
+               "--ep with --checkpoint-dir or --resume: training checkpoints of spread experts are not built yet "
+               "(--save writes the whole model)");
 }
 
 void TrainConfig::validate_context_parallel() const {
@@ -212,6 +223,8 @@ void TrainConfig::validate(int world) const {
   // The global batch splits into (replicas x) dp ranks x micro-batches of equal size.
   MINIDL_CHECK(batch >= 1, "--batch: expected at least 1, got ", batch);
   validate_pipeline(*this, d * r);
+  MINIDL_CHECK(d % ep == 0, "--ep ", ep, " must divide the data-parallel size ", d,
+               " (an ep group is ep of the dp ranks)");
   MINIDL_CHECK(zero >= 0 && zero <= 3, "--zero: expected 0, 1, 2 or 3, got ", zero);
   MINIDL_CHECK(backend.empty() || backend == "mpi" || backend == "ring" || backend == "nccl",
                "--backend: expected mpi, ring or nccl, got '", backend, "'");
@@ -377,6 +390,7 @@ std::vector<std::pair<std::string, std::string>> agreed_fields(const TrainConfig
           {"tp", str(o.tp)},
           {"pp", str(o.pp)},
           {"cp", str(o.cp)},
+          {"ep", str(o.ep)},
           {"moe", str(o.moe_experts) + "/" + str(o.moe_top_k) + "/" + str(o.moe_every) + "/" + str(o.moe_shared) + "/" +
                       o.moe_router + "/" + o.moe_balance + "/" + str(o.moe_aux_coef) + "/" + str(o.moe_bias_rate) +
                       "/" + str(o.moe_capacity.value_or(0))},

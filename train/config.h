@@ -64,6 +64,7 @@ struct TrainConfig {
   int dp = 0, tp = 1, pp = 1;  // dp 0: the world size / (cp · tp · pp)
   // Context parallelism: each sequence split over cp ranks (head-tail), attention a ring (dist/context_parallel.h)
   int cp = 1;
+  int ep = 1;  // expert parallelism: the experts spread over groups of ep data-parallel ranks (dist/expert_parallel.h)
   // tp > 1: the residual stream between the tensor-parallel layers split along the sequence (dist/sequence_parallel.h)
   bool sequence_parallel = false;
   // The schedule every step runs (train/stage.h, train/step.h): micro-batches per step (--micro-batches, alias

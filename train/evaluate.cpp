@@ -26,8 +26,13 @@ double evaluate(Stage& stage, const data::Batch& windows, int64_t batch, dist::P
   const Device device = stage.device();
   const int64_t n = windows.x.size(0), batches = (n + batch - 1) / batch, T = windows.x.size(1) / cp;
   std::vector<double> sums(size_t(batches), 0.0);
-  for (int64_t i = me; i < batches; i += ranks) {
-    const int64_t b = i * batch, m = std::min(batch, n - b);
+  // Expert parallelism exchanges tokens inside the forward: every rank of an ep group runs as many forwards, a
+  // rank past the last batch re-running the first one and dropping its loss.
+  const bool lockstep = stage.expert_parallel();
+  const int64_t rounds = (batches + ranks - 1) / ranks;
+  for (int64_t i = me; lockstep ? i < rounds * ranks : i < batches; i += ranks) {
+    const bool spare = i >= batches;
+    const int64_t b = spare ? 0 : i * batch, m = std::min(batch, n - b);
     // The chunks in global order: a single chain, so blocking sends and receives cannot deadlock.
     Tensor x;
     for (int c = 0; c < C; ++c) {
@@ -41,8 +46,8 @@ double evaluate(Stage& stage, const data::Batch& windows, int64_t batch, dist::P
       }
       x = chunk.blocks(chunk.stage().first_block, chunk.stage().last_block, x);
       if (c == C - 1) {
-        sums[size_t(i)] =
-            chunk.head_loss(x, stage.positions_of(windows.y.narrow(0, b, m)).to(device)).item() * double(m) / cp;
+        const double loss = chunk.head_loss(x, stage.positions_of(windows.y.narrow(0, b, m)).to(device)).item();
+        if (!spare) sums[size_t(i)] = loss * double(m) / cp;
       } else {
         x = x.contiguous();
         pp->send(x, (c + 1) % p, 0)->wait();

@@ -1,5 +1,7 @@
 #include "train/grad_sync.h"
 
+#include "dist/expert_parallel.h"
+
 #include <chrono>
 
 #include "dist/flight_recorder.h"
@@ -39,6 +41,9 @@ const Tensor& max_over(dist::ProcessGroup& group, const Tensor& t) {
 // One chunk's data-parallel engine: DDP, ZeRO 1-2 or ZeRO-3 (at most one of them), and its no_sync guard.
 struct GradSync::Engine {
   std::unique_ptr<dist::DistributedDataParallel> ddp;
+  // Expert parallelism: the routed experts' own DDP, over the expert-dp group (dist/expert_parallel.h).
+  std::unique_ptr<dist::DistributedDataParallel> expert_ddp;
+  std::optional<dist::Reducer::NoSyncGuard> expert_no_sync;
   std::unique_ptr<dist::ZeroDataParallel> zero;
   std::unique_ptr<dist::ZeroStage3> zero3;
   std::vector<std::string> names;  // the chunk's parameters, in order
@@ -78,6 +83,12 @@ GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptio
       if (stage.is_tied_copy(p)) tied_copy_ = p;
   dp_ = &dp;
   tp_group_ = &topology.tp_group();
+  const int ep = topology.grid().ep;
+  if (ep > 1) {
+    MINIDL_CHECK(o.zero == 0, "--ep with --zero ", o.zero, ": ZeRO does not shard the experts' own group yet");
+    ep_group_ = &topology.ep_group();
+    name_ += "+ep";
+  }
   params_ = stage.parameters();
   for (const Tensor& p : params_) sliced_ |= nn::layout_of(p).sequence_sliced;  // the same on every tp rank
   pipelined_ = topology.grid().pp > 1;
@@ -85,12 +96,26 @@ GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptio
     auto e = std::make_unique<Engine>();
     std::vector<std::pair<std::string, Tensor>> params;
     bool holds_tied = false;
+    std::vector<std::pair<std::string, Tensor>> experts;  // under expert parallelism: the routed experts'
     for (auto& [name, p] : stage.chunk(v).named_parameters()) {
       e->names.push_back(name);
       holds_tied = holds_tied || (tied.defined() && p.impl() == tied.impl());
+      if (ep > 1 && dist::is_expert_parameter(name)) {
+        experts.emplace_back(name, p);
+        expert_params_.push_back(p);
+        continue;
+      }
       // DDP leaves the tied wte to the embedding group's sum and its own average, after the last backward.
       if (o.zero > 0 || !tied.defined() || p.impl() != tied.impl()) params.emplace_back(name, p);
     }
+    if (!experts.empty() && topology.expert_dp_group().size() > 1)
+      e->expert_ddp =
+          std::make_unique<dist::DistributedDataParallel>(experts, topology.expert_dp_group(),
+                                                          dist::DDPOptions{.caps = o.caps,
+                                                                           .broadcast_at_start = o.broadcast_at_start,
+                                                                           .buckets = {},
+                                                                           .compression = dist::Compression::kNone,
+                                                                           .powersgd = nullptr});
     if (o.zero == 3) {
       e->zero3 = std::make_unique<dist::ZeroStage3>(stage.chunk(v), dp, dist::Zero3Options{o.broadcast_at_start});
     } else if (o.zero > 0) {
@@ -128,6 +153,10 @@ std::string GradSync::name() const { return name_; }
 void GradSync::before_backward(int chunk, bool last) {
   if (engines_.empty()) return;
   Engine& e = *engines_[size_t(chunk)];
+  if (e.expert_ddp) {
+    e.expert_no_sync.reset();
+    if (!last) e.expert_no_sync.emplace(e.expert_ddp->reducer());
+  }
   if (!e.overlaps || !e.reducer()) return;
   e.no_sync.reset();
   if (!last) e.no_sync.emplace(*e.reducer());
@@ -135,8 +164,17 @@ void GradSync::before_backward(int chunk, bool last) {
 
 void GradSync::after_backward() {
   const auto t0 = std::chrono::steady_clock::now();
-  for (auto& e : engines_)
+  for (auto& e : engines_) {
     if (e->overlaps) e->no_sync.reset();
+    e->expert_no_sync.reset();
+  }
+  // An expert's gradient, averaged over the ranks holding it, is ep times one process's (dist/expert_parallel.h).
+  if (ep_group_)
+    for (const Tensor& p : expert_params_)
+      if (p.grad().defined()) {
+        Tensor g = p.grad();
+        g.copy_(ops::mul(g, 1.0 / double(ep_group_->size())));
+      }
   if (tied_group_) {
     // The first stage's wte gradient comes from the embedding, the last stage's from the head: both need the sum,
     // then (outside ZeRO, which reduce-scatters it below) the average over dp, as every other gradient had.
@@ -244,6 +282,16 @@ T GradSync::norm_squared(const std::vector<Tensor>& params, Device device) const
     for (dist::ProcessGroup* g : norm_groups_) mine = T(sum_over(*g, mine));
     return mine;
   };
+  if (ep_group_) {  // a rank holds its experts alone: their squares are the ep group's together
+    std::vector<Tensor> dense, experts;
+    for (const Tensor& p : params) {
+      bool expert = false;
+      for (const Tensor& x : expert_params_) expert = expert || x.impl() == p.impl();
+      (expert ? experts : dense).push_back(p);
+    }
+    const T dense_sq = part(dense);
+    return plus_share(T(sum_over(*ep_group_, part(experts))), dense_sq, 1);
+  }
   if (tp_size_ == 1) return part(params);
   // A replicated parameter (its layout says so) is held tp times but counts once: the split ones' squares plus
   // 1/tp of the replicated ones', two collectives of one number each, in the same order on every rank.

@@ -131,6 +131,8 @@ class GradSync {
   dist::ProcessGroup* tied_group_ = nullptr;              // the embedding group, where this stage holds the tied wte
   dist::ProcessGroup* dp_ = nullptr;                      // the tied wte's average over dp (DDP), after its sum
   dist::ProcessGroup* tp_group_ = nullptr;                // the sequence-sliced gradients' sum over tp
+  dist::ProcessGroup* ep_group_ = nullptr;                // expert parallelism's (ep > 1): the experts' norm
+  std::vector<Tensor> expert_params_;                     // the routed experts' parameters this rank holds
   Tensor tied_, tied_copy_;                               // the stage's wte; its copy on the last stage (pp > 1)
   std::vector<Tensor> params_;                            // the stage's parameters
   bool sliced_ = false, pipelined_ = false;               // some parameter is sequence_sliced; pp > 1

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/memory.h"
+#include "dist/expert_parallel.h"
 #include "dist/tp_plan.h"
 
 namespace minidl::train {
@@ -20,12 +21,18 @@ ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& mo
       dist::apply_tensor_parallel(*chunk, topo.tp_group(), plan);
       return chunk;
     };
+  if (topo.grid().ep > 1)  // expert parallelism, from outside the model as well: this rank's experts
+    make_chunk = [&topo](const nn::GPTConfig& c, uint64_t seed, const nn::GPTStage& part) {
+      auto chunk = std::make_shared<nn::GPT>(c, seed, part);
+      dist::apply_expert_parallel(*chunk, topo.ep_group());
+      return chunk;
+    };
   m.stage = std::make_unique<Stage>(model_cfg, o.seed, pipeline_spec(o), starts, topo, make_chunk);
   const int64_t seq = o.seq ? *o.seq : model_cfg.block_size;  // the trained sequence length
   if (topo.grid().cp > 1)  // context parallelism, applied from outside the model too: each sequence over cp ranks
     m.stage->set_context_parallel(std::make_shared<dist::ContextParallel>(topo.cp_group(), seq));
   // A tensor-parallel rank built each chunk whole before keeping its slices: the peaks describe training.
-  if (topo.grid().tp > 1) ledger(Device::cpu()).reset_peaks();
+  if (topo.grid().tp > 1 || topo.grid().ep > 1) ledger(Device::cpu()).reset_peaks();
   if (load) load(*m.stage);
   m.stage->to(device);  // before DDP's buckets, ZeRO's flat buffers and the optimizer: they follow the parameters
   m.stage->train();
@@ -45,6 +52,10 @@ ParallelModel build_model_and_sync(const TrainConfig& o, const nn::GPTConfig& mo
     m.notes.push_back("context parallelism: ring attention over " + std::to_string(o.cp) + " ranks, " +
                       std::to_string(seq / o.cp) + " of " + std::to_string(seq) +
                       " positions per rank (chunks r and 2cp-1-r of 2cp)");
+  if (topo.grid().ep > 1)
+    m.notes.push_back("expert parallelism: " + std::to_string(model_cfg.moe_experts / o.ep) + " of " +
+                      std::to_string(model_cfg.moe_experts) + " experts per rank, tokens exchanged over " +
+                      std::to_string(o.ep) + " ranks");
   if (o.sequence_parallel) {
     m.notes.push_back("sequence parallelism: LayerNorm, dropout and the residual stream on " +
                       std::to_string(seq / o.tp) + " of " + std::to_string(seq) + " positions per rank");

@@ -1,5 +1,7 @@
 #include "train/stage.h"
 
+#include "nn/moe.h"
+
 #include "nn/param_layout.h"
 #include "train/grad_sync.h"
 
@@ -51,6 +53,13 @@ std::vector<std::pair<std::string, Tensor>> Stage::named_parameters() const {
   for (const auto& c : chunks_)
     for (auto& np : c->named_parameters()) out.push_back(np);
   return out;
+}
+
+bool Stage::expert_parallel() const {
+  for (const auto& c : chunks_)
+    for (const nn::MoE* moe : nn::moe_layers(*c))
+      if (moe->style) return true;
+  return false;
 }
 
 std::vector<Tensor> Stage::parameters() const {

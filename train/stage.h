@@ -54,6 +54,9 @@ class Stage {
   bool last_stage() const { return rank_ == spec().stages - 1; }
   int64_t global_chunk(int v) const { return int64_t(v) * spec().stages + rank_; }
   bool is_last_chunk(int v) const { return global_chunk(v) == spec().chunks() - 1; }
+  // Whether a mixture of experts' experts are spread over ranks (dist/expert_parallel.h): its forwards exchange
+  // tokens, so every rank of the group must run as many.
+  bool expert_parallel() const;
   int chunk_count() const { return int(chunks_.size()); }
   nn::GPT& chunk(int v) const { return *chunks_[size_t(v)]; }
   const nn::GPTConfig& config() const { return chunks_.front()->config(); }

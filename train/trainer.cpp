@@ -247,7 +247,7 @@ Trainer::Trainer(const TrainConfig& config, const dist::Context& ctx) : s_(std::
                " does not serve --device ", o.device, ": use ",
                s.device.is_cpu() ? "mpi or ring on the CPU" : "nccl or ring on CUDA devices");
   const dist::Grid grid{
-      .dp = dp_size(o, ctx.world_size()), .tp = o.tp, .pp = o.pp, .replicas = o.replica_groups, .cp = o.cp};
+      .dp = dp_size(o, ctx.world_size()), .tp = o.tp, .pp = o.pp, .replicas = o.replica_groups, .cp = o.cp, .ep = o.ep};
   s.topo = std::make_unique<dist::Topology>(ctx.world(), grid, backend, s.device);
   const dist::GridCoord me = s.topo->coord();
   s.logger = me == dist::GridCoord{};

@@ -22,8 +22,9 @@
 // sums every rank's tokens routed to it: its replicas (if the group is a part of the data-parallel ranks) average
 // over the ranks holding the same experts, never over the whole dp group (pytorch #160285's 2x).
 //
-// What production will add (issue 58's --ep): the counts with the step's other collectives, the auxiliary loss and
-// bias balancing over the expert group, checkpoints at any ep.
+// What production adds (dist/expert_parallel.h, train_gpt --ep): the layer's own router, gates, capacity and
+// balancing (the exchange is a style the unmodified nn::MoE calls), 16-bit rows, the experts' gradient average over
+// the ranks holding them, their norm, and gathering them for --save.
 #pragma once
 
 #include <cstdint>

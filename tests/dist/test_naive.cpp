@@ -14,6 +14,9 @@
 //   are summed in another order), within 1e-6;
 // - naive 1F1B (2 and 3 stages) = production's 1F1B executor, bitwise; both pipelines' activation peaks within 10%
 //   of production's (each rank builds only its stage);
+// - naive expert parallelism = the whole nn::MoE on each rank's tokens, and production's exchange
+// (dist/expert_parallel.h)
+//   the same, its off-rank rows counted exactly, within 1e-6 (1e-5 for the experts' summed gradients);
 // - the naive GPipe and 1F1B action lists pass production's validator, in production's compute order, with its
 //   simulated bubble and micro-batches in flight (2 to 4 stages, 1 to 8 micro-batches).
 // Bitwise at 2 ranks, whatever the layout: a sum of two floats does not depend on their order, and the average
@@ -33,6 +36,7 @@
 #include "core/memory.h"
 #include "core/rng.h"
 #include "dist/ddp.h"
+#include "dist/expert_parallel.h"
 #include "dist/naive/ddp.h"
 #include "dist/naive/ddp_overlap.h"
 #include "dist/naive/gpipe.h"
@@ -333,22 +337,41 @@ TEST(Naive, ExpertParallelMoEEqualsTheWholeLayer) {
       for (auto [name, p] : whole.named_parameters()) p.copy_(random_tensor(p.shape(), seed++, 0.3));
       for (auto [name, p] : spread.named_parameters()) p.copy_(whole.state_dict().at(name));
       dist::naive::ExpertParallelMoE ep(spread, *pg);
+      // Production's exchange (dist/expert_parallel.h) on a third copy: this rank's experts and the style.
+      nn::MoE prod(cfg, 0, dropout, nullptr);
+      for (auto [name, p] : prod.named_parameters()) p.copy_(whole.state_dict().at(name));
+      auto style = std::make_shared<dist::ExpertParallel>(*pg, 6);
+      prod.keep_experts(style->first(), style->per_rank());
+      prod.style = style;
       Tensor x = random_tensor({2, kSeq, 12}, 200 + uint64_t(pg->rank()), 1.0), x2 = x.detach().clone();
       x.set_requires_grad(true);
       x2.set_requires_grad(true);
       const Tensor dy = random_tensor({2, kSeq, 12}, 300 + uint64_t(pg->rank()), 1.0);
-      const Tensor want = whole.forward(x), got = ep.forward(x2);
+      Tensor x3 = x.detach().clone();
+      x3.set_requires_grad(true);
+      const Tensor want = whole.forward(x), got = ep.forward(x2), production = prod.forward(x3);
       EXPECT_LE(max_abs_diff(got, want), 1e-6) << "output";
+      EXPECT_LE(max_abs_diff(production, want), 1e-6) << "production's output";
+      // The traffic's unit: the kept slots whose expert another rank holds, counted from the routing.
+      int64_t off_rank = 0;
+      const nn::Routing& routing = whole.last_routing();
+      for (size_t slot = 0; slot < routing.row.size(); ++slot)
+        off_rank += routing.row[slot] >= 0 && routing.expert[slot] / style->per_rank() != pg->rank();
+      EXPECT_EQ(style->rows_sent(), off_rank);
       sum(want * dy).backward();
       sum(got * dy).backward();
+      sum(production * dy).backward();
+      EXPECT_LE(max_abs_diff(x3.grad(), x.grad()), 1e-6) << "production's input gradient";
       EXPECT_LE(max_abs_diff(x2.grad(), x.grad()), 1e-6) << "input gradient";
       EXPECT_LE(max_abs_diff(spread.router->weight.grad(), whole.router->weight.grad()), 1e-6) << "router gradient";
       for (int64_t e = 0; e < 6; ++e) {  // every rank all-reduces every expert's, in the same order
         Tensor all = (*whole.experts)[size_t(e)].up_proj->weight.grad().clone();
         pg->all_reduce(all, dist::ReduceOp::kSum)->wait();
-        if (e >= ep.first() && e < ep.first() + ep.per_rank())
+        if (e >= ep.first() && e < ep.first() + ep.per_rank()) {
           EXPECT_LE(max_abs_diff((*spread.experts)[size_t(e)].up_proj->weight.grad(), all), 1e-5)
               << "local expert " << e << "'s gradient";
+          EXPECT_LE(max_abs_diff(prod.expert(e).up_proj->weight.grad(), all), 1e-5) << "production's expert " << e;
+        }
       }
     }
   }

@@ -185,6 +185,37 @@ TEST(Topology, GroupsFollowTheGrid) {
     }
 }
 
+// Expert parallelism cuts the dp group into ep groups of ep consecutive dp ranks (ranked dp rank % ep), and the
+// expert-dp group joins the ranks at the same place in each (ranked dp rank / ep): dist/topology.h.
+TEST(Topology, ExpertParallelGroupsCutTheDpGroup) {
+  const int n = mpi_context().world_size(), me = mpi_context().rank();
+  std::vector<dist::Grid> grids = {{.dp = n, .ep = n}, {.dp = n}};
+  if (n == 4) grids.push_back({.dp = 4, .ep = 2}), grids.push_back({.dp = 2, .tp = 2, .ep = 2});
+  for (const dist::Grid& g : grids) {
+    SCOPED_TRACE(::testing::Message() << "dp " << g.dp << " tp " << g.tp << " ep " << g.ep);
+    dist::Topology topo(MPI_COMM_WORLD, g, "mpi");
+    const dist::GridCoord c = topo.coord();
+    auto members = [&](dist::ProcessGroup& group) {
+      Tensor t = Tensor::full({1}, double(me), DType::i64);
+      group.all_reduce(t, dist::ReduceOp::kSum)->wait();
+      return int64_t(t.item());
+    };
+    int64_t ep_sum = 0, edp_sum = 0;
+    for (int d = 0; d < g.dp; ++d) {
+      const int64_t r = g.rank_of({.dp = d, .tp = c.tp, .pp = c.pp});
+      if (d / g.ep == c.dp / g.ep) ep_sum += r;
+      if (d % g.ep == c.dp % g.ep) edp_sum += r;
+    }
+    EXPECT_EQ(topo.ep_group().size(), g.ep);
+    EXPECT_EQ(topo.ep_group().rank(), c.dp % g.ep);
+    EXPECT_EQ(members(topo.ep_group()), ep_sum);
+    EXPECT_EQ(topo.expert_dp_group().size(), g.dp / g.ep);
+    EXPECT_EQ(topo.expert_dp_group().rank(), c.dp / g.ep);
+    EXPECT_EQ(members(topo.expert_dp_group()), edp_sum);
+  }
+  EXPECT_THROW(dist::Topology(MPI_COMM_WORLD, dist::Grid{.dp = n, .ep = n + 1}, "mpi"), Error);
+}
+
 // With a cp axis (tp-cp-dp-pp, tp fastest): the cp group is cp consecutive blocks of tp ranks, and the dp group,
 // the gradients' group, spans dp and cp together, ranked dp · cp + cp (dist/topology.h).
 TEST(Topology, ContextParallelGroupsFollowTheGrid) {
