@@ -155,11 +155,12 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
          "--zero, --amp, --recompute, --grad-accum, --sample and training checkpoints (they resume at any "
          "--cp), on the CPU and on CUDA devices; not with --sequence-parallel or --sync local-sgd/diloco")
       ->capture_default_str();
-  app.add_option("--ep", o.ep,
-                 "Expert-parallel ranks: a mixture of experts' experts spread over groups of ep data-parallel ranks, "
-                 "each holding E / ep, tokens sent to their experts and back by all-to-alls; must divide --dp and "
-                 "--moe-experts; an expert's gradient is averaged over the ranks holding it. Not yet with --zero, "
-                 "--pp or training checkpoints (--save writes the whole model)")
+  app.add_option(
+         "--ep", o.ep,
+         "Expert-parallel ranks: a mixture of experts' experts spread over groups of ep data-parallel ranks, "
+         "each holding E / ep, tokens sent to their experts and back by all-to-alls; must divide --dp and "
+         "--moe-experts; an expert's gradient is averaged over the ranks holding it. Training checkpoints resume at "
+         "any --ep. Not yet with --zero or --pp")
       ->capture_default_str();
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "With --tp N: split the residual stream (LayerNorm, dropout, residual adds) along the sequence over the "

@@ -12,6 +12,7 @@
 
 #include "autograd/node.h"
 #include "dist/tensor_parallel.h"
+#include "dist/expert_parallel.h"
 #include "nn/hf_format.h"
 #include "nn/moe.h"
 #include "nn/param_layout.h"
@@ -508,7 +509,18 @@ std::vector<std::pair<std::string, int64_t>> logical_sizes(const Stage& stage) {
 KeepTensors checkpoint_share(const Stage& stage) {
   const int dp = stage.topology() ? stage.topology()->dp_group().size() : 1;
   const int tp = tp_size(stage);
-  return checkpoint_share(logical_sizes(stage), dp_rank(stage) * tp + tp_rank(stage), dp * tp);
+  if (!stage.expert_parallel())
+    return checkpoint_share(logical_sizes(stage), dp_rank(stage) * tp + tp_rank(stage), dp * tp);
+  // Expert parallelism: the dense tensors shared out over the dp ranks as ever (their list is every rank's); each
+  // routed expert's written by the rank of the first expert-dp replica holding it.
+  std::vector<std::pair<std::string, int64_t>> dense;
+  for (const auto& t : logical_sizes(stage))
+    if (!dist::is_expert_parameter(t.first)) dense.push_back(t);
+  const KeepTensors shared = checkpoint_share(dense, dp_rank(stage), dp);
+  const bool first_replica = stage.topology()->expert_dp_group().rank() == 0;
+  return KeepTensors([shared, first_replica](const std::string& name) {
+    return dist::is_expert_parameter(name) ? first_replica : shared(name);
+  });
 }
 
 OptimizerCheckpoint optimizer_state(const optim::AdamW& optimizer, const Stage& stage, GradSync& sync,
@@ -535,7 +547,8 @@ void load_model(Stage& stage, const std::string& path) {
     const bool split = tp_size(stage) > 1;
     for (int v = 0; v < stage.chunk_count(); ++v) {
       const nn::GPTStage& part = stage.chunk(v).stage();
-      if (!split && part.embedding && part.head && part.first_block == 0 && part.last_block == stage.config().n_layer) {
+      if (!split && !stage.expert_parallel() && part.embedding && part.head && part.first_block == 0 &&
+          part.last_block == stage.config().n_layer) {
         stage.chunk(v).load_state_dict(tensors, /*strict=*/true);  // the whole model: nothing left over
         continue;
       }

@@ -170,9 +170,6 @@ void TrainConfig::validate_moe() const {
                " (each rank holds the same number of experts)");
   MINIDL_CHECK(zero == 0, "--ep with --zero ", zero, ": ZeRO does not shard the experts' own group yet");
   MINIDL_CHECK(pp == 1, "--ep with --pp ", pp, ": gathering spread experts across pipeline stages is not built yet");
-  MINIDL_CHECK(checkpoint_dir.empty() && resume.empty(),
-               "--ep with --checkpoint-dir or --resume: training checkpoints of spread experts are not built yet "
-               "(--save writes the whole model)");
 }
 
 void TrainConfig::validate_context_parallel() const {

@@ -349,3 +349,31 @@ TEST_F(Resume, MixtureOfExpertsStraightEqualsFourPlusFour) {
         path("a" + std::to_string(k)), path("b" + std::to_string(k)));
   }
 }
+
+// Expert parallelism's checkpoints (every expert gathered into the model file; each expert's AdamW moments written
+// by the first replica holding it) resume at any ep: 4 steps at dp 2 × ep 2 and 4 more at ep 1, 2 or 4 over 1, 2
+// or 4 ranks give the straight run's losses.
+TEST_F(Resume, ExpertParallelCheckpointsResumeAtAnyEp) {
+  auto flags = [&](int steps) {
+    std::string f = zero_flags(steps, 0);
+    f.replace(f.find("--batch 6"), 9, "--batch 8");
+    return f + " --model llama --moe-experts 4 --moe-balance bias --moe-bias-rate 0.01 --moe-capacity 1.5";
+  };
+  Result straight = checkpointed(2, flags(8) + " --dp 2 --ep 2", "src");
+  const std::vector<double> reference = step_losses(straight.out, 5);
+  ASSERT_EQ(reference.size(), 4u) << straight.out;
+  const std::vector<std::pair<int, std::string>> cases = {
+      {1, ""}, {2, " --dp 2"}, {4, " --dp 4 --ep 4"}, {4, " --dp 4 --ep 2"}};
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const auto& [ranks, layout] = cases[k];
+    SCOPED_TRACE(std::to_string(ranks) + " ranks" + layout);
+    const std::string dir = "out" + std::to_string(k);
+    Result r = resumed_copy(ranks, flags(8) + layout, "src", dir);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resuming from " + path(dir) + "/step-00000004"), std::string::npos) << r.out;
+    const std::vector<double> losses = step_losses(r.out, 5);
+    ASSERT_EQ(losses.size(), reference.size()) << r.out;
+    for (size_t i = 0; i < losses.size(); ++i)
+      EXPECT_NEAR(losses[i], reference[i], 1e-5 * reference[i]) << "step " << i + 5;
+  }
+}
