@@ -103,6 +103,7 @@ GradSync::GradSync(const Stage& stage, const dist::Topology& topology, SyncOptio
       if (ep > 1 && dist::is_expert_parameter(name)) {
         experts.emplace_back(name, p);
         expert_params_.push_back(p);
+        expert_impls_.insert(p.impl());
         continue;
       }
       // DDP leaves the tied wte to the embedding group's sum and its own average, after the last backward.
@@ -284,11 +285,7 @@ T GradSync::norm_squared(const std::vector<Tensor>& params, Device device) const
   };
   if (ep_group_) {  // a rank holds its experts alone: their squares are the ep group's together
     std::vector<Tensor> dense, experts;
-    for (const Tensor& p : params) {
-      bool expert = false;
-      for (const Tensor& x : expert_params_) expert = expert || x.impl() == p.impl();
-      (expert ? experts : dense).push_back(p);
-    }
+    for (const Tensor& p : params) { (expert_impls_.count(p.impl()) ? experts : dense).push_back(p); }
     const T dense_sq = part(dense);
     return plus_share(T(sum_over(*ep_group_, part(experts))), dense_sq, 1);
   }

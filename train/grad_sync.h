@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "dist/ddp.h"
@@ -133,6 +134,7 @@ class GradSync {
   dist::ProcessGroup* tp_group_ = nullptr;                // the sequence-sliced gradients' sum over tp
   dist::ProcessGroup* ep_group_ = nullptr;                // expert parallelism's (ep > 1): the experts' norm
   std::vector<Tensor> expert_params_;                     // the routed experts' parameters this rank holds
+  std::unordered_set<const TensorImpl*> expert_impls_;    // ... as a set (the norm splits every step's params by it)
   Tensor tied_, tied_copy_;                               // the stage's wte; its copy on the last stage (pp > 1)
   std::vector<Tensor> params_;                            // the stage's parameters
   bool sliced_ = false, pipelined_ = false;               // some parameter is sequence_sliced; pp > 1

@@ -185,6 +185,13 @@ TEST(Topology, GroupsFollowTheGrid) {
     }
 }
 
+// The sum of the group's members' world ranks (each rank contributes `me`): which ranks a group joined.
+static int64_t member_sum(dist::ProcessGroup& group, int me) {
+  Tensor t = Tensor::full({1}, double(me), DType::i64);
+  group.all_reduce(t, dist::ReduceOp::kSum)->wait();
+  return int64_t(t.item());
+}
+
 // Expert parallelism cuts the dp group into ep groups of ep consecutive dp ranks (ranked dp rank % ep), and the
 // expert-dp group joins the ranks at the same place in each (ranked dp rank / ep): dist/topology.h.
 TEST(Topology, ExpertParallelGroupsCutTheDpGroup) {
@@ -195,11 +202,6 @@ TEST(Topology, ExpertParallelGroupsCutTheDpGroup) {
     SCOPED_TRACE(::testing::Message() << "dp " << g.dp << " tp " << g.tp << " ep " << g.ep);
     dist::Topology topo(MPI_COMM_WORLD, g, "mpi");
     const dist::GridCoord c = topo.coord();
-    auto members = [&](dist::ProcessGroup& group) {
-      Tensor t = Tensor::full({1}, double(me), DType::i64);
-      group.all_reduce(t, dist::ReduceOp::kSum)->wait();
-      return int64_t(t.item());
-    };
     int64_t ep_sum = 0, edp_sum = 0;
     for (int d = 0; d < g.dp; ++d) {
       const int64_t r = g.rank_of({.dp = d, .tp = c.tp, .pp = c.pp});
@@ -208,10 +210,10 @@ TEST(Topology, ExpertParallelGroupsCutTheDpGroup) {
     }
     EXPECT_EQ(topo.ep_group().size(), g.ep);
     EXPECT_EQ(topo.ep_group().rank(), c.dp % g.ep);
-    EXPECT_EQ(members(topo.ep_group()), ep_sum);
+    EXPECT_EQ(member_sum(topo.ep_group(), me), ep_sum);
     EXPECT_EQ(topo.expert_dp_group().size(), g.dp / g.ep);
     EXPECT_EQ(topo.expert_dp_group().rank(), c.dp / g.ep);
-    EXPECT_EQ(members(topo.expert_dp_group()), edp_sum);
+    EXPECT_EQ(member_sum(topo.expert_dp_group(), me), edp_sum);
   }
   EXPECT_THROW(dist::Topology(MPI_COMM_WORLD, dist::Grid{.dp = n, .ep = n + 1}, "mpi"), Error);
 }
@@ -234,11 +236,6 @@ TEST(Topology, ContextParallelGroupsFollowTheGrid) {
     }
     dist::Topology topo(MPI_COMM_WORLD, g, "mpi");
     const dist::GridCoord c = topo.coord();
-    auto members = [&](dist::ProcessGroup& group) {
-      Tensor t = Tensor::full({1}, double(me), DType::i64);
-      group.all_reduce(t, dist::ReduceOp::kSum)->wait();
-      return int64_t(t.item());
-    };
     int64_t cp_sum = 0, dp_sum = 0, mp_sum = 0;
     for (int i = 0; i < g.cp; ++i) cp_sum += g.rank_of({.dp = c.dp, .tp = c.tp, .pp = c.pp, .cp = i});
     for (int d = 0; d < g.dp; ++d)
@@ -247,12 +244,12 @@ TEST(Topology, ContextParallelGroupsFollowTheGrid) {
       for (int tp = 0; tp < g.tp; ++tp) mp_sum += g.rank_of({.dp = c.dp, .tp = tp, .pp = pp, .cp = c.cp});
     EXPECT_EQ(topo.cp_group().size(), g.cp);
     EXPECT_EQ(topo.cp_group().rank(), c.cp);
-    EXPECT_EQ(members(topo.cp_group()), cp_sum);
+    EXPECT_EQ(member_sum(topo.cp_group(), me), cp_sum);
     EXPECT_EQ(topo.dp_group().size(), g.dp * g.cp);
     EXPECT_EQ(topo.dp_group().rank(), c.dp * g.cp + c.cp);
-    EXPECT_EQ(members(topo.dp_group()), dp_sum);
+    EXPECT_EQ(member_sum(topo.dp_group(), me), dp_sum);
     EXPECT_EQ(topo.model_parallel_group().size(), g.tp * g.pp);
-    EXPECT_EQ(members(topo.model_parallel_group()), mp_sum);
+    EXPECT_EQ(member_sum(topo.model_parallel_group(), me), mp_sum);
     EXPECT_EQ(topo.tp_group().rank(), c.tp);
     EXPECT_EQ(topo.pp_group().rank(), c.pp);
   }
