@@ -1,5 +1,6 @@
 #include "core/memory.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -51,38 +52,52 @@ constexpr size_t kAlign = 64;
 
 struct CpuCache {
   std::mutex mu;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks;  // exact (rounded) size -> blocks
+  std::unordered_map<size_t, std::vector<void*>> free_blocks;  // size class -> blocks
   int64_t cached_bytes = 0;
   int64_t system_allocs = 0;
+  int64_t live_bytes = 0, live_peak = 0;  // blocks handed out (their classes' bytes), and the most at once
 };
 CpuCache& cache() {
   static CpuCache* c = new CpuCache;  // never destroyed: tensors may be freed during static destruction
   return *c;
 }
 size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+constexpr int64_t kCacheSlack = int64_t(64) << 20;
 }  // namespace
+
+size_t cpu_size_class(size_t bytes) {
+  const size_t n = round_up(bytes == 0 ? 1 : bytes);
+  if (n <= 4096) return n;
+  size_t octave = 4096;
+  while (octave <= n / 2) octave *= 2;  // the largest power of two <= n
+  const size_t step = octave / 8;
+  return (n + step - 1) / step * step;
+}
 
 Allocation cpu_allocate(size_t bytes) {
   Allocation a;
   a.bytes = round_up(bytes == 0 ? 1 : bytes);
+  a.capacity = cpu_size_class(bytes);
   a.tag = t_tag;
   {
     CpuCache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
-    auto it = c.free_blocks.find(a.bytes);
+    auto it = c.free_blocks.find(a.capacity);
     if (it != c.free_blocks.end() && !it->second.empty()) {
       a.ptr = it->second.back();
       it->second.pop_back();
-      c.cached_bytes -= int64_t(a.bytes);
+      c.cached_bytes -= int64_t(a.capacity);
     } else {
       ++c.system_allocs;
     }
+    c.live_bytes += int64_t(a.capacity);
+    c.live_peak = std::max(c.live_peak, c.live_bytes);
   }
   if (!a.ptr) {
-    a.ptr = std::aligned_alloc(kAlign, a.bytes);
+    a.ptr = std::aligned_alloc(kAlign, a.capacity);
     if (!a.ptr) {
       cpu_empty_cache();
-      a.ptr = std::aligned_alloc(kAlign, a.bytes);
+      a.ptr = std::aligned_alloc(kAlign, a.capacity);
     }
     MINIDL_CHECK(a.ptr, "out of CPU memory allocating ", a.bytes, " bytes");
   }
@@ -95,8 +110,13 @@ void cpu_free(const Allocation& a) {
   ledger().add(a.tag, -int64_t(a.bytes));
   CpuCache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  c.free_blocks[a.bytes].push_back(a.ptr);
-  c.cached_bytes += int64_t(a.bytes);
+  c.live_bytes -= int64_t(a.capacity);
+  if (c.cached_bytes + int64_t(a.capacity) > 2 * c.live_peak + kCacheSlack) {
+    std::free(a.ptr);  // the cache is full: the block goes back to the system
+    return;
+  }
+  c.free_blocks[a.capacity].push_back(a.ptr);
+  c.cached_bytes += int64_t(a.capacity);
 }
 
 void cpu_empty_cache() {
