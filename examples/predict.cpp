@@ -38,6 +38,33 @@ int main(int argc, char** argv) {
   app.add_option("--kv-heads", kv_heads, "Llama: key/value heads, a divisor of --heads [default: --heads]")
       ->check(positive);
   app.add_option("--ffn", ffn, "Llama: the SwiGLU MLP's hidden width [default: 4 x --embd]")->check(positive);
+  nn::GPTConfig moe;  // the --moe-* fields only
+  std::string moe_balance = "aux";
+  app.add_option("--moe-experts", moe.moe_experts,
+                 "Llama: a mixture of experts, E SwiGLU experts per MoE block, as train_gpt's (0: dense)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20))
+      ->capture_default_str();
+  app.add_option("--moe-top-k", moe.moe_top_k, "With --moe-experts: experts per token")
+      ->check(positive)
+      ->capture_default_str();
+  app.add_option("--moe-every", moe.moe_every, "With --moe-experts: block i is MoE when i % n == 0")
+      ->check(positive)
+      ->capture_default_str();
+  app.add_option("--moe-shared", moe.moe_shared, "With --moe-experts: shared experts every token passes through")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20))
+      ->capture_default_str();
+  app.add_option("--moe-capacity", moe.moe_capacity,
+                 "With --moe-experts: the capacity factor (slots per expert over tokens x k / E); 0: dropless")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--moe-balance", moe_balance, "With --moe-experts: aux, bias or none")
+      ->check(CLI::IsMember({"aux", "bias", "none"}))
+      ->capture_default_str();
+  app.add_option("--ep", l.ep,
+                 "Expert parallelism: the experts spread over groups of ep of the dp ranks (a divisor of --dp and "
+                 "--moe-experts; not more GPUs)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--layers", layers, "Transformer blocks")->check(positive)->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->check(positive)->capture_default_str();
   app.add_option("--embd", embd, "Embedding width (a multiple of --heads)")->check(positive)->capture_default_str();
@@ -170,6 +197,20 @@ int main(int argc, char** argv) {
       w.model.n_kv_head = kv_heads;
       w.model.intermediate_size = ffn;
     }
+    MINIDL_CHECK(moe.moe_experts > 0 || (moe.moe_top_k == 2 && moe.moe_every == 1 && moe.moe_shared == 0 &&
+                                         moe.moe_capacity == 0 && moe_balance == "aux"),
+                 "--moe-top-k, --moe-every, --moe-shared, --moe-capacity and --moe-balance shape a mixture of "
+                 "experts: they need --moe-experts");
+    MINIDL_CHECK(moe.moe_experts == 0 || model == "llama", "--moe-experts ", moe.moe_experts,
+                 ": a mixture of experts has SwiGLU experts; it needs --model llama");
+    w.model.moe_experts = moe.moe_experts;
+    w.model.moe_top_k = moe.moe_top_k;
+    w.model.moe_every = moe.moe_every;
+    w.model.moe_shared = moe.moe_shared;
+    w.model.moe_capacity = moe.moe_capacity;
+    w.model.moe_balance = moe_balance == "bias"   ? nn::GPTConfig::Balance::kBias
+                          : moe_balance == "none" ? nn::GPTConfig::Balance::kNone
+                                                  : nn::GPTConfig::Balance::kAux;
     w.model.validate();
     l.recompute = nn::parse_recompute(recompute);
     l.amp = amp == "bf16" ? DType::bf16 : amp == "fp16" ? DType::f16 : DType::f32;

@@ -25,6 +25,8 @@ double tree_all_reduce(int n, double bytes, const Link& link) {
 
 double point_to_point(double bytes, const Link& link) { return bytes / link.beta + link.alpha; }
 
+double all_to_all(int n, double bytes, const Link& link) { return ring_reduce_scatter(n, bytes, link); }
+
 double all_reduce(int n, double bytes, const Link& link) {
   return std::min(ring_all_reduce(n, bytes, link), tree_all_reduce(n, bytes, link));
 }

@@ -9,6 +9,8 @@
 //                                                     pipelined so each rank sends and receives S per direction;
 //                                                     fewer steps, so it wins for small S on many ranks
 //   point-to-point        S/β + α                     one message (pipeline activations and gradients)
+//   pairwise all-to-all   (n−1)/n · S/β + (n−1)·α     n−1 rounds, each sending S/n to one peer (S: the rank's whole
+//                                                     send buffer; its own part stays); uneven parts: S their sum
 //
 //   predict::Link nvlink{3.4e-6, 300e9};
 //   predict::ring_all_reduce(8, 1 << 30, nvlink);   // 2·7/8·2^30/300e9 + 14·3.4e-6 s
@@ -28,6 +30,7 @@ double ring_reduce_scatter(int n, double bytes, const Link& link);
 double ring_all_gather(int n, double bytes, const Link& link);
 double tree_all_reduce(int n, double bytes, const Link& link);
 double point_to_point(double bytes, const Link& link);
+double all_to_all(int n, double bytes, const Link& link);
 // The faster of the ring and the tree, as NCCL picks per size (n = 1: nothing to do).
 double all_reduce(int n, double bytes, const Link& link);
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "nn/moe.h"
+#include "train/zero_memory.h"
+
 namespace minidl::predict {
 
 namespace {
@@ -30,6 +33,8 @@ Dims dims(const ComputeQuery& q) {
           q.model.llama() ? double(q.model.kv_heads() * q.model.head_size()) : 0.0,
           q.model.llama() ? double(q.model.mlp_width()) : 0.0};
 }
+
+bool moe(const ComputeQuery& q) { return q.moe_block && q.model.moe(); }
 
 OpCost gemm(std::string name, double m, double k, double n, double s) {
   return {std::move(name), OpClass::kGemm, 2 * m * k * n, s * (m * k + k * n + m * n)};
@@ -62,29 +67,63 @@ std::vector<OpCost> mlp_half(const Dims& d) {
           gemm("mlp proj", d.BT, 4 * d.C / d.tp, d.C, d.s)};
 }
 
+std::vector<OpCost> moe_half(const Dims& d, const ComputeQuery& q) {
+  const nn::GPTConfig& m = q.model;
+  const double K = double(m.moe_top_k), E = double(m.moe_experts), held = E / std::max(1, q.ep), I = d.I;
+  const double R = moe_rows(q), BT = d.BT, C = d.C, s = d.s, SI = double(m.moe_shared) * I;
+  std::vector<OpCost> ops{
+      {"rmsnorm + residual (mlp)", OpClass::kElementwise, 0, d.stream * BT * C * (d.f + s + 3 * d.f)},
+      {"router", OpClass::kGemm, 2 * BT * C * E, 4 * (BT * C + C * E + BT * E), true},
+      {"routing", OpClass::kElementwise, 0, (s == 4 ? 0 : BT * C * (s + 4)) + 16 * BT * E + 16 * BT * K},
+      {"dispatch", OpClass::kElementwise, 0, 2 * s * R * C},
+      {"experts gate, up", OpClass::kGemm, 2 * R * C * 2 * I, s * (R * C + held * C * 2 * I + R * 2 * I)},
+      {"experts swiglu", OpClass::kElementwise, 0, 3 * s * R * I},
+      {"experts down", OpClass::kGemm, 2 * R * I * C, s * (R * I + held * I * C + R * C)},
+      {"combine", OpClass::kElementwise, 0, 4 * s * R * C + 5 * s * BT * K * C + BT * C * (8 + s)}};
+  if (q.ep > 1)
+    ops.push_back({"expert-major permutation and back", OpClass::kElementwise, 0, 2 * (s == 4 ? 8 : 20) * R * C});
+  if (SI > 0) {
+    ops.push_back(gemm("shared gate, up", BT, C, 2 * SI, s));
+    ops.push_back({"shared swiglu", OpClass::kElementwise, 0, 3 * s * BT * SI});
+    ops.push_back(gemm("shared down", BT, SI, C, s));
+    ops.push_back({"shared sum", OpClass::kElementwise, 0, 3 * s * BT * C});
+  }
+  if (m.moe_balance == nn::GPTConfig::Balance::kAux)
+    ops.push_back({"auxiliary loss", OpClass::kElementwise, 0, 12 * BT * E});
+  return ops;
+}
+
 std::vector<OpCost> backward_of(const std::vector<OpCost>& forward) {
   std::vector<OpCost> out;
   for (const OpCost& op : forward) {
     if (op.cls == OpClass::kGemm) {
-      out.push_back({op.name + " bwd dx", op.cls, op.flops, op.bytes});
-      out.push_back({op.name + " bwd dw", op.cls, op.flops, op.bytes});
+      out.push_back({op.name + " bwd dx", op.cls, op.flops, op.bytes, op.f32});
+      out.push_back({op.name + " bwd dw", op.cls, op.flops, op.bytes, op.f32});
     } else {
-      out.push_back({op.name + " bwd", op.cls, 2 * op.flops, 2 * op.bytes});
+      out.push_back({op.name + " bwd", op.cls, 2 * op.flops, 2 * op.bytes, op.f32});
     }
   }
   return out;
 }
 
 void append(std::vector<OpCost>& to, const std::vector<OpCost>& from, const std::string& prefix = "") {
-  for (const OpCost& op : from) to.push_back({prefix + op.name, op.cls, op.flops, op.bytes});
+  for (const OpCost& op : from) to.push_back({prefix + op.name, op.cls, op.flops, op.bytes, op.f32});
 }
 
 }  // namespace
 
+double moe_rows(const ComputeQuery& q) {
+  const nn::GPTConfig& m = q.model;
+  const double T = double(q.seq > 0 ? q.seq : m.block_size), b = double(q.micro_batch);
+  const double slots = b * T * double(m.moe_top_k);
+  const int64_t cap = nn::expert_capacity(m.moe_capacity, int64_t(T), m.moe_top_k, m.moe_experts);
+  return cap < 0 ? slots : std::min(slots, b * double(m.moe_experts) * double(cap));
+}
+
 double op_seconds(const OpCost& op, const Machine& m, DType amp) {
   if (op.cls == OpClass::kElementwise) return op.bytes / (m.mem_bw * m.eff.elementwise);
   const double eff = op.cls == OpClass::kGemm ? m.eff.gemm : m.eff.attention;
-  return std::max(op.flops / (m.peak_flops(amp) * eff), op.bytes / m.mem_bw);
+  return std::max(op.flops / (m.peak_flops(op.f32 ? DType::f32 : amp) * eff), op.bytes / m.mem_bw);
 }
 
 double ops_seconds(const std::vector<OpCost>& ops, const Machine& m, DType amp) {
@@ -112,7 +151,7 @@ ClassSeconds class_seconds(const std::vector<OpCost>& ops, const Machine& m, DTy
 std::vector<OpCost> block_forward_ops(const ComputeQuery& q) {
   const Dims d = dims(q);
   std::vector<OpCost> ops = attn_half(d);
-  append(ops, mlp_half(d));
+  append(ops, moe(q) ? moe_half(d, q) : mlp_half(d));
   return ops;
 }
 
@@ -123,7 +162,7 @@ std::vector<OpCost> block_backward_ops(const ComputeQuery& q) {
     case nn::Recompute::kNone: break;
     case nn::Recompute::kBlock: append(ops, block_forward_ops(q), "recompute "); break;
     case nn::Recompute::kAttn: append(ops, attn_half(d), "recompute "); break;
-    case nn::Recompute::kMlp: append(ops, mlp_half(d), "recompute "); break;
+    case nn::Recompute::kMlp: append(ops, moe(q) ? moe_half(d, q) : mlp_half(d), "recompute "); break;
   }
   append(ops, backward_of(block_forward_ops(q)));
   return ops;
@@ -177,7 +216,14 @@ double model_flops_per_token(const nn::GPTConfig& m, int64_t seq) {
     block = 2 * C * hd + 2 * C * kvd + 3 * C * double(m.mlp_width()) + 2 * C;
     width = hd;
   }
-  const double params = double(m.vocab_size) * C + L * block + (m.bias ? 2 * C : C);  // the head's table, blocks, ln_f
+  double blocks = L * block;
+  if (m.moe()) {  // a token runs the router, the shared experts and k of an MoE block's E experts
+    blocks = 0;
+    for (int64_t i = 0; i < m.n_layer; ++i)
+      blocks +=
+          train::block_params(m, i) - train::expert_params(m, i) * (1 - double(m.moe_top_k) / double(m.moe_experts));
+  }
+  const double params = double(m.vocab_size) * C + blocks + (m.bias ? 2 * C : C);  // the head's table, blocks, ln_f
   return 6 * params + 12 * L * width * double(seq);
 }
 

@@ -17,6 +17,17 @@
 // The head (last stage): ln_f, the tied head GEMM 2·BT·C·Vp/tp, cross-entropy over BT·Vp/tp logits; backward two
 // GEMMs and the loss's gradient. The embedding (first stage): a gather of BT rows and wpe, its backward a
 // scatter-add of as many.
+// An MoE block's MLP half (nn/moe.h; R routed rows, moe_rows; E experts, E/ep on this rank, k per token, s shared):
+//   router     GEMM  2·BT·C·E in f32          4·(BT·C + C·E + BT·E), plus the input's f32 copy under --amp
+//   routing          the scores' softmax or sigmoid, the host's choice and the gates: 16·BT·E + 16·BT·k
+//   dispatch         the R rows gathered: 2s·R·C
+//   experts    GEMMs 2·R·C·2I and 2·R·I·C    weights of the E/ep held experts; SwiGLU 3s·R·I
+//   combine          the experts' rows concatenated and padded (4s·R·C), the k slots gathered, weighted and summed
+//                    (5s·BT·k·C), the sum in f32 and rounded (BT·C·(8 + s))
+//   ep > 1           the arrived rows permuted expert-major and back (2·2s·R·C; 16-bit through f32: 20·R·C each)
+//   shared           a dense SwiGLU MLP of width s·I on every token, and its sum into the output (3s·BT·C)
+//   aux loss         the mean probabilities and the counts: 12·BT·E
+// The all-to-alls are communication (predict/predict.h).
 // Recompute adds the recomputed part's forward to the backward: all of the block (block), ln_1 + qkv + attention +
 // attn proj (attn), or ln_2 + fc + GELU + mlp proj (mlp).
 #pragma once
@@ -36,6 +47,7 @@ struct OpCost {
   std::string name;
   OpClass cls = OpClass::kElementwise;
   double flops = 0, bytes = 0;
+  bool f32 = false;  // a product in f32 whatever --amp says (an MoE's router): at the f32 peak
 };
 
 struct ComputeQuery {
@@ -47,7 +59,17 @@ struct ComputeQuery {
   int64_t seq = 0;          // T; 0: model.block_size
   nn::Recompute recompute = nn::Recompute::kNone;
   int cp = 1;  // context parallelism: this rank's T / cp positions, attending to all T keys
+  // A mixture of experts (model.moe()): whether this block is an MoE block (model.moe_layer), and the ep ranks
+  // its experts are spread over (dist/expert_parallel.h).
+  bool moe_block = false;
+  int ep = 1;
 };
+
+// The routed rows an MoE block's experts run per micro-batch on one rank: the b·T tokens' k slots each, dropless;
+// with a capacity factor F, at most ceil(F·T·k/E) per expert and sequence (nn::expert_capacity), the tokens
+// spread evenly over the experts (a balanced router's expectation). Under expert parallelism a rank runs E/ep
+// experts on the rows of ep ranks: as many rows, balanced.
+double moe_rows(const ComputeQuery& q);
 
 // The roofline time of one op on `machine` with products in amp's precision.
 double op_seconds(const OpCost& op, const Machine& machine, DType amp);

@@ -93,6 +93,7 @@ const char* collective_name(Collective c) {
     case Collective::kAllReduce: return "all_reduce";
     case Collective::kReduceScatter: return "reduce_scatter";
     case Collective::kAllGather: return "all_gather";
+    case Collective::kAllToAll: return "all_to_all";
   }
   return "?";
 }

@@ -14,6 +14,7 @@
 // assumptions named in presets.cpp; the CPU host's are measured by the calibration.
 #pragma once
 
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,10 +32,11 @@ struct Link {
 // MPI's reduce-scatter moves a byte four times slower than its all-reduce; its all-gather, faster) records one
 // link each for within a node; the GPU presets leave them empty and every collective uses `intra`, as NCCL's rings
 // all move bytes alike.
-enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+enum class Collective { kAllReduce, kReduceScatter, kAllGather, kAllToAll };
 inline constexpr Collective kCollectives[] = {Collective::kAllReduce, Collective::kReduceScatter,
-                                              Collective::kAllGather};
-const char* collective_name(Collective c);  // "all_reduce", "reduce_scatter", "all_gather": bench_collectives' --op
+                                              Collective::kAllGather, Collective::kAllToAll};
+// "all_reduce", "reduce_scatter", "all_gather", "all_to_all": bench_collectives' --op
+const char* collective_name(Collective c);
 
 struct OpEfficiency {
   double gemm = 1;         // matrix products, against peak_flops
@@ -56,7 +58,7 @@ struct Machine {
   // the GEMM itself (autograd/functions/product_operand.h): what ZeRO's dropped gradients cost depends on it.
   bool cpu = false;
   // Measured links within a node, by collective (Collective as index; absent: intra).
-  std::optional<Link> measured[3] = {};
+  std::optional<Link> measured[std::size(kCollectives)] = {};
 
   // The link a collective runs at within a node.
   const Link& intra_for(Collective c) const {

@@ -19,8 +19,9 @@ namespace {
 // Per micro-batch on one pipeline rank: compute and tensor-parallel communication, forward and backward.
 struct RankCost {
   double fc = 0, ft = 0, bc = 0, bt = 0, fx = 0, bx = 0;  // compute, tp's collectives, cp's exposed ring sends
-  double f() const { return fc + ft + fx; }
-  double b() const { return bc + bt + bx; }
+  double fe = 0, be = 0;                                  // ep's all-to-alls
+  double f() const { return fc + ft + fx + fe; }
+  double b() const { return bc + bt + bx + be; }
 };
 
 dist::PipelineSpec pipeline_spec(const Layout& l) { return {l.schedule, l.pp, l.micro_batches, l.virtual_stages}; }
@@ -47,7 +48,7 @@ void finish_rates(Prediction& out, const Workload& w, const Layout& l, const Mac
 }
 
 // One synchronous group: dp × cp × tp × pp.
-Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
+Prediction predict_group(const Workload& w, const Layout& l, const Machine& m) {
   const nn::GPTConfig& model = w.model;
   const int64_t T = model.block_size, b = w.global_batch / (int64_t(l.dp) * l.micro_batches);
   const int64_t Tl = T / l.cp;  // the positions of a sequence one rank holds
@@ -62,7 +63,7 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   out.micro_batch = b;
 
   // ---- per micro-batch costs of a block, the embedding and the head ----
-  const ComputeQuery cq{model, l.tp, l.sequence_parallel, l.amp, b, T, l.recompute, l.cp};
+  const ComputeQuery cq{model, l.tp, l.sequence_parallel, l.amp, b, T, l.recompute, l.cp, false, l.ep};
   const double block_f = ops_seconds(block_forward_ops(cq), m, l.amp);
   const double block_b = ops_seconds(block_backward_ops(cq), m, l.amp);
   const double head_f = ops_seconds(head_forward_ops(cq), m, l.amp);
@@ -138,18 +139,50 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
     cp_block_b = (l.cp - 1) * exposed_b + l.cp * grad + rerun * (l.cp - 1) * exposed_f;
   }
 
+  // ---- a mixture of experts: an MoE block's compute, and its all-to-alls under expert parallelism ----
+  // Per MoE block and micro-batch forward: the counts (E f64 values a rank), then the routed rows out and home
+  // (dist/expert_parallel.cpp), each of moe_rows · C activations; backward the rows' gradients both ways again, a
+  // recomputation (block or mlp) the forward's too. Blocking, on the critical path. The ep group is ep
+  // consecutive dp ranks, tp apart: the dp axis of the grid {ep, tp, 1}.
+  ComputeQuery mcq = cq;
+  mcq.moe_block = true;
+  const double moe_f = model.moe() ? ops_seconds(block_forward_ops(mcq), m, l.amp) : block_f;
+  const double moe_b = model.moe() ? ops_seconds(block_backward_ops(mcq), m, l.amp) : block_b;
+  double ep_f = 0, ep_b = 0;
+  if (l.ep > 1) {
+    const Link& link = group_link(dist::Grid{l.ep, l.tp, 1}, Axis::kDp, m, Collective::kAllToAll);
+    const double rows = all_to_all(l.ep, moe_rows(mcq) * C * s, link);
+    ep_f = all_to_all(l.ep, 8 * double(model.moe_experts), link) + 2 * rows;
+    const bool rerun = l.recompute == nn::Recompute::kBlock || l.recompute == nn::Recompute::kMlp;
+    ep_b = 2 * rows + (rerun ? ep_f : 0);
+  }
+
   // ---- pipeline: blocks per rank as the trainer splits them, the slowest rank's costs into simulate ----
-  const train::MemoryQuery mq{model, l.zero, dpg, l.amp, l.recompute, b, Tl, M, l.tp, l.sequence_parallel};
+  const train::MemoryQuery mq{model, l.zero, dpg, l.amp, l.recompute, b, Tl, M, l.tp, l.sequence_parallel, l.ep};
   const train::MemoryPlan whole = train::predict_memory(mq);
   const std::vector<int64_t> starts = dist::split_layers(model.n_layer, p * V, int64_t(whole.block),
                                                          int64_t(whole.persistent), int64_t(whole.persistent));
-  std::vector<int64_t> blocks(size_t(p), 0);
-  for (int c = 0; c < p * V; ++c) blocks[size_t(c % p)] += starts[size_t(c) + 1] - starts[size_t(c)];
+  // Each rank's blocks (chunk c on rank c % p), in order, and how many of them are MoE blocks.
+  std::vector<std::vector<int64_t>> held(static_cast<size_t>(p));
+  for (int c = 0; c < p * V; ++c)
+    for (int64_t i = starts[size_t(c)]; i < starts[size_t(c) + 1]; ++i) held[size_t(c % p)].push_back(i);
+  std::vector<int64_t> blocks(size_t(p), 0), moe_blocks(size_t(p), 0);
+  for (int r = 0; r < p; ++r) {
+    blocks[size_t(r)] = int64_t(held[size_t(r)].size());
+    for (int64_t i : held[size_t(r)]) moe_blocks[size_t(r)] += model.moe_layer(i);
+  }
   std::vector<RankCost> ranks(static_cast<size_t>(p));
   for (int r = 0; r < p; ++r) {
     RankCost& rc = ranks[size_t(r)];
-    const double n = double(blocks[size_t(r)]);
-    rc = {n * block_f, n * tp_block_f, n * block_b, n * tp_block_b, n * cp_block_f, n * cp_block_b};
+    const double n = double(blocks[size_t(r)]), e = double(moe_blocks[size_t(r)]);
+    rc = {(n - e) * block_f + e * moe_f,
+          n * tp_block_f,
+          (n - e) * block_b + e * moe_b,
+          n * tp_block_b,
+          n * cp_block_f,
+          n * cp_block_b,
+          e * ep_f,
+          e * ep_b};
     if (r == 0) rc.fc += emb_f, rc.ft += tp_emb_f, rc.bc += emb_b, rc.bt += tp_emb_b;
     if (r == p - 1) rc.fc += head_f, rc.ft += tp_head_f, rc.bc += head_b, rc.bt += tp_head_b;
   }
@@ -163,7 +196,10 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
     c += class_seconds(backward, m, l.amp);
     return c;
   };
-  ClassSeconds by_class = both(block_forward_ops(cq), block_backward_ops(cq)) * double(blocks[size_t(slow_rank)]);
+  const double slow_moe = double(moe_blocks[size_t(slow_rank)]);
+  ClassSeconds by_class =
+      both(block_forward_ops(cq), block_backward_ops(cq)) * (double(blocks[size_t(slow_rank)]) - slow_moe);
+  if (slow_moe > 0) by_class += both(block_forward_ops(mcq), block_backward_ops(mcq)) * slow_moe;
   if (slow_rank == 0) by_class += both(embedding_forward_ops(cq), embedding_backward_ops(cq));
   if (slow_rank == p - 1) by_class += both(head_forward_ops(cq), head_backward_ops(cq));
   out.compute_by_class = by_class * double(M);
@@ -174,6 +210,7 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   out.time.compute = M * (slow.fc + slow.bc);
   out.time.tp_comm = M * (slow.ft + slow.bt);
   out.time.cp_comm = M * (slow.fx + slow.bx);
+  out.time.ep_comm = M * (slow.fe + slow.be);
   out.time.bubble = pipe.bubble;
   if (p > 1) {
     const Link& link = group_link(grid, Axis::kPp, m);
@@ -183,23 +220,42 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   }
 
   // ---- data parallelism on the first pipeline rank (all of the model when pp = 1) ----
+  // Under expert parallelism an MoE block's experts average over the dp / ep ranks holding them (the expert-dp
+  // group: dp ranks ep apart, the dp axis of the grid {dp / ep, ep · tp, 1}), in buckets of their own; the rest
+  // over the dp group.
   const double ln_f = model.bias ? 2 * C : C;
-  const double rank0_params = whole.persistent - (p > 1 ? ln_f : 0) + double(blocks[0]) * whole.block;
+  double rank0_blocks = 0, rank0_experts = 0;
+  for (int64_t i : held[0]) {
+    rank0_blocks += train::block_params(model, i, l.tp, l.ep);
+    rank0_experts += l.ep > 1 ? train::expert_params(model, i, l.ep) : 0;
+  }
+  const double rank0_params = whole.persistent - (p > 1 ? ln_f : 0) + rank0_blocks;
+  const int expert_dp = dpg / l.ep;
   if (dpg > 1) {
     const Link& reduce_link =
         group_link(grid, Axis::kDp, m, l.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter);
     const Link& gather_link = group_link(grid, Axis::kDp, m, Collective::kAllGather);
+    const Link& expert_link = group_link(dist::Grid{expert_dp, l.ep * l.tp, 1}, Axis::kDp, m);
     // Units in registration order (embedding, blocks, ln_f), ready as the last micro-batch's backward passes them:
     // the head and ln_f first, the blocks from the last, the embedding (and the tied wte) at the end.
     const RankCost& r0 = ranks[0];
-    std::vector<GradUnit> units;
+    std::vector<GradUnit> units, expert_units;
     double t = p == 1 ? head_b + tp_head_b : 0;
-    const double per_block = block_b + tp_block_b;
     const double end = r0.b();
     units.push_back({int64_t(whole.persistent - ln_f), end});
-    for (int64_t i = 0; i < blocks[0]; ++i)
-      units.push_back({int64_t(whole.block), t + double(blocks[0] - i) * per_block});
-    if (p == 1) units.push_back({int64_t(ln_f), t});
+    std::vector<double> ready(held[0].size());
+    for (size_t j = held[0].size(); j-- > 0;) {
+      const bool moe = model.moe_layer(held[0][j]);
+      t += (moe ? moe_b + ep_b : block_b) + tp_block_b;
+      ready[j] = t;
+    }
+    for (size_t j = 0; j < held[0].size(); ++j) {
+      const int64_t i = held[0][j];
+      const double experts = l.ep > 1 ? train::expert_params(model, i, l.ep) : 0;
+      units.push_back({int64_t(train::block_params(model, i, l.tp, l.ep) - experts), ready[j]});
+      if (experts > 0) expert_units.push_back({int64_t(experts), ready[j]});
+    }
+    if (p == 1) units.push_back({int64_t(ln_f), p == 1 ? head_b + tp_head_b : 0});
     std::vector<BucketTiming> timed;
     for (const Bucket& bk : gradient_buckets(units)) {
       const double bytes = 4 * double(bk.numel);
@@ -207,6 +263,11 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
           l.zero == 0 ? all_reduce(dpg, bytes, reduce_link) : ring_reduce_scatter(dpg, bytes, reduce_link);
       timed.push_back({bk.ready, cost});
     }
+    if (expert_dp > 1)
+      for (const Bucket& bk : gradient_buckets(expert_units))
+        timed.push_back({bk.ready, all_reduce(expert_dp, 4 * double(bk.numel), expert_link)});
+    std::stable_sort(timed.begin(), timed.end(),
+                     [](const BucketTiming& a, const BucketTiming& b) { return a.ready < b.ready; });
     const OverlapResult o = overlap_buckets(timed, end);
     out.time.dp_comm = o.exposed;
     out.dp_comm_total = o.comm_total;
@@ -219,12 +280,18 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
       // Blocks gathered before their forward and their backward (a recomputation finds its block gathered),
       // prefetched while the previous block computes: the first gather waits, the others only where longer.
       const double g = ring_all_gather(dpg, 4 * whole.block, gather_link);
-      const double n = double(model.n_layer), bf = block_f + tp_block_f;
+      const double n = double(model.n_layer), bf = block_f + tp_block_f, per_block = block_b + tp_block_b;
       const double exposed = 2 * g + (n - 1) * (std::max(0.0, g - bf) + std::max(0.0, g - per_block));
       const double persistent = ring_all_gather(dpg, 4 * whole.persistent, gather_link);
       out.time.dp_comm += M * exposed + persistent;
       out.dp_comm_total += M * 2 * n * g + persistent;
       out.dp_collective = "reduce-scatter + all-gather (blocks gathered per pass)";
+    }
+    // The gradient norm's experts: their squares summed over the ep group (one float).
+    if (l.ep > 1) {
+      const double norm = all_reduce(l.ep, 8, group_link(dist::Grid{l.ep, l.tp, 1}, Axis::kDp, m));
+      out.time.dp_comm += norm;
+      out.dp_comm_total += norm;
     }
     // On the CPU host a rank's collectives run on its own core: MPI's shared-memory copies and reductions are the
     // core's work, and its progress loop polls there. So nothing hides behind the backward: all of it is exposed.
@@ -234,9 +301,10 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   // ---- optimizer ----
   const double updated = l.zero >= 1 ? rank0_params / dpg : rank0_params;
   out.time.optimizer = ops_seconds(optimizer_ops(updated, rank0_params, l.amp), m, l.amp);
+  // Expert parallelism divides the experts' averaged gradients by ep after backward (8 bytes a parameter).
+  if (l.ep > 1) out.time.optimizer += 8 * rank0_experts / (m.mem_bw * m.eff.elementwise);
   // ZeRO-3 runs with pp = 1 only: the first rank's blocks are all of them.
-  out.time.zero_copies =
-      ops_seconds(zero_ops(l.zero, rank0_params, double(blocks[0]) * whole.block, M, l.amp, m.cpu), m, l.amp);
+  out.time.zero_copies = ops_seconds(zero_ops(l.zero, rank0_params, rank0_blocks, M, l.amp, m.cpu), m, l.amp);
 
   // ---- memory: the rank holding the most blocks, its activations times the chunks in flight ----
   nn::GPTConfig worst = model;
@@ -250,13 +318,12 @@ Prediction predict_group(const Workload& w, const Layout& l, const Machine& m, b
   out.fits = out.memory_peak <= m.mem_capacity;
 
   out.rank_params = rank0_params;
-  finish_rates(out, w, l, m, with_baseline);
   return out;
 }
 
 // Beyond one group (predict/outer.h): R replicas of the group meeting every H steps, or W workers of a parameter
 // server, each predicted as the group it trains in, plus what their meeting costs.
-Prediction predict_beyond_group(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
+Prediction predict_beyond_group(const Workload& w, const Layout& l, const Machine& m) {
   Layout group = l;
   group.sync = OuterSync::kNone, group.replicas = 1, group.sync_every = 1, group.ps_servers = 0;
   Workload part = w;
@@ -265,7 +332,7 @@ Prediction predict_beyond_group(const Workload& w, const Layout& l, const Machin
     // A worker trains the whole model on its share of the batch; its optimizer step is the push and the pull.
     group.dp = 1;
     part.global_batch = w.global_batch / l.dp;
-    out = predict_group(part, group, m, false);
+    out = predict_group(part, group, m);
     const double shard = out.rank_params / l.ps_servers;
     const double adamw = ops_seconds(optimizer_ops(shard, shard, l.amp), m, l.amp);
     const PsExchange x = ps_exchange(out.rank_params, l.dp, l.ps_servers, l.ps_mode == PsMode::kSync, out.time.compute,
@@ -277,7 +344,7 @@ Prediction predict_beyond_group(const Workload& w, const Layout& l, const Machin
     out.memory.optimizer = 0;
   } else {
     part.global_batch = w.global_batch / l.replicas;
-    out = predict_group(part, group, m, false);
+    out = predict_group(part, group, m);
     // The replicas' ranks at one coordinate: one node's link if the whole job fits in a node.
     const Link& link = l.gpus() <= m.gpus_per_node ? m.intra_for(Collective::kAllReduce) : m.inter;
     out.time.outer =
@@ -286,13 +353,14 @@ Prediction predict_beyond_group(const Workload& w, const Layout& l, const Machin
   out.fits = out.memory_peak <= m.mem_capacity;
   out.workload = w;
   out.layout = l;
-  finish_rates(out, w, l, m, with_baseline);
   return out;
 }
 
 Prediction predict_unchecked(const Workload& w, const Layout& l, const Machine& m, bool with_baseline) {
-  if (l.ps_servers > 0 || l.sync != OuterSync::kNone) return predict_beyond_group(w, l, m, with_baseline);
-  return predict_group(w, l, m, with_baseline);
+  Prediction out =
+      l.ps_servers > 0 || l.sync != OuterSync::kNone ? predict_beyond_group(w, l, m) : predict_group(w, l, m);
+  finish_rates(out, w, l, m, with_baseline);
+  return out;
 }
 
 }  // namespace
@@ -311,6 +379,7 @@ std::string describe(const Layout& l) {
   std::ostringstream os;
   os << "dp " << l.dp;
   if (l.cp > 1) os << " cp " << l.cp;
+  if (l.ep > 1) os << " ep " << l.ep;
   os << " tp " << l.tp << " pp " << l.pp;
   if (l.virtual_stages > 1) os << " V " << l.virtual_stages;
   os << " M " << l.micro_batches << " zero " << l.zero;
@@ -365,6 +434,14 @@ std::string refusal(const Workload& w, const Layout& l) {
     why << "cp " << l.cp << ": the sequence " << w.model.block_size << " must be a multiple of 2 x cp";
   else if (l.cp > 1 && (l.sequence_parallel || l.ps_servers > 0 || l.sync != OuterSync::kNone))
     why << "cp with sequence parallelism, a parameter server or an outer sync (train_gpt refuses them)";
+  else if (l.ep < 1 || (l.ep > 1 && !m.moe()))
+    why << "ep " << l.ep << ": expert parallelism spreads a mixture of experts' experts (moe_experts > 0)";
+  else if (m.moe() && (l.tp > 1 || l.cp > 1 || l.sync != OuterSync::kNone || l.ps_servers > 0))
+    why << "a mixture of experts with tp, cp, an outer sync or a parameter server (train_gpt refuses them)";
+  else if (m.moe_experts % l.ep != 0 || l.dp % l.ep != 0)
+    why << "ep " << l.ep << " must divide the " << m.moe_experts << " experts and dp " << l.dp;
+  else if (l.ep > 1 && (l.zero > 0 || l.pp > 1))
+    why << "ep with ZeRO or pp (train_gpt refuses them)";
   else if (l.virtual_stages > 1 && (l.pp == 1 || l.micro_batches % l.pp != 0))
     why << "interleaving needs pp > 1 and micro-batches a multiple of pp (" << l.micro_batches << ", pp " << l.pp
         << ")";

@@ -24,6 +24,11 @@
 //   block attention (attention / cp) where the machine overlaps (not on the CPU host); backward sends the K|V
 //   blocks again (overlapped the same way) and cp gradient blocks in f32 (exposed); recomputation reruns the
 //   forward's. The cp ranks join the data-parallel collectives: DDP and ZeRO run over dp · cp ranks.
+// - a mixture of experts (model.moe(), nn/moe.h): an MoE block's MLP half is its router, routing, dispatch, the
+//   experts' GEMMs over the routed rows (predict/compute.h: moe_rows, a balanced router's), the combine and the
+//   shared experts. Expert parallelism (ep > 1, dist/expert_parallel.h) adds per MoE block forward an all-to-all
+//   of the counts and two of the rows (out and home), backward two more, blocking; a rank holds E/ep experts,
+//   whose gradients all-reduce over the dp / ep ranks holding them, the dense ones over dp.
 // - data parallelism: the gradients of the first pipeline rank (all of the model when pp = 1) are bucketed as
 //   dist::assign_buckets buckets them (reverse order, 1 MiB first, 25 MiB cap), each bucket ready when backward
 //   has passed its last block in the last micro-batch (accumulation does not synchronise before it); DDP
@@ -91,6 +96,9 @@ struct Layout {
   PsMode ps_mode = PsMode::kSync;
   // --cp: each sequence over cp ranks (ring attention); the gradients averaged over dp · cp ranks.
   int cp = 1;
+  // --ep: a mixture of experts' experts spread over groups of ep of the dp ranks (a divisor of dp and of E; not
+  // an axis of the grid: gpus() is unchanged).
+  int ep = 1;
   int gpus() const { return dp * cp * tp * pp * replicas + ps_servers; }
 };
 std::string describe(const Layout& l);  // "dp 8 tp 4 pp 1 M 8 zero 1 bf16 ..."
@@ -106,8 +114,9 @@ struct StepTime {
   double zero_copies = 0;  // ZeRO's gradient copies, bucket zeroing and per-gather casts beyond DDP's (zero_ops)
   double outer = 0;    // local SGD's or DiLoCo's sync over the replicas, a step's share; a parameter server's exchange
   double cp_comm = 0;  // context parallelism's ring sends not hidden behind attention (inside forward and backward)
+  double ep_comm = 0;  // expert parallelism's all-to-alls (blocking, inside forward and backward)
   double total() const {
-    return compute + tp_comm + pp_comm + dp_comm + bubble + optimizer + zero_copies + outer + cp_comm;
+    return compute + tp_comm + pp_comm + dp_comm + bubble + optimizer + zero_copies + outer + cp_comm + ep_comm;
   }
 };
 

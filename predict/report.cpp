@@ -30,6 +30,7 @@ nlohmann::json to_json(const Prediction& p) {
   return {{"layout",
            {{"dp", l.dp},
             {"cp", l.cp},
+            {"ep", l.ep},
             {"tp", l.tp},
             {"pp", l.pp},
             {"virtual_stages", l.virtual_stages},
@@ -44,6 +45,7 @@ nlohmann::json to_json(const Prediction& p) {
            {{"compute", t.compute * kMs},
             {"tp_comm", t.tp_comm * kMs},
             {"cp_comm", t.cp_comm * kMs},
+            {"ep_comm", t.ep_comm * kMs},
             {"pp_comm", t.pp_comm * kMs},
             {"dp_comm_exposed", t.dp_comm * kMs},
             {"dp_comm_total", p.dp_comm_total * kMs},
@@ -90,7 +92,10 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
   std::string out;
   out += line("machine: %s, %d GPUs per node (%s)\n", m.name.c_str(), m.gpus_per_node, m.source.c_str());
   const std::string llama =
-      c.llama() ? line(" kv-heads %lld ffn %lld", (long long)c.kv_heads(), (long long)c.mlp_width()) : "";
+      (c.llama() ? line(" kv-heads %lld ffn %lld", (long long)c.kv_heads(), (long long)c.mlp_width()) : "") +
+      (c.moe() ? line(" moe %lld experts top-%lld every %lld shared %lld", (long long)c.moe_experts,
+                      (long long)c.moe_top_k, (long long)c.moe_every, (long long)c.moe_shared)
+               : "");
   out +=
       line("model: %s layers %lld heads %lld%s embd %lld seq %lld vocab %lld; global batch %lld sequences\n",
            c.llama() ? "llama" : "gpt2", (long long)c.n_layer, (long long)c.n_head, llama.c_str(), (long long)c.n_embd,
@@ -102,6 +107,7 @@ std::string format_prediction(const Prediction& p, const Machine& m) {
   row("compute (forward, backward)", t.compute);
   row("tp collectives", t.tp_comm);
   if (p.layout.cp > 1) row("cp ring sends (exposed)", t.cp_comm);
+  if (p.layout.ep > 1) row("ep all-to-alls", t.ep_comm);
   row("pp send/recv (exposed)", t.pp_comm);
   const std::string dp = std::string("dp ") + (p.dp_collective[0] ? p.dp_collective : "-") + " (exposed)";
   row(dp.c_str(), t.dp_comm);

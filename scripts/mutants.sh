@@ -373,6 +373,22 @@ ep_permutation_not_inverted ; dist/expert_parallel.cpp ; -R ExpertParallelMatche
 ep_expert_moments_one_writer ; train/checkpoint.cpp ; -R ExpertParallelCheckpointsResumeAtAnyEp ; every expert's AdamW moments left to dp rank 0, which holds only its own experts (the others' are never written)
 -   const bool first_replica = stage.topology()->expert_dp_group().rank() == 0;
 +   const bool first_replica = stage.topology()->dp_group().rank() == 0;
+
+allocator_exact_sizes ; core/memory.cpp ; -R ^Memory\. ; the CPU cache keyed by each request's exact size again: a mixture of experts' changing shapes leave a block per size ever seen (~50 MB a step)
+-   if (n <= 4096) return n;
++   if (n <= (size_t(1) << 62)) return n;
+
+predict_ep_rows_once ; predict/predict.cpp ; -R ^PredictMoE\. ; the predictor sends an MoE block's rows out but not home (one all-to-all of rows forward, not two)
+-     ep_f = all_to_all(l.ep, 8 * double(model.moe_experts), link) + 2 * rows;
++     ep_f = all_to_all(l.ep, 8 * double(model.moe_experts), link) + rows;
+
+predict_ep_with_zero ; predict/predict.cpp ; -R ^PredictLayouts\. ; the predictor predicts ep with ZeRO, which the trainer refuses
+-   else if (l.ep > 1 && (l.zero > 0 || l.pp > 1))
++   else if (l.ep > 1 && (l.pp > 1))
+
+predict_ep_holds_every_expert ; train/zero_memory.cpp ; -R ^PredictMoE\.|ExpertParallelMatchesOneProcess ; the memory model gives every rank all E experts under ep (the ledger holds E / ep)
+-   return double(m.moe_experts / std::max(1, ep)) * 3 * double(m.n_embd) * double(m.mlp_width());
++   return double(m.moe_experts / std::max(1, 0 * ep)) * 3 * double(m.n_embd) * double(m.mlp_width());
 EOF
 }
 

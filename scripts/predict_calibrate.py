@@ -14,7 +14,8 @@ Each number comes from a benchmark of the machine, never from a training step's 
   cross-entropy, AdamW, forward and backward) of their GB/s over that copy's;
 - attention: bench_cpu_ops' attention_fwd_bwd GFLOP/s counts the 7 causal tile products (7·B·T²·C); nanoGPT's
   count, which the predictor uses, is 12·B·T²·C, so the efficiency is GFLOP/s · 12/7 over the sgemm ceiling;
-- links: mpirun -n 2 bench_collectives --backend mpi for each of all_reduce, reduce_scatter and all_gather, each
+- links: mpirun -n 2 bench_collectives --backend mpi for each of all_reduce, reduce_scatter, all_gather and
+  all_to_all (expert parallelism's exchange, the pairwise formula: the reduce-scatter's at n = 2), each
   fitted by least squares to its ring formula (predict/collectives.h) at n = 2: t = 2α + S/β for the all-reduce,
   t = α + S/(2β) for the others (S the full buffer). The all-reduce's is the host's link ("intra"); each
   collective's own is kept under "collectives", which the predictor uses for that collective within the host
@@ -47,7 +48,7 @@ def last_json(text):
 
 
 # The 2-rank ring's t = k_alpha·α + k_beta·S/β for each collective (predict/collectives.h at n = 2).
-RING_AT_2 = {"all_reduce": (2, 1.0), "reduce_scatter": (1, 0.5), "all_gather": (1, 0.5)}
+RING_AT_2 = {"all_reduce": (2, 1.0), "reduce_scatter": (1, 0.5), "all_gather": (1, 0.5), "all_to_all": (1, 0.5)}
 
 
 def fit_alpha_beta(rows, op="all_reduce"):

@@ -226,8 +226,9 @@ void print_zero_memory(const TrainConfig& o, const Stage& stage, const dist::Top
   const MemoryLedger& mem = ledger(device);
   const int64_t M = stage.spec().micro_batches;
   // ZeRO shards over the dp group (dp × cp ranks); a cp rank keeps the activations of its seq / cp positions.
-  const MemoryPlan p = predict_memory({stage.config(), o.zero, topo.dp_group().size(), amp, stage.chunk(0).recompute(),
-                                       micro_batch, seq / topo.grid().cp, M, topo.grid().tp, o.sequence_parallel});
+  const MemoryPlan p =
+      predict_memory({stage.config(), o.zero, topo.dp_group().size(), amp, stage.chunk(0).recompute(), micro_batch,
+                      seq / topo.grid().cp, M, topo.grid().tp, o.sequence_parallel, topo.grid().ep});
   auto pct = [](double measured, double predicted) { return predicted > 0 ? 100 * (measured / predicted - 1) : 0.0; };
   const double params = double(mem.current(MemTag::kParams)), grads = double(mem.current(MemTag::kGrads)),
                optimizer = double(mem.current(MemTag::kOptimizer)), acts = double(mem.peak(MemTag::kActivations));

@@ -9,12 +9,8 @@ namespace minidl::train {
 
 namespace {
 
-// Parameters of one block on one of tp ranks. GPT-2: ln_1, ln_2 (2C each with bias, replicated), c_attn (C·3C +
-// 3C), attn.c_proj (C² + C, its bias replicated), c_fc (C·4C + 4C), mlp.c_proj (4C·C + C, its bias replicated)
-// = (12C² + 7C) / tp + 6C, at tp 1 12C² + 13C; without biases 12C² / tp + 2C (the LayerNorm weights).
-// Llama (H query heads, KV key/value heads of D, SwiGLU width I): q and o C·HD each, k and v C·KV·D each, gate, up
-// and down C·I each, all split, and the two RMSNorms (C each, replicated): (2C·HD + 2C·KV·D + 3C·I) / tp + 2C.
-double block_params(const nn::GPTConfig& m, int tp) {
+// A dense block's parameters on one of tp ranks (zero_memory.h, block_params, has the count).
+double dense_block_params(const nn::GPTConfig& m, int tp) {
   const double c = double(m.n_embd);
   if (m.llama()) {
     const double hd = double(m.n_head * m.head_size()), kvd = double(m.kv_heads() * m.head_size());
@@ -33,6 +29,18 @@ double persistent_params(const nn::GPTConfig& m, int tp) {
 
 }  // namespace
 
+double expert_params(const nn::GPTConfig& m, int64_t block, int ep) {
+  if (!m.moe_layer(block)) return 0;
+  return double(m.moe_experts / std::max(1, ep)) * 3 * double(m.n_embd) * double(m.mlp_width());
+}
+
+double block_params(const nn::GPTConfig& m, int64_t block, int tp, int ep) {
+  const double dense = dense_block_params(m, tp);
+  if (!m.moe_layer(block)) return dense;
+  const double c = double(m.n_embd), mlp = 3 * c * double(m.mlp_width());
+  return dense - mlp + c * double(m.moe_experts) + double(m.moe_shared) * mlp + expert_params(m, block, ep);
+}
+
 double kv_cache_bytes(const nn::GPTConfig& m, DType dtype) {
   return 2.0 * double(m.n_layer * m.kv_heads() * m.head_size() * m.block_size) * double(dtype_size(dtype));
 }
@@ -40,12 +48,19 @@ double kv_cache_bytes(const nn::GPTConfig& m, DType dtype) {
 MemoryPlan predict_memory(const MemoryQuery& q) {
   const nn::GPTConfig& m = q.model;
   const int tp = std::max(1, q.tp);
-  const double n = q.dp, blk = block_params(m, tp), phi = persistent_params(m, tp);
-  const double psi = phi + double(m.n_layer) * blk;
+  const double n = q.dp, phi = persistent_params(m, tp);
+  double all_blocks = 0, blk = 0;
+  for (int64_t i = 0; i < m.n_layer; ++i) {
+    const double here = block_params(m, i, tp, q.ep);
+    all_blocks += here;
+    blk = std::max(blk, here);
+  }
+  const double psi = phi + all_blocks;
   const bool half = q.amp != DType::f32;
   MemoryPlan p;
   p.persistent = phi;
   p.block = blk;
+  p.blocks = all_blocks;
   p.params_rest = q.stage == 3 ? 4 * (psi - phi) / n + 4 * phi : 4 * psi;
   // Without ZeRO the tied table lives in its padded buffer (nn::GPTConfig::vocab_pad; tensor parallelism pads by its
   // own rule, counted in persistent_params): the padding rows are parameter bytes that are no parameter. ZeRO's flat
@@ -71,30 +86,47 @@ MemoryPlan predict_memory(const MemoryQuery& q) {
   // Per token and block, what the backward keeps: the norms' inputs and outputs (4C, replicated under tp) and the
   // attention and MLP halves' split tensors. GPT-2: qkv and the attention output (4C), the MLP's 4C input and GELU
   // output (8C). Llama: the packed rotated q|k|v and the attention output (2HD + 2KV·D), gate, up and their
-  // SwiGLU (3I).
-  double attn_split = 4 * c, mlp_split = 8 * c;
+  // SwiGLU (3I). An MoE block's MLP half (nn/moe.h, dropless): per token its k gathered rows, their gate, up and
+  // SwiGLU, the experts' outputs, the combine's padded copy and the k slots (k·(4C + 3I)), the shared experts'
+  // 3·s·I, and in f32 the router's scores (E; its 16-bit input's f32 copy, C, under --amp).
+  double attn_split = 4 * c, mlp_split = 8 * c, moe_split = 0;
   if (m.llama()) {
-    const double hd = double(m.n_head * m.head_size()), kvd = double(m.kv_heads() * m.head_size());
+    const double hd = double(m.n_head * m.head_size()), kvd = double(m.kv_heads() * m.head_size()),
+                 I = double(m.mlp_width());
     attn_split = 2 * hd + 2 * kvd;
-    mlp_split = 3 * double(m.mlp_width());
+    mlp_split = 3 * I;
+    moe_split = double(m.moe_top_k) * (4 * c + 3 * I) + double(m.moe_shared) * 3 * I +
+                (4 * double(m.moe_experts) + (half ? 4 * c : 0)) / act;
   }
-  const double whole = 4 * c + attn_split + mlp_split;
   // The part of a block's activations one of tp ranks keeps (see MemoryQuery::tp), and of what lies between the
   // parallel layers (the residual stream, the norms): all of it, or 1/tp under sequence parallelism.
   const bool sp = q.sequence_parallel && tp > 1;
-  const double share = sp ? 1.0 / tp : (4 * c + (attn_split + mlp_split) / tp) / whole, stream = sp ? 1.0 / tp : 1.0;
-  const double full_block = share * whole * act * tokens, input = stream * c * act * tokens;
-  const double attn_half = (2 * c + attn_split) * share * act * tokens,
-               mlp_half = (2 * c + mlp_split) * share * act * tokens;
-  double blocks = 0;
-  switch (q.recompute) {
-    case nn::Recompute::kNone: blocks = double(m.n_layer) * full_block; break;
-    case nn::Recompute::kBlock: blocks = double(m.n_layer) * input + full_block; break;
-    case nn::Recompute::kAttn: blocks = double(m.n_layer) * (mlp_half + input) + attn_half; break;
-    case nn::Recompute::kMlp:
-      blocks = double(m.n_layer) * (attn_half + share * c * act * tokens + input) + mlp_half;
-      break;
+  const double stream = sp ? 1.0 / tp : 1.0, input = stream * c * act * tokens;
+  struct Kept {
+    double full, attn_half, mlp_half, one_c;  // one_c: C values a token (ln_2's output, kept for the MLP)
+  };
+  const auto kept = [&](double mlp) {
+    const double whole = 4 * c + attn_split + mlp;
+    const double share = sp ? 1.0 / tp : (4 * c + (attn_split + mlp) / tp) / whole;
+    return Kept{share * whole * act * tokens, (2 * c + attn_split) * share * act * tokens,
+                (2 * c + mlp) * share * act * tokens, share * c * act * tokens};
+  };
+  double blocks = 0, full_max = 0, mlp_max = 0;
+  for (int64_t i = 0; i < m.n_layer; ++i) {
+    const Kept k = kept(m.moe_layer(i) ? moe_split : mlp_split);
+    full_max = std::max(full_max, k.full);
+    mlp_max = std::max(mlp_max, k.mlp_half);
+    switch (q.recompute) {
+      case nn::Recompute::kNone: blocks += k.full; break;
+      case nn::Recompute::kBlock: blocks += input; break;
+      case nn::Recompute::kAttn: blocks += k.mlp_half + input; break;
+      case nn::Recompute::kMlp: blocks += k.attn_half + k.one_c + input; break;
+    }
   }
+  // The one block recomputed at a time holds its whole set (block) or its recomputed half.
+  if (q.recompute == nn::Recompute::kBlock) blocks += full_max;
+  if (q.recompute == nn::Recompute::kAttn) blocks += kept(mlp_split).attn_half;
+  if (q.recompute == nn::Recompute::kMlp) blocks += mlp_max;
   // The head: ln_f input and output, then the logits: at tp 1 the padded row in the activation dtype, read as is by
   // the classifier, whose gradient is written over it; with tp, f32 logits and their gradient (this rank's slice).
   const double logits = tp == 1 ? act * double(m.padded_vocab()) : 2 * 4 * double((m.vocab_size + tp - 1) / tp);
@@ -104,7 +136,7 @@ MemoryPlan predict_memory(const MemoryQuery& q) {
 
 double comm_elements_per_step(const MemoryQuery& q) {
   const MemoryPlan p = predict_memory(q);
-  const double n = q.dp, psi = p.persistent + double(q.model.n_layer) * p.block, f = (n - 1) / n;
+  const double n = q.dp, psi = p.persistent + p.blocks, f = (n - 1) / n;
   if (q.stage < 3) return 2 * f * psi;
   return f * (2 * double(q.grad_accum) * (psi - p.persistent) + (psi - p.persistent) + 2 * p.persistent);
 }

@@ -55,7 +55,20 @@ struct MemoryQuery {
   // sequence parallelism; the head's logits are 1/tp.
   int tp = 1;
   bool sequence_parallel = false;
+  // Expert parallelism (dist/expert_parallel.h): each MoE block holds E / ep of its experts.
+  int ep = 1;
 };
+
+// Parameters of block `block` on one of tp ranks (of ep, for an MoE block's experts). GPT-2: ln_1, ln_2 (2C each
+// with bias, replicated), c_attn (C·3C + 3C), attn.c_proj (C² + C, its bias replicated), c_fc (C·4C + 4C),
+// mlp.c_proj (4C·C + C, its bias replicated) = (12C² + 7C) / tp + 6C, at tp 1 12C² + 13C; without biases
+// 12C² / tp + 2C (the LayerNorm weights). Llama (H query heads, KV key/value heads of D, SwiGLU width I): q and o
+// C·HD each, k and v C·KV·D each, gate, up and down C·I each, all split, and the two RMSNorms (C each, replicated):
+// (2C·HD + 2C·KV·D + 3C·I) / tp + 2C. An MoE block (nn/moe.h; block % moe_every == 0) replaces the MLP's 3C·I by
+// the router's C·E, the shared experts' s·3C·I and its E / ep experts' 3C·I each (expert_bias is a buffer).
+double block_params(const nn::GPTConfig& model, int64_t block, int tp = 1, int ep = 1);
+// The experts' part of it: (E / ep)·3C·I in an MoE block, 0 elsewhere.
+double expert_params(const nn::GPTConfig& model, int64_t block, int ep = 1);
 
 // Bytes per rank.
 struct MemoryPlan {
@@ -63,7 +76,8 @@ struct MemoryPlan {
   double params_step = 0;  // added to the parameters during a step (16-bit copies, gathered blocks)
   double grads_step = 0;   // added to the gradients during a step (buckets in flight; full gradients under accum)
   double activations = 0;  // estimate of the activation peak of one micro-batch
-  double persistent = 0, block = 0;  // Φ and one block's parameters, in elements
+  // Φ, the largest block's parameters and all blocks', in elements (the blocks differ when some are MoE).
+  double persistent = 0, block = 0, blocks = 0;
   double peak() const { return params_rest + grads_rest + optimizer + params_step + grads_step + activations; }
 };
 

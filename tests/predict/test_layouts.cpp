@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "predict/predict.h"
@@ -31,6 +32,8 @@ predict::Layout layout_of(const train::TrainConfig& c, int world) {
   l.ps_servers = c.ps;
   l.ps_mode = predict::parse_ps_mode(c.ps_mode);
   l.amp = c.amp == "bf16" ? DType::bf16 : c.amp == "fp16" ? DType::f16 : DType::f32;
+  l.cp = c.cp;
+  l.ep = c.ep;
   return l;
 }
 
@@ -43,9 +46,7 @@ Answers answers(const train::TrainConfig& c, int world) {
   try {
     c.validate(world);
   } catch (const Error& e) { a.trainer = e.what(); }
-  const predict::Workload w{nn::GPTConfig{65, c.seq_or_default(), c.layers_or_default(), c.heads_or_default(),
-                                          c.embd_or_default(), 0.0, true},
-                            c.batch};
+  const predict::Workload w{train::model_config(c, 65, nullptr, ""), c.batch};
   const int workers = c.ps > 0 ? world - c.ps : world;
   a.predictor = workers >= 1 ? predict::refusal(w, layout_of(c, workers)) : "no worker";
   return a;
@@ -131,6 +132,40 @@ TEST(PredictLayouts, LocalSgdDiLoCoAndTheParameterServerToo) {
               train::TrainConfig c;
               c.ps = servers, c.ps_mode = mode, c.amp = amp, c.tp = tp, c.zero = zero, c.grad_clip = 0;
               compare(c, world);
+            }
+  std::string all;
+  for (const std::string& m : mismatches) all += m + "\n";
+  EXPECT_TRUE(mismatches.empty()) << mismatches.size() << " of " << compared << " layouts disagree:\n" << all;
+  EXPECT_GT(runnable, 40);
+}
+
+// And for a mixture of experts (a Llama's, every block or every other, with and without a capacity): each ep of
+// each dp, with ZeRO 0-3, tp, pp and cp, which the trainer refuses with ep or with any MoE where not built.
+TEST(PredictLayouts, MixtureOfExpertsAndExpertParallelismToo) {
+  int compared = 0, runnable = 0;
+  std::vector<std::string> mismatches;
+  for (int world : {1, 2, 4})
+    for (int experts : {0, 2, 4})
+      for (int every : {1, 2})
+        for (int ep : {1, 2, 4})
+          for (int zero = 0; zero <= 3; ++zero)
+            for (const auto& [tp, pp, cp] : {std::tuple{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {1, 1, 2}}) {
+              if (world % (tp * pp * cp) != 0) continue;
+              train::TrainConfig c;
+              c.model = "llama";
+              c.moe_experts = experts, c.moe_every = experts > 0 ? every : 1;
+              c.ep = ep, c.zero = zero, c.tp = tp, c.pp = pp, c.cp = cp;
+              if (experts > 0 && every == 2) c.moe_capacity = 1.25;
+              const Answers a = answers(c, world);
+              ++compared;
+              runnable += a.trainer.empty();
+              if (a.trainer.empty() != a.predictor.empty())
+                mismatches.push_back("world " + std::to_string(world) + ", E " + std::to_string(experts) + " every " +
+                                     std::to_string(every) + " ep " + std::to_string(ep) + " zero " +
+                                     std::to_string(zero) + " tp " + std::to_string(tp) + " pp " + std::to_string(pp) +
+                                     " cp " + std::to_string(cp) + ": trainer " +
+                                     (a.trainer.empty() ? "runs it" : "refuses (" + a.trainer + ")") + ", predictor " +
+                                     (a.predictor.empty() ? "predicts it" : "refuses (" + a.predictor + ")"));
             }
   std::string all;
   for (const std::string& m : mismatches) all += m + "\n";
