@@ -61,10 +61,12 @@ void add_flags(CLI::App& app, train::TrainConfig& o) {
   app.add_option("--rope-theta", o.rope_theta, "Llama: RoPE's base theta")->capture_default_str();
   app.add_option("--norm-eps", o.norm_eps, "Llama: the RMSNorms' eps")->capture_default_str();
   app.add_flag("--untie", o.untie, "Llama: an output head of its own (lm_head), not the token embedding");
-  app.add_option("--moe-experts", o.moe_experts,
-                 "Llama: a mixture of experts, E SwiGLU experts of width --ffn per MoE block (nn/moe.h; a Mixtral "
-                 "with the defaults); 0: dense. Combines with --dp, --pp, --zero, --amp, --recompute and --grad-accum; "
-                 "not yet with --tp, --cp, --ps, --sync local-sgd/diloco or --cuda-graph")
+  app.add_option(
+         "--moe-experts", o.moe_experts,
+         "Llama: a mixture of experts, E SwiGLU experts of width --ffn per MoE block (nn/moe.h; a Mixtral "
+         "with the defaults); 0: dense. Combines with --dp, --pp, --zero, --amp, --recompute and --grad-accum; "
+         "not yet with --tp, --cp, --ps, --sync local-sgd/diloco or --cuda-graph. With --init-from: leave every "
+         "--moe-* flag out to take the checkpoint's, or give them all as the checkpoint has them")
       ->capture_default_str();
   app.add_option("--moe-top-k", o.moe_top_k, "MoE: experts per token (1 to --moe-experts)")->capture_default_str();
   app.add_option("--moe-every", o.moe_every, "MoE: block i is a mixture of experts when i % N == 0 (1: every block)")

@@ -355,6 +355,26 @@ nn::GPTConfig model_config(const TrainConfig& cfg, int64_t vocab, const nn::GPTC
   agree("--ffn", cfg.ffn, c.mlp_width());
   MINIDL_CHECK(cfg.moe_experts == 0 || cfg.moe_experts == c.moe_experts, "--moe-experts ", cfg.moe_experts,
                " does not match the checkpoint ", ckpt_source, ", which has ", c.moe_experts);
+  // With --moe-experts given, the other --moe-* flags describe the same mixture (they have defaults, so given or
+  // not they must agree); without it the checkpoint's settings are taken whole.
+  if (cfg.moe_experts > 0) {
+    auto same = [&](const char* flag, const auto& given, const auto& stored) {
+      MINIDL_CHECK(given == stored, flag, " ", given, " does not match the checkpoint ", ckpt_source, ", which has ",
+                   stored, " (leave out every --moe-* flag to take the checkpoint's)");
+    };
+    auto router = [](nn::GPTConfig::Router r) { return r == nn::GPTConfig::Router::kSigmoid ? "sigmoid" : "softmax"; };
+    auto balance = [](nn::GPTConfig::Balance b) {
+      return b == nn::GPTConfig::Balance::kBias ? "bias" : b == nn::GPTConfig::Balance::kNone ? "none" : "aux";
+    };
+    same("--moe-top-k", m.moe_top_k, c.moe_top_k);
+    same("--moe-every", m.moe_every, c.moe_every);
+    same("--moe-shared", m.moe_shared, c.moe_shared);
+    same("--moe-router", std::string(router(m.moe_router)), std::string(router(c.moe_router)));
+    same("--moe-balance", std::string(balance(m.moe_balance)), std::string(balance(c.moe_balance)));
+    same("--moe-aux-coef", m.moe_aux_coef, c.moe_aux_coef);
+    same("--moe-bias-rate", m.moe_bias_rate, c.moe_bias_rate);
+    same("--moe-capacity", m.moe_capacity, c.moe_capacity);
+  }
   MINIDL_CHECK(!cfg.seq || *cfg.seq <= c.block_size, "--seq ", cfg.seq.value_or(0), " is longer than the checkpoint ",
                ckpt_source, "'s block size ", c.block_size);
   m = c;

@@ -1339,6 +1339,18 @@ TEST_F(TrainGpt, MixtureOfExpertsBadInput) {
   expect_rejected(llama + "--moe-experts 4 --tp 2", {"--moe-experts with --tp 2"});
   expect_rejected(llama + "--moe-experts 4 --cp 2", {"--moe-experts with --cp 2"});
   expect_rejected(llama + "--moe-experts 4 --sync local-sgd", {"--moe-experts with --sync local-sgd"});
+  // --init-from: with --moe-experts given, every --moe-* flag must be the checkpoint's (by name); without, the
+  // checkpoint's settings are taken.
+  Result saved = run(llama + "--moe-experts 4 --moe-top-k 1 --moe-balance bias --save " + path("moe.safetensors"));
+  ASSERT_EQ(saved.code, 0) << saved.out;
+  const std::string from =
+      "--data " + path("tiny.txt") + " --threads 1 --steps 0 --init-from " + path("moe.safetensors");
+  expect_rejected(from + " --model llama --moe-experts 4",
+                  {"--moe-top-k 2 does not match the checkpoint", "which has 1"});
+  expect_rejected(from + " --model llama --moe-experts 4 --moe-top-k 1",
+                  {"--moe-balance aux does not match", "which has bias"});
+  EXPECT_EQ(run(from + " --model llama --moe-experts 4 --moe-top-k 1 --moe-balance bias").code, 0);
+  EXPECT_EQ(run(from).code, 0);
 }
 
 // Expert parallelism (dist/expert_parallel.h): the experts spread over ep of the dp ranks train one process's model:
@@ -1368,10 +1380,12 @@ TEST_F(TrainGpt, ExpertParallelMatchesOneProcess) {
       SCOPED_TRACE(layout);
       fs::remove(path("ep.losses"));
       Result r = run_with(mpiexec(ranks), flags + balance + layout + " --loss-log " + path("ep.losses") + " --save " +
-                                              path("ep.safetensors"));
+                                              path("ep.safetensors") + " --memory-report");
       ASSERT_EQ(r.code, 0) << r.out;
       EXPECT_NE(r.out.find("expert parallelism: "), std::string::npos) << r.out;
-      // The ledger: a rank holds E / ep experts, 2 blocks x 4 experts x 3 (32 x 24) matrices in all.
+      // The ledger: a rank holds E / ep experts, 2 blocks x 4 experts x 3 (32 x 24) matrices in all, as the
+      // memory prediction (train::predict_memory, minidl_predict's) counts them.
+      EXPECT_NE(r.out.find("difference params=+0.0% grads=+0.0% optimizer=+0.0%"), std::string::npos) << r.out;
       const int ep = std::stoi(layout.substr(layout.find("--ep ") + 5));
       const auto count = [](const std::string& out) { return std::stol(out.substr(out.find("train_gpt: ") + 11)); };
       EXPECT_EQ(count(one.out) - count(r.out), 2 * 4 * 3 * 32 * 24 * (ep - 1) / ep) << r.out;
