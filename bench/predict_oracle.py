@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """minidl_predict against measurements on this host: bench_gpt_step's baby config (layers 4, heads 4, embd 128,
 seq 64, batch 12 per data-parallel rank, vocab 65) at one rank and at two (dp, ZeRO, tp, pp; and, timed by
-train_gpt, local SGD, DiLoCo and the parameter server's sync and async modes), one thread per rank,
+train_gpt, local SGD, DiLoCo, the parameter server's sync and async modes, context parallelism and the baby Llama
+as a mixture of 4 experts, top 2, at one rank, dp 2 and dp 2 with ep 2), one thread per rank,
 beside the prediction for the calibrated cpu-host machine (scripts/predict_calibrate.py). The calibration measures
 the sgemm ceiling at the baby config's shapes, so two larger configs at one rank (embd 256, and nanoGPT's 6 x 384
 at seq 256) check the products' time out of that sample.
@@ -58,6 +59,7 @@ ROWS = [
                                                                          "--sequence-parallel"]),
     ("tp 2, recompute block", 2, ["--tp", 2, "--recompute", "block"], ["--tp", 2, "--batch", 12, "--recompute",
                                                                         "block"]),
+    ("1 rank, Llama", 1, ["--model", "llama"], ["--model", "llama", "--batch", 12]),
 ] + [(f"pp 2, {name}, M {m}", 2, ["--pp", 2, "--micro-batches", m, "--schedule", kind] + extra,
       ["--pp", 2, "--micro-batches", m, "--batch", 12, "--schedule", kind] + extra)
      for name, kind, extra, ms in (("GPipe", "gpipe", [], (1, 4)), ("1F1B", "1f1b", [], (1, 4)),
@@ -67,6 +69,7 @@ ROWS = [
 # steps (five outer syncs at H 8), the first step left out as everywhere. Their
 # flags: (name, ranks, train_gpt flags, minidl_predict flags).
 TRAINER = "trainer"
+MOE = ["--model", "llama", "--moe-experts", 4, "--moe-top-k", 2]  # the baby Llama, every block MoE
 TRAINER_ROWS = [
     ("local SGD, R 2, H 8", 2, ["--batch", 24, "--sync", "local-sgd", "--replica-groups", 2, "--sync-every", 8],
      ["--batch", 24, "--sync", "local-sgd", "--replica-groups", 2, "--sync-every", 8]),
@@ -76,7 +79,10 @@ TRAINER_ROWS = [
     ("parameter server, async", 2, ["--batch", 12, "--ps", 1, "--ps-mode", "async"],
      ["--batch", 12, "--ps", 1, "--ps-mode", "async"]),
     ("cp 2 (ring attention)", 2, ["--batch", 12, "--cp", 2], ["--batch", 12, "--cp", 2]),
-]
+] + [(name, ranks, MOE + flags, MOE + flags + ["--dp", ranks]) for name, ranks, flags in (
+    ("1 rank, Llama MoE E 4 k 2", 1, ["--batch", 12]),
+    ("dp 2, Llama MoE E 4 k 2", 2, ["--batch", 24]),
+    ("dp 2, ep 2, Llama MoE E 4 k 2", 2, ["--batch", 24, "--ep", 2]))]
 ROWS = ROWS + [(name, ranks, [TRAINER] + flags, pflags) for name, ranks, flags, pflags in TRAINER_ROWS]
 # Four ranks: on a host of fewer cores, oversubscribed.
 OVERSUBSCRIBED = [
