@@ -41,8 +41,7 @@ TEST(PredictMoE, ParametersAndFlopsAreTheModelsOwn) {
     if (!c.moe()) continue;
     const train::MemoryPlan half = train::predict_memory({.model = c, .ep = 2});
     double held = 0;  // the experts a rank no longer holds at ep 2: half of each MoE block's
-    for (int64_t i = 0; i < c.n_layer; ++i)
-      held += c.moe_layer(i) ? double(c.moe_experts / 2) * 3 * 128 * 512 : 0;
+    for (int64_t i = 0; i < c.n_layer; ++i) held += c.moe_layer(i) ? double(c.moe_experts / 2) * 3 * 128 * 512 : 0;
     EXPECT_DOUBLE_EQ(p.blocks - half.blocks, held);
   }
 }
