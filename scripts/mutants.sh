@@ -374,9 +374,13 @@ ep_expert_moments_one_writer ; train/checkpoint.cpp ; -R ExpertParallelCheckpoin
 -   const bool first_replica = stage.topology()->expert_dp_group().rank() == 0;
 +   const bool first_replica = stage.topology()->dp_group().rank() == 0;
 
-allocator_exact_sizes ; core/memory.cpp ; -R ^Memory\. ; the CPU cache keyed by each request's exact size again: a mixture of experts' changing shapes leave a block per size ever seen (~50 MB a step)
+allocator_exact_sizes ; core/memory.cpp ; -R ^Memory\. ; both caches (the CPU's and the device's) keyed by each request's rounding again: a mixture of experts' changing shapes leave a block per size ever seen (~50 MB a step)
 -   if (n <= 4096) return n;
 +   if (n <= (size_t(1) << 62)) return n;
+
+cuda_allocator_exact_sizes ; core/cuda/allocator.cpp ; -R ^CudaCore\. ; the device cache keyed by each request's 512-byte rounding again: a mixture of experts' changing shapes leave a block per size ever seen, until cudaMalloc fails
+-   const size_t rounded = round_up(bytes), capacity = size_class(rounded);
++   const size_t rounded = round_up(bytes), capacity = rounded;
 
 predict_ep_rows_once ; predict/predict.cpp ; -R ^PredictMoE\. ; the predictor sends an MoE block's rows out but not home (one all-to-all of rows forward, not two)
 -     ep_f = all_to_all(l.ep, 8 * double(model.moe_experts), link) + 2 * rows;

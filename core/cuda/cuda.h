@@ -67,10 +67,15 @@ cudaStream_t current_stream(int device);
 cudaStream_t existing_stream(int device);
 
 // ---- the caching allocator ----
-// A block of at least `bytes` (rounded up to kBlockRound, the size it is cached and charged by; returned in
-// *rounded_bytes) for work on current_stream(device), charged to the device's ledger under current_mem_tag().
+// A block of at least `bytes` for work on current_stream(device), charged to the device's ledger under
+// current_mem_tag() by `bytes` rounded up to kBlockRound (returned in *rounded_bytes). The block itself is of
+// size_class(bytes), the cache's key: up to 4 KiB every multiple of kBlockRound, above that eight classes per power
+// of two (at most 12.5% more than asked), so that shapes which change every step (a mixture of experts' rows per
+// expert) reuse blocks rather than leave one cached block per size ever seen (core/memory.h's CPU cache does the
+// same). When cudaMalloc fails, the device's cached blocks are freed and it is tried once more.
 constexpr size_t kBlockRound = 512;
 void* allocate(size_t bytes, int device, size_t* rounded_bytes = nullptr);
+size_t size_class(size_t bytes);
 // Returns a block from allocate() to the cache (no cudaFree).
 void free(void* ptr, int device);
 // cudaFree of every cached (unused) block of every device, after synchronizing their streams.
@@ -101,7 +106,7 @@ void release_graph_pool(int device, uint64_t pool);
 struct AllocatorStats {
   int64_t cuda_mallocs = 0;     // calls to cudaMalloc since the start (a steady-state step adds none)
   int64_t cuda_frees = 0;       // calls to cudaFree (empty_cache and out-of-memory retries only)
-  int64_t allocated_bytes = 0;  // in live blocks
+  int64_t allocated_bytes = 0;  // in live blocks (their size classes)
   int64_t cached_bytes = 0;     // in cached, unused blocks
 };
 AllocatorStats allocator_stats(int device);

@@ -1,8 +1,10 @@
-// The caching stream-ordered allocator (steady state without cudaMalloc, 512-byte rounding, the cuda:0 ledger,
-// empty_cache), streams, events, the device guard, pinned buffers and MINIDL_CUDA_CHECK, on the emulator.
+// The caching stream-ordered allocator (steady state without cudaMalloc, 512-byte rounding, size classes, the cuda:0
+// ledger, empty_cache), streams, events, the device guard, pinned buffers and MINIDL_CUDA_CHECK, on the emulator.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <random>
+#include <set>
 
 #include "cuda_test.h"
 #include "core/tensor.h"
@@ -44,6 +46,53 @@ TEST_F(CudaCore, BlocksAreRoundedTo512Bytes) {
   EXPECT_EQ(rounded, 512u);
   EXPECT_EQ(cuda::allocator_stats(0).cuda_mallocs, mallocs);
   cuda::free(r, 0);
+}
+
+TEST_F(CudaCore, BlocksComeInSizeClasses) {
+  EXPECT_EQ(cuda::size_class(0), 512u);
+  EXPECT_EQ(cuda::size_class(513), 1024u);
+  EXPECT_EQ(cuda::size_class(4096), 4096u);
+  EXPECT_EQ(cuda::size_class(4097), 4608u);        // 4096 + 4096 / 8
+  EXPECT_EQ(cuda::size_class(1000000), 1048576u);  // a multiple of 2^19 / 8
+  for (size_t n = 1; n < (size_t(1) << 30); n = n * 3 + 7) {
+    const size_t c = cuda::size_class(n);
+    EXPECT_GE(c, n);
+    EXPECT_LE(c, std::max<size_t>(n + cuda::kBlockRound - 1, n + n / 8)) << n;
+    EXPECT_EQ(c % cuda::kBlockRound, 0u) << n;
+  }
+  // A block of a class serves every request of that class; the ledger is charged the request's 512-byte rounding.
+  size_t rounded = 0;
+  void* p = cuda::allocate(600 * 1024, 0);
+  cuda::free(p, 0);
+  const int64_t mallocs = cuda::allocator_stats(0).cuda_mallocs;
+  const int64_t live = ledger(kCuda).current(MemTag::kOther);
+  void* q = cuda::allocate(600 * 1024 - 20000, 0, &rounded);  // both of class 655360
+  EXPECT_EQ(cuda::allocator_stats(0).cuda_mallocs, mallocs);
+  EXPECT_EQ(rounded, size_t(600 * 1024 - 20000 + 32));  // 1161 x 512
+  EXPECT_EQ(ledger(kCuda).current(MemTag::kOther), live + int64_t(rounded));
+  cuda::free(q, 0);
+}
+
+// A mixture of experts' rows per expert change every step. Steps of 6 tensors of random sizes between 400 and 800
+// KB need at most 6 blocks of each size class those sizes fall in; a cache keyed by each rounded size kept a block
+// per size ever seen (about 800 sizes here) until cudaMalloc failed.
+TEST_F(CudaCore, ChangingShapesReuseBlocksOfTheirClass) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> floats(100'000, 200'000);
+  std::set<size_t> classes;
+  const cuda::AllocatorStats before = cuda::allocator_stats(0);
+  for (int step = 0; step < 300; ++step) {
+    std::vector<Tensor> live;
+    for (int i = 0; i < 6; ++i) {
+      live.push_back(Tensor::empty({floats(rng)}, DType::f32, kCuda));
+      classes.insert(cuda::size_class(size_t(live.back().numel()) * 4));
+    }
+  }
+  const cuda::AllocatorStats after = cuda::allocator_stats(0);
+  EXPECT_EQ(classes.size(), 9u);  // 425984 to 524288 by 32768, 589824 to 851968 by 65536
+  EXPECT_LE(after.cuda_mallocs - before.cuda_mallocs, 6 * 9);
+  EXPECT_LE(after.cached_bytes - before.cached_bytes, 6 * 9 * 851968);
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
 }
 
 TEST_F(CudaCore, LedgerCountsCurrentAndPeakPerTag) {
