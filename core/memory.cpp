@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/size_class.h"
 
 namespace minidl {
 
@@ -64,14 +65,6 @@ CpuCache& cache() {
 size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 constexpr int64_t kCacheSlack = int64_t(64) << 20;
 }  // namespace
-
-size_t size_class(size_t n) {
-  if (n <= 4096) return n;
-  size_t octave = 4096;
-  while (octave <= n / 2) octave *= 2;  // the largest power of two <= n
-  const size_t step = octave / 8;
-  return (n + step - 1) / step * step;
-}
 
 size_t cpu_size_class(size_t bytes) { return size_class(round_up(bytes == 0 ? 1 : bytes)); }
 

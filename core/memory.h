@@ -76,9 +76,6 @@ Allocation cpu_allocate(size_t bytes);
 void cpu_free(const Allocation& a);
 // The size class a request of `bytes` is served from.
 size_t cpu_size_class(size_t bytes);
-// The classes both caches use (core/cuda/allocator.cpp's too), for `n` bytes already rounded to the cache's step (a
-// power of two up to 512): n itself up to 4 KiB, then n rounded up to a multiple of 2^floor(log2 n) / 8.
-size_t size_class(size_t n);
 // Returns all cached blocks to the system (tests and memory reports).
 void cpu_empty_cache();
 // Bytes currently held in the cache (allocated from the system but not in use).

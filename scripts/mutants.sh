@@ -374,7 +374,7 @@ ep_expert_moments_one_writer ; train/checkpoint.cpp ; -R ExpertParallelCheckpoin
 -   const bool first_replica = stage.topology()->expert_dp_group().rank() == 0;
 +   const bool first_replica = stage.topology()->dp_group().rank() == 0;
 
-allocator_exact_sizes ; core/memory.cpp ; -R ^Memory\. ; both caches (the CPU's and the device's) keyed by each request's rounding again: a mixture of experts' changing shapes leave a block per size ever seen (~50 MB a step)
+allocator_exact_sizes ; core/size_class.h ; -R ^Memory\. ; both caches (the CPU's and the device's) keyed by each request's rounding again: a mixture of experts' changing shapes leave a block per size ever seen (~50 MB a step)
 -   if (n <= 4096) return n;
 +   if (n <= (size_t(1) << 62)) return n;
 

@@ -6,6 +6,7 @@
 
 #include "core/cuda/cuda.h"
 #include "core/memory.h"
+#include "core/size_class.h"
 #if defined(MINIDL_CUDA_EMULATED)
 #include "cuda_emu/check.h"
 #endif
